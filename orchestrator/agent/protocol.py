@@ -1,0 +1,120 @@
+"""Wire format shared by the controller and the in-container agent: framed JSON headers plus raw bodies.
+
+Standard library only: this file is copied into sandbox images and must run on the image's
+Python (3.8 or newer). A frame is a fixed 12-byte prefix (magic, header length, body
+length), a UTF-8 JSON header object with a ``type`` field, and an optional raw binary body
+(checkpoint blobs, contexts), so large payloads never travel as base64 inside JSON.
+Both sides check every length against a limit before buffering anything.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Any, Dict, Tuple
+
+PROTOCOL_VERSION = 1
+MAGIC = b"ORC1"
+PREFIX = struct.Struct("!4sII")  # magic, header length, body length
+MAX_HEADER_BYTES = 16 << 20
+MAX_BODY_BYTES = (2 << 30) - 1
+_INLINE_BODY_BYTES = 64 << 10
+
+# Requests the controller sends; each carries an ``id`` that its reply echoes.
+EXEC = "exec"
+RESTORE = "restore"
+SET_VALUE = "set_value"
+RESET = "reset"
+PING = "ping"
+# Messages the agent sends.
+HELLO = "hello"
+EXEC_REPLY = "exec_reply"
+RESTORE_REPLY = "restore_reply"
+STATE_REPLY = "state_reply"
+PONG = "pong"
+GOODBYE = "goodbye"
+
+# Outcomes of a request as the agent reports them in ``status``.
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+STATUS_TIMEOUT = "timeout"
+STATUS_CRASHED = "crashed"
+STATUS_PROTOCOL_ERROR = "protocol_error"
+
+Header = Dict[str, Any]
+
+
+class ProtocolViolation(Exception):
+    """The peer sent bytes that are not a valid frame, or a frame over a limit."""
+
+
+class ChannelClosed(Exception):
+    """The peer closed the connection, possibly in the middle of a frame."""
+
+
+def encode_header(header: Header) -> bytes:
+    """Serialize a header object; the agent and the controller both call this."""
+    return json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def send_frame(sock: socket.socket, header: Header, body: bytes | bytearray | memoryview = b"") -> None:
+    """Write one frame; small bodies go out in the same ``send`` as the header."""
+    head = encode_header(header)
+    if len(head) > MAX_HEADER_BYTES or len(body) > MAX_BODY_BYTES:
+        raise ProtocolViolation(f"frame over limit: header {len(head)} B, body {len(body)} B")
+    prefix = PREFIX.pack(MAGIC, len(head), len(body))
+    if len(body) <= _INLINE_BODY_BYTES:
+        sock.sendall(b"".join((prefix, head, body)))
+    else:
+        sock.sendall(prefix + head)
+        sock.sendall(body)
+
+
+def recv_exactly(sock: socket.socket, size: int) -> bytearray:
+    """Read exactly ``size`` bytes; raise ChannelClosed on EOF before that."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = sock.recv_into(view[got:], size - got)
+        if n == 0:
+            raise ChannelClosed(f"connection closed after {got} of {size} bytes")
+        got += n
+    return buf
+
+
+def recv_frame(
+    sock: socket.socket,
+    max_header: int = MAX_HEADER_BYTES,
+    max_body: int = MAX_BODY_BYTES,
+) -> Tuple[Header, bytearray]:
+    """Read one frame, enforcing the limits before allocating; return (header, body)."""
+    magic, head_len, body_len = PREFIX.unpack(bytes(recv_exactly(sock, PREFIX.size)))
+    if magic != MAGIC:
+        raise ProtocolViolation(f"bad frame magic {magic!r}")
+    if head_len > max_header:
+        raise ProtocolViolation(f"frame header of {head_len} B exceeds the {max_header} B limit")
+    if body_len > max_body:
+        raise ProtocolViolation(f"frame body of {body_len} B exceeds the {max_body} B limit")
+    raw = recv_exactly(sock, head_len)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolViolation(f"frame header is not UTF-8 JSON: {exc}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise ProtocolViolation("frame header is not an object with a string 'type'")
+    body = recv_exactly(sock, body_len) if body_len else bytearray()
+    return header, body
+
+
+def split_body(body: bytes | bytearray | memoryview, sizes: list) -> list:
+    """Cut a frame body into consecutive parts of the given sizes (checkpoint blobs)."""
+    if sum(sizes) != len(body):
+        raise ProtocolViolation(f"body of {len(body)} B does not match declared sizes {sum(sizes)} B")
+    view = memoryview(body)
+    parts, offset = [], 0
+    for size in sizes:
+        parts.append(view[offset : offset + size])
+        offset += size
+    return parts

@@ -1,0 +1,272 @@
+"""The sandbox supervisor: owns the channel to the controller, the timers and the worker's life.
+
+Standard library only; it never runs user code and never unpickles. It connects to the
+controller's Unix socket (and reconnects whenever the connection drops, so a restarted
+controller can reattach to a live session), relays each request to the worker process,
+and enforces the timeout ladder: SIGINT into the cell, then after a grace period a kill
+of the worker's process group and a fresh, empty worker that the controller restores.
+SIGUSR1 asks it to drop the current connection and connect again (controller takeover).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, Optional, Tuple
+
+from . import protocol
+
+_OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def oom_kill_count() -> int:
+    """How many processes the kernel OOM-killed in this container's cgroup (cgroup v1 or v2)."""
+    for path in _OOM_COUNTERS:
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+class Config:
+    """Settings the controller passes through the container environment."""
+
+    def __init__(self, environ: Dict[str, str]) -> None:
+        self.channel = environ.get("ORCH_CHANNEL", "/run/orchestrator/channel.sock")
+        self.session_id = environ.get("ORCH_SESSION_ID", "")
+        self.output_limit = int(environ.get("ORCH_OUTPUT_LIMIT", str(1 << 20)))
+        self.grace = float(environ.get("ORCH_INTERRUPT_GRACE", "2.0"))
+        self.max_body = int(environ.get("ORCH_MAX_BODY", str(protocol.MAX_BODY_BYTES)))
+
+
+class WorkerProcess:
+    """One worker process and our end of its socket."""
+
+    def __init__(self, config: Config) -> None:
+        ours, theirs = socket.socketpair()
+        self.sock = ours
+        self.oom_baseline = oom_kill_count()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from %s.worker import main; main()" % __package__,
+                str(theirs.fileno()),
+                str(config.output_limit),
+            ],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=sys.stderr,
+            start_new_session=True,
+        )
+        theirs.close()
+        hello, _ = protocol.recv_frame(self.sock)
+        self.python = hello.get("python", "")
+        self.dill = hello.get("dill", "")
+
+    def interrupt(self) -> None:
+        try:
+            os.kill(self.proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self.sock.close()
+
+    def death(self) -> Dict[str, Any]:
+        """Reap the dead worker and say why it died."""
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.returncode
+        self.sock.close()
+        oom = oom_kill_count() > self.oom_baseline
+        info: Dict[str, Any] = {"exit_code": code, "oom": oom}
+        if code is not None and code < 0:
+            info["signal"] = signal.Signals(-code).name
+        if oom:
+            info["reason"] = "the worker was killed by the kernel's out-of-memory killer"
+        elif code is not None and code < 0:
+            info["reason"] = "the worker was killed by %s" % info["signal"]
+        else:
+            info["reason"] = "the worker exited with status %s" % code
+        return info
+
+
+class Takeover(Exception):
+    """Raised inside the serve loop when SIGUSR1 asks for a new connection."""
+
+
+class Supervisor:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.worker = WorkerProcess(config)
+        self.generation = 0
+        self.worker_lost: Optional[Dict[str, Any]] = None
+        self.last_reply: Optional[Tuple[Any, dict, bytes]] = None
+        self.takeover_requested = False
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGUSR1, self._on_takeover)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+    def _on_takeover(self, signum: int, frame: Any) -> None:
+        self.takeover_requested = True
+
+    def _respawn(self) -> None:
+        self.worker = WorkerProcess(self.config)
+        self.generation = 0
+
+    def connect(self) -> socket.socket:
+        """Connect to the controller, retrying until one listens."""
+        delay = 0.01
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.config.channel)
+                return sock
+            except OSError:
+                sock.close()
+                time.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    def run(self) -> None:
+        while True:
+            conn = self.connect()
+            self.takeover_requested = False
+            try:
+                self.serve(conn)
+            except (protocol.ChannelClosed, OSError, protocol.ProtocolViolation) as exc:
+                print("supervisor: connection ended: %s" % exc, file=sys.stderr)
+            finally:
+                conn.close()
+
+    def hello(self) -> dict:
+        return {
+            "type": protocol.HELLO,
+            "protocol": protocol.PROTOCOL_VERSION,
+            "python": platform.python_version(),
+            "dill": self.worker.dill,
+            "session_id": self.config.session_id,
+            "generation": self.generation,
+            "agent_pid": os.getpid(),
+            "worker_pid": self.worker.proc.pid,
+        }
+
+    def serve(self, conn: socket.socket) -> None:
+        protocol.send_frame(conn, self.hello())
+        while True:
+            readable, _, _ = select.select([conn, self.worker.sock, self.wake_r], [], [])
+            if self.wake_r in readable:
+                os.read(self.wake_r, 512)
+            if self.takeover_requested:
+                protocol.send_frame(conn, {"type": protocol.GOODBYE, "reason": "takeover"})
+                return
+            if self.worker.sock in readable and conn not in readable:
+                # The worker said something, or died, while no request was running.
+                self.worker_lost = self.worker.death()
+                self.worker.kill()
+                self._respawn()
+                continue
+            if conn in readable:
+                header, body = protocol.recv_frame(conn, max_body=self.config.max_body)
+                reply, reply_body = self.answer(header, body)
+                reply["id"] = header.get("id")
+                self.last_reply = (header.get("id"), reply, reply_body)
+                protocol.send_frame(conn, reply, reply_body)
+
+    def answer(self, header: dict, body: bytearray) -> Tuple[dict, Any]:
+        kind = header["type"]
+        if self.last_reply is not None and header.get("id") is not None and header.get("id") == self.last_reply[0]:
+            return self.last_reply[1], self.last_reply[2]  # a resent request never runs twice
+        if kind == protocol.PING:
+            return {"type": protocol.PONG, "generation": self.generation}, b""
+        if self.worker_lost is not None and kind != protocol.RESTORE:
+            lost, self.worker_lost = self.worker_lost, None
+            lost.update(type=protocol.EXEC_REPLY, status=protocol.STATUS_CRASHED, ran=False)
+            return lost, b""
+        self.worker_lost = None
+        timeout = header.get("timeout") if kind == protocol.EXEC else None
+        return self.relay(header, body, timeout)
+
+    def relay(self, header: dict, body: bytearray, timeout: Optional[float]) -> Tuple[dict, Any]:
+        """Send a request to the worker and wait for its reply, climbing the timeout ladder."""
+        try:
+            protocol.send_frame(self.worker.sock, header, body)
+        except OSError:
+            pass  # the worker is dead; reading below reports how it died
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        interrupted = False
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select([self.worker.sock], [], [], wait)
+            if readable:
+                return self._worker_reply(interrupted)
+            if not interrupted:
+                self.worker.interrupt()
+                interrupted = True
+                deadline = time.monotonic() + self.config.grace
+                continue
+            self.worker.kill()
+            self._respawn()
+            return {
+                "type": protocol.EXEC_REPLY,
+                "status": protocol.STATUS_TIMEOUT,
+                "ran": True,
+                "worker_restarted": True,
+                "reason": "the cell ignored the interrupt for %.1f s; the worker was killed" % self.config.grace,
+            }, b""
+
+    def _worker_reply(self, interrupted: bool) -> Tuple[dict, Any]:
+        try:
+            reply, reply_body = protocol.recv_frame(self.worker.sock, max_body=self.config.max_body)
+        except (protocol.ChannelClosed, OSError):
+            lost = self.worker.death()
+            self._respawn()
+            lost.update(type=protocol.EXEC_REPLY, status=protocol.STATUS_CRASHED, ran=True)
+            return lost, b""
+        except protocol.ProtocolViolation as exc:
+            self.worker.kill()
+            self._respawn()
+            return {
+                "type": protocol.EXEC_REPLY,
+                "status": protocol.STATUS_PROTOCOL_ERROR,
+                "ran": True,
+                "reason": "the worker sent an invalid frame (%s); it was killed" % exc,
+            }, b""
+        checkpoint = reply.get("checkpoint")
+        if isinstance(checkpoint, dict) and isinstance(checkpoint.get("generation"), int):
+            self.generation = checkpoint["generation"]
+        if isinstance(reply.get("generation"), int):
+            self.generation = reply["generation"]
+        if interrupted:
+            reply["status"] = protocol.STATUS_TIMEOUT
+            reply["worker_restarted"] = False
+        return reply, reply_body
+
+
+def main() -> None:
+    """Entry point of the container: ``python3 -m orchestrator_agent.supervisor``."""
+    Supervisor(Config(dict(os.environ))).run()
+
+
+if __name__ == "__main__":
+    main()

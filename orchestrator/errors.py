@@ -1,0 +1,122 @@
+"""The exception tree of the controller: every infrastructure failure is one of these.
+
+Errors in the *user's* code are not exceptions: they come back as ``ExecResult.error``.
+
+::
+
+    OrchestratorError
+    ├── ConfigError (ValueError)             a setting or argument is invalid
+    ├── EngineError                          the Docker engine refused or failed
+    │   ├── EngineUnavailable (ConnectionError)  no engine answers; how to start one
+    │   └── ImageMissing (LookupError)           the sandbox image is not built; how to build it
+    ├── SessionError
+    │   ├── SessionNotFound (LookupError)    no session with that id
+    │   ├── SessionClosed                    the session was closed
+    │   ├── SessionAttachedElsewhere         another controller took the session over
+    │   └── CheckpointError (OSError)        the checkpoint could not be stored or restored
+    ├── SandboxError                         the call failed because of the sandbox; see .restored
+    │   ├── ExecutionTimeout (TimeoutError)  the cell ran past its timeout
+    │   ├── SandboxCrashed                   the interpreter or container died
+    │   │   └── SandboxOutOfMemory (MemoryError)  ... killed for exceeding its memory limit
+    │   └── AgentStartTimeout (TimeoutError) a new container's agent never connected
+    └── TransportError                       the channel to the agent failed
+        ├── ProtocolError                    the agent sent something invalid or oversized
+        ├── ChannelLost (ConnectionError)    the agent's end of the channel closed
+        └── AgentTimeoutError (TimeoutError) the agent did not answer in time
+"""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Root of every error the controller raises."""
+
+
+class ConfigError(OrchestratorError, ValueError):
+    """A setting or argument is invalid; the message names it and what is allowed."""
+
+
+class EngineError(OrchestratorError):
+    """The Docker engine refused or failed an operation."""
+
+
+class EngineUnavailable(EngineError, ConnectionError):
+    """No Docker engine answers; the message says how to start one."""
+
+
+class ImageMissing(EngineError, LookupError):
+    """The sandbox image does not exist; the message says how to build it."""
+
+
+class SessionError(OrchestratorError):
+    """A problem with a session as a whole."""
+
+
+class SessionNotFound(SessionError, LookupError):
+    """No session with that id exists in the store."""
+
+
+class SessionClosed(SessionError):
+    """The session was closed; create or attach a new one."""
+
+
+class SessionAttachedElsewhere(SessionError):
+    """Another controller attached to this session and now owns its channel."""
+
+
+class CheckpointError(SessionError, OSError):
+    """A checkpoint could not be stored or restored."""
+
+
+class SandboxError(OrchestratorError):
+    """The call failed because of what happened in the sandbox.
+
+    Attributes:
+        restored: True when the session was brought back to its last checkpoint and the
+            next call will work; False when the sandbox kept running with its state.
+        generation: the checkpoint generation the session is at now.
+    """
+
+    def __init__(self, message: str, *, restored: bool = False, generation: int | None = None) -> None:
+        super().__init__(message)
+        self.restored = restored
+        self.generation = generation
+
+
+class ExecutionTimeout(SandboxError, TimeoutError):
+    """The cell ran past its timeout; ``restored`` says whether the worker had to be killed."""
+
+    def __init__(
+        self, message: str, *, restored: bool = False, generation: int | None = None, stdout: str = "", stderr: str = ""
+    ) -> None:
+        super().__init__(message, restored=restored, generation=generation)
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class SandboxCrashed(SandboxError):
+    """The interpreter or its container died during the call."""
+
+
+class SandboxOutOfMemory(SandboxCrashed, MemoryError):
+    """The sandbox exceeded its memory limit and was killed."""
+
+
+class AgentStartTimeout(SandboxError, TimeoutError):
+    """A new container started but its agent did not connect in time."""
+
+
+class TransportError(OrchestratorError):
+    """The channel to the agent failed."""
+
+
+class ProtocolError(TransportError):
+    """The agent sent a malformed, oversized or unexpected message."""
+
+
+class ChannelLost(TransportError, ConnectionError):
+    """The agent's end of the channel closed (the agent or its container is gone)."""
+
+
+class AgentTimeoutError(TransportError, TimeoutError):
+    """The agent did not answer within the deadline."""
