@@ -20,7 +20,8 @@ def expect(header: dict[str, Any], key: str, kind: type[T] | tuple[type, ...], *
     value = header.get(key)
     if value is None and optional:
         return value  # type: ignore[return-value]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise ProtocolError(f"agent reply field {key!r} should be {kind}, got {type(value).__name__}")
     return value  # type: ignore[return-value]
 

@@ -1,0 +1,35 @@
+"""Settings: defaults, environment parsing and validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import ConfigError, Settings
+
+
+def test_secure_defaults():
+    s = Settings()
+    assert s.network_mode == "none" and s.read_only and s.cap_drop_all and s.no_new_privileges
+    assert s.user == "65534:65534" and s.pids_limit > 0 and s.mem_limit
+
+
+def test_from_env_reads_typed_values():
+    s = Settings.from_env(
+        {"ORCH_EXEC_TIMEOUT": "5", "ORCH_READ_ONLY": "false", "ORCH_PIDS_LIMIT": "64", "ORCH_STATE_DIR": "/x"}
+    )
+    assert s.exec_timeout == 5.0 and s.read_only is False and s.pids_limit == 64 and s.state_dir == Path("/x")
+
+
+@pytest.mark.parametrize(
+    "env", [{"ORCH_EXEC_TIMEOUT": "soon"}, {"ORCH_READ_ONLY": "maybe"}, {"ORCH_PIDS_LIMIT": "0"}]
+)
+def test_bad_values_name_the_variable(env):
+    with pytest.raises(ConfigError, match="ORCH_|pids_limit"):
+        Settings.from_env(env)
+
+
+def test_replace_validates():
+    with pytest.raises(ConfigError, match="interrupt_grace"):
+        Settings().replace(interrupt_grace=0)

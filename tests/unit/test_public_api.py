@@ -1,0 +1,38 @@
+"""The public surface is pinned, and every error belongs to one tree."""
+
+from __future__ import annotations
+
+import inspect
+
+import orchestrator
+from orchestrator import errors
+
+EXPECTED = {
+    "AgentStartTimeout", "AgentTimeoutError", "ChannelLost", "CheckpointError", "ConfigError", "EngineError",
+    "EngineUnavailable", "ExecError", "ExecResult", "ExecutionTimeout", "ImageMissing", "Orchestrator",
+    "OrchestratorError", "ProtocolError", "SandboxCrashed", "SandboxError", "SandboxOutOfMemory", "Session",
+    "SessionAttachedElsewhere", "SessionClosed", "SessionError", "SessionNotFound", "Settings", "TransportError",
+    "__version__",
+}  # fmt: skip
+
+
+def test_all_is_pinned():
+    assert set(orchestrator.__all__) == EXPECTED
+    for name in orchestrator.__all__:
+        assert hasattr(orchestrator, name)
+
+
+def test_every_error_is_exported_rooted_and_drawn_in_the_tree():
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    for cls in classes:
+        assert issubclass(cls, orchestrator.OrchestratorError)
+        assert cls.__name__ in orchestrator.__all__
+        assert cls.__name__ in (errors.__doc__ or ""), f"{cls.__name__} missing from the tree in errors.py"
+
+
+def test_errors_also_inherit_the_matching_builtin():
+    assert issubclass(orchestrator.ExecutionTimeout, TimeoutError)
+    assert issubclass(orchestrator.SandboxOutOfMemory, MemoryError)
+    assert issubclass(orchestrator.EngineUnavailable, ConnectionError)
+    assert issubclass(orchestrator.SessionNotFound, LookupError)
+    assert issubclass(orchestrator.ConfigError, ValueError)
