@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,11 +181,8 @@ class DockerBackend:
 
     def remove_named(self, name: str) -> None:
         """Remove a container by name if it exists (a dead predecessor of a restarted session)."""
-        with _engine_errors(f"removing container {name}"):
-            try:
-                self.client.containers.get(name).remove(force=True)
-            except docker.errors.NotFound:
-                pass
+        with _engine_errors(f"removing container {name}"), suppress(docker.errors.NotFound):
+            self.client.containers.get(name).remove(force=True)
 
     def inspect(self, container_id: str) -> ContainerState | None:
         """The container's state, or None if it no longer exists."""
@@ -209,11 +206,8 @@ class DockerBackend:
 
     def remove(self, container_id: str) -> None:
         """Remove the container, running or not; a missing one is not an error."""
-        with _engine_errors(f"removing container {container_id[:12]}"):
-            try:
-                self.client.containers.get(container_id).remove(force=True, v=True)
-            except docker.errors.NotFound:
-                pass
+        with _engine_errors(f"removing container {container_id[:12]}"), suppress(docker.errors.NotFound):
+            self.client.containers.get(container_id).remove(force=True, v=True)
 
     def find(self, session_id: str | None = None) -> list[ContainerState]:
         """Our containers (all, or one session's), found by label, running or not."""

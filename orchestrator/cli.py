@@ -57,14 +57,13 @@ def _demo(orch: Orchestrator, args: argparse.Namespace) -> int:
         )
         print(">>> x + 1  ->", session.execute("x + 1").return_value)
         print(f"checkpoint generation {session.generation}, variables {session.variables}")
-        print(f"killing container {session.container_id[:12] if session.container_id else '?'} with the Docker API ...")
-        orch.backend.kill(session.container_id or "")
+        old = session.container_id or ""
+        print(f"killing container {old[:12]} with the Docker API ...")
+        orch.backend.kill(old)
         started = time.monotonic()
-        result = session.execute("area(2), docs['intro'], x")
-        print(
-            f">>> area(2), docs['intro'], x  ->  {result.return_value}  (restored in {time.monotonic() - started:.2f} s)"
-        )
-        print(f"new container {session.container_id[:12] if session.container_id else '?'}")
+        value = session.execute("area(2), docs['intro'], x").return_value
+        print(f">>> area(2), docs['intro'], x  ->  {value}  (restored in {time.monotonic() - started:.2f} s)")
+        print(f"new container {(session.container_id or '')[:12]}")
         try:
             session.execute("import os; os._exit(1)")
         except SandboxError as exc:

@@ -128,7 +128,8 @@ def test_restore_loads_a_checkpoint_into_a_fresh_worker(agent):
 
 
 def test_garbage_from_the_worker_kills_it_cleanly(agent):
-    reply, _ = agent.request(protocol.EXEC, code="import os, sys; os.write(int(sys.argv[1]), b'garbage!!!!!')", timeout=10)
+    code = "import os, sys; os.write(int(sys.argv[1]), b'garbage!!!!!')"
+    reply, _ = agent.request(protocol.EXEC, code=code, timeout=10)
     assert reply["status"] == protocol.STATUS_PROTOCOL_ERROR
     assert agent.request(protocol.EXEC, code="3", timeout=10)[0]["return_value"] == "3"
 

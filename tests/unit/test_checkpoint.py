@@ -36,7 +36,7 @@ def test_untouched_immutable_value_is_not_pickled_again(counted_dumps):
     tracker.delta(ns)
     counted_dumps.clear()
     ns["y"] = 2
-    delta, blobs = tracker.delta(ns)
+    delta, _blobs = tracker.delta(ns)
     assert "big" not in counted_dumps
     assert set(delta["vars"]) == {"y"}
     assert delta["generation"] == 2

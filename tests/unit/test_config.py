@@ -22,11 +22,9 @@ def test_from_env_reads_typed_values():
     assert s.exec_timeout == 5.0 and s.read_only is False and s.pids_limit == 64 and s.state_dir == Path("/x")
 
 
-@pytest.mark.parametrize(
-    "env", [{"ORCH_EXEC_TIMEOUT": "soon"}, {"ORCH_READ_ONLY": "maybe"}, {"ORCH_PIDS_LIMIT": "0"}]
-)
+@pytest.mark.parametrize("env", [{"ORCH_EXEC_TIMEOUT": "soon"}, {"ORCH_READ_ONLY": "maybe"}, {"ORCH_PIDS_LIMIT": "0"}])
 def test_bad_values_name_the_variable(env):
-    with pytest.raises(ConfigError, match="ORCH_|pids_limit"):
+    with pytest.raises(ConfigError, match=r"ORCH_|pids_limit"):
         Settings.from_env(env)
 
 
