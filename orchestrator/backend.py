@@ -89,6 +89,10 @@ class DockerBackend:
             self.client = client or docker.from_env()
             self.client.ping()
 
+    def close(self) -> None:
+        """Close the connection pool to the engine."""
+        self.client.close()
+
     def image_exists(self, tag: str) -> bool:
         with _engine_errors(f"inspecting image {tag}"):
             try:

@@ -12,7 +12,7 @@ from . import images
 from .backend import LABEL_PREFIX, DockerBackend
 from .config import Settings
 from .errors import ConfigError, ImageMissing, OrchestratorError
-from .session import Session
+from .session import Session, SessionState
 from .store import SessionRecord, SessionStore, validate_session_id
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ class Orchestrator:
             EngineUnavailable: no Docker engine answers; the message says how to start one.
         """
         self.settings = settings or Settings.from_env()
+        self._owns_backend = backend is None
         self.backend = backend or DockerBackend()
         self.store = SessionStore(self.settings.state_dir, fsync=self.settings.fsync)
         self._sessions: dict[str, Session] = {}
@@ -134,14 +135,18 @@ class Orchestrator:
         return list(self.store.ids())
 
     def close(self) -> None:
-        """Close the sessions this orchestrator still holds (detached ones are left alone)."""
+        """Close the sessions this orchestrator still holds (detached ones are left alone), then the engine client."""
         with self._lock:
             held = list(self._sessions.values())
-        for session in held:
-            if session.state.value == "ready":
-                session.close()
-            else:
-                self._forget(session)
+        try:
+            for session in held:
+                if session.state is SessionState.READY:
+                    session.close()
+                else:
+                    self._forget(session)
+        finally:
+            if self._owns_backend:
+                self.backend.close()
 
     def __enter__(self) -> Orchestrator:
         return self

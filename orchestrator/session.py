@@ -12,11 +12,12 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from .agent import protocol
 from .backend import LABEL_PREFIX, ContainerState, DockerBackend
@@ -31,6 +32,8 @@ from .errors import (
     SandboxOutOfMemory,
     SessionAttachedElsewhere,
     SessionClosed,
+    SessionNotFound,
+    TransportError,
 )
 from .results import ExecResult, expect, expect_str_map
 from .store import SessionRecord, SessionStore
@@ -38,7 +41,9 @@ from .transport import Channel, ChannelListener
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 _DEATH_SETTLE_SECONDS = 3.0
+_DIGEST = re.compile(r"^[0-9a-f]{32}$")
 _LAST_USED_RESOLUTION = 30.0
 
 
@@ -141,20 +146,17 @@ class Session:
         """
         if not isinstance(code, str):
             raise ConfigError(f"code must be a str, not {type(code).__name__}")
+        try:
+            code.encode("utf-8")  # the frame would fail (or silently change the code) on lone surrogates
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"code must be valid Unicode text: {exc}") from None
         limit = self._settings.exec_timeout if timeout is None else float(timeout)
         if not limit > 0:
             raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
         with self._lock:
             request = {"type": protocol.EXEC, "id": _new_request_id(), "code": code, "timeout": limit}
             reply, body = self._call(request, b"", limit + self._settings.interrupt_grace + self._settings.reply_margin)
-            if reply.get("status") == protocol.STATUS_CRASHED and reply.get("ran") is False:
-                # The worker had died between calls and the code never ran: restore and run it.
-                self._restore()
-                request["id"] = _new_request_id()
-                reply, body = self._call(
-                    request, b"", limit + self._settings.interrupt_grace + self._settings.reply_margin
-                )
-            return self._finish_exec(reply, body, limit)
+            return self._accept(reply, body, lambda r, b: self._finish_exec(r, b, limit))
 
     def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
         """Load a context into the namespace as ``context_<index>`` (``context`` aliases ``context_0``).
@@ -181,7 +183,7 @@ class Session:
             reply, body = self._call(
                 {"type": protocol.RESET, "id": _new_request_id()}, b"", self._settings.start_timeout
             )
-            self._commit(self._expect_ok(reply), body)
+            self._accept(reply, body, self._commit)
             self._record.context_count = self._record.history_count = 0
             self._store.save(self._record)
 
@@ -313,7 +315,11 @@ class Session:
     def _roundtrip(self, header: dict[str, Any], body: bytes, deadline: float) -> tuple[dict[str, Any], bytearray]:
         """Send one request and wait for the reply with its id; no recovery here."""
         assert self._channel is not None
-        self._channel.send(header, body)
+        try:
+            self._channel.send(header, body)
+        except ChannelLost:
+            self._hear_between_calls()  # a takeover's goodbye may be waiting behind the broken pipe
+            raise
         ends = time.monotonic() + deadline
         while True:
             reply, reply_body = self._channel.recv(max(0.0, ends - time.monotonic()))
@@ -331,21 +337,60 @@ class Session:
             raise SessionClosed(f"session {self.id} is closed")
         if self.state is SessionState.DETACHED:
             raise SessionAttachedElsewhere(f"session {self.id} is detached; attach it again with Orchestrator.attach")
-        if self._channel is not None and self._channel.closed_by_peer():
-            logger.info("session %s: the sandbox went away between calls; restarting it", self.id)
-            self._channel.close()
-            self._channel = None
+        if self._channel is not None and self._channel.has_pending():
+            self._hear_between_calls()
         if self._channel is None:
+            self._check_owner()
             self.start()
+
+    def _hear_between_calls(self) -> None:
+        """The agent spoke unasked: a goodbye means another controller took over; anything else, it hung up."""
+        assert self._channel is not None
+        try:
+            message, _ = self._channel.recv(1.0)
+        except TransportError:
+            message = {}
+        if message.get("type") == protocol.GOODBYE:
+            self._drop_channel()
+            self.state = SessionState.DETACHED
+            raise SessionAttachedElsewhere(f"session {self.id} was attached by another controller")
+        logger.info("session %s: the sandbox went away between calls; restarting it", self.id)
+        self._channel.close()
+        self._channel = None
+
+    def _check_owner(self) -> None:
+        """Before starting a container: another controller may have attached and started its own.
+
+        Its container id is in the stored record; starting ours would remove theirs by name.
+        """
+        try:
+            stored = self._store.load(self.id)
+        except SessionNotFound:
+            self._drop_channel()
+            self.state = SessionState.CLOSED
+            raise SessionClosed(f"session {self.id} was closed by another controller") from None
+        if stored.container_id != self._record.container_id:
+            self._drop_channel()
+            self.state = SessionState.DETACHED
+            raise SessionAttachedElsewhere(f"session {self.id} was attached by another controller")
 
     def _call(self, header: dict[str, Any], body: bytes, deadline: float) -> tuple[dict[str, Any], bytearray]:
         """A round trip with recovery: whatever kills the sandbox, the session is restored before we raise."""
+        reply, reply_body = self._call_once(header, body, deadline)
+        if reply.get("status") == protocol.STATUS_CRASHED and reply.get("ran") is False:
+            # The worker had died between calls and the request never ran: restore and send it again.
+            self._restore()
+            reply, reply_body = self._call_once({**header, "id": _new_request_id()}, body, deadline)
+        return reply, reply_body
+
+    def _call_once(self, header: dict[str, Any], body: bytes, deadline: float) -> tuple[dict[str, Any], bytearray]:
         self._ensure_live()
         try:
             return self._roundtrip(header, body, deadline)
         except ChannelLost as exc:
             state = self._settled_state()
             cause = self._death_cause(state, exc)
+            self._check_owner()
             self.start()
             error_type = SandboxOutOfMemory if state is not None and state.oom_killed else SandboxCrashed
             raise error_type(self._restored_message(cause), restored=True, generation=self.generation) from None
@@ -366,11 +411,16 @@ class Session:
         self.start()
 
     def _settled_state(self) -> ContainerState | None:
-        """The container's state once it has finished dying (a closed channel precedes the engine's view)."""
+        """The container's state once it has finished dying (a closed channel precedes the engine's view).
+
+        A container someone is removing counts as still dying: starting its successor under the
+        same name meanwhile would fail with "removal already in progress".
+        """
         ends = time.monotonic() + _DEATH_SETTLE_SECONDS
         while True:
             state = self._backend.inspect(self._record.container_id) if self._record.container_id else None
-            if state is None or not state.running or time.monotonic() > ends:
+            settled = state is None or (not state.running and state.status != "removing")
+            if settled or time.monotonic() > ends:
                 return state
             time.sleep(0.05)
 
@@ -384,7 +434,24 @@ class Session:
     def _restored_message(self, cause: str) -> str:
         return f"{cause}; session {self.id} was restored to checkpoint generation {self.generation}"
 
-    def _expect_ok(self, reply: dict[str, Any]) -> dict[str, Any]:
+    def _accept(self, reply: dict[str, Any], body: bytearray, handle: Callable[[dict[str, Any], bytearray], T]) -> T:
+        """Hand a reply to ``handle`` once its status says the worker lived.
+
+        A reply that fails validation means the agent is out of step with us (user code can
+        forge frames on the worker's socket), so the sandbox is recycled and restored before
+        the ProtocolError is raised.
+        """
+        self._raise_if_worker_lost(reply)
+        try:
+            if reply.get("status") not in (protocol.STATUS_OK, protocol.STATUS_ERROR, protocol.STATUS_TIMEOUT):
+                raise ProtocolError(f"unknown reply status {str(reply.get('status'))[:64]!r}")
+            return handle(reply, body)
+        except ProtocolError as exc:
+            self._recycle()
+            raise ProtocolError(self._restored_message(f"invalid reply from the agent: {exc}")) from None
+
+    def _raise_if_worker_lost(self, reply: dict[str, Any]) -> None:
+        """The agent replaced a worker that died or misbehaved: restore into the new one and say why."""
         status = reply.get("status")
         if status in (protocol.STATUS_CRASHED, protocol.STATUS_PROTOCOL_ERROR):
             self._restore()
@@ -396,12 +463,8 @@ class Session:
                 restored=True,
                 generation=self.generation,
             )
-        if status not in (protocol.STATUS_OK, protocol.STATUS_ERROR, protocol.STATUS_TIMEOUT):
-            raise ProtocolError(f"unknown reply status {str(status)[:64]!r}")
-        return reply
 
     def _finish_exec(self, reply: dict[str, Any], body: bytearray, limit: float) -> ExecResult:
-        reply = self._expect_ok(reply)
         if reply.get("type") != protocol.EXEC_REPLY:
             raise ProtocolError(f"exec answered with {str(reply.get('type'))[:64]!r}")
         if reply["status"] == protocol.STATUS_TIMEOUT:
@@ -441,7 +504,11 @@ class Session:
             if not isinstance(entry, dict):
                 raise ProtocolError("checkpoint blob entries must be objects")
             sizes.append(expect(entry, "size", int))
-            expect(entry, "digest", str)
+            if not _DIGEST.match(expect(entry, "digest", str)):
+                raise ProtocolError("checkpoint blob digests must be 32 hex digits")
+        known = {entry["digest"] for entry in index} | set(self._record.blob_sizes)
+        if not set(changed.values()) <= known:
+            raise ProtocolError("checkpoint names a blob that was neither sent nor stored")
         try:
             parts = protocol.split_body(body, sizes)
         except protocol.ProtocolViolation as exc:
@@ -453,7 +520,7 @@ class Session:
             self._store.commit(
                 self._record,
                 generation=generation,
-                blobs={entry["digest"]: part for entry, part in zip(index, parts)},
+                blobs={entry["digest"]: part for entry, part in zip(index, parts, strict=False)},
                 changed=changed,
                 deleted=deleted,
             )
@@ -480,7 +547,7 @@ class Session:
                 "aliases": [prefix] if index == 0 else [],
             }
             reply, body = self._call(header, raw, self._settings.start_timeout + 60.0)
-            self._commit(self._expect_ok(reply), body)
+            self._accept(reply, body, self._commit)
             setattr(self._record, counter, max(count, index + 1))
             self._store.save(self._record)
             return index

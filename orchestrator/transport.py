@@ -71,6 +71,14 @@ class Channel:
         except OSError:
             return True
 
+    def has_pending(self) -> bool:
+        """True when the agent sent something or hung up, without blocking (between calls it should be silent)."""
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.close()

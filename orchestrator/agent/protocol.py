@@ -10,9 +10,10 @@ Both sides check every length against a limit before buffering anything.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 PROTOCOL_VERSION = 1
 MAGIC = b"ORC1"
@@ -20,6 +21,7 @@ PREFIX = struct.Struct("!4sII")  # magic, header length, body length
 MAX_HEADER_BYTES = 16 << 20
 MAX_BODY_BYTES = (2 << 30) - 1
 _INLINE_BODY_BYTES = 64 << 10
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 # Requests the controller sends; each carries an ``id`` that its reply echoes.
 EXEC = "exec"
@@ -54,8 +56,16 @@ class ChannelClosed(Exception):
 
 
 def encode_header(header: Header) -> bytes:
-    """Serialize a header object; the agent and the controller both call this."""
-    return json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """Serialize a header object; the agent and the controller both call this.
+
+    A str made by user code (an error message, a repr) may hold lone surrogates, which have
+    no UTF-8 form: each becomes U+FFFD instead of failing the frame, and with it the worker.
+    """
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATES.sub("\ufffd", text).encode("utf-8")
 
 
 def send_frame(sock: socket.socket, header: Header, body: bytes | bytearray | memoryview = b"") -> None:
@@ -108,7 +118,7 @@ def recv_frame(
     return header, body
 
 
-def split_body(body: bytes | bytearray | memoryview, sizes: list) -> list:
+def split_body(body: bytes | bytearray | memoryview, sizes: List[int]) -> List[memoryview]:
     """Cut a frame body into consecutive parts of the given sizes (checkpoint blobs)."""
     if sum(sizes) != len(body):
         raise ProtocolViolation(f"body of {len(body)} B does not match declared sizes {sum(sizes)} B")

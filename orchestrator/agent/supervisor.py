@@ -10,6 +10,7 @@ SIGUSR1 asks it to drop the current connection and connect again (controller tak
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import select
@@ -76,16 +77,19 @@ class WorkerProcess:
         self.dill = hello.get("dill", "")
 
     def interrupt(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
+
+    def wrote_out_of_turn(self) -> bool:
+        """True when unread bytes wait on the worker's socket (rather than the EOF of its death)."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK) != b""
+        except OSError:
+            return False
 
     def kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         self.proc.wait()
         self.sock.close()
 
@@ -122,6 +126,7 @@ class Supervisor:
         self.worker_lost: Optional[Dict[str, Any]] = None
         self.last_reply: Optional[Tuple[Any, dict, bytes]] = None
         self.takeover_requested = False
+        self.channel_inode: Optional[int] = None
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
@@ -136,17 +141,32 @@ class Supervisor:
         self.generation = 0
 
     def connect(self) -> socket.socket:
-        """Connect to the controller, retrying until one listens."""
+        """Connect to the controller, retrying until one listens; remember which socket file it was."""
         delay = 0.01
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
+                inode = os.stat(self.config.channel).st_ino
                 sock.connect(self.config.channel)
-                return sock
+                if os.stat(self.config.channel).st_ino == inode:
+                    self.channel_inode = inode
+                    return sock
             except OSError:
-                sock.close()
-                time.sleep(delay)
-                delay = min(delay * 2, 0.25)
+                pass
+            sock.close()
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    def channel_replaced(self) -> bool:
+        """True when a controller other than ours now listens on the channel path (a takeover).
+
+        A new controller binds a new socket file and then signals us; if we already reconnected
+        to that very file on our own (the old controller had let go), the signal is stale.
+        """
+        try:
+            return os.stat(self.config.channel).st_ino != self.channel_inode
+        except OSError:
+            return True
 
     def run(self) -> None:
         while True:
@@ -178,12 +198,19 @@ class Supervisor:
             if self.wake_r in readable:
                 os.read(self.wake_r, 512)
             if self.takeover_requested:
-                protocol.send_frame(conn, {"type": protocol.GOODBYE, "reason": "takeover"})
-                return
-            if self.worker.sock in readable and conn not in readable:
-                # The worker said something, or died, while no request was running.
-                self.worker_lost = self.worker.death()
-                self.worker.kill()
+                self.takeover_requested = False
+                if self.channel_replaced():
+                    protocol.send_frame(conn, {"type": protocol.GOODBYE, "reason": "takeover"})
+                    return
+            if self.worker.sock in readable:
+                # The worker died, or cell code wrote on its socket, while no request was running.
+                # Replace it before relaying anything (a request that came in meanwhile has not run yet).
+                if self.worker.wrote_out_of_turn():
+                    self.worker.kill()
+                    self.worker_lost = {"reason": "the worker wrote out of turn; it was killed", "oom": False}
+                else:
+                    self.worker_lost = self.worker.death()
+                    self.worker.kill()
                 self._respawn()
                 continue
             if conn in readable:
@@ -209,17 +236,15 @@ class Supervisor:
 
     def relay(self, header: dict, body: bytearray, timeout: Optional[float]) -> Tuple[dict, Any]:
         """Send a request to the worker and wait for its reply, climbing the timeout ladder."""
-        try:
+        with contextlib.suppress(OSError):  # a dead worker: reading below reports how it died
             protocol.send_frame(self.worker.sock, header, body)
-        except OSError:
-            pass  # the worker is dead; reading below reports how it died
         deadline = None if timeout is None else time.monotonic() + float(timeout)
         interrupted = False
         while True:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             readable, _, _ = select.select([self.worker.sock], [], [], wait)
             if readable:
-                return self._worker_reply(interrupted)
+                return self._worker_reply(header.get("id"), interrupted)
             if not interrupted:
                 self.worker.interrupt()
                 interrupted = True
@@ -235,9 +260,13 @@ class Supervisor:
                 "reason": "the cell ignored the interrupt for %.1f s; the worker was killed" % self.config.grace,
             }, b""
 
-    def _worker_reply(self, interrupted: bool) -> Tuple[dict, Any]:
+    def _worker_reply(self, request_id: Any, interrupted: bool) -> Tuple[dict, Any]:
         try:
             reply, reply_body = protocol.recv_frame(self.worker.sock, max_body=self.config.max_body)
+            if reply.get("id") != request_id:
+                # Cell code can write frames on the worker's socket. A reply that does not echo the
+                # request id is forged or stale, and relaying it would put every later reply out of step.
+                raise protocol.ProtocolViolation("a reply that does not answer request %r" % (request_id,))
         except (protocol.ChannelClosed, OSError):
             lost = self.worker.death()
             self._respawn()

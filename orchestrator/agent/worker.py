@@ -120,7 +120,7 @@ class Worker:
     def restore(self, header: Dict[str, Any], body: bytearray) -> Tuple[dict, List[bytes]]:
         index = header["blobs"]
         parts = protocol.split_body(body, [int(b["size"]) for b in index])
-        blobs = {b["digest"]: part for b, part in zip(index, parts)}
+        blobs = {b["digest"]: part for b, part in zip(index, parts, strict=False)}
         _fresh_namespace(self.namespace)
         failed = self.tracker.restore(self.namespace, int(header["generation"]), header["vars"], blobs)
         return {
@@ -133,7 +133,7 @@ class Worker:
     def set_value(self, header: Dict[str, Any], body: bytearray) -> Tuple[dict, List[bytes]]:
         kind = header["kind"]
         if kind == "str":
-            value: Any = body.decode("utf-8")
+            value: Any = body.decode("utf-8", errors="surrogatepass")  # as the controller encoded it
         elif kind == "bytes":
             value = bytes(body)
         else:

@@ -1,0 +1,157 @@
+"""Fixtures for tests against a real Docker engine: one image build, isolated state, and a final sweep.
+
+Every session the tests create carries the label ``orchestrator.test.run=<RUN_ID>``; when the
+test session ends, every container with that label, or with the session id of a session the
+tests stored, is removed, so ``docker ps -a`` shows nothing of ours afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from orchestrator import Orchestrator, Session, Settings
+from orchestrator.backend import MANAGED, SESSION_ID
+
+RUN_ID = secrets.token_hex(6)
+TEST_LABEL = "orchestrator.test.run"
+
+
+def _sweep(state_dir: Path) -> None:
+    """Remove every container this test run created, found by run label or by stored session id."""
+    client = docker.from_env()
+    try:
+        session_ids = [p.name for p in (state_dir / "sessions").glob("*")] if state_dir.exists() else []
+        filters = [[f"{TEST_LABEL}={RUN_ID}"]] + [[f"{MANAGED}=true", f"{SESSION_ID}={sid}"] for sid in session_ids]
+        for labels in filters:
+            for container in client.containers.list(all=True, filters={"label": labels}):
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    container.remove(force=True, v=True)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def settings() -> Iterator[Settings]:
+    """Settings from the environment with private state and a short runtime dir (socket paths max ~107 B)."""
+    state_dir = Path(tempfile.mkdtemp(prefix="orch-state-"))
+    runtime_dir = Path(tempfile.mkdtemp(prefix="orch-", dir="/tmp"))
+    try:
+        yield Settings.from_env().replace(state_dir=state_dir, runtime_dir=runtime_dir)
+    finally:
+        try:
+            _sweep(state_dir)
+        finally:
+            shutil.rmtree(state_dir, ignore_errors=True)
+            shutil.rmtree(runtime_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def image(settings: Settings) -> str:
+    """The sandbox image on ORCH_BASE_IMAGE, built once per test session (a no-op when it exists)."""
+    with _closing(Orchestrator(settings)) as orch:
+        return orch.build_image()
+
+
+@contextlib.contextmanager
+def _closing(orch: Orchestrator) -> Iterator[Orchestrator]:
+    """Close the orchestrator's sessions and its Docker client (an unclosed client warns, and warnings fail)."""
+    try:
+        yield orch
+    finally:
+        try:
+            orch.close()
+        finally:
+            orch.backend.client.close()
+
+
+@pytest.fixture(scope="session")
+def orch(settings: Settings, image: str) -> Iterator[Orchestrator]:
+    with _closing(Orchestrator(settings)) as orchestrator:
+        yield orchestrator
+
+
+@pytest.fixture
+def make_orch(image: str) -> Iterator[Callable[[Settings], Orchestrator]]:
+    """Another Orchestrator (another controller) on the given settings, closed after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda s: stack.enter_context(_closing(Orchestrator(s)))
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    """Distinct for each test run, for names that must not clash with a concurrent run on the same engine."""
+    return RUN_ID
+
+
+def _create(orch: Orchestrator, **kwargs: object) -> Session:
+    """A session with this run's label, so the final sweep finds its containers."""
+    return orch.create_session(labels={TEST_LABEL: RUN_ID}, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def new_session() -> Iterator[Callable[..., Session]]:
+    """Factory of labelled sessions on any orchestrator; each is closed after the test."""
+    made: list[Session] = []
+
+    def factory(orchestrator: Orchestrator, **kwargs: object) -> Session:
+        made.append(_create(orchestrator, **kwargs))
+        return made[-1]
+
+    try:
+        yield factory
+    finally:
+        for s in made:
+            s.close()
+
+
+@pytest.fixture
+def session(orch: Orchestrator) -> Iterator[Session]:
+    """A fresh session for one test."""
+    s = _create(orch)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def shared_session(orch: Orchestrator) -> Iterator[Session]:
+    """One session for a whole module, for tests that leave the state usable."""
+    s = _create(orch)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def wait_gone(orch: Orchestrator, container_id: str, timeout: float = 15.0) -> None:
+    """Wait until the container has stopped running (or no longer exists)."""
+    ends = time.monotonic() + timeout
+    while time.monotonic() < ends:
+        state = orch.backend.inspect(container_id)
+        if state is None or not state.running:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"container {container_id[:12]} still running after {timeout} s")
+
+
+@pytest.fixture
+def kill_container(orch: Orchestrator) -> Callable[[Session], None]:
+    """SIGKILL a session's container from outside and wait until the engine sees it dead."""
+
+    def kill(s: Session) -> None:
+        assert s.container_id is not None
+        orch.backend.kill(s.container_id)
+        wait_gone(orch, s.container_id)
+
+    return kill

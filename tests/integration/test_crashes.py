@@ -1,0 +1,189 @@
+"""A dying worker or container: a typed exception with restored=True, the state back, the next call working."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import docker
+import pytest
+
+from orchestrator import (
+    Orchestrator,
+    SandboxCrashed,
+    SandboxError,
+    SandboxOutOfMemory,
+    Session,
+    Settings,
+)
+
+pytestmark = pytest.mark.docker
+
+STATE = "import math\nnums = list(range(10))\ndef total():\n    return sum(nums)\n"
+CHECK = "total(), math.sqrt(16)"
+EXPECTED = "(45, 4.0)"
+
+
+@pytest.fixture
+def stateful(session: Session) -> Session:
+    assert session.execute(STATE).ok
+    return session
+
+
+def assert_state_back(session: Session) -> None:
+    assert session.execute(CHECK).return_value == EXPECTED
+    assert session.execute("nums.append(10); total()").return_value == "55"
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        ("import os\nos._exit(1)", "exited with status 1"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "SIGKILL"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", "SIGSEGV"),
+        ("import ctypes\nctypes.string_at(0)", "SIGSEGV"),
+    ],
+    ids=["os-exit", "sigkill", "sigsegv", "null-pointer"],
+)
+def test_worker_death_is_sandbox_crashed(stateful: Session, code: str, reason: str) -> None:
+    container = stateful.container_id
+    generation = stateful.generation
+    with pytest.raises(SandboxCrashed) as info:
+        stateful.execute("nums.append('lost')\n" + code)
+    exc = info.value
+    assert type(exc) is SandboxCrashed
+    assert exc.restored is True
+    assert exc.generation == generation == stateful.generation
+    assert reason in str(exc)
+    assert "restored" in str(exc)
+    assert stateful.container_id == container  # only the worker died; the agent restarted it
+    assert_state_back(stateful)
+
+
+def test_cell_killing_the_agent_is_a_crash_with_restore(stateful: Session) -> None:
+    """The worker's parent is the supervisor; without it the container ends."""
+    old = stateful.container_id
+    with pytest.raises(SandboxCrashed) as info:
+        stateful.execute("import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(10)", timeout=30)
+    assert info.value.restored is True
+    assert stateful.container_id != old
+    assert_state_back(stateful)
+
+
+def test_worker_death_between_calls_is_transparent(stateful: Session) -> None:
+    # A thread of the worker kills it after the call returned: the next call is restored and runs.
+    stateful.execute("import os, threading\nthreading.Timer(0.2, os._exit, (3,)).start()")
+    time.sleep(1.0)
+    assert_state_back(stateful)
+
+
+@pytest.mark.parametrize("call", ["execute", "add_context", "reset"])
+def test_worker_death_between_calls_never_fails_the_next_request(stateful: Session, call: str) -> None:
+    """The next request had not run when the agent found its worker dead: it is restored and sent again."""
+    stateful.execute("import os, threading\nthreading.Timer(0.2, os._exit, (3,)).start()")
+    time.sleep(1.0)
+    if call == "execute":
+        assert stateful.execute("nums.append(10); total()").return_value == "55"
+    elif call == "add_context":
+        assert stateful.add_context("after the death") == 0
+        assert stateful.execute("context, total()").return_value == "('after the death', 45)"
+    else:
+        stateful.reset()
+        assert stateful.execute("'nums' in globals()").return_value == "False"
+
+
+def test_out_of_memory(orch: Orchestrator, settings: Settings, make_orch, new_session) -> None:
+    small = make_orch(settings.replace(mem_limit="256m"))
+    s = new_session(small)
+    assert s.execute(STATE).ok
+    generation = s.generation
+    with pytest.raises(SandboxOutOfMemory) as info:
+        s.execute("hog = []\nwhile True:\n    hog.append(b'x' * (16 << 20))", timeout=60)
+    exc = info.value
+    assert isinstance(exc, SandboxCrashed) and isinstance(exc, MemoryError)
+    assert exc.restored is True
+    assert exc.generation == generation
+    assert "memory" in str(exc)
+    assert_state_back(s)
+    assert s.execute("'hog' in globals()").return_value == "False"
+
+
+def test_container_killed_between_calls(stateful: Session, kill_container: Callable[[Session], None]) -> None:
+    old = stateful.container_id
+    kill_container(stateful)
+    assert_state_back(stateful)
+    assert stateful.container_id != old
+
+
+def test_container_removed_between_calls(orch: Orchestrator, stateful: Session) -> None:
+    old = stateful.container_id
+    assert old is not None
+    orch.backend.remove(old)
+    assert_state_back(stateful)
+    assert stateful.container_id not in (None, old)
+    assert [c.id for c in orch.backend.find(stateful.id)] == [stateful.container_id]
+
+
+def test_container_stopped_between_calls_with_docker_sdk(stateful: Session) -> None:
+    client = docker.from_env()
+    try:
+        client.containers.get(stateful.container_id).stop(timeout=1)
+    finally:
+        client.close()
+    assert_state_back(stateful)
+
+
+def _in_background(action: Callable[[], None], delay: float) -> threading.Thread:
+    thread = threading.Timer(delay, action)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("how", ["kill", "remove"])
+def test_container_dies_during_a_call(orch: Orchestrator, stateful: Session, how: str) -> None:
+    old = stateful.container_id
+    assert old is not None
+    action = {"kill": lambda: orch.backend.kill(old), "remove": lambda: orch.backend.remove(old)}[how]
+    timer = _in_background(action, 1.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SandboxCrashed) as info:
+            stateful.execute("import time\nnums.append('lost')\ntime.sleep(10)\n'finished'", timeout=30)
+    finally:
+        timer.join()
+    took = time.monotonic() - started
+    exc = info.value
+    assert type(exc) is SandboxCrashed
+    assert isinstance(exc, SandboxError)
+    assert exc.restored is True
+    assert took < 9, "the death was noticed at once, not at the end of the sleep"
+    # A removal is seen either as a missing container or as one being removed.
+    assert ("remov" if how == "remove" else "exit code 137") in str(exc)
+    assert stateful.container_id != old
+    assert_state_back(stateful)
+    assert len(orch.backend.find(stateful.id)) == 1
+
+
+def test_worker_killed_from_outside_during_a_call(orch: Orchestrator, stateful: Session) -> None:
+    stateful.execute("import os\nworker_pid = os.getpid()")
+    pid = int(stateful.execute("worker_pid").return_value or "0")
+    assert pid > 1
+    client = docker.from_env()
+    try:
+        container = client.containers.get(stateful.container_id)
+        results: list[Any] = []
+        kill = ["python3", "-c", f"import os; os.kill({pid}, 9)"]
+        timer = _in_background(lambda: results.append(container.exec_run(kill, user="65534:65534")), 1.0)
+        try:
+            with pytest.raises(SandboxCrashed) as info:
+                stateful.execute("import time\ntime.sleep(10)", timeout=30)
+        finally:
+            timer.join()
+    finally:
+        client.close()
+    assert results[0].exit_code == 0, results[0].output
+    assert info.value.restored is True
+    assert "SIGKILL" in str(info.value)
+    assert_state_back(stateful)
