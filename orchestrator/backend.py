@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,15 +178,10 @@ class DockerBackend:
         if settings.no_new_privileges:
             kwargs["security_opt"] = ["no-new-privileges:true"]
         with _engine_errors(f"starting sandbox container {name}"):
-            self.remove_named(name)
+            self.remove(name)  # a dead predecessor of a restarted session
             container = self._create(**kwargs)
         logger.info("started container %s (%s) for session %s", name, container.short_id, session_id)
         return str(container.id)
-
-    def remove_named(self, name: str) -> None:
-        """Remove a container by name if it exists (a dead predecessor of a restarted session)."""
-        with _engine_errors(f"removing container {name}"), suppress(docker.errors.NotFound):
-            self.client.containers.get(name).remove(force=True)
 
     def inspect(self, container_id: str) -> ContainerState | None:
         """The container's state, or None if it no longer exists."""
@@ -208,10 +203,16 @@ class DockerBackend:
                 if exc.status_code != 409:  # 409: not running, nothing to signal
                     raise
 
-    def remove(self, container_id: str) -> None:
-        """Remove the container, running or not; a missing one is not an error."""
-        with _engine_errors(f"removing container {container_id[:12]}"), suppress(docker.errors.NotFound):
-            self.client.containers.get(container_id).remove(force=True, v=True)
+    def remove(self, container: str) -> None:
+        """Remove a container (by id or name), running or not; missing or already being removed is fine."""
+        with _engine_errors(f"removing container {container[:12]}"):
+            try:
+                self.client.containers.get(container).remove(force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if not (exc.status_code == 409 and "in progress" in str(exc.explanation)):
+                    raise
 
     def find(self, session_id: str | None = None) -> list[ContainerState]:
         """Our containers (all, or one session's), found by label, running or not."""

@@ -295,7 +295,7 @@ class Session:
             "vars": self._record.variables,
             "blobs": [{"digest": d, "size": len(b)} for d, b in blobs],
         }
-        reply, _ = self._roundtrip(header, b"".join(b for _, b in blobs), self._settings.start_timeout + 60.0)
+        reply, _ = self._roundtrip(header, [b for _, b in blobs], self._settings.start_timeout + 60.0)
         if reply.get("type") != protocol.RESTORE_REPLY:
             raise ProtocolError(f"restore answered with {reply.get('type')!r}: {str(reply.get('reason', ''))[:500]}")
         self.restore_failures = expect_str_map(reply, "failed")
@@ -312,7 +312,9 @@ class Session:
 
     # ----------------------------------------------------------------- calls
 
-    def _roundtrip(self, header: dict[str, Any], body: bytes, deadline: float) -> tuple[dict[str, Any], bytearray]:
+    def _roundtrip(
+        self, header: dict[str, Any], body: protocol.Body | list[bytes], deadline: float
+    ) -> tuple[dict[str, Any], bytearray]:
         """Send one request and wait for the reply with its id; no recovery here."""
         assert self._channel is not None
         try:

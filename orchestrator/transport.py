@@ -13,6 +13,7 @@ import logging
 import os
 import select
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 from .agent import protocol
@@ -31,7 +32,7 @@ class Channel:
         self._max_header = max_header
         self._max_body = max_body
 
-    def send(self, header: protocol.Header, body: bytes | bytearray | memoryview = b"") -> None:
+    def send(self, header: protocol.Header, body: protocol.Body | Sequence[protocol.Body] = b"") -> None:
         """Send one frame.
 
         Raises:

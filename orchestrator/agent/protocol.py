@@ -13,7 +13,7 @@ import json
 import re
 import socket
 import struct
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple, Union
 
 PROTOCOL_VERSION = 1
 MAGIC = b"ORC1"
@@ -68,17 +68,26 @@ def encode_header(header: Header) -> bytes:
         return _SURROGATES.sub("\ufffd", text).encode("utf-8")
 
 
-def send_frame(sock: socket.socket, header: Header, body: bytes | bytearray | memoryview = b"") -> None:
-    """Write one frame; small bodies go out in the same ``send`` as the header."""
+Body = Union[bytes, bytearray, memoryview]
+
+
+def send_frame(sock: socket.socket, header: Header, body: Union[Body, Sequence[Body]] = b"") -> None:
+    """Write one frame whose body is one buffer or several sent back to back (no joined copy).
+
+    Small bodies go out in the same ``send`` as the header.
+    """
+    parts = [body] if isinstance(body, (bytes, bytearray, memoryview)) else list(body)
+    size = sum(len(part) for part in parts)
     head = encode_header(header)
-    if len(head) > MAX_HEADER_BYTES or len(body) > MAX_BODY_BYTES:
-        raise ProtocolViolation(f"frame over limit: header {len(head)} B, body {len(body)} B")
-    prefix = PREFIX.pack(MAGIC, len(head), len(body))
-    if len(body) <= _INLINE_BODY_BYTES:
-        sock.sendall(b"".join((prefix, head, body)))
-    else:
-        sock.sendall(prefix + head)
-        sock.sendall(body)
+    if len(head) > MAX_HEADER_BYTES or size > MAX_BODY_BYTES:
+        raise ProtocolViolation("frame over limit: header %d B, body %d B" % (len(head), size))
+    prefix = PREFIX.pack(MAGIC, len(head), size)
+    if size <= _INLINE_BODY_BYTES:
+        sock.sendall(b"".join([prefix, head, *parts]))
+        return
+    sock.sendall(prefix + head)
+    for part in parts:
+        sock.sendall(part)
 
 
 def recv_exactly(sock: socket.socket, size: int) -> bytearray:

@@ -114,8 +114,25 @@ class WorkerProcess:
         return info
 
 
-class Takeover(Exception):
-    """Raised inside the serve loop when SIGUSR1 asks for a new connection."""
+_MAX_CACHED_BODY = 16 << 20
+
+
+def _resendable(reply: dict, body: Any) -> Tuple[dict, Any]:
+    """What to answer if the same request comes again: the reply itself, unless its body is big.
+
+    Keeping a 100 MB checkpoint delta alive for a resend that almost never comes would double
+    the sandbox's memory, so a big reply is remembered only as "ran, but lost": the controller
+    then restores from its last stored checkpoint instead of running the code again.
+    """
+    if len(body) <= _MAX_CACHED_BODY:
+        return reply, body
+    lost = {
+        "type": reply.get("type"),
+        "status": protocol.STATUS_PROTOCOL_ERROR,
+        "ran": True,
+        "reason": "the reply to this request was lost and is too large to send again; restore instead",
+    }
+    return lost, b""
 
 
 class Supervisor:
@@ -217,8 +234,10 @@ class Supervisor:
                 header, body = protocol.recv_frame(conn, max_body=self.config.max_body)
                 reply, reply_body = self.answer(header, body)
                 reply["id"] = header.get("id")
-                self.last_reply = (header.get("id"), reply, reply_body)
+                del body
+                self.last_reply = (header.get("id"), *_resendable(reply, reply_body))
                 protocol.send_frame(conn, reply, reply_body)
+                del reply, reply_body
 
     def answer(self, header: dict, body: bytearray) -> Tuple[dict, Any]:
         kind = header["type"]

@@ -67,7 +67,9 @@ class Worker:
                 return
             reply, blobs = self.handle(header, body)
             reply["id"] = header.get("id")
-            protocol.send_frame(self.sock, reply, b"".join(blobs))
+            protocol.send_frame(self.sock, reply, blobs)
+            # Restore input and checkpoint output can be hundreds of MB: free them before waiting.
+            del body, reply, blobs
 
     def handle(self, header: Dict[str, Any], body: bytearray) -> Tuple[dict, List[bytes]]:
         kind = header["type"]
