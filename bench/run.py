@@ -291,12 +291,17 @@ def bench_new_session(runner: Runner, reps: Reps) -> list[Result]:
     ]
 
 
+def repeated(runner: Runner, handle: Any, code: str, warmup: int, count: int) -> list[float]:
+    """Seconds per ``execute(code)``, ``count`` times after ``warmup`` untimed runs."""
+    for _ in range(warmup):
+        runner.execute(handle, code)
+    return [timed(lambda: runner.execute(handle, code)) for _ in range(count)]
+
+
 def bench_trivial(runner: Runner, reps: Reps) -> list[Result]:
     """``execute("1")`` repeated after a warm-up."""
     with session(runner) as handle:
-        for _ in range(reps.trivial_warmup):
-            runner.execute(handle, "1")
-        samples = [timed(lambda: runner.execute(handle, "1")) for _ in range(reps.trivial)]
+        samples = repeated(runner, handle, "1", reps.trivial_warmup, reps.trivial)
     return [
         Result(
             "trivial_median",
@@ -313,9 +318,7 @@ def bench_unchanged_state(runner: Runner, reps: Reps) -> list[Result]:
     """A cell ``y = 1`` in a session without, then beside, an untouched 100 MB string; memory with it."""
 
     def series() -> list[float]:
-        for _ in range(reps.unchanged_warmup):
-            runner.execute(handle, "y = 1")
-        return [timed(lambda: runner.execute(handle, "y = 1")) for _ in range(reps.unchanged)]
+        return repeated(runner, handle, "y = 1", reps.unchanged_warmup, reps.unchanged)
 
     with session(runner) as handle:
         without = series()
