@@ -44,6 +44,8 @@ class Settings:
     """Seconds to wait for a new container's agent to connect."""
     reply_margin: float = 10.0
     """Seconds beyond timeout + grace before the controller gives up on the agent and recycles the container."""
+    frame_timeout: float = 10.0
+    """Seconds the agent waits on a frame its worker started before it kills the worker (a stalled forgery)."""
     network_mode: str = "none"
     """Docker network mode; "none" keeps sandboxes off every network."""
     user: str = "65534:65534"
@@ -72,7 +74,7 @@ class Settings:
     """fsync checkpoint files; atomic renames already survive a controller crash, fsync adds power loss."""
 
     def __post_init__(self) -> None:
-        for name in ("exec_timeout", "interrupt_grace", "start_timeout", "reply_margin"):
+        for name in ("exec_timeout", "interrupt_grace", "start_timeout", "reply_margin", "frame_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"Settings.{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("pids_limit", "max_output_bytes", "max_header_bytes", "max_body_bytes", "nano_cpus"):

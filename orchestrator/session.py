@@ -241,6 +241,7 @@ class Session:
                 "ORCH_SESSION_ID": self.id,
                 "ORCH_OUTPUT_LIMIT": str(self._settings.max_output_bytes),
                 "ORCH_INTERRUPT_GRACE": str(self._settings.interrupt_grace),
+                "ORCH_FRAME_TIMEOUT": str(self._settings.frame_timeout),
                 "ORCH_MAX_BODY": str(self._settings.max_body_bytes),
             },
             settings=self._settings,

@@ -40,6 +40,9 @@ def oom_kill_count() -> int:
     return 0
 
 
+_WORKER_START_SECONDS = 60.0
+
+
 class Config:
     """Settings the controller passes through the container environment."""
 
@@ -49,6 +52,8 @@ class Config:
         self.output_limit = int(environ.get("ORCH_OUTPUT_LIMIT", str(1 << 20)))
         self.grace = float(environ.get("ORCH_INTERRUPT_GRACE", "2.0"))
         self.max_body = int(environ.get("ORCH_MAX_BODY", str(protocol.MAX_BODY_BYTES)))
+        # A frame the worker started must keep flowing: a stall this long mid-frame is treated as a forgery.
+        self.frame_timeout = float(environ.get("ORCH_FRAME_TIMEOUT", "10"))
 
 
 class WorkerProcess:
@@ -72,7 +77,9 @@ class WorkerProcess:
             start_new_session=True,
         )
         theirs.close()
+        self.sock.settimeout(_WORKER_START_SECONDS)
         hello, _ = protocol.recv_frame(self.sock)
+        self.sock.settimeout(config.frame_timeout)
         self.python = hello.get("python", "")
         self.dill = hello.get("dill", "")
 
@@ -286,29 +293,37 @@ class Supervisor:
                 # Cell code can write frames on the worker's socket. A reply that does not echo the
                 # request id is forged or stale, and relaying it would put every later reply out of step.
                 raise protocol.ProtocolViolation("a reply that does not answer request %r" % (request_id,))
+        except socket.timeout:
+            return self._worker_misbehaved(
+                "the worker stopped for %.0f s in the middle of a frame" % self.config.frame_timeout
+            )
         except (protocol.ChannelClosed, OSError):
             lost = self.worker.death()
             self._respawn()
             lost.update(type=protocol.EXEC_REPLY, status=protocol.STATUS_CRASHED, ran=True)
             return lost, b""
         except protocol.ProtocolViolation as exc:
-            self.worker.kill()
-            self._respawn()
-            return {
-                "type": protocol.EXEC_REPLY,
-                "status": protocol.STATUS_PROTOCOL_ERROR,
-                "ran": True,
-                "reason": "the worker sent an invalid frame (%s); it was killed" % exc,
-            }, b""
+            return self._worker_misbehaved("the worker sent an invalid frame (%s)" % exc)
         checkpoint = reply.get("checkpoint")
         if isinstance(checkpoint, dict) and isinstance(checkpoint.get("generation"), int):
             self.generation = checkpoint["generation"]
         if isinstance(reply.get("generation"), int):
             self.generation = reply["generation"]
-        if interrupted:
+        if interrupted and reply.get("status") == protocol.STATUS_ERROR:
+            # The interrupt stopped the cell (a cell that finished just at the deadline stays a success).
             reply["status"] = protocol.STATUS_TIMEOUT
             reply["worker_restarted"] = False
         return reply, reply_body
+
+    def _worker_misbehaved(self, why: str) -> Tuple[dict, Any]:
+        self.worker.kill()
+        self._respawn()
+        return {
+            "type": protocol.EXEC_REPLY,
+            "status": protocol.STATUS_PROTOCOL_ERROR,
+            "ran": True,
+            "reason": "%s; it was killed" % why,
+        }, b""
 
 
 def main() -> None:

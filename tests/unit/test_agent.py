@@ -54,6 +54,7 @@ def agent():
         "ORCH_SESSION_ID": "unit",
         "ORCH_INTERRUPT_GRACE": "0.5",
         "ORCH_OUTPUT_LIMIT": "1000",
+        "ORCH_FRAME_TIMEOUT": "1",
     }
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.agent.supervisor"], env=env)
     agent = Agent(listener, proc)
@@ -132,6 +133,14 @@ def test_garbage_from_the_worker_kills_it_cleanly(agent):
     reply, _ = agent.request(protocol.EXEC, code=code, timeout=10)
     assert reply["status"] == protocol.STATUS_PROTOCOL_ERROR
     assert agent.request(protocol.EXEC, code="3", timeout=10)[0]["return_value"] == "3"
+
+
+def test_half_a_frame_from_the_worker_does_not_stall_the_agent(agent):
+    code = "import os, sys, struct; os.write(int(sys.argv[1]), struct.pack('!4sII', b'ORC1', 100, 0) + b'{')\n"
+    code += "import time; time.sleep(30)"
+    reply, _ = agent.request(protocol.EXEC, code=code, timeout=30)
+    assert reply["status"] == protocol.STATUS_PROTOCOL_ERROR and "middle of a frame" in reply["reason"]
+    assert agent.request(protocol.EXEC, code="4", timeout=10)[0]["return_value"] == "4"
 
 
 def test_sigusr1_hands_the_agent_to_a_new_connection(agent):
