@@ -147,7 +147,8 @@ class Session:
         if not isinstance(code, str):
             raise ConfigError(f"code must be a str, not {type(code).__name__}")
         try:
-            code.encode("utf-8")  # the frame would fail (or silently change the code) on lone surrogates
+            # The frame would fail (or silently change the code) on lone surrogates; ASCII is O(1) to rule out.
+            code.isascii() or code.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ConfigError(f"code must be valid Unicode text: {exc}") from None
         limit = self._settings.exec_timeout if timeout is None else float(timeout)

@@ -64,14 +64,6 @@ class Channel:
         except OSError as exc:
             raise ChannelLost(f"reading from the agent failed: {exc}") from exc
 
-    def closed_by_peer(self) -> bool:
-        """True when the agent's end is already closed (EOF or reset), without blocking."""
-        try:
-            readable, _, _ = select.select([self._sock], [], [], 0)
-            return bool(readable) and self._sock.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            return True
-
     def has_pending(self) -> bool:
         """True when the agent sent something or hung up, without blocking (between calls it should be silent)."""
         try:
