@@ -1,7 +1,7 @@
 """Wire format shared by the controller and the in-container agent: framed JSON headers plus raw bodies.
 
 Standard library only: this file is copied into sandbox images and must run on the image's
-Python (3.8 or newer). A frame is a fixed 12-byte prefix (magic, header length, body
+Python (see ``docs/protocol.md`` for the oldest one tested). A frame is a fixed 12-byte prefix (magic, header length, body
 length), a UTF-8 JSON header object with a ``type`` field, and an optional raw binary body
 (checkpoint blobs, contexts), so large payloads never travel as base64 inside JSON.
 Both sides check every length against a limit before buffering anything.
@@ -9,13 +9,15 @@ Both sides check every length against a limit before buffering anything.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 import socket
 import struct
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAGIC = b"ORC1"
 PREFIX = struct.Struct("!4sII")  # magic, header length, body length
 MAX_HEADER_BYTES = 16 << 20
@@ -23,19 +25,27 @@ MAX_BODY_BYTES = (2 << 30) - 1
 _INLINE_BODY_BYTES = 64 << 10
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
+# Connection set-up (docs/protocol.md): hello (agent), auth (controller), auth_ok (agent).
+HELLO = "hello"
+AUTH = "auth"
+AUTH_OK = "auth_ok"
 # Requests the controller sends; each carries an ``id`` that its reply echoes.
 EXEC = "exec"
-RESTORE = "restore"
 SET_VALUE = "set_value"
 RESET = "reset"
+RESTORE_BEGIN = "restore_begin"
+LOAD = "load"
+RESTORE_END = "restore_end"
 PING = "ping"
-# Messages the agent sends.
-HELLO = "hello"
+# Replies and notices the agent sends.
 EXEC_REPLY = "exec_reply"
-RESTORE_REPLY = "restore_reply"
 STATE_REPLY = "state_reply"
+LOAD_REPLY = "load_reply"
+RESTORE_REPLY = "restore_reply"
 PONG = "pong"
 GOODBYE = "goodbye"
+# Worker -> supervisor only: the cell finished, checkpointing starts (its own time limit).
+CELL_DONE = "cell_done"
 
 # Outcomes of a request as the agent reports them in ``status``.
 STATUS_OK = "ok"
@@ -43,6 +53,27 @@ STATUS_ERROR = "error"
 STATUS_TIMEOUT = "timeout"
 STATUS_CRASHED = "crashed"
 STATUS_PROTOCOL_ERROR = "protocol_error"
+
+NONCE_BYTES = 16
+
+
+def new_nonce() -> str:
+    """A fresh random challenge for the connection handshake (hex)."""
+    import secrets
+
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def auth_proof(secret: bytes, role: str, agent_nonce: str, controller_nonce: str) -> str:
+    """Proof that ``role`` ("controller" or "agent") knows the sandbox's secret, bound to both nonces."""
+    message = ("%s|%s|%s" % (role, agent_nonce, controller_nonce)).encode("ascii", "replace")
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def proof_matches(expected: str, given: object) -> bool:
+    """Constant-time comparison of a handshake proof."""
+    return isinstance(given, str) and hmac.compare_digest(expected.encode("ascii", "replace"), given.encode("ascii", "replace"))
+
 
 Header = Dict[str, Any]
 
