@@ -50,10 +50,20 @@ class Reps:
     add_context: int = 5
     new_session: int = 5
     restore: int = 3
+    idle_sessions: int = 50
 
 
 FULL = Reps()
-QUICK = Reps(trivial=30, trivial_warmup=5, unchanged=10, unchanged_warmup=2, add_context=2, new_session=2, restore=1)
+QUICK = Reps(
+    trivial=30,
+    trivial_warmup=5,
+    unchanged=10,
+    unchanged_warmup=2,
+    add_context=2,
+    new_session=2,
+    restore=1,
+    idle_sessions=10,
+)
 
 
 # --------------------------------------------------------------------------- results
@@ -246,9 +256,8 @@ class OrchestratorRunner:
         """Close every session and remove any container of ours that is left, then the temporary directory."""
         try:
             self.orch.close()
-            for session_id in self._ids:
-                for container in self.orch.backend.find(session_id):
-                    self.orch.backend.remove(container.id)
+            for container in self.orch.containers():
+                self.orch.backend.remove(container.id)
         finally:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
@@ -392,12 +401,58 @@ def bench_restore_after_kill(runner: Runner, reps: Reps) -> list[Result]:
     ]
 
 
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+
+
+def bench_idle_sessions(runner: Runner, reps: Reps) -> list[Result]:
+    """Open N idle sessions in this one controller process, past 1,024 file descriptors, and use each one.
+
+    Reports what an idle session costs the controller (descriptors, memory) and its sandbox
+    (container memory), and how many idle sessions this machine's memory would hold.
+    """
+    filler = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]  # select() would fail past fd 1024
+    handles = []
+    try:
+        fds, rss = _open_fds(), _rss_bytes()
+        for _ in range(reps.idle_sessions):
+            handles.append(runner.create())
+        for handle in handles:
+            if runner.execute(handle, "1 + 1") != "2":
+                raise RuntimeError("an idle session did not answer")
+        fds_each = (_open_fds() - fds) / len(handles)
+        rss_each = (_rss_bytes() - rss) / len(handles)
+        sandbox = runner.memory(handles[-1]) or {}
+        sandbox_used = float(sandbox.get("used", 0))
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        fit = total / (sandbox_used + rss_each) if sandbox_used else None
+    finally:
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                runner.close(handle)
+        for fd in filler:
+            os.close(fd)
+    return [
+        Result("idle_sessions", "idle sessions open at once, past fd 1,024 (info)", float(len(handles)), unit="n"),
+        Result("idle_fds_each", "controller file descriptors per idle session (info)", fds_each, unit="n"),
+        Result("idle_rss_each", "controller memory per idle session (info)", rss_each, unit="B"),
+        Result("idle_sandbox_mem", "sandbox memory of an idle session (docker stats, info)", sandbox_used, unit="B"),
+        Result("idle_fit", "idle sessions this machine's memory holds (estimate, info)", fit, unit="n"),
+    ]
+
+
 METRICS: list[Callable[[Runner, Reps], list[Result]]] = [
     bench_new_session,
     bench_trivial,
     bench_unchanged_state,
     bench_add_context,
     bench_restore_after_kill,
+    bench_idle_sessions,
 ]
 
 
@@ -409,6 +464,8 @@ def fmt_value(value: float | None, unit: str) -> str:
         return "n/a"
     if unit == "B":
         return f"{value / 2**20:.1f} MiB"
+    if unit == "n":
+        return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
     if value < 1.0:
         return f"{value * 1000:.{2 if value < 0.01 else 1}f} ms"
     return f"{value:.2f} s"

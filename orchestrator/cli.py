@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .backend import SESSION_ID
 from .config import Settings
 from .errors import OrchestratorError, SandboxError
 from .manager import Orchestrator
@@ -20,7 +21,7 @@ def _image_build(orch: Orchestrator, args: argparse.Namespace) -> int:
 
 
 def _list(orch: Orchestrator, args: argparse.Namespace) -> int:
-    containers = {c.labels.get("orchestrator.session-id"): c for c in orch.backend.find()}
+    containers = {c.labels.get(SESSION_ID): c for c in orch.containers()}
     print(f"{'SESSION':<16} {'CONTAINER':<12} {'GEN':>5} {'CHECKPOINT':>12} {'IDLE':>8}")
     for session_id in orch.sessions():
         record = orch.store.load(session_id)
@@ -38,10 +39,7 @@ def _rm(orch: Orchestrator, args: argparse.Namespace) -> int:
 
 
 def _remove(orch: Orchestrator, session_id: str) -> None:
-    for container in orch.backend.find(session_id):
-        orch.backend.remove(container.id)
-    orch.store.load(session_id)
-    orch.store.delete(session_id)
+    orch.remove(session_id)
     print(f"removed {session_id}")
 
 

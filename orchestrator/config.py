@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shlex
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,6 +14,22 @@ from pathlib import Path
 from .errors import ConfigError
 
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
+_MEMORY = re.compile(r"^\s*(\d+)\s*([kmg]?)b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_memory(text: str | int) -> int:
+    """Bytes in a Docker-style size ("512m", "1g", "2048").
+
+    Raises:
+        ConfigError: not a size.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = _MEMORY.match(str(text))
+    if not match:
+        raise ConfigError(f"{text!r} is not a size: use bytes or a number with k, m or g (e.g. 512m)")
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
 def _default_state_dir() -> Path:
@@ -46,6 +64,17 @@ class Settings:
     """Seconds beyond timeout + grace before the controller gives up on the agent and recycles the container."""
     frame_timeout: float = 10.0
     """Seconds the agent waits on a frame its worker started before it kills the worker (a stalled forgery)."""
+    checkpoint_timeout: float = 60.0
+    """Seconds a call's checkpoint may take after its cell ended; apart from (not part of) the cell's timeout."""
+    restore_value_timeout: float = 30.0
+    """Seconds one value may take to unpickle during a restore before it is skipped (and named)."""
+    checkpoint_quota: int | None = None
+    """Most bytes a session's stored checkpoint may hold; None means 4 x ``mem_limit``. Values past it are unsaved."""
+    lock_timeout: float = 30.0
+    """Seconds to wait for a session's store lock held by another process before ``SessionBusy``."""
+    agent_command: tuple[str, ...] | None = None
+    """Command that starts the agent in the container; None runs the image's CMD. ``ORCH_AGENT_COMMAND`` is split
+    like a shell line."""
     network_mode: str = "none"
     """Docker network mode; "none" keeps sandboxes off every network."""
     user: str = "65534:65534"
@@ -71,17 +100,44 @@ class Settings:
     max_body_bytes: int = 1 << 30
     """Largest binary body (checkpoint delta) accepted from an agent."""
     fsync: bool = False
-    """fsync checkpoint files; atomic renames already survive a controller crash, fsync adds power loss."""
+    """fsync checkpoint files and their directories; atomic renames already survive a controller crash, fsync adds
+    power loss."""
 
     def __post_init__(self) -> None:
-        for name in ("exec_timeout", "interrupt_grace", "start_timeout", "reply_margin", "frame_timeout"):
+        for name in (
+            "exec_timeout",
+            "interrupt_grace",
+            "start_timeout",
+            "reply_margin",
+            "frame_timeout",
+            "checkpoint_timeout",
+            "restore_value_timeout",
+            "lock_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"Settings.{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("pids_limit", "max_output_bytes", "max_header_bytes", "max_body_bytes", "nano_cpus"):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"Settings.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.checkpoint_quota is not None and int(self.checkpoint_quota) <= 0:
+            raise ConfigError(
+                f"Settings.checkpoint_quota must be a positive number of bytes, got {self.checkpoint_quota!r}"
+            )
+        parse_memory(self.mem_limit)
+        if self.agent_command is not None:
+            command = tuple(self.agent_command)
+            if not command or not all(isinstance(part, str) and part for part in command):
+                raise ConfigError(f"Settings.agent_command must be non-empty strings, got {self.agent_command!r}")
+            object.__setattr__(self, "agent_command", command)
         object.__setattr__(self, "state_dir", Path(self.state_dir))
         object.__setattr__(self, "runtime_dir", Path(self.runtime_dir))
+
+    @property
+    def checkpoint_quota_bytes(self) -> int:
+        """The checkpoint quota in bytes (the default follows the memory limit)."""
+        if self.checkpoint_quota is not None:
+            return int(self.checkpoint_quota)
+        return 4 * parse_memory(self.mem_limit)
 
     def replace(self, **changes: object) -> Settings:
         """A copy with some fields changed (validated again)."""
@@ -103,7 +159,11 @@ class Settings:
                 continue
             default = getattr(defaults, f.name)
             try:
-                if isinstance(default, bool):
+                if f.name == "agent_command":
+                    changes[f.name] = tuple(shlex.split(raw)) or None
+                elif f.name == "checkpoint_quota":
+                    changes[f.name] = parse_memory(raw)
+                elif isinstance(default, bool):
                     if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
                         raise ValueError(raw)
                     changes[f.name] = raw.lower() in ("1", "true", "yes")

@@ -12,7 +12,8 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     ├── SessionError
     │   ├── SessionNotFound (LookupError)    no session with that id
     │   ├── SessionClosed                    the session was closed
-    │   ├── SessionAttachedElsewhere         another controller took the session over
+    │   ├── SessionAttachedElsewhere         another controller owns the session now (epoch moved on)
+    │   ├── SessionBusy (TimeoutError)       another process held the session's store lock too long
     │   └── CheckpointError (OSError)        the checkpoint could not be stored or restored
     ├── SandboxError                         the call failed because of the sandbox; see .restored
     │   ├── ExecutionTimeout (TimeoutError)  the cell ran past its timeout
@@ -20,7 +21,7 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     │   │   └── SandboxOutOfMemory (MemoryError)  ... killed for exceeding its memory limit
     │   └── AgentStartTimeout (TimeoutError) a new container's agent never connected
     └── TransportError                       the channel to the agent failed
-        ├── ProtocolError                    the agent sent something invalid or oversized
+        ├── ProtocolError                    the agent sent something invalid or oversized; see .restored
         ├── ChannelLost (ConnectionError)    the agent's end of the channel closed
         └── AgentTimeoutError (TimeoutError) the agent did not answer in time
 """
@@ -64,32 +65,64 @@ class SessionAttachedElsewhere(SessionError):
     """Another controller attached to this session and now owns its channel."""
 
 
+class SessionBusy(SessionError, TimeoutError):
+    """Another process held the session's store lock longer than ``Settings.lock_timeout``."""
+
+
 class CheckpointError(SessionError, OSError):
     """A checkpoint could not be stored or restored."""
 
 
-class SandboxError(OrchestratorError):
-    """The call failed because of what happened in the sandbox.
+class _Recovered:
+    """What a failed call did to the session: whether it was restored, to which generation, what was lost.
 
     Attributes:
         restored: True when the session was brought back to its last checkpoint and the
             next call will work; False when the sandbox kept running with its state.
         generation: the checkpoint generation the session is at now.
+        restore_failures: values the restore could not bring back (name -> reason); they
+            were dropped from the checkpoint.
     """
 
-    def __init__(self, message: str, *, restored: bool = False, generation: int | None = None) -> None:
-        super().__init__(message)
+    restored: bool
+    generation: int | None
+    restore_failures: dict[str, str]
+
+    def _set_recovery(self, restored: bool, generation: int | None, restore_failures: dict[str, str] | None) -> None:
         self.restored = restored
         self.generation = generation
+        self.restore_failures = dict(restore_failures or {})
+
+
+class SandboxError(_Recovered, OrchestratorError):
+    """The call failed because of what happened in the sandbox; see ``restored``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        restored: bool = False,
+        generation: int | None = None,
+        restore_failures: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self._set_recovery(restored, generation, restore_failures)
 
 
 class ExecutionTimeout(SandboxError, TimeoutError):
     """The cell ran past its timeout; ``restored`` says whether the worker had to be killed."""
 
     def __init__(
-        self, message: str, *, restored: bool = False, generation: int | None = None, stdout: str = "", stderr: str = ""
+        self,
+        message: str,
+        *,
+        restored: bool = False,
+        generation: int | None = None,
+        restore_failures: dict[str, str] | None = None,
+        stdout: str = "",
+        stderr: str = "",
     ) -> None:
-        super().__init__(message, restored=restored, generation=generation)
+        super().__init__(message, restored=restored, generation=generation, restore_failures=restore_failures)
         self.stdout = stdout
         self.stderr = stderr
 
@@ -110,8 +143,19 @@ class TransportError(OrchestratorError):
     """The channel to the agent failed."""
 
 
-class ProtocolError(TransportError):
-    """The agent sent a malformed, oversized or unexpected message."""
+class ProtocolError(_Recovered, TransportError):
+    """The agent sent a malformed, oversized or unexpected message; ``restored`` says what followed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        restored: bool = False,
+        generation: int | None = None,
+        restore_failures: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self._set_recovery(restored, generation, restore_failures)
 
 
 class ChannelLost(TransportError, ConnectionError):

@@ -20,7 +20,7 @@ import dill
 
 from . import __version__
 from .agent import protocol
-from .backend import LABEL_PREFIX, DockerBackend
+from .backend import LABEL_PREFIX, Backend
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def image_tag(base_image: str) -> str:
     return f"{IMAGE_REPOSITORY}:{digest.hexdigest()[:16]}"
 
 
-def build_image(backend: DockerBackend, base_image: str, *, rebuild: bool = False) -> str:
+def build_image(backend: Backend, base_image: str, *, rebuild: bool = False) -> str:
     """Ensure the sandbox image for ``base_image`` exists; return its tag.
 
     Raises:

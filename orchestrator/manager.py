@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
@@ -9,9 +10,14 @@ import time
 from collections.abc import Mapping
 
 from . import images
-from .backend import LABEL_PREFIX, DockerBackend
+from .agent import protocol
+from .backend import LABEL_PREFIX, SESSION_ID, STORE_ID, Backend, ContainerState
 from .config import Settings
-from .errors import ConfigError, ImageMissing, OrchestratorError
+from .docker_backend import DockerBackend
+from .endpoint import ensure_private_dir
+from .errors import ConfigError, ImageMissing, OrchestratorError, SessionAttachedElsewhere
+from .ledger import CheckpointLedger, new_owner_token
+from .sandbox import Sandbox
 from .session import Session, SessionState
 from .store import SessionRecord, SessionStore, validate_session_id
 
@@ -26,16 +32,20 @@ class Orchestrator:
     ``attach`` instead.
     """
 
-    def __init__(self, settings: Settings | None = None, *, backend: DockerBackend | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, *, backend: Backend | None = None) -> None:
         """Connect to the local engine (DOCKER_HOST) with ``settings`` (default: ``Settings.from_env()``).
 
         Raises:
+            ConfigError: the runtime directory is not private (a symlink, not ours, or open to others).
             EngineUnavailable: no Docker engine answers; the message says how to start one.
         """
         self.settings = settings or Settings.from_env()
+        ensure_private_dir(self.settings.runtime_dir)
+        self.store = SessionStore(
+            self.settings.state_dir, fsync=self.settings.fsync, lock_timeout=self.settings.lock_timeout
+        )
         self._owns_backend = backend is None
-        self.backend = backend or DockerBackend()
-        self.store = SessionStore(self.settings.state_dir, fsync=self.settings.fsync)
+        self.backend: Backend = backend or DockerBackend()
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
@@ -69,8 +79,6 @@ class Orchestrator:
             AgentStartTimeout: the container started but its agent never connected.
         """
         session_id = validate_session_id(session_id) if session_id else f"s{secrets.token_hex(6)}"
-        if self.store.exists(session_id):
-            raise ConfigError(f"session {session_id!r} already exists; use Orchestrator.attach to reuse it")
         for key in labels or {}:
             if not key.startswith(LABEL_PREFIX) or key.count(".") < 2:
                 raise ConfigError(f"label {key!r} must be namespaced like 'orchestrator.<you>.<name>'")
@@ -82,42 +90,83 @@ class Orchestrator:
             )
         now = time.time()
         record = SessionRecord(
-            session_id=session_id, image=image, created_at=now, last_used_at=now, labels=dict(labels or {})
+            session_id=session_id,
+            image=image,
+            created_at=now,
+            last_used_at=now,
+            labels=dict(labels or {}),
+            owner=new_owner_token(),
+            epoch=1,
         )
         self.store.create(record)
-        session = self._track(
-            Session(record, store=self.store, backend=self.backend, settings=self.settings, on_close=self._forget)
-        )
+        session = self._session(CheckpointLedger(self.store, record, self.settings.checkpoint_quota_bytes))
         try:
             session.start()
         except BaseException:
-            session.close()
+            with contextlib.suppress(OrchestratorError):
+                session.close()
             raise
         logger.info("created session %s on %s", session_id, image)
         return session
 
     def attach(self, session_id: str) -> Session:
-        """Take over an existing session: its running container if there is one, else its checkpoint.
+        """Take a session over: from now on this handle owns it and every earlier handle is stale.
+
+        A live container is taken over in band (a call it was running for the previous owner is
+        stopped and not kept); otherwise a new container starts and the checkpoint is restored.
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+            SessionBusy: another process held the session's lock too long.
+        """
+        ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.checkpoint_quota_bytes)
+        session = self._session(ledger)
+        record = ledger.record
+        session.remove_strays()
+        sandbox = None
+        if record.sandbox_id and record.container_id:
+            state = self.backend.inspect(record.container_id)
+            if state is not None and state.running:
+                try:
+                    sandbox = Sandbox.take_over(
+                        self.backend, self.settings, sandbox_id=record.sandbox_id, container_id=record.container_id
+                    )
+                except OrchestratorError as exc:
+                    logger.warning("session %s: taking over %s failed (%s); starting anew", session_id, state.name, exc)
+        if sandbox is not None:
+            session.adopt(sandbox)
+        else:
+            session.start()
+        return session
+
+    def remove(self, session_id: str) -> None:
+        """Remove a session whoever holds it: its containers, channel directories and stored state.
+
+        Its handles elsewhere become stale (``SessionAttachedElsewhere``).
 
         Raises:
             SessionNotFound: no session with that id was stored.
         """
-        record = self.store.load(session_id)
-        session = Session(record, store=self.store, backend=self.backend, settings=self.settings, on_close=self._forget)
-        running = [c for c in self.backend.find(session_id) if c.running]
-        try:
-            if running:
-                session.reattach(running[0])
-            else:
-                session.start()
-        except OrchestratorError as exc:
-            if not running:
-                raise
-            logger.warning(
-                "session %s: reattaching to %s failed (%s); starting a new container", session_id, running[0].name, exc
-            )
-            self.backend.remove(running[0].id)
-            session.start()
+        ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.checkpoint_quota_bytes)
+        self._session(ledger).close()
+
+    def _session(self, ledger: CheckpointLedger) -> Session:
+        record = ledger.record
+        labels = {
+            STORE_ID: self.store.store_id,
+            SESSION_ID: record.session_id,
+            LABEL_PREFIX + "created-at": str(int(record.created_at)),
+            LABEL_PREFIX + "protocol": str(protocol.PROTOCOL_VERSION),
+            **record.labels,
+        }
+        session = Session(
+            ledger,
+            backend=self.backend,
+            settings=self.settings,
+            scope=self.store.store_id,
+            labels=labels,
+            on_close=self._forget,
+        )
         return self._track(session)
 
     def _track(self, session: Session) -> Session:
@@ -130,6 +179,13 @@ class Orchestrator:
             if self._sessions.get(session.id) is session:
                 del self._sessions[session.id]
 
+    def containers(self, session_id: str | None = None) -> list[ContainerState]:
+        """Containers of this store (all, or one session's), running or not, found by label."""
+        labels = {STORE_ID: self.store.store_id}
+        if session_id is not None:
+            labels[SESSION_ID] = validate_session_id(session_id)
+        return self.backend.find(labels)
+
     def sessions(self) -> list[str]:
         """Ids of every stored session (this controller's or not)."""
         return list(self.store.ids())
@@ -141,9 +197,9 @@ class Orchestrator:
         try:
             for session in held:
                 if session.state is SessionState.READY:
-                    session.close()
-                else:
-                    self._forget(session)
+                    with contextlib.suppress(SessionAttachedElsewhere):
+                        session.close()
+                self._forget(session)
         finally:
             if self._owns_backend:
                 self.backend.close()

@@ -1,37 +1,11 @@
-"""Typed results of calls, built from agent replies that are validated field by field.
-
-The host never trusts an agent reply: every field is checked for type and size before it
-becomes part of an ``ExecResult``; anything else raises ``ProtocolError``.
-"""
+"""Typed results of calls, built from agent replies that ``messages`` validated field by field."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from .errors import ProtocolError
-
-T = TypeVar("T")
-_MAX_NAMES = 100_000
-
-
-def expect(header: dict[str, Any], key: str, kind: type[T] | tuple[type, ...], *, optional: bool = False) -> T:
-    """Return ``header[key]`` if it has the expected type, else raise ProtocolError."""
-    value = header.get(key)
-    if value is None and optional:
-        return value  # type: ignore[return-value]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        raise ProtocolError(f"agent reply field {key!r} should be {kind}, got {type(value).__name__}")
-    return value  # type: ignore[return-value]
-
-
-def expect_str_map(header: dict[str, Any], key: str) -> dict[str, str]:
-    """A JSON object of string to string (variable names to digests or reasons)."""
-    value = expect(header, key, dict)
-    if len(value) > _MAX_NAMES or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise ProtocolError(f"agent reply field {key!r} should map names to strings")
-    return value
+from .messages import ExecReply, expect
 
 
 @dataclass(frozen=True)
@@ -49,9 +23,7 @@ class ExecError:
         return f"{self.type}: {self.message}{where}"
 
     @classmethod
-    def from_reply(cls, data: Any) -> ExecError:
-        if not isinstance(data, dict):
-            raise ProtocolError("agent reply field 'error' should be an object")
+    def from_reply(cls, data: dict[str, Any]) -> ExecError:
         return cls(
             type=expect(data, "ename", str),
             message=expect(data, "evalue", str),
@@ -74,6 +46,10 @@ class ExecResult:
         unsaved: variables that could not be checkpointed, with the reason; they are lost
             if the sandbox restarts.
         generation: the checkpoint generation that holds the state after this call.
+        checkpoint_duration: seconds the checkpoint of this call took (not part of ``duration``
+            and not counted against the cell's timeout).
+        restore_failures: values a restore before this call (the sandbox had died between
+            calls) could not bring back, with the reason; they were dropped.
     """
 
     stdout: str = ""
@@ -83,6 +59,8 @@ class ExecResult:
     duration: float = 0.0
     unsaved: dict[str, str] = field(default_factory=dict)
     generation: int = 0
+    checkpoint_duration: float = 0.0
+    restore_failures: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -90,14 +68,18 @@ class ExecResult:
         return self.error is None
 
     @classmethod
-    def from_reply(cls, header: dict[str, Any], unsaved: dict[str, str], generation: int) -> ExecResult:
-        error = header.get("error")
+    def from_reply(
+        cls, reply: ExecReply, unsaved: dict[str, str], generation: int, restore_failures: dict[str, str]
+    ) -> ExecResult:
+        error = reply["error"]
         return cls(
-            stdout=expect(header, "stdout", str),
-            stderr=expect(header, "stderr", str),
-            return_value=expect(header, "return_value", str, optional=True),
+            stdout=reply["stdout"],
+            stderr=reply["stderr"],
+            return_value=reply["return_value"],
             error=None if error is None else ExecError.from_reply(error),
-            duration=float(expect(header, "duration", (int, float))),
+            duration=reply["duration"],
             unsaved=unsaved,
             generation=generation,
+            checkpoint_duration=reply["checkpoint_duration"],
+            restore_failures=restore_failures,
         )

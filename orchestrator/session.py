@@ -1,10 +1,10 @@
-"""A persistent Python session in one sandbox container: calls, checkpoints, and recovery.
+"""The public handle on one persistent session: calls, and recovery by one table that mirrors the failure model.
 
-A call is a transaction on the session state. Its reply carries the checkpoint delta the
-call caused, which is stored before the call returns. When the worker, the agent or the
-whole container dies, the session starts what is missing again, restores the last stored
-checkpoint, and tells the caller precisely what happened through a typed exception; the
-next call just works.
+A call is a transaction on the session state: the checkpoint delta its reply carries is stored
+(by the ledger, under the store lock, only while this handle owns the session) before the call
+returns. What goes wrong is classified into one of the failures of ``RECOVERY``; each says
+what happens to the sandbox (restore into the agent's fresh worker, or replace the whole
+sandbox) and which typed error the caller gets. The README's failure model is this table.
 """
 
 from __future__ import annotations
@@ -12,39 +12,37 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import re
 import threading
-import time
-import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .agent import protocol
-from .backend import LABEL_PREFIX, ContainerState, DockerBackend
+from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend
 from .config import Settings
+from .connection import Header, TakenOver
+from .endpoint import discard_sandbox_dir
 from .errors import (
     AgentTimeoutError,
     ChannelLost,
     ConfigError,
     ExecutionTimeout,
+    OrchestratorError,
     ProtocolError,
     SandboxCrashed,
     SandboxOutOfMemory,
     SessionAttachedElsewhere,
     SessionClosed,
     SessionNotFound,
-    TransportError,
 )
-from .results import ExecResult, expect, expect_str_map
-from .store import SessionRecord, SessionStore
-from .transport import Channel, ChannelListener
+from .ledger import CheckpointLedger
+from .messages import WorkerFailure, parse_exec_reply, parse_state_reply, worker_failure
+from .results import ExecResult
+from .sandbox import Sandbox
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_DEATH_SETTLE_SECONDS = 3.0
-_DIGEST = re.compile(r"^[0-9a-f]{32}$")
-_LAST_USED_RESOLUTION = 30.0
 
 
 class SessionState(enum.Enum):
@@ -53,8 +51,55 @@ class SessionState(enum.Enum):
     CLOSED = "closed"
 
 
-def _new_request_id() -> str:
-    return uuid.uuid4().hex
+class _WorkerReplaced(Exception):
+    """The agent replaced its worker during the request (it died, hung or misbehaved)."""
+
+    def __init__(self, failure: WorkerFailure) -> None:
+        super().__init__(failure["reason"])
+        self.failure = failure
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What one kind of failure does to the sandbox, and what the caller is told."""
+
+    replace_sandbox: bool
+    """True: remove the container and start another; False: the agent lives, restore into its fresh worker."""
+    error: Callable[[BaseException, Session], type[OrchestratorError]]
+
+
+def _crash_kind(exc: BaseException, session: Session) -> type[OrchestratorError]:
+    if isinstance(exc, _WorkerReplaced):
+        return SandboxOutOfMemory if exc.failure["oom"] else SandboxCrashed
+    return SandboxOutOfMemory if session._last_death_was_oom else SandboxCrashed
+
+
+# The failure model (README "Failure model"): failure -> (sandbox action, error raised after the restore).
+RECOVERY: dict[str, Recovery] = {
+    "worker died (crash, kill -9, OOM)": Recovery(False, _crash_kind),
+    "worker ignored the interrupt and was killed": Recovery(False, lambda e, s: ExecutionTimeout),
+    "worker sent a forged or invalid frame": Recovery(False, lambda e, s: ProtocolError),
+    "container died or was removed during the call": Recovery(True, _crash_kind),
+    "agent did not answer by the deadline": Recovery(True, lambda e, s: ExecutionTimeout),
+    "agent sent an invalid reply": Recovery(True, lambda e, s: ProtocolError),
+}
+
+
+def _classify(exc: BaseException) -> str | None:
+    if isinstance(exc, _WorkerReplaced):
+        status = exc.failure["status"]
+        if status == protocol.STATUS_TIMEOUT:
+            return "worker ignored the interrupt and was killed"
+        if status == protocol.STATUS_PROTOCOL_ERROR:
+            return "worker sent a forged or invalid frame"
+        return "worker died (crash, kill -9, OOM)"
+    if isinstance(exc, ChannelLost):
+        return "container died or was removed during the call"
+    if isinstance(exc, AgentTimeoutError):
+        return "agent did not answer by the deadline"
+    if isinstance(exc, ProtocolError):
+        return "agent sent an invalid reply"
+    return None
 
 
 def _encode_payload(payload: Any) -> tuple[str, bytes]:
@@ -80,58 +125,78 @@ class Session:
 
     def __init__(
         self,
-        record: SessionRecord,
+        ledger: CheckpointLedger,
         *,
-        store: SessionStore,
-        backend: DockerBackend,
+        backend: Backend,
         settings: Settings,
+        scope: str,
+        labels: dict[str, str],
         on_close: Callable[[Session], None] | None = None,
     ) -> None:
-        self._record = record
-        self._store = store
+        self._ledger = ledger
         self._backend = backend
         self._settings = settings
+        self._scope = scope
+        self._labels = labels
         self._on_close = on_close
         self._lock = threading.RLock()
-        self._listener: ChannelListener | None = None
-        self._channel: Channel | None = None
+        self._sandbox: Sandbox | None = None
+        self._last_death_was_oom = False
+        self._death_cause = ""
+        self._unreported_failures: dict[str, str] = {}
         self.state = SessionState.READY
         self.restore_failures: dict[str, str] = {}
-        """Variables the last restore could not load, with the reason."""
-        self.agent_info: dict[str, Any] = {}
-        """The agent's handshake: protocol, Python and dill versions."""
+        """Values the last restore could not bring back, with the reason (they were dropped)."""
 
     # ----------------------------------------------------------------- public surface
 
     @property
     def id(self) -> str:
-        return self._record.session_id
+        return self._ledger.session_id
+
+    @property
+    def sandbox_id(self) -> str | None:
+        return self._sandbox.sandbox_id if self._sandbox else None
 
     @property
     def container_id(self) -> str | None:
-        return self._record.container_id
+        return self._sandbox.container_id if self._sandbox else None
 
     @property
     def generation(self) -> int:
         """Checkpoint generation of the stored state (advances with every call that changed it)."""
-        return self._record.generation
+        return self._ledger.record.generation
+
+    @property
+    def epoch(self) -> int:
+        """Ownership epoch: advances each time a controller attaches the session."""
+        return self._ledger.record.epoch
 
     @property
     def variables(self) -> list[str]:
         """Names held by the last checkpoint."""
-        return sorted(self._record.variables)
+        return sorted(self._ledger.record.variables)
 
     @property
     def checkpoint_bytes(self) -> int:
-        """Size of the stored checkpoint in bytes."""
-        return self._record.checkpoint_bytes
+        """Size of the stored checkpoint in bytes (at most ``Settings.checkpoint_quota_bytes``)."""
+        return self._ledger.record.checkpoint_bytes
+
+    @property
+    def agent_info(self) -> dict[str, Any]:
+        """The agent's handshake: protocol, Python and dill versions."""
+        if self._sandbox is None:
+            return {}
+        hello = self._sandbox.connection.hello
+        return {"protocol": hello["protocol"], "python": hello["python"], "dill": hello["dill"]}
 
     def execute(self, code: str, timeout: float | None = None) -> ExecResult:
         """Run ``code`` in the session's namespace and checkpoint the result.
 
         Args:
             code: Python source; a trailing expression's repr becomes ``return_value``.
-            timeout: seconds the cell may run (default ``Settings.exec_timeout``).
+            timeout: seconds the cell may run (default ``Settings.exec_timeout``); the
+                checkpoint afterwards has its own limit, ``Settings.checkpoint_timeout``.
 
         Returns:
             ExecResult; an exception raised by the code is in ``.error``, not raised.
@@ -142,6 +207,7 @@ class Session:
             SandboxCrashed: the interpreter or container died; the session was restored.
             SandboxOutOfMemory: the memory limit was hit; the session was restored.
             ProtocolError: the agent misbehaved; the session was restored.
+            SessionAttachedElsewhere: another controller owns the session (this call was not kept).
             SessionClosed: the session was closed.
         """
         if not isinstance(code, str):
@@ -154,10 +220,16 @@ class Session:
         limit = self._settings.exec_timeout if timeout is None else float(timeout)
         if not limit > 0:
             raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        header = {
+            "type": protocol.EXEC,
+            "code": code,
+            "timeout": limit,
+            "checkpoint_timeout": self._settings.checkpoint_timeout,
+        }
+        seconds = limit + self._settings.checkpoint_timeout + 2 * self._settings.interrupt_grace
         with self._lock:
-            request = {"type": protocol.EXEC, "id": _new_request_id(), "code": code, "timeout": limit}
-            reply, body = self._call(request, b"", limit + self._settings.interrupt_grace + self._settings.reply_margin)
-            return self._accept(reply, body, lambda r, b: self._finish_exec(r, b, limit))
+            seconds += self._settings.reply_margin
+            return self._call(header, b"", seconds, lambda r, b: self._exec_result(r, b, limit))
 
     def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
         """Load a context into the namespace as ``context_<index>`` (``context`` aliases ``context_0``).
@@ -173,40 +245,65 @@ class Session:
         return self._add_versioned("history", messages, index)
 
     def get_context_count(self) -> int:
-        return self._record.context_count
+        return self._ledger.record.context_count
 
     def get_history_count(self) -> int:
-        return self._record.history_count
+        return self._ledger.record.history_count
 
     def reset(self) -> None:
         """Clear every variable (the container keeps running); the empty state is checkpointed."""
         with self._lock:
-            reply, body = self._call(
-                {"type": protocol.RESET, "id": _new_request_id()}, b"", self._settings.start_timeout
+            self._call(
+                {"type": protocol.RESET},
+                b"",
+                self._control_seconds(),
+                lambda r, b: self._commit_state(r, b, {"context_count": 0, "history_count": 0}),
             )
-            self._accept(reply, body, self._commit)
-            self._record.context_count = self._record.history_count = 0
-            self._store.save(self._record)
 
     def detach(self) -> None:
-        """Let go of the session but keep its container and checkpoint, for ``Orchestrator.attach``."""
+        """Let go of the session but keep its container and checkpoint, for ``Orchestrator.attach``.
+
+        Raises:
+            SessionAttachedElsewhere: another controller owns the session (nothing was touched).
+        """
         with self._lock:
-            if self.state is SessionState.READY:
-                self._drop_channel()
-                self.state = SessionState.DETACHED
+            if self.state is not SessionState.READY:
+                return
+            try:
+                self._ledger.check_owner()
+            except SessionAttachedElsewhere:
+                self._become_stale()
+                raise
+            self._release_sandbox()
+            self.state = SessionState.DETACHED
 
     def close(self) -> None:
-        """Remove the container and the stored state. Closing twice is fine."""
+        """Remove the container and the stored state. Closing twice is fine.
+
+        Raises:
+            SessionAttachedElsewhere: another controller owns the session; its container and
+                state were left alone.
+        """
         with self._lock:
             if self.state is SessionState.CLOSED:
                 return
-            self._drop_channel()
-            self.state = SessionState.CLOSED
             try:
-                for container in self._backend.find(self.id):
-                    self._backend.remove(container.id)
+                with self._ledger.owned():
+                    if self._sandbox is not None:
+                        self._sandbox.remove()
+                        self._sandbox = None
+                    elif self._ledger.record.container_id:
+                        self._discard(self._ledger.record.sandbox_id, self._ledger.record.container_id)
+                    self.remove_strays()
+                    self._ledger.delete()
+            except SessionAttachedElsewhere:
+                self._become_stale()
+                raise
+            except SessionNotFound:
+                self._release_sandbox()
             finally:
-                self._store.delete(self.id)
+                if self.state is not SessionState.DETACHED:
+                    self.state = SessionState.CLOSED
                 if self._on_close is not None:
                     self._on_close(self)
             logger.info("closed session %s", self.id)
@@ -214,272 +311,177 @@ class Session:
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        try:
+            self.close()
+        except SessionAttachedElsewhere:
+            if exc_type is None:
+                raise
 
     def __repr__(self) -> str:
-        return f"<Session {self.id} {self.state.value} generation={self.generation}>"
+        return f"<Session {self.id} {self.state.value} generation={self.generation} epoch={self.epoch}>"
 
-    # ----------------------------------------------------------------- starting and restoring
+    # ----------------------------------------------------------------- sandbox life
 
-    def start(self) -> None:
-        """Start a new container for this session and restore its checkpoint into it."""
-        self._drop_channel()
-        self._listener = ChannelListener(
-            self._settings.runtime_dir / self.id, self._settings.max_header_bytes, self._settings.max_body_bytes
-        )
-        self._record.container_id = self._backend.run_sandbox(
-            session_id=self.id,
-            image=self._record.image,
-            channel_dir=self._listener.path.parent,
-            labels={
-                LABEL_PREFIX + "created-at": str(int(self._record.created_at)),
-                LABEL_PREFIX + "last-used": str(int(time.time())),
-                LABEL_PREFIX + "protocol": str(protocol.PROTOCOL_VERSION),
-                **self._record.labels,
-            },
-            environment={
-                "ORCH_SESSION_ID": self.id,
-                "ORCH_OUTPUT_LIMIT": str(self._settings.max_output_bytes),
-                "ORCH_INTERRUPT_GRACE": str(self._settings.interrupt_grace),
-                "ORCH_FRAME_TIMEOUT": str(self._settings.frame_timeout),
-                "ORCH_MAX_BODY": str(self._settings.max_body_bytes),
-            },
-            settings=self._settings,
-        )
-        self._store.save(self._record)
-        self._connect(self._settings.start_timeout)
-        self._restore()
-
-    def reattach(self, container: ContainerState) -> None:
-        """Take over the channel of a running container; restore only if its state is not ours."""
-        self._drop_channel()
-        self._listener = ChannelListener(
-            self._settings.runtime_dir / self.id, self._settings.max_header_bytes, self._settings.max_body_bytes
-        )
-        self._backend.kill(container.id, signal="SIGUSR1")  # the agent drops any old connection and reconnects
-        hello = self._connect(self._settings.start_timeout)
-        self._record.container_id = container.id
-        if hello["generation"] != self._record.generation:
+    def adopt(self, sandbox: Sandbox) -> None:
+        """Serve this session from a live sandbox (taken over); restore unless it already holds our generation."""
+        self._sandbox = sandbox
+        try:
+            self._ledger.set_sandbox(sandbox.sandbox_id, sandbox.container_id)
+        except BaseException:
+            self._sandbox = None
+            sandbox.release()
+            raise
+        if sandbox.generation != self.generation:
             self._restore()
 
-    def _connect(self, timeout: float) -> dict[str, Any]:
-        assert self._listener is not None
-        channel = self._listener.accept(timeout)
+    def start(self) -> None:
+        """Start a new sandbox for this session and restore its checkpoint into it."""
+        record = self._ledger.record
+        if self._sandbox is not None:
+            with self._ledger.owned():  # a stale handle stops here and keeps its sandbox to release
+                self._sandbox.remove()
+            self._sandbox = None
+        elif record.container_id:
+            self._discard(record.sandbox_id, record.container_id)
+        sandbox = Sandbox.start(
+            self._backend, self._settings, image=record.image, scope=self._scope, labels=self._labels
+        )
         try:
-            hello, _ = channel.recv(timeout)
-            if hello.get("type") != protocol.HELLO:
-                raise ProtocolError(f"expected a hello from the agent, got {hello.get('type')!r}")
-            version = expect(hello, "protocol", int)
-            if version != protocol.PROTOCOL_VERSION:
-                raise ProtocolError(
-                    f"agent speaks protocol {version}, this controller {protocol.PROTOCOL_VERSION}: "
-                    "rebuild the image with `orchestrator image build`"
-                )
-            if expect(hello, "session_id", str) != self.id:
-                raise ProtocolError(f"an agent of session {hello['session_id']!r} connected to session {self.id!r}")
-            expect(hello, "generation", int)
+            self._ledger.set_sandbox(sandbox.sandbox_id, sandbox.container_id)
         except BaseException:
-            channel.close()
+            sandbox.remove()  # never registered: nobody else knows it
             raise
-        self._channel = channel
-        self.agent_info = {k: hello.get(k) for k in ("protocol", "python", "dill")}
-        logger.info("agent of session %s connected: %s", self.id, self.agent_info)
-        return hello
+        self._sandbox = sandbox
+        self._restore()
+
+    def remove_strays(self) -> None:
+        """Remove containers of this session other than its recorded one (left by a controller that died)."""
+        wanted = {key: self._labels[key] for key in (STORE_ID, SESSION_ID)}
+        for stray in self._backend.find(wanted):
+            if stray.id != self._ledger.record.container_id:
+                self._discard(stray.labels.get(SANDBOX_ID), stray.id)
+
+    def _discard(self, sandbox_id: str | None, container_id: str) -> None:
+        """Remove a sandbox we no longer use, only while we own the session (the store lock is held meanwhile)."""
+        with self._ledger.owned():
+            self._backend.remove(container_id)
+            if sandbox_id is not None:
+                discard_sandbox_dir(self._settings.runtime_dir, sandbox_id)
 
     def _restore(self) -> None:
-        """Load the stored checkpoint into the (fresh) worker."""
-        blobs = self._store.read_blobs(self._record)
-        header = {
-            "type": protocol.RESTORE,
-            "id": _new_request_id(),
-            "generation": self._record.generation,
-            "vars": self._record.variables,
-            "blobs": [{"digest": d, "size": len(b)} for d, b in blobs],
-        }
-        reply, _ = self._roundtrip(header, [b for _, b in blobs], self._settings.start_timeout + 60.0)
-        if reply.get("type") != protocol.RESTORE_REPLY:
-            raise ProtocolError(f"restore answered with {reply.get('type')!r}: {str(reply.get('reason', ''))[:500]}")
-        self.restore_failures = expect_str_map(reply, "failed")
-        if self.restore_failures:
-            logger.warning("session %s: could not restore %s", self.id, ", ".join(sorted(self.restore_failures)))
+        assert self._sandbox is not None
+        record = self._ledger.record
+        failures = self._sandbox.restore(record.variables, record.generation, self._ledger.read_blob)
+        self._ledger.drop(failures)
+        self.restore_failures = failures
+        self._unreported_failures.update(failures)
+        if failures:
+            logger.warning("session %s: could not restore %s", self.id, ", ".join(sorted(failures)))
 
-    def _drop_channel(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+    def _release_sandbox(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.release()
+            self._sandbox = None
+
+    def _become_stale(self) -> None:
+        self._release_sandbox()
+        self.state = SessionState.DETACHED
 
     # ----------------------------------------------------------------- calls
 
-    def _roundtrip(
-        self, header: dict[str, Any], body: protocol.Body | list[bytes], deadline: float
-    ) -> tuple[dict[str, Any], bytearray]:
-        """Send one request and wait for the reply with its id; no recovery here."""
-        assert self._channel is not None
-        try:
-            self._channel.send(header, body)
-        except ChannelLost:
-            self._hear_between_calls()  # a takeover's goodbye may be waiting behind the broken pipe
-            raise
-        ends = time.monotonic() + deadline
-        while True:
-            reply, reply_body = self._channel.recv(max(0.0, ends - time.monotonic()))
-            if reply.get("type") == protocol.GOODBYE:
-                self._drop_channel()
-                self.state = SessionState.DETACHED
-                raise SessionAttachedElsewhere(f"session {self.id} was attached by another controller")
-            if reply.get("id") == header["id"]:
-                return reply, reply_body
-            raise ProtocolError(f"reply for request {str(reply.get('id'))[:64]!r} while waiting for {header['id']!r}")
-
-    def _ensure_live(self) -> None:
-        """Before a call: notice a container that died or was removed since the last call, and recover."""
+    def _ready_sandbox(self) -> Sandbox:
+        """Before a call: a live, idle sandbox that this handle owns (started and restored if needed)."""
         if self.state is SessionState.CLOSED:
             raise SessionClosed(f"session {self.id} is closed")
         if self.state is SessionState.DETACHED:
             raise SessionAttachedElsewhere(f"session {self.id} is detached; attach it again with Orchestrator.attach")
-        if self._channel is not None and self._channel.has_pending():
-            self._hear_between_calls()
-        if self._channel is None:
-            self._check_owner()
+        if self._sandbox is not None:
+            try:
+                self._sandbox.connection.check_idle()
+            except TakenOver:
+                self._become_stale()
+                raise SessionAttachedElsewhere(f"session {self.id} was attached by another controller") from None
+            except ChannelLost as exc:
+                logger.info("session %s: the sandbox went away between calls (%s); restarting it", self.id, exc)
+                self.start()
+        if self._sandbox is None:
             self.start()
+        assert self._sandbox is not None
+        return self._sandbox
 
-    def _hear_between_calls(self) -> None:
-        """The agent spoke unasked: a goodbye means another controller took over; anything else, it hung up."""
-        assert self._channel is not None
+    def _call(self, header: Header, body: bytes, seconds: float, accept: Callable[[dict[str, Any], bytearray], T]) -> T:
+        """One request with recovery: whatever goes wrong, the session is usable again before we raise."""
         try:
-            message, _ = self._channel.recv(1.0)
-        except TransportError:
-            message = {}
-        if message.get("type") == protocol.GOODBYE:
-            self._drop_channel()
-            self.state = SessionState.DETACHED
-            raise SessionAttachedElsewhere(f"session {self.id} was attached by another controller")
-        logger.info("session %s: the sandbox went away between calls; restarting it", self.id)
-        self._channel.close()
-        self._channel = None
-
-    def _check_owner(self) -> None:
-        """Before starting a container: another controller may have attached and started its own.
-
-        Its container id is in the stored record; starting ours would remove theirs by name.
-        """
-        try:
-            stored = self._store.load(self.id)
-        except SessionNotFound:
-            self._drop_channel()
-            self.state = SessionState.CLOSED
-            raise SessionClosed(f"session {self.id} was closed by another controller") from None
-        if stored.container_id != self._record.container_id:
-            self._drop_channel()
-            self.state = SessionState.DETACHED
-            raise SessionAttachedElsewhere(f"session {self.id} was attached by another controller")
-
-    def _call(self, header: dict[str, Any], body: bytes, deadline: float) -> tuple[dict[str, Any], bytearray]:
-        """A round trip with recovery: whatever kills the sandbox, the session is restored before we raise."""
-        reply, reply_body = self._call_once(header, body, deadline)
-        if reply.get("status") == protocol.STATUS_CRASHED and reply.get("ran") is False:
-            # The worker had died between calls and the request never ran: restore and send it again.
-            self._restore()
-            reply, reply_body = self._call_once({**header, "id": _new_request_id()}, body, deadline)
-        return reply, reply_body
-
-    def _call_once(self, header: dict[str, Any], body: bytes, deadline: float) -> tuple[dict[str, Any], bytearray]:
-        self._ensure_live()
-        try:
-            return self._roundtrip(header, body, deadline)
-        except ChannelLost as exc:
-            state = self._settled_state()
-            cause = self._death_cause(state, exc)
-            self._check_owner()
-            self.start()
-            error_type = SandboxOutOfMemory if state is not None and state.oom_killed else SandboxCrashed
-            raise error_type(self._restored_message(cause), restored=True, generation=self.generation) from None
-        except AgentTimeoutError:
-            self._recycle()
-            raise ExecutionTimeout(
-                self._restored_message(f"the sandbox did not answer within {deadline:.1f} s and was recycled"),
-                restored=True,
-                generation=self.generation,
+            try:
+                return self._attempt(header, body, seconds, accept)
+            except (_WorkerReplaced, ChannelLost, AgentTimeoutError, ProtocolError) as exc:
+                kind = _classify(exc)
+                assert kind is not None
+                self._recover(RECOVERY[kind], exc)
+                raise self._recovered_error(RECOVERY[kind], kind, exc) from None
+        except (TakenOver, SessionAttachedElsewhere) as exc:
+            self._become_stale()
+            raise SessionAttachedElsewhere(
+                f"session {self.id} was attached by another controller; this call was not kept ({exc})"
             ) from None
-        except ProtocolError as exc:
-            self._recycle()
-            raise ProtocolError(self._restored_message(str(exc))) from None
 
-    def _recycle(self) -> None:
-        if self._record.container_id:
-            self._backend.remove(self._record.container_id)
-        self.start()
+    def _attempt(
+        self, header: Header, body: bytes, seconds: float, accept: Callable[[dict[str, Any], bytearray], T]
+    ) -> T:
+        for attempt in range(2):
+            sandbox = self._ready_sandbox()
+            header.pop("id", None)
+            reply, reply_body = sandbox.request(header, body, seconds=seconds)
+            failure = worker_failure(reply)
+            if failure is None:
+                return accept(reply, reply_body)
+            if failure["status"] == protocol.STATUS_CRASHED and not failure["ran"] and attempt == 0:
+                self._restore()  # the worker had died between calls; the request never ran
+                continue
+            raise _WorkerReplaced(failure)
+        raise ProtocolError("the agent lost its worker twice before running the request")
 
-    def _settled_state(self) -> ContainerState | None:
-        """The container's state once it has finished dying (a closed channel precedes the engine's view).
-
-        A container someone is removing counts as still dying: starting its successor under the
-        same name meanwhile would fail with "removal already in progress".
-        """
-        ends = time.monotonic() + _DEATH_SETTLE_SECONDS
-        while True:
-            state = self._backend.inspect(self._record.container_id) if self._record.container_id else None
-            settled = state is None or (not state.running and state.status != "removing")
-            if settled or time.monotonic() > ends:
-                return state
-            time.sleep(0.05)
-
-    def _death_cause(self, state: ContainerState | None, exc: Exception) -> str:
-        if state is None:
-            return "the sandbox container was removed during the call"
-        if state.running:
-            return f"the agent closed the channel while its container kept running ({exc})"
-        return f"the sandbox died during the call: {state.describe()}"
-
-    def _restored_message(self, cause: str) -> str:
-        return f"{cause}; session {self.id} was restored to checkpoint generation {self.generation}"
-
-    def _accept(self, reply: dict[str, Any], body: bytearray, handle: Callable[[dict[str, Any], bytearray], T]) -> T:
-        """Hand a reply to ``handle`` once its status says the worker lived.
-
-        A reply that fails validation means the agent is out of step with us (user code can
-        forge frames on the worker's socket), so the sandbox is recycled and restored before
-        the ProtocolError is raised.
-        """
-        self._raise_if_worker_lost(reply)
+    def _recover(self, recovery: Recovery, exc: BaseException) -> None:
+        """Bring the session back to its last checkpoint; if even that fails, drop the sandbox for the next call."""
+        self._last_death_was_oom = False
         try:
-            if reply.get("status") not in (protocol.STATUS_OK, protocol.STATUS_ERROR, protocol.STATUS_TIMEOUT):
-                raise ProtocolError(f"unknown reply status {str(reply.get('status'))[:64]!r}")
-            return handle(reply, body)
-        except ProtocolError as exc:
-            self._recycle()
-            raise ProtocolError(self._restored_message(f"invalid reply from the agent: {exc}")) from None
-
-    def _raise_if_worker_lost(self, reply: dict[str, Any]) -> None:
-        """The agent replaced a worker that died or misbehaved: restore into the new one and say why."""
-        status = reply.get("status")
-        if status in (protocol.STATUS_CRASHED, protocol.STATUS_PROTOCOL_ERROR):
-            self._restore()
-            error = SandboxOutOfMemory if reply.get("oom") is True else SandboxCrashed
-            if status == protocol.STATUS_PROTOCOL_ERROR:
-                raise ProtocolError(self._restored_message(str(reply.get("reason", ""))[:2000]))
-            raise error(
-                self._restored_message(str(reply.get("reason", "the worker died"))[:2000]),
-                restored=True,
-                generation=self.generation,
-            )
-
-    def _finish_exec(self, reply: dict[str, Any], body: bytearray, limit: float) -> ExecResult:
-        if reply.get("type") != protocol.EXEC_REPLY:
-            raise ProtocolError(f"exec answered with {str(reply.get('type'))[:64]!r}")
-        if reply["status"] == protocol.STATUS_TIMEOUT:
-            if reply.get("worker_restarted") is not False:
+            if not recovery.replace_sandbox:
                 self._restore()
-                raise ExecutionTimeout(
-                    self._restored_message(f"the cell ran past its {limit:g} s timeout and ignored the interrupt"),
-                    restored=True,
-                    generation=self.generation,
-                )
-            unsaved = self._commit(reply, body)
+                return
+            if isinstance(exc, ChannelLost) and self._sandbox is not None:
+                state = self._sandbox.settled_state()
+                self._last_death_was_oom = state is not None and state.oom_killed
+                self._death_cause = "the sandbox container was removed" if state is None else state.describe()
+            self.start()
+        except (TakenOver, SessionAttachedElsewhere):
+            raise
+        except OrchestratorError:
+            if self._sandbox is not None:
+                with self._ledger.owned():
+                    self._sandbox.remove()
+                self._sandbox = None
+            raise
+
+    def _recovered_error(self, recovery: Recovery, kind: str, exc: BaseException) -> OrchestratorError:
+        error = recovery.error(exc, self)
+        detail = exc.failure["reason"] if isinstance(exc, _WorkerReplaced) else str(exc)
+        if isinstance(exc, ChannelLost):
+            detail = f"{self._death_cause} ({exc})"
+        if isinstance(exc, _WorkerReplaced) and exc.failure["phase"] == "checkpoint":
+            kind = "checkpointing took longer than checkpoint_timeout and ignored the interrupt"
+        message = (
+            f"{kind}: {detail[:2000]}; session {self.id} was restored to checkpoint generation {self.generation}"
+            + (f" without {', '.join(sorted(self.restore_failures))}" if self.restore_failures else "")
+        )
+        failures, self._unreported_failures = self._unreported_failures, {}
+        return error(message, restored=True, generation=self.generation, restore_failures=failures)  # type: ignore[call-arg]
+
+    def _exec_result(self, reply: dict[str, Any], body: bytearray, limit: float) -> ExecResult:
+        parsed = parse_exec_reply(reply)
+        unsaved = self._ledger.commit(parsed["checkpoint"], body)
+        failures, self._unreported_failures = self._unreported_failures, {}
+        if parsed["status"] == protocol.STATUS_TIMEOUT:
             raise ExecutionTimeout(
                 f"the cell ran past its {limit:g} s timeout and was interrupted; session {self.id} keeps "
                 f"what the cell did before the interrupt (generation {self.generation}"
@@ -487,71 +489,33 @@ class Session:
                 + ")",
                 restored=False,
                 generation=self.generation,
-                stdout=expect(reply, "stdout", str),
-                stderr=expect(reply, "stderr", str),
+                restore_failures=failures,
+                stdout=parsed["stdout"],
+                stderr=parsed["stderr"],
             )
-        unsaved = self._commit(reply, body)
-        return ExecResult.from_reply(reply, unsaved, self.generation)
+        return ExecResult.from_reply(parsed, unsaved, self.generation, failures)
 
-    def _commit(self, reply: dict[str, Any], body: bytearray) -> dict[str, str]:
-        """Validate a reply's checkpoint delta and store it; return the names that could not be saved."""
-        delta = expect(reply, "checkpoint", dict)
-        generation = expect(delta, "generation", int)
-        index = expect(delta, "blobs", list)
-        changed = expect_str_map(delta, "vars")
-        deleted = expect(delta, "deleted", list)
-        unsaved = expect_str_map(delta, "unsaved")
-        if not all(isinstance(name, str) for name in deleted):
-            raise ProtocolError("checkpoint 'deleted' must list names")
-        sizes = []
-        for entry in index:
-            if not isinstance(entry, dict):
-                raise ProtocolError("checkpoint blob entries must be objects")
-            sizes.append(expect(entry, "size", int))
-            if not _DIGEST.match(expect(entry, "digest", str)):
-                raise ProtocolError("checkpoint blob digests must be 32 hex digits")
-        known = {entry["digest"] for entry in index} | set(self._record.blob_sizes)
-        if not set(changed.values()) <= known:
-            raise ProtocolError("checkpoint names a blob that was neither sent nor stored")
-        try:
-            parts = protocol.split_body(body, sizes)
-        except protocol.ProtocolViolation as exc:
-            raise ProtocolError(str(exc)) from None
-        expected = self._record.generation + (1 if changed or deleted else 0)
-        if generation != expected:
-            raise ProtocolError(f"checkpoint generation {generation} out of step (expected {expected})")
-        if changed or deleted:
-            self._store.commit(
-                self._record,
-                generation=generation,
-                blobs={entry["digest"]: part for entry, part in zip(index, parts, strict=False)},
-                changed=changed,
-                deleted=deleted,
-            )
-        elif time.time() - self._record.last_used_at > _LAST_USED_RESOLUTION:
-            self._record.last_used_at = time.time()
-            self._store.save(self._record)
-        return unsaved
+    def _commit_state(self, reply: dict[str, Any], body: bytearray, counters: dict[str, int]) -> dict[str, str]:
+        return self._ledger.commit(parse_state_reply(reply), body, counters=counters)
+
+    def _control_seconds(self) -> float:
+        return self._settings.start_timeout + self._settings.checkpoint_timeout + self._settings.reply_margin
 
     def _add_versioned(self, prefix: str, payload: Any, index: int | None) -> int:
         kind, raw = _encode_payload(payload)
         counter = f"{prefix}_count"
         with self._lock:
-            count = getattr(self._record, counter)
+            count = getattr(self._ledger.record, counter)
             if index is None:
                 index = count
             if not isinstance(index, int) or isinstance(index, bool) or index < 0:
                 raise ConfigError(f"index must be a non-negative int, got {index!r}")
-            name = f"{prefix}_{index}"
             header = {
                 "type": protocol.SET_VALUE,
-                "id": _new_request_id(),
-                "name": name,
+                "name": f"{prefix}_{index}",
                 "kind": kind,
                 "aliases": [prefix] if index == 0 else [],
             }
-            reply, body = self._call(header, raw, self._settings.start_timeout + 60.0)
-            self._accept(reply, body, self._commit)
-            setattr(self._record, counter, max(count, index + 1))
-            self._store.save(self._record)
+            counters = {counter: max(count, index + 1)}
+            self._call(header, raw, self._control_seconds(), lambda r, b: self._commit_state(r, b, counters))
             return index

@@ -1,36 +1,49 @@
-"""Host-side record of sessions: metadata and checkpoints, written atomically, never unpickled.
+"""Host-side record of sessions: metadata and checkpoint blobs, changed only under a per-session lock.
 
-Layout under ``Settings.state_dir``::
+Layout under ``Settings.state_dir`` (created 0700)::
 
+    store-id                             random id of this store; scopes container names and labels
     sessions/<session_id>/meta.json      SessionRecord as JSON (the checkpoint manifest included)
+    sessions/<session_id>/lock           flock(2) target of the session's transactions
     sessions/<session_id>/blobs/<digest> one dill blob per distinct variable value, opaque bytes
 
-A checkpoint commits in two steps: new blobs are written (temp file + rename), then
-``meta.json`` is replaced atomically; blobs no longer referenced are deleted afterwards.
-A crash at any point leaves the previous manifest, and every blob it names, intact.
+Every change of a record goes through ``transaction()``: an exclusive ``flock`` held around
+read, check (owner and epoch, done by the caller) and write, so two controllers, in one process
+or two, never interleave their changes. Files are replaced by temp file + rename; with
+``fsync`` the files and their directories are flushed as well, so a commit also survives power
+loss. A record read back from disk is validated field by field: a crafted manifest cannot
+point outside the store.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
-from .errors import CheckpointError, ConfigError, SessionNotFound
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from .errors import CheckpointError, ConfigError, SessionBusy, SessionNotFound
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
-_DIGEST = re.compile(r"^[0-9a-f]{32}$")
+_SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")
+DIGEST = re.compile(r"^[0-9a-f]{32}$")
+_STORE_ID = re.compile(r"^[0-9a-f]{12}$")
+_CONTAINER_ID = re.compile(r"^[0-9a-f]{12,64}$")
+_MAX_NAME = 1000
 
 
 def validate_session_id(session_id: str) -> str:
-    """Session ids become paths and container names, so they are restricted.
+    """Session ids become paths and labels, so they are restricted.
 
     Raises:
         ConfigError: the id is not 3-63 characters of lowercase letters, digits and dashes.
@@ -38,6 +51,11 @@ def validate_session_id(session_id: str) -> str:
     if not isinstance(session_id, str) or not _SESSION_ID.match(session_id):
         raise ConfigError(f"invalid session id {session_id!r}: use 3-63 lowercase letters, digits and dashes")
     return session_id
+
+
+def new_sandbox_id() -> str:
+    """A fresh sandbox id: names the container, its runtime directory and its agent."""
+    return f"sb-{secrets.token_hex(6)}"
 
 
 @dataclass
@@ -54,12 +72,66 @@ class SessionRecord:
     blob_sizes: dict[str, int] = field(default_factory=dict)
     context_count: int = 0
     history_count: int = 0
+    owner: str = ""
+    """Token of the handle that owns the session; only it may change the record."""
+    epoch: int = 0
+    """Advances with every attach; a handle whose epoch is behind is stale."""
+    sandbox_id: str | None = None
     container_id: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def checkpoint_bytes(self) -> int:
         return sum(self.blob_sizes.values())
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: Any, session_id: str) -> SessionRecord:
+        """Parse and validate a stored record; anything off is a CheckpointError naming the field."""
+        if not isinstance(data, dict) or set(data) - {f.name for f in fields(cls)}:
+            raise ValueError("not a session record")
+        record = cls(**data)
+        checks = {
+            "session_id": record.session_id == session_id,
+            "image": isinstance(record.image, str),
+            "created_at": isinstance(record.created_at, (int, float)),
+            "last_used_at": isinstance(record.last_used_at, (int, float)),
+            "generation": _count(record.generation),
+            "context_count": _count(record.context_count),
+            "history_count": _count(record.history_count),
+            "epoch": _count(record.epoch),
+            "owner": isinstance(record.owner, str),
+            "sandbox_id": record.sandbox_id is None or bool(_SANDBOX_ID.match(str(record.sandbox_id))),
+            "container_id": record.container_id is None or bool(_CONTAINER_ID.match(str(record.container_id))),
+            "labels": _str_map(record.labels),
+            "variables": _str_map(record.variables)
+            and all(len(k) <= _MAX_NAME and DIGEST.match(v) for k, v in record.variables.items()),
+            "blob_sizes": isinstance(record.blob_sizes, dict)
+            and all(isinstance(k, str) and DIGEST.match(k) and _count(v) for k, v in record.blob_sizes.items())
+            and set(record.variables.values()) <= set(record.blob_sizes),
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid field(s): {', '.join(bad)}")
+        return record
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_atomically(path: Path, chunks: Sequence[bytes | bytearray | memoryview], fsync: bool) -> None:
@@ -81,121 +153,175 @@ def _write_atomically(path: Path, chunks: Sequence[bytes | bytearray | memoryvie
 class SessionStore:
     """Session records and checkpoint blobs on the local filesystem."""
 
-    def __init__(self, root: Path, *, fsync: bool = False) -> None:
-        self.root = Path(root) / "sessions"
+    def __init__(self, root: Path, *, fsync: bool = False, lock_timeout: float = 30.0) -> None:
+        """Open (creating, 0700) the store under ``root``.
+
+        Raises:
+            CheckpointError: the directory cannot be created or its store id is unreadable.
+        """
+        self.base = Path(root)
+        self.root = self.base / "sessions"
         self.fsync = fsync
+        self.lock_timeout = lock_timeout
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create the state directory {self.root}: {exc}") from exc
+        self.store_id = self._store_id()
+
+    def _store_id(self) -> str:
+        path = self.base / "store-id"
+        with contextlib.suppress(FileExistsError):
+            _write_new(path, secrets.token_hex(6).encode())
+        try:
+            value = path.read_text().strip()
+        except OSError as exc:
+            raise CheckpointError(f"cannot read the store id {path}: {exc}") from exc
+        if not _STORE_ID.match(value):
+            raise CheckpointError(f"{path} does not hold a store id; remove it to make a new one")
+        return value
 
     def _dir(self, session_id: str) -> Path:
         return self.root / validate_session_id(session_id)
 
+    def blob_path(self, session_id: str, blob_digest: str) -> Path:
+        if not DIGEST.match(blob_digest):
+            raise CheckpointError(f"invalid blob digest {blob_digest!r}")
+        return self._dir(session_id) / "blobs" / blob_digest
+
     def create(self, record: SessionRecord) -> None:
-        """Write a new session's record.
+        """Write a new session's record; the id must be free.
 
         Raises:
+            ConfigError: a session with that id exists.
             CheckpointError: the state directory is not writable.
         """
+        directory = self._dir(record.session_id)
         try:
-            (self._dir(record.session_id) / "blobs").mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            raise ConfigError(
+                f"session {record.session_id!r} already exists; use Orchestrator.attach to reuse it"
+            ) from None
         except OSError as exc:
             raise CheckpointError(f"cannot create session state in {self.root}: {exc}") from exc
+        (directory / "blobs").mkdir(mode=0o700)
         self.save(record)
 
     def save(self, record: SessionRecord) -> None:
-        """Replace the record atomically."""
-        data = json.dumps(asdict(record), indent=1, sort_keys=True).encode()
+        """Replace the record atomically (call it inside ``transaction``)."""
+        directory = self._dir(record.session_id)
         try:
-            _write_atomically(self._dir(record.session_id) / "meta.json", [data], self.fsync)
+            _write_atomically(directory / "meta.json", [record.to_json()], self.fsync)
+            if self.fsync:
+                _fsync_dir(directory)
         except OSError as exc:
             raise CheckpointError(f"cannot write the record of session {record.session_id}: {exc}") from exc
 
     def load(self, session_id: str) -> SessionRecord:
-        """Read a session's record.
+        """Read and validate a session's record.
 
         Raises:
             SessionNotFound: no record for this id.
+            CheckpointError: the record is unreadable or invalid.
         """
         path = self._dir(session_id) / "meta.json"
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_bytes())
         except FileNotFoundError:
             raise SessionNotFound(f"no session {session_id!r} in {self.root}") from None
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"the record of session {session_id} is unreadable: {exc}") from exc
-        return SessionRecord(**data)
+        try:
+            return SessionRecord.from_json(data, session_id)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"the record of session {session_id} ({path}) is invalid: {exc}") from None
 
     def exists(self, session_id: str) -> bool:
         return (self._dir(session_id) / "meta.json").exists()
 
     def ids(self) -> Iterator[str]:
         """Ids of every stored session."""
-        if self.root.is_dir():
-            for entry in sorted(self.root.iterdir()):
-                if (entry / "meta.json").exists():
-                    yield entry.name
+        for entry in sorted(self.root.iterdir()):
+            if _SESSION_ID.match(entry.name) and (entry / "meta.json").exists():
+                yield entry.name
 
-    def commit(
-        self,
-        record: SessionRecord,
-        *,
-        generation: int,
-        blobs: Mapping[str, bytes | bytearray | memoryview],
-        changed: Mapping[str, str],
-        deleted: Sequence[str],
-    ) -> None:
-        """Store a checkpoint delta: write its blobs, then switch the manifest in one rename.
-
-        ``record`` is updated in place only once the new manifest is on disk.
+    @contextlib.contextmanager
+    def transaction(self, session_id: str) -> Iterator[SessionRecord]:
+        """Hold the session's lock and yield its current record; ``save`` what changed before leaving.
 
         Raises:
-            CheckpointError: a blob or the manifest could not be written; the previous
-                checkpoint is still intact.
+            SessionNotFound: the session does not exist (or was deleted while we waited).
+            SessionBusy: another process held the lock for ``lock_timeout`` seconds.
         """
-        for name, blob_digest in changed.items():
-            if not _DIGEST.match(blob_digest):
-                raise CheckpointError(f"variable {name!r} names an invalid blob digest")
-            if blob_digest not in blobs and blob_digest not in record.blob_sizes:
-                raise CheckpointError(f"variable {name!r} refers to blob {blob_digest} that was not sent")
-        blob_dir = self._dir(record.session_id) / "blobs"
+        directory = self._dir(session_id)
+        try:
+            fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            raise SessionNotFound(f"no session {session_id!r} in {self.root}") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot open the lock of session {session_id}: {exc}") from exc
+        try:
+            try:
+                for attempt in Retrying(
+                    retry=retry_if_exception_type(BlockingIOError),
+                    stop=stop_after_delay(self.lock_timeout),
+                    wait=wait_fixed(0.01),
+                    reraise=True,
+                ):
+                    with attempt:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise SessionBusy(
+                    f"session {session_id} stayed locked by another process for {self.lock_timeout:g} s"
+                ) from None
+            yield self.load(session_id)  # SessionNotFound if it was deleted while we waited
+        finally:
+            os.close(fd)
+
+    def write_blobs(self, session_id: str, blobs: dict[str, bytes | bytearray | memoryview]) -> None:
+        """Write blobs that are not stored yet (content-addressed, so an existing file is already right)."""
         try:
             for blob_digest, data in blobs.items():
-                if not _DIGEST.match(blob_digest):
-                    raise CheckpointError(f"invalid blob digest {blob_digest!r}")
-                target = blob_dir / blob_digest
+                target = self.blob_path(session_id, blob_digest)
                 if not target.exists():
                     _write_atomically(target, [data], self.fsync)
+            if blobs and self.fsync:
+                _fsync_dir(self._dir(session_id) / "blobs")
         except OSError as exc:
-            raise CheckpointError(f"cannot store checkpoint blobs of session {record.session_id}: {exc}") from exc
-        variables = {k: v for k, v in record.variables.items() if k not in deleted}
-        variables.update(changed)
-        sizes = {**record.blob_sizes, **{d: len(b) for d, b in blobs.items()}}
-        live = set(variables.values())
-        new = SessionRecord(
-            **{
-                **asdict(record),
-                "generation": generation,
-                "variables": variables,
-                "blob_sizes": {d: s for d, s in sizes.items() if d in live},
-                "last_used_at": time.time(),
-            }
-        )
-        self.save(new)
-        for blob_digest in set(record.blob_sizes) - live:
-            with contextlib.suppress(OSError):
-                (blob_dir / blob_digest).unlink()
-        record.__dict__.update(new.__dict__)
+            raise CheckpointError(f"cannot store checkpoint blobs of session {session_id}: {exc}") from exc
 
-    def read_blobs(self, record: SessionRecord) -> list[tuple[str, bytes]]:
-        """The blobs of the current checkpoint, as opaque bytes, to send back to an agent.
+    def read_blob(self, session_id: str, blob_digest: str) -> bytes:
+        """One blob of the checkpoint, as opaque bytes to send back to an agent.
 
         Raises:
-            CheckpointError: a blob named by the manifest is missing or unreadable.
+            CheckpointError: the blob is missing or unreadable.
         """
-        blob_dir = self._dir(record.session_id) / "blobs"
         try:
-            return [(d, (blob_dir / d).read_bytes()) for d in sorted(set(record.variables.values()))]
+            return self.blob_path(session_id, blob_digest).read_bytes()
         except OSError as exc:
-            raise CheckpointError(f"checkpoint of session {record.session_id} is damaged: {exc}") from exc
+            raise CheckpointError(f"checkpoint of session {session_id} is damaged: {exc}") from exc
+
+    def collect_garbage(self, record: SessionRecord) -> None:
+        """Delete blobs the record does not reference (call inside ``transaction``, after ``save``)."""
+        live = set(record.blob_sizes)
+        blob_dir = self._dir(record.session_id) / "blobs"
+        for entry in blob_dir.iterdir():
+            if entry.name not in live:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
 
     def delete(self, session_id: str) -> None:
-        """Remove a session's record and checkpoints (missing is fine)."""
+        """Remove a session's record and checkpoints (call inside ``transaction``; missing is fine)."""
         shutil.rmtree(self._dir(session_id), ignore_errors=True)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Create ``path`` with ``data`` in one step (a hard link of a complete temp file); FileExistsError if it exists."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)

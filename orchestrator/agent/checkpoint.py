@@ -4,21 +4,53 @@ Runs in the sandbox worker (standard library plus dill). Each saved variable is 
 A value that is the very object saved last time and is deeply immutable (a str, bytes,
 number, or tuple of those; a module) is skipped without pickling, so a 100 MB context
 costs nothing after its first checkpoint. Other values are pickled and sent only when
-their digest changed. Classes bound under their own name pickle by value, everything
-else refers to them by name, so instances restored later still match their class.
+their digest changed. A class of the session bound under its own name pickles by value
+as that variable, and everything else refers to it by name, so instances restored later
+are instances of the session's class (one restored before its class fails and is retried).
+
+A value that could not be saved is tried again on every later checkpoint (it may have
+become saveable), after the others. A checkpoint can run out of time (the pickling
+function raises ``KeyboardInterrupt``): the value being pickled and every later one
+that would need pickling are named unsaved. With a quota, a changed value whose blob
+would take the checkpoint's distinct blobs over it is named unsaved too.
+
+Blobs are kept as the parts the pickler wrote (a big str or bytes payload is referenced,
+not copied), and restored straight from the receive buffer, so neither direction holds
+a value's bytes more than once.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 import types
 import warnings
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import dill
 
 _SCALARS = (str, bytes, int, float, complex, bool, type(None), range, type(Ellipsis))
 _IMMUTABLE_SCAN_LIMIT = 10_000
+_KEEP_AT_LEAST = 1 << 16  # a bytes payload this big is kept by reference instead of copied into a chunk
+_CHUNK_BYTES = 1 << 20
+_MAX_REASON = 200
+
+TIMEOUT_REASON = "checkpointing took longer than the checkpoint timeout"
+
+Part = Union[bytes, bytearray]
+
+
+def quota_reason(quota: int) -> str:
+    return "checkpoint quota of %d bytes reached" % quota
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception from user code, clipped; never raises (``__str__`` is user code too)."""
+    try:
+        message = str(exc)
+    except BaseException:
+        message = "<unprintable message>"
+    return ("%s: %s" % (type(exc).__name__, message))[:_MAX_REASON]
 
 
 def is_internal(name: str) -> bool:
@@ -42,86 +74,300 @@ def deeply_immutable(value: Any) -> bool:
     return _deeply_immutable(value, [_IMMUTABLE_SCAN_LIMIT])
 
 
-def dumps(name: str, value: Any) -> bytes:
+class Blob:
+    """One pickled value: the parts the pickler wrote, back to back, with their size and digest."""
+
+    __slots__ = ("digest", "parts", "size")
+
+    def __init__(self, parts: List[Part], size: int, blob_digest: str) -> None:
+        self.parts = parts
+        self.size = size
+        self.digest = blob_digest
+
+    def tobytes(self) -> bytes:
+        return b"".join(self.parts)
+
+
+class _BlobWriter:
+    """The file dill pickles into: small writes are gathered in chunks, big ``bytes`` payloads kept as they are.
+
+    The pickler hands a big str's UTF-8 encoding or a bytes value to ``write`` in one call, so
+    keeping that object (immutable) instead of copying it means a value is never held twice
+    by its blob. Everything else (frames from the pickler's own buffer, bytearrays) is copied.
+    """
+
+    def __init__(self) -> None:
+        self.parts: List[Part] = []
+        self.chunk = bytearray()
+        self.size = 0
+        self.hash = hashlib.blake2b(digest_size=16)
+
+    def write(self, data: Any) -> int:
+        size = len(data)
+        self.hash.update(data)
+        self.size += size
+        if type(data) is bytes and size >= _KEEP_AT_LEAST:
+            self._flush()
+            self.parts.append(data)
+        else:
+            self.chunk += data
+            if len(self.chunk) >= _CHUNK_BYTES:
+                self._flush()
+        return size
+
+    def _flush(self) -> None:
+        if self.chunk:
+            self.parts.append(self.chunk)
+            self.chunk = bytearray()
+
+    def finish(self) -> Blob:
+        self._flush()
+        return Blob(self.parts, self.size, self.hash.hexdigest())
+
+
+def _bound_in_session(cls: type) -> bool:
+    """True when a class of the session is reachable by its name in the session namespace."""
+    qualname = getattr(cls, "__qualname__", None)
+    if getattr(cls, "__module__", None) != "__main__" or not isinstance(qualname, str) or "<" in qualname:
+        return False
+    found: Any = sys.modules.get("__main__")
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found is cls
+
+
+class _SessionPickler(dill.Pickler):  # type: ignore[misc]
+    """dill's pickler, except that a session class bound under its own name is saved as a reference to it.
+
+    dill saves every ``__main__`` class by value, inside each instance. Saved by reference,
+    an instance restored later is an instance of the class the session holds, and one
+    restored before its class fails (the controller loads it again after the others).
+    ``by_value`` is the class being saved under its own name: that one is saved whole.
+    """
+
+    def __init__(self, file: Any, byref: bool, by_value: Any) -> None:
+        super().__init__(file, dill.settings["protocol"], byref=byref, recurse=False)
+        self._by_value = by_value
+
+    def save(self, obj: Any, save_persistent_id: bool = True) -> None:
+        if isinstance(obj, type) and obj is not self._by_value and _bound_in_session(obj):
+            memoized = self.memo.get(id(obj))
+            if memoized is not None:
+                self.write(self.get(memoized[0]))
+            else:
+                self.save_global(obj, obj.__qualname__)
+            return
+        super().save(obj, save_persistent_id)
+
+
+def _dump(value: Any, byref: bool, by_value: Any) -> Blob:
+    writer = _BlobWriter()
+    _SessionPickler(writer, byref, by_value).dump(value)
+    return writer.finish()
+
+
+def dumps(name: str, value: Any) -> Blob:
     """Pickle one variable; raise on anything dill cannot save or can only save by a broken reference."""
-    by_value = isinstance(value, type) and value.__module__ == "__main__" and value.__qualname__ == name
+    own_class = isinstance(value, type) and getattr(value, "__qualname__", None) == name and _bound_in_session(value)
+    by_value = value if own_class else None
     with warnings.catch_warnings():
         warnings.simplefilter("error", dill.PicklingWarning)
         try:
-            return dill.dumps(value, byref=not by_value, recurse=False)
+            return _dump(value, not own_class, by_value)
         except dill.PicklingWarning:
             # A class that is no longer reachable by name: save it inside the value instead.
-            return dill.dumps(value, byref=False, recurse=False)
+            return _dump(value, False, by_value)
 
 
-def digest(blob: bytes) -> str:
+def digest(blob: Union[bytes, bytearray, memoryview]) -> str:
     """Content digest naming a blob, on both sides of the channel."""
     return hashlib.blake2b(blob, digest_size=16).hexdigest()
 
 
-class _Saved:
-    __slots__ = ("digest", "frozen", "value")
+class _BufferReader:
+    """A read-only file over a buffer whose reads are memoryview slices: the unpickler copies nothing.
 
-    def __init__(self, value: Any, blob_digest: str) -> None:
+    The C unpickler accepts any buffer from ``read`` and ``peek`` and unpickles straight out of
+    it, so a 150 MB str is built from the receive buffer with no bytes object in between.
+    """
+
+    def __init__(self, data: Union[bytes, bytearray, memoryview]) -> None:
+        self.view = memoryview(data).cast("B")
+        self.pos = 0
+        self.end = len(self.view)
+
+    def read(self, size: int = -1) -> memoryview:
+        start = self.pos
+        stop = self.end if size is None or size < 0 else min(self.end, start + size)
+        self.pos = stop
+        return self.view[start:stop]
+
+    def peek(self, size: int = 1) -> memoryview:
+        return self.view[self.pos : min(self.end, self.pos + max(size, 1))]
+
+    def readinto(self, target: Any) -> int:
+        out = memoryview(target).cast("B")
+        count = min(len(out), self.end - self.pos)
+        out[:count] = self.view[self.pos : self.pos + count]
+        self.pos += count
+        return count
+
+    def readline(self, size: int = -1) -> bytes:
+        # Only the text opcodes of old pickle protocols read lines; they are short.
+        start = self.pos
+        while self.pos < self.end:
+            step = bytes(self.view[self.pos : min(self.end, self.pos + 4096)])
+            newline = step.find(b"\n")
+            if newline >= 0:
+                self.pos += newline + 1
+                break
+            self.pos += len(step)
+        return bytes(self.view[start : self.pos])
+
+
+def loads(data: Union[bytes, bytearray, memoryview]) -> Any:
+    """Unpickle one blob straight from its buffer (no copy of the buffer), as ``dill.loads`` would."""
+    return dill.Unpickler(_BufferReader(data)).load()
+
+
+class _Saved:
+    __slots__ = ("digest", "frozen", "size", "value")
+
+    def __init__(self, value: Any, blob_digest: str, size: int) -> None:
         self.value = value
         self.digest = blob_digest
+        self.size = size
         self.frozen = deeply_immutable(value)
 
 
+DumpsFunction = Callable[[str, Any], Blob]
+
+
 class Tracker:
-    """Remembers what the last checkpoint holds, to compute the next one as a delta."""
+    """Remembers what the last checkpoint holds, to compute the next one as a delta.
 
-    def __init__(self) -> None:
+    ``held_bytes`` is the size of the distinct blobs the checkpoint references; with a
+    ``quota`` (bytes, 0 = none) a delta never takes it over the quota.
+    """
+
+    def __init__(self, quota: int = 0) -> None:
         self.generation = 0
+        self.quota = quota
+        self.held_bytes = 0
         self._saved: Dict[str, _Saved] = {}
-        self._unsaveable: Dict[str, Tuple[Any, str]] = {}
+        self._refs: Dict[str, int] = {}  # digest -> how many saved names hold it
+        self._sizes: Dict[str, int] = {}
+        self._unsaved_last: Set[str] = set()
 
-    def delta(self, namespace: Dict[str, Any]) -> Tuple[dict, List[bytes]]:
-        """Return (description, blobs) of what changed since the last checkpoint, and advance to it.
+    @property
+    def saved_names(self) -> List[str]:
+        return list(self._saved)
 
-        The description maps each changed name to its blob digest; ``blobs`` lists each new
-        blob once, even when several names hold the same object (``context`` and ``context_0``).
+    def _hold(self, blob_digest: str, size: int) -> None:
+        count = self._refs.get(blob_digest, 0)
+        if count == 0:
+            self._sizes[blob_digest] = size
+            self.held_bytes += size
+        self._refs[blob_digest] = count + 1
+
+    def _release(self, blob_digest: str) -> None:
+        count = self._refs[blob_digest] - 1
+        if count:
+            self._refs[blob_digest] = count
+        else:
+            del self._refs[blob_digest]
+            self.held_bytes -= self._sizes.pop(blob_digest)
+
+    def _drop(self, name: str) -> bool:
+        prev = self._saved.pop(name, None)
+        if prev is None:
+            return False
+        self._release(prev.digest)
+        return True
+
+    def _held_after(self, prev: Optional[_Saved], blob_digest: str, size: int) -> int:
+        """The checkpoint's size if one name switched from ``prev`` to this blob."""
+        total = self.held_bytes
+        if blob_digest not in self._refs:
+            total += size
+        if prev is not None and self._refs.get(prev.digest) == 1:
+            total -= self._sizes[prev.digest]
+        return total
+
+    def record(self, name: str, value: Any, blob_digest: str, size: int) -> None:
+        """Count ``value`` as saved under ``name`` with this blob (a value just restored from it)."""
+        self._drop(name)
+        self._saved[name] = _Saved(value, blob_digest, size)
+        self._hold(blob_digest, size)
+
+    def delta(self, namespace: Dict[str, Any], dumps: Optional[DumpsFunction] = None) -> Tuple[dict, List[Part]]:
+        """Return (description, body parts) of what changed since the last checkpoint, and advance to it.
+
+        The description is the protocol's ``checkpoint`` object; the parts, back to back, are
+        the new blobs in the order of ``description["blobs"]``: each blob the checkpoint did not
+        hold yet, once, even when several names hold it (``context`` and ``context_0``).
+        ``dumps`` (default: this module's) may raise KeyboardInterrupt: time is up.
         """
+        pickle = dumps if dumps is not None else globals()["dumps"]
+        held_before = set(self._refs)
         changed: Dict[str, str] = {}
-        blob_index: List[dict] = []
-        blobs: List[bytes] = []
-        pickled_now: Dict[int, str] = {}
         unsaved: Dict[str, str] = {}
-        for name, value in list(namespace.items()):
-            if is_internal(name):
-                continue
+        deleted: List[str] = []
+        blob_index: List[dict] = []
+        parts: List[Part] = []
+        sent: Set[str] = set()
+        pickled_now: Dict[int, Blob] = {}
+        out_of_time = False
+
+        items = [(name, value) for name, value in list(namespace.items()) if not is_internal(name)]
+        present = {name for name, _ in items}
+        # Deletions first: they free quota for what follows. Values that failed last time go last,
+        # so one that keeps timing out cannot starve the values after it.
+        for name in [n for n in self._saved if n not in present]:
+            self._drop(name)
+            deleted.append(name)
+        items.sort(key=lambda item: item[0] in self._unsaved_last)
+
+        def unsave(name: str, reason: str) -> None:
+            unsaved[name] = reason
+            if self._drop(name):
+                deleted.append(name)
+
+        for name, value in items:
             prev = self._saved.get(name)
             if prev is not None and prev.value is value and prev.frozen:
                 continue
-            known_bad = self._unsaveable.get(name)
-            if known_bad is not None and known_bad[0] is value:
-                unsaved[name] = known_bad[1]
-                continue
-            blob_digest = pickled_now.get(id(value))
-            if blob_digest is None:
-                try:
-                    blob = dumps(name, value)
-                except Exception as exc:  # anything dill raises means: cannot be saved
-                    reason = "%s: %s" % (type(exc).__name__, str(exc)[:200])
-                    self._unsaveable[name] = (value, reason)
-                    unsaved[name] = reason
+            blob = pickled_now.get(id(value))
+            if blob is None:
+                if out_of_time:
+                    unsave(name, TIMEOUT_REASON)
                     continue
-                blob_digest = digest(blob)
-                pickled_now[id(value)] = blob_digest
-                if prev is None or prev.digest != blob_digest:
-                    blob_index.append({"digest": blob_digest, "size": len(blob)})
-                    blobs.append(blob)
-            self._unsaveable.pop(name, None)
-            if prev is not None and prev.digest == blob_digest:
+                try:
+                    blob = pickle(name, value)
+                except KeyboardInterrupt:
+                    out_of_time = True
+                    unsave(name, TIMEOUT_REASON)
+                    continue
+                except BaseException as exc:  # anything a __reduce__ raises, even SystemExit: cannot be saved
+                    unsave(name, describe(exc))
+                    continue
+                if blob.digest in held_before:
+                    blob = Blob([], blob.size, blob.digest)  # the controller has these bytes: free them now
+                pickled_now[id(value)] = blob
+            if prev is not None and prev.digest == blob.digest:
                 prev.value = value
+                prev.frozen = deeply_immutable(value)
                 continue
-            self._saved[name] = _Saved(value, blob_digest)
-            changed[name] = blob_digest
-        deleted = [name for name in self._saved if name not in namespace or name in unsaved]
-        for name in deleted:
-            del self._saved[name]
-        for name in [n for n in self._unsaveable if n not in namespace]:
-            del self._unsaveable[name]
+            if self.quota and self._held_after(prev, blob.digest, blob.size) > self.quota:
+                unsave(name, quota_reason(self.quota))
+                continue
+            if blob.digest not in held_before and blob.digest not in sent:
+                sent.add(blob.digest)
+                blob_index.append({"digest": blob.digest, "size": blob.size})
+                parts.extend(blob.parts)
+            self.record(name, value, blob.digest, blob.size)
+            changed[name] = blob.digest
+        self._unsaved_last = set(unsaved)
         if changed or deleted:
             self.generation += 1
         description = {
@@ -131,32 +377,4 @@ class Tracker:
             "deleted": deleted,
             "unsaved": unsaved,
         }
-        return description, blobs
-
-    def restore(
-        self, namespace: Dict[str, Any], generation: int, variables: Dict[str, str], blobs: Dict[str, Any]
-    ) -> Dict[str, str]:
-        """Load each variable from its blob, retrying those that refer to names not loaded yet.
-
-        ``variables`` maps names to digests and ``blobs`` digests to bytes. Returns the names
-        that could not be loaded, with the reason.
-        """
-        pending = list(variables.items())
-        failed: Dict[str, str] = {}
-        while pending:
-            retry = []
-            for name, blob_digest in pending:
-                try:
-                    value = dill.loads(bytes(blobs[blob_digest]))
-                except Exception as exc:
-                    failed[name] = "%s: %s" % (type(exc).__name__, str(exc)[:200])
-                    retry.append((name, blob_digest))
-                    continue
-                failed.pop(name, None)
-                namespace[name] = value
-                self._saved[name] = _Saved(value, blob_digest)
-            if len(retry) == len(pending):
-                break
-            pending = retry
-        self.generation = generation
-        return failed
+        return description, parts

@@ -1,10 +1,15 @@
 """Wire format shared by the controller and the in-container agent: framed JSON headers plus raw bodies.
 
 Standard library only: this file is copied into sandbox images and must run on the image's
-Python (see ``docs/protocol.md`` for the oldest one tested). A frame is a fixed 12-byte prefix (magic, header length, body
-length), a UTF-8 JSON header object with a ``type`` field, and an optional raw binary body
-(checkpoint blobs, contexts), so large payloads never travel as base64 inside JSON.
-Both sides check every length against a limit before buffering anything.
+Python (3.8 and later: no ``X | Y`` at run time, no ``match``). A frame is a fixed 12-byte
+prefix (magic, header length, body length), a UTF-8 JSON header object with a ``type`` field,
+and an optional raw binary body (checkpoint blobs, contexts), so large payloads never travel
+as base64 inside JSON.
+Both sides check every length against a limit before buffering anything, and a receiver grows
+its buffer with what has arrived instead of trusting a declared length.
+
+The agent reads frames with the blocking ``recv_frame``; the controller drives the same
+``FrameReader`` from a non-blocking socket against a deadline (``orchestrator/transport.py``).
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ import json
 import re
 import socket
 import struct
-from typing import Any, Dict, List, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 PROTOCOL_VERSION = 2
 MAGIC = b"ORC1"
 PREFIX = struct.Struct("!4sII")  # magic, header length, body length
 MAX_HEADER_BYTES = 16 << 20
 MAX_BODY_BYTES = (2 << 30) - 1
+MAX_HEADER_DEPTH = 32  # nesting of objects and arrays in a header, the outer object included
+RECV_CHUNK = 1 << 20  # a receive buffer grows by at most this much beyond what has arrived
+SECRET_BYTES = 32  # the sandbox secret: this many random bytes, stored as twice as many hex characters
 _INLINE_BODY_BYTES = 64 << 10
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
@@ -72,10 +80,36 @@ def auth_proof(secret: bytes, role: str, agent_nonce: str, controller_nonce: str
 
 def proof_matches(expected: str, given: object) -> bool:
     """Constant-time comparison of a handshake proof."""
-    return isinstance(given, str) and hmac.compare_digest(expected.encode("ascii", "replace"), given.encode("ascii", "replace"))
+    return isinstance(given, str) and hmac.compare_digest(
+        expected.encode("ascii", "replace"), given.encode("ascii", "replace")
+    )
+
+
+def format_secret(key: bytes) -> bytes:
+    """The contents of a sandbox's ``secret`` file for a key of SECRET_BYTES random bytes (lower-case hex)."""
+    if len(key) != SECRET_BYTES:
+        raise ValueError("a sandbox secret is %d bytes, got %d" % (SECRET_BYTES, len(key)))
+    return key.hex().encode("ascii")
+
+
+def parse_secret(text: bytes) -> bytes:
+    """The key (SECRET_BYTES raw bytes, what ``auth_proof`` takes) from a ``secret`` file's contents.
+
+    Raises:
+        ValueError: the contents are not 2 * SECRET_BYTES hex characters (a final newline is allowed).
+    """
+    text = text[:-1] if text.endswith(b"\n") else text
+    try:
+        key = bytes.fromhex(text.decode("ascii"))
+    except ValueError:  # UnicodeDecodeError included
+        key = b""
+    if len(text) != 2 * SECRET_BYTES or len(key) != SECRET_BYTES:
+        raise ValueError("a sandbox secret file holds %d hex characters" % (2 * SECRET_BYTES))
+    return key
 
 
 Header = Dict[str, Any]
+Body = Union[bytes, bytearray, memoryview]
 
 
 class ProtocolViolation(Exception):
@@ -99,7 +133,92 @@ def encode_header(header: Header) -> bytes:
         return _SURROGATES.sub("\ufffd", text).encode("utf-8")
 
 
-Body = Union[bytes, bytearray, memoryview]
+# The nesting check runs before json.loads, so the parser never recurses deeper than
+# MAX_HEADER_DEPTH whatever the recursion limit. Escapes go first (a backslash pairs with the
+# next byte), then strings (no quote is left inside one), then everything but brackets; each
+# pass of removing "()" then strips exactly one level. UTF-8 continuation bytes are never ASCII,
+# so working on the raw bytes is exact for valid input; invalid input may be misjudged, but
+# the parser rejects it anyway.
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_STRING = re.compile(rb'"[^"]*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKETS = bytes.maketrans(b"[{]}", b"(())")
+
+
+def _too_deep(raw: bytes) -> bool:
+    brackets = _STRING.sub(b"", _ESCAPE.sub(b"", raw)).translate(_BRACKETS, _NOT_BRACKETS)
+    for _ in range(MAX_HEADER_DEPTH):
+        if not brackets:
+            return False
+        brackets = brackets.replace(b"()", b"")
+    return bool(brackets)
+
+
+def decode_header(raw: Union[bytes, bytearray, memoryview]) -> Header:
+    """Parse a frame header: a UTF-8 JSON object with a string ``type``, nested at most MAX_HEADER_DEPTH deep.
+
+    Raises:
+        ProtocolViolation: for every way the bytes can fail to be such a header.
+    """
+    try:
+        raw = bytes(raw)
+        text = raw.decode("utf-8")
+        if raw.count(b"[") + raw.count(b"{") > MAX_HEADER_DEPTH and _too_deep(raw):
+            raise ProtocolViolation("frame header is nested deeper than %d levels" % MAX_HEADER_DEPTH)
+        header = json.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ProtocolViolation("frame header is not UTF-8: %s" % exc) from None
+    except ValueError as exc:
+        raise ProtocolViolation("frame header is not JSON: %s" % exc) from None
+    except RecursionError:
+        raise ProtocolViolation("frame header is nested too deeply to parse") from None
+    except MemoryError:
+        raise ProtocolViolation("frame header of %d B does not fit in memory when parsed" % len(raw)) from None
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise ProtocolViolation("frame header is not an object with a string 'type'")
+    return header
+
+
+def parse_prefix(
+    prefix: Union[bytes, bytearray, memoryview],
+    max_header: int = MAX_HEADER_BYTES,
+    max_body: int = MAX_BODY_BYTES,
+) -> Tuple[int, int]:
+    """Check a frame's 12-byte prefix against the limits; return (header length, body length).
+
+    Raises:
+        ProtocolViolation: bad magic, a length over its limit, or not PREFIX.size bytes.
+    """
+    if len(prefix) != PREFIX.size:
+        raise ProtocolViolation("a frame prefix is %d bytes, got %d" % (PREFIX.size, len(prefix)))
+    magic, head_len, body_len = PREFIX.unpack(bytes(prefix))
+    if magic != MAGIC:
+        raise ProtocolViolation("bad frame magic %r" % (magic,))
+    if head_len > max_header:
+        raise ProtocolViolation("frame header of %d B exceeds the %d B limit" % (head_len, max_header))
+    if body_len > max_body:
+        raise ProtocolViolation("frame body of %d B exceeds the %d B limit" % (body_len, max_body))
+    return head_len, body_len
+
+
+def frame_parts(header: Header, body: Union[Body, Sequence[Body]] = b"") -> List[Body]:
+    """The buffers of one frame, in order, to be written back to back.
+
+    A body of at most 64 KiB is joined to the prefix and header (one write); a larger one is
+    passed through as the caller's own buffers, never copied.
+
+    Raises:
+        ProtocolViolation: the header or the body is over the protocol's limits.
+    """
+    parts = [body] if isinstance(body, (bytes, bytearray, memoryview)) else list(body)
+    size = sum(memoryview(part).nbytes for part in parts)
+    head = encode_header(header)
+    if len(head) > MAX_HEADER_BYTES or size > MAX_BODY_BYTES:
+        raise ProtocolViolation("frame over limit: header %d B, body %d B" % (len(head), size))
+    prefix = PREFIX.pack(MAGIC, len(head), size)
+    if size <= _INLINE_BODY_BYTES:
+        return [b"".join([prefix, head, *parts])]
+    return [prefix + head, *parts]
 
 
 def send_frame(sock: socket.socket, header: Header, body: Union[Body, Sequence[Body]] = b"") -> None:
@@ -107,31 +226,110 @@ def send_frame(sock: socket.socket, header: Header, body: Union[Body, Sequence[B
 
     Small bodies go out in the same ``send`` as the header.
     """
-    parts = [body] if isinstance(body, (bytes, bytearray, memoryview)) else list(body)
-    size = sum(len(part) for part in parts)
-    head = encode_header(header)
-    if len(head) > MAX_HEADER_BYTES or size > MAX_BODY_BYTES:
-        raise ProtocolViolation("frame over limit: header %d B, body %d B" % (len(head), size))
-    prefix = PREFIX.pack(MAGIC, len(head), size)
-    if size <= _INLINE_BODY_BYTES:
-        sock.sendall(b"".join([prefix, head, *parts]))
-        return
-    sock.sendall(prefix + head)
-    for part in parts:
+    for part in frame_parts(header, body):
         sock.sendall(part)
+
+
+_ZEROS = bytes(RECV_CHUNK)
+
+
+def _recv_growing(sock: socket.socket, buf: bytearray, filled: int, size: int) -> int:
+    """One ``recv_into`` at ``buf[filled:]``; returns the count read (0 at EOF).
+
+    When ``buf`` is full it first grows by at most RECV_CHUNK (never past ``size``), so a
+    declared length costs nothing until its bytes arrive and ``buf`` ends exactly ``size`` long.
+    """
+    if filled == len(buf):
+        buf.extend(memoryview(_ZEROS)[: min(size - filled, RECV_CHUNK)])
+    with memoryview(buf) as view, view[filled:] as tail:
+        return sock.recv_into(tail)
 
 
 def recv_exactly(sock: socket.socket, size: int) -> bytearray:
     """Read exactly ``size`` bytes; raise ChannelClosed on EOF before that."""
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:], size - got)
-        if n == 0:
-            raise ChannelClosed(f"connection closed after {got} of {size} bytes")
-        got += n
+    buf = bytearray()
+    filled = 0
+    while filled < size:
+        got = _recv_growing(sock, buf, filled, size)
+        if not got:
+            raise ChannelClosed("connection closed after %d of %d bytes" % (filled, size))
+        filled += got
     return buf
+
+
+class FrameReader(object):
+    """Reads one frame incrementally: each ``recv_from`` call is one ``recv_into`` on the socket.
+
+    A blocking socket (the agent) loops on it; a non-blocking one (the controller) waits for
+    readability between calls, and ``BlockingIOError`` passes through with nothing lost.
+    Lengths are checked before the header or body is read, and buffers grow with what arrives.
+    """
+
+    def __init__(self, max_header: int = MAX_HEADER_BYTES, max_body: int = MAX_BODY_BYTES) -> None:
+        self._max_header = max_header
+        self._max_body = max_body
+        self._part = "prefix"
+        self._want = PREFIX.size
+        self._buf = bytearray()
+        self._filled = 0
+        self._body_len = 0
+        self._header: Optional[Header] = None
+
+    @property
+    def done(self) -> bool:
+        """True once the whole frame has arrived."""
+        return self._part == "done"
+
+    @property
+    def started(self) -> bool:
+        """True once any byte of the frame has arrived."""
+        return self._part != "prefix" or self._filled > 0
+
+    def progress(self) -> str:
+        """Where the frame stands, for error messages."""
+        if self.done:
+            return "the whole frame"
+        return "%d of %d bytes of the frame %s" % (self._filled, self._want, self._part)
+
+    def recv_from(self, sock: socket.socket) -> bool:
+        """Read what the socket has for this frame (one ``recv_into``); True once the frame is complete.
+
+        Raises:
+            ChannelClosed: EOF, at a frame boundary or inside a frame.
+            ProtocolViolation: the frame breaks the format or a limit.
+            OSError: from the socket (``BlockingIOError`` when a non-blocking socket has nothing).
+        """
+        if self._part == "done":
+            return True
+        got = _recv_growing(sock, self._buf, self._filled, self._want)
+        if not got:
+            raise ChannelClosed("connection closed after %s" % self.progress())
+        self._filled += got
+        while self._filled == self._want and self._part != "done":
+            self._advance()
+        return self._part == "done"
+
+    def frame(self) -> Tuple[Header, bytearray]:
+        """The complete frame as (header, body).
+
+        Raises:
+            ValueError: the frame is not complete yet.
+        """
+        if self._header is None or self._part != "done":
+            raise ValueError("the frame is not complete: %s" % self.progress())
+        return self._header, self._buf
+
+    def _advance(self) -> None:
+        if self._part == "prefix":
+            head_len, self._body_len = parse_prefix(self._buf, self._max_header, self._max_body)
+            self._part, self._want = "header", head_len
+        elif self._part == "header":
+            self._header = decode_header(self._buf)
+            self._part, self._want = "body", self._body_len
+        else:
+            self._part = "done"
+            return
+        self._buf, self._filled = bytearray(), 0
 
 
 def recv_frame(
@@ -139,23 +337,16 @@ def recv_frame(
     max_header: int = MAX_HEADER_BYTES,
     max_body: int = MAX_BODY_BYTES,
 ) -> Tuple[Header, bytearray]:
-    """Read one frame, enforcing the limits before allocating; return (header, body)."""
-    magic, head_len, body_len = PREFIX.unpack(bytes(recv_exactly(sock, PREFIX.size)))
-    if magic != MAGIC:
-        raise ProtocolViolation(f"bad frame magic {magic!r}")
-    if head_len > max_header:
-        raise ProtocolViolation(f"frame header of {head_len} B exceeds the {max_header} B limit")
-    if body_len > max_body:
-        raise ProtocolViolation(f"frame body of {body_len} B exceeds the {max_body} B limit")
-    raw = recv_exactly(sock, head_len)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolViolation(f"frame header is not UTF-8 JSON: {exc}") from None
-    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
-        raise ProtocolViolation("frame header is not an object with a string 'type'")
-    body = recv_exactly(sock, body_len) if body_len else bytearray()
-    return header, body
+    """Read one frame, enforcing the limits before buffering; return (header, body).
+
+    Raises:
+        ChannelClosed: EOF before the frame is complete.
+        ProtocolViolation: the frame breaks the format or a limit.
+    """
+    reader = FrameReader(max_header, max_body)
+    while not reader.recv_from(sock):
+        pass
+    return reader.frame()
 
 
 def split_body(body: bytes | bytearray | memoryview, sizes: List[int]) -> List[memoryview]:

@@ -2,28 +2,64 @@
 
 Standard library only; it never runs user code and never unpickles. It connects to the
 controller's Unix socket (and reconnects whenever the connection drops, so a restarted
-controller can reattach to a live session), relays each request to the worker process,
-and enforces the timeout ladder: SIGINT into the cell, then after a grace period a kill
-of the worker's process group and a fresh, empty worker that the controller restores.
-SIGUSR1 asks it to drop the current connection and connect again (controller takeover).
+controller can reattach to a live session), proves it knows the sandbox's secret, relays
+each request to the worker process and enforces the timeout ladder: SIGINT, then after a
+grace period a kill of the worker's process group and a fresh, empty worker that the
+controller restores. SIGUSR1 plus a new socket file at the channel path is a takeover: the
+supervisor drops the old connection (interrupting what runs) and connects to the new one.
+
+Bodies are never held whole here: request bodies (restore blobs, set_value payloads) are
+copied from the controller to the worker, and reply bodies (checkpoint blobs) from the
+worker to the controller, in chunks of at most ``CHUNK_BYTES``. See docs/protocol.md.
+
+The supervisor-worker link uses the same frames plus two private messages: the worker's
+``cell_done`` when a cell finished (the checkpoint clock starts) and the supervisor's answer
+``checkpoint_go``, after which any SIGINT the worker gets is meant for the checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import platform
-import select
+import selectors
 import signal
 import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Optional, Tuple
+import traceback
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import protocol
 
+CHUNK_BYTES = 1 << 20
+CHECKPOINT_GO = "checkpoint_go"  # supervisor -> worker: the cell is done and seen; checkpoint now
+DEFAULT_CHANNEL = "/run/orchestrator/channel.sock"
+DEFAULT_SECRET_FILE = "/run/orchestrator/secret"
+DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
+CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows them 10 s plus the grace)
+_WORKER_START_SECONDS = 60.0
+_WORKER_START_ATTEMPTS = 3
+_HANDSHAKE_HEADER_BYTES = 64 << 10
+_MAX_HEADER_DEPTH = 32
+_MAX_NONCE_CHARS = 256
 _OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+REPLY_TYPES = {
+    protocol.EXEC: protocol.EXEC_REPLY,
+    protocol.SET_VALUE: protocol.STATE_REPLY,
+    protocol.RESET: protocol.STATE_REPLY,
+    protocol.RESTORE_BEGIN: protocol.RESTORE_REPLY,
+    protocol.LOAD: protocol.LOAD_REPLY,
+    protocol.RESTORE_END: protocol.RESTORE_REPLY,
+}
+
+
+def log(message: str) -> None:
+    print("orchestrator agent: %s" % message, file=sys.stderr, flush=True)
 
 
 def oom_kill_count() -> int:
@@ -40,78 +76,233 @@ def oom_kill_count() -> int:
     return 0
 
 
-_WORKER_START_SECONDS = 60.0
+# --- Frames read piece by piece (private helpers that protocol.py could offer) -----------------------------
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return False
+
+
+def decode_header(raw: bytearray) -> Dict[str, Any]:
+    """Parse a frame header; every failure is a ProtocolViolation."""
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as exc:
+        raise protocol.ProtocolViolation("frame header is not UTF-8 JSON: %s" % exc) from None
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise protocol.ProtocolViolation("frame header is not an object with a string 'type'")
+    if _too_deep(header, _MAX_HEADER_DEPTH):
+        raise protocol.ProtocolViolation("frame header is nested deeper than %d" % _MAX_HEADER_DEPTH)
+    return header
+
+
+def _set_wait(sock: socket.socket, deadline: Optional[float]) -> None:
+    if deadline is None:
+        sock.settimeout(None)
+        return
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise socket.timeout("timed out")
+    sock.settimeout(remaining)
+
+
+def _recv_some(sock: socket.socket, size: int, deadline: Optional[float]) -> bytearray:
+    """Read exactly ``size`` bytes, growing the buffer with what arrives (never the declared size up front)."""
+    buf = bytearray()
+    while len(buf) < size:
+        _set_wait(sock, deadline)
+        data = sock.recv(min(size - len(buf), 1 << 16))
+        if not data:
+            raise protocol.ChannelClosed("connection closed after %d of %d bytes" % (len(buf), size))
+        buf += data
+    return buf
+
+
+def recv_head(
+    sock: socket.socket, max_header: int, max_body: int, timeout: Optional[float]
+) -> Tuple[Dict[str, Any], int]:
+    """Read a frame's prefix and header (within ``timeout`` seconds); return (header, body length).
+
+    The caller then reads or streams exactly that many body bytes.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    magic, head_len, body_len = protocol.PREFIX.unpack(bytes(_recv_some(sock, protocol.PREFIX.size, deadline)))
+    if magic != protocol.MAGIC:
+        raise protocol.ProtocolViolation("bad frame magic %r" % (magic,))
+    if head_len > max_header:
+        raise protocol.ProtocolViolation("frame header of %d B exceeds the %d B limit" % (head_len, max_header))
+    if body_len > max_body:
+        raise protocol.ProtocolViolation("frame body of %d B exceeds the %d B limit" % (body_len, max_body))
+    return decode_header(_recv_some(sock, head_len, deadline)), body_len
+
+
+def frame_head(header: Dict[str, Any], body_len: int) -> bytes:
+    """Prefix and header of a frame whose ``body_len`` body bytes are sent separately."""
+    head = protocol.encode_header(header)
+    if len(head) > protocol.MAX_HEADER_BYTES or body_len > protocol.MAX_BODY_BYTES:
+        raise protocol.ProtocolViolation("frame over limit: header %d B, body %d B" % (len(head), body_len))
+    return protocol.PREFIX.pack(protocol.MAGIC, len(head), body_len) + head
+
+
+def _seconds(value: Any, default: float) -> float:
+    """A time limit from a request: a positive finite number, else ``default``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    return default
+
+
+# --- Configuration -----------------------------------------------------------------------------------------
+
+
+class ConfigError(Exception):
+    """The container environment or the secret file is unusable."""
+
+
+def _env_number(environ: Dict[str, str], name: str, default: float, integer: bool) -> Any:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        raise ConfigError("%s=%r is not a number" % (name, raw)) from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError("%s=%r must be a non-negative number" % (name, raw))
+    return value
 
 
 class Config:
     """Settings the controller passes through the container environment."""
 
     def __init__(self, environ: Dict[str, str]) -> None:
-        self.channel = environ.get("ORCH_CHANNEL", "/run/orchestrator/channel.sock")
-        self.session_id = environ.get("ORCH_SESSION_ID", "")
-        self.output_limit = int(environ.get("ORCH_OUTPUT_LIMIT", str(1 << 20)))
-        self.grace = float(environ.get("ORCH_INTERRUPT_GRACE", "2.0"))
-        self.max_body = int(environ.get("ORCH_MAX_BODY", str(protocol.MAX_BODY_BYTES)))
-        # A frame the worker started must keep flowing: a stall this long mid-frame is treated as a forgery.
-        self.frame_timeout = float(environ.get("ORCH_FRAME_TIMEOUT", "10"))
+        self.channel = environ.get("ORCH_CHANNEL") or DEFAULT_CHANNEL
+        self.secret_file = environ.get("ORCH_SECRET_FILE") or DEFAULT_SECRET_FILE
+        self.sandbox_id = environ.get("ORCH_SANDBOX_ID", "")
+        self.output_limit = _env_number(environ, "ORCH_OUTPUT_LIMIT", 1 << 20, True)
+        self.grace = _env_number(environ, "ORCH_INTERRUPT_GRACE", 2.0, False)
+        # A frame that started must keep flowing: a stall this long mid-frame is treated as a forgery.
+        self.frame_timeout = _env_number(environ, "ORCH_FRAME_TIMEOUT", 10.0, False) or 10.0
+        self.max_body = min(
+            _env_number(environ, "ORCH_MAX_BODY", protocol.MAX_BODY_BYTES, True), protocol.MAX_BODY_BYTES
+        )
+        self.checkpoint_quota = _env_number(environ, "ORCH_CHECKPOINT_QUOTA", 0, True)
+
+
+def read_secret(path: str) -> bytes:
+    """The sandbox's shared secret: the file holds 32 bytes as 64 hex characters (whitespace around is ignored)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(1024)
+    except OSError as exc:
+        raise ConfigError("cannot read the secret file %s: %s" % (path, exc.strerror or exc)) from None
+    text = raw.strip()
+    if len(text) != 64 or any(c not in b"0123456789abcdefABCDEF" for c in text):
+        raise ConfigError("the secret file %s must hold exactly 64 hex characters" % path)
+    return bytes.fromhex(text.decode("ascii"))
+
+
+# --- The worker process ------------------------------------------------------------------------------------
 
 
 class WorkerProcess:
-    """One worker process and our end of its socket."""
+    """One worker process (leader of its own process group) and our end of its socket."""
 
     def __init__(self, config: Config) -> None:
         ours, theirs = socket.socketpair()
         self.sock = ours
         self.oom_baseline = oom_kill_count()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from %s.worker import main; main()" % __package__,
-                str(theirs.fileno()),
-                str(config.output_limit),
-            ],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            stdout=sys.stderr,
-            start_new_session=True,
-        )
-        theirs.close()
-        self.sock.settimeout(_WORKER_START_SECONDS)
-        hello, _ = protocol.recv_frame(self.sock)
-        self.sock.settimeout(config.frame_timeout)
-        self.python = hello.get("python", "")
-        self.dill = hello.get("dill", "")
+        # The worker gets no ORCH_* variable: nothing that names the secret or the channel.
+        env = {key: value for key, value in os.environ.items() if not key.startswith("ORCH_")}
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "from %s.worker import main; main()" % __package__,
+                    str(theirs.fileno()),
+                    str(config.output_limit),
+                    str(config.checkpoint_quota),
+                ],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=sys.stderr,
+                env=env,
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.pid = self.proc.pid
+        self.pidfd: Optional[int] = None
+        with contextlib.suppress(AttributeError, OSError):  # Linux >= 5.3, Python >= 3.9
+            self.pidfd = os.pidfd_open(self.pid)
+        try:
+            self.sock.settimeout(_WORKER_START_SECONDS)
+            hello, _ = protocol.recv_frame(self.sock, max_body=0)
+        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
+            self.kill()
+            raise RuntimeError("the worker did not start: %s" % exc) from None
+        self.dill = str(hello.get("dill", ""))
+
+    def fds(self) -> List[int]:
+        return [self.sock.fileno()] + ([self.pidfd] if self.pidfd is not None else [])
 
     def interrupt(self) -> None:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, signal.SIGINT)
+            os.kill(self.pid, signal.SIGINT)
 
-    def wrote_out_of_turn(self) -> bool:
-        """True when unread bytes wait on the worker's socket (rather than the EOF of its death)."""
+    def pending(self) -> Optional[bytes]:
+        """Without blocking: b'' when the socket is at EOF, some bytes when it has data, None when empty."""
         try:
-            return self.sock.recv(1, socket.MSG_PEEK) != b""
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
         except OSError:
-            return False
+            return b""
+
+    def _close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.pid, signal.SIGKILL)
         self.proc.wait()
-        self.sock.close()
+        self._close()
 
     def death(self) -> Dict[str, Any]:
-        """Reap the dead worker and say why it died."""
+        """Reap the dead (or dying) worker, kill what is left of its process group, and say why it died."""
         try:
-            code = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            code = self.proc.returncode
-        self.sock.close()
+            code = self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:  # it only closed its socket: make it dead
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            code = self.proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)  # children it left behind
+        self._close()
         oom = oom_kill_count() > self.oom_baseline
         info: Dict[str, Any] = {"exit_code": code, "oom": oom}
         if code is not None and code < 0:
-            info["signal"] = signal.Signals(-code).name
+            try:
+                info["signal"] = signal.Signals(-code).name
+            except ValueError:
+                info["signal"] = "signal %d" % -code
         if oom:
             info["reason"] = "the worker was killed by the kernel's out-of-memory killer"
         elif code is not None and code < 0:
@@ -121,48 +312,114 @@ class WorkerProcess:
         return info
 
 
-_MAX_CACHED_BODY = 16 << 20
+# --- Outcomes of one request -------------------------------------------------------------------------------
 
 
-def _resendable(reply: dict, body: Any) -> Tuple[dict, Any]:
-    """What to answer if the same request comes again: the reply itself, unless its body is big.
+class _Frame:
+    """The worker's reply header; its body (``body_len`` bytes) still waits on the worker's socket."""
 
-    Keeping a 100 MB checkpoint delta alive for a resend that almost never comes would double
-    the sandbox's memory, so a big reply is remembered only as "ran, but lost": the controller
-    then restores from its last stored checkpoint instead of running the code again.
-    """
-    if len(body) <= _MAX_CACHED_BODY:
-        return reply, body
-    lost = {
-        "type": reply.get("type"),
-        "status": protocol.STATUS_PROTOCOL_ERROR,
-        "ran": True,
-        "reason": "the reply to this request was lost and is too large to send again; restore instead",
-    }
-    return lost, b""
+    def __init__(self, header: Dict[str, Any], body_len: int) -> None:
+        self.header = header
+        self.body_len = body_len
+
+
+class _Takeover(Exception):
+    """A new controller took the channel while a request ran; the request was abandoned."""
+
+    def __init__(self, request_id: Any) -> None:
+        super().__init__("takeover")
+        self.request_id = request_id
+
+
+class ConnectionLost(Exception):
+    """The controller's connection broke (or had to be broken) in the middle of a frame."""
 
 
 class Supervisor:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, secret: bytes) -> None:
         self.config = config
-        self.worker = WorkerProcess(config)
+        self._secret = secret
         self.generation = 0
         self.worker_lost: Optional[Dict[str, Any]] = None
-        self.last_reply: Optional[Tuple[Any, dict, bytes]] = None
         self.takeover_requested = False
         self.channel_inode: Optional[int] = None
         self.wake_r, wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGUSR1, self._on_takeover)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for the worker (it installs its own handler)
+        self.idle = selectors.DefaultSelector()  # controller + worker + wake-up, between requests
+        self.busy = selectors.DefaultSelector()  # worker + wake-up, while a request runs
+        for sel in (self.idle, self.busy):
+            sel.register(self.wake_r, selectors.EVENT_READ)
+        self.worker = self._spawn()
+
+    # -- worker lifecycle
+
+    def _spawn(self) -> WorkerProcess:
+        """Start a worker; if none will start (no memory, no pids left), the sandbox is beyond repair: exit."""
+        for attempt in range(_WORKER_START_ATTEMPTS):
+            try:
+                worker = WorkerProcess(self.config)
+                break
+            except (OSError, RuntimeError) as exc:
+                log("starting the worker failed (attempt %d): %s" % (attempt + 1, exc))
+                time.sleep(0.5)
+        else:
+            log("no worker would start; exiting so that the controller replaces the sandbox")
+            sys.exit(1)
+        for sel in (self.idle, self.busy):
+            for fd in worker.fds():
+                sel.register(fd, selectors.EVENT_READ)
+        return worker
+
+    def _forget(self, worker: WorkerProcess) -> None:
+        for sel in (self.idle, self.busy):
+            for fd in worker.fds():
+                with contextlib.suppress(KeyError, ValueError):
+                    sel.unregister(fd)
+
+    def _replace_worker(self, died: bool = False) -> Optional[Dict[str, Any]]:
+        """Kill (or reap, when ``died``) the worker and start a fresh one; return how it died."""
+        old = self.worker
+        self._forget(old)
+        info = old.death() if died else None
+        if not died:
+            old.kill()
+        self.worker = self._spawn()
+        self.generation = 0
+        return info
+
+    # -- takeover
 
     def _on_takeover(self, signum: int, frame: Any) -> None:
         self.takeover_requested = True
 
-    def _respawn(self) -> None:
-        self.worker = WorkerProcess(self.config)
-        self.generation = 0
+    def _drain_wakeups(self) -> None:
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            while os.read(self.wake_r, 512):
+                pass
+
+    def channel_replaced(self) -> bool:
+        """True when a controller other than ours now listens on the channel path (a takeover).
+
+        A new controller binds a new socket file and then signals us; if we already reconnected
+        to that very file on our own (the old controller had let go), the signal is stale.
+        """
+        try:
+            return os.stat(self.config.channel).st_ino != self.channel_inode
+        except OSError:
+            return True
+
+    def _takeover_due(self) -> bool:
+        if not self.takeover_requested:
+            return False
+        self.takeover_requested = False
+        return self.channel_replaced()
+
+    # -- connection
 
     def connect(self) -> socket.socket:
         """Connect to the controller, retrying until one listens; remember which socket file it was."""
@@ -181,154 +438,403 @@ class Supervisor:
             time.sleep(delay)
             delay = min(delay * 2, 0.25)
 
-    def channel_replaced(self) -> bool:
-        """True when a controller other than ours now listens on the channel path (a takeover).
-
-        A new controller binds a new socket file and then signals us; if we already reconnected
-        to that very file on our own (the old controller had let go), the signal is stale.
-        """
-        try:
-            return os.stat(self.config.channel).st_ino != self.channel_inode
-        except OSError:
-            return True
-
     def run(self) -> None:
+        failures = 0
         while True:
             conn = self.connect()
-            self.takeover_requested = False
+            authenticated = False
             try:
-                self.serve(conn)
-            except (protocol.ChannelClosed, OSError, protocol.ProtocolViolation) as exc:
-                print("supervisor: connection ended: %s" % exc, file=sys.stderr)
+                authenticated = self.handshake(conn)
+                if authenticated:
+                    failures = 0
+                    self.serve(conn)
+            except (protocol.ChannelClosed, protocol.ProtocolViolation, ConnectionLost, OSError) as exc:
+                log("connection ended: %s" % (exc or type(exc).__name__))
+            except Exception:  # never crash: a fresh connection is the way back
+                log("unexpected error, reconnecting:\n%s" % traceback.format_exc())
             finally:
-                conn.close()
+                with contextlib.suppress(OSError):
+                    conn.close()
+            if not authenticated:
+                failures += 1
+                time.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
 
-    def hello(self) -> dict:
+    def hello(self, nonce: str) -> Dict[str, Any]:
         return {
             "type": protocol.HELLO,
             "protocol": protocol.PROTOCOL_VERSION,
+            "sandbox_id": self.config.sandbox_id,
+            "generation": self.generation,
             "python": platform.python_version(),
             "dill": self.worker.dill,
-            "session_id": self.config.session_id,
-            "generation": self.generation,
             "agent_pid": os.getpid(),
-            "worker_pid": self.worker.proc.pid,
+            "worker_pid": self.worker.pid,
+            "nonce": nonce,
         }
 
+    def handshake(self, conn: socket.socket) -> bool:
+        """hello -> auth -> auth_ok (docs/protocol.md); False when the peer does not prove the secret."""
+        agent_nonce = protocol.new_nonce()
+        conn.settimeout(self.config.frame_timeout)
+        protocol.send_frame(conn, self.hello(agent_nonce))
+        header, _ = recv_head(conn, _HANDSHAKE_HEADER_BYTES, 0, self.config.frame_timeout)
+        controller_nonce = header.get("nonce")
+        if (
+            header["type"] != protocol.AUTH
+            or not isinstance(controller_nonce, str)
+            or not 0 < len(controller_nonce) <= _MAX_NONCE_CHARS
+        ):
+            log("the controller did not answer the hello with a valid auth frame")
+            return False
+        expected = protocol.auth_proof(self._secret, "controller", agent_nonce, controller_nonce)
+        if not protocol.proof_matches(expected, header.get("proof")):
+            log("the controller's proof does not match the sandbox secret; closing")
+            return False
+        proof = protocol.auth_proof(self._secret, "agent", agent_nonce, controller_nonce)
+        protocol.send_frame(conn, {"type": protocol.AUTH_OK, "proof": proof})
+        return True
+
+    def _send(self, conn: socket.socket, header: Dict[str, Any], body: Any = b"") -> None:
+        conn.settimeout(self.config.frame_timeout)
+        protocol.send_frame(conn, header, body)
+
+    # -- serving requests
+
     def serve(self, conn: socket.socket) -> None:
-        protocol.send_frame(conn, self.hello())
-        while True:
-            readable, _, _ = select.select([conn, self.worker.sock, self.wake_r], [], [])
-            if self.wake_r in readable:
-                os.read(self.wake_r, 512)
-            if self.takeover_requested:
-                self.takeover_requested = False
-                if self.channel_replaced():
-                    protocol.send_frame(conn, {"type": protocol.GOODBYE, "reason": "takeover"})
-                    return
-            if self.worker.sock in readable:
-                # The worker died, or cell code wrote on its socket, while no request was running.
-                # Replace it before relaying anything (a request that came in meanwhile has not run yet).
-                if self.worker.wrote_out_of_turn():
-                    self.worker.kill()
-                    self.worker_lost = {"reason": "the worker wrote out of turn; it was killed", "oom": False}
-                else:
-                    self.worker_lost = self.worker.death()
-                    self.worker.kill()
-                self._respawn()
-                continue
-            if conn in readable:
-                header, body = protocol.recv_frame(conn, max_body=self.config.max_body)
-                reply, reply_body = self.answer(header, body)
-                reply["id"] = header.get("id")
-                del body
-                self.last_reply = (header.get("id"), *_resendable(reply, reply_body))
-                protocol.send_frame(conn, reply, reply_body)
-                del reply, reply_body
-
-    def answer(self, header: dict, body: bytearray) -> Tuple[dict, Any]:
-        kind = header["type"]
-        if self.last_reply is not None and header.get("id") is not None and header.get("id") == self.last_reply[0]:
-            return self.last_reply[1], self.last_reply[2]  # a resent request never runs twice
-        if kind == protocol.PING:
-            return {"type": protocol.PONG, "generation": self.generation}, b""
-        if self.worker_lost is not None and kind != protocol.RESTORE:
-            lost, self.worker_lost = self.worker_lost, None
-            lost.update(type=protocol.EXEC_REPLY, status=protocol.STATUS_CRASHED, ran=False)
-            return lost, b""
-        self.worker_lost = None
-        timeout = header.get("timeout") if kind == protocol.EXEC else None
-        return self.relay(header, body, timeout)
-
-    def relay(self, header: dict, body: bytearray, timeout: Optional[float]) -> Tuple[dict, Any]:
-        """Send a request to the worker and wait for its reply, climbing the timeout ladder."""
-        with contextlib.suppress(OSError):  # a dead worker: reading below reports how it died
-            protocol.send_frame(self.worker.sock, header, body)
-        deadline = None if timeout is None else time.monotonic() + float(timeout)
-        interrupted = False
-        while True:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            readable, _, _ = select.select([self.worker.sock], [], [], wait)
-            if readable:
-                return self._worker_reply(header.get("id"), interrupted)
-            if not interrupted:
-                self.worker.interrupt()
-                interrupted = True
-                deadline = time.monotonic() + self.config.grace
-                continue
-            self.worker.kill()
-            self._respawn()
-            return {
-                "type": protocol.EXEC_REPLY,
-                "status": protocol.STATUS_TIMEOUT,
-                "ran": True,
-                "worker_restarted": True,
-                "reason": "the cell ignored the interrupt for %.1f s; the worker was killed" % self.config.grace,
-            }, b""
-
-    def _worker_reply(self, request_id: Any, interrupted: bool) -> Tuple[dict, Any]:
+        self.idle.register(conn, selectors.EVENT_READ)
         try:
-            reply, reply_body = protocol.recv_frame(self.worker.sock, max_body=self.config.max_body)
-            if reply.get("id") != request_id:
-                # Cell code can write frames on the worker's socket. A reply that does not echo the
-                # request id is forged or stale, and relaying it would put every later reply out of step.
-                raise protocol.ProtocolViolation("a reply that does not answer request %r" % (request_id,))
+            while True:
+                if self._takeover_due():
+                    self._send(conn, {"type": protocol.GOODBYE, "reason": "takeover", "in_flight": None})
+                    return
+                ready = {key.fd for key, _ in self.idle.select()}
+                if self.wake_r in ready:
+                    self._drain_wakeups()
+                    continue  # check for a takeover before anything else
+                if ready & set(self.worker.fds()):
+                    self._worker_between_requests()
+                    continue  # a request that came meanwhile has not run yet: read it next round
+                if conn.fileno() in ready:
+                    header, body_len = recv_head(
+                        conn, protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
+                    )
+                    try:
+                        self.handle(conn, header, body_len)
+                    except _Takeover as takeover:
+                        self._send(
+                            conn, {"type": protocol.GOODBYE, "reason": "takeover", "in_flight": takeover.request_id}
+                        )
+                        return
+        finally:
+            self.idle.unregister(conn)
+
+    def _worker_between_requests(self) -> None:
+        """The worker's socket or process woke us while no request ran: it died or wrote out of turn."""
+        pending = self.worker.pending()
+        if pending:
+            self._replace_worker()
+            self.worker_lost = {"reason": "the worker wrote out of turn; it was killed", "oom": False}
+            return
+        if pending is None and self.worker.proc.poll() is None:
+            return  # a spurious wake-up
+        self.worker_lost = self._replace_worker(died=True)
+
+    def handle(self, conn: socket.socket, header: Dict[str, Any], body_len: int) -> None:
+        kind = header["type"]
+        request_id = header.get("id")
+        if kind == protocol.PING:
+            self._discard_from(conn, body_len)
+            self._send(conn, {"type": protocol.PONG, "id": request_id, "generation": self.generation})
+            return
+        reply_type = REPLY_TYPES.get(kind)
+        if reply_type is None:
+            self._discard_from(conn, body_len)
+            reply = {"status": protocol.STATUS_PROTOCOL_ERROR, "ran": False, "reason": "unknown request %r" % kind}
+            self._send(conn, {"type": "error", "id": request_id, **reply})
+            return
+        if kind == protocol.RESTORE_BEGIN:
+            self.worker_lost = None
+        if self.worker_lost is not None:
+            self._discard_from(conn, body_len)
+            lost, self.worker_lost = self.worker_lost, None
+            lost.update(type=reply_type, id=request_id, status=protocol.STATUS_CRASHED, ran=False)
+            self._send(conn, lost)
+            return
+        if not self._forward(conn, header, body_len):
+            # The worker was gone before it got the request; a fresh one stands by.
+            lost, self.worker_lost = self.worker_lost, None
+            if kind == protocol.RESTORE_BEGIN:
+                self._send(conn, {"type": reply_type, "id": request_id, "status": protocol.STATUS_OK})
+                return
+            assert lost is not None
+            lost.update(type=reply_type, id=request_id, status=protocol.STATUS_CRASHED, ran=False)
+            self._send(conn, lost)
+            return
+        outcome = self._await_reply(header, reply_type)
+        if isinstance(outcome, _Frame):
+            self._deliver(conn, outcome, request_id)
+        else:
+            outcome.update(type=reply_type, id=request_id)
+            self._send(conn, outcome)
+
+    # -- moving bytes
+
+    def _discard_from(self, conn: socket.socket, size: int) -> None:
+        """Read and drop a request body from the controller."""
+        buf = bytearray(min(size, CHUNK_BYTES))
+        view = memoryview(buf)
+        while size:
+            conn.settimeout(self.config.frame_timeout)
+            got = conn.recv_into(view[: min(size, CHUNK_BYTES)])
+            if not got:
+                raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
+            size -= got
+
+    def _forward(self, conn: socket.socket, header: Dict[str, Any], body_len: int) -> bool:
+        """Send a request to the worker, copying its body from the controller chunk by chunk.
+
+        Returns False when the worker turned out dead or stuck before it had the whole request
+        (it was replaced; ``worker_lost`` says how). A controller that stops in the middle of
+        the body leaves the worker with half a frame: the worker is replaced and ConnectionLost raised.
+        """
+        worker = self.worker
+        remaining = body_len
+        try:
+            worker.sock.settimeout(self.config.frame_timeout)
+            worker.sock.sendall(frame_head(header, body_len))
+            buf = bytearray(min(body_len, CHUNK_BYTES))
+            view = memoryview(buf)
+            while remaining:
+                try:
+                    conn.settimeout(self.config.frame_timeout)
+                    got = conn.recv_into(view[: min(remaining, CHUNK_BYTES)])
+                    if not got:
+                        raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
+                except (OSError, protocol.ChannelClosed) as exc:
+                    self._replace_worker()
+                    raise ConnectionLost("reading a request body: %s" % (exc or type(exc).__name__)) from None
+                remaining -= got
+                worker.sock.sendall(view[:got])
         except socket.timeout:
+            self._replace_worker()
+            self.worker_lost = {"reason": "the worker stopped reading its request; it was killed", "oom": False}
+        except OSError:
+            self.worker_lost = self._replace_worker(died=True)
+        else:
+            return True
+        self._discard_from(conn, remaining)
+        return False
+
+    def _deliver(self, conn: socket.socket, frame: _Frame, request_id: Any) -> None:
+        """Send the worker's reply to the controller, copying its body through in chunks."""
+        frame.header["id"] = request_id
+        if frame.body_len <= CHUNK_BYTES:
+            try:
+                body = self._read_worker(frame.body_len)
+            except (OSError, protocol.ChannelClosed) as exc:
+                reply = self._worker_failed(exc)
+                reply.update(type=frame.header.get("type"), id=request_id)
+                self._send(conn, reply)
+                return
+            self._send(conn, frame.header, body)
+            return
+        controller_error: Optional[Exception] = None
+        try:
+            conn.settimeout(self.config.frame_timeout)
+            conn.sendall(frame_head(frame.header, frame.body_len))
+        except OSError as exc:
+            controller_error = exc
+        remaining = frame.body_len
+        buf = bytearray(CHUNK_BYTES)
+        view = memoryview(buf)
+        while remaining:
+            try:
+                self.worker.sock.settimeout(self.config.frame_timeout)
+                got = self.worker.sock.recv_into(view[: min(remaining, CHUNK_BYTES)])
+                if not got:
+                    raise protocol.ChannelClosed("the worker closed its socket in the middle of a frame")
+            except (OSError, protocol.ChannelClosed) as exc:
+                # Half a frame went out: the controller cannot be answered on this connection any more.
+                self.worker_lost = self._worker_failed(exc)
+                raise ConnectionLost("the worker's reply broke off: %s" % self.worker_lost["reason"]) from None
+            remaining -= got
+            if controller_error is None:
+                try:
+                    conn.sendall(view[:got])
+                except OSError as exc:
+                    controller_error = exc  # keep reading: the worker's socket must stay in step
+        if controller_error is not None:
+            raise ConnectionLost("sending a reply: %s" % (controller_error or type(controller_error).__name__))
+
+    def _read_worker(self, size: int) -> bytearray:
+        buf = bytearray()
+        while len(buf) < size:
+            self.worker.sock.settimeout(self.config.frame_timeout)
+            data = self.worker.sock.recv(min(size - len(buf), CHUNK_BYTES))
+            if not data:
+                raise protocol.ChannelClosed("the worker closed its socket in the middle of a frame")
+            buf += data
+        return buf
+
+    def _worker_failed(self, exc: BaseException) -> Dict[str, Any]:
+        """The worker stalled or vanished in the middle of a frame: replace it; return the reply fields."""
+        if isinstance(exc, socket.timeout):
             return self._worker_misbehaved(
                 "the worker stopped for %.0f s in the middle of a frame" % self.config.frame_timeout
             )
-        except (protocol.ChannelClosed, OSError):
-            lost = self.worker.death()
-            self._respawn()
-            lost.update(type=protocol.EXEC_REPLY, status=protocol.STATUS_CRASHED, ran=True)
-            return lost, b""
+        info = self._replace_worker(died=True) or {}
+        info.update(status=protocol.STATUS_CRASHED, ran=True)
+        return info
+
+    def _worker_misbehaved(self, why: str) -> Dict[str, Any]:
+        self._replace_worker()
+        return {"status": protocol.STATUS_PROTOCOL_ERROR, "ran": True, "reason": "%s; it was killed" % why}
+
+    # -- waiting for the worker: the two clocks and the ladder
+
+    def _await_reply(self, request: Dict[str, Any], reply_type: str) -> Any:
+        """Wait for the worker's reply to ``request`` under its time limits.
+
+        Returns the reply as a _Frame (its body still to be copied), or the fields of a reply
+        the supervisor makes up itself (timeout, crashed, protocol_error). Raises _Takeover.
+        """
+        kind = request["type"]
+        request_id = request.get("id")
+        checkpoint_limit = _seconds(request.get("checkpoint_timeout"), DEFAULT_STEP_SECONDS)
+        if kind == protocol.EXEC:
+            phase, limit = "cell", _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
+        elif kind == protocol.LOAD:
+            phase, limit = "load", _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
+        elif kind in (protocol.SET_VALUE, protocol.RESET):
+            phase, limit = "checkpoint", checkpoint_limit
+        else:  # restore_begin / restore_end: no user code, only a namespace to clear (whose __del__ may hang)
+            phase, limit = "request", _seconds(request.get("timeout"), CONTROL_STEP_SECONDS)
+        started = time.monotonic()
+        deadline = started + limit
+        interrupted = False  # SIGINT sent in the current phase
+        cell_interrupted = False
+        cell_duration: Optional[float] = None
+        takeover = False
+        while True:
+            if not takeover and self._takeover_due():
+                takeover = True
+                if not interrupted:
+                    self.worker.interrupt()
+                    interrupted = True
+                deadline = min(deadline, time.monotonic()) + self.config.grace
+            ready = {key.fd for key, _ in self.busy.select(max(0.0, deadline - time.monotonic()))}
+            if self.wake_r in ready:
+                self._drain_wakeups()
+            worker = self.worker
+            if worker.sock.fileno() in ready or (worker.pidfd in ready and worker.pending() is not None):
+                if takeover:
+                    self._replace_worker()  # the interrupted request may have changed the namespace
+                    raise _Takeover(request_id)
+                frame = self._read_worker_frame(request_id)
+                if not isinstance(frame, _Frame):
+                    frame.update(phase=phase)
+                    return frame
+                if frame.header["type"] == protocol.CELL_DONE and phase == "cell" and frame.body_len == 0:
+                    cell_duration = time.monotonic() - started
+                    try:
+                        worker.sock.settimeout(self.config.frame_timeout)
+                        protocol.send_frame(worker.sock, {"type": CHECKPOINT_GO, "id": request_id})
+                    except OSError:
+                        pass  # a dead worker: the next read reports how it died
+                    phase, interrupted = "checkpoint", False
+                    deadline = time.monotonic() + checkpoint_limit
+                    continue
+                if frame.header["type"] != reply_type:
+                    return self._misbehaved_in(frame, phase, "the worker sent %r, not a reply" % frame.header["type"])
+                return self._finish(frame, kind, interrupted, cell_interrupted)
+            if worker.pidfd is not None and worker.pidfd in ready:
+                info = self._replace_worker(died=True) or {}
+                if takeover:
+                    raise _Takeover(request_id)
+                info.update(status=protocol.STATUS_CRASHED, ran=True, phase=phase)
+                return info
+            if time.monotonic() < deadline:
+                continue
+            if takeover:
+                self._replace_worker()
+                raise _Takeover(request_id)
+            if not interrupted:
+                self.worker.interrupt()
+                interrupted = True
+                cell_interrupted = cell_interrupted or phase == "cell"
+                deadline = time.monotonic() + self.config.grace
+                continue
+            self._replace_worker()
+            if kind == protocol.RESTORE_BEGIN:
+                return {"status": protocol.STATUS_OK, "worker_restarted": True}  # a fresh worker is an empty one
+            reply: Dict[str, Any] = {
+                "status": protocol.STATUS_TIMEOUT,
+                "ran": True,
+                "worker_restarted": True,
+                "phase": phase,
+                "reason": "the %s ignored the interrupt for %.1f s; the worker was killed" % (phase, self.config.grace),
+            }
+            if kind == protocol.EXEC:
+                reply["duration"] = cell_duration if cell_duration is not None else time.monotonic() - started
+            return reply
+
+    def _read_worker_frame(self, request_id: Any) -> Any:
+        """The header of the worker's next frame as a _Frame, or the reply fields if it was invalid or died."""
+        try:
+            header, body_len = recv_head(
+                self.worker.sock, protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
+            )
+        except socket.timeout as exc:
+            return self._worker_failed(exc)
         except protocol.ProtocolViolation as exc:
             return self._worker_misbehaved("the worker sent an invalid frame (%s)" % exc)
-        checkpoint = reply.get("checkpoint")
-        if isinstance(checkpoint, dict) and isinstance(checkpoint.get("generation"), int):
-            self.generation = checkpoint["generation"]
-        if isinstance(reply.get("generation"), int):
-            self.generation = reply["generation"]
-        if interrupted and reply.get("status") == protocol.STATUS_ERROR:
-            # The interrupt stopped the cell (a cell that finished just at the deadline stays a success).
+        except (protocol.ChannelClosed, OSError) as exc:
+            return self._worker_failed(exc)
+        if header.get("id") != request_id:
+            # Cell code can write frames on the worker's socket. A reply that does not echo the
+            # request id is forged or stale, and relaying it would put every later reply out of step.
+            return self._worker_misbehaved("the worker sent a frame that does not answer request %r" % (request_id,))
+        return _Frame(header, body_len)
+
+    def _misbehaved_in(self, frame: _Frame, phase: str, why: str) -> Dict[str, Any]:
+        reply = self._worker_misbehaved(why)
+        reply["phase"] = phase
+        return reply
+
+    def _finish(self, frame: _Frame, kind: str, interrupted: bool, cell_interrupted: bool) -> _Frame:
+        """Adjust the worker's reply for what the supervisor did, and learn the generation from it."""
+        reply = frame.header
+        status = reply.get("status")
+        if status == protocol.STATUS_ERROR and (cell_interrupted or (kind == protocol.LOAD and interrupted)):
+            # The interrupt stopped it (a cell that finished just at its deadline stays a success).
             reply["status"] = protocol.STATUS_TIMEOUT
             reply["worker_restarted"] = False
-        return reply, reply_body
-
-    def _worker_misbehaved(self, why: str) -> Tuple[dict, Any]:
-        self.worker.kill()
-        self._respawn()
-        return {
-            "type": protocol.EXEC_REPLY,
-            "status": protocol.STATUS_PROTOCOL_ERROR,
-            "ran": True,
-            "reason": "%s; it was killed" % why,
-        }, b""
+            reply.setdefault("phase", "cell" if kind == protocol.EXEC else "load")
+        checkpoint = reply.get("checkpoint")
+        if isinstance(checkpoint, dict) and type(checkpoint.get("generation")) is int:
+            self.generation = checkpoint["generation"]
+        if kind == protocol.RESTORE_BEGIN and status == protocol.STATUS_OK:
+            self.generation = 0
+        if kind == protocol.RESTORE_END and type(reply.get("generation")) is int:
+            self.generation = reply["generation"]
+        return frame
 
 
 def main() -> None:
     """Entry point of the container: ``python3 -m orchestrator_agent.supervisor``."""
-    Supervisor(Config(dict(os.environ))).run()
+    try:
+        config = Config(dict(os.environ))
+        secret = read_secret(config.secret_file)
+    except ConfigError as exc:
+        log("%s" % exc)
+        sys.exit(2)
+    supervisor = Supervisor(config, secret)
+    del secret
+    try:
+        supervisor.run()
+    finally:
+        with contextlib.suppress(Exception):
+            supervisor.worker.kill()
 
 
 if __name__ == "__main__":

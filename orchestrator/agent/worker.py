@@ -1,14 +1,23 @@
 """The sandbox worker: holds the session's globals and runs cells; the supervisor does everything else.
 
 Standard library plus dill. Started by the supervisor as ``python3 -c 'from
-orchestrator_agent.worker import main; main()' FD`` with one end of a socket pair on FD.
-It answers one request at a time with a reply and the checkpoint delta that the request
-caused. It installs the session namespace as ``__main__`` before importing dill, so that
-functions defined in cells pickle with a reference to the namespace rather than a copy.
+orchestrator_agent.worker import main; main()' FD OUTPUT_LIMIT QUOTA`` with one end of a
+socket pair on FD. It answers one request at a time with a reply and the checkpoint delta
+that the request caused. It installs the session namespace as ``__main__`` before importing
+dill, so that functions defined in cells pickle with a reference to the namespace rather
+than a copy.
+
+SIGINT is the supervisor's interrupt. It raises KeyboardInterrupt only inside the phases
+that may be stopped (the cell, unpickling one value, pickling one value for a checkpoint)
+and at most once per phase; anywhere else, frame I/O above all, it is only noted, so a
+late interrupt can never tear a frame. A checkpoint that is interrupted names the values
+it had not saved yet and replies normally.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import platform
@@ -17,14 +26,23 @@ import socket
 import sys
 import time
 import types
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import capture, protocol
+from .supervisor import CHECKPOINT_GO, decode_header
 
 _session_module = types.ModuleType("__main__")
 sys.modules["__main__"] = _session_module
 
 from . import cells, checkpoint  # noqa: E402  (imports dill, which must see the session module)
+
+_IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
+_MISSING = object()
+_MAX_REASON = 200
+
+
+class LinkBroken(Exception):
+    """The supervisor sent something this worker cannot follow; the worker exits."""
 
 
 def _fresh_namespace(namespace: Dict[str, Any]) -> None:
@@ -32,81 +50,198 @@ def _fresh_namespace(namespace: Dict[str, Any]) -> None:
     namespace.update({"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None})
 
 
+def _recv_into(sock: socket.socket, buf: bytearray) -> None:
+    view = memoryview(buf)
+    got = 0
+    while got < len(buf):
+        count = sock.recv_into(view[got:])
+        if not count:
+            raise protocol.ChannelClosed("the supervisor closed the link after %d of %d bytes" % (got, len(buf)))
+        got += count
+
+
+def _recv_request(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray]:
+    """One frame from the supervisor (trusted: it checked the sizes against the limits).
+
+    The body lands in one buffer of its exact size with no copy after it: a 150 MB restore
+    blob costs 150 MB here, and is unpickled straight out of this buffer.
+    """
+    prefix = bytearray(protocol.PREFIX.size)
+    _recv_into(sock, prefix)
+    magic, head_len, body_len = protocol.PREFIX.unpack(bytes(prefix))
+    if magic != protocol.MAGIC:
+        raise LinkBroken("bad frame magic %r from the supervisor" % (magic,))
+    raw = bytearray(head_len)
+    _recv_into(sock, raw)
+    header = decode_header(raw)
+    body = bytearray(body_len)
+    _recv_into(sock, body)
+    return header, body
+
+
+def _reason(exc: BaseException) -> str:
+    return checkpoint.describe(exc)[:_MAX_REASON]
+
+
 class Worker:
     """Serves requests from the supervisor over one socket."""
 
-    def __init__(self, sock: socket.socket, output_limit: int) -> None:
+    def __init__(self, sock: socket.socket, output_limit: int, quota: int) -> None:
         self.sock = sock
         self.output_limit = output_limit
+        self.quota = quota
         self.namespace = _session_module.__dict__
         _fresh_namespace(self.namespace)
-        self.tracker = checkpoint.Tracker()
+        self.tracker = checkpoint.Tracker(quota)
         self.cell_number = 0
-        self.in_cell = False
+        self.phase = _IDLE
+        self.armed = False  # a KeyboardInterrupt may be raised right now
+        self.stop_checkpoint = False  # SIGINT came during the checkpoint: pickle nothing more
+        self.restored_frozen: Dict[str, Any] = {}  # digest -> immutable value loaded in this restore
+        self._body: Optional[bytearray] = None  # the current request's body, until a handler takes it
+
+    # -- the interrupt
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        # Only a running cell is interrupted; checkpointing and I/O must finish untouched.
-        if self.in_cell:
+        if self.phase == _CHECKPOINT:
+            self.stop_checkpoint = True
+        if self.armed:
+            self.armed = False  # once: the code that catches it must not be interrupted again
             raise KeyboardInterrupt
+
+    def _enter(self, phase: str) -> None:
+        self.phase = phase
+        self.armed = False
+        self.stop_checkpoint = False
+
+    def _guarded_dumps(self, name: str, value: Any) -> checkpoint.Blob:
+        """checkpoint.dumps that SIGINT may stop; KeyboardInterrupt tells the tracker time is up."""
+        if self.stop_checkpoint:
+            raise KeyboardInterrupt
+        try:
+            self.armed = True
+            return checkpoint.dumps(name, value)
+        finally:
+            self.armed = False
+
+    # -- the loop
+
+    def send(self, reply: Dict[str, Any], parts: Any = b"") -> None:
+        try:
+            protocol.send_frame(self.sock, reply, parts)
+        except (TypeError, ValueError) as exc:  # a header that cannot be JSON (should not happen): say so
+            fallback = {
+                "type": reply.get("type"),
+                "id": reply.get("id"),
+                "status": protocol.STATUS_ERROR,
+                "reason": "the worker could not encode its reply: %s" % _reason(exc),
+            }
+            protocol.send_frame(self.sock, fallback)
 
     def serve(self) -> None:
         signal.signal(signal.SIGINT, self._on_sigint)
-        protocol.send_frame(
-            self.sock,
-            {
-                "type": protocol.HELLO,
-                "python": platform.python_version(),
-                "dill": checkpoint.dill.__version__,
-                "pid": os.getpid(),
-            },
-        )
+        hello = {"type": protocol.HELLO, "python": platform.python_version(), "dill": checkpoint.dill.__version__}
+        protocol.send_frame(self.sock, dict(hello, pid=os.getpid()))
         while True:
+            self._enter(_IDLE)
             try:
-                header, body = protocol.recv_frame(self.sock)
+                header, self._body = _recv_request(self.sock)
             except protocol.ChannelClosed:
                 return
-            reply, blobs = self.handle(header, body)
+            # Cell code may have replaced the handler; the ladder needs ours.
+            signal.signal(signal.SIGINT, self._on_sigint)
+            reply, parts = self.handle(header)
+            self._body = None  # restore input can be hundreds of MB: free it before the reply goes out
+            self._enter(_IDLE)
             reply["id"] = header.get("id")
-            protocol.send_frame(self.sock, reply, blobs)
-            # Restore input and checkpoint output can be hundreds of MB: free them before waiting.
-            del body, reply, blobs
+            self.send(reply, parts)
+            del reply, parts
 
-    def handle(self, header: Dict[str, Any], body: bytearray) -> Tuple[dict, List[bytes]]:
+    def _take_body(self) -> bytearray:
+        """The request's body; the worker keeps no other reference, so dropping it frees it."""
+        body, self._body = self._body, None
+        return body if body is not None else bytearray()
+
+    def handle(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
         kind = header["type"]
         if kind == protocol.EXEC:
-            return self.execute(str(header.get("code", "")))
-        if kind == protocol.RESTORE:
-            return self.restore(header, body)
+            return self.execute(header)
+        if kind == protocol.LOAD:
+            return self.load(header, self._take_body())
         if kind == protocol.SET_VALUE:
-            return self.set_value(header, body)
+            self._enter(_CHECKPOINT)  # the supervisor runs the checkpoint's clock for the whole request
+            return self.set_value(header, self._take_body())
         if kind == protocol.RESET:
+            self._enter(_CHECKPOINT)
             _fresh_namespace(self.namespace)
             return self.state_reply()
+        if kind == protocol.RESTORE_BEGIN:
+            _fresh_namespace(self.namespace)
+            self.tracker = checkpoint.Tracker(self.quota)
+            self.restored_frozen = {}
+            gc.collect()
+            return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK}, []
+        if kind == protocol.RESTORE_END:
+            return self.restore_end(header)
         return {
-            "type": protocol.STATE_REPLY,
+            "type": "error",
             "status": protocol.STATUS_PROTOCOL_ERROR,
-            "message": "unknown request type %r" % kind,
+            "reason": "unknown request type %r" % kind,
         }, []
 
-    def state_reply(self) -> Tuple[dict, List[bytes]]:
-        delta, blobs = self.tracker.delta(self.namespace)
-        return {"type": protocol.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": delta}, blobs
+    # -- checkpoints
 
-    def execute(self, code: str) -> Tuple[dict, List[bytes]]:
+    def checkpoint(self) -> Tuple[Dict[str, Any], List[Any], float]:
+        """The delta since the last checkpoint; SIGINT from here on means: out of time."""
+        started = time.monotonic()
+        self.phase = _CHECKPOINT
+        try:
+            delta, parts = self.tracker.delta(self.namespace, self._guarded_dumps)
+        finally:
+            self.phase = _IDLE
+        return delta, parts, time.monotonic() - started
+
+    def state_reply(self) -> Tuple[Dict[str, Any], List[Any]]:
+        delta, parts, took = self.checkpoint()
+        reply = {
+            "type": protocol.STATE_REPLY,
+            "status": protocol.STATUS_OK,
+            "checkpoint": delta,
+            "checkpoint_duration": took,
+        }
+        return reply, parts
+
+    # -- requests
+
+    def execute(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
+        code = header.get("code")
+        if not isinstance(code, str):
+            return {"type": protocol.EXEC_REPLY, "status": protocol.STATUS_PROTOCOL_ERROR, "reason": "no code"}, []
         self.cell_number += 1
         out, out_sink = capture.open_capture(self.output_limit)
         err, err_sink = capture.open_capture(self.output_limit)
         saved_streams = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = out, err
+        self._enter(_CELL)
         started = time.monotonic()
-        self.in_cell = True
         try:
-            outcome = cells.run_cell(code, self.namespace, self.cell_number)
+            try:
+                sys.stdout, sys.stderr = out, err
+                self.armed = True
+                outcome = cells.run_cell(code, self.namespace, self.cell_number)
+            finally:
+                self.armed = False
+        except KeyboardInterrupt as exc:  # the interrupt landed just outside the user's own code
+            outcome = {"return_value": None, "error": cells.error_info(exc)}
         finally:
-            self.in_cell = False
             sys.stdout, sys.stderr = saved_streams
+            self.phase = _IDLE
         duration = time.monotonic() - started
-        delta, blobs = self.tracker.delta(self.namespace)
+        signal.signal(signal.SIGINT, self._on_sigint)  # the checkpoint must be interruptible whatever the cell did
+        for stream in (out, err):
+            with contextlib.suppress(Exception):  # the cell may have closed it
+                stream.flush()
+        self._cell_done(header.get("id"))
+        delta, parts, took = self.checkpoint()
         reply = {
             "type": protocol.EXEC_REPLY,
             "status": protocol.STATUS_ERROR if outcome["error"] else protocol.STATUS_OK,
@@ -115,33 +250,86 @@ class Worker:
             "return_value": outcome["return_value"],
             "error": outcome["error"],
             "duration": duration,
+            "checkpoint_duration": took,
             "checkpoint": delta,
         }
-        return reply, blobs
+        return reply, parts
 
-    def restore(self, header: Dict[str, Any], body: bytearray) -> Tuple[dict, List[bytes]]:
-        index = header["blobs"]
-        parts = protocol.split_body(body, [int(b["size"]) for b in index])
-        blobs = {b["digest"]: part for b, part in zip(index, parts, strict=False)}
-        _fresh_namespace(self.namespace)
-        failed = self.tracker.restore(self.namespace, int(header["generation"]), header["vars"], blobs)
-        return {
-            "type": protocol.RESTORE_REPLY,
-            "status": protocol.STATUS_OK,
-            "failed": failed,
-            "generation": self.tracker.generation,
-        }, []
+    def _cell_done(self, request_id: Any) -> None:
+        """Tell the supervisor the cell finished, and wait until it switched to the checkpoint's clock.
 
-    def set_value(self, header: Dict[str, Any], body: bytearray) -> Tuple[dict, List[bytes]]:
-        kind = header["kind"]
-        if kind == "str":
-            value: Any = body.decode("utf-8", errors="surrogatepass")  # as the controller encoded it
-        elif kind == "bytes":
-            value = bytes(body)
-        else:
-            value = json.loads(body.decode("utf-8"))
-        for name in [header["name"], *header.get("aliases", [])]:
+        A SIGINT the supervisor sent for the cell's deadline before it read ``cell_done`` lands
+        while we wait here (idle: only noted), so it cannot cut the checkpoint short.
+        """
+        protocol.send_frame(self.sock, {"type": protocol.CELL_DONE, "id": request_id})
+        header, _ = _recv_request(self.sock)
+        if header.get("type") != CHECKPOINT_GO or header.get("id") != request_id:
+            raise LinkBroken("expected %s for %r, got %r" % (CHECKPOINT_GO, request_id, header.get("type")))
+        self._enter(_CHECKPOINT)
+
+    def load(self, header: Dict[str, Any], body: bytearray) -> Tuple[Dict[str, Any], List[Any]]:
+        name = header.get("name")
+        expected = header.get("digest")
+        if not isinstance(name, str) or not name or checkpoint.is_internal(name) or not isinstance(expected, str):
+            return self._load_error("the load request needs a name and a digest"), []
+        if checkpoint.digest(body) != expected:
+            return self._load_error("the blob does not match its digest"), []
+        value = self.restored_frozen.get(expected, _MISSING)
+        if value is _MISSING:  # not loaded yet in this restore (or mutable: each name gets its own copy)
+            self._enter(_LOAD)
+            try:
+                try:
+                    self.armed = True
+                    value = checkpoint.loads(body)
+                finally:
+                    self.armed = False
+            except BaseException as exc:  # even SystemExit or KeyboardInterrupt from a __reduce__: an error
+                return self._load_error(_reason(exc)), []
+            finally:
+                self.phase = _IDLE
+        self.namespace[name] = value
+        self.tracker.record(name, value, expected, len(body))
+        if checkpoint.deeply_immutable(value):
+            self.restored_frozen[expected] = value
+        return {"type": protocol.LOAD_REPLY, "status": protocol.STATUS_OK}, []
+
+    @staticmethod
+    def _load_error(reason: str) -> Dict[str, Any]:
+        return {"type": protocol.LOAD_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}
+
+    def restore_end(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
+        generation = header.get("generation")
+        if type(generation) is not int or generation < 0:
+            return {
+                "type": protocol.RESTORE_REPLY,
+                "status": protocol.STATUS_ERROR,
+                "reason": "restore_end needs a generation",
+            }, []
+        self.tracker.generation = generation
+        self.restored_frozen = {}
+        return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": generation}, []
+
+    def set_value(self, header: Dict[str, Any], body: bytearray) -> Tuple[Dict[str, Any], List[Any]]:
+        kind = header.get("kind")
+        aliases = header.get("aliases") or []
+        names = [header.get("name"), *(aliases if isinstance(aliases, list) else [None])]
+        if not all(isinstance(n, str) and n and not checkpoint.is_internal(n) for n in names):
+            return {"type": protocol.STATE_REPLY, "status": protocol.STATUS_ERROR, "reason": "bad variable name"}, []
+        try:
+            if kind == "str":
+                value: Any = body.decode("utf-8", errors="surrogatepass")  # as the controller encoded it
+            elif kind == "bytes":
+                value = bytes(body)
+            elif kind == "json":
+                value = json.loads(body.decode("utf-8"))
+            else:
+                raise ValueError("unknown kind %r" % (kind,))
+        except (ValueError, RecursionError, MemoryError) as exc:
+            return {"type": protocol.STATE_REPLY, "status": protocol.STATUS_ERROR, "reason": _reason(exc)}, []
+        del body
+        for name in names:
             self.namespace[name] = value
+        del value
         return self.state_reply()
 
 
@@ -155,7 +343,12 @@ def _make_worker_the_oom_victim() -> None:
 
 
 def main() -> None:
-    """Entry point: ``argv[1]`` is the socket fd, ``argv[2]`` the per-stream output limit in bytes."""
+    """Entry point: ``argv[1]`` the socket fd, ``argv[2]`` the output limit per stream, ``argv[3]`` the quota."""
     _make_worker_the_oom_victim()
     sock = socket.socket(fileno=int(sys.argv[1]))
-    Worker(sock, int(sys.argv[2])).serve()
+    quota = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    try:
+        Worker(sock, int(sys.argv[2]), quota).serve()
+    except (LinkBroken, protocol.ProtocolViolation, protocol.ChannelClosed, OSError) as exc:
+        print("orchestrator worker: %s" % exc, file=sys.stderr)
+        sys.exit(3)

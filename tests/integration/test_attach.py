@@ -53,10 +53,10 @@ def test_attach_takes_over_the_live_container(session: Session, orch2: Orchestra
         # ... and did not disturb the new owner.
         assert s2.execute("next(gen)").return_value == "2"
         assert s2.container_id == container
-        assert [c.id for c in orch2.backend.find(session.id)] == [container]
+        assert [c.id for c in orch2.containers(session.id)] == [container]
     finally:
         s2.close()
-    assert orch2.backend.find(session.id) == []
+    assert orch2.containers(session.id) == []
     assert session.id not in orch2.sessions()
     assert not (settings.state_dir / "sessions" / session.id).exists()
     with pytest.raises(SessionNotFound):
@@ -84,11 +84,11 @@ def test_attach_after_the_container_was_removed_restores_the_checkpoint(
         with pytest.raises(SessionAttachedElsewhere):
             session.execute("numbers")
         assert session.state is SessionState.DETACHED
-        assert [c.id for c in orch2.backend.find(session.id)] == [s2.container_id]
+        assert [c.id for c in orch2.containers(session.id)] == [s2.container_id]
         assert s2.execute("sum(numbers)").return_value == "6"
     finally:
         s2.close()
-    assert orch.backend.find(session.id) == []
+    assert orch.containers(session.id) == []
 
 
 def test_detach_keeps_container_and_state_for_attach(orch: Orchestrator, session: Session) -> None:
@@ -112,6 +112,7 @@ def test_detach_keeps_container_and_state_for_attach(orch: Orchestrator, session
 
 def test_attach_twice_in_a_row(session: Session, orch2: Orchestrator, make_orch, settings: Settings) -> None:
     session.execute("value = 'v'")
+    container = session.container_id
     orch3 = make_orch(settings)
     s2 = orch2.attach(session.id)
     s3 = orch3.attach(session.id)
@@ -122,7 +123,8 @@ def test_attach_twice_in_a_row(session: Session, orch2: Orchestrator, make_orch,
         with pytest.raises(SessionAttachedElsewhere):
             session.execute("value")
         assert s3.execute("value * 2").return_value == "'vv'"
-        assert s3.container_id == session.container_id
+        assert s3.container_id == container
+        assert session.container_id is None  # a stale handle lets go of the sandbox it no longer owns
     finally:
         s3.close()
 

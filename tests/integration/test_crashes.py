@@ -123,7 +123,7 @@ def test_container_removed_between_calls(orch: Orchestrator, stateful: Session) 
     orch.backend.remove(old)
     assert_state_back(stateful)
     assert stateful.container_id not in (None, old)
-    assert [c.id for c in orch.backend.find(stateful.id)] == [stateful.container_id]
+    assert [c.id for c in orch.containers(stateful.id)] == [stateful.container_id]
 
 
 def test_container_stopped_between_calls_with_docker_sdk(stateful: Session) -> None:
@@ -163,7 +163,7 @@ def test_container_dies_during_a_call(orch: Orchestrator, stateful: Session, how
     assert ("remov" if how == "remove" else "exit code 137") in str(exc)
     assert stateful.container_id != old
     assert_state_back(stateful)
-    assert len(orch.backend.find(stateful.id)) == 1
+    assert len(orch.containers(stateful.id)) == 1
 
 
 def test_worker_killed_from_outside_during_a_call(orch: Orchestrator, stateful: Session) -> None:

@@ -1,156 +1,707 @@
-"""The agent (supervisor + worker) as a host subprocess on a Unix socket: protocol, ladder, crashes.
+"""The agent (supervisor + worker) as a host subprocess on a Unix socket: protocol v2, ladder, crashes.
 
-No container here: this pins the agent's side of the protocol. Container behaviour is
-proven in tests/integration against a real engine.
+No container here: this pins the agent's side of docs/protocol.md. The test plays the
+controller with the bare frame functions (its own listening socket, its own handshake), so
+it does not depend on the controller's transport code. Container behaviour is proven in
+tests/integration against a real engine.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import pickle
+import secrets
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
+import dill
 import pytest
 
-from orchestrator.agent import protocol
-from orchestrator.transport import Channel, ChannelListener
+from orchestrator.agent import checkpoint, protocol
+
+SLOW_REDUCE = """
+import time
+class Slow:
+    def __reduce__(self):
+        time.sleep(60)
+        return (Slow, ())
+"""
+
+
+class Link:
+    """One connection from the agent, seen from the controller's side."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def send(self, header: dict, body=b"") -> None:
+        self.sock.settimeout(60)
+        protocol.send_frame(self.sock, header, body)
+
+    def recv(self, timeout: float = 30) -> tuple[dict, bytearray]:
+        self.sock.settimeout(timeout)
+        return protocol.recv_frame(self.sock)
+
+    def closed_by_peer(self, timeout: float = 10) -> bool:
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# The agent runs as the image runs it: the package ``orchestrator_agent`` alone, with dill beside it, on
+# the interpreter AGENT_TEST_PYTHON names (default: this one), e.g. the oldest Python the agent supports.
+AGENT_PYTHON = os.environ.get("AGENT_TEST_PYTHON") or sys.executable
+AGENT_PATH = Path(tempfile.mkdtemp(prefix="orch-agent-pkg-"))
+atexit.register(shutil.rmtree, AGENT_PATH, ignore_errors=True)
+(AGENT_PATH / "orchestrator_agent").symlink_to(Path(protocol.__file__).parent)
+(AGENT_PATH / "dill").symlink_to(Path(dill.__file__).parent)
+AGENT_ENV = {**os.environ, "PYTHONPATH": str(AGENT_PATH), "PYTHONDONTWRITEBYTECODE": "1"}
+AGENT_COMMAND = [AGENT_PYTHON, "-m", "orchestrator_agent.supervisor"]
 
 
 class Agent:
-    def __init__(self, listener: ChannelListener, proc: subprocess.Popen[bytes]) -> None:
-        self.listener = listener
-        self.proc = proc
-        self.channel: Channel | None = None
-        self.channel = self.accept()
+    """A supervisor subprocess, its secret file, and the listening socket it connects to."""
 
-    def accept(self) -> Channel:
-        if self.channel is not None:
-            self.channel.close()
-        channel = self.listener.accept(20)
-        hello, _ = channel.recv(20)
+    def __init__(self, directory: Path, **env: str) -> None:
+        self.directory = directory
+        self.path = directory / "channel.sock"
+        self.secret = secrets.token_bytes(32)
+        (directory / "secret").write_text(self.secret.hex() + "\n")
+        self.listener = self.listen()
+        environ = {
+            **AGENT_ENV,
+            "ORCH_CHANNEL": str(self.path),
+            "ORCH_SECRET_FILE": str(directory / "secret"),
+            "ORCH_SANDBOX_ID": "sb-unit",
+            "ORCH_INTERRUPT_GRACE": "0.5",
+            "ORCH_OUTPUT_LIMIT": "1000",
+            "ORCH_FRAME_TIMEOUT": "1",
+            **env,
+        }
+        self.proc = subprocess.Popen(AGENT_COMMAND, env=environ)
+        self.link = self.connect()
+
+    def listen(self) -> socket.socket:
+        """Bind a new socket file at the channel path (replacing any), as a (new) controller does."""
+        if self.path.exists():
+            self.path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(self.path))
+        sock.listen(8)
+        return sock
+
+    def accept(self, timeout: float = 20) -> Link:
+        self.listener.settimeout(timeout)
+        conn, _ = self.listener.accept()
+        return Link(conn)
+
+    def connect(self, timeout: float = 20) -> Link:
+        """Accept the agent and do the handshake as the controller."""
+        link = self.accept(timeout)
+        hello, _ = link.recv(timeout)
         assert hello["type"] == protocol.HELLO
         self.hello = hello
-        return channel
+        nonce = protocol.new_nonce()
+        proof = protocol.auth_proof(self.secret, "controller", hello["nonce"], nonce)
+        link.send({"type": protocol.AUTH, "nonce": nonce, "proof": proof})
+        ok, _ = link.recv(timeout)
+        assert ok["type"] == protocol.AUTH_OK
+        assert protocol.proof_matches(protocol.auth_proof(self.secret, "agent", hello["nonce"], nonce), ok["proof"])
+        return link
 
-    def request(self, kind: str, body: bytes = b"", **fields):
-        header = {"type": kind, "id": fields.pop("id", uuid.uuid4().hex), **fields}
-        self.channel.send(header, body)
-        reply, reply_body = self.channel.recv(30)
-        assert reply["id"] == header["id"]
+    def request(self, type_: str, body=b"", wait: float = 30, **fields) -> tuple[dict, bytearray]:
+        header = {"type": type_, "id": fields.pop("id", uuid.uuid4().hex), **fields}
+        self.link.send(header, body)
+        reply, reply_body = self.link.recv(wait)
+        assert reply["id"] == header["id"], reply
         return reply, reply_body
+
+    def run(self, code: str, timeout: float = 10, checkpoint_timeout: float = 10) -> tuple[dict, bytearray]:
+        return self.request(protocol.EXEC, code=code, timeout=timeout, checkpoint_timeout=checkpoint_timeout)
+
+    def value(self, expression: str) -> str:
+        reply, _ = self.run(expression)
+        assert reply["status"] == "ok", reply
+        return reply["return_value"]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.link.close()
+        self.listener.close()
 
 
 @pytest.fixture
-def agent():
+def make_agent():
+    made: list[Agent] = []
     directory = Path(tempfile.mkdtemp(prefix="orch-ut-", dir="/tmp"))
-    listener = ChannelListener(directory, 8 << 20, 1 << 30)
-    env = {
-        **os.environ,
-        "ORCH_CHANNEL": str(listener.path),
-        "ORCH_SESSION_ID": "unit",
-        "ORCH_INTERRUPT_GRACE": "0.5",
-        "ORCH_OUTPUT_LIMIT": "1000",
-        "ORCH_FRAME_TIMEOUT": "1",
-    }
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.agent.supervisor"], env=env)
-    agent = Agent(listener, proc)
-    try:
-        yield agent
-    finally:
-        proc.kill()
-        proc.wait()
-        if agent.channel is not None:
-            agent.channel.close()
-        agent.listener.close()
-        listener.close()
-        directory.rmdir()
+
+    def make(**env: str) -> Agent:
+        sub = directory / str(len(made))
+        sub.mkdir()
+        agent = Agent(sub, **env)
+        made.append(agent)
+        return agent
+
+    yield make
+    for agent in made:
+        agent.close()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
-def test_hello_names_versions_and_session(agent):
-    assert agent.hello["protocol"] == protocol.PROTOCOL_VERSION
-    assert agent.hello["session_id"] == "unit" and agent.hello["generation"] == 0
-    assert agent.hello["python"] and agent.hello["dill"]
+@pytest.fixture
+def agent(make_agent):
+    return make_agent()
+
+
+def blobs_of(reply: dict, body: bytes) -> dict[str, bytes]:
+    """name -> blob bytes of an exec / state reply (blobs the checkpoint held before are not in it)."""
+    index = reply["checkpoint"]["blobs"]
+    parts = protocol.split_body(body, [entry["size"] for entry in index])
+    by_digest = {entry["digest"]: bytes(part) for entry, part in zip(index, parts, strict=True)}
+    for digest, blob in by_digest.items():
+        assert checkpoint.digest(blob) == digest
+    return {name: by_digest[digest] for name, digest in reply["checkpoint"]["vars"].items() if digest in by_digest}
+
+
+def load(agent: Agent, name: str, blob: bytes, timeout: float = 10, **fields) -> dict:
+    digest = fields.pop("digest", checkpoint.digest(blob))
+    return agent.request(protocol.LOAD, blob, name=name, digest=digest, timeout=timeout, **fields)[0]
+
+
+def vm_hwm(pid: int) -> int:
+    """Peak resident memory of a process, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+# --- Connection set-up --------------------------------------------------------------------------------------
+
+
+def test_hello_and_handshake(agent):
+    hello = agent.hello
+    assert hello["protocol"] == protocol.PROTOCOL_VERSION == 2
+    assert hello["sandbox_id"] == "sb-unit" and hello["generation"] == 0
+    assert hello["python"] and hello["dill"] and len(hello["nonce"]) == 2 * protocol.NONCE_BYTES
+    assert hello["agent_pid"] == agent.proc.pid and hello["worker_pid"] not in (0, agent.proc.pid)
+    assert "session_id" not in hello
+    assert agent.request(protocol.PING, id="p0")[0] == {"type": protocol.PONG, "id": "p0", "generation": 0}
+
+
+def test_ping_reports_the_generation(agent):
+    agent.run("x = 1")
+    assert agent.request(protocol.PING, id="p")[0] == {"type": protocol.PONG, "id": "p", "generation": 1}
+
+
+def test_a_wrong_proof_is_refused_and_the_agent_tries_again(agent):
+    agent.link.close()
+    link = agent.accept()
+    hello, _ = link.recv()
+    nonce = protocol.new_nonce()
+    link.send(
+        {
+            "type": protocol.AUTH,
+            "nonce": nonce,
+            "proof": protocol.auth_proof(b"wrong", "controller", hello["nonce"], nonce),
+        }
+    )
+    assert link.closed_by_peer()
+    link.close()
+    # Something else than auth is refused the same way.
+    link = agent.accept()
+    link.recv()
+    link.send({"type": protocol.EXEC, "id": "1", "code": "1", "timeout": 5})
+    assert link.closed_by_peer()
+    link.close()
+    agent.link = agent.connect()
+    assert agent.value("1 + 1") == "2"
+
+
+def test_a_silent_controller_is_dropped_after_the_frame_timeout(agent):
+    agent.link.close()
+    link = agent.accept()
+    link.recv()
+    started = time.monotonic()
+    assert link.closed_by_peer(10)
+    assert time.monotonic() - started < 5  # ORCH_FRAME_TIMEOUT=1
+    link.close()
+    agent.link = agent.connect()
+    assert agent.value("3") == "3"
+
+
+@pytest.mark.parametrize("content", [None, "abc", "zz" * 32])
+def test_missing_or_invalid_secret_exits_with_status_2(tmp_path, content):
+    secret = tmp_path / "secret"
+    if content is not None:
+        secret.write_text(content)
+    env = {**AGENT_ENV, "ORCH_SECRET_FILE": str(secret), "ORCH_CHANNEL": str(tmp_path / "sock")}
+    done = subprocess.run(AGENT_COMMAND, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert "secret file" in done.stderr
+
+
+def test_the_worker_sees_no_orchestrator_settings(agent):
+    assert agent.value("import os; sorted(k for k in os.environ if k.startswith('ORCH'))") == "[]"
+
+
+# --- exec ---------------------------------------------------------------------------------------------------
 
 
 def test_exec_returns_output_value_and_checkpoint(agent):
-    reply, body = agent.request(protocol.EXEC, code="x = 41\nprint('hi')\nx + 1", timeout=10)
+    reply, body = agent.run("x = 41\nprint('hi')\nx + 1")
     assert reply["status"] == "ok" and reply["return_value"] == "42" and reply["stdout"] == "hi\n"
     assert list(reply["checkpoint"]["vars"]) == ["x"] and len(body) == reply["checkpoint"]["blobs"][0]["size"]
+    assert reply["duration"] >= 0 and reply["checkpoint_duration"] >= 0
+    assert reply["checkpoint"]["generation"] == 1
+
+
+def test_exec_error_is_data(agent):
+    reply, _ = agent.run("y = 1\n1 / 0")
+    assert reply["status"] == "error" and reply["error"]["ename"] == "ZeroDivisionError"
+    assert reply["checkpoint"]["vars"].keys() == {"y"}
 
 
 def test_output_is_bounded_with_a_marker(agent):
-    reply, _ = agent.request(protocol.EXEC, code="print('a' * 5000)", timeout=10)
+    reply, _ = agent.run("print('a' * 5000)")
     assert reply["stdout"].startswith("a" * 1000) and "truncated" in reply["stdout"] and len(reply["stdout"]) < 1100
 
 
+def test_a_large_checkpoint_is_streamed_through_intact(agent):
+    reply, body = agent.run("import os\nblob = os.urandom(20_000_000)\nkeep = [1]")
+    blobs = blobs_of(reply, body)
+    assert {"blob", "keep"} <= set(blobs)
+    assert len(body) > 20_000_000
+    assert agent.value("import hashlib; hashlib.md5(blob).hexdigest()") == repr(
+        __import__("hashlib").md5(checkpoint.loads(blobs["blob"])).hexdigest()
+    )
+
+
+# --- the cell's clock ---------------------------------------------------------------------------------------
+
+
 def test_interruptible_cell_times_out_and_keeps_state(agent):
-    agent.request(protocol.EXEC, code="x = 1", timeout=10)
-    reply, _ = agent.request(protocol.EXEC, code="while True: pass", timeout=0.3)
+    agent.run("x = 1")
+    reply, _ = agent.run("y = 2\nwhile True: pass", timeout=0.3)
     assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is False
     assert reply["error"]["ename"] == "KeyboardInterrupt"
-    assert agent.request(protocol.EXEC, code="x", timeout=10)[0]["return_value"] == "1"
+    assert reply["checkpoint"]["vars"].keys() == {"y"}  # what ran before the interrupt is kept and saved
+    assert agent.value("x, y") == "(1, 2)"
 
 
 def test_cell_that_swallows_the_interrupt_is_killed(agent):
     code = "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass"
-    reply, _ = agent.request(protocol.EXEC, code=code, timeout=0.3)
+    started = time.monotonic()
+    reply, _ = agent.run(code, timeout=0.3)
     assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True
-    assert agent.request(protocol.EXEC, code="1 + 1", timeout=10)[0]["return_value"] == "2"
+    assert reply["phase"] == "cell" and time.monotonic() - started < 5
+    assert agent.request(protocol.PING)[0]["generation"] == 0
+    assert agent.value("1 + 1") == "2"
 
 
 def test_worker_death_is_reported_with_its_cause(agent):
-    reply, _ = agent.request(protocol.EXEC, code="import os; os._exit(3)", timeout=10)
+    reply, _ = agent.run("import os; os._exit(3)")
     assert reply["status"] == protocol.STATUS_CRASHED and reply["exit_code"] == 3 and reply["ran"] is True
-    reply, _ = agent.request(protocol.EXEC, code="import os, signal; os.kill(os.getpid(), signal.SIGKILL)", timeout=10)
+    reply, _ = agent.run("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert reply["signal"] == "SIGKILL"
-    assert agent.request(protocol.EXEC, code="2", timeout=10)[0]["return_value"] == "2"
+    assert agent.value("2") == "2"
 
 
-def test_a_resent_request_never_runs_twice(agent):
-    agent.request(protocol.EXEC, code="n = 0", timeout=10)
-    first, _ = agent.request(protocol.EXEC, id="same", code="n += 1\nn", timeout=10)
-    again, _ = agent.request(protocol.EXEC, id="same", code="n += 1\nn", timeout=10)
-    assert first["return_value"] == again["return_value"] == "1"
+def test_worker_lost_between_requests_is_reported_once_without_running(agent):
+    agent.run("import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), os._exit(4))).start()")
+    time.sleep(1.5)
+    reply, _ = agent.run("ran = True")
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False and reply["exit_code"] == 4
+    assert agent.value("'ran' in globals()") == "False"
 
 
-def test_restore_loads_a_checkpoint_into_a_fresh_worker(agent):
-    reply, body = agent.request(protocol.EXEC, code="data = {'k': [1, 2]}", timeout=10)
-    delta = reply["checkpoint"]
-    agent.request(protocol.EXEC, code="import os; os._exit(1)", timeout=10)
-    restored, _ = agent.request(
-        protocol.RESTORE, bytes(body), generation=delta["generation"], vars=delta["vars"], blobs=delta["blobs"]
-    )
-    assert restored["failed"] == {} and restored["generation"] == delta["generation"]
-    assert agent.request(protocol.EXEC, code="data['k']", timeout=10)[0]["return_value"] == "[1, 2]"
+def test_restore_begin_clears_a_pending_worker_lost_notice(agent):
+    agent.run("import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), os._exit(4))).start()")
+    time.sleep(1.5)
+    assert agent.request(protocol.RESTORE_BEGIN, generation=0)[0]["status"] == "ok"
+    assert agent.value("5") == "5"
 
 
 def test_garbage_from_the_worker_kills_it_cleanly(agent):
-    code = "import os, sys; os.write(int(sys.argv[1]), b'garbage!!!!!')"
-    reply, _ = agent.request(protocol.EXEC, code=code, timeout=10)
+    reply, _ = agent.run("import os, sys; os.write(int(sys.argv[1]), b'garbage!!!!!')")
     assert reply["status"] == protocol.STATUS_PROTOCOL_ERROR
-    assert agent.request(protocol.EXEC, code="3", timeout=10)[0]["return_value"] == "3"
+    assert agent.value("3") == "3"
+
+
+def test_a_forged_frame_that_does_not_echo_the_request_is_refused(agent):
+    code = "import json, os, struct, sys, time\n"
+    code += "head = json.dumps({'type': 'exec_reply', 'id': 'forged', 'status': 'ok'}).encode()\n"
+    code += "os.write(int(sys.argv[1]), struct.pack('!4sII', b'ORC1', len(head), 0) + head)\ntime.sleep(5)"
+    reply, _ = agent.run(code)
+    assert reply["status"] == protocol.STATUS_PROTOCOL_ERROR and "does not answer" in reply["reason"]
+    assert agent.value("4") == "4"
 
 
 def test_half_a_frame_from_the_worker_does_not_stall_the_agent(agent):
     code = "import os, sys, struct; os.write(int(sys.argv[1]), struct.pack('!4sII', b'ORC1', 100, 0) + b'{')\n"
     code += "import time; time.sleep(30)"
-    reply, _ = agent.request(protocol.EXEC, code=code, timeout=30)
+    reply, _ = agent.run(code, timeout=30)
     assert reply["status"] == protocol.STATUS_PROTOCOL_ERROR and "middle of a frame" in reply["reason"]
-    assert agent.request(protocol.EXEC, code="4", timeout=10)[0]["return_value"] == "4"
+    assert agent.value("4") == "4"
 
 
-def test_sigusr1_hands_the_agent_to_a_new_connection(agent):
-    agent.request(protocol.EXEC, code="keep = 'me'", timeout=10)
-    # A new controller binds a new socket file at the same path, then signals the agent.
-    old_listener, agent.listener = agent.listener, ChannelListener(agent.listener.path.parent, 8 << 20, 1 << 30)
+def test_a_worker_that_writes_between_requests_is_replaced(agent):
+    agent.run(
+        "import os, sys, threading, time\nfd = int(sys.argv[1])\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), os.write(fd, b'x'))).start()"
+    )
+    time.sleep(1)
+    reply, _ = agent.run("1")
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False and "out of turn" in reply["reason"]
+
+
+def test_a_worker_that_stalls_in_the_middle_of_a_large_reply_is_replaced(agent):
+    # Cell code that finds the request id can forge a reply header; its body then stops half way.
+    code = "import json, os, struct, sys, time\n"
+    code += "frame = sys._getframe()\n"
+    code += "while 'header' not in frame.f_locals:\n    frame = frame.f_back\n"
+    code += "head = json.dumps({'type': 'exec_reply', 'id': frame.f_locals['header']['id'], 'status': 'ok'}).encode()\n"
+    code += "fd = int(sys.argv[1])\n"
+    code += "os.write(fd, struct.pack('!4sII', b'ORC1', len(head), 5_000_000) + head)\n"
+    code += "data = memoryview(b'x' * 2_000_000)\n"
+    code += "while data:\n    data = data[os.write(fd, data):]\n"
+    code += "time.sleep(30)"
+    agent.link.send({"type": protocol.EXEC, "id": "stall", "code": code, "timeout": 30, "checkpoint_timeout": 5})
+    with pytest.raises(protocol.ChannelClosed):  # half a frame came, then the agent hung up
+        agent.link.recv(15)
+    agent.link.close()
+    agent.link = agent.connect()
+    assert agent.hello["generation"] == 0
+    reply, _ = agent.run("1")
+    assert (
+        reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False and "middle of a frame" in reply["reason"]
+    )
+    assert agent.value("2") == "2"
+
+
+def test_a_controller_that_stalls_in_the_middle_of_a_request_body_is_dropped(agent):
+    worker = agent.hello["worker_pid"]
+    head = protocol.encode_header({"type": protocol.LOAD, "id": "l", "name": "x", "digest": "0" * 32, "timeout": 5})
+    agent.link.sock.sendall(protocol.PREFIX.pack(protocol.MAGIC, len(head), 1000) + head + b"y" * 10)
+    assert agent.link.closed_by_peer(10)
+    agent.link.close()
+    agent.link = agent.connect()  # the worker had half a request: it was replaced
+    assert agent.hello["worker_pid"] != worker
+    assert agent.value("3") == "3"
+
+
+def test_sigint_never_tears_a_frame(agent):
+    """SIGINT between and around requests is only noted; it raises only in a cell, a load or a pickling."""
+    worker = agent.hello["worker_pid"]
+    stop = threading.Event()
+
+    def spam() -> None:
+        while not stop.is_set():
+            os.kill(worker, signal.SIGINT)
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=spam)
+    thread.start()
+    try:
+        for i in range(100):
+            assert agent.request(protocol.RESTORE_BEGIN, generation=i)[0]["status"] == "ok"
+            reply = load(agent, "v", pickle.dumps(list(range(i))))
+            assert reply["status"] == "ok" or reply["reason"].startswith("KeyboardInterrupt"), reply
+            assert agent.request(protocol.RESTORE_END, generation=i)[0]["generation"] == i
+    finally:
+        stop.set()
+        thread.join()
+    assert agent.request(protocol.PING)[0]["generation"] == 99
+    assert agent.hello["worker_pid"] == worker and agent.value("'still alive'") == "'still alive'"
+
+
+def test_a_cell_cannot_take_the_interrupt_away(agent):
+    agent.run("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)")
+    reply, _ = agent.run("while True: pass", timeout=0.3)
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is False
+
+
+# --- the checkpoint's clock ---------------------------------------------------------------------------------
+
+
+def test_checkpoint_timeout_names_the_slow_value_and_saves_the_rest(agent):
+    agent.run(SLOW_REDUCE)
+    reply, _ = agent.run("a = 1\nb = [2]\ns = Slow()", checkpoint_timeout=0.5)
+    assert reply["status"] == "ok" and "worker_restarted" not in reply
+    assert reply["duration"] < 0.5 <= reply["checkpoint_duration"] < 5
+    delta = reply["checkpoint"]
+    assert {"a", "b"} <= delta["vars"].keys() and "s" not in delta["vars"]
+    assert delta["unsaved"] == {"s": "checkpointing took longer than the checkpoint timeout"}
+    reply, _ = agent.run("b", checkpoint_timeout=0.3)  # s is tried again (and runs out of time again)
+    assert reply["return_value"] == "[2]" and "s" in reply["checkpoint"]["unsaved"]  # the worker lives on
+
+
+def test_a_slow_value_goes_last_so_later_values_are_saved(agent):
+    agent.run(SLOW_REDUCE + "s = Slow()", checkpoint_timeout=0.3)
+    reply, _ = agent.run("later = [1]", checkpoint_timeout=0.3)
+    assert "later" in reply["checkpoint"]["vars"] and "s" in reply["checkpoint"]["unsaved"]
+
+
+def test_checkpoint_that_ignores_the_interrupt_kills_the_worker(agent):
+    code = "import time\nclass Stubborn:\n    def __reduce__(self):\n        while True:\n            try:\n"
+    code += (
+        "                time.sleep(10)\n            except KeyboardInterrupt:\n                pass\nx = Stubborn()"
+    )
+    started = time.monotonic()
+    reply, _ = agent.run(code, checkpoint_timeout=0.3)
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True
+    assert reply["phase"] == "checkpoint" and time.monotonic() - started < 5
+    assert agent.value("'x' in globals()") == "False"
+
+
+def test_a_cell_finishing_at_its_deadline_keeps_its_checkpoint(agent):
+    # Whatever SIGINT the cell's deadline sent lands before checkpoint_go: the checkpoint is whole.
+    for _ in range(5):
+        reply, _ = agent.run("import time\nv = list(range(10))\ntime.sleep(0.2)", timeout=0.2)
+        assert reply["status"] in ("ok", "timeout")
+        assert reply["checkpoint"]["unsaved"] == {}
+
+
+def test_a_value_that_could_not_be_saved_is_saved_once_it_can(agent):
+    reply, _ = agent.run("box = [(i for i in range(3))]")
+    assert "box" in reply["checkpoint"]["unsaved"]
+    reply, _ = agent.run("box.pop(); None")  # the very same object, saveable now
+    assert "box" in reply["checkpoint"]["vars"] and reply["checkpoint"]["unsaved"] == {}
+
+
+def test_the_checkpoint_quota_leaves_out_what_does_not_fit(make_agent):
+    agent = make_agent(ORCH_CHECKPOINT_QUOTA="100000")
+    reply, _ = agent.run("small = 'a' * 1000\nbig = 'b' * 200000")
+    delta = reply["checkpoint"]
+    assert "small" in delta["vars"] and delta["unsaved"] == {"big": "checkpoint quota of 100000 bytes reached"}
+    assert sum(b["size"] for b in delta["blobs"]) <= 100000
+    reply, _ = agent.run("del big\nsmall = 'c' * 90000")
+    assert "small" in reply["checkpoint"]["vars"]
+
+
+# --- set_value and reset ------------------------------------------------------------------------------------
+
+
+def test_set_value_kinds_and_aliases(agent):
+    reply, _ = agent.request(protocol.SET_VALUE, "héllo".encode(), name="context_0", kind="str", aliases=["context"])
+    assert reply["type"] == protocol.STATE_REPLY and reply["status"] == "ok"
+    assert reply["checkpoint"]["vars"]["context"] == reply["checkpoint"]["vars"]["context_0"]
+    assert len(reply["checkpoint"]["blobs"]) == 1
+    agent.request(protocol.SET_VALUE, b"\x00\x01", name="raw", kind="bytes")
+    agent.request(protocol.SET_VALUE, b'{"k": [1]}', name="doc", kind="json")
+    assert agent.value("context, raw, doc") == "('héllo', b'\\x00\\x01', {'k': [1]})"
+
+
+def test_reset_deletes_everything(agent):
+    agent.run("a = 1\nb = 2")
+    reply, _ = agent.request(protocol.RESET)
+    assert sorted(reply["checkpoint"]["deleted"]) == ["a", "b"] and reply["status"] == "ok"
+    assert agent.value("'a' in globals()") == "False"
+
+
+# --- restore, one value at a time ---------------------------------------------------------------------------
+
+
+class _Raises:
+    def __reduce__(self):
+        return (int, ("not a number",))
+
+
+class _Exits:
+    def __reduce__(self):
+        return (os._exit, (7,))
+
+
+class _Sleeps:
+    def __reduce__(self):
+        return (time.sleep, (3600,))
+
+
+class _Stubborn:
+    def __reduce__(self):
+        loop = "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass"
+        return (exec, (loop,))
+
+
+class _SystemExits:
+    def __reduce__(self):
+        return (sys.exit, (5,))
+
+
+def test_restore_loads_values_and_reports_the_bad_one(agent):
+    reply, body = agent.run("data = {'k': [1, 2]}\ntext = 'abc'\nn = 7")
+    blobs = blobs_of(reply, body)
+    agent.run("import os; os._exit(1)")
+    begin, _ = agent.request(protocol.RESTORE_BEGIN, id="b", generation=5)
+    assert begin == {"type": protocol.RESTORE_REPLY, "id": "b", "status": "ok"}
+    for name, blob in blobs.items():
+        assert load(agent, name, blob, id=name) == {"type": protocol.LOAD_REPLY, "id": name, "status": "ok"}
+    bad = load(agent, "bad", pickle.dumps(_Raises()))
+    assert bad["status"] == "error" and bad["reason"].startswith("ValueError: invalid literal")
+    exits = load(agent, "exits", pickle.dumps(_SystemExits()))
+    assert exits["status"] == "error" and exits["reason"].startswith("SystemExit")
+    wrong = load(agent, "wrong", blobs["n"], digest="0" * 32)
+    assert wrong["status"] == "error" and "digest" in wrong["reason"]
+    end, _ = agent.request(protocol.RESTORE_END, generation=5)
+    assert end["status"] == "ok" and end["generation"] == 5
+    assert agent.request(protocol.PING)[0]["generation"] == 5
+    assert agent.value("data, text, n, 'bad' in globals()") == "({'k': [1, 2]}, 'abc', 7, False)"
+    # The loaded values count as saved: the next checkpoint sends nothing for them.
+    reply, _ = agent.run("m = 1")
+    assert reply["checkpoint"]["vars"].keys() == {"m"} and reply["checkpoint"]["generation"] == 6
+
+
+def test_restore_retries_an_instance_after_its_class(agent):
+    reply, body = agent.run("class Point:\n    def __init__(self, x):\n        self.x = x\np = Point(3)")
+    blobs = blobs_of(reply, body)
+    agent.run("import os; os._exit(1)")
+    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    first = load(agent, "p", blobs["p"])
+    assert first["status"] == "error" and "Point" in first["reason"]
+    assert load(agent, "Point", blobs["Point"])["status"] == "ok"
+    assert load(agent, "p", blobs["p"])["status"] == "ok"
+    agent.request(protocol.RESTORE_END, generation=1)
+    assert agent.value("p.x, isinstance(p, Point)") == "(3, True)"
+
+
+def test_a_value_that_kills_the_worker_while_loading(agent):
+    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    assert load(agent, "a", pickle.dumps([1]))["status"] == "ok"
+    reply = load(agent, "exits", pickle.dumps(_Exits()))
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["exit_code"] == 7
+    assert agent.request(protocol.PING)[0]["generation"] == 0
+    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    assert load(agent, "a", pickle.dumps([1]))["status"] == "ok"
+    agent.request(protocol.RESTORE_END, generation=1)
+    assert agent.value("a") == "[1]"
+
+
+def test_a_value_that_hangs_while_loading_is_interrupted(agent):
+    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    started = time.monotonic()
+    reply = load(agent, "sleeps", pickle.dumps(_Sleeps()), timeout=0.3)
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is False
+    assert time.monotonic() - started < 0.3 + 0.5 + 1
+
+
+def test_a_value_that_ignores_the_interrupt_while_loading_kills_the_worker(agent):
+    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    worker = agent.hello["worker_pid"]
+    started = time.monotonic()
+    reply = load(agent, "stubborn", pickle.dumps(_Stubborn()), timeout=0.3)
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True
+    assert reply["phase"] == "load" and time.monotonic() - started < 0.3 + 0.5 + 2
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)
+
+
+def test_restoring_a_large_value_costs_about_two_copies_of_it(agent):
+    """Peak memory of restoring one 150 MB value: the receive buffer plus the value, nothing more."""
+    size = 150_000_000
+    blob = checkpoint.dumps("big", "x" * size)
+    worker, supervisor = agent.hello["worker_pid"], agent.hello["agent_pid"]
+    assert agent.request(protocol.RESTORE_BEGIN, generation=1)[0]["status"] == "ok"
+    worker_before, supervisor_before = vm_hwm(worker), vm_hwm(supervisor)
+    reply, _ = agent.request(protocol.LOAD, blob.parts, name="big", digest=blob.digest, timeout=60)
+    assert reply["status"] == "ok"
+    worker_peak, supervisor_peak = vm_hwm(worker), vm_hwm(supervisor)
+    agent.request(protocol.RESTORE_END, generation=1)
+    assert agent.value("len(big)") == str(size)
+    grown = worker_peak - worker_before
+    print(
+        f"\nrestore of a {size / 1e6:.0f} MB value: worker peak {worker_peak / 1e6:.0f} MB "
+        f"(baseline {worker_before / 1e6:.0f} MB, +{grown / size:.2f}x the value), "
+        f"supervisor peak {supervisor_peak / 1e6:.0f} MB (baseline {supervisor_before / 1e6:.0f} MB)"
+    )
+    assert grown <= 2.2 * size
+    assert supervisor_peak - supervisor_before < 10_000_000  # the body went through in 1 MiB chunks
+
+
+def test_checkpointing_a_large_value_costs_about_two_copies_of_it(agent):
+    size = 150_000_000
+    worker = agent.hello["worker_pid"]
+    before = vm_hwm(worker)
+    reply, body = agent.run(f"big = 'x' * {size}", timeout=60, checkpoint_timeout=60)
+    assert reply["checkpoint"]["vars"].keys() == {"big"} and len(body) > size
+    grown = vm_hwm(worker) - before
+    print(f"\ncheckpoint of a {size / 1e6:.0f} MB value: worker +{grown / size:.2f}x the value")
+    assert grown <= 2.2 * size
+
+
+# --- takeover -----------------------------------------------------------------------------------------------
+
+
+def _take_over(agent: Agent) -> Link:
+    """Bind a new socket file at the channel path and signal the agent, as a second controller does."""
+    old_listener, agent.listener = agent.listener, agent.listen()
     agent.proc.send_signal(signal.SIGUSR1)
-    goodbye, _ = agent.channel.recv(10)
     old_listener.close()
-    assert goodbye == {"type": protocol.GOODBYE, "reason": "takeover"}
-    agent.channel = agent.accept()
-    assert agent.hello["generation"] == 1
-    assert agent.request(protocol.EXEC, code="keep", timeout=10)[0]["return_value"] == "'me'"
+    return agent.link
+
+
+def test_takeover_while_idle_keeps_the_worker(agent):
+    agent.run("keep = 'me'")
+    worker = agent.hello["worker_pid"]
+    old = _take_over(agent)
+    goodbye, _ = old.recv(10)
+    assert goodbye == {"type": protocol.GOODBYE, "reason": "takeover", "in_flight": None}
+    agent.link = agent.connect()
+    old.close()
+    assert agent.hello["generation"] == 1 and agent.hello["worker_pid"] == worker
+    assert agent.value("keep") == "'me'"
+
+
+def test_a_stale_sigusr1_is_ignored(agent):
+    agent.proc.send_signal(signal.SIGUSR1)  # same socket file: not a takeover
+    assert agent.value("6") == "6"
+
+
+def test_takeover_in_the_middle_of_a_cell(agent):
+    agent.run("keep = 'me'")
+    worker = agent.hello["worker_pid"]
+    agent.link.send({"type": protocol.EXEC, "id": "long", "code": "import time; time.sleep(60)", "timeout": 100})
+    time.sleep(0.5)
+    started = time.monotonic()
+    old = _take_over(agent)
+    goodbye, _ = old.recv(10)
+    assert goodbye == {"type": protocol.GOODBYE, "reason": "takeover", "in_flight": "long"}
+    assert time.monotonic() - started < 3
+    agent.link = agent.connect()
+    old.close()
+    # The interrupted call is not kept: the worker was replaced, and the new controller restores.
+    assert agent.hello["generation"] == 0 and agent.hello["worker_pid"] != worker
+    assert agent.value("'keep' in globals()") == "False"
+
+
+def test_takeover_in_the_middle_of_a_load(agent):
+    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    agent.link.send({"type": protocol.LOAD, "id": "slow", "name": "s", "digest": "", "timeout": 100}, b"")
+    blob = pickle.dumps(_Sleeps())
+    agent.link.send(
+        {"type": protocol.LOAD, "id": "slow2", "name": "s", "digest": checkpoint.digest(blob), "timeout": 100}, blob
+    )
+    first, _ = agent.link.recv()
+    assert first["id"] == "slow" and first["status"] == "error"
+    time.sleep(0.3)
+    old = _take_over(agent)
+    goodbye, _ = old.recv(10)
+    assert goodbye["in_flight"] == "slow2"
+    agent.link = agent.connect()
+    old.close()
+    assert agent.hello["generation"] == 0
+    assert agent.value("7") == "7"

@@ -9,7 +9,7 @@ import docker.errors
 import pytest
 
 from orchestrator import EngineError, EngineUnavailable, ImageMissing
-from orchestrator.backend import DockerBackend, _engine_errors
+from orchestrator.docker_backend import DockerBackend, _engine_errors
 
 
 def test_unreachable_engine_says_how_to_start_one(monkeypatch, tmp_path):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pickle
+import sys
 import threading
+import types
 
 import pytest
 
@@ -22,11 +25,24 @@ def counted_dumps(monkeypatch):
     return calls
 
 
+def by_digest(delta: dict, parts: list) -> dict[str, bytes]:
+    """digest -> blob bytes, checked against the description."""
+    body = b"".join(parts)
+    out, offset = {}, 0
+    for entry in delta["blobs"]:
+        blob = body[offset : offset + entry["size"]]
+        offset += entry["size"]
+        assert checkpoint.digest(blob) == entry["digest"]
+        out[entry["digest"]] = blob
+    assert offset == len(body)
+    return out
+
+
 def test_first_delta_holds_every_variable_and_skips_dunders():
     tracker = checkpoint.Tracker()
-    delta, blobs = tracker.delta({"__builtins__": {}, "x": 1, "s": "text"})
+    delta, parts = tracker.delta({"__builtins__": {}, "x": 1, "s": "text"})
     assert set(delta["vars"]) == {"x", "s"}
-    assert len(blobs) == len(delta["blobs"]) == 2
+    assert len(by_digest(delta, parts)) == len(delta["blobs"]) == 2
     assert delta["generation"] == 1
 
 
@@ -36,7 +52,7 @@ def test_untouched_immutable_value_is_not_pickled_again(counted_dumps):
     tracker.delta(ns)
     counted_dumps.clear()
     ns["y"] = 2
-    delta, _blobs = tracker.delta(ns)
+    delta, _parts = tracker.delta(ns)
     assert "big" not in counted_dumps
     assert set(delta["vars"]) == {"y"}
     assert delta["generation"] == 2
@@ -46,19 +62,36 @@ def test_mutable_value_is_repickled_but_sent_only_when_changed():
     tracker = checkpoint.Tracker()
     ns = {"items": [1, 2]}
     tracker.delta(ns)
-    delta, blobs = tracker.delta(ns)
-    assert delta["vars"] == {} and blobs == [] and delta["generation"] == 1
+    delta, parts = tracker.delta(ns)
+    assert delta["vars"] == {} and parts == [] and delta["generation"] == 1
     ns["items"].append(3)
-    delta, blobs = tracker.delta(ns)
-    assert set(delta["vars"]) == {"items"} and len(blobs) == 1
+    delta, parts = tracker.delta(ns)
+    assert set(delta["vars"]) == {"items"} and len(by_digest(delta, parts)) == 1
 
 
 def test_two_names_for_one_object_send_one_blob():
     tracker = checkpoint.Tracker()
     doc = "d" * 10_000
-    delta, blobs = tracker.delta({"context": doc, "context_0": doc})
+    delta, _ = tracker.delta({"context": doc, "context_0": doc})
     assert delta["vars"]["context"] == delta["vars"]["context_0"]
-    assert len(blobs) == 1
+    assert len(delta["blobs"]) == 1
+
+
+def test_equal_values_send_their_blob_once_and_a_held_blob_not_again():
+    tracker = checkpoint.Tracker()
+    delta, _ = tracker.delta({"a": [1, 2], "b": [1, 2]})
+    assert delta["vars"]["a"] == delta["vars"]["b"] and len(delta["blobs"]) == 1
+    delta, parts = tracker.delta({"a": [1, 2], "b": [1, 2], "c": [1, 2]})
+    assert delta["vars"] == {"c": delta["vars"]["c"]} and delta["blobs"] == [] and parts == []
+
+
+def test_big_payloads_are_referenced_not_copied():
+    text = "y" * 1_000_000
+    blob = checkpoint.dumps("text", text)
+    assert blob.size == len(blob.tobytes()) and checkpoint.digest(blob.tobytes()) == blob.digest
+    assert any(type(part) is bytes and len(part) == len(text) for part in blob.parts)
+    payload = b"z" * 500_000
+    assert any(part is payload for part in checkpoint.dumps("payload", payload).parts)
 
 
 def test_unsaveable_values_are_named_and_the_rest_saved():
@@ -69,6 +102,17 @@ def test_unsaveable_values_are_named_and_the_rest_saved():
     assert "x" in delta["vars"]
     again, _ = tracker.delta(ns)
     assert "gen" in again["unsaved"]  # still reported while it is in the namespace
+
+
+def test_an_unsaveable_value_is_tried_again_and_saved_once_it_can_be(counted_dumps):
+    tracker = checkpoint.Tracker()
+    box = [(i for i in range(2))]
+    ns = {"box": box}
+    assert "box" in tracker.delta(ns)[0]["unsaved"]
+    box.pop()  # the very same object, saveable now
+    counted_dumps.clear()
+    delta, _ = tracker.delta(ns)
+    assert counted_dumps == ["box"] and "box" in delta["vars"] and delta["unsaved"] == {}
 
 
 def test_a_saved_name_that_becomes_unsaveable_is_deleted():
@@ -89,23 +133,154 @@ def test_deleted_names_are_reported():
     assert delta["deleted"] == ["a"]
 
 
-def test_restore_round_trip_and_generation():
+class _Exits:
+    def __reduce__(self):
+        raise SystemExit(1)
+
+
+def test_anything_a_reduce_raises_means_unsaved():
+    delta, _ = checkpoint.Tracker().delta({"e": _Exits(), "ok": 1})
+    assert delta["unsaved"]["e"].startswith("SystemExit") and "ok" in delta["vars"]
+
+
+# --- running out of time ------------------------------------------------------------------------------------
+
+
+def out_of_time_at(stop: str):
+    """A pickling function that runs out of time when it reaches ``stop``."""
+    seen: list[str] = []
+
+    def dumps(name, value):
+        seen.append(name)
+        if name == stop:
+            raise KeyboardInterrupt
+        return checkpoint.dumps(name, value)
+
+    return dumps, seen
+
+
+def test_out_of_time_names_the_value_and_every_later_one_unsaved():
     tracker = checkpoint.Tracker()
-    ns = {"a": {"k": [1, 2]}, "b": b"bytes"}
-    delta, blobs = tracker.delta(ns)
-    by_digest = {entry["digest"]: blob for entry, blob in zip(delta["blobs"], blobs, strict=True)}
+    frozen = "f" * 100
+    ns = {"frozen": frozen, "items": [1]}
+    tracker.delta(ns)
+    ns.update(a=[10], slow=[20], b=[30], alias=ns["items"])
+    ns["items"].append(2)
+    dumps, seen = out_of_time_at("slow")
+    delta, parts = tracker.delta(ns, dumps)
+    reason = checkpoint.TIMEOUT_REASON
+    assert seen == ["items", "a", "slow"]  # nothing is pickled after time ran out
+    assert set(delta["vars"]) == {"items", "a", "alias"}  # alias: the same object, already pickled
+    assert delta["unsaved"] == {"slow": reason, "b": reason}
+    assert "frozen" not in delta["unsaved"]  # unchanged and known without pickling: still saved
+    assert len(by_digest(delta, parts)) == 2
+
+
+def test_out_of_time_deletes_a_saved_value_it_could_not_pickle_again():
+    tracker = checkpoint.Tracker()
+    ns = {"slow": [1], "other": [2]}
+    tracker.delta(ns)
+    dumps, _ = out_of_time_at("slow")
+    delta, _ = tracker.delta(ns, dumps)
+    assert sorted(delta["deleted"]) == ["other", "slow"] and set(delta["unsaved"]) == {"slow", "other"}
+    assert delta["generation"] == 2
+    delta, _ = tracker.delta(ns)  # tried again next time
+    assert set(delta["vars"]) == {"slow", "other"}
+
+
+def test_values_that_failed_last_time_go_last():
+    tracker = checkpoint.Tracker()
+    ns = {"slow": [0]}
+    dumps, _ = out_of_time_at("slow")
+    tracker.delta(ns, dumps)
+    ns["later"] = [1]
+    dumps, seen = out_of_time_at("slow")
+    delta, _ = tracker.delta(ns, dumps)
+    assert seen == ["later", "slow"] and "later" in delta["vars"]
+
+
+# --- quota --------------------------------------------------------------------------------------------------
+
+
+def test_quota_leaves_out_a_value_that_does_not_fit():
+    tracker = checkpoint.Tracker(quota=10_000)
+    ns = {"small": "s" * 1000, "big": "b" * 20_000, "other": "o" * 1000}
+    delta, _ = tracker.delta(ns)
+    assert set(delta["vars"]) == {"small", "other"}
+    assert delta["unsaved"] == {"big": "checkpoint quota of 10000 bytes reached"}
+    assert tracker.held_bytes == sum(b["size"] for b in delta["blobs"]) <= 10_000
+
+
+def test_quota_removes_a_saved_value_that_grew_too_big_and_deletions_free_space():
+    tracker = checkpoint.Tracker(quota=10_000)
+    ns = {"a": ["a" * 6000], "b": "b" * 3000}
+    tracker.delta(ns)
+    ns["a"].append("more" * 2000)
+    delta, _ = tracker.delta(ns)
+    assert delta["deleted"] == ["a"] and "a" in delta["unsaved"] and tracker.held_bytes < 4000
+    del ns["b"]
+    ns["a"].pop()
+    ns["a"].append("x" * 3000)
+    delta, _ = tracker.delta(ns)
+    assert delta["deleted"] == ["b"] and "a" in delta["vars"] and tracker.held_bytes <= 10_000
+
+
+def test_quota_counts_a_shared_blob_once():
+    tracker = checkpoint.Tracker(quota=15_000)
+    doc = "d" * 10_000
+    delta, _ = tracker.delta({"context": doc, "context_0": doc})
+    assert set(delta["vars"]) == {"context", "context_0"} and tracker.held_bytes < 15_000
+
+
+# --- restore ------------------------------------------------------------------------------------------------
+
+
+def test_restore_round_trip_and_record():
+    tracker = checkpoint.Tracker()
+    ns = {"a": {"k": [1, 2]}, "b": b"bytes", "c": "x" * 200_000}
+    delta, parts = tracker.delta(ns)
+    blobs = by_digest(delta, parts)
     fresh: dict = {}
     other = checkpoint.Tracker()
-    failed = other.restore(fresh, 7, delta["vars"], by_digest)
-    assert failed == {} and fresh == ns and other.generation == 7
+    for name, digest in delta["vars"].items():
+        fresh[name] = checkpoint.loads(bytearray(blobs[digest]))
+        other.record(name, fresh[name], digest, len(blobs[digest]))
+    assert fresh == ns and other.held_bytes == tracker.held_bytes
     # the restored values count as saved: nothing to send next time
     assert other.delta(fresh)[0]["vars"] == {}
 
 
-def test_restore_reports_blobs_that_cannot_load():
-    fresh: dict = {}
-    failed = checkpoint.Tracker().restore(fresh, 1, {"bad": "d"}, {"d": b"not a pickle"})
-    assert "bad" in failed and "bad" not in fresh
+def test_loads_reads_straight_from_the_buffer():
+    for value in ["t" * 300_000, b"b" * 300_000, list(range(50_000)), {"k": ("v", 1.5, None)}]:
+        blob = checkpoint.dumps("v", value).tobytes()
+        assert checkpoint.loads(bytearray(blob)) == value
+        assert checkpoint.loads(memoryview(blob)) == value
+    assert checkpoint.loads(pickle.dumps({"old": [1, "x"]}, protocol=0)) == {"old": [1, "x"]}  # readline opcodes
+    with pytest.raises(Exception):  # noqa: B017  (whatever the unpickler raises)
+        checkpoint.loads(b"not a pickle")
+
+
+@pytest.fixture
+def session_main(monkeypatch):
+    """A stand-in for the worker's session module as ``__main__``."""
+    module = types.ModuleType("__main__")
+    monkeypatch.setitem(sys.modules, "__main__", module)
+    return module.__dict__
+
+
+def test_a_session_class_is_saved_by_value_under_its_name_and_by_reference_elsewhere(session_main):
+    exec("class Point:\n    def __init__(self, x):\n        self.x = x\np = Point(3)\nAlias = Point", session_main)
+    point = checkpoint.dumps("Point", session_main["Point"]).tobytes()
+    instance = checkpoint.dumps("p", session_main["p"]).tobytes()
+    alias = checkpoint.dumps("Alias", session_main["Alias"]).tobytes()
+    assert b"__init__" in point and b"__init__" not in instance and b"__init__" not in alias
+    del session_main["Point"], session_main["p"], session_main["Alias"]
+    with pytest.raises(AttributeError, match="Point"):  # an instance before its class: the caller retries
+        checkpoint.loads(instance)
+    session_main["Point"] = checkpoint.loads(point)
+    restored = checkpoint.loads(instance)
+    assert isinstance(restored, session_main["Point"]) and restored.x == 3
+    assert checkpoint.loads(alias) is session_main["Point"]
 
 
 def test_deeply_immutable():

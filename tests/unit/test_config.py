@@ -31,3 +31,21 @@ def test_bad_values_name_the_variable(env):
 def test_replace_validates():
     with pytest.raises(ConfigError, match="interrupt_grace"):
         Settings().replace(interrupt_grace=0)
+
+
+def test_checkpoint_quota_follows_the_memory_limit():
+    assert Settings(mem_limit="512m").checkpoint_quota_bytes == 2 << 30
+    assert Settings(checkpoint_quota=1000).checkpoint_quota_bytes == 1000
+    assert Settings.from_env({"ORCH_CHECKPOINT_QUOTA": "20m"}).checkpoint_quota == 20 << 20
+    with pytest.raises(ConfigError, match="not a size"):
+        Settings(mem_limit="lots")
+
+
+def test_agent_command_is_split_like_a_shell_line():
+    assert Settings.from_env({"ORCH_AGENT_COMMAND": "python3 -c 'print(1)'"}).agent_command == (
+        "python3",
+        "-c",
+        "print(1)",
+    )
+    with pytest.raises(ConfigError, match="agent_command"):
+        Settings(agent_command=("",))

@@ -94,3 +94,215 @@ def test_agent_uses_only_stdlib_and_dill(path):
     if path.name in ("worker.py", "checkpoint.py"):
         allowed.add("dill")
     assert _imports(path) <= allowed, f"{path.name} imports {_imports(path) - allowed}"
+
+
+# --- the spec document and the agent's Python ------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+
+
+def test_the_spec_document_is_pinned_to_the_protocol_version():
+    text = DOC.read_text()
+    title = text.splitlines()[0]
+    assert title == f"# The agent protocol, version {protocol.PROTOCOL_VERSION}"
+    assert f"`PROTOCOL_VERSION` there is {protocol.PROTOCOL_VERSION}" in text
+    assert f"(depth {protocol.MAX_HEADER_DEPTH})" in text
+
+
+def test_protocol_module_imports_only_the_stdlib():
+    path = Path(protocol.__file__)
+    assert _imports(path) <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_protocol_module_parses_as_python_3_8():
+    # The agent runs on the image's Python: no match statements, no parenthesized context managers.
+    ast.parse(Path(protocol.__file__).read_text(), feature_version=(3, 8))
+
+
+# --- headers ----------------------------------------------------------------------------------
+
+
+def _nested(depth: int) -> bytes:
+    inner = b'{"type":"x"}'
+    for _ in range(depth - 1):
+        inner = b'{"type":"x","n":' + inner + b"}"
+    return inner
+
+
+def test_header_nesting_up_to_the_limit_is_accepted_and_one_more_is_not():
+    assert protocol.decode_header(_nested(protocol.MAX_HEADER_DEPTH))["type"] == "x"
+    with pytest.raises(protocol.ProtocolViolation, match="nested"):
+        protocol.decode_header(_nested(protocol.MAX_HEADER_DEPTH + 1))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"type":"x","a":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"type":"x","a":' + b"[" * 100_000,  # unbalanced: the parser would recurse before seeing the end
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+    ids=["deep", "unterminated", "bare"],
+)
+def test_deeply_nested_headers_are_violations_whatever_the_recursion_limit(raw, monkeypatch):
+    monkeypatch.setattr(sys, "getrecursionlimit", lambda: 10**9)  # irrelevant: the check comes before parsing
+    with pytest.raises(protocol.ProtocolViolation, match="nested"):
+        protocol.decode_header(raw)
+
+
+def test_brackets_and_quotes_inside_strings_do_not_count_as_nesting():
+    tricky = '[[[{{{ \\" ]]] \\\\" ' * 50
+    header = {"type": "x", tricky: tricky, "list": [tricky, {"k": tricky}]}
+    assert protocol.decode_header(protocol.encode_header(header)) == header
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+_SCALARS = [1, -2.5, True, None, "", "\\", '"', "[", "]{", '\\"}', "é[", "\u2028", "\\\\[", "a\\u005b"]
+
+
+def _random_value(rng, depth):
+    """A value ``depth`` deep along one random path, with shallow noise (tricky strings) around it."""
+    if depth <= 0:
+        return rng.choice(_SCALARS)
+    children = [_random_value(rng, rng.randint(0, min(2, depth - 1))) for _ in range(rng.randint(0, 2))]
+    children.insert(rng.randint(0, len(children)), _random_value(rng, depth - 1))
+    if rng.random() < 0.5:
+        return children
+    keys = ["a", "[", '"}', "\\", "{["]
+    return {rng.choice(keys) + str(i): child for i, child in enumerate(children)}
+
+
+def test_the_nesting_check_agrees_with_the_real_depth():
+    import random
+
+    rng = random.Random(1234)
+    seen = set()
+    for _ in range(400):
+        value = {"type": "x", "v": _random_value(rng, rng.randint(28, 35))}
+        raw = protocol.encode_header(value)
+        allowed = _depth(value) <= protocol.MAX_HEADER_DEPTH
+        seen.add(allowed)
+        if allowed:
+            assert protocol.decode_header(raw) == value
+        else:
+            with pytest.raises(protocol.ProtocolViolation, match="nested"):
+                protocol.decode_header(raw)
+    assert seen == {True, False}
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (b'{"type":"\xff"}', "UTF-8"),
+        (b'{"type":"\xed\xa0\x80"}', "UTF-8"),  # an encoded surrogate is not UTF-8
+        (b"\xff\xfe{\x00}\x00", "UTF-8"),  # json.loads(bytes) would guess UTF-16
+        (b'{"type":', "JSON"),
+        (b"", "JSON"),
+        (b'{"type": 1}', "string 'type'"),
+        (b'"just a string"', "string 'type'"),
+    ],
+)
+def test_every_bad_header_is_a_violation(raw, match):
+    with pytest.raises(protocol.ProtocolViolation, match=match):
+        protocol.decode_header(raw)
+
+
+@pytest.mark.parametrize("error", [RecursionError, MemoryError])
+def test_parser_exhaustion_is_a_violation(monkeypatch, error):
+    def exhausted(*args, **kwargs):
+        raise error()
+
+    monkeypatch.setattr(protocol.json, "loads", exhausted)
+    with pytest.raises(protocol.ProtocolViolation):
+        protocol.decode_header(b'{"type":"x"}')
+
+
+def test_parse_prefix_checks_magic_and_limits():
+    assert protocol.parse_prefix(protocol.PREFIX.pack(protocol.MAGIC, 5, 7)) == (5, 7)
+    with pytest.raises(protocol.ProtocolViolation, match="magic"):
+        protocol.parse_prefix(protocol.PREFIX.pack(b"XXXX", 5, 7))
+    with pytest.raises(protocol.ProtocolViolation, match="header"):
+        protocol.parse_prefix(protocol.PREFIX.pack(protocol.MAGIC, 11, 0), max_header=10)
+    with pytest.raises(protocol.ProtocolViolation, match="body"):
+        protocol.parse_prefix(protocol.PREFIX.pack(protocol.MAGIC, 1, 11), max_body=10)
+    with pytest.raises(protocol.ProtocolViolation, match="12 bytes"):
+        protocol.parse_prefix(b"ORC1")
+
+
+# --- receiving without trusting declared lengths -----------------------------------------------
+
+
+def test_a_declared_body_is_not_allocated_before_it_arrives(pair):
+    import tracemalloc
+
+    a, b = pair
+    head = protocol.encode_header({"type": "exec"})
+    a.sendall(protocol.PREFIX.pack(protocol.MAGIC, len(head), 1 << 30) + head + b"0123456789")
+    a.shutdown(socket.SHUT_WR)
+    tracemalloc.start()
+    try:
+        with pytest.raises(protocol.ChannelClosed, match="10 of 1073741824 bytes of the frame body"):
+            protocol.recv_frame(b, max_body=1 << 31)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+
+
+def test_eof_at_a_frame_boundary_is_channel_closed(pair):
+    a, b = pair
+    a.close()
+    with pytest.raises(protocol.ChannelClosed, match="0 of 12"):
+        protocol.recv_frame(b)
+
+
+def test_recv_exactly_reads_small_and_large_amounts(pair):
+    a, b = pair
+    data = bytes(range(256)) * 9000  # more than one RECV_CHUNK, more than a socket buffer
+    sender = threading.Thread(target=a.sendall, args=(b"abc" + data,))
+    sender.start()
+    assert protocol.recv_exactly(b, 3) == b"abc"
+    assert protocol.recv_exactly(b, len(data)) == data
+    sender.join()
+    a.close()
+    with pytest.raises(protocol.ChannelClosed, match="0 of 1"):
+        protocol.recv_exactly(b, 1)
+
+
+def test_frame_reader_resumes_after_a_non_blocking_socket_runs_dry(pair):
+    a, b = pair
+    b.setblocking(False)
+    frame = b"".join(protocol.frame_parts({"type": "pong", "generation": 3}, b"body"))
+    reader = protocol.FrameReader()
+    for i, byte in enumerate(frame):
+        a.sendall(bytes([byte]))
+        done = reader.recv_from(b)
+        assert done == (i == len(frame) - 1)
+        assert reader.started
+        if not done:
+            with pytest.raises(BlockingIOError):
+                reader.recv_from(b)
+    assert reader.frame() == ({"type": "pong", "generation": 3}, bytearray(b"body"))
+
+
+def test_frame_parts_pass_large_bodies_through_uncopied():
+    big = bytearray(1 << 20)
+    parts = protocol.frame_parts({"type": "load"}, [big, b"tail"])
+    assert parts[1] is big and parts[2] == b"tail"
+    assert len(protocol.frame_parts({"type": "load"}, b"small")) == 1
+
+
+def test_secret_round_trip_and_malformed_secrets():
+    key = bytes(range(32))
+    text = protocol.format_secret(key)
+    assert len(text) == 64 and protocol.parse_secret(text) == key == protocol.parse_secret(text + b"\n")
+    for bad in [b"", text[:-2], text + b"00", b"zz" * 32, b"aa " * 21 + b"a", "é".encode() * 32]:
+        with pytest.raises(ValueError):
+            protocol.parse_secret(bad)

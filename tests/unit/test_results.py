@@ -1,22 +1,37 @@
-"""Agent replies are validated field by field; anything malformed is a ProtocolError."""
+"""Agent messages are validated field by field by one parse function per kind; anything malformed is a ProtocolError."""
 
 from __future__ import annotations
 
 import pytest
 
 from orchestrator import ExecResult, ProtocolError
+from orchestrator.messages import parse_exec_reply, parse_goodbye, parse_hello, worker_failure
 
-GOOD = {"stdout": "hi\n", "stderr": "", "return_value": "42", "error": None, "duration": 0.01}
+DELTA = {"generation": 0, "blobs": [], "vars": {}, "deleted": [], "unsaved": {}}
+GOOD = {
+    "type": "exec_reply",
+    "status": "ok",
+    "stdout": "hi\n",
+    "stderr": "",
+    "return_value": "42",
+    "error": None,
+    "duration": 0.01,
+    "checkpoint_duration": 0.002,
+    "checkpoint": DELTA,
+}
 
 
 def test_good_reply():
-    r = ExecResult.from_reply(GOOD, {}, 3)
+    r = ExecResult.from_reply(parse_exec_reply(GOOD), {}, 3, {})
     assert r.ok and r.return_value == "42" and r.stdout == "hi\n" and r.generation == 3
+    assert r.checkpoint_duration == 0.002
 
 
 def test_error_is_data():
     err = {"ename": "ValueError", "evalue": "bad", "line": 2, "snippet": "raise ValueError('bad')", "traceback": "tb"}
-    r = ExecResult.from_reply({**GOOD, "return_value": None, "error": err}, {}, 1)
+    r = ExecResult.from_reply(
+        parse_exec_reply({**GOOD, "status": "error", "return_value": None, "error": err}), {}, 1, {}
+    )
     assert not r.ok and r.error is not None and r.error.type == "ValueError"
     assert str(r.error) == "ValueError: bad (line 2: raise ValueError('bad'))"
 
@@ -28,10 +43,33 @@ def test_error_is_data():
         {**GOOD, "duration": "fast"},
         {**GOOD, "duration": True},
         {**GOOD, "error": "boom"},
-        {**GOOD, "error": {"ename": "X"}},
+        {**GOOD, "status": "fine"},
+        {**GOOD, "type": "state_reply"},
+        {**GOOD, "checkpoint": {**DELTA, "vars": {"a": "../x"}}},
+        {**GOOD, "checkpoint": {**DELTA, "blobs": [{"digest": "1" * 32, "size": -1}]}},
+        {**GOOD, "checkpoint": {**DELTA, "deleted": [1]}},
         {k: v for k, v in GOOD.items() if k != "stderr"},
     ],
 )
 def test_malformed_replies(bad):
     with pytest.raises(ProtocolError):
-        ExecResult.from_reply(bad, {}, 0)
+        ExecResult.from_reply(parse_exec_reply(bad), {}, 0, {})
+
+
+def test_worker_failures_are_told_apart_from_answers():
+    assert worker_failure(GOOD) is None
+    assert worker_failure({**GOOD, "status": "timeout", "worker_restarted": False}) is None
+    killed = worker_failure({"status": "timeout", "worker_restarted": True, "phase": "checkpoint", "reason": "r"})
+    assert killed is not None and killed["phase"] == "checkpoint" and killed["ran"]
+    idle = worker_failure({"status": "crashed", "ran": False, "oom": True})
+    assert idle is not None and not idle["ran"] and idle["oom"]
+
+
+def test_hello_and_goodbye():
+    hello = {"type": "hello", "protocol": 2, "sandbox_id": "sb-1", "generation": 0, "nonce": "ab" * 16}
+    assert parse_hello(hello)["sandbox_id"] == "sb-1"
+    with pytest.raises(ProtocolError, match="rebuild the image"):
+        parse_hello({**hello, "protocol": 1})
+    with pytest.raises(ProtocolError, match="nonce"):
+        parse_hello({**hello, "nonce": ""})
+    assert parse_goodbye({"type": "goodbye", "reason": "takeover", "in_flight": 3})["in_flight"] is None

@@ -1,0 +1,126 @@
+"""An authenticated connection to one agent: the handshake, then one request at a time under one deadline.
+
+Knows nothing of containers or sessions. ``open`` waits for the agent on an ``Endpoint`` and
+runs the handshake of docs/protocol.md (both sides prove they know the sandbox's secret);
+``request`` sends one request and returns the reply that echoes its id, with every byte of
+both directions under the caller's deadline. A ``goodbye`` (another controller took the
+sandbox over) ends the connection with ``TakenOver``. This is where host calls made during a
+cell (LM sub-calls) will be answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from .agent import protocol
+from .endpoint import Endpoint
+from .errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
+from .messages import Goodbye, Hello, parse_auth_ok, parse_goodbye, parse_hello
+from .transport import Channel
+
+logger = logging.getLogger(__name__)
+
+Header = dict[str, Any]
+Body = protocol.Body | Sequence[protocol.Body]
+_GOODBYE_WAIT = 1.0
+
+
+class TakenOver(TransportError):
+    """The agent said goodbye: another controller owns this sandbox now."""
+
+    def __init__(self, goodbye: Goodbye) -> None:
+        super().__init__(f"the agent moved to another controller ({goodbye['reason']})")
+        self.goodbye = goodbye
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class AgentConnection:
+    """One authenticated channel to an agent."""
+
+    def __init__(self, channel: Channel, hello: Hello) -> None:
+        self._channel = channel
+        self.hello = hello
+
+    @classmethod
+    def open(cls, endpoint: Endpoint, *, sandbox_id: str, deadline: float) -> AgentConnection:
+        """Wait for the agent of ``sandbox_id`` on ``endpoint`` and authenticate both ends.
+
+        Raises:
+            AgentTimeoutError: no agent completed the handshake by ``deadline``.
+            ProtocolError: the peer is not that sandbox's agent (wrong version, id or proof).
+            ChannelLost: the peer hung up during the handshake.
+        """
+        channel = endpoint.accept(deadline)
+        try:
+            hello = parse_hello(channel.recv(deadline=deadline)[0])
+            if hello["sandbox_id"] != sandbox_id:
+                raise ProtocolError(f"the agent of sandbox {hello['sandbox_id'][:64]!r} connected, not {sandbox_id!r}")
+            nonce = protocol.new_nonce()
+            proof = protocol.auth_proof(endpoint.secret, "controller", hello["nonce"], nonce)
+            channel.send({"type": protocol.AUTH, "nonce": nonce, "proof": proof}, deadline=deadline)
+            expected = protocol.auth_proof(endpoint.secret, "agent", hello["nonce"], nonce)
+            if not protocol.proof_matches(expected, parse_auth_ok(channel.recv(deadline=deadline)[0])):
+                raise ProtocolError(f"the peer on the channel of sandbox {sandbox_id} does not know its secret")
+        except BaseException:
+            channel.close()
+            raise
+        logger.info("agent of sandbox %s connected (Python %s, dill %s)", sandbox_id, hello["python"], hello["dill"])
+        return cls(channel, hello)
+
+    def request(self, header: Header, body: Body = b"", *, deadline: float) -> tuple[Header, bytearray]:
+        """Send one request and return its reply; every byte both ways must move before ``deadline``.
+
+        Raises:
+            TakenOver: the agent said goodbye (the request was not kept).
+            AgentTimeoutError: the deadline passed.
+            ChannelLost: the agent's end closed.
+            ProtocolError: an invalid frame, or a reply to another request.
+        """
+        header.setdefault("id", new_request_id())
+        try:
+            self._channel.send(header, body, deadline=deadline)
+        except ChannelLost:
+            self._goodbye_behind_a_broken_pipe()
+            raise
+        reply, reply_body = self._channel.recv(deadline=deadline)
+        if reply.get("type") == protocol.GOODBYE:
+            raise TakenOver(parse_goodbye(reply))
+        if reply.get("id") != header["id"]:
+            raise ProtocolError(f"a reply for request {str(reply.get('id'))[:64]!r} while waiting for {header['id']!r}")
+        return reply, reply_body
+
+    def check_idle(self) -> None:
+        """Between calls the agent is silent; if it spoke, find out why.
+
+        Raises:
+            TakenOver: it said goodbye.
+            ChannelLost: it hung up or sent something unasked (the sandbox is not usable as is).
+        """
+        if not self._channel.has_pending():
+            return
+        try:
+            message, _ = self._channel.recv(deadline=time.monotonic() + _GOODBYE_WAIT)
+        except TransportError as exc:
+            raise ChannelLost(f"the agent hung up between calls ({exc})") from None
+        if message.get("type") == protocol.GOODBYE:
+            raise TakenOver(parse_goodbye(message))
+        raise ChannelLost(f"the agent sent {str(message.get('type'))[:64]!r} unasked between calls")
+
+    def _goodbye_behind_a_broken_pipe(self) -> None:
+        """A takeover's goodbye may be waiting to be read behind the pipe that just broke."""
+        try:
+            message, _ = self._channel.recv(deadline=time.monotonic() + _GOODBYE_WAIT)
+        except (TransportError, AgentTimeoutError):
+            return
+        if message.get("type") == protocol.GOODBYE:
+            raise TakenOver(parse_goodbye(message))
+
+    def close(self) -> None:
+        self._channel.close()

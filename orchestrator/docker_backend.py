@@ -1,0 +1,182 @@
+"""The Docker engine as a ``Backend``: the only module that imports ``docker``.
+
+Every ``docker.errors`` exception is translated here into the ``EngineError`` family, so no
+caller ever sees a Docker SDK exception.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import LogConfig
+
+from .backend import MANAGED, ContainerState, SandboxSpec
+from .config import Settings
+from .errors import EngineError, EngineUnavailable, ImageMissing
+
+logger = logging.getLogger(__name__)
+
+_START_ENGINE_HINT = (
+    "start one with `scripts/setup-engine` (installs and starts Debian's docker.io as root) "
+    "or `sudo systemctl start docker`, and check that DOCKER_HOST points at it"
+)
+
+
+@contextmanager
+def _engine_errors(action: str) -> Iterator[None]:
+    """Translate Docker SDK and HTTP errors raised while doing ``action``."""
+    try:
+        yield
+    except docker.errors.ImageNotFound as exc:
+        raise ImageMissing(
+            f"{action}: image not found ({exc.explanation}); build it with `orchestrator image build`"
+        ) from exc
+    except (requests.exceptions.ConnectionError, docker.errors.DockerException) as exc:
+        if isinstance(exc, docker.errors.APIError):
+            raise EngineError(f"{action}: the Docker engine refused: {exc.explanation or exc}") from exc
+        raise EngineUnavailable(f"{action}: no Docker engine answers ({exc}); {_START_ENGINE_HINT}") from exc
+
+
+class DockerBackend:
+    """Sandbox containers and images on one Docker engine."""
+
+    def __init__(self, client: docker.DockerClient | None = None) -> None:
+        """Connect to the engine from the environment (DOCKER_HOST or the local socket).
+
+        Raises:
+            EngineUnavailable: no engine answers, with how to start one.
+        """
+        with _engine_errors("connecting to the Docker engine"):
+            self.client = client or docker.from_env()
+            self.client.ping()
+
+    def close(self) -> None:
+        """Close the connection pool to the engine."""
+        self.client.close()
+
+    def image_exists(self, tag: str) -> bool:
+        with _engine_errors(f"inspecting image {tag}"):
+            try:
+                self.client.images.get(tag)
+            except docker.errors.ImageNotFound:
+                return False
+        return True
+
+    def build_image(
+        self, context_tar: bytes, tag: str, buildargs: Mapping[str, str], labels: Mapping[str, str]
+    ) -> None:
+        """Build ``tag`` from an in-memory build context.
+
+        Raises:
+            EngineError: the build failed; the message carries the end of the build log.
+        """
+        with _engine_errors(f"building image {tag}"):
+            try:
+                self.client.images.build(
+                    fileobj=io.BytesIO(context_tar),
+                    custom_context=True,
+                    tag=tag,
+                    buildargs=dict(buildargs),
+                    labels=dict(labels),
+                    rm=True,
+                    forcerm=True,
+                    pull=False,
+                )
+            except docker.errors.BuildError as exc:
+                tail = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in list(exc.build_log)[-15:])
+                raise EngineError(f"building image {tag} failed: {exc.msg}\n{tail}") from exc
+
+    def run_sandbox(self, spec: SandboxSpec, settings: Settings) -> str:
+        """Start one sandbox container with the security settings; return its id.
+
+        Raises:
+            ImageMissing: ``spec.image`` does not exist.
+            EngineError: the engine refused to create or start it.
+        """
+        kwargs: dict[str, Any] = {
+            "image": spec.image,
+            "name": spec.name,
+            "detach": True,
+            "init": True,
+            "labels": {MANAGED: "true", **spec.labels},
+            "environment": dict(spec.environment),
+            "volumes": {host: {"bind": inside, "mode": "ro"} for host, inside in spec.mounts.items()},
+            "working_dir": "/tmp",
+            "network_mode": settings.network_mode,
+            "user": settings.user,
+            "read_only": settings.read_only,
+            "tmpfs": dict(settings.tmpfs),
+            "mem_limit": settings.mem_limit,
+            "memswap_limit": settings.mem_limit,
+            "nano_cpus": settings.nano_cpus,
+            "pids_limit": settings.pids_limit,
+            "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+        }
+        if spec.command is not None:
+            kwargs["command"] = list(spec.command)
+        if settings.cap_drop_all:
+            kwargs["cap_drop"] = ["ALL"]
+        if settings.no_new_privileges:
+            kwargs["security_opt"] = ["no-new-privileges:true"]
+        with _engine_errors(f"starting sandbox container {spec.name}"):
+            container = self.client.containers.run(**kwargs)
+        logger.info("started container %s (%s)", spec.name, container.short_id)
+        return str(container.id)
+
+    def inspect(self, container_id: str) -> ContainerState | None:
+        """The container's state, or None if it no longer exists."""
+        with _engine_errors(f"inspecting container {container_id[:12]}"):
+            try:
+                container = self.client.containers.get(container_id)
+            except docker.errors.NotFound:
+                return None
+        return _state(container.attrs)
+
+    def kill(self, container_id: str, signal: str = "SIGKILL") -> None:
+        """Send a signal to the container's init process (SIGKILL stops the container)."""
+        with _engine_errors(f"signalling container {container_id[:12]}"):
+            try:
+                self.client.containers.get(container_id).kill(signal=signal)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: not running, nothing to signal
+                    raise
+
+    def remove(self, container: str) -> None:
+        """Remove a container (by id or name), running or not; missing or already being removed is fine."""
+        with _engine_errors(f"removing container {container[:12]}"):
+            try:
+                self.client.containers.get(container).remove(force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if not (exc.status_code == 409 and "in progress" in str(exc.explanation)):
+                    raise
+
+    def find(self, labels: Mapping[str, str]) -> list[ContainerState]:
+        """Our containers carrying all of ``labels``, found by label, running or not."""
+        wanted = [f"{MANAGED}=true"] + [f"{key}={value}" for key, value in labels.items()]
+        with _engine_errors("listing sandbox containers"):
+            containers = self.client.containers.list(all=True, filters={"label": wanted})
+            return [_state(c.attrs) for c in containers]
+
+
+def _state(attrs: dict[str, Any]) -> ContainerState:
+    state = attrs.get("State", {})
+    return ContainerState(
+        id=attrs["Id"],
+        name=attrs.get("Name", "").lstrip("/"),
+        status=state.get("Status", "unknown"),
+        running=bool(state.get("Running")),
+        exit_code=state.get("ExitCode"),
+        oom_killed=bool(state.get("OOMKilled")),
+        labels=attrs.get("Config", {}).get("Labels") or {},
+    )

@@ -1,0 +1,248 @@
+"""One sandbox: a running container, its agent and the channel to it, under its own id, apart from any session.
+
+A sandbox is started (new container, private channel directory, authenticated agent), taken
+over from another controller (new socket, SIGUSR1, handshake), asked to restore a checkpoint
+value by value, asked how it died, and removed. It knows nothing of session records or
+owners, so a pool can hold sandboxes that serve no session yet and a session can exist with
+no sandbox (hibernated) or move to another one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .agent import protocol
+from .backend import SANDBOX_ID, Backend, ContainerState, SandboxSpec
+from .config import Settings
+from .connection import AgentConnection, Body, Header
+from .endpoint import UnixSocketEndpoint
+from .errors import AgentStartTimeout, AgentTimeoutError, OrchestratorError
+from .messages import parse_load_reply, parse_restore_reply
+from .store import new_sandbox_id
+
+logger = logging.getLogger(__name__)
+
+_DEATH_SETTLE_SECONDS = 3.0
+_CONTROL_SECONDS = 10.0
+
+
+def sandbox_ids(settings: Settings) -> tuple[int | None, int | None]:
+    """The numeric uid and gid the sandbox runs as, when ``Settings.user`` gives them."""
+    user, _, group = settings.user.partition(":")
+    uid = int(user) if user.isdigit() else None
+    gid = int(group) if group.isdigit() else uid
+    return uid, gid
+
+
+class Sandbox:
+    """A running container with an authenticated connection to its agent."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        settings: Settings,
+        sandbox_id: str,
+        container_id: str,
+        endpoint: UnixSocketEndpoint,
+        connection: AgentConnection,
+    ) -> None:
+        self._backend = backend
+        self._settings = settings
+        self.sandbox_id = sandbox_id
+        self.container_id = container_id
+        self._endpoint = endpoint
+        self.connection = connection
+
+    @property
+    def generation(self) -> int:
+        """The checkpoint generation the agent's memory held when it connected."""
+        return self.connection.hello["generation"]
+
+    @classmethod
+    def start(
+        cls, backend: Backend, settings: Settings, *, image: str, scope: str, labels: Mapping[str, str]
+    ) -> Sandbox:
+        """Start a new container and wait for its agent.
+
+        Args:
+            scope: the store id; it goes into the container's name so stores never collide.
+            labels: extra container labels (store, session, ...).
+
+        Raises:
+            ImageMissing, EngineError: the engine could not start it.
+            AgentStartTimeout: the container started but its agent never connected.
+        """
+        sandbox_id = new_sandbox_id()
+        uid, gid = sandbox_ids(settings)
+        endpoint = UnixSocketEndpoint.create(
+            settings.runtime_dir,
+            sandbox_id,
+            sandbox_uid=uid,
+            sandbox_gid=gid,
+            max_header=settings.max_header_bytes,
+            max_body=settings.max_body_bytes,
+        )
+        spec = SandboxSpec(
+            name=f"orch-{scope}-{sandbox_id}",
+            image=image,
+            labels={**labels, SANDBOX_ID: sandbox_id},
+            environment={
+                **endpoint.environment(),
+                "ORCH_SANDBOX_ID": sandbox_id,
+                "ORCH_OUTPUT_LIMIT": str(settings.max_output_bytes),
+                "ORCH_INTERRUPT_GRACE": str(settings.interrupt_grace),
+                "ORCH_FRAME_TIMEOUT": str(settings.frame_timeout),
+                "ORCH_MAX_BODY": str(settings.max_body_bytes),
+                "ORCH_CHECKPOINT_QUOTA": str(settings.checkpoint_quota_bytes),
+            },
+            mounts=endpoint.mounts(),
+            command=settings.agent_command,
+        )
+        try:
+            container_id = backend.run_sandbox(spec, settings)
+        except BaseException:
+            endpoint.remove()
+            raise
+        try:
+            connection = AgentConnection.open(
+                endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + settings.start_timeout
+            )
+        except BaseException as exc:
+            state = _quietly(lambda: backend.inspect(container_id))
+            _quietly(lambda: backend.remove(container_id))
+            endpoint.remove()
+            if isinstance(exc, AgentTimeoutError):
+                how = state.describe() if state is not None else "the container is gone"
+                raise AgentStartTimeout(
+                    f"the agent of sandbox {sandbox_id} did not connect within {settings.start_timeout:g} s ({how}); "
+                    "check that the image runs `python3 -m orchestrator_agent.supervisor` (see `docker logs`)"
+                ) from None
+            raise
+        return cls(
+            backend=backend,
+            settings=settings,
+            sandbox_id=sandbox_id,
+            container_id=container_id,
+            endpoint=endpoint,
+            connection=connection,
+        )
+
+    @classmethod
+    def take_over(cls, backend: Backend, settings: Settings, *, sandbox_id: str, container_id: str) -> Sandbox:
+        """Move a live sandbox's agent to this controller: new socket file, SIGUSR1, handshake.
+
+        The agent stops whatever it was doing for the previous controller (docs/protocol.md).
+
+        Raises:
+            OrchestratorError: the sandbox cannot be taken over (its directory, container or agent is gone).
+        """
+        uid, gid = sandbox_ids(settings)
+        endpoint = UnixSocketEndpoint.open(
+            settings.runtime_dir,
+            sandbox_id,
+            sandbox_uid=uid,
+            sandbox_gid=gid,
+            max_header=settings.max_header_bytes,
+            max_body=settings.max_body_bytes,
+        )
+        try:
+            backend.kill(container_id, signal="SIGUSR1")
+            wait = settings.start_timeout + settings.interrupt_grace + settings.frame_timeout
+            connection = AgentConnection.open(endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + wait)
+        except BaseException:
+            endpoint.close()
+            raise
+        return cls(
+            backend=backend,
+            settings=settings,
+            sandbox_id=sandbox_id,
+            container_id=container_id,
+            endpoint=endpoint,
+            connection=connection,
+        )
+
+    def request(self, header: Header, body: Body = b"", *, seconds: float) -> tuple[Header, bytearray]:
+        """One request to the agent, all of it within ``seconds``."""
+        return self.connection.request(header, body, deadline=time.monotonic() + seconds)
+
+    def restore(
+        self, manifest: Mapping[str, str], generation: int, read_blob: Callable[[str], bytes]
+    ) -> dict[str, str]:
+        """Load a checkpoint into the agent value by value; return the names that could not be loaded, with why.
+
+        A value that raises is tried again after the others (an instance may need its class
+        first). A value that hangs or kills the worker leaves an empty worker behind, so the
+        restore starts over without it. Every value is under ``restore_value_timeout``.
+        """
+        failed: dict[str, str] = {}
+        while not self._restore_pass(manifest, generation, read_blob, failed):
+            pass
+        self._control({"type": protocol.RESTORE_END, "generation": generation})
+        return failed
+
+    def _restore_pass(
+        self, manifest: Mapping[str, str], generation: int, read_blob: Callable[[str], bytes], failed: dict[str, str]
+    ) -> bool:
+        """One attempt from an empty namespace; False when a value took the worker down (start over)."""
+        self._control({"type": protocol.RESTORE_BEGIN, "generation": generation})
+        pending = [name for name in sorted(manifest) if name not in failed]
+        errors: dict[str, str] = {}
+        limit = self._settings.restore_value_timeout
+        seconds = limit + self._settings.interrupt_grace + self._settings.reply_margin
+        while pending:
+            retry = []
+            for name in pending:
+                header = {"type": protocol.LOAD, "name": name, "digest": manifest[name], "timeout": limit}
+                reply = parse_load_reply(self.request(header, read_blob(manifest[name]), seconds=seconds)[0])
+                if reply["status"] == protocol.STATUS_OK:
+                    errors.pop(name, None)
+                elif reply["status"] == protocol.STATUS_ERROR:
+                    errors[name] = reply["reason"]
+                    retry.append(name)
+                else:
+                    failed[name] = reply["reason"] or f"restoring it ended with {reply['status']}"
+                    logger.warning("sandbox %s: value %r took the worker down while restoring", self.sandbox_id, name)
+                    return False
+            if len(retry) == len(pending):
+                failed.update(errors)
+                break
+            pending = retry
+        return True
+
+    def _control(self, header: dict[str, Any]) -> None:
+        parse_restore_reply(self.request(header, seconds=_CONTROL_SECONDS + self._settings.interrupt_grace)[0])
+
+    def settled_state(self) -> ContainerState | None:
+        """The container's state once it has finished dying (a closed channel precedes the engine's view)."""
+        ends = time.monotonic() + _DEATH_SETTLE_SECONDS
+        while True:
+            state = self._backend.inspect(self.container_id)
+            settled = state is None or (not state.running and state.status != "removing")
+            if settled or time.monotonic() > ends:
+                return state
+            time.sleep(0.05)
+
+    def release(self) -> None:
+        """Let go of the agent but leave the container running (another controller may take it over)."""
+        self.connection.close()
+        self._endpoint.close()
+
+    def remove(self) -> None:
+        """Remove the container and the channel directory."""
+        self.connection.close()
+        try:
+            self._backend.remove(self.container_id)
+        finally:
+            self._endpoint.remove()
+
+
+def _quietly(call: Callable[[], Any]) -> Any:
+    """Best effort while already failing: the first error is the one to report."""
+    with contextlib.suppress(OrchestratorError):
+        return call()
+    return None
