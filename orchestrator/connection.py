@@ -74,8 +74,13 @@ class AgentConnection:
         logger.info("agent of sandbox %s connected (Python %s, dill %s)", sandbox_id, hello["python"], hello["dill"])
         return cls(channel, hello)
 
-    def request(self, header: Header, body: Body = b"", *, deadline: float) -> tuple[Header, bytearray]:
+    def request(
+        self, header: Header, body: Body = b"", *, deadline: float, checkpoint_seconds: float | None = None
+    ) -> tuple[Header, bytearray]:
         """Send one request and return its reply; every byte both ways must move before ``deadline``.
+
+        With ``checkpoint_seconds``, the agent's ``checkpointing`` notice (the cell ended) moves
+        the deadline to that many seconds from its arrival, once.
 
         Raises:
             TakenOver: the agent said goodbye (the request was not kept).
@@ -89,12 +94,17 @@ class AgentConnection:
         except ChannelLost:
             self._goodbye_behind_a_broken_pipe()
             raise
-        reply, reply_body = self._channel.recv(deadline=deadline)
-        if reply.get("type") == protocol.GOODBYE:
-            raise TakenOver(parse_goodbye(reply))
-        if reply.get("id") != header["id"]:
-            raise ProtocolError(f"a reply for request {str(reply.get('id'))[:64]!r} while waiting for {header['id']!r}")
-        return reply, reply_body
+        while True:
+            reply, reply_body = self._channel.recv(deadline=deadline)
+            kind = reply.get("type")
+            if kind == protocol.GOODBYE:
+                raise TakenOver(parse_goodbye(reply))
+            if reply.get("id") != header["id"]:
+                raise ProtocolError(f"a reply for {str(reply.get('id'))[:64]!r} while waiting for {header['id']!r}")
+            if kind == protocol.CHECKPOINTING and checkpoint_seconds is not None and not reply_body:
+                deadline, checkpoint_seconds = time.monotonic() + checkpoint_seconds, None
+                continue
+            return reply, reply_body
 
     def check_idle(self) -> None:
         """Between calls the agent is silent; if it spoke, find out why.

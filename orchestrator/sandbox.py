@@ -166,9 +166,13 @@ class Sandbox:
             connection=connection,
         )
 
-    def request(self, header: Header, body: Body = b"", *, seconds: float) -> tuple[Header, bytearray]:
-        """One request to the agent, all of it within ``seconds``."""
-        return self.connection.request(header, body, deadline=time.monotonic() + seconds)
+    def request(
+        self, header: Header, body: Body = b"", *, seconds: float, checkpoint_seconds: float | None = None
+    ) -> tuple[Header, bytearray]:
+        """One request to the agent within ``seconds`` (and ``checkpoint_seconds`` once the cell ended)."""
+        return self.connection.request(
+            header, body, deadline=time.monotonic() + seconds, checkpoint_seconds=checkpoint_seconds
+        )
 
     def restore(
         self, manifest: Mapping[str, str], generation: int, read_blob: Callable[[str], bytes]

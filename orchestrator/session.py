@@ -226,10 +226,15 @@ class Session:
             "timeout": limit,
             "checkpoint_timeout": self._settings.checkpoint_timeout,
         }
-        seconds = limit + self._settings.checkpoint_timeout + 2 * self._settings.interrupt_grace
+        slack = self._settings.interrupt_grace + self._settings.reply_margin
         with self._lock:
-            seconds += self._settings.reply_margin
-            return self._call(header, b"", seconds, lambda r, b: self._exec_result(r, b, limit))
+            return self._call(
+                header,
+                b"",
+                limit + slack,
+                lambda r, b: self._exec_result(r, b, limit),
+                checkpoint_seconds=self._settings.checkpoint_timeout + slack,
+            )
 
     def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
         """Load a context into the namespace as ``context_<index>`` (``context`` aliases ``context_0``).
@@ -254,7 +259,7 @@ class Session:
         """Clear every variable (the container keeps running); the empty state is checkpointed."""
         with self._lock:
             self._call(
-                {"type": protocol.RESET},
+                {"type": protocol.RESET, "checkpoint_timeout": self._settings.checkpoint_timeout},
                 b"",
                 self._control_seconds(),
                 lambda r, b: self._commit_state(r, b, {"context_count": 0, "history_count": 0}),
@@ -410,11 +415,19 @@ class Session:
         assert self._sandbox is not None
         return self._sandbox
 
-    def _call(self, header: Header, body: bytes, seconds: float, accept: Callable[[dict[str, Any], bytearray], T]) -> T:
+    def _call(
+        self,
+        header: Header,
+        body: bytes,
+        seconds: float,
+        accept: Callable[[dict[str, Any], bytearray], T],
+        *,
+        checkpoint_seconds: float | None = None,
+    ) -> T:
         """One request with recovery: whatever goes wrong, the session is usable again before we raise."""
         try:
             try:
-                return self._attempt(header, body, seconds, accept)
+                return self._attempt(header, body, seconds, accept, checkpoint_seconds)
             except (_WorkerReplaced, ChannelLost, AgentTimeoutError, ProtocolError) as exc:
                 kind = _classify(exc)
                 assert kind is not None
@@ -427,12 +440,17 @@ class Session:
             ) from None
 
     def _attempt(
-        self, header: Header, body: bytes, seconds: float, accept: Callable[[dict[str, Any], bytearray], T]
+        self,
+        header: Header,
+        body: bytes,
+        seconds: float,
+        accept: Callable[[dict[str, Any], bytearray], T],
+        checkpoint_seconds: float | None,
     ) -> T:
         for attempt in range(2):
             sandbox = self._ready_sandbox()
             header.pop("id", None)
-            reply, reply_body = sandbox.request(header, body, seconds=seconds)
+            reply, reply_body = sandbox.request(header, body, seconds=seconds, checkpoint_seconds=checkpoint_seconds)
             failure = worker_failure(reply)
             if failure is None:
                 return accept(reply, reply_body)
@@ -515,6 +533,7 @@ class Session:
                 "name": f"{prefix}_{index}",
                 "kind": kind,
                 "aliases": [prefix] if index == 0 else [],
+                "checkpoint_timeout": self._settings.checkpoint_timeout,
             }
             counters = {counter: max(count, index + 1)}
             self._call(header, raw, self._control_seconds(), lambda r, b: self._commit_state(r, b, counters))

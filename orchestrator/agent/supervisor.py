@@ -36,7 +36,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import protocol
 
 CHUNK_BYTES = 1 << 20
-CHECKPOINT_GO = "checkpoint_go"  # supervisor -> worker: the cell is done and seen; checkpoint now
 DEFAULT_CHANNEL = "/run/orchestrator/channel.sock"
 DEFAULT_SECRET_FILE = "/run/orchestrator/secret"
 DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
@@ -343,6 +342,7 @@ class Supervisor:
         self.worker_lost: Optional[Dict[str, Any]] = None
         self.takeover_requested = False
         self.channel_inode: Optional[int] = None
+        self.conn: Optional[socket.socket] = None  # the controller connection being served
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
@@ -494,6 +494,12 @@ class Supervisor:
         protocol.send_frame(conn, {"type": protocol.AUTH_OK, "proof": proof})
         return True
 
+    def _tell_controller(self, header: Dict[str, Any]) -> None:
+        """A notice during a request (the controller moves its deadline); a lost controller shows up later."""
+        if self.conn is not None:
+            with contextlib.suppress(OSError):
+                self._send(self.conn, header)
+
     def _send(self, conn: socket.socket, header: Dict[str, Any], body: Any = b"") -> None:
         conn.settimeout(self.config.frame_timeout)
         protocol.send_frame(conn, header, body)
@@ -502,6 +508,7 @@ class Supervisor:
 
     def serve(self, conn: socket.socket) -> None:
         self.idle.register(conn, selectors.EVENT_READ)
+        self.conn = conn
         try:
             while True:
                 if self._takeover_due():
@@ -526,6 +533,7 @@ class Supervisor:
                         )
                         return
         finally:
+            self.conn = None
             self.idle.unregister(conn)
 
     def _worker_between_requests(self) -> None:
@@ -738,11 +746,12 @@ class Supervisor:
                     cell_duration = time.monotonic() - started
                     try:
                         worker.sock.settimeout(self.config.frame_timeout)
-                        protocol.send_frame(worker.sock, {"type": CHECKPOINT_GO, "id": request_id})
+                        protocol.send_frame(worker.sock, {"type": protocol.CHECKPOINT_GO, "id": request_id})
                     except OSError:
                         pass  # a dead worker: the next read reports how it died
                     phase, interrupted = "checkpoint", False
                     deadline = time.monotonic() + checkpoint_limit
+                    self._tell_controller({"type": protocol.CHECKPOINTING, "id": request_id})
                     continue
                 if frame.header["type"] != reply_type:
                     return self._misbehaved_in(frame, phase, "the worker sent %r, not a reply" % frame.header["type"])

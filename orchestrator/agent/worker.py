@@ -29,7 +29,7 @@ import types
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import capture, protocol
-from .supervisor import CHECKPOINT_GO, decode_header
+from .supervisor import decode_header
 
 _session_module = types.ModuleType("__main__")
 sys.modules["__main__"] = _session_module
@@ -263,8 +263,8 @@ class Worker:
         """
         protocol.send_frame(self.sock, {"type": protocol.CELL_DONE, "id": request_id})
         header, _ = _recv_request(self.sock)
-        if header.get("type") != CHECKPOINT_GO or header.get("id") != request_id:
-            raise LinkBroken("expected %s for %r, got %r" % (CHECKPOINT_GO, request_id, header.get("type")))
+        if header.get("type") != protocol.CHECKPOINT_GO or header.get("id") != request_id:
+            raise LinkBroken("expected %s for %r, got %r" % (protocol.CHECKPOINT_GO, request_id, header.get("type")))
         self._enter(_CHECKPOINT)
 
     def load(self, header: Dict[str, Any], body: bytearray) -> Tuple[Dict[str, Any], List[Any]]:

@@ -147,7 +147,8 @@ def valid_reply(generation: int) -> str:
     """A reply that passes every check: nothing changed, stdout 'forged'."""
     return (
         "{'type': 'exec_reply', 'status': 'ok', 'stdout': 'forged', 'stderr': '', 'return_value': None, "
-        f"'error': None, 'duration': 0.0, 'checkpoint': {{'generation': {generation}, 'blobs': [], 'vars': {{}}, "
+        "'error': None, 'duration': 0.0, 'checkpoint_duration': 0.0, "
+        f"'checkpoint': {{'generation': {generation}, 'blobs': [], 'vars': {{}}, "
         "'deleted': [], 'unsaved': {}}}"
     )
 

@@ -80,6 +80,7 @@ class Agent:
         self.directory = directory
         self.path = directory / "channel.sock"
         self.secret = secrets.token_bytes(32)
+        self.notices: list[dict] = []
         (directory / "secret").write_text(self.secret.hex() + "\n")
         self.listener = self.listen()
         environ = {
@@ -127,6 +128,10 @@ class Agent:
         header = {"type": type_, "id": fields.pop("id", uuid.uuid4().hex), **fields}
         self.link.send(header, body)
         reply, reply_body = self.link.recv(wait)
+        if reply["type"] == protocol.CHECKPOINTING:  # an exec's cell ended; its checkpoint's clock runs now
+            assert type_ == protocol.EXEC and reply["id"] == header["id"], reply
+            self.notices.append(reply)
+            reply, reply_body = self.link.recv(wait)
         assert reply["id"] == header["id"], reply
         return reply, reply_body
 
@@ -269,6 +274,8 @@ def test_exec_returns_output_value_and_checkpoint(agent):
     assert list(reply["checkpoint"]["vars"]) == ["x"] and len(body) == reply["checkpoint"]["blobs"][0]["size"]
     assert reply["duration"] >= 0 and reply["checkpoint_duration"] >= 0
     assert reply["checkpoint"]["generation"] == 1
+    # The controller heard when the cell ended, so it can give the checkpoint its own deadline.
+    assert [n["type"] for n in agent.notices] == [protocol.CHECKPOINTING]
 
 
 def test_exec_error_is_data(agent):
