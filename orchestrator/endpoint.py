@@ -140,8 +140,6 @@ class UnixSocketEndpoint:
 
     def __init__(
         self,
-        *,
-        sandbox_id: str,
         directory: Path,
         listener: socket.socket,
         socket_file: tuple[int, int],
@@ -154,7 +152,7 @@ class UnixSocketEndpoint:
 
         Use ``create`` or ``open`` rather than this.
         """
-        self.sandbox_id = sandbox_id
+        self.sandbox_id = directory.name
         self.directory = directory
         self.path = directory / SOCKET_NAME
         self.secret = secret
@@ -217,16 +215,7 @@ class UnixSocketEndpoint:
                         os.fchown(dir_fd, *give_to)
                     else:
                         os.fchmod(dir_fd, 0o711)
-                    endpoint = cls(
-                        sandbox_id=sandbox_id,
-                        directory=directory,
-                        listener=listener,
-                        socket_file=socket_file,
-                        secret=key,
-                        sandbox_uid=sandbox_uid,
-                        max_header=max_header,
-                        max_body=max_body,
-                    )
+                    endpoint = cls(directory, listener, socket_file, key, sandbox_uid, max_header, max_body)
                 except BaseException:
                     listener.close()
                     raise
@@ -292,16 +281,7 @@ class UnixSocketEndpoint:
         listener, socket_file = _listen(temporary, _give_to(sandbox_uid, sandbox_gid))
         try:
             os.rename(temporary, directory / SOCKET_NAME)
-            endpoint = cls(
-                sandbox_id=sandbox_id,
-                directory=directory,
-                listener=listener,
-                socket_file=socket_file,
-                secret=key,
-                sandbox_uid=sandbox_uid,
-                max_header=max_header,
-                max_body=max_body,
-            )
+            endpoint = cls(directory, listener, socket_file, key, sandbox_uid, max_header, max_body)
         except BaseException:
             listener.close()
             with contextlib.suppress(OSError):

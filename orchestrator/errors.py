@@ -73,7 +73,7 @@ class CheckpointError(SessionError, OSError):
     """A checkpoint could not be stored or restored."""
 
 
-class _Recovered:
+class _Recovered(OrchestratorError):
     """What a failed call did to the session: whether it was restored, to which generation, what was lost.
 
     Attributes:
@@ -84,19 +84,6 @@ class _Recovered:
             were dropped from the checkpoint.
     """
 
-    restored: bool
-    generation: int | None
-    restore_failures: dict[str, str]
-
-    def _set_recovery(self, restored: bool, generation: int | None, restore_failures: dict[str, str] | None) -> None:
-        self.restored = restored
-        self.generation = generation
-        self.restore_failures = dict(restore_failures or {})
-
-
-class SandboxError(_Recovered, OrchestratorError):
-    """The call failed because of what happened in the sandbox; see ``restored``."""
-
     def __init__(
         self,
         message: str,
@@ -106,7 +93,13 @@ class SandboxError(_Recovered, OrchestratorError):
         restore_failures: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self._set_recovery(restored, generation, restore_failures)
+        self.restored = restored
+        self.generation = generation
+        self.restore_failures = dict(restore_failures or {})
+
+
+class SandboxError(_Recovered):
+    """The call failed because of what happened in the sandbox; see ``restored``."""
 
 
 class ExecutionTimeout(SandboxError, TimeoutError):
@@ -145,17 +138,6 @@ class TransportError(OrchestratorError):
 
 class ProtocolError(_Recovered, TransportError):
     """The agent sent a malformed, oversized or unexpected message; ``restored`` says what followed."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        restored: bool = False,
-        generation: int | None = None,
-        restore_failures: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self._set_recovery(restored, generation, restore_failures)
 
 
 class ChannelLost(TransportError, ConnectionError):

@@ -38,22 +38,30 @@ def sandbox_ids(settings: Settings) -> tuple[int | None, int | None]:
     return uid, gid
 
 
+def _endpoint_options(settings: Settings) -> dict[str, Any]:
+    uid, gid = sandbox_ids(settings)
+    return {
+        "sandbox_uid": uid,
+        "sandbox_gid": gid,
+        "max_header": settings.max_header_bytes,
+        "max_body": settings.max_body_bytes,
+    }
+
+
 class Sandbox:
     """A running container with an authenticated connection to its agent."""
 
     def __init__(
         self,
-        *,
         backend: Backend,
         settings: Settings,
-        sandbox_id: str,
         container_id: str,
         endpoint: UnixSocketEndpoint,
         connection: AgentConnection,
     ) -> None:
         self._backend = backend
         self._settings = settings
-        self.sandbox_id = sandbox_id
+        self.sandbox_id = endpoint.sandbox_id
         self.container_id = container_id
         self._endpoint = endpoint
         self.connection = connection
@@ -78,15 +86,7 @@ class Sandbox:
             AgentStartTimeout: the container started but its agent never connected.
         """
         sandbox_id = new_sandbox_id()
-        uid, gid = sandbox_ids(settings)
-        endpoint = UnixSocketEndpoint.create(
-            settings.runtime_dir,
-            sandbox_id,
-            sandbox_uid=uid,
-            sandbox_gid=gid,
-            max_header=settings.max_header_bytes,
-            max_body=settings.max_body_bytes,
-        )
+        endpoint = UnixSocketEndpoint.create(settings.runtime_dir, sandbox_id, **_endpoint_options(settings))
         spec = SandboxSpec(
             name=f"orch-{scope}-{sandbox_id}",
             image=image,
@@ -123,14 +123,7 @@ class Sandbox:
                     "check that the image runs `python3 -m orchestrator_agent.supervisor` (see `docker logs`)"
                 ) from None
             raise
-        return cls(
-            backend=backend,
-            settings=settings,
-            sandbox_id=sandbox_id,
-            container_id=container_id,
-            endpoint=endpoint,
-            connection=connection,
-        )
+        return cls(backend, settings, container_id, endpoint, connection)
 
     @classmethod
     def take_over(cls, backend: Backend, settings: Settings, *, sandbox_id: str, container_id: str) -> Sandbox:
@@ -141,15 +134,7 @@ class Sandbox:
         Raises:
             OrchestratorError: the sandbox cannot be taken over (its directory, container or agent is gone).
         """
-        uid, gid = sandbox_ids(settings)
-        endpoint = UnixSocketEndpoint.open(
-            settings.runtime_dir,
-            sandbox_id,
-            sandbox_uid=uid,
-            sandbox_gid=gid,
-            max_header=settings.max_header_bytes,
-            max_body=settings.max_body_bytes,
-        )
+        endpoint = UnixSocketEndpoint.open(settings.runtime_dir, sandbox_id, **_endpoint_options(settings))
         try:
             backend.kill(container_id, signal="SIGUSR1")
             wait = settings.start_timeout + settings.interrupt_grace + settings.frame_timeout
@@ -157,14 +142,7 @@ class Sandbox:
         except BaseException:
             endpoint.close()
             raise
-        return cls(
-            backend=backend,
-            settings=settings,
-            sandbox_id=sandbox_id,
-            container_id=container_id,
-            endpoint=endpoint,
-            connection=connection,
-        )
+        return cls(backend, settings, container_id, endpoint, connection)
 
     def request(
         self, header: Header, body: Body = b"", *, seconds: float, checkpoint_seconds: float | None = None
