@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 Header = dict[str, Any]
 Body = protocol.Body | Sequence[protocol.Body]
 _GOODBYE_WAIT = 1.0
+_HANDSHAKE_SECONDS = 5.0  # a real agent sends its hello as soon as it connects
 
 
 class TakenOver(TransportError):
@@ -35,6 +36,20 @@ class TakenOver(TransportError):
     def __init__(self, goodbye: Goodbye) -> None:
         super().__init__(f"the agent moved to another controller ({goodbye['reason']})")
         self.goodbye = goodbye
+
+
+def _handshake(channel: Channel, secret: bytes, sandbox_id: str, deadline: float) -> Hello:
+    """docs/protocol.md "Connection set-up": both ends prove they know the secret, bound to both nonces."""
+    hello = parse_hello(channel.recv(deadline=deadline)[0])
+    if hello["sandbox_id"] != sandbox_id:
+        raise ProtocolError(f"the agent of sandbox {hello['sandbox_id'][:64]!r} connected, not {sandbox_id!r}")
+    nonce = protocol.new_nonce()
+    proof = protocol.auth_proof(secret, "controller", hello["nonce"], nonce)
+    channel.send({"type": protocol.AUTH, "nonce": nonce, "proof": proof}, deadline=deadline)
+    expected = protocol.auth_proof(secret, "agent", hello["nonce"], nonce)
+    if not protocol.proof_matches(expected, parse_auth_ok(channel.recv(deadline=deadline)[0])):
+        raise ProtocolError(f"the peer on the channel of sandbox {sandbox_id} does not know its secret")
+    return hello
 
 
 def new_request_id() -> str:
@@ -52,27 +67,38 @@ class AgentConnection:
     def open(cls, endpoint: Endpoint, *, sandbox_id: str, deadline: float) -> AgentConnection:
         """Wait for the agent of ``sandbox_id`` on ``endpoint`` and authenticate both ends.
 
+        A peer that fails the handshake (or stalls in it for ``_HANDSHAKE_SECONDS``) is dropped
+        and the wait goes on, so a process that knocks on the socket cannot stop the real agent.
+
         Raises:
             AgentTimeoutError: no agent completed the handshake by ``deadline``.
-            ProtocolError: the peer is not that sandbox's agent (wrong version, id or proof).
-            ChannelLost: the peer hung up during the handshake.
+            ProtocolError: by ``deadline``, only peers that are not this sandbox's agent came
+                (wrong version, id or proof); the last one's reason.
         """
-        channel = endpoint.accept(deadline)
-        try:
-            hello = parse_hello(channel.recv(deadline=deadline)[0])
-            if hello["sandbox_id"] != sandbox_id:
-                raise ProtocolError(f"the agent of sandbox {hello['sandbox_id'][:64]!r} connected, not {sandbox_id!r}")
-            nonce = protocol.new_nonce()
-            proof = protocol.auth_proof(endpoint.secret, "controller", hello["nonce"], nonce)
-            channel.send({"type": protocol.AUTH, "nonce": nonce, "proof": proof}, deadline=deadline)
-            expected = protocol.auth_proof(endpoint.secret, "agent", hello["nonce"], nonce)
-            if not protocol.proof_matches(expected, parse_auth_ok(channel.recv(deadline=deadline)[0])):
-                raise ProtocolError(f"the peer on the channel of sandbox {sandbox_id} does not know its secret")
-        except BaseException:
-            channel.close()
-            raise
-        logger.info("agent of sandbox %s connected (Python %s, dill %s)", sandbox_id, hello["python"], hello["dill"])
-        return cls(channel, hello)
+        refused: TransportError | None = None
+        while True:
+            try:
+                channel = endpoint.accept(deadline)
+            except AgentTimeoutError:
+                if refused is not None:
+                    raise refused from None
+                raise
+            try:
+                hello = _handshake(
+                    channel, endpoint.secret, sandbox_id, min(deadline, time.monotonic() + _HANDSHAKE_SECONDS)
+                )
+            except TransportError as exc:
+                channel.close()
+                logger.warning("sandbox %s: dropped a peer on its channel: %s", sandbox_id, exc)
+                refused = exc
+                continue
+            except BaseException:
+                channel.close()
+                raise
+            logger.info(
+                "agent of sandbox %s connected (Python %s, dill %s)", sandbox_id, hello["python"], hello["dill"]
+            )
+            return cls(channel, hello)
 
     def request(
         self, header: Header, body: Body = b"", *, deadline: float, checkpoint_seconds: float | None = None

@@ -21,12 +21,13 @@ import shutil
 import socket
 import stat
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from .agent import protocol
-from .errors import ChannelLost, ConfigError
+from .errors import AgentTimeoutError, ChannelLost, ConfigError
 from .transport import Channel, peer_credentials, wait_for
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ MAX_SOCKET_PATH = 107
 
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _BACKLOG = 8
+_REPLACED_CHECK = 0.25  # seconds between checks, while waiting, that no other controller replaced our socket
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _RUNTIME_DIR_ADVICE = "or point Settings.runtime_dir (ORCH_RUNTIME_DIR) at a directory of your own"
 
@@ -310,7 +312,15 @@ class UnixSocketEndpoint:
             try:
                 conn, _ = self._listener.accept()
             except BlockingIOError:
-                wait_for(self._listener, select.POLLIN, deadline, what)
+                if not self._still_ours():
+                    raise ChannelLost(
+                        f"another controller put its socket at {self.path}: the agent will connect there"
+                    ) from None
+                try:
+                    wait_for(self._listener, select.POLLIN, min(deadline, time.monotonic() + _REPLACED_CHECK), what)
+                except AgentTimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise
                 continue
             except OSError as exc:
                 raise ChannelLost(f"accepting a connection on {self.path} failed: {exc}") from exc
@@ -327,6 +337,14 @@ class UnixSocketEndpoint:
                 continue
             logger.debug("sandbox %s: accepted a connection from %s", self.sandbox_id, peer)
             return Channel(conn, self._max_header, self._max_body)
+
+    def _still_ours(self) -> bool:
+        """True while the socket file at ``path`` is the one we listen on (no other controller replaced it)."""
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._socket_file
 
     def mounts(self) -> dict[str, str]:
         """The sandbox directory -> ``CHANNEL_MOUNT``, to be mounted read-only."""
