@@ -118,9 +118,19 @@ class Orchestrator:
         Raises:
             SessionNotFound: no session with that id was stored.
             SessionBusy: another process held the session's lock too long.
+            SessionAttachedElsewhere: another controller attached it meanwhile (it won).
         """
         ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.checkpoint_quota_bytes)
         session = self._session(ledger)
+        try:
+            self._serve(session, ledger)
+        except BaseException:
+            self._forget(session)
+            raise
+        return session
+
+    def _serve(self, session: Session, ledger: CheckpointLedger) -> None:
+        """Give a newly owned session a sandbox: take its live one over, else start one and restore."""
         record = ledger.record
         session.remove_strays()
         sandbox = None
@@ -129,15 +139,20 @@ class Orchestrator:
             if state is not None and state.running:
                 try:
                     sandbox = Sandbox.take_over(
-                        self.backend, self.settings, sandbox_id=record.sandbox_id, container_id=record.container_id
+                        self.backend,
+                        self.settings,
+                        sandbox_id=record.sandbox_id,
+                        container_id=record.container_id,
+                        claim=ledger.owned,
                     )
+                except SessionAttachedElsewhere:
+                    raise
                 except OrchestratorError as exc:
-                    logger.warning("session %s: taking over %s failed (%s); starting anew", session_id, state.name, exc)
+                    logger.warning("session %s: taking over %s failed (%s); starting anew", session.id, state.name, exc)
         if sandbox is not None:
             session.adopt(sandbox)
         else:
             session.start()
-        return session
 
     def remove(self, session_id: str) -> None:
         """Remove a session whoever holds it: its containers, channel directories and stored state.

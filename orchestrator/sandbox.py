@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .agent import protocol
@@ -126,17 +127,36 @@ class Sandbox:
         return cls(backend, settings, container_id, endpoint, connection)
 
     @classmethod
-    def take_over(cls, backend: Backend, settings: Settings, *, sandbox_id: str, container_id: str) -> Sandbox:
+    def take_over(
+        cls,
+        backend: Backend,
+        settings: Settings,
+        *,
+        sandbox_id: str,
+        container_id: str,
+        claim: Callable[[], AbstractContextManager[object]],
+    ) -> Sandbox:
         """Move a live sandbox's agent to this controller: new socket file, SIGUSR1, handshake.
 
         The agent stops whatever it was doing for the previous controller (docs/protocol.md).
 
+        Args:
+            claim: held while the socket file is replaced and the agent signalled; the session's
+                ownership check (store lock and epoch), so a controller that no longer owns the
+                session can never pull the agent away from the one that does.
+
         Raises:
+            SessionAttachedElsewhere: (from ``claim``) the caller no longer owns the session.
             OrchestratorError: the sandbox cannot be taken over (its directory, container or agent is gone).
         """
-        endpoint = UnixSocketEndpoint.open(settings.runtime_dir, sandbox_id, **_endpoint_options(settings))
+        with claim():
+            endpoint = UnixSocketEndpoint.open(settings.runtime_dir, sandbox_id, **_endpoint_options(settings))
+            try:
+                backend.kill(container_id, signal="SIGUSR1")
+            except BaseException:
+                endpoint.close()
+                raise
         try:
-            backend.kill(container_id, signal="SIGUSR1")
             wait = settings.start_timeout + settings.interrupt_grace + settings.frame_timeout
             connection = AgentConnection.open(endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + wait)
         except BaseException:

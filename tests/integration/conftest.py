@@ -11,13 +11,13 @@ import contextlib
 import secrets
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker
 import docker.errors
 import pytest
+from support import close_quietly, kill_and_wait
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.backend import MANAGED, SESSION_ID
@@ -53,6 +53,32 @@ def settings() -> Iterator[Settings]:
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)
             shutil.rmtree(runtime_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def settings_for(settings: Settings) -> Iterator[Callable[..., Settings]]:
+    """Factory: ``settings`` with ``changes`` and fresh private state and runtime dirs (short /tmp paths, 0700).
+
+    Each call gives a new pair of directories, i.e. a separate store; containers of sessions stored
+    there are swept and the directories removed at the end of the test run.
+    """
+    made: list[tuple[Path, Path]] = []
+
+    def make(**changes: object) -> Settings:
+        state_dir = Path(tempfile.mkdtemp(prefix="os-", dir="/tmp"))
+        runtime_dir = Path(tempfile.mkdtemp(prefix="or-", dir="/tmp"))
+        made.append((state_dir, runtime_dir))
+        return settings.replace(state_dir=state_dir, runtime_dir=runtime_dir, **changes)
+
+    try:
+        yield make
+    finally:
+        for state_dir, runtime_dir in made:
+            try:
+                _sweep(state_dir)
+            finally:
+                shutil.rmtree(state_dir, ignore_errors=True)
+                shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -111,7 +137,7 @@ def new_session() -> Iterator[Callable[..., Session]]:
         yield factory
     finally:
         for s in made:
-            s.close()
+            close_quietly(s)
 
 
 @pytest.fixture
@@ -121,7 +147,7 @@ def session(orch: Orchestrator) -> Iterator[Session]:
     try:
         yield s
     finally:
-        s.close()
+        close_quietly(s)
 
 
 @pytest.fixture(scope="module")
@@ -134,24 +160,11 @@ def shared_session(orch: Orchestrator) -> Iterator[Session]:
         s.close()
 
 
-def wait_gone(orch: Orchestrator, container_id: str, timeout: float = 15.0) -> None:
-    """Wait until the container has stopped running (or no longer exists)."""
-    ends = time.monotonic() + timeout
-    while time.monotonic() < ends:
-        state = orch.backend.inspect(container_id)
-        if state is None or not state.running:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"container {container_id[:12]} still running after {timeout} s")
-
-
 @pytest.fixture
 def kill_container(orch: Orchestrator) -> Callable[[Session], None]:
     """SIGKILL a session's container from outside and wait until the engine sees it dead."""
 
     def kill(s: Session) -> None:
-        assert s.container_id is not None
-        orch.backend.kill(s.container_id)
-        wait_gone(orch, s.container_id)
+        kill_and_wait(orch, s.container_id)
 
     return kill

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import docker.errors
 import pytest
 
 from orchestrator import Orchestrator, Session, Settings
@@ -22,27 +25,105 @@ def test_runs_as_an_unprivileged_user(shared_session: Session, settings: Setting
     assert uid != 0
 
 
-def test_no_network(shared_session: Session) -> None:
-    code = (
-        "import socket\n"
-        "def attempt(host, port):\n"
-        "    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
-        "    s.settimeout(3)\n"
-        "    try:\n"
-        "        s.connect((host, port))\n"
-        "        return 'connected'\n"
-        "    except OSError as exc:\n"
-        "        return type(exc).__name__\n"
-        "    finally:\n"
-        "        s.close()\n"
-        "attempt('1.1.1.1', 53), attempt('8.8.8.8', 443)"
-    )
-    assert "connected" not in value(shared_session, code)
+LISTENER = (
+    "import socket\n"
+    "s = socket.socket()\n"
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('0.0.0.0', 8080))\n"
+    "s.listen(16)\n"
+    "while True:\n"
+    "    c, _ = s.accept()\n"
+    "    c.sendall(b'hi')\n"
+    "    c.close()\n"
+)
+"""A TCP server that answers 'hi', run in a container of the test's own on the local default bridge."""
+
+CONTROL = (
+    "import socket, sys, time\n"
+    "for _ in range(100):\n"
+    "    try:\n"
+    "        c = socket.create_connection((sys.argv[1], 8080), timeout=3)\n"
+    "        break\n"
+    "    except OSError:\n"
+    "        time.sleep(0.1)\n"
+    "print('got', c.recv(16).decode())\n"
+)
+"""A client that retries until the listener is up (the positive control)."""
+
+ATTEMPT = (
+    "import socket\n"
+    "def attempt(host, port):\n"
+    "    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+    "    s.settimeout(3)\n"
+    "    try:\n"
+    "        s.connect((host, port))\n"
+    "        return 'connected: ' + s.recv(16).decode()\n"
+    "    except OSError as exc:\n"
+    "        return type(exc).__name__ + ': ' + str(exc)\n"
+    "    finally:\n"
+    "        s.close()\n"
+)
+
+
+def test_no_network_interfaces_or_routes(shared_session: Session) -> None:
+    """Only the loopback interface, and no usable default route (IPv4 or IPv6), inside the sandbox.
+
+    The kernel keeps a *reject* route ``unreachable default dev lo`` (flag RTF_REJECT, 0x0200) in the
+    IPv6 table of a namespace without interfaces; it sends nothing anywhere, so it does not count.
+    """
     interfaces = value(shared_session, "import socket\nsorted(name for _, name in socket.if_nameindex())")
     assert interfaces == "['lo']"
-    code = "try:\n    socket.getaddrinfo('example.com', 80)\n    r = 'resolved'\nexcept OSError:\n    r = 'failed'\nr"
-    dns = value(shared_session, code)
-    assert dns == "'failed'"
+    code = (
+        "def rows(path):\n"
+        "    try:\n"
+        "        with open(path) as fh:\n"
+        "            return [line.split() for line in fh.read().splitlines() if line.strip()]\n"
+        "    except FileNotFoundError:\n"
+        "        return []\n"
+        "REJECT = 0x0200\n"
+        "v4 = [r for r in rows('/proc/net/route')[1:] if r[1] == '00000000' and not int(r[3], 16) & REJECT]\n"
+        "v6 = [r for r in rows('/proc/net/ipv6_route')\n"
+        "      if r[0] == '0' * 32 and r[1] == '00' and not int(r[8], 16) & REJECT]\n"
+        "v4_devices = sorted({r[0] for r in rows('/proc/net/route')[1:]})\n"
+        "v4, v6, v4_devices"
+    )
+    assert value(shared_session, code) == "([], [], [])"
+
+
+def test_no_egress_to_a_host_on_the_local_bridge(
+    shared_session: Session, orch: Orchestrator, image: str, run_id: str
+) -> None:
+    """A listener the test starts on Docker's default bridge: a bridge container reaches it, the sandbox cannot.
+
+    Nothing here dials a public address or resolves a name: the only peer is the test's own container.
+    """
+    client = orch.backend.client
+    labels = {"orchestrator.test.run": run_id}
+    started = []
+    try:
+        listener = client.containers.run(
+            image, ["python3", "-c", LISTENER], detach=True, network_mode="bridge", labels=labels, user="65534:65534"
+        )
+        started.append(listener)
+        listener.reload()
+        address = listener.attrs["NetworkSettings"]["Networks"]["bridge"]["IPAddress"]
+        assert address, "the listener got an address on the bridge"
+
+        control = client.containers.run(
+            image, ["python3", "-c", CONTROL, address], detach=True, network_mode="bridge", labels=labels
+        )
+        started.append(control)
+        status = control.wait(timeout=60)
+        logs = control.logs().decode(errors="replace")
+        assert status["StatusCode"] == 0 and "got hi" in logs, f"the positive control failed: {status} {logs}"
+
+        outcome = value(shared_session, ATTEMPT + f"attempt({address!r}, 8080)")
+        assert "connected" not in outcome, outcome
+        assert "unreachable" in outcome.lower() or "Error" in outcome, outcome
+    finally:
+        for container in started:
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True, v=True)
 
 
 def test_root_filesystem_is_read_only(shared_session: Session) -> None:
@@ -105,7 +186,7 @@ def test_channel_mount_is_read_only(shared_session: Session) -> None:
         "    r = type(exc).__name__\n"
         "r, sorted(os.listdir('/run/orchestrator'))"
     )
-    assert value(shared_session, code) == "('OSError', ['channel.sock'])"
+    assert value(shared_session, code) == "('OSError', ['channel.sock', 'secret'])"
 
 
 def test_engine_side_limits(orch: Orchestrator, shared_session: Session, settings: Settings) -> None:
