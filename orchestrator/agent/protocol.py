@@ -8,8 +8,9 @@ as base64 inside JSON.
 Both sides check every length against a limit before buffering anything, and a receiver grows
 its buffer with what has arrived instead of trusting a declared length.
 
-The agent reads frames with the blocking ``recv_frame``; the controller drives the same
-``FrameReader`` from a non-blocking socket against a deadline (``orchestrator/transport.py``).
+The agent reads frames with the blocking ``recv_frame``, or with ``recv_head`` when it streams
+the body on itself; the controller drives the same ``FrameReader`` from a non-blocking socket
+against a deadline (``orchestrator/transport.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import re
 import socket
 import struct
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 PROTOCOL_VERSION = 2
@@ -205,6 +207,18 @@ def parse_prefix(
     return head_len, body_len
 
 
+def frame_head(header: Header, body_len: int) -> bytes:
+    """The prefix and header of a frame whose ``body_len`` body bytes are written separately (streamed).
+
+    Raises:
+        ProtocolViolation: the header or the body is over the protocol's limits.
+    """
+    head = encode_header(header)
+    if len(head) > MAX_HEADER_BYTES or body_len > MAX_BODY_BYTES:
+        raise ProtocolViolation("frame over limit: header %d B, body %d B" % (len(head), body_len))
+    return PREFIX.pack(MAGIC, len(head), body_len) + head
+
+
 def frame_parts(header: Header, body: Union[Body, Sequence[Body]] = b"") -> List[Body]:
     """The buffers of one frame, in order, to be written back to back.
 
@@ -216,13 +230,10 @@ def frame_parts(header: Header, body: Union[Body, Sequence[Body]] = b"") -> List
     """
     parts = [body] if isinstance(body, (bytes, bytearray, memoryview)) else list(body)
     size = sum(memoryview(part).nbytes for part in parts)
-    head = encode_header(header)
-    if len(head) > MAX_HEADER_BYTES or size > MAX_BODY_BYTES:
-        raise ProtocolViolation("frame over limit: header %d B, body %d B" % (len(head), size))
-    prefix = PREFIX.pack(MAGIC, len(head), size)
+    head = frame_head(header, size)
     if size <= _INLINE_BODY_BYTES:
-        return [b"".join([prefix, head, *parts])]
-    return [prefix + head, *parts]
+        return [b"".join([head, *parts])]
+    return [head, *parts]
 
 
 def send_frame(sock: socket.socket, header: Header, body: Union[Body, Sequence[Body]] = b"") -> None:
@@ -313,6 +324,12 @@ class FrameReader(object):
             self._advance()
         return self._part == "done"
 
+    def head(self) -> Optional[Tuple[Header, int]]:
+        """(header, body length) once the prefix and header have arrived, else None; the body may still be due."""
+        if self._header is None:
+            return None
+        return self._header, self._body_len
+
     def frame(self) -> Tuple[Header, bytearray]:
         """The complete frame as (header, body).
 
@@ -351,6 +368,38 @@ def recv_frame(
     while not reader.recv_from(sock):
         pass
     return reader.frame()
+
+
+def recv_head(
+    sock: socket.socket,
+    max_header: int = MAX_HEADER_BYTES,
+    max_body: int = MAX_BODY_BYTES,
+    timeout: Optional[float] = None,
+) -> Tuple[Header, int]:
+    """Read a frame's prefix and header, all within ``timeout`` seconds; return (header, body length).
+
+    The body stays on the socket: the caller reads or streams exactly that many bytes next.
+    The socket is left with whatever time-out the last read had.
+
+    Raises:
+        socket.timeout: the deadline passed before the header was complete.
+        ChannelClosed: EOF before the header is complete.
+        ProtocolViolation: the prefix or the header breaks the format or a limit.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    reader = FrameReader(max_header, max_body)
+    head = None
+    while head is None:
+        if deadline is None:
+            sock.settimeout(None)
+        else:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise socket.timeout("timed out")
+            sock.settimeout(remaining)
+        reader.recv_from(sock)
+        head = reader.head()
+    return head
 
 
 def split_body(body: bytes | bytearray | memoryview, sizes: List[int]) -> List[memoryview]:

@@ -20,7 +20,6 @@ The supervisor-worker link uses the same frames plus two private messages: the w
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import platform
@@ -31,7 +30,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from . import protocol
 
@@ -43,7 +42,6 @@ CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows
 _WORKER_START_SECONDS = 60.0
 _WORKER_START_ATTEMPTS = 3
 _HANDSHAKE_HEADER_BYTES = 64 << 10
-_MAX_HEADER_DEPTH = 32
 _MAX_NONCE_CHARS = 256
 _OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
@@ -75,81 +73,7 @@ def oom_kill_count() -> int:
     return 0
 
 
-# --- Frames read piece by piece (private helpers that protocol.py could offer) -----------------------------
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(item, dict):
-            stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, list):
-            stack.extend((child, depth + 1) for child in item)
-    return False
-
-
-def decode_header(raw: bytearray) -> Dict[str, Any]:
-    """Parse a frame header; every failure is a ProtocolViolation."""
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as exc:
-        raise protocol.ProtocolViolation("frame header is not UTF-8 JSON: %s" % exc) from None
-    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
-        raise protocol.ProtocolViolation("frame header is not an object with a string 'type'")
-    if _too_deep(header, _MAX_HEADER_DEPTH):
-        raise protocol.ProtocolViolation("frame header is nested deeper than %d" % _MAX_HEADER_DEPTH)
-    return header
-
-
-def _set_wait(sock: socket.socket, deadline: Optional[float]) -> None:
-    if deadline is None:
-        sock.settimeout(None)
-        return
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise socket.timeout("timed out")
-    sock.settimeout(remaining)
-
-
-def _recv_some(sock: socket.socket, size: int, deadline: Optional[float]) -> bytearray:
-    """Read exactly ``size`` bytes, growing the buffer with what arrives (never the declared size up front)."""
-    buf = bytearray()
-    while len(buf) < size:
-        _set_wait(sock, deadline)
-        data = sock.recv(min(size - len(buf), 1 << 16))
-        if not data:
-            raise protocol.ChannelClosed("connection closed after %d of %d bytes" % (len(buf), size))
-        buf += data
-    return buf
-
-
-def recv_head(
-    sock: socket.socket, max_header: int, max_body: int, timeout: Optional[float]
-) -> Tuple[Dict[str, Any], int]:
-    """Read a frame's prefix and header (within ``timeout`` seconds); return (header, body length).
-
-    The caller then reads or streams exactly that many body bytes.
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    magic, head_len, body_len = protocol.PREFIX.unpack(bytes(_recv_some(sock, protocol.PREFIX.size, deadline)))
-    if magic != protocol.MAGIC:
-        raise protocol.ProtocolViolation("bad frame magic %r" % (magic,))
-    if head_len > max_header:
-        raise protocol.ProtocolViolation("frame header of %d B exceeds the %d B limit" % (head_len, max_header))
-    if body_len > max_body:
-        raise protocol.ProtocolViolation("frame body of %d B exceeds the %d B limit" % (body_len, max_body))
-    return decode_header(_recv_some(sock, head_len, deadline)), body_len
-
-
-def frame_head(header: Dict[str, Any], body_len: int) -> bytes:
-    """Prefix and header of a frame whose ``body_len`` body bytes are sent separately."""
-    head = protocol.encode_header(header)
-    if len(head) > protocol.MAX_HEADER_BYTES or body_len > protocol.MAX_BODY_BYTES:
-        raise protocol.ProtocolViolation("frame over limit: header %d B, body %d B" % (len(head), body_len))
-    return protocol.PREFIX.pack(protocol.MAGIC, len(head), body_len) + head
+# --- Time limits in requests -------------------------------------------------------------------------------
 
 
 def _seconds(value: Any, default: float) -> float:
@@ -197,16 +121,16 @@ class Config:
 
 
 def read_secret(path: str) -> bytes:
-    """The sandbox's shared secret: the file holds 32 bytes as 64 hex characters (whitespace around is ignored)."""
+    """The sandbox's shared secret from its file (``protocol.parse_secret``: 64 hex characters, one final newline)."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read(1024)
     except OSError as exc:
         raise ConfigError("cannot read the secret file %s: %s" % (path, exc.strerror or exc)) from None
-    text = raw.strip()
-    if len(text) != 64 or any(c not in b"0123456789abcdefABCDEF" for c in text):
-        raise ConfigError("the secret file %s must hold exactly 64 hex characters" % path)
-    return bytes.fromhex(text.decode("ascii"))
+    try:
+        return protocol.parse_secret(raw)
+    except ValueError:
+        raise ConfigError("the secret file %s must hold exactly 64 hex characters" % path) from None
 
 
 # --- The worker process ------------------------------------------------------------------------------------
@@ -477,7 +401,7 @@ class Supervisor:
         agent_nonce = protocol.new_nonce()
         conn.settimeout(self.config.frame_timeout)
         protocol.send_frame(conn, self.hello(agent_nonce))
-        header, _ = recv_head(conn, _HANDSHAKE_HEADER_BYTES, 0, self.config.frame_timeout)
+        header, _ = protocol.recv_head(conn, _HANDSHAKE_HEADER_BYTES, 0, self.config.frame_timeout)
         controller_nonce = header.get("nonce")
         if (
             header["type"] != protocol.AUTH
@@ -522,7 +446,7 @@ class Supervisor:
                     self._worker_between_requests()
                     continue  # a request that came meanwhile has not run yet: read it next round
                 if conn.fileno() in ready:
-                    header, body_len = recv_head(
+                    header, body_len = protocol.recv_head(
                         conn, protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
                     )
                     try:
@@ -609,7 +533,7 @@ class Supervisor:
         remaining = body_len
         try:
             worker.sock.settimeout(self.config.frame_timeout)
-            worker.sock.sendall(frame_head(header, body_len))
+            worker.sock.sendall(protocol.frame_head(header, body_len))
             buf = bytearray(min(body_len, CHUNK_BYTES))
             view = memoryview(buf)
             while remaining:
@@ -649,7 +573,7 @@ class Supervisor:
         controller_error: Optional[Exception] = None
         try:
             conn.settimeout(self.config.frame_timeout)
-            conn.sendall(frame_head(frame.header, frame.body_len))
+            conn.sendall(protocol.frame_head(frame.header, frame.body_len))
         except OSError as exc:
             controller_error = exc
         remaining = frame.body_len
@@ -790,7 +714,7 @@ class Supervisor:
     def _read_worker_frame(self, request_id: Any) -> Any:
         """The header of the worker's next frame as a _Frame, or the reply fields if it was invalid or died."""
         try:
-            header, body_len = recv_head(
+            header, body_len = protocol.recv_head(
                 self.worker.sock, protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
             )
         except socket.timeout as exc:

@@ -29,7 +29,6 @@ import types
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import capture, protocol
-from .supervisor import decode_header
 
 _session_module = types.ModuleType("__main__")
 sys.modules["__main__"] = _session_module
@@ -68,12 +67,10 @@ def _recv_request(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray]:
     """
     prefix = bytearray(protocol.PREFIX.size)
     _recv_into(sock, prefix)
-    magic, head_len, body_len = protocol.PREFIX.unpack(bytes(prefix))
-    if magic != protocol.MAGIC:
-        raise LinkBroken("bad frame magic %r from the supervisor" % (magic,))
+    head_len, body_len = protocol.parse_prefix(prefix)
     raw = bytearray(head_len)
     _recv_into(sock, raw)
-    header = decode_header(raw)
+    header = protocol.decode_header(raw)
     body = bytearray(body_len)
     _recv_into(sock, body)
     return header, body

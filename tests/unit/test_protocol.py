@@ -292,6 +292,39 @@ def test_frame_reader_resumes_after_a_non_blocking_socket_runs_dry(pair):
     assert reader.frame() == ({"type": "pong", "generation": 3}, bytearray(b"body"))
 
 
+def test_recv_head_leaves_the_body_on_the_socket(pair):
+    a, b = pair
+    a.sendall(b"".join(protocol.frame_parts({"type": "load", "id": "7"}, b"blob")) + b"next")
+    assert protocol.recv_head(b, timeout=5) == ({"type": "load", "id": "7"}, 4)
+    assert protocol.recv_exactly(b, 8) == b"blobnext"
+    a.sendall(protocol.frame_head({"type": "ping"}, 0))
+    assert protocol.recv_head(b, max_body=0, timeout=5) == ({"type": "ping"}, 0)
+
+
+def test_recv_head_checks_limits_before_the_header(pair):
+    a, b = pair
+    a.sendall(protocol.frame_head({"type": "load"}, 11))
+    with pytest.raises(protocol.ProtocolViolation, match="body"):
+        protocol.recv_head(b, max_body=10, timeout=5)
+
+
+def test_recv_head_gives_the_whole_header_one_deadline(pair):
+    a, b = pair
+    a.sendall(protocol.frame_head({"type": "exec"}, 0)[:-1])  # the header never completes
+    with pytest.raises(socket.timeout):
+        protocol.recv_head(b, timeout=0.2)
+    a.close()
+    with pytest.raises(protocol.ChannelClosed):  # what is left is the rest of a frame, then EOF
+        protocol.recv_head(b, timeout=5)
+
+
+def test_frame_head_is_the_frame_without_its_body():
+    header = {"type": "exec_reply", "status": "ok"}
+    assert protocol.frame_head(header, 3) + b"abc" == b"".join(protocol.frame_parts(header, b"abc"))
+    with pytest.raises(protocol.ProtocolViolation, match="over limit"):
+        protocol.frame_head(header, protocol.MAX_BODY_BYTES + 1)
+
+
 def test_frame_parts_pass_large_bodies_through_uncopied():
     big = bytearray(1 << 20)
     parts = protocol.frame_parts({"type": "load"}, [big, b"tail"])
