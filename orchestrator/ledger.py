@@ -93,6 +93,15 @@ class CheckpointLedger:
             SessionAttachedElsewhere: we no longer own the session; nothing was stored.
         """
         changed, deleted = delta["vars"], delta["deleted"]
+        if not (changed or deleted or delta["blobs"] or counters):
+            if delta["generation"] != self.record.generation:
+                raise ProtocolError(
+                    f"checkpoint generation {delta['generation']} out of step ({self.record.generation})"
+                )
+            if time.time() - self.record.last_used_at >= _LAST_USED_RESOLUTION:
+                with self.owned() as current:
+                    self._save(current)
+            return delta["unsaved"]
         try:
             parts = protocol.split_body(body, [entry["size"] for entry in delta["blobs"]])
         except protocol.ProtocolViolation as exc:
@@ -111,8 +120,6 @@ class CheckpointLedger:
             raise ProtocolError(
                 f"the agent's checkpoint would hold {sum(blob_sizes.values())} bytes, over the quota of {self.quota}"
             )
-        if not (changed or deleted or counters) and time.time() - self.record.last_used_at < _LAST_USED_RESOLUTION:
-            return delta["unsaved"]
         with self.owned() as current:
             self._store.write_blobs(self.session_id, {d: blobs[d] for d in blobs if d in blob_sizes})
             current.generation, current.variables, current.blob_sizes = delta["generation"], variables, blob_sizes

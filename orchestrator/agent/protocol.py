@@ -56,9 +56,7 @@ PONG = "pong"
 GOODBYE = "goodbye"
 # Worker -> supervisor only: the cell finished, checkpointing starts (its own time limit).
 CELL_DONE = "cell_done"
-# Supervisor -> worker: the cell is done and seen; checkpoint now (under the checkpoint's clock).
-CHECKPOINT_GO = "checkpoint_go"
-# Supervisor -> controller, during an exec: the cell ended, the checkpoint's own time limit runs now.
+# Supervisor -> controller, during an exec whose checkpoint takes a while: its own time limit runs now.
 CHECKPOINTING = "checkpointing"
 
 # Outcomes of a request as the agent reports them in ``status``.

@@ -3,18 +3,20 @@
 Standard library only; it never runs user code and never unpickles. It connects to the
 controller's Unix socket (and reconnects whenever the connection drops, so a restarted
 controller can reattach to a live session), proves it knows the sandbox's secret, relays
-each request to the worker process and enforces the timeout ladder: SIGINT, then after a
-grace period a kill of the worker's process group and a fresh, empty worker that the
-controller restores. SIGUSR1 plus a new socket file at the channel path is a takeover: the
-supervisor drops the old connection (interrupting what runs) and connects to the new one.
+each request to the worker process and enforces the timeout ladder: an interrupt (SIGINT for
+a cell or a load, SIGUSR2 for a checkpoint), then after a grace period a kill of the worker's
+process group and a fresh, empty worker that the controller restores. SIGUSR1 plus a new
+socket file at the channel path is a takeover: the supervisor drops the old connection
+(interrupting what runs) and connects to the new one.
 
 Bodies are never held whole here: request bodies (restore blobs, set_value payloads) are
 copied from the controller to the worker, and reply bodies (checkpoint blobs) from the
 worker to the controller, in chunks of at most ``CHUNK_BYTES``. See docs/protocol.md.
 
-The supervisor-worker link uses the same frames plus two private messages: the worker's
-``cell_done`` when a cell finished (the checkpoint clock starts) and the supervisor's answer
-``checkpoint_go``, after which any SIGINT the worker gets is meant for the checkpoint.
+The supervisor-worker link uses the same frames plus one private message: the worker's
+``cell_done`` when a cell finished (the checkpoint's clock starts). A checkpoint that is
+still running ``NOTICE_DELAY`` later is announced to the controller (``checkpointing``), which
+then gives the call the checkpoint's deadline; a fast one costs no extra frame.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ CHUNK_BYTES = 1 << 20
 DEFAULT_CHANNEL = "/run/orchestrator/channel.sock"
 DEFAULT_SECRET_FILE = "/run/orchestrator/secret"
 DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
+NOTICE_DELAY = 0.05  # a checkpoint still running after this long is announced to the controller
 CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows them 10 s plus the grace)
 _WORKER_START_SECONDS = 60.0
 _WORKER_START_ATTEMPTS = 3
@@ -181,9 +184,10 @@ class WorkerProcess:
     def fds(self) -> List[int]:
         return [self.sock.fileno()] + ([self.pidfd] if self.pidfd is not None else [])
 
-    def interrupt(self) -> None:
+    def interrupt(self, phase: str) -> None:
+        """SIGINT stops a cell or a load; SIGUSR2 a checkpoint, so a late cell interrupt can never cut one short."""
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGINT)
+            os.kill(self.pid, signal.SIGUSR2 if phase == "checkpoint" else signal.SIGINT)
 
     def pending(self) -> Optional[bytes]:
         """Without blocking: b'' when the socket is at EOF, some bytes when it has data, None when empty."""
@@ -399,7 +403,7 @@ class Supervisor:
     def handshake(self, conn: socket.socket) -> bool:
         """hello -> auth -> auth_ok (docs/protocol.md); False when the peer does not prove the secret."""
         agent_nonce = protocol.new_nonce()
-        conn.settimeout(self.config.frame_timeout)
+        self._frame_limit(conn)
         protocol.send_frame(conn, self.hello(agent_nonce))
         header, _ = protocol.recv_head(conn, _HANDSHAKE_HEADER_BYTES, 0, self.config.frame_timeout)
         controller_nonce = header.get("nonce")
@@ -424,8 +428,13 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self._send(self.conn, header)
 
+    def _frame_limit(self, sock: socket.socket) -> None:
+        """Give ``sock`` the per-frame time limit (each settimeout is a system call: skip it when already set)."""
+        if sock.gettimeout() != self.config.frame_timeout:
+            sock.settimeout(self.config.frame_timeout)
+
     def _send(self, conn: socket.socket, header: Dict[str, Any], body: Any = b"") -> None:
-        conn.settimeout(self.config.frame_timeout)
+        self._frame_limit(conn)
         protocol.send_frame(conn, header, body)
 
     # -- serving requests
@@ -516,7 +525,7 @@ class Supervisor:
         buf = bytearray(min(size, CHUNK_BYTES))
         view = memoryview(buf)
         while size:
-            conn.settimeout(self.config.frame_timeout)
+            self._frame_limit(conn)
             got = conn.recv_into(view[: min(size, CHUNK_BYTES)])
             if not got:
                 raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
@@ -532,13 +541,13 @@ class Supervisor:
         worker = self.worker
         remaining = body_len
         try:
-            worker.sock.settimeout(self.config.frame_timeout)
+            self._frame_limit(worker.sock)
             worker.sock.sendall(protocol.frame_head(header, body_len))
             buf = bytearray(min(body_len, CHUNK_BYTES))
             view = memoryview(buf)
             while remaining:
                 try:
-                    conn.settimeout(self.config.frame_timeout)
+                    self._frame_limit(conn)
                     got = conn.recv_into(view[: min(remaining, CHUNK_BYTES)])
                     if not got:
                         raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
@@ -572,7 +581,7 @@ class Supervisor:
             return
         controller_error: Optional[Exception] = None
         try:
-            conn.settimeout(self.config.frame_timeout)
+            self._frame_limit(conn)
             conn.sendall(protocol.frame_head(frame.header, frame.body_len))
         except OSError as exc:
             controller_error = exc
@@ -581,7 +590,7 @@ class Supervisor:
         view = memoryview(buf)
         while remaining:
             try:
-                self.worker.sock.settimeout(self.config.frame_timeout)
+                self._frame_limit(self.worker.sock)
                 got = self.worker.sock.recv_into(view[: min(remaining, CHUNK_BYTES)])
                 if not got:
                     raise protocol.ChannelClosed("the worker closed its socket in the middle of a frame")
@@ -601,7 +610,7 @@ class Supervisor:
     def _read_worker(self, size: int) -> bytearray:
         buf = bytearray()
         while len(buf) < size:
-            self.worker.sock.settimeout(self.config.frame_timeout)
+            self._frame_limit(self.worker.sock)
             data = self.worker.sock.recv(min(size - len(buf), CHUNK_BYTES))
             if not data:
                 raise protocol.ChannelClosed("the worker closed its socket in the middle of a frame")
@@ -643,18 +652,20 @@ class Supervisor:
             phase, limit = "request", _seconds(request.get("timeout"), CONTROL_STEP_SECONDS)
         started = time.monotonic()
         deadline = started + limit
-        interrupted = False  # SIGINT sent in the current phase
+        interrupted = False  # interrupt sent in the current phase
         cell_interrupted = False
         cell_duration: Optional[float] = None
+        notice_at: Optional[float] = None  # when to tell the controller the checkpoint's clock runs
         takeover = False
         while True:
             if not takeover and self._takeover_due():
                 takeover = True
                 if not interrupted:
-                    self.worker.interrupt()
+                    self.worker.interrupt(phase)
                     interrupted = True
                 deadline = min(deadline, time.monotonic()) + self.config.grace
-            ready = {key.fd for key, _ in self.busy.select(max(0.0, deadline - time.monotonic()))}
+            wake = deadline if notice_at is None else min(deadline, notice_at)
+            ready = {key.fd for key, _ in self.busy.select(max(0.0, wake - time.monotonic()))}
             if self.wake_r in ready:
                 self._drain_wakeups()
             worker = self.worker
@@ -668,14 +679,9 @@ class Supervisor:
                     return frame
                 if frame.header["type"] == protocol.CELL_DONE and phase == "cell" and frame.body_len == 0:
                     cell_duration = time.monotonic() - started
-                    try:
-                        worker.sock.settimeout(self.config.frame_timeout)
-                        protocol.send_frame(worker.sock, {"type": protocol.CHECKPOINT_GO, "id": request_id})
-                    except OSError:
-                        pass  # a dead worker: the next read reports how it died
                     phase, interrupted = "checkpoint", False
                     deadline = time.monotonic() + checkpoint_limit
-                    self._tell_controller({"type": protocol.CHECKPOINTING, "id": request_id})
+                    notice_at = time.monotonic() + NOTICE_DELAY
                     continue
                 if frame.header["type"] != reply_type:
                     return self._misbehaved_in(frame, phase, "the worker sent %r, not a reply" % frame.header["type"])
@@ -686,13 +692,17 @@ class Supervisor:
                     raise _Takeover(request_id)
                 info.update(status=protocol.STATUS_CRASHED, ran=True, phase=phase)
                 return info
+            if notice_at is not None and time.monotonic() >= notice_at:
+                # The checkpoint takes a while: the controller moves its deadline to the checkpoint's.
+                self._tell_controller({"type": protocol.CHECKPOINTING, "id": request_id})
+                notice_at = None
             if time.monotonic() < deadline:
                 continue
             if takeover:
                 self._replace_worker()
                 raise _Takeover(request_id)
             if not interrupted:
-                self.worker.interrupt()
+                self.worker.interrupt(phase)
                 interrupted = True
                 cell_interrupted = cell_interrupted or phase == "cell"
                 deadline = time.monotonic() + self.config.grace

@@ -7,15 +7,17 @@ that the request caused. It installs the session namespace as ``__main__`` befor
 dill, so that functions defined in cells pickle with a reference to the namespace rather
 than a copy.
 
-SIGINT is the supervisor's interrupt. It raises KeyboardInterrupt only inside the phases
-that may be stopped (the cell, unpickling one value, pickling one value for a checkpoint)
-and at most once per phase; anywhere else, frame I/O above all, it is only noted, so a
-late interrupt can never tear a frame. A checkpoint that is interrupted names the values
-it had not saved yet and replies normally.
+The supervisor's interrupts: SIGINT stops a cell or the unpickling of one value, SIGUSR2 a
+checkpoint. Each raises KeyboardInterrupt only inside its own phase (and at most once per
+phase); anywhere else, frame I/O above all, it is only noted, so a late interrupt can never
+tear a frame, and a cell's interrupt that comes as the cell ends cannot cut its checkpoint
+short. A checkpoint that is interrupted names the values it had not saved yet and replies
+normally.
 """
 
 from __future__ import annotations
 
+import _signal  # signal without its enum wrappers: handlers are checked on every call
 import contextlib
 import gc
 import json
@@ -38,10 +40,6 @@ from . import cells, checkpoint  # noqa: E402  (imports dill, which must see the
 _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
 _MISSING = object()
 _MAX_REASON = 200
-
-
-class LinkBroken(Exception):
-    """The supervisor sent something this worker cannot follow; the worker exits."""
 
 
 def _fresh_namespace(namespace: Dict[str, Any]) -> None:
@@ -93,18 +91,32 @@ class Worker:
         self.cell_number = 0
         self.phase = _IDLE
         self.armed = False  # a KeyboardInterrupt may be raised right now
-        self.stop_checkpoint = False  # SIGINT came during the checkpoint: pickle nothing more
+        self.stop_checkpoint = False  # SIGUSR2 came during the checkpoint: pickle nothing more
+        self.cell_done_for: Any = _MISSING  # the exec whose cell_done is still to be sent
         self.restored_frozen: Dict[str, Any] = {}  # digest -> immutable value loaded in this restore
         self._body: Optional[bytearray] = None  # the current request's body, until a handler takes it
+        self._handlers = ((signal.SIGINT, self._on_sigint), (signal.SIGUSR2, self._on_sigusr2))
 
     # -- the interrupt
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.phase == _CHECKPOINT:
-            self.stop_checkpoint = True
-        if self.armed:
+        if self.armed and self.phase in (_CELL, _LOAD):
             self.armed = False  # once: the code that catches it must not be interrupted again
             raise KeyboardInterrupt
+
+    def _on_sigusr2(self, signum: int, frame: Any) -> None:
+        if self.phase != _CHECKPOINT:
+            return
+        self.stop_checkpoint = True
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+    def _install_handlers(self) -> None:
+        """Ours, whatever cell code installed: the ladder needs them (checked first: this runs on every call)."""
+        for signum, handler in self._handlers:
+            if _signal.getsignal(signum) is not handler:
+                _signal.signal(signum, handler)
 
     def _enter(self, phase: str) -> None:
         self.phase = phase
@@ -112,7 +124,9 @@ class Worker:
         self.stop_checkpoint = False
 
     def _guarded_dumps(self, name: str, value: Any) -> checkpoint.Blob:
-        """checkpoint.dumps that SIGINT may stop; KeyboardInterrupt tells the tracker time is up."""
+        """checkpoint.dumps that SIGUSR2 may stop; KeyboardInterrupt tells the tracker time is up."""
+        if self.cell_done_for is not _MISSING:
+            self._announce_checkpoint()
         if self.stop_checkpoint:
             raise KeyboardInterrupt
         try:
@@ -136,7 +150,7 @@ class Worker:
             protocol.send_frame(self.sock, fallback)
 
     def serve(self) -> None:
-        signal.signal(signal.SIGINT, self._on_sigint)
+        self._install_handlers()
         hello = {"type": protocol.HELLO, "python": platform.python_version(), "dill": checkpoint.dill.__version__}
         protocol.send_frame(self.sock, dict(hello, pid=os.getpid()))
         while True:
@@ -145,8 +159,7 @@ class Worker:
                 header, self._body = _recv_request(self.sock)
             except protocol.ChannelClosed:
                 return
-            # Cell code may have replaced the handler; the ladder needs ours.
-            signal.signal(signal.SIGINT, self._on_sigint)
+            self._install_handlers()
             reply, parts = self.handle(header)
             self._body = None  # restore input can be hundreds of MB: free it before the reply goes out
             self._enter(_IDLE)
@@ -189,13 +202,14 @@ class Worker:
     # -- checkpoints
 
     def checkpoint(self) -> Tuple[Dict[str, Any], List[Any], float]:
-        """The delta since the last checkpoint; SIGINT from here on means: out of time."""
+        """The delta since the last checkpoint; SIGUSR2 from here on means: out of time."""
         started = time.monotonic()
         self.phase = _CHECKPOINT
         try:
             delta, parts = self.tracker.delta(self.namespace, self._guarded_dumps)
         finally:
             self.phase = _IDLE
+            self.cell_done_for = _MISSING
         return delta, parts, time.monotonic() - started
 
     def state_reply(self) -> Tuple[Dict[str, Any], List[Any]]:
@@ -233,7 +247,7 @@ class Worker:
             sys.stdout, sys.stderr = saved_streams
             self.phase = _IDLE
         duration = time.monotonic() - started
-        signal.signal(signal.SIGINT, self._on_sigint)  # the checkpoint must be interruptible whatever the cell did
+        self._install_handlers()  # the checkpoint must be interruptible whatever the cell did
         for stream in (out, err):
             with contextlib.suppress(Exception):  # the cell may have closed it
                 stream.flush()
@@ -253,16 +267,18 @@ class Worker:
         return reply, parts
 
     def _cell_done(self, request_id: Any) -> None:
-        """Tell the supervisor the cell finished, and wait until it switched to the checkpoint's clock.
+        """The cell finished; the checkpoint (interrupted by SIGUSR2 from now on) follows.
 
-        A SIGINT the supervisor sent for the cell's deadline before it read ``cell_done`` lands
-        while we wait here (idle: only noted), so it cannot cut the checkpoint short.
+        The supervisor's clock switches from the cell's to the checkpoint's when it hears
+        ``cell_done``; that is sent only before the first value is pickled, so the common
+        checkpoint that pickles nothing costs no extra frame.
         """
-        protocol.send_frame(self.sock, {"type": protocol.CELL_DONE, "id": request_id})
-        header, _ = _recv_request(self.sock)
-        if header.get("type") != protocol.CHECKPOINT_GO or header.get("id") != request_id:
-            raise LinkBroken("expected %s for %r, got %r" % (protocol.CHECKPOINT_GO, request_id, header.get("type")))
         self._enter(_CHECKPOINT)
+        self.cell_done_for = request_id
+
+    def _announce_checkpoint(self) -> None:
+        request_id, self.cell_done_for = self.cell_done_for, _MISSING
+        protocol.send_frame(self.sock, {"type": protocol.CELL_DONE, "id": request_id})
 
     def load(self, header: Dict[str, Any], body: bytearray) -> Tuple[Dict[str, Any], List[Any]]:
         name = header.get("name")
@@ -346,6 +362,6 @@ def main() -> None:
     quota = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     try:
         Worker(sock, int(sys.argv[2]), quota).serve()
-    except (LinkBroken, protocol.ProtocolViolation, protocol.ChannelClosed, OSError) as exc:
+    except (protocol.ProtocolViolation, protocol.ChannelClosed, OSError) as exc:
         print("orchestrator worker: %s" % exc, file=sys.stderr)
         sys.exit(3)
