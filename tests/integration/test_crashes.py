@@ -11,6 +11,7 @@ import docker
 import pytest
 
 from orchestrator import (
+    AgentStartTimeout,
     Orchestrator,
     SandboxCrashed,
     SandboxError,
@@ -187,3 +188,14 @@ def test_worker_killed_from_outside_during_a_call(orch: Orchestrator, stateful: 
     assert info.value.restored is True
     assert "SIGKILL" in str(info.value)
     assert_state_back(stateful)
+
+
+def test_an_agent_that_never_connects_is_agent_start_timeout(settings: Settings, make_orch, run_id: str) -> None:
+    """A container that starts but whose agent never connects: a typed error, and nothing left behind."""
+    quiet = make_orch(settings.replace(agent_command=("python3", "-c", "import time; time.sleep(60)"), start_timeout=2))
+    started = time.monotonic()
+    with pytest.raises(AgentStartTimeout, match="did not connect within 2 s"):
+        quiet.create_session(labels={"orchestrator.test.run": run_id})
+    assert time.monotonic() - started < 15
+    assert quiet.containers() == []
+    assert quiet.sessions() == []
