@@ -193,6 +193,8 @@ class Channel:
             self._fail(ChannelLost(f"the agent closed the channel ({exc})"), exc)
         except protocol.ProtocolViolation as exc:
             self._fail(ProtocolError(f"the agent sent an invalid frame: {exc}"), exc)
+        except MemoryError as exc:  # a body within max_body that this host cannot hold
+            self._fail(ProtocolError(f"the agent's frame does not fit in this controller's memory ({exc})"), exc)
         except OSError as exc:
             self._fail(ChannelLost(f"reading from the agent failed: {exc}"), exc)
         self._reader = None
