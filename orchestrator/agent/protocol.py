@@ -368,19 +368,34 @@ def recv_frame(
     return reader.frame()
 
 
+def limit_each_io(sock: socket.socket, seconds: float) -> None:
+    """Make ``sock`` blocking, with a kernel time limit on each read and each write.
+
+    The kernel's limits (SO_RCVTIMEO / SO_SNDTIMEO) cost nothing per call, where a Python
+    socket time-out costs a poll() before every read and write. A read or write that runs
+    out of time raises BlockingIOError.
+    """
+    sock.setblocking(True)
+    whole = int(seconds)
+    limit = struct.pack("@ll", whole, int((seconds - whole) * 1000000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+
+
 def recv_head(
     sock: socket.socket,
     max_header: int = MAX_HEADER_BYTES,
     max_body: int = MAX_BODY_BYTES,
     timeout: Optional[float] = None,
 ) -> Tuple[Header, int]:
-    """Read a frame's prefix and header, all within ``timeout`` seconds; return (header, body length).
+    """Read a frame's prefix and header, all within about ``timeout`` seconds; return (header, body length).
 
     The body stays on the socket: the caller reads or streams exactly that many bytes next.
-    The socket is left with whatever time-out the last read had.
+    Each read waits as long as the socket allows (``limit_each_io``); the whole header must
+    have arrived by ``timeout``, checked between reads, so it is late by at most one read's limit.
 
     Raises:
-        socket.timeout: the deadline passed before the header was complete.
+        socket.timeout: the deadline (or a read's own limit) passed before the header was complete.
         ChannelClosed: EOF before the header is complete.
         ProtocolViolation: the prefix or the header breaks the format or a limit.
     """
@@ -388,14 +403,12 @@ def recv_head(
     reader = FrameReader(max_header, max_body)
     head = None
     while head is None:
-        if deadline is None:
-            sock.settimeout(None)
-        else:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise socket.timeout("timed out")
-            sock.settimeout(remaining)
-        reader.recv_from(sock)
+        if deadline is not None and time.monotonic() > deadline:
+            raise socket.timeout("timed out")
+        try:
+            reader.recv_from(sock)
+        except BlockingIOError:
+            raise socket.timeout("timed out") from None
         head = reader.head()
     return head
 

@@ -174,8 +174,9 @@ class WorkerProcess:
         with contextlib.suppress(AttributeError, OSError):  # Linux >= 5.3, Python >= 3.9
             self.pidfd = os.pidfd_open(self.pid)
         try:
-            self.sock.settimeout(_WORKER_START_SECONDS)
+            protocol.limit_each_io(self.sock, _WORKER_START_SECONDS)
             hello, _ = protocol.recv_frame(self.sock, max_body=0)
+            protocol.limit_each_io(self.sock, config.frame_timeout)
         except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
             self.kill()
             raise RuntimeError("the worker did not start: %s" % exc) from None
@@ -359,6 +360,7 @@ class Supervisor:
                 sock.connect(self.config.channel)
                 if os.stat(self.config.channel).st_ino == inode:
                     self.channel_inode = inode
+                    protocol.limit_each_io(sock, self.config.frame_timeout)
                     return sock
             except OSError:
                 pass
@@ -403,7 +405,6 @@ class Supervisor:
     def handshake(self, conn: socket.socket) -> bool:
         """hello -> auth -> auth_ok (docs/protocol.md); False when the peer does not prove the secret."""
         agent_nonce = protocol.new_nonce()
-        self._frame_limit(conn)
         protocol.send_frame(conn, self.hello(agent_nonce))
         header, _ = protocol.recv_head(conn, _HANDSHAKE_HEADER_BYTES, 0, self.config.frame_timeout)
         controller_nonce = header.get("nonce")
@@ -428,14 +429,8 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self._send(self.conn, header)
 
-    def _frame_limit(self, sock: socket.socket) -> None:
-        """Give ``sock`` the per-frame time limit (each settimeout is a system call: skip it when already set)."""
-        if sock.gettimeout() != self.config.frame_timeout:
-            sock.settimeout(self.config.frame_timeout)
-
     def _send(self, conn: socket.socket, header: Dict[str, Any], body: Any = b"") -> None:
-        self._frame_limit(conn)
-        protocol.send_frame(conn, header, body)
+        protocol.send_frame(conn, header, body)  # within the socket's own limits (limit_each_io)
 
     # -- serving requests
 
@@ -525,7 +520,6 @@ class Supervisor:
         buf = bytearray(min(size, CHUNK_BYTES))
         view = memoryview(buf)
         while size:
-            self._frame_limit(conn)
             got = conn.recv_into(view[: min(size, CHUNK_BYTES)])
             if not got:
                 raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
@@ -541,13 +535,11 @@ class Supervisor:
         worker = self.worker
         remaining = body_len
         try:
-            self._frame_limit(worker.sock)
             worker.sock.sendall(protocol.frame_head(header, body_len))
             buf = bytearray(min(body_len, CHUNK_BYTES))
             view = memoryview(buf)
             while remaining:
                 try:
-                    self._frame_limit(conn)
                     got = conn.recv_into(view[: min(remaining, CHUNK_BYTES)])
                     if not got:
                         raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
@@ -556,7 +548,7 @@ class Supervisor:
                     raise ConnectionLost("reading a request body: %s" % (exc or type(exc).__name__)) from None
                 remaining -= got
                 worker.sock.sendall(view[:got])
-        except socket.timeout:
+        except (socket.timeout, BlockingIOError):  # BlockingIOError: the kernel's limit (limit_each_io)
             self._replace_worker()
             self.worker_lost = {"reason": "the worker stopped reading its request; it was killed", "oom": False}
         except OSError:
@@ -581,7 +573,6 @@ class Supervisor:
             return
         controller_error: Optional[Exception] = None
         try:
-            self._frame_limit(conn)
             conn.sendall(protocol.frame_head(frame.header, frame.body_len))
         except OSError as exc:
             controller_error = exc
@@ -590,7 +581,6 @@ class Supervisor:
         view = memoryview(buf)
         while remaining:
             try:
-                self._frame_limit(self.worker.sock)
                 got = self.worker.sock.recv_into(view[: min(remaining, CHUNK_BYTES)])
                 if not got:
                     raise protocol.ChannelClosed("the worker closed its socket in the middle of a frame")
@@ -610,7 +600,6 @@ class Supervisor:
     def _read_worker(self, size: int) -> bytearray:
         buf = bytearray()
         while len(buf) < size:
-            self._frame_limit(self.worker.sock)
             data = self.worker.sock.recv(min(size - len(buf), CHUNK_BYTES))
             if not data:
                 raise protocol.ChannelClosed("the worker closed its socket in the middle of a frame")
@@ -619,7 +608,7 @@ class Supervisor:
 
     def _worker_failed(self, exc: BaseException) -> Dict[str, Any]:
         """The worker stalled or vanished in the middle of a frame: replace it; return the reply fields."""
-        if isinstance(exc, socket.timeout):
+        if isinstance(exc, (socket.timeout, BlockingIOError)):
             return self._worker_misbehaved(
                 "the worker stopped for %.0f s in the middle of a frame" % self.config.frame_timeout
             )

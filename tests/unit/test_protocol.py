@@ -7,6 +7,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -310,12 +311,34 @@ def test_recv_head_checks_limits_before_the_header(pair):
 
 def test_recv_head_gives_the_whole_header_one_deadline(pair):
     a, b = pair
+    protocol.limit_each_io(b, 0.1)  # each read waits at most 0.1 s (a kernel limit: no poll per read)
     a.sendall(protocol.frame_head({"type": "exec"}, 0)[:-1])  # the header never completes
+    started = time.monotonic()
     with pytest.raises(socket.timeout):
         protocol.recv_head(b, timeout=0.2)
+    assert time.monotonic() - started < 1.0
     a.close()
     with pytest.raises(protocol.ChannelClosed):  # what is left is the rest of a frame, then EOF
         protocol.recv_head(b, timeout=5)
+
+
+def test_a_peer_that_trickles_cannot_stretch_recv_head_past_its_deadline(pair):
+    a, b = pair
+    protocol.limit_each_io(b, 0.2)
+    head = protocol.frame_head({"type": "exec", "pad": "x" * 50}, 0)
+
+    def trickle() -> None:
+        for byte in head[:-1]:
+            a.sendall(bytes([byte]))
+            time.sleep(0.05)
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    started = time.monotonic()
+    with pytest.raises(socket.timeout):
+        protocol.recv_head(b, timeout=0.5)
+    assert time.monotonic() - started < 1.0  # the deadline plus at most one read's limit
+    sender.join()
 
 
 def test_frame_head_is_the_frame_without_its_body():
