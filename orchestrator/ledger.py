@@ -93,11 +93,10 @@ class CheckpointLedger:
             SessionAttachedElsewhere: we no longer own the session; nothing was stored.
         """
         changed, deleted = delta["vars"], delta["deleted"]
+        expected = self.record.generation + (1 if changed or deleted else 0)
+        if delta["generation"] != expected:
+            raise ProtocolError(f"checkpoint generation {delta['generation']} out of step (expected {expected})")
         if not (changed or deleted or delta["blobs"] or counters):
-            if delta["generation"] != self.record.generation:
-                raise ProtocolError(
-                    f"checkpoint generation {delta['generation']} out of step ({self.record.generation})"
-                )
             if time.time() - self.record.last_used_at >= _LAST_USED_RESOLUTION:
                 with self.owned() as current:
                     self._save(current)
@@ -109,9 +108,6 @@ class CheckpointLedger:
         blobs = {entry["digest"]: part for entry, part in zip(delta["blobs"], parts, strict=True)}
         if not set(changed.values()) <= set(blobs) | set(self.record.blob_sizes):
             raise ProtocolError("checkpoint names a blob that was neither sent nor stored")
-        expected = self.record.generation + (1 if changed or deleted else 0)
-        if delta["generation"] != expected:
-            raise ProtocolError(f"checkpoint generation {delta['generation']} out of step (expected {expected})")
         variables = {k: v for k, v in self.record.variables.items() if k not in deleted}
         variables.update(changed)
         sizes = {**self.record.blob_sizes, **{d: len(b) for d, b in blobs.items()}}
@@ -122,11 +118,7 @@ class CheckpointLedger:
             )
         with self.owned() as current:
             self._store.write_blobs(self.session_id, {d: blobs[d] for d in blobs if d in blob_sizes})
-            current.generation, current.variables, current.blob_sizes = delta["generation"], variables, blob_sizes
-            for name, value in (counters or {}).items():
-                setattr(current, name, value)
-            self._save(current)
-            self._store.collect_garbage(current)
+            self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **(counters or {}))
         return delta["unsaved"]
 
     def drop(self, names: dict[str, str]) -> None:
@@ -134,10 +126,20 @@ class CheckpointLedger:
         if not names:
             return
         with self.owned() as current:
-            current.variables = {k: v for k, v in current.variables.items() if k not in names}
-            current.blob_sizes = {d: s for d, s in current.blob_sizes.items() if d in set(current.variables.values())}
-            self._save(current)
-            self._store.collect_garbage(current)
+            variables = {k: v for k, v in current.variables.items() if k not in names}
+            live = set(variables.values())
+            self._replace_manifest(current, variables, {d: s for d, s in current.blob_sizes.items() if d in live})
+
+    def _replace_manifest(
+        self, current: SessionRecord, variables: dict[str, str], blob_sizes: dict[str, int], **fields: int
+    ) -> None:
+        """Switch to a new manifest in one rename, then delete the blobs that left it (under the store lock)."""
+        gone = set(current.blob_sizes) - set(blob_sizes)
+        current.variables, current.blob_sizes = variables, blob_sizes
+        for name, value in fields.items():
+            setattr(current, name, value)
+        self._save(current)
+        self._store.delete_blobs(self.session_id, gone)
 
     def delete(self) -> None:
         """Remove the record and every blob."""

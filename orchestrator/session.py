@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .agent import protocol
-from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend
+from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend, ContainerState
 from .config import Settings
 from .connection import Header, TakenOver
 from .endpoint import discard_sandbox_dir
@@ -65,23 +65,23 @@ class Recovery:
 
     replace_sandbox: bool
     """True: remove the container and start another; False: the agent lives, restore into its fresh worker."""
-    error: Callable[[BaseException, Session], type[OrchestratorError]]
+    error: Callable[[BaseException, ContainerState | None], type[OrchestratorError]]
+    """The error class, from the failure and (for a dead container) how the container ended."""
 
 
-def _crash_kind(exc: BaseException, session: Session) -> type[OrchestratorError]:
-    if isinstance(exc, _WorkerReplaced):
-        return SandboxOutOfMemory if exc.failure["oom"] else SandboxCrashed
-    return SandboxOutOfMemory if session._last_death_was_oom else SandboxCrashed
+def _crash_kind(exc: BaseException, death: ContainerState | None) -> type[OrchestratorError]:
+    oom = exc.failure["oom"] if isinstance(exc, _WorkerReplaced) else death is not None and death.oom_killed
+    return SandboxOutOfMemory if oom else SandboxCrashed
 
 
 # The failure model (README "Failure model"): failure -> (sandbox action, error raised after the restore).
 RECOVERY: dict[str, Recovery] = {
     "worker died (crash, kill -9, OOM)": Recovery(False, _crash_kind),
-    "worker ignored the interrupt and was killed": Recovery(False, lambda e, s: ExecutionTimeout),
-    "worker sent a forged or invalid frame": Recovery(False, lambda e, s: ProtocolError),
+    "worker ignored the interrupt and was killed": Recovery(False, lambda e, d: ExecutionTimeout),
+    "worker sent a forged or invalid frame": Recovery(False, lambda e, d: ProtocolError),
     "container died or was removed during the call": Recovery(True, _crash_kind),
-    "agent did not answer by the deadline": Recovery(True, lambda e, s: ExecutionTimeout),
-    "agent sent an invalid reply": Recovery(True, lambda e, s: ProtocolError),
+    "agent did not answer by the deadline": Recovery(True, lambda e, d: ExecutionTimeout),
+    "agent sent an invalid reply": Recovery(True, lambda e, d: ProtocolError),
 }
 
 
@@ -141,8 +141,6 @@ class Session:
         self._on_close = on_close
         self._lock = threading.RLock()
         self._sandbox: Sandbox | None = None
-        self._last_death_was_oom = False
-        self._death_cause = ""
         self._unreported_failures: dict[str, str] = {}
         self.state = SessionState.READY
         self.restore_failures: dict[str, str] = {}
@@ -295,8 +293,7 @@ class Session:
             try:
                 with self._ledger.owned():
                     if self._sandbox is not None:
-                        self._sandbox.remove()
-                        self._sandbox = None
+                        self._remove_sandbox()
                     elif self._ledger.record.container_id:
                         self._discard(self._ledger.record.sandbox_id, self._ledger.record.container_id)
                     self.remove_strays()
@@ -344,9 +341,7 @@ class Session:
         """Start a new sandbox for this session and restore its checkpoint into it."""
         record = self._ledger.record
         if self._sandbox is not None:
-            with self._ledger.owned():  # a stale handle stops here and keeps its sandbox to release
-                self._sandbox.remove()
-            self._sandbox = None
+            self._remove_sandbox()
         elif record.container_id:
             self._discard(record.sandbox_id, record.container_id)
         sandbox = Sandbox.start(
@@ -431,8 +426,8 @@ class Session:
             except (_WorkerReplaced, ChannelLost, AgentTimeoutError, ProtocolError) as exc:
                 kind = _classify(exc)
                 assert kind is not None
-                self._recover(RECOVERY[kind], exc)
-                raise self._recovered_error(RECOVERY[kind], kind, exc) from None
+                death = self._recover(RECOVERY[kind], exc)
+                raise self._recovered_error(RECOVERY[kind], kind, exc, death) from None
         except (TakenOver, SessionAttachedElsewhere) as exc:
             self._become_stale()
             raise SessionAttachedElsewhere(
@@ -460,32 +455,40 @@ class Session:
             raise _WorkerReplaced(failure)
         raise ProtocolError("the agent lost its worker twice before running the request")
 
-    def _recover(self, recovery: Recovery, exc: BaseException) -> None:
-        """Bring the session back to its last checkpoint; if even that fails, drop the sandbox for the next call."""
-        self._last_death_was_oom = False
+    def _recover(self, recovery: Recovery, exc: BaseException) -> ContainerState | None:
+        """Bring the session back to its last checkpoint; if even that fails, drop the sandbox for the next call.
+
+        Returns how the container ended when the channel was lost with it (None otherwise, or when it is gone).
+        """
+        death = None
         try:
             if not recovery.replace_sandbox:
                 self._restore()
-                return
+                return None
             if isinstance(exc, ChannelLost) and self._sandbox is not None:
-                state = self._sandbox.settled_state()
-                self._last_death_was_oom = state is not None and state.oom_killed
-                self._death_cause = "the sandbox container was removed" if state is None else state.describe()
+                death = self._sandbox.settled_state()
             self.start()
         except (TakenOver, SessionAttachedElsewhere):
             raise
         except OrchestratorError:
-            if self._sandbox is not None:
-                with self._ledger.owned():
-                    self._sandbox.remove()
-                self._sandbox = None
+            self._remove_sandbox()
             raise
+        return death
 
-    def _recovered_error(self, recovery: Recovery, kind: str, exc: BaseException) -> OrchestratorError:
-        error = recovery.error(exc, self)
+    def _remove_sandbox(self) -> None:
+        """Remove our sandbox, only while we own the session (a stale handle stops here and keeps it to release)."""
+        if self._sandbox is not None:
+            with self._ledger.owned():
+                self._sandbox.remove()
+            self._sandbox = None
+
+    def _recovered_error(
+        self, recovery: Recovery, kind: str, exc: BaseException, death: ContainerState | None
+    ) -> OrchestratorError:
+        error = recovery.error(exc, death)
         detail = exc.failure["reason"] if isinstance(exc, _WorkerReplaced) else str(exc)
         if isinstance(exc, ChannelLost):
-            detail = f"{self._death_cause} ({exc})"
+            detail = f"{death.describe() if death else 'the sandbox container was removed'} ({exc})"
         if isinstance(exc, _WorkerReplaced) and exc.failure["phase"] == "checkpoint":
             kind = "checkpointing took longer than checkpoint_timeout and ignored the interrupt"
         message = (

@@ -25,7 +25,7 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -302,14 +302,11 @@ class SessionStore:
         except OSError as exc:
             raise CheckpointError(f"checkpoint of session {session_id} is damaged: {exc}") from exc
 
-    def collect_garbage(self, record: SessionRecord) -> None:
-        """Delete blobs the record does not reference (call inside ``transaction``, after ``save``)."""
-        live = set(record.blob_sizes)
-        blob_dir = self._dir(record.session_id) / "blobs"
-        for entry in blob_dir.iterdir():
-            if entry.name not in live:
-                with contextlib.suppress(OSError):
-                    entry.unlink()
+    def delete_blobs(self, session_id: str, digests: Iterable[str]) -> None:
+        """Delete blobs no manifest references any more (call inside ``transaction``, after ``save``)."""
+        for blob_digest in digests:
+            with contextlib.suppress(OSError):
+                self.blob_path(session_id, blob_digest).unlink()
 
     def delete(self, session_id: str) -> None:
         """Remove a session's record and checkpoints (call inside ``transaction``; missing is fine)."""
