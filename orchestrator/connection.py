@@ -118,7 +118,7 @@ class AgentConnection:
         try:
             self._channel.send(header, body, deadline=deadline)
         except ChannelLost:
-            self._goodbye_behind_a_broken_pipe()
+            self._raise_if_goodbye()  # a takeover's goodbye may wait behind the pipe that just broke
             raise
         while True:
             reply, reply_body = self._channel.recv(deadline=deadline)
@@ -139,21 +139,15 @@ class AgentConnection:
             TakenOver: it said goodbye.
             ChannelLost: it hung up or sent something unasked (the sandbox is not usable as is).
         """
-        if not self._channel.has_pending():
-            return
-        try:
-            message, _ = self._channel.recv(deadline=time.monotonic() + _GOODBYE_WAIT)
-        except TransportError as exc:
-            raise ChannelLost(f"the agent hung up between calls ({exc})") from None
-        if message.get("type") == protocol.GOODBYE:
-            raise TakenOver(parse_goodbye(message))
-        raise ChannelLost(f"the agent sent {str(message.get('type'))[:64]!r} unasked between calls")
+        if self._channel.has_pending():
+            self._raise_if_goodbye()
+            raise ChannelLost("the agent hung up or spoke unasked between calls")
 
-    def _goodbye_behind_a_broken_pipe(self) -> None:
-        """A takeover's goodbye may be waiting to be read behind the pipe that just broke."""
+    def _raise_if_goodbye(self) -> None:
+        """Read what the agent sent unasked; TakenOver if it is a goodbye, else return."""
         try:
             message, _ = self._channel.recv(deadline=time.monotonic() + _GOODBYE_WAIT)
-        except (TransportError, AgentTimeoutError):
+        except TransportError:
             return
         if message.get("type") == protocol.GOODBYE:
             raise TakenOver(parse_goodbye(message))

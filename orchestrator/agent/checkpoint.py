@@ -259,10 +259,6 @@ class Tracker:
         self._sizes: Dict[str, int] = {}
         self._unsaved_last: Set[str] = set()
 
-    @property
-    def saved_names(self) -> List[str]:
-        return list(self._saved)
-
     def _hold(self, blob_digest: str, size: int) -> None:
         count = self._refs.get(blob_digest, 0)
         if count == 0:
