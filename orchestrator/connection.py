@@ -4,13 +4,16 @@ Knows nothing of containers or sessions. ``open`` waits for the agent on an ``En
 runs the handshake of docs/protocol.md (both sides prove they know the sandbox's secret);
 ``request`` sends one request and returns the reply that echoes its id, with every byte of
 both directions under the caller's deadline. A ``goodbye`` (another controller took the
-sandbox over) ends the connection with ``TakenOver``. This is where host calls made during a
-cell (LM sub-calls) will be answered.
+sandbox over) ends the connection with ``TakenOver``. Host calls that arrive while a request
+waits for its reply go to the request's ``CallDesk``; the loop keeps reading while their
+answers are written, so neither side can block the other.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import select
 import time
 import uuid
 from collections.abc import Sequence
@@ -19,6 +22,7 @@ from typing import Any
 from .agent import protocol
 from .endpoint import Endpoint
 from .errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
+from .hostcalls import CallDesk
 from .messages import Goodbye, Hello, parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel
 
@@ -101,12 +105,19 @@ class AgentConnection:
             return cls(channel, hello)
 
     def request(
-        self, header: Header, body: Body = b"", *, deadline: float, checkpoint_seconds: float | None = None
+        self,
+        header: Header,
+        body: Body = b"",
+        *,
+        deadline: float,
+        checkpoint_seconds: float | None = None,
+        desk: CallDesk | None = None,
     ) -> tuple[Header, bytearray]:
         """Send one request and return its reply; every byte both ways must move before ``deadline``.
 
         With ``checkpoint_seconds``, the agent's ``checkpointing`` notice (the cell ended) moves
-        the deadline to that many seconds from its arrival, once.
+        the deadline to that many seconds from its arrival, once. Host calls made meanwhile go
+        to ``desk`` (without one, each is answered with an error).
 
         Raises:
             TakenOver: the agent said goodbye (the request was not kept).
@@ -120,9 +131,17 @@ class AgentConnection:
         except ChannelLost:
             self._raise_if_goodbye()  # a takeover's goodbye may wait behind the pipe that just broke
             raise
+        channel = self._channel
         while True:
-            reply, reply_body = self._channel.recv(deadline=deadline)
+            frame = channel.poll_recv()
+            if frame is None:
+                self._wait(deadline, desk)
+                continue
+            reply, reply_body = frame
             kind = reply.get("type")
+            if kind == protocol.HOST_CALL and reply.get("id") == header["id"]:
+                self._host_call(reply, reply_body, desk)
+                continue
             if kind == protocol.GOODBYE:
                 raise TakenOver(parse_goodbye(reply))
             if reply.get("id") != header["id"]:
@@ -130,7 +149,39 @@ class AgentConnection:
             if kind == protocol.CHECKPOINTING and checkpoint_seconds is not None and not reply_body:
                 deadline, checkpoint_seconds = time.monotonic() + checkpoint_seconds, None
                 continue
+            if channel.has_queued:  # the agent drops these answers; a frame cut in half would not be dropped
+                channel.flush(deadline=deadline)
             return reply, reply_body
+
+    def _wait(self, deadline: float, desk: CallDesk | None) -> None:
+        """Until the channel is readable (or writable with answers queued), an answer is ready, or a time limit."""
+        channel = self._channel
+        poller = select.poll()
+        poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
+        wake = deadline
+        if desk is not None:
+            poller.register(desk.wake_fd, select.POLLIN)
+            wake = min(deadline, desk.next_expiry())
+        remaining = wake - time.monotonic()
+        if remaining <= 0 and wake == deadline:
+            raise AgentTimeoutError("the agent sent no complete reply: the deadline passed")
+        poller.poll(max(0, math.ceil(remaining * 1000)))
+        if desk is not None:
+            for answer, answer_body in desk.answers():
+                channel.enqueue(answer, answer_body)
+        if channel.has_queued:
+            channel.flush()
+
+    def _host_call(self, frame: Header, body: bytearray, desk: CallDesk | None) -> None:
+        """A host call of the running cell: to the desk, or refused at once."""
+        call, name = frame.get("call"), frame.get("name")
+        if type(call) is not int or not isinstance(name, str):
+            raise ProtocolError("a host_call frame without a call number and a handler name")
+        if desk is None:
+            error = f"host call {name[:64]!r}: this cell was run without host calls"
+            self._channel.enqueue({"type": protocol.HOST_REPLY, "call": call, "status": "error", "error": error})
+        else:
+            desk.submit(call, name, body)
 
     def check_idle(self) -> None:
         """Between calls the agent is silent; if it spoke, find out why.

@@ -184,6 +184,7 @@ class ExecReply(TypedDict):
     duration: float
     checkpoint_duration: float
     checkpoint: CheckpointDelta
+    scaffold: dict[str, Any] | None
 
 
 def parse_exec_reply(header: dict[str, Any]) -> ExecReply:
@@ -201,7 +202,16 @@ def parse_exec_reply(header: dict[str, Any]) -> ExecReply:
         duration=float(expect(header, "duration", (int, float))),
         checkpoint_duration=float(expect(header, "checkpoint_duration", (int, float))),
         checkpoint=parse_delta(header),
+        scaffold=expect(header, "scaffold", dict, optional=True),
     )
+
+
+def parse_install_reply(header: dict[str, Any]) -> str | None:
+    """None when the scaffold was installed, else why not; call ``worker_failure`` first."""
+    _expect_type(header, protocol.INSTALL_REPLY)
+    if parse_status(header) == protocol.STATUS_OK:
+        return None
+    return expect(header, "reason", str)
 
 
 def parse_state_reply(header: dict[str, Any]) -> CheckpointDelta:

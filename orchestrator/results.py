@@ -50,6 +50,7 @@ class ExecResult:
             and not counted against the cell's timeout).
         restore_failures: values a restore before this call (the sandbox had died between
             calls) could not bring back, with the reason; they were dropped.
+        scaffold: what the session scaffold's ``after_cell`` returned (``Session.set_scaffold``), or None.
     """
 
     stdout: str = ""
@@ -61,6 +62,7 @@ class ExecResult:
     generation: int = 0
     checkpoint_duration: float = 0.0
     restore_failures: dict[str, str] = field(default_factory=dict)
+    scaffold: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -82,4 +84,5 @@ class ExecResult:
             generation=generation,
             checkpoint_duration=reply["checkpoint_duration"],
             restore_failures=restore_failures,
+            scaffold=reply["scaffold"],
         )

@@ -22,6 +22,7 @@ from .config import Settings
 from .connection import AgentConnection, Body, Header
 from .endpoint import UnixSocketEndpoint
 from .errors import AgentStartTimeout, AgentTimeoutError, OrchestratorError
+from .hostcalls import CallDesk
 from .messages import parse_load_reply, parse_restore_reply
 from .store import new_sandbox_id
 
@@ -165,11 +166,20 @@ class Sandbox:
         return cls(backend, settings, container_id, endpoint, connection)
 
     def request(
-        self, header: Header, body: Body = b"", *, seconds: float, checkpoint_seconds: float | None = None
+        self,
+        header: Header,
+        body: Body = b"",
+        *,
+        seconds: float,
+        checkpoint_seconds: float | None = None,
+        desk: CallDesk | None = None,
     ) -> tuple[Header, bytearray]:
-        """One request to the agent within ``seconds`` (and ``checkpoint_seconds`` once the cell ended)."""
+        """One request to the agent within ``seconds`` (and ``checkpoint_seconds`` once the cell ended).
+
+        Host calls the cell makes meanwhile go to ``desk``.
+        """
         return self.connection.request(
-            header, body, deadline=time.monotonic() + seconds, checkpoint_seconds=checkpoint_seconds
+            header, body, deadline=time.monotonic() + seconds, checkpoint_seconds=checkpoint_seconds, desk=desk
         )
 
     def restore(

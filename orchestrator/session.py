@@ -13,7 +13,8 @@ import enum
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,8 +36,9 @@ from .errors import (
     SessionClosed,
     SessionNotFound,
 )
+from .hostcalls import CallDesk, HostCalls
 from .ledger import CheckpointLedger
-from .messages import WorkerFailure, parse_exec_reply, parse_state_reply, worker_failure
+from .messages import WorkerFailure, parse_exec_reply, parse_install_reply, parse_state_reply, worker_failure
 from .results import ExecResult
 from .sandbox import Sandbox
 
@@ -142,6 +144,8 @@ class Session:
         self._lock = threading.RLock()
         self._sandbox: Sandbox | None = None
         self._unreported_failures: dict[str, str] = {}
+        self._scaffold: tuple[str, list[str]] | None = None
+        self._host_executor: ThreadPoolExecutor | None = None
         self.state = SessionState.READY
         self.restore_failures: dict[str, str] = {}
         """Values the last restore could not bring back, with the reason (they were dropped)."""
@@ -188,13 +192,15 @@ class Session:
         hello = self._sandbox.connection.hello
         return {"protocol": hello["protocol"], "python": hello["python"], "dill": hello["dill"]}
 
-    def execute(self, code: str, timeout: float | None = None) -> ExecResult:
+    def execute(self, code: str, timeout: float | None = None, *, host_calls: HostCalls | None = None) -> ExecResult:
         """Run ``code`` in the session's namespace and checkpoint the result.
 
         Args:
             code: Python source; a trailing expression's repr becomes ``return_value``.
             timeout: seconds the cell may run (default ``Settings.exec_timeout``); the
                 checkpoint afterwards has its own limit, ``Settings.checkpoint_timeout``.
+            host_calls: handlers that code in the sandbox may call while this cell runs
+                (``host_call(name, payload)`` in the scaffold; see ``set_scaffold``).
 
         Returns:
             ExecResult; an exception raised by the code is in ``.error``, not raised.
@@ -226,13 +232,68 @@ class Session:
         }
         slack = self._settings.interrupt_grace + self._settings.reply_margin
         with self._lock:
-            return self._call(
-                header,
-                b"",
-                limit + slack,
-                lambda r, b: self._exec_result(r, b, limit),
-                checkpoint_seconds=self._settings.checkpoint_timeout + slack,
-            )
+            desk = None if host_calls is None else CallDesk(host_calls, self._executor())
+            try:
+                return self._call(
+                    header,
+                    b"",
+                    limit + slack,
+                    lambda r, b: self._exec_result(r, b, limit),
+                    checkpoint_seconds=self._settings.checkpoint_timeout + slack,
+                    desk=desk,
+                )
+            finally:
+                if desk is not None:
+                    desk.close()
+
+    def set_scaffold(self, code: str, *, names: Collection[str] = ()) -> None:
+        """Install the code that supports this session's cells in every worker, now and after each restart.
+
+        ``code`` runs in a module of its own (not the session namespace), with ``host_call``
+        and ``HostCallError`` among its globals. It may define ``before_cell(namespace)``,
+        called before every cell (to install helpers or restore names a cell overwrote), and
+        ``after_cell(namespace)``, whose JSON-able result every ``ExecResult.scaffold`` carries.
+        ``names`` are the session names the scaffold makes: they are never checkpointed.
+
+        Raises:
+            ConfigError: the code or the names are not valid, or the code raised in the sandbox.
+        """
+        if not isinstance(code, str):
+            raise ConfigError(f"scaffold code must be a str, not {type(code).__name__}")
+        listed = sorted(set(names))
+        if not all(isinstance(name, str) and name.isidentifier() for name in listed):
+            raise ConfigError(f"scaffold names must be identifiers, got {listed!r}")
+        with self._lock:
+            previous, self._scaffold = self._scaffold, (code, listed)
+            try:
+                live = self._sandbox is not None
+                self._ready_sandbox()  # a sandbox it starts gets the scaffold with its restore
+                if live:
+                    self._install_scaffold()
+            except ConfigError:
+                self._scaffold = previous
+                raise
+
+    def set_value(
+        self, name: str, payload: str | bytes | dict[str, Any] | list[Any], *, aliases: Collection[str] = ()
+    ) -> None:
+        """Store ``payload`` as the variable ``name`` (and each alias), checkpointed; dicts and lists travel as JSON.
+
+        Like ``add_context``, the value is made on the host, so it travels once, as raw bytes.
+        """
+        names = [name, *aliases]
+        if not all(isinstance(n, str) and n.isidentifier() for n in names):
+            raise ConfigError(f"variable names must be identifiers, got {names!r}")
+        kind, raw = _encode_payload(payload)
+        header = {
+            "type": protocol.SET_VALUE,
+            "name": name,
+            "kind": kind,
+            "aliases": list(aliases),
+            "checkpoint_timeout": self._settings.checkpoint_timeout,
+        }
+        with self._lock:
+            self._call(header, raw, self._control_seconds(), lambda r, b: self._commit_state(r, b, {}))
 
     def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
         """Load a context into the namespace as ``context_<index>`` (``context`` aliases ``context_0``).
@@ -280,6 +341,12 @@ class Session:
             self._release_sandbox()
             self.state = SessionState.DETACHED
 
+    def _executor(self) -> ThreadPoolExecutor:
+        """Threads for host-call handlers (made on first use; each cell bounds its own share)."""
+        if self._host_executor is None:
+            self._host_executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix=f"host-calls-{self.id}")
+        return self._host_executor
+
     def close(self) -> None:
         """Remove the container and the stored state. Closing twice is fine.
 
@@ -304,6 +371,7 @@ class Session:
             except SessionNotFound:
                 self._release_sandbox()
             finally:
+                self._stop_host_calls()
                 if self.state is not SessionState.DETACHED:
                     self.state = SessionState.CLOSED
                 if self._on_close is not None:
@@ -378,11 +446,32 @@ class Session:
         self._unreported_failures.update(failures)
         if failures:
             logger.warning("session %s: could not restore %s", self.id, ", ".join(sorted(failures)))
+        if self._scaffold is not None:
+            self._install_scaffold()
+
+    def _install_scaffold(self) -> None:
+        """Run the scaffold in the (fresh or restored) worker; a scaffold that raises there is the caller's error."""
+        assert self._sandbox is not None and self._scaffold is not None
+        code, names = self._scaffold
+        seconds = self._settings.start_timeout
+        header = {"type": protocol.INSTALL, "code": code, "names": names, "timeout": seconds}
+        reply, _ = self._sandbox.request(header, seconds=seconds + self._settings.interrupt_grace)
+        failure = worker_failure(reply)
+        reason = failure["reason"] if failure is not None else parse_install_reply(reply)
+        if reason is not None:
+            self._remove_sandbox()  # its worker may be empty now; the next call starts and restores a new one
+            raise ConfigError(f"the scaffold of session {self.id} failed in the sandbox: {reason}")
 
     def _release_sandbox(self) -> None:
         if self._sandbox is not None:
             self._sandbox.release()
             self._sandbox = None
+        self._stop_host_calls()
+
+    def _stop_host_calls(self) -> None:
+        if self._host_executor is not None:
+            self._host_executor.shutdown(wait=False)  # a handler still running is left to finish on its own
+            self._host_executor = None
 
     def _become_stale(self) -> None:
         self._release_sandbox()
@@ -418,11 +507,12 @@ class Session:
         accept: Callable[[dict[str, Any], bytearray], T],
         *,
         checkpoint_seconds: float | None = None,
+        desk: CallDesk | None = None,
     ) -> T:
         """One request with recovery: whatever goes wrong, the session is usable again before we raise."""
         try:
             try:
-                return self._attempt(header, body, seconds, accept, checkpoint_seconds)
+                return self._attempt(header, body, seconds, accept, checkpoint_seconds, desk)
             except (_WorkerReplaced, ChannelLost, AgentTimeoutError, ProtocolError) as exc:
                 kind = _classify(exc)
                 assert kind is not None
@@ -441,11 +531,14 @@ class Session:
         seconds: float,
         accept: Callable[[dict[str, Any], bytearray], T],
         checkpoint_seconds: float | None,
+        desk: CallDesk | None,
     ) -> T:
         for attempt in range(2):
             sandbox = self._ready_sandbox()
             header.pop("id", None)
-            reply, reply_body = sandbox.request(header, body, seconds=seconds, checkpoint_seconds=checkpoint_seconds)
+            reply, reply_body = sandbox.request(
+                header, body, seconds=seconds, checkpoint_seconds=checkpoint_seconds, desk=desk
+            )
             failure = worker_failure(reply)
             if failure is None:
                 return accept(reply, reply_body)

@@ -104,6 +104,7 @@ class Channel:
         self._reader: protocol.FrameReader | None = None
         self._send_broken: str | None = None
         self._recv_broken: str | None = None
+        self._outbox: list[memoryview] = []  # queued frames (host-call answers), sent as the socket takes them
 
     def send(
         self,
@@ -175,20 +176,29 @@ class Channel:
             ChannelLost: the agent's end closed, or the channel failed before.
             ProtocolError: the bytes were not a valid frame within the limits.
         """
+        while True:
+            frame = self.poll_recv()
+            if frame is not None:
+                return frame
+            assert self._reader is not None
+            wait_for(self._sock, select.POLLIN, deadline, functools.partial(self._receiving, self._reader))
+
+    def poll_recv(self) -> tuple[protocol.Header, bytearray] | None:
+        """Read what has arrived without waiting: a complete frame, or None (the part that came is kept).
+
+        Raises:
+            ChannelLost, ProtocolError: as ``recv``.
+        """
         if self._recv_broken is not None:
             raise ChannelLost(f"cannot receive from the agent: {self._recv_broken}")
         if self._reader is None:
             self._reader = protocol.FrameReader(self._max_header, self._max_body)
         reader = self._reader
         try:
-            while True:
-                try:
-                    if reader.recv_from(self._sock):
-                        break
-                except BlockingIOError:
-                    wait_for(self._sock, select.POLLIN, deadline, functools.partial(self._receiving, reader))
-        except TransportError:
-            raise
+            while not reader.recv_from(self._sock):
+                pass
+        except BlockingIOError:
+            return None
         except protocol.ChannelClosed as exc:
             self._fail(ChannelLost(f"the agent closed the channel ({exc})"), exc)
         except protocol.ProtocolViolation as exc:
@@ -201,6 +211,53 @@ class Channel:
         header, body = reader.frame()
         logger.debug("received a %r frame with a body of %d bytes", header.get("type"), len(body))
         return header, body
+
+    def enqueue(self, header: protocol.Header, body: protocol.Body = b"") -> None:
+        """Queue a frame for ``flush``, so a caller that must keep reading never blocks on a write.
+
+        Raises:
+            ProtocolError: the frame is over the protocol's limits (nothing was queued).
+        """
+        try:
+            parts = protocol.frame_parts(header, body)
+        except protocol.ProtocolViolation as exc:
+            raise ProtocolError(f"refusing to send a {header.get('type')!r} frame: {exc}") from exc
+        self._outbox.extend(memoryview(part).cast("B") for part in parts)
+
+    @property
+    def has_queued(self) -> bool:
+        return bool(self._outbox)
+
+    def flush(self, *, deadline: float | None = 0.0) -> None:
+        """Send queued frames: as much as the socket takes now (deadline 0.0), or all of them by ``deadline``.
+
+        Raises:
+            AgentTimeoutError: a deadline other than 0.0 passed with frames still queued.
+            ChannelLost: the agent's end is closed (the queue is dropped).
+        """
+        if self._send_broken is not None:
+            self._outbox.clear()
+            raise ChannelLost(f"cannot send to the agent: {self._send_broken}")
+        while self._outbox:
+            view = self._outbox[0]
+            try:
+                count = self._sock.send(view, _SEND_FLAGS)
+            except BlockingIOError:
+                if deadline == 0.0:
+                    return
+                wait_for(self._sock, select.POLLOUT, deadline, lambda: "the agent stopped reading host-call answers")
+                continue
+            except OSError as exc:
+                self._send_broken = f"sending failed: {exc}"
+                self._outbox.clear()
+                raise ChannelLost(f"sending to the agent failed: {exc}") from exc
+            if count == len(view):
+                self._outbox.pop(0)
+            else:
+                self._outbox[0] = view[count:]
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
 
     def has_pending(self) -> bool:
         """True when the agent sent something or hung up, without blocking (between calls it should be silent)."""

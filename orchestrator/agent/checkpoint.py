@@ -25,7 +25,7 @@ import hashlib
 import sys
 import types
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, Union
 
 import dill
 
@@ -258,6 +258,7 @@ class Tracker:
         self._refs: Dict[str, int] = {}  # digest -> how many saved names hold it
         self._sizes: Dict[str, int] = {}
         self._unsaved_last: Set[str] = set()
+        self.excluded: FrozenSet[str] = frozenset()  # names the session's scaffold owns: never saved
 
     def _hold(self, blob_digest: str, size: int) -> None:
         count = self._refs.get(blob_digest, 0)
@@ -315,7 +316,10 @@ class Tracker:
         pickled_now: Dict[int, Blob] = {}
         out_of_time = False
 
-        items = [(name, value) for name, value in list(namespace.items()) if not is_internal(name)]
+        excluded = self.excluded
+        items = [
+            (name, value) for name, value in list(namespace.items()) if not is_internal(name) and name not in excluded
+        ]
         present = {name for name, _ in items}
         # Deletions first: they free quota for what follows. Values that failed last time go last,
         # so one that keeps timing out cannot starve the values after it.

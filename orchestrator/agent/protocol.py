@@ -24,7 +24,7 @@ import struct
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAGIC = b"ORC1"
 PREFIX = struct.Struct("!4sII")  # magic, header length, body length
 MAX_HEADER_BYTES = 16 << 20
@@ -47,17 +47,23 @@ RESTORE_BEGIN = "restore_begin"
 LOAD = "load"
 RESTORE_END = "restore_end"
 PING = "ping"
+INSTALL = "install"  # the session's scaffold: code run in its own module of every worker (docs/protocol.md)
 # Replies and notices the agent sends.
 EXEC_REPLY = "exec_reply"
 STATE_REPLY = "state_reply"
 LOAD_REPLY = "load_reply"
 RESTORE_REPLY = "restore_reply"
 PONG = "pong"
+INSTALL_REPLY = "install_reply"
 GOODBYE = "goodbye"
 # Worker -> supervisor only: the cell finished, checkpointing starts (its own time limit).
 CELL_DONE = "cell_done"
 # Supervisor -> controller, during an exec whose checkpoint takes a while: its own time limit runs now.
 CHECKPOINTING = "checkpointing"
+# Host calls (docs/protocol.md): worker -> supervisor -> controller while a cell runs, and the answer back.
+HOST_CALL = "host_call"
+HOST_REPLY = "host_reply"
+HOST_CALL_MAX_BYTES = 16 << 20  # default bound of one host call's JSON payload or result
 
 # Outcomes of a request as the agent reports them in ``status``.
 STATUS_OK = "ok"

@@ -14,7 +14,10 @@ copied from the controller to the worker, and reply bodies (checkpoint blobs) fr
 worker to the controller, in chunks of at most ``CHUNK_BYTES``. See docs/protocol.md.
 
 The supervisor-worker link uses the same frames plus one private message: the worker's
-``cell_done`` when a cell finished (the checkpoint's clock starts). A checkpoint that is
+``cell_done`` when a cell finished (the checkpoint's clock starts). Host calls come from the
+worker on a second link of their own; the supervisor relays them to the controller only
+while a cell runs, relays the controller's answers back, and answers every call still open
+when the cell ends (or any call made outside a cell) with an error itself. A checkpoint that is
 still running ``NOTICE_DELAY`` later is announced to the controller (``checkpointing``), which
 then gives the call the checkpoint's deadline; a fast one costs no extra frame.
 """
@@ -55,7 +58,9 @@ REPLY_TYPES = {
     protocol.RESTORE_BEGIN: protocol.RESTORE_REPLY,
     protocol.LOAD: protocol.LOAD_REPLY,
     protocol.RESTORE_END: protocol.RESTORE_REPLY,
+    protocol.INSTALL: protocol.INSTALL_REPLY,
 }
+_CALL_HEADER_BYTES = 64 << 10  # a host call's header holds its number and handler name
 
 
 def log(message: str) -> None:
@@ -121,6 +126,10 @@ class Config:
             _env_number(environ, "ORCH_MAX_BODY", protocol.MAX_BODY_BYTES, True), protocol.MAX_BODY_BYTES
         )
         self.checkpoint_quota = _env_number(environ, "ORCH_CHECKPOINT_QUOTA", 0, True)
+        self.host_call_max = (
+            _env_number(environ, "ORCH_HOST_CALL_MAX_BYTES", protocol.HOST_CALL_MAX_BYTES, True)
+            or protocol.HOST_CALL_MAX_BYTES
+        )
 
 
 def read_secret(path: str) -> bytes:
@@ -145,6 +154,8 @@ class WorkerProcess:
     def __init__(self, config: Config) -> None:
         ours, theirs = socket.socketpair()
         self.sock = ours
+        calls_ours, calls_theirs = socket.socketpair()
+        self.calls: Optional[socket.socket] = calls_ours  # the host-call link; None once closed
         self.oom_baseline = oom_kill_count()
         # The worker gets no ORCH_* variable: nothing that names the secret or the channel.
         env = {key: value for key, value in os.environ.items() if not key.startswith("ORCH_")}
@@ -157,8 +168,10 @@ class WorkerProcess:
                     str(theirs.fileno()),
                     str(config.output_limit),
                     str(config.checkpoint_quota),
+                    str(calls_theirs.fileno()),
+                    str(config.host_call_max),
                 ],
-                pass_fds=[theirs.fileno()],
+                pass_fds=[theirs.fileno(), calls_theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 stdout=sys.stderr,
                 env=env,
@@ -166,9 +179,11 @@ class WorkerProcess:
             )
         except BaseException:
             ours.close()
+            calls_ours.close()
             raise
         finally:
             theirs.close()
+            calls_theirs.close()
         self.pid = self.proc.pid
         self.pidfd: Optional[int] = None
         with contextlib.suppress(AttributeError, OSError):  # Linux >= 5.3, Python >= 3.9
@@ -177,6 +192,7 @@ class WorkerProcess:
             protocol.limit_each_io(self.sock, _WORKER_START_SECONDS)
             hello, _ = protocol.recv_frame(self.sock, max_body=0)
             protocol.limit_each_io(self.sock, config.frame_timeout)
+            protocol.limit_each_io(calls_ours, config.frame_timeout)
         except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
             self.kill()
             raise RuntimeError("the worker did not start: %s" % exc) from None
@@ -199,7 +215,14 @@ class WorkerProcess:
         except OSError:
             return b""
 
+    def close_calls(self) -> None:
+        if self.calls is not None:
+            with contextlib.suppress(OSError):
+                self.calls.close()
+            self.calls = None
+
     def _close(self) -> None:
+        self.close_calls()
         with contextlib.suppress(OSError):
             self.sock.close()
         if self.pidfd is not None:
@@ -272,6 +295,9 @@ class Supervisor:
         self.takeover_requested = False
         self.channel_inode: Optional[int] = None
         self.conn: Optional[socket.socket] = None  # the controller connection being served
+        self.open_calls: Dict[int, Any] = {}  # host calls relayed for the running exec: call -> its request id
+        self.conn_lost = False  # the controller's connection broke during the request being served
+        self.watching_conn = False  # the controller's connection is in the busy selector
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
@@ -302,13 +328,20 @@ class Supervisor:
         for sel in (self.idle, self.busy):
             for fd in worker.fds():
                 sel.register(fd, selectors.EVENT_READ)
+            if worker.calls is not None:
+                sel.register(worker.calls, selectors.EVENT_READ)
         return worker
 
     def _forget(self, worker: WorkerProcess) -> None:
+        self.open_calls.clear()  # the link goes with the worker: its callers are gone
+        self._watch_controller(False)
         for sel in (self.idle, self.busy):
             for fd in worker.fds():
                 with contextlib.suppress(KeyError, ValueError):
                     sel.unregister(fd)
+            if worker.calls is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    sel.unregister(worker.calls)
 
     def _replace_worker(self, died: bool = False) -> Optional[Dict[str, Any]]:
         """Kill (or reap, when ``died``) the worker and start a fresh one; return how it died."""
@@ -437,6 +470,7 @@ class Supervisor:
     def serve(self, conn: socket.socket) -> None:
         self.idle.register(conn, selectors.EVENT_READ)
         self.conn = conn
+        self.conn_lost = False
         try:
             while True:
                 if self._takeover_due():
@@ -449,6 +483,9 @@ class Supervisor:
                 if ready & set(self.worker.fds()):
                     self._worker_between_requests()
                     continue  # a request that came meanwhile has not run yet: read it next round
+                if self._calls_fd() in ready:
+                    self._take_call(None, "no cell is running: host calls are answered only while a cell runs")
+                    continue
                 if conn.fileno() in ready:
                     header, body_len = protocol.recv_head(
                         conn, protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
@@ -461,6 +498,7 @@ class Supervisor:
                         )
                         return
         finally:
+            self._watch_controller(False)
             self.conn = None
             self.idle.unregister(conn)
 
@@ -478,6 +516,9 @@ class Supervisor:
     def handle(self, conn: socket.socket, header: Dict[str, Any], body_len: int) -> None:
         kind = header["type"]
         request_id = header.get("id")
+        if kind == protocol.HOST_REPLY:  # the answer to a call of a cell that ended meanwhile: too late
+            self._discard_from(conn, body_len)
+            return
         if kind == protocol.PING:
             self._discard_from(conn, body_len)
             self._send(conn, {"type": protocol.PONG, "id": request_id, "generation": self.generation})
@@ -506,7 +547,10 @@ class Supervisor:
             lost.update(type=reply_type, id=request_id, status=protocol.STATUS_CRASHED, ran=False)
             self._send(conn, lost)
             return
-        outcome = self._await_reply(header, reply_type)
+        try:
+            outcome = self._await_reply(header, reply_type)
+        finally:
+            self._end_calls("the cell that made this host call has ended")
         if isinstance(outcome, _Frame):
             self._deliver(conn, outcome, request_id)
         else:
@@ -620,6 +664,114 @@ class Supervisor:
         self._replace_worker()
         return {"status": protocol.STATUS_PROTOCOL_ERROR, "ran": True, "reason": "%s; it was killed" % why}
 
+    # -- host calls
+
+    def _calls_fd(self) -> int:
+        calls = self.worker.calls
+        return calls.fileno() if calls is not None else -1
+
+    def _take_call(self, request_id: Any, refusal: Optional[str]) -> None:
+        """Read one host call from the worker; relay it to the controller for ``request_id``, or refuse it."""
+        worker = self.worker
+        assert worker.calls is not None
+        try:
+            header, body = protocol.recv_frame(worker.calls, _CALL_HEADER_BYTES, self.config.host_call_max)
+            call, name = header.get("call"), header.get("name")
+            if header["type"] != protocol.HOST_CALL or type(call) is not int or not isinstance(name, str):
+                raise protocol.ProtocolViolation("a %r frame that is not a host call" % header["type"])
+        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
+            # Cell code can write on this link too; once it is out of step, no call can be trusted on it.
+            log("closed the worker's host-call link: %s" % (exc or type(exc).__name__))
+            self._forget_calls(worker)
+            return
+        if refusal is None and (self.conn is None or self.conn_lost):
+            refusal = "the controller is not connected"
+        if refusal is None:
+            assert self.conn is not None
+            try:
+                self._send(self.conn, {"type": protocol.HOST_CALL, "id": request_id, "call": call, "name": name}, body)
+                self.open_calls[call] = request_id
+                self._watch_controller(True)
+                return
+            except OSError:
+                self._lose_controller("sending a host call failed")
+                refusal = "the controller connection was lost"
+        self._answer_worker({"call": call, "status": protocol.STATUS_ERROR, "error": refusal})
+
+    def _take_reply(self) -> None:
+        """Read the controller's answer to a host call and pass it to the worker (a late one is dropped)."""
+        conn = self.conn
+        assert conn is not None
+        try:
+            header, body_len = protocol.recv_head(
+                conn, protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
+            )
+            call = header.get("call")
+            if header["type"] != protocol.HOST_REPLY or call not in self.open_calls:
+                self._discard_from(conn, body_len)
+                return
+            if body_len > self.config.host_call_max:
+                self._discard_from(conn, body_len)
+                header = {
+                    "status": protocol.STATUS_ERROR,
+                    "error": "the result is %d bytes, over the sandbox's %d-byte limit for host calls"
+                    % (body_len, self.config.host_call_max),
+                }
+                body: Any = b""
+            else:
+                body = protocol.recv_exactly(conn, body_len)
+        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
+            self._lose_controller("reading a host call's answer: %s" % (exc or type(exc).__name__))
+            return
+        del self.open_calls[call]
+        self._watch_controller(bool(self.open_calls))
+        self._answer_worker({"call": call, "status": header.get("status"), "error": header.get("error")}, body)
+
+    def _answer_worker(self, header: Dict[str, Any], body: Any = b"") -> None:
+        worker = self.worker
+        if worker.calls is None:
+            return
+        header["type"] = protocol.HOST_REPLY
+        try:
+            protocol.send_frame(worker.calls, header, body)
+        except OSError as exc:
+            log("closed the worker's host-call link: %s" % (exc or type(exc).__name__))
+            self._forget_calls(worker)
+
+    def _end_calls(self, reason: str) -> None:
+        """Answer every host call still open with an error: its cell ended (or its answer cannot come)."""
+        calls, self.open_calls = list(self.open_calls), {}
+        self._watch_controller(False)
+        for call in calls:
+            self._answer_worker({"call": call, "status": protocol.STATUS_ERROR, "error": reason})
+
+    def _watch_controller(self, on: bool) -> None:
+        """Read the controller during a request only while host calls wait for answers (never a request's bytes)."""
+        if on == self.watching_conn or self.conn is None:
+            return
+        if on:
+            self.busy.register(self.conn, selectors.EVENT_READ)
+        else:
+            with contextlib.suppress(KeyError, ValueError):
+                self.busy.unregister(self.conn)
+        self.watching_conn = on
+
+    def _forget_calls(self, worker: WorkerProcess) -> None:
+        """Stop serving the worker's host-call link (its callers see it close and fail)."""
+        self.open_calls.clear()
+        self._watch_controller(False)
+        if worker.calls is not None:
+            for sel in (self.idle, self.busy):
+                with contextlib.suppress(KeyError, ValueError):
+                    sel.unregister(worker.calls)
+        worker.close_calls()
+
+    def _lose_controller(self, why: str) -> None:
+        """The controller's connection broke in the middle of a request: finish the request without it."""
+        log("the controller's connection broke during a request (%s)" % why)
+        self.conn_lost = True
+        self._end_calls("the controller connection was lost")
+
     # -- waiting for the worker: the two clocks and the ladder
 
     def _await_reply(self, request: Dict[str, Any], reply_type: str) -> Any:
@@ -657,6 +809,13 @@ class Supervisor:
             ready = {key.fd for key, _ in self.busy.select(max(0.0, wake - time.monotonic()))}
             if self.wake_r in ready:
                 self._drain_wakeups()
+            if self._calls_fd() in ready:
+                if kind == protocol.EXEC and phase == "cell" and not takeover:
+                    self._take_call(request_id, None)
+                else:
+                    self._take_call(None, "the cell that made this host call has ended")
+            if self.open_calls and self.conn is not None and self.conn.fileno() in ready:
+                self._take_reply()
             worker = self.worker
             if worker.sock.fileno() in ready or (worker.pidfd in ready and worker.pending() is not None):
                 if takeover:
@@ -667,6 +826,7 @@ class Supervisor:
                     frame.update(phase=phase)
                     return frame
                 if frame.header["type"] == protocol.CELL_DONE and phase == "cell" and frame.body_len == 0:
+                    self._end_calls("the cell that made this host call has ended")
                     cell_duration = time.monotonic() - started
                     phase, interrupted = "checkpoint", False
                     deadline = time.monotonic() + checkpoint_limit

@@ -1,11 +1,13 @@
 """The sandbox worker: holds the session's globals and runs cells; the supervisor does everything else.
 
 Standard library plus dill. Started by the supervisor as ``python3 -c 'from
-orchestrator_agent.worker import main; main()' FD OUTPUT_LIMIT QUOTA`` with one end of a
-socket pair on FD. It answers one request at a time with a reply and the checkpoint delta
-that the request caused. It installs the session namespace as ``__main__`` before importing
-dill, so that functions defined in cells pickle with a reference to the namespace rather
-than a copy.
+orchestrator_agent.worker import main; main()' FD OUTPUT_LIMIT QUOTA CALL_FD CALL_MAX`` with
+one end of a socket pair on FD (requests) and of another on CALL_FD (host calls). It answers
+one request at a time with a reply and the checkpoint delta that the request caused. The
+session's scaffold (``install``) runs in a module of its own; its ``before_cell`` and
+``after_cell`` run around every cell, and the names it owns are never checkpointed. It
+installs the session namespace as ``__main__`` before importing dill, so that functions
+defined in cells pickle with a reference to the namespace rather than a copy.
 
 The supervisor's interrupts: SIGINT stops a cell or the unpickling of one value, SIGUSR2 a
 checkpoint. Each raises KeyboardInterrupt only inside its own phase (and at most once per
@@ -26,11 +28,13 @@ import platform
 import signal
 import socket
 import sys
+import threading
 import time
+import traceback
 import types
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from . import capture, protocol
+from . import capture, hostcall, protocol
 
 _session_module = types.ModuleType("__main__")
 sys.modules["__main__"] = _session_module
@@ -81,7 +85,14 @@ def _reason(exc: BaseException) -> str:
 class Worker:
     """Serves requests from the supervisor over one socket."""
 
-    def __init__(self, sock: socket.socket, output_limit: int, quota: int) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        output_limit: int,
+        quota: int,
+        call_sock: Optional[socket.socket] = None,
+        call_max: int = protocol.HOST_CALL_MAX_BYTES,
+    ) -> None:
         self.sock = sock
         self.output_limit = output_limit
         self.quota = quota
@@ -96,13 +107,36 @@ class Worker:
         self.restored_frozen: Dict[str, Any] = {}  # digest -> immutable value loaded in this restore
         self._body: Optional[bytearray] = None  # the current request's body, until a handler takes it
         self._handlers = ((signal.SIGINT, self._on_sigint), (signal.SIGUSR2, self._on_sigusr2))
+        self.shielded = False  # the main thread writes a host-call frame: an interrupt waits until it is out
+        self.deferred = False
+        self.calls = None if call_sock is None else hostcall.HostCallClient(call_sock, call_max, self._shield)
+        self.scaffold: Dict[str, Any] = {}  # the installed scaffold's module namespace
 
     # -- the interrupt
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self.armed and self.phase in (_CELL, _LOAD):
+            if self.shielded:
+                self.deferred = True
+                return
             self.armed = False  # once: the code that catches it must not be interrupted again
             raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def _shield(self) -> Iterator[None]:
+        """Hold the cell's interrupt back while the main thread writes a frame (a torn frame breaks the link)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self.shielded = True
+        try:
+            yield
+        finally:
+            self.shielded = False
+            if self.deferred and self.armed:
+                self.deferred = False
+                self.armed = False
+                raise KeyboardInterrupt
 
     def _on_sigusr2(self, signum: int, frame: Any) -> None:
         if self.phase != _CHECKPOINT:
@@ -121,6 +155,7 @@ class Worker:
     def _enter(self, phase: str) -> None:
         self.phase = phase
         self.armed = False
+        self.deferred = False
         self.stop_checkpoint = False
 
     def _guarded_dumps(self, name: str, value: Any) -> checkpoint.Blob:
@@ -193,6 +228,8 @@ class Worker:
             return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK}, []
         if kind == protocol.RESTORE_END:
             return self.restore_end(header)
+        if kind == protocol.INSTALL:
+            return self.install(header)
         return {
             "type": "error",
             "status": protocol.STATUS_PROTOCOL_ERROR,
@@ -234,11 +271,14 @@ class Worker:
         saved_streams = sys.stdout, sys.stderr
         self._enter(_CELL)
         started = time.monotonic()
+        scaffold = None
         try:
             try:
                 sys.stdout, sys.stderr = out, err
                 self.armed = True
+                self._hook("before_cell")
                 outcome = cells.run_cell(code, self.namespace, self.cell_number)
+                scaffold = self._hook("after_cell")
             finally:
                 self.armed = False
         except KeyboardInterrupt as exc:  # the interrupt landed just outside the user's own code
@@ -264,7 +304,57 @@ class Worker:
             "checkpoint_duration": took,
             "checkpoint": delta,
         }
+        if scaffold is not None:
+            reply["scaffold"] = scaffold
         return reply, parts
+
+    # -- the scaffold
+
+    def install(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
+        """Run the session's scaffold code in a fresh module of its own; it replaces the one before."""
+        code, names = header.get("code"), header.get("names")
+        if not isinstance(code, str) or not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return self._install_reply("install needs code (a str) and names (a list of str)")
+        scope: Dict[str, Any] = {
+            "__name__": "__orchestrator_scaffold__",
+            "__builtins__": __builtins__,
+            "host_call": self.calls.call if self.calls is not None else _no_host_calls,
+            "HostCallError": hostcall.HostCallError,
+        }
+        self._enter(_CELL)
+        try:
+            try:
+                self.armed = True
+                exec(compile(code, "<scaffold>", "exec"), scope)
+            finally:
+                self.armed = False
+        except BaseException:  # even SystemExit: the scaffold is not installed, the worker goes on
+            return self._install_reply("the scaffold raised:\n" + traceback.format_exc(limit=-8)[-8000:])
+        finally:
+            self.phase = _IDLE
+        self.scaffold = scope
+        self.tracker.excluded = frozenset(names)
+        return self._install_reply(None)
+
+    @staticmethod
+    def _install_reply(reason: Optional[str]) -> Tuple[Dict[str, Any], List[Any]]:
+        if reason is None:
+            return {"type": protocol.INSTALL_REPLY, "status": protocol.STATUS_OK}, []
+        return {"type": protocol.INSTALL_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}, []
+
+    def _hook(self, name: str) -> Any:
+        """Call the scaffold's ``name`` with the namespace; a failure goes to the cell's stderr (and gives None)."""
+        hook = self.scaffold.get(name)
+        if hook is None:
+            return None
+        try:
+            result = hook(self.namespace)
+            if result is not None:
+                json.dumps(result)  # it goes into the reply's header: fail here, with a message
+            return result
+        except Exception:
+            sys.stderr.write("orchestrator scaffold: %s failed:\n%s" % (name, traceback.format_exc(limit=-8)))
+            return None
 
     def _cell_done(self, request_id: Any) -> None:
         """The cell finished; the checkpoint (interrupted by SIGUSR2 from now on) follows.
@@ -346,6 +436,10 @@ class Worker:
         return self.state_reply()
 
 
+def _no_host_calls(name: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
+    raise hostcall.HostCallError("this worker has no link for host calls")
+
+
 def _make_worker_the_oom_victim() -> None:
     # If the sandbox runs out of memory the kernel should kill the worker, not the supervisor.
     try:
@@ -356,12 +450,15 @@ def _make_worker_the_oom_victim() -> None:
 
 
 def main() -> None:
-    """Entry point: ``argv[1]`` the socket fd, ``argv[2]`` the output limit per stream, ``argv[3]`` the quota."""
+    """Entry point: ``argv[1]`` the socket fd, ``argv[2]`` the output limit per stream, ``argv[3]`` the quota,
+    ``argv[4]`` the host-call socket fd and ``argv[5]`` the host-call size limit (both optional)."""
     _make_worker_the_oom_victim()
     sock = socket.socket(fileno=int(sys.argv[1]))
     quota = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    call_sock = socket.socket(fileno=int(sys.argv[4])) if len(sys.argv) > 4 else None
+    call_max = int(sys.argv[5]) if len(sys.argv) > 5 else protocol.HOST_CALL_MAX_BYTES
     try:
-        Worker(sock, int(sys.argv[2]), quota).serve()
+        Worker(sock, int(sys.argv[2]), quota, call_sock, call_max).serve()
     except (protocol.ProtocolViolation, protocol.ChannelClosed, OSError) as exc:
         print("orchestrator worker: %s" % exc, file=sys.stderr)
         sys.exit(3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import ExecResult, ProtocolError
+from orchestrator.agent import protocol
 from orchestrator.messages import parse_exec_reply, parse_goodbye, parse_hello, worker_failure
 
 DELTA = {"generation": 0, "blobs": [], "vars": {}, "deleted": [], "unsaved": {}}
@@ -66,7 +67,13 @@ def test_worker_failures_are_told_apart_from_answers():
 
 
 def test_hello_and_goodbye():
-    hello = {"type": "hello", "protocol": 2, "sandbox_id": "sb-1", "generation": 0, "nonce": "ab" * 16}
+    hello = {
+        "type": "hello",
+        "protocol": protocol.PROTOCOL_VERSION,
+        "sandbox_id": "sb-1",
+        "generation": 0,
+        "nonce": "ab" * 16,
+    }
     assert parse_hello(hello)["sandbox_id"] == "sb-1"
     with pytest.raises(ProtocolError, match="rebuild the image"):
         parse_hello({**hello, "protocol": 1})

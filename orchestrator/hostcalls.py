@@ -1,0 +1,206 @@
+"""Host calls: functions of the controller that code in the sandbox calls while its cell runs.
+
+The sandbox has no network. What it needs from the host (an LM sub-call above all) travels
+as a ``host_call`` frame on the agent's channel (docs/protocol.md, "Host calls"): the worker
+sends it, the supervisor relays it, and the controller runs the named handler in a thread
+while it waits for the cell's reply, then sends a ``host_reply`` back. Many calls can be in
+flight at once (threads in the cell, batched forms). Each is bounded in size
+(``max_bytes`` of JSON each way) and in time (``timeout``, and never past the end of its
+cell): a call still running when its cell ends is answered with an error in the sandbox
+and its late result is dropped, never given to a later cell.
+
+Payloads and results are JSON values: the host never unpickles anything from a sandbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .agent import protocol
+from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+HostCallHandler = Callable[[Any], Any]
+"""A handler takes the call's JSON payload and returns a JSON-serializable result (or raises)."""
+
+DEFAULT_MAX_BYTES = 16 << 20
+
+
+class HostCallError(Exception):
+    """Raise in a handler to send the sandbox this message (any other exception is reported by type and text)."""
+
+
+@dataclass(frozen=True)
+class HostCalls:
+    """The host calls one ``Session.execute`` accepts.
+
+    Attributes:
+        handlers: name -> handler. A call naming no handler gets an error in the sandbox.
+        timeout: seconds one call may take (None: until its cell ends).
+        max_concurrent: handlers of this cell running at once; more calls wait their turn.
+        max_bytes: largest JSON payload or result, in bytes, either way.
+    """
+
+    handlers: Mapping[str, HostCallHandler] = field(default_factory=dict)
+    timeout: float | None = None
+    max_concurrent: int = 16
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None and not self.timeout > 0:
+            raise ConfigError(f"HostCalls.timeout must be a positive number of seconds or None, got {self.timeout!r}")
+        if not (isinstance(self.max_concurrent, int) and self.max_concurrent >= 1):
+            raise ConfigError(f"HostCalls.max_concurrent must be an int >= 1, got {self.max_concurrent!r}")
+        if not (isinstance(self.max_bytes, int) and self.max_bytes >= 1):
+            raise ConfigError(f"HostCalls.max_bytes must be an int >= 1, got {self.max_bytes!r}")
+        for name, handler in self.handlers.items():
+            if not isinstance(name, str) or not name or not callable(handler):
+                raise ConfigError(f"HostCalls.handlers maps non-empty names to callables, got {name!r}: {handler!r}")
+
+
+def encode(value: Any, max_bytes: int) -> bytes:
+    """A payload or result as JSON bytes within ``max_bytes`` (HostCallError otherwise)."""
+    try:
+        raw = json.dumps(value, ensure_ascii=False).encode("utf-8", errors="surrogatepass")
+    except (TypeError, ValueError) as exc:
+        raise HostCallError(f"the result is not JSON-serializable: {exc}") from None
+    if len(raw) > max_bytes:
+        raise HostCallError(f"the result is {len(raw)} bytes of JSON, over the {max_bytes}-byte limit")
+    return raw
+
+
+class CallDesk:
+    """The host calls of one running cell: handlers run on an executor, answers queue up for the connection.
+
+    The connection reads frames and never blocks on a handler: it ``submit``s each call, polls
+    ``wake_fd`` beside the channel, and sends what ``answers`` returns. ``close`` (the cell
+    ended) drops every answer still to come; a handler that finishes later is only logged.
+    """
+
+    def __init__(self, calls: HostCalls, executor: Executor) -> None:
+        self._calls = calls
+        self._executor = executor
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._waiting: deque[tuple[int, str, bytearray, float]] = deque()
+        self._running: dict[int, tuple[str, float]] = {}  # call -> (handler name, expiry)
+        self._answers: list[tuple[dict[str, Any], bytes]] = []
+        self._closed = False
+
+    @property
+    def wake_fd(self) -> int:
+        """Readable when an answer is ready."""
+        return self._wake_r
+
+    def submit(self, call: int, name: str, body: bytearray) -> None:
+        """Take one call from the sandbox; it runs now or when a slot of ``max_concurrent`` frees up."""
+        expiry = math.inf if self._calls.timeout is None else time.monotonic() + self._calls.timeout
+        if name not in self._calls.handlers:
+            known = ", ".join(sorted(self._calls.handlers)) or "none"
+            self._answer(call, f"no host call named {name!r} (this cell accepts: {known})")
+        elif len(body) > self._calls.max_bytes:
+            self._answer(call, f"the payload is {len(body)} bytes, over the {self._calls.max_bytes}-byte limit")
+        else:
+            with self._lock:
+                self._waiting.append((call, name, body, expiry))
+            self._start_waiting()
+
+    def answers(self) -> list[tuple[dict[str, Any], bytes]]:
+        """The ``host_reply`` frames ready to send: finished calls, and calls past their time limit."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+        now = time.monotonic()
+        with self._lock:
+            for call, (name, expiry) in list(self._running.items()):
+                if expiry <= now:
+                    del self._running[call]
+                    self._answers.append(
+                        self._error(call, f"host call {name!r} took longer than {self._calls.timeout:g} s")
+                    )
+            for call, name, _, expiry in list(self._waiting):
+                if expiry <= now:
+                    self._waiting.remove((call, name, _, expiry))
+                    self._answers.append(
+                        self._error(call, f"host call {name!r} waited longer than {self._calls.timeout:g} s")
+                    )
+            ready, self._answers = self._answers, []
+        self._start_waiting()
+        return ready
+
+    def next_expiry(self) -> float:
+        """When the next call runs out of time (``math.inf``: none can)."""
+        with self._lock:
+            expiries = [expiry for _, expiry in self._running.values()] + [item[3] for item in self._waiting]
+        return min(expiries, default=math.inf)
+
+    def close(self) -> None:
+        """The cell ended: drop every answer still due, and the wake-up pipe."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            dropped = len(self._running) + len(self._waiting)
+            self._running.clear()
+            self._waiting.clear()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        if dropped:
+            logger.info("the cell ended with %d host calls unanswered; their results will be dropped", dropped)
+
+    def _start_waiting(self) -> None:
+        with self._lock:
+            starting = []
+            while self._waiting and len(self._running) < self._calls.max_concurrent and not self._closed:
+                call, name, body, expiry = self._waiting.popleft()
+                self._running[call] = (name, expiry)
+                starting.append((call, name, body))
+        for call, name, body in starting:
+            self._executor.submit(self._run, call, name, body)
+
+    def _run(self, call: int, name: str, body: bytearray) -> None:
+        try:
+            result = self._calls.handlers[name](json.loads(body.decode("utf-8", errors="surrogatepass")))
+            answer: tuple[dict[str, Any], bytes] = (
+                {"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_OK},
+                encode(result, self._calls.max_bytes),
+            )
+        except HostCallError as exc:
+            answer = self._error(call, str(exc))
+        except Exception as exc:  # a handler's failure is the sandbox's error, never the controller's
+            logger.info("host call %r failed: %s", name, exc, exc_info=True)
+            answer = self._error(call, f"host call {name!r} failed: {type(exc).__name__}: {exc}")
+        with self._lock:
+            if self._closed or self._running.pop(call, None) is None:
+                logger.debug("host call %r finished after its cell ended (or its time limit); dropped", name)
+                return
+            self._answers.append(answer)
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"\0")
+        self._start_waiting()
+
+    def _answer(self, call: int, error: str) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._answers.append(self._error(call, error))
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"\0")
+
+    @staticmethod
+    def _error(call: int, message: str) -> tuple[dict[str, Any], bytes]:
+        return {"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_ERROR, "error": message}, b""

@@ -1,0 +1,253 @@
+"""Runs inside the sandbox: the REPL surface rlms gives its model (llm_query, rlm_query, SHOW_VARS, answer, tools).
+
+The host imports it only for its constants. ``orchestrator.rlm.scaffold`` reads this file as text, appends one
+``_configure(...)`` line and hands it to ``Session.set_scaffold``, which runs it in a module of
+its own in every worker (again after every restart). The worker has put ``host_call`` and
+``HostCallError`` into that module before it runs; every LM call leaves the sandbox through
+them, as JSON, to the host's handlers (``orchestrator.rlm.bridge``).
+
+Standard library only and Python 3.9+, like the agent: it runs on the sandbox image's Python.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import json
+from typing import Any, Callable, Dict, List, Optional
+
+# Put into this module by the worker before the code runs (declared here, never assigned).
+host_call: Callable[..., Any]
+HostCallError: type[Exception]
+
+HELPERS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched", "SHOW_VARS")
+COMPACTION_NAME = "_rlm_history"
+EMPTY_ANSWER = {"content": "", "ready": False}
+_NO_VARIABLES = "No variables created yet. Use ```repl``` blocks to create variables."
+
+_MAX_TEXT = 200  # characters of a str / bytes shown in a locals repr
+_MAX_ITEMS = 10  # items of a container shown
+_MAX_DEPTH = 3  # container nesting shown
+_MAX_REPR = 400  # characters of one locals repr in all
+_MAX_LOCALS = 500  # names reported in locals
+_MAX_ANSWER_JSON = 4 << 20  # the final answer travels in the reply's JSON header
+
+_config: Dict[str, Any] = {"compaction": False, "code_tools": {}, "host_tools": []}
+_owned: frozenset[str] = frozenset(HELPERS)
+_tools: Optional[Dict[str, Any]] = None  # built in this worker on its first cell
+_namespace: Dict[str, Any] = {}  # the user namespace, known from the first before_cell on
+
+
+def _configure(config: Dict[str, Any]) -> None:
+    global _owned
+    _config.update(config)
+    _owned = frozenset(HELPERS) | frozenset(_config["code_tools"]) | frozenset(_config["host_tools"])
+
+
+# -- what the model calls
+
+
+def _single(name: str, prompt: Any, model: Optional[str]) -> str:
+    try:
+        return str(host_call(name, {"prompt": prompt, "model": model}))
+    except HostCallError as exc:
+        return "Error: %s" % (exc,)
+
+
+def _batched(name: str, prompts: Any, model: Optional[str]) -> List[str]:
+    prompts = list(prompts)
+    if not prompts:
+        return []
+    try:
+        results = host_call(name, {"prompts": prompts, "model": model})
+    except HostCallError as exc:
+        return ["Error: %s" % (exc,)] * len(prompts)
+    return [str(result) for result in results]
+
+
+def llm_query(prompt: Any, model: Optional[str] = None) -> str:
+    """One plain LM completion (no REPL, no recursion); an "Error: ..." string when it fails."""
+    return _single("llm_query", prompt, model)
+
+
+def llm_query_batched(prompts: Any, model: Optional[str] = None) -> List[str]:
+    """Plain LM completions of many prompts at once, answers in prompt order."""
+    return _batched("llm_query_batched", prompts, model)
+
+
+def rlm_query(prompt: Any, model: Optional[str] = None) -> str:
+    """A recursive RLM sub-call (a plain LM completion when recursion is not configured)."""
+    return _single("rlm_query", prompt, model)
+
+
+def rlm_query_batched(prompts: Any, model: Optional[str] = None) -> List[str]:
+    """Recursive RLM sub-calls of many prompts, answers in prompt order; one failure does not fail the rest."""
+    return _batched("rlm_query_batched", prompts, model)
+
+
+def SHOW_VARS() -> str:
+    """The variables of the REPL and their types."""
+    available = {}
+    for name, value in list(_namespace.items()):
+        if not name.startswith("_") and name != "answer" and name not in _owned:
+            available[name] = type(value).__name__
+    if not available:
+        return _NO_VARIABLES
+    return "Available variables: %r" % (available,)
+
+
+# -- custom tools
+
+
+def _stub(name: str, message: str) -> Callable[..., Any]:
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(message)
+
+    stub.__name__ = stub.__qualname__ = name
+    return stub
+
+
+def _host_callable_stub(name: str) -> Callable[..., Any]:
+    return _stub(
+        name,
+        "custom tool %r is a Python callable of the host process and cannot run inside the Docker sandbox; "
+        "pass its source code as a string instead, e.g. custom_tools={%r: 'def %s(...): ...'}" % (name, name, name),
+    )
+
+
+def _load_tool(name: str, source: str) -> Any:
+    """Run a code tool in a module of its own (like the peer: it sees the helpers, not the user's variables).
+
+    The host checked that ``source`` is a lambda expression or defines ``name``.
+    """
+    scope: Dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    scope.update((helper, globals()[helper]) for helper in HELPERS)
+    filename = "<tool %s>" % name
+    try:
+        if source.lstrip().startswith("lambda"):
+            return eval(compile(source.strip(), filename, "eval"), scope)
+        exec(compile(source, filename, "exec"), scope)
+    except Exception as exc:
+        return _stub(name, "custom tool %r could not be defined: %s: %s" % (name, type(exc).__name__, exc))
+    if name not in scope:
+        return _stub(name, "custom tool %r: its code ran but did not define %r" % (name, name))
+    return scope[name]
+
+
+def _tool_objects() -> Dict[str, Any]:
+    global _tools
+    if _tools is None:
+        made = {name: _load_tool(name, source) for name, source in _config["code_tools"].items()}
+        made.update((name, _host_callable_stub(name)) for name in _config["host_tools"])
+        _tools = made
+    return _tools
+
+
+# -- reserved names
+
+
+def _restore(namespace: Dict[str, Any]) -> None:
+    """Put back what a cell may have overwritten: helpers, tools, the context/history aliases, the answer dict."""
+    for helper in HELPERS:
+        namespace[helper] = globals()[helper]
+    namespace.update(_tool_objects())
+    if "context_0" in namespace:
+        namespace["context"] = namespace["context_0"]
+    if _config["compaction"]:
+        canonical = namespace.get(COMPACTION_NAME)
+        if isinstance(canonical, list) and namespace.get("history") is not canonical:
+            namespace["history"] = canonical
+    elif "history_0" in namespace:
+        namespace["history"] = namespace["history_0"]
+    if not isinstance(namespace.get("answer"), dict):
+        namespace["answer"] = dict(EMPTY_ANSWER)
+
+
+def before_cell(namespace: Dict[str, Any]) -> None:
+    global _namespace
+    _namespace = namespace
+    _restore(namespace)
+
+
+def after_cell(namespace: Dict[str, Any]) -> Dict[str, Any]:
+    _restore(namespace)
+    return {"final_answer": _final_answer(namespace.get("answer")), "locals": _locals(namespace)}
+
+
+# -- what goes back to the host
+
+
+def _final_answer(answer: Any) -> Optional[str]:
+    if not isinstance(answer, dict) or not answer.get("ready"):
+        return None
+    content = answer.get("content", "")
+    try:
+        text = str(content)
+    except Exception as exc:
+        text = "<str() of the answer raised %s: %s>" % (type(exc).__name__, exc)
+    if len(json.dumps(text)) > _MAX_ANSWER_JSON:
+        cut = _MAX_ANSWER_JSON // 8
+        text = text[:cut] + "... [answer cut: %d more characters]" % (len(text) - cut)
+    return text
+
+
+def _locals(namespace: Dict[str, Any]) -> Dict[str, str]:
+    view: Dict[str, str] = {}
+    names = [n for n in list(namespace) if not n.startswith("_") and n not in _owned]
+    for name in names[:_MAX_LOCALS]:
+        if name in namespace:
+            view[name] = _short_repr(namespace[name])
+    if len(names) > _MAX_LOCALS:
+        view["..."] = "%d more names" % (len(names) - _MAX_LOCALS)
+    return view
+
+
+def _short_repr(value: Any) -> str:
+    """A repr bounded in size and in cost (a 50 MB str costs its first characters, not 50 MB)."""
+    try:
+        text = _bounded(value, _MAX_DEPTH)
+    except Exception as exc:
+        text = "<%s object; repr() raised %s>" % (type(value).__name__, type(exc).__name__)
+    if len(text) > _MAX_REPR:
+        text = text[:_MAX_REPR] + "..."
+    return text
+
+
+_BRACKETS = {list: ("[", "]"), tuple: ("(", ")"), set: ("{", "}"), frozenset: ("frozenset({", "})")}
+
+
+def _bounded(value: Any, depth: int) -> str:
+    if isinstance(value, (str, bytes, bytearray)):
+        text = repr(value[:_MAX_TEXT])
+        return text if len(value) <= _MAX_TEXT else "%s... (%d in all)" % (text, len(value))
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return "<int of %d bits>" % value.bit_length()
+    if isinstance(value, dict):
+        if depth <= 0:
+            return "{...}"
+        items = []
+        for index, key in enumerate(list(value)):
+            if index >= _MAX_ITEMS:
+                items.append("...")
+                break
+            items.append("%s: %s" % (_bounded(key, depth - 1), _bounded(value.get(key), depth - 1)))
+        return _typed(value, dict, "{" + ", ".join(items) + "}")
+    for kind in (list, tuple, set, frozenset, collections.deque):
+        if isinstance(value, kind):
+            left, right = _BRACKETS.get(kind, ("deque([", "])"))
+            if depth <= 0:
+                return left + "..." + right
+            items = []
+            for index, item in enumerate(value):
+                if index >= _MAX_ITEMS:
+                    items.append("...")
+                    break
+                items.append(_bounded(item, depth - 1))
+            trail = "," if kind is tuple and len(items) == 1 else ""
+            return _typed(value, kind, left + ", ".join(items) + trail + right)
+    text = repr(value)
+    return text if len(text) <= _MAX_REPR else text[:_MAX_REPR] + "..."
+
+
+def _typed(value: Any, kind: type, text: str) -> str:
+    return text if type(value) is kind else "%s(%s)" % (type(value).__name__, text)
