@@ -36,6 +36,12 @@ HostCallHandler = Callable[[Any], Any]
 """A handler takes the call's JSON payload and returns a JSON-serializable result (or raises)."""
 
 DEFAULT_MAX_BYTES = 16 << 20
+_serving = threading.local()  # .owner: what the handler running on this thread serves
+
+
+def serving(owner: object) -> bool:
+    """True when the current thread runs a host-call handler for ``owner`` (a call back into it would deadlock)."""
+    return getattr(_serving, "owner", None) is owner
 
 
 class HostCallError(Exception):
@@ -89,9 +95,11 @@ class CallDesk:
     ended) drops every answer still to come; a handler that finishes later is only logged.
     """
 
-    def __init__(self, calls: HostCalls, executor: Executor) -> None:
+    def __init__(self, calls: HostCalls, executor: Executor, owner: object = None) -> None:
+        """``owner``: what the calls serve (the session); ``serving(owner)`` is True in its handlers."""
         self._calls = calls
         self._executor = executor
+        self._owner = owner
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -173,6 +181,7 @@ class CallDesk:
             self._executor.submit(self._run, call, name, body)
 
     def _run(self, call: int, name: str, body: bytearray) -> None:
+        _serving.owner = self._owner
         try:
             result = self._calls.handlers[name](json.loads(body.decode("utf-8", errors="surrogatepass")))
             answer: tuple[dict[str, Any], bytes] = (
@@ -184,6 +193,8 @@ class CallDesk:
         except Exception as exc:  # a handler's failure is the sandbox's error, never the controller's
             logger.info("host call %r failed: %s", name, exc, exc_info=True)
             answer = self._error(call, f"host call {name!r} failed: {type(exc).__name__}: {exc}")
+        finally:
+            _serving.owner = None
         with self._lock:
             if self._closed or self._running.pop(call, None) is None:
                 logger.debug("host call %r finished after its cell ended (or its time limit); dropped", name)

@@ -36,7 +36,7 @@ from .errors import (
     SessionClosed,
     SessionNotFound,
 )
-from .hostcalls import CallDesk, HostCalls
+from .hostcalls import CallDesk, HostCalls, serving
 from .ledger import CheckpointLedger
 from .messages import WorkerFailure, parse_exec_reply, parse_install_reply, parse_state_reply, worker_failure
 from .results import ExecResult
@@ -231,8 +231,8 @@ class Session:
             "checkpoint_timeout": self._settings.checkpoint_timeout,
         }
         slack = self._settings.interrupt_grace + self._settings.reply_margin
-        with self._lock:
-            desk = None if host_calls is None else CallDesk(host_calls, self._executor())
+        with self._turn():
+            desk = None if host_calls is None else CallDesk(host_calls, self._executor(), owner=self)
             try:
                 return self._call(
                     header,
@@ -263,7 +263,7 @@ class Session:
         listed = sorted(set(names))
         if not all(isinstance(name, str) and name.isidentifier() for name in listed):
             raise ConfigError(f"scaffold names must be identifiers, got {listed!r}")
-        with self._lock:
+        with self._turn():
             previous, self._scaffold = self._scaffold, (code, listed)
             try:
                 live = self._sandbox is not None
@@ -292,7 +292,7 @@ class Session:
             "aliases": list(aliases),
             "checkpoint_timeout": self._settings.checkpoint_timeout,
         }
-        with self._lock:
+        with self._turn():
             self._call(header, raw, self._control_seconds(), lambda r, b: self._commit_state(r, b, {}))
 
     def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
@@ -316,7 +316,7 @@ class Session:
 
     def reset(self) -> None:
         """Clear every variable (the container keeps running); the empty state is checkpointed."""
-        with self._lock:
+        with self._turn():
             self._call(
                 {"type": protocol.RESET, "checkpoint_timeout": self._settings.checkpoint_timeout},
                 b"",
@@ -330,7 +330,7 @@ class Session:
         Raises:
             SessionAttachedElsewhere: another controller owns the session (nothing was touched).
         """
-        with self._lock:
+        with self._turn():
             if self.state is not SessionState.READY:
                 return
             try:
@@ -340,6 +340,19 @@ class Session:
                 raise
             self._release_sandbox()
             self.state = SessionState.DETACHED
+
+    def _turn(self) -> threading.RLock:
+        """The session's lock, for one call at a time; a host-call handler of this session must not wait for it.
+
+        Raises:
+            ConfigError: called from a handler serving this session's running cell (it would wait for ever).
+        """
+        if serving(self):
+            raise ConfigError(
+                f"a host-call handler of session {self.id} called back into that session, whose cell waits for it; "
+                "use another session (or do the work in the handler)"
+            )
+        return self._lock
 
     def _executor(self) -> ThreadPoolExecutor:
         """Threads for host-call handlers (made on first use; each cell bounds its own share)."""
@@ -354,7 +367,7 @@ class Session:
             SessionAttachedElsewhere: another controller owns the session; its container and
                 state were left alone.
         """
-        with self._lock:
+        with self._turn():
             if self.state is SessionState.CLOSED:
                 return
             try:
@@ -618,7 +631,7 @@ class Session:
     def _add_versioned(self, prefix: str, payload: Any, index: int | None) -> int:
         kind, raw = _encode_payload(payload)
         counter = f"{prefix}_count"
-        with self._lock:
+        with self._turn():
             count = getattr(self._ledger.record, counter)
             if index is None:
                 index = count
