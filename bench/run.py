@@ -4,7 +4,8 @@ Run ``python bench/run.py`` (``--quick`` for a smoke run, ``--json PATH`` to kee
 Every metric is a function that takes a *runner*: an object with ``create``, ``execute``,
 ``add_context``, ``kill``, ``close`` and ``memory`` methods. ``OrchestratorRunner`` is ours;
 a runner for the peer (rlms' ``DockerREPL``) can be added to ``RUNNERS`` and measured by the
-same functions. Until then the peer's numbers are constants measured on this machine.
+same functions. Until then the peer's numbers for those metrics are constants measured on this
+machine; the RLM conversation (``rlm_conversation.py``) runs the peer itself, in this run.
 
 The exit status is 0 even when a target is missed (this is a report), 1 when a metric could
 not be measured, and 2 when the benchmark could not start (no engine, no image).
@@ -36,7 +37,9 @@ from orchestrator import Orchestrator, OrchestratorError, Session, Settings
 BIG_STATE = 'big = "x" * 100_000_000'
 BIG_LEN = "100000000"
 CONTEXT_BYTES = 10_000_000
-PEER_SOURCE = "peer (reference, ENGINE-AND-IMAGES.md)"
+PEER_SOURCE = "reference, ENGINE-AND-IMAGES.md"
+PEER_MEASURED = "measured in this run: rlms' DockerREPL"
+RLM_CONTEXT_BYTES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Reps:
     new_session: int = 5
     restore: int = 3
     idle_sessions: int = 50
+    rlm_conversation: int = 3
 
 
 FULL = Reps()
@@ -63,6 +67,7 @@ QUICK = Reps(
     new_session=2,
     restore=1,
     idle_sessions=10,
+    rlm_conversation=1,
 )
 
 
@@ -111,8 +116,8 @@ class Result:
 
     @property
     def ratio(self) -> float | None:
-        """peer / ours: how many times faster we are."""
-        if self.peer is None or not self.value:
+        """peer / ours: how many times faster we are (times only)."""
+        if self.peer is None or not self.value or self.unit != "s":
             return None
         return self.peer.seconds / self.value
 
@@ -446,6 +451,43 @@ def bench_idle_sessions(runner: Runner, reps: Reps) -> list[Result]:
     ]
 
 
+def bench_rlm_conversation(runner: Runner, reps: Reps) -> list[Result]:
+    """A two-turn persistent RLM conversation (10 cells, 2 llm_query) with ours and with the peer, alternating.
+
+    Both run rlms' own loop against the same scripted model on loopback; ours on
+    ``orchestrator.rlm``, the peer on rlms' ``DockerREPL`` with an image on the same base
+    (``peer.py``). See ``rlm_conversation.py``, which also runs alone with a fuller table.
+    """
+    import rlm_conversation  # a sibling module; it imports rlms only when it runs
+
+    settings = getattr(runner, "settings", None)
+    if not isinstance(settings, Settings):
+        raise RuntimeError(f"the RLM conversation runs on orchestrator.rlm; runner {runner.name} has no Settings")
+    comparison = rlm_conversation.compare(settings, reps.rlm_conversation, RLM_CONTEXT_BYTES)
+    n = reps.rlm_conversation
+    peer_note = f"{PEER_MEASURED} on {comparison.setup['peer_image']}"
+    medians = {key: (ours, peer) for key, _, ours, peer in comparison.rows()}
+    note = json.dumps({"medians": {k: {"ours": o, "peer": p} for k, (o, p) in medians.items()}, **comparison.setup})
+
+    def row(key: str, metric: str, unit: str, value: Callable[[rlm_conversation.Sample], float]) -> Result:
+        ours, peer = medians[key]
+        return Result(
+            f"rlm_conversation_{key}",
+            metric,
+            ours,
+            unit=unit,
+            samples=[value(s) for s in comparison.ours],
+            note=note,
+            peer=Peer(peer, fmt_value(peer, unit), source=peer_note),
+        )
+
+    return [
+        row("wall", f"RLM 2-turn conversation, 10 cells, wall time, median of {n}", "s", lambda s: s.wall),
+        row("environment", f"RLM conversation: time in the environment, median of {n}", "s", lambda s: s.environment),
+        row("share", "RLM conversation: environment share of the wall time (info)", "%", lambda s: s.share),
+    ]
+
+
 METRICS: list[Callable[[Runner, Reps], list[Result]]] = [
     bench_new_session,
     bench_trivial,
@@ -453,6 +495,7 @@ METRICS: list[Callable[[Runner, Reps], list[Result]]] = [
     bench_add_context,
     bench_restore_after_kill,
     bench_idle_sessions,
+    bench_rlm_conversation,
 ]
 
 
@@ -464,6 +507,8 @@ def fmt_value(value: float | None, unit: str) -> str:
         return "n/a"
     if unit == "B":
         return f"{value / 2**20:.1f} MiB"
+    if unit == "%":
+        return f"{value * 100:.0f}%"
     if unit == "n":
         return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
     if value < 1.0:
@@ -478,9 +523,13 @@ def fmt_ratio(ratio: float | None) -> str:
 
 
 def print_table(runner_name: str, results: list[Result]) -> None:
-    header = ["metric", f"ours ({runner_name})", "target", "pass/fail", PEER_SOURCE, "peer/ours"]
+    header = ["metric", f"ours ({runner_name})", "target", "pass/fail", "peer", "peer/ours"]
     rows = []
+    sources: dict[str, str] = {}
     for r in results:
+        if r.peer is not None:
+            measured = sum(1 for mark in sources.values() if mark)
+            sources.setdefault(r.peer.source, "" if r.peer.source == PEER_SOURCE else "*" * (measured + 1))
         verdict = "ERROR" if r.error else {True: "PASS", False: "FAIL", None: ""}[r.passed]
         rows.append(
             [
@@ -488,7 +537,7 @@ def print_table(runner_name: str, results: list[Result]) -> None:
                 fmt_value(r.value, r.unit),
                 f"< {fmt_value(r.target, r.unit)}" if r.target is not None else "",
                 verdict,
-                r.peer.text if r.peer else "",
+                r.peer.text + sources[r.peer.source] if r.peer else "",
                 fmt_ratio(r.ratio),
             ]
         )
@@ -502,6 +551,8 @@ def print_table(runner_name: str, results: list[Result]) -> None:
         cells = (c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
         print("  ".join(cells))
     print(line)
+    for source, mark in sources.items():
+        print(f"peer{mark}: {source}")
 
 
 def run(runner: Runner, reps: Reps) -> list[Result]:
@@ -517,7 +568,8 @@ def run(runner: Runner, reps: Reps) -> list[Result]:
             results.append(Result(metric.__name__, f"{metric.__name__} (could not run)", None, error=error))
         print(f"  {metric.__name__} done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     for r in results:
-        r.peer = PEER_REFERENCE.get(r.key)
+        if r.peer is None:  # a metric that ran the peer itself keeps its number
+            r.peer = PEER_REFERENCE.get(r.key)
     return results
 
 

@@ -8,7 +8,7 @@ Without rlms installed, importing it raises an ImportError that says how to inst
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,7 @@ def load(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name == "rlm":
+        if exc.name == "rlm" or (exc.name or "").startswith("rlm."):
             raise ImportError(f"orchestrator.rlm needs the rlms package (import name `rlm`); {INSTALL_HINT}") from exc
         raise ImportError(f"rlms is installed but could not be imported ({exc}); {INSTALL_HINT}") from exc
 
@@ -111,20 +111,6 @@ if TYPE_CHECKING:
 
     def extract_tool_value(entry: Any) -> Any: ...
 
-    class BaseLM:
-        model_name: str
-
-        def __init__(self, model_name: str, **kwargs: Any) -> None: ...
-
-    class LMHandler:
-        host: str
-        port: int
-        address: tuple[str, int]
-
-        def __init__(self, client: BaseLM, host: str = "127.0.0.1", port: int = 0) -> None: ...
-        def start(self) -> tuple[str, int]: ...
-        def stop(self) -> None: ...
-
     class RLM:
         environment_type: str
         environment_kwargs: dict[str, Any]
@@ -139,10 +125,10 @@ if TYPE_CHECKING:
         def __exit__(self, *exc_info: object) -> bool: ...
         def _spawn_completion_context(
             self, prompt: str | dict[str, Any]
-        ) -> AbstractContextManager[tuple[LMHandler, Any]]: ...
-        def _setup_prompt(self, prompt: str | dict[str, Any], root_prompt: str | None = None) -> list[dict[str, Any]]: ...
-
-    SpawnContext = Callable[[Any, Any], Iterator[tuple[LMHandler, Any]]]
+        ) -> AbstractContextManager[tuple[Any, Any]]: ...
+        def _setup_prompt(
+            self, prompt: str | dict[str, Any], root_prompt: str | None = None
+        ) -> list[dict[str, Any]]: ...
 
 else:
     _types = load("rlm.core.types")
@@ -161,8 +147,6 @@ else:
     validate_custom_tools = _base_env.validate_custom_tools
     extract_tool_value = _base_env.extract_tool_value
 
-    BaseLM = load("rlm.clients.base_lm").BaseLM
-    LMHandler = load("rlm.core.lm_handler").LMHandler
     RLM = load("rlm.core.rlm").RLM
 
 

@@ -1,6 +1,6 @@
 """Runs inside the sandbox: the REPL surface rlms gives its model (llm_query, rlm_query, SHOW_VARS, answer, tools).
 
-The host imports it only for its constants. ``orchestrator.rlm.scaffold`` reads this file as text, appends one
+Never imported on the host: ``orchestrator.rlm.scaffold`` reads this file as text, appends one
 ``_configure(...)`` line and hands it to ``Session.set_scaffold``, which runs it in a module of
 its own in every worker (again after every restart). The worker has put ``host_call`` and
 ``HostCallError`` into that module before it runs; every LM call leaves the sandbox through
@@ -14,11 +14,12 @@ from __future__ import annotations
 import builtins
 import collections
 import json
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
-# Put into this module by the worker before the code runs (declared here, never assigned).
-host_call: Callable[..., Any]
-HostCallError: type[Exception]
+# The worker puts these into this module's globals before the code runs.
+_host_call: Callable[..., Any] = globals()["host_call"]
+_HostCallError: type[Exception] = globals()["HostCallError"]
 
 HELPERS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched", "SHOW_VARS")
 COMPACTION_NAME = "_rlm_history"
@@ -32,13 +33,13 @@ _MAX_REPR = 400  # characters of one locals repr in all
 _MAX_LOCALS = 500  # names reported in locals
 _MAX_ANSWER_JSON = 4 << 20  # the final answer travels in the reply's JSON header
 
-_config: Dict[str, Any] = {"compaction": False, "code_tools": {}, "host_tools": []}
+_config: dict[str, Any] = {"compaction": False, "code_tools": {}, "host_tools": []}
 _owned: frozenset[str] = frozenset(HELPERS)
-_tools: Optional[Dict[str, Any]] = None  # built in this worker on its first cell
-_namespace: Dict[str, Any] = {}  # the user namespace, known from the first before_cell on
+_tools: dict[str, Any] | None = None  # built in this worker on its first cell
+_namespace: dict[str, Any] = {}  # the user namespace, known from the first before_cell on
 
 
-def _configure(config: Dict[str, Any]) -> None:
+def _configure(config: dict[str, Any]) -> None:
     global _owned
     _config.update(config)
     _owned = frozenset(HELPERS) | frozenset(_config["code_tools"]) | frozenset(_config["host_tools"])
@@ -47,40 +48,40 @@ def _configure(config: Dict[str, Any]) -> None:
 # -- what the model calls
 
 
-def _single(name: str, prompt: Any, model: Optional[str]) -> str:
+def _single(name: str, prompt: Any, model: str | None) -> str:
     try:
-        return str(host_call(name, {"prompt": prompt, "model": model}))
-    except HostCallError as exc:
-        return "Error: %s" % (exc,)
+        return str(_host_call(name, {"prompt": prompt, "model": model}))
+    except _HostCallError as exc:
+        return f"Error: {exc}"
 
 
-def _batched(name: str, prompts: Any, model: Optional[str]) -> List[str]:
+def _batched(name: str, prompts: Any, model: str | None) -> list[str]:
     prompts = list(prompts)
     if not prompts:
         return []
     try:
-        results = host_call(name, {"prompts": prompts, "model": model})
-    except HostCallError as exc:
-        return ["Error: %s" % (exc,)] * len(prompts)
+        results = _host_call(name, {"prompts": prompts, "model": model})
+    except _HostCallError as exc:
+        return [f"Error: {exc}"] * len(prompts)
     return [str(result) for result in results]
 
 
-def llm_query(prompt: Any, model: Optional[str] = None) -> str:
+def llm_query(prompt: Any, model: str | None = None) -> str:
     """One plain LM completion (no REPL, no recursion); an "Error: ..." string when it fails."""
     return _single("llm_query", prompt, model)
 
 
-def llm_query_batched(prompts: Any, model: Optional[str] = None) -> List[str]:
+def llm_query_batched(prompts: Any, model: str | None = None) -> list[str]:
     """Plain LM completions of many prompts at once, answers in prompt order."""
     return _batched("llm_query_batched", prompts, model)
 
 
-def rlm_query(prompt: Any, model: Optional[str] = None) -> str:
+def rlm_query(prompt: Any, model: str | None = None) -> str:
     """A recursive RLM sub-call (a plain LM completion when recursion is not configured)."""
     return _single("rlm_query", prompt, model)
 
 
-def rlm_query_batched(prompts: Any, model: Optional[str] = None) -> List[str]:
+def rlm_query_batched(prompts: Any, model: str | None = None) -> list[str]:
     """Recursive RLM sub-calls of many prompts, answers in prompt order; one failure does not fail the rest."""
     return _batched("rlm_query_batched", prompts, model)
 
@@ -93,7 +94,7 @@ def SHOW_VARS() -> str:
             available[name] = type(value).__name__
     if not available:
         return _NO_VARIABLES
-    return "Available variables: %r" % (available,)
+    return f"Available variables: {available!r}"
 
 
 # -- custom tools
@@ -110,8 +111,8 @@ def _stub(name: str, message: str) -> Callable[..., Any]:
 def _host_callable_stub(name: str) -> Callable[..., Any]:
     return _stub(
         name,
-        "custom tool %r is a Python callable of the host process and cannot run inside the Docker sandbox; "
-        "pass its source code as a string instead, e.g. custom_tools={%r: 'def %s(...): ...'}" % (name, name, name),
+        f"custom tool {name!r} is a Python callable of the host process and cannot run inside the Docker sandbox; "
+        f"pass its source code as a string instead, e.g. custom_tools={{{name!r}: 'def {name}(...): ...'}}",
     )
 
 
@@ -120,21 +121,21 @@ def _load_tool(name: str, source: str) -> Any:
 
     The host checked that ``source`` is a lambda expression or defines ``name``.
     """
-    scope: Dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    scope: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     scope.update((helper, globals()[helper]) for helper in HELPERS)
-    filename = "<tool %s>" % name
+    filename = f"<tool {name}>"
     try:
         if source.lstrip().startswith("lambda"):
             return eval(compile(source.strip(), filename, "eval"), scope)
         exec(compile(source, filename, "exec"), scope)
     except Exception as exc:
-        return _stub(name, "custom tool %r could not be defined: %s: %s" % (name, type(exc).__name__, exc))
+        return _stub(name, f"custom tool {name!r} could not be defined: {type(exc).__name__}: {exc}")
     if name not in scope:
-        return _stub(name, "custom tool %r: its code ran but did not define %r" % (name, name))
+        return _stub(name, f"custom tool {name!r}: its code ran but did not define {name!r}")
     return scope[name]
 
 
-def _tool_objects() -> Dict[str, Any]:
+def _tool_objects() -> dict[str, Any]:
     global _tools
     if _tools is None:
         made = {name: _load_tool(name, source) for name, source in _config["code_tools"].items()}
@@ -146,7 +147,7 @@ def _tool_objects() -> Dict[str, Any]:
 # -- reserved names
 
 
-def _restore(namespace: Dict[str, Any]) -> None:
+def _restore(namespace: dict[str, Any]) -> None:
     """Put back what a cell may have overwritten: helpers, tools, the context/history aliases, the answer dict."""
     for helper in HELPERS:
         namespace[helper] = globals()[helper]
@@ -163,13 +164,13 @@ def _restore(namespace: Dict[str, Any]) -> None:
         namespace["answer"] = dict(EMPTY_ANSWER)
 
 
-def before_cell(namespace: Dict[str, Any]) -> None:
+def before_cell(namespace: dict[str, Any]) -> None:
     global _namespace
     _namespace = namespace
     _restore(namespace)
 
 
-def after_cell(namespace: Dict[str, Any]) -> Dict[str, Any]:
+def after_cell(namespace: dict[str, Any]) -> dict[str, Any]:
     _restore(namespace)
     return {"final_answer": _final_answer(namespace.get("answer")), "locals": _locals(namespace)}
 
@@ -177,28 +178,28 @@ def after_cell(namespace: Dict[str, Any]) -> Dict[str, Any]:
 # -- what goes back to the host
 
 
-def _final_answer(answer: Any) -> Optional[str]:
+def _final_answer(answer: Any) -> str | None:
     if not isinstance(answer, dict) or not answer.get("ready"):
         return None
     content = answer.get("content", "")
     try:
         text = str(content)
     except Exception as exc:
-        text = "<str() of the answer raised %s: %s>" % (type(exc).__name__, exc)
+        text = f"<str() of the answer raised {type(exc).__name__}: {exc}>"
     if len(json.dumps(text)) > _MAX_ANSWER_JSON:
         cut = _MAX_ANSWER_JSON // 8
-        text = text[:cut] + "... [answer cut: %d more characters]" % (len(text) - cut)
+        text = f"{text[:cut]}... [answer cut: {len(text) - cut} more characters]"
     return text
 
 
-def _locals(namespace: Dict[str, Any]) -> Dict[str, str]:
-    view: Dict[str, str] = {}
+def _locals(namespace: dict[str, Any]) -> dict[str, str]:
+    view: dict[str, str] = {}
     names = [n for n in list(namespace) if not n.startswith("_") and n not in _owned]
     for name in names[:_MAX_LOCALS]:
         if name in namespace:
             view[name] = _short_repr(namespace[name])
     if len(names) > _MAX_LOCALS:
-        view["..."] = "%d more names" % (len(names) - _MAX_LOCALS)
+        view["..."] = f"{len(names) - _MAX_LOCALS} more names"
     return view
 
 
@@ -207,7 +208,7 @@ def _short_repr(value: Any) -> str:
     try:
         text = _bounded(value, _MAX_DEPTH)
     except Exception as exc:
-        text = "<%s object; repr() raised %s>" % (type(value).__name__, type(exc).__name__)
+        text = f"<{type(value).__name__} object; repr() raised {type(exc).__name__}>"
     if len(text) > _MAX_REPR:
         text = text[:_MAX_REPR] + "..."
     return text
@@ -219,18 +220,18 @@ _BRACKETS = {list: ("[", "]"), tuple: ("(", ")"), set: ("{", "}"), frozenset: ("
 def _bounded(value: Any, depth: int) -> str:
     if isinstance(value, (str, bytes, bytearray)):
         text = repr(value[:_MAX_TEXT])
-        return text if len(value) <= _MAX_TEXT else "%s... (%d in all)" % (text, len(value))
+        return text if len(value) <= _MAX_TEXT else f"{text}... ({len(value)} in all)"
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
-        return "<int of %d bits>" % value.bit_length()
+        return f"<int of {value.bit_length()} bits>"
     if isinstance(value, dict):
         if depth <= 0:
             return "{...}"
         items = []
-        for index, key in enumerate(list(value)):
+        for index, (key, item) in enumerate(value.items()):
             if index >= _MAX_ITEMS:
                 items.append("...")
                 break
-            items.append("%s: %s" % (_bounded(key, depth - 1), _bounded(value.get(key), depth - 1)))
+            items.append(f"{_bounded(key, depth - 1)}: {_bounded(item, depth - 1)}")
         return _typed(value, dict, "{" + ", ".join(items) + "}")
     for kind in (list, tuple, set, frozenset, collections.deque):
         if isinstance(value, kind):
@@ -250,4 +251,4 @@ def _bounded(value: Any, depth: int) -> str:
 
 
 def _typed(value: Any, kind: type, text: str) -> str:
-    return text if type(value) is kind else "%s(%s)" % (type(value).__name__, text)
+    return text if type(value) is kind else f"{type(value).__name__}({text})"

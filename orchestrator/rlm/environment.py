@@ -1,0 +1,364 @@
+"""DockerREPL: a drop-in for rlms' DockerREPL that runs on one persistent, checkpointed orchestrator session.
+
+Same constructor and surface as the peer (``rlm.environments.docker_repl.DockerREPL``), and
+rlms' ``SupportsPersistence``; underneath, one long-lived sandbox instead of a ``docker exec``
+and a full state load and dump per cell. Nothing listens on a network port: the sandbox has
+no network, and its LM calls reach the host as host calls on the controller channel
+(``bridge``). A cell that times out keeps the session, a crash restores it, and values that
+cannot be saved are named (``DockerREPLResult.unsaved``) instead of dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import Settings
+from ..errors import (
+    ConfigError,
+    ExecutionTimeout,
+    OrchestratorError,
+    ProtocolError,
+    SandboxCrashed,
+    SessionClosed,
+    SessionNotFound,
+)
+from ..hostcalls import HostCalls
+from ..manager import Orchestrator
+from ..session import Session
+from . import outcome
+from ._upstream import NonIsolatedEnv, RLMChatCompletion, validate_custom_tools
+from .bridge import Address, LMBridge, SubcallFn
+from .calls import CellCalls
+from .image import ensure_image, resolve_settings
+from .scaffold import COMPACTION_NAME, EMPTY_ANSWER, owned_names, scaffold_source
+from .tools import plan_tools
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CELL_TIMEOUT = 600.0
+"""Seconds a cell may run (the peer has no limit at all; long LM sub-calls need a generous one)."""
+LABEL = "orchestrator.rlm.environment"
+
+
+def _address(address: Any) -> Address | None:
+    if address is None:
+        return None
+    host, port = address
+    return (str(host), int(port))
+
+
+def _open_session(
+    orch: Orchestrator, session_id: str | None, image: str, labels: Mapping[str, str]
+) -> tuple[Session, bool]:
+    """(session, created): ``session_id`` attached when it is stored, else created (or a session with a new id)."""
+    if session_id is not None:
+        try:
+            return orch.attach(session_id), False
+        except SessionNotFound:
+            pass
+    return orch.create_session(session_id=session_id, image=image, labels={LABEL: "DockerREPL", **labels}), True
+
+
+class DockerREPL(NonIsolatedEnv):
+    """rlms' Docker environment on an orchestrator session.
+
+    Use it where rlms takes an environment (``RLM(environment="docker")`` through
+    ``orchestrator.rlm.RLM`` or after ``orchestrator.rlm.register()``), or directly. Leave it
+    with ``cleanup()`` (or a ``with`` block), which removes the container and the stored state;
+    ``detach()`` keeps both for a later ``DockerREPL(session_id=...)``, in this process or another.
+    """
+
+    def __init__(
+        self,
+        image: str | None = None,
+        lm_handler_address: tuple[str, int] | None = None,
+        context_payload: dict[str, Any] | list[Any] | str | None = None,
+        setup_code: str | None = None,
+        persistent: bool = False,
+        depth: int = 1,
+        subcall_fn: SubcallFn | None = None,
+        custom_tools: dict[str, Any] | None = None,
+        custom_sub_tools: dict[str, Any] | None = None,
+        compaction: bool = False,
+        max_concurrent_subcalls: int = 4,
+        *,
+        settings: Settings | None = None,
+        cell_timeout: float | None = DEFAULT_CELL_TIMEOUT,
+        session_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Start (or, with ``session_id``, resume) a sandbox session.
+
+        Args:
+            image: a base image with python3 (3.9+); the sandbox image is built on it once,
+                offline. Default: ``settings.base_image`` (``ORCH_BASE_IMAGE``).
+            lm_handler_address: (host, port) of rlms' LMHandler; ``update_handler_address``
+                changes it. Without one, ``llm_query`` returns an "Error: ..." string.
+            context_payload: loaded as ``context_0`` (and ``context``).
+            setup_code: run as a first cell.
+            persistent, depth, max_concurrent_subcalls: as in rlms' environments.
+            subcall_fn: the recursive sub-call behind ``rlm_query`` (plain LM calls without it).
+            custom_tools: code strings (run in the sandbox) and JSON data; a host callable
+                cannot cross into the sandbox: its name raises an error that says so.
+            custom_sub_tools: the tools of sub-calls (default: ``custom_tools``); kept for rlms.
+            compaction: ``history`` is the running list rlms appends to.
+            settings: limits, security and paths of the sandbox (default ``Settings.from_env()``).
+            cell_timeout: seconds one cell may run before it is interrupted (None: ``settings.exec_timeout``).
+            session_id: resume this stored session if it exists, else create it under this id.
+            labels: extra container labels (keys ``orchestrator.<you>.<name>``).
+
+        Raises:
+            ValueError: a custom tool has a reserved or invalid name, or cannot go into the sandbox;
+                a limit is out of range (``ConfigError`` is a ValueError too).
+            ConfigError: the base image has no usable python3.
+            ImageMissing: the base image is not on this engine.
+            EngineUnavailable: no Docker engine answers.
+        """
+        super().__init__(persistent=persistent, depth=depth, max_concurrent_subcalls=max_concurrent_subcalls, **kwargs)
+        validate_custom_tools(custom_tools)
+        if not isinstance(max_concurrent_subcalls, int) or max_concurrent_subcalls < 1:
+            raise ConfigError(f"max_concurrent_subcalls must be an int >= 1, got {max_concurrent_subcalls!r}")
+        self.lm_handler_address = _address(lm_handler_address)
+        self.subcall_fn = subcall_fn
+        self.compaction = compaction
+        self.custom_tools: dict[str, Any] = custom_tools or {}
+        self.custom_sub_tools: dict[str, Any] = custom_sub_tools if custom_sub_tools is not None else self.custom_tools
+        self._tools = plan_tools(self.custom_tools)
+        self._settings = resolve_settings(settings, image)
+        timeout = self._settings.exec_timeout if cell_timeout is None else cell_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ConfigError(f"cell_timeout must be a positive number of seconds or None, got {cell_timeout!r}")
+        self.cell_timeout = float(timeout)
+        self.image = self._settings.base_image
+        self._requested_id = session_id
+        self._labels = dict(labels or {})
+        self._bridge = LMBridge(
+            address=lambda: self.lm_handler_address,
+            depth=lambda: self.depth,
+            subcall_fn=subcall_fn,
+            max_concurrent_subcalls=max_concurrent_subcalls,
+        )
+        self._compaction_history: list[Any] = []
+        self._orch: Orchestrator | None = None
+        self._session: Session | None = None
+        self._closed = False
+        self.setup()
+        try:
+            if context_payload is not None:
+                self.load_context(context_payload)
+            if setup_code:
+                self.execute_code(setup_code)
+        except BaseException:
+            self.cleanup()
+            raise
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def setup(self) -> None:
+        """Build (or reuse) the sandbox image, open the session and install the REPL scaffold in it."""
+        if self._session is not None or self._closed:
+            return
+        orch = Orchestrator(self._settings)
+        session: Session | None = None
+        created = True
+        try:
+            image = ensure_image(orch)
+            session, created = _open_session(orch, self._requested_id, image, self._labels)
+            session.set_scaffold(
+                scaffold_source(compaction=self.compaction, tools=self._tools), names=owned_names(self._tools)
+            )
+            for name, value in self._tools.data.items():
+                self._inject(session, name, value)
+            if self.compaction:
+                if not created:
+                    self._compaction_history = self._stored_compaction_history(session)
+                else:
+                    session.set_value(COMPACTION_NAME, [], aliases=("history",))
+        except BaseException:
+            if session is not None and not created:
+                with contextlib.suppress(OrchestratorError):
+                    session.detach()  # a resumed session outlives a failed start: it holds someone's state
+            orch.close()  # removes a session created here
+            raise
+        self._orch, self._session = orch, session
+        logger.info("DockerREPL on session %s (container %s)", session.id, (session.container_id or "?")[:12])
+
+    def cleanup(self) -> None:
+        """Remove the container and the stored state. Calling it again does nothing."""
+        self._release(keep=False)
+
+    def detach(self) -> None:
+        """Let go of the session but keep its container and state, for ``DockerREPL(session_id=...)`` later."""
+        self._release(keep=True)
+
+    def _release(self, *, keep: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        session, orch = self._session, self._orch
+        self._session = self._orch = None
+        try:
+            if session is not None:
+                if keep:
+                    session.detach()
+                else:
+                    session.close()
+        except OrchestratorError as exc:
+            logger.warning("DockerREPL: releasing session %s failed: %s", session.id if session else "?", exc)
+        finally:
+            if orch is not None:
+                orch.close()
+
+    def __enter__(self) -> DockerREPL:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.cleanup()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"session={self.session_id}"
+        return f"<DockerREPL {state} image={self.image!r}>"
+
+    @property
+    def session(self) -> Session:
+        """The orchestrator session underneath (for what rlms has no word for)."""
+        return self._live()
+
+    @property
+    def session_id(self) -> str | None:
+        """The id to resume this session with (``DockerREPL(session_id=...)``), None once cleaned up."""
+        return None if self._session is None else self._session.id
+
+    @property
+    def container_id(self) -> str | None:
+        """The container serving the session now (a restart gives a new one); None once cleaned up."""
+        return None if self._session is None else self._session.container_id
+
+    def _live(self) -> Session:
+        if self._closed or self._session is None:
+            raise SessionClosed(
+                "this DockerREPL was cleaned up or detached (cleanup(), detach(), RLM.close() or the end of its "
+                "with block); create a new DockerREPL, or resume a detached one with DockerREPL(session_id=...)"
+            )
+        return self._session
+
+    # ----------------------------------------------------------------- cells
+
+    def execute_code(self, code: str) -> outcome.DockerREPLResult:
+        """Run ``code`` in the persistent namespace.
+
+        Returns:
+            A REPLResult (a ``DockerREPLResult``): output with the traceback of a raising cell
+            in ``stderr``, bounded reprs of the variables in ``locals``, this cell's LM calls in
+            ``rlm_calls``, and ``final_answer`` once ``answer["ready"]`` is true. A cell that
+            timed out or crashed the sandbox gives a result whose ``stderr`` says so.
+
+        Raises:
+            SessionClosed: the environment was cleaned up.
+            RuntimeError: called from this environment's own ``subcall_fn`` (it would wait for itself).
+        """
+        session = self._live()
+        if self._bridge.in_subcall:
+            raise RuntimeError(
+                "execute_code was called from this DockerREPL's own subcall_fn while a cell of it is running; "
+                "a sub-call needs an environment of its own"
+            )
+        started = time.perf_counter()
+        calls = CellCalls()
+        host_calls = HostCalls(handlers=self._bridge.handlers(calls), timeout=None)
+        failure: ExecutionTimeout | SandboxCrashed | ProtocolError | None = None
+        try:
+            result = session.execute(code, timeout=self.cell_timeout, host_calls=host_calls)
+        except (ExecutionTimeout, SandboxCrashed, ProtocolError) as exc:
+            failure = exc
+            logger.warning("DockerREPL session %s: %s: %s", session.id, type(exc).__name__, exc)
+        finally:
+            made: list[RLMChatCompletion] = calls.close()
+        seconds = time.perf_counter() - started
+        if failure is not None:
+            return outcome.from_failure(
+                failure, made, seconds, timeout=self.cell_timeout, memory=self._settings.mem_limit
+            )
+        if result.unsaved:
+            logger.debug("DockerREPL session %s: not saved: %s", session.id, result.unsaved)
+        return outcome.from_exec(result, made, seconds)
+
+    # ----------------------------------------------------------------- SupportsPersistence
+
+    def load_context(self, context_payload: dict[str, Any] | list[Any] | str) -> None:
+        """Load ``context_payload`` as ``context_0`` (and ``context``)."""
+        self.add_context(context_payload, 0)
+
+    def update_handler_address(self, address: tuple[str, int]) -> None:
+        """Send LM calls to a new handler from now on (rlms starts one per completion).
+
+        It starts a new turn, so ``answer`` is reset to ``{"content": "", "ready": False}``.
+        """
+        session = self._live()
+        self.lm_handler_address = _address(address)
+        session.set_value("answer", dict(EMPTY_ANSWER))
+
+    def add_context(self, context_payload: dict[str, Any] | list[Any] | str, context_index: int | None = None) -> int:
+        """Store a context as ``context_<index>`` (next free index by default; ``context`` aliases ``context_0``).
+
+        The payload travels once, as raw bytes (JSON for a dict or list). Returns the index used.
+        """
+        return self._live().add_context(context_payload, context_index)
+
+    def get_context_count(self) -> int:
+        return self._live().get_context_count()
+
+    def add_history(self, message_history: list[dict[str, Any]], history_index: int | None = None) -> int:
+        """Store a copy of a message history as ``history_<index>``.
+
+        ``history`` aliases ``history_0``, except under compaction, where it is the running list.
+        """
+        return self._live().add_history(message_history, history_index)
+
+    def get_history_count(self) -> int:
+        return self._live().get_history_count()
+
+    def set_completion_context(self, context_payload: dict[str, Any] | list[Any] | str) -> None:
+        """Store a completion's prompt as ``completion_context``, replacing the one before."""
+        self._live().set_value("completion_context", context_payload)
+
+    def append_compaction_entry(self, entry: list[dict[str, Any]] | dict[str, Any]) -> None:
+        """Append a trajectory segment or summary to ``history`` (compaction only; a no-op otherwise).
+
+        The host keeps the list and stores all of it again, so a cell that rebinds or edits
+        ``history`` cannot corrupt what accumulated.
+        """
+        if not self.compaction:
+            return
+        session = self._live()
+        self._compaction_history.append(json.loads(json.dumps(entry)))
+        session.set_value(COMPACTION_NAME, self._compaction_history, aliases=("history",))
+
+    # ----------------------------------------------------------------- helpers
+
+    def _inject(self, session: Session, name: str, value: Any) -> None:
+        """Store one custom data tool as a variable of the session."""
+        if isinstance(value, (str, dict, list)):
+            session.set_value(name, value)
+            return
+        result = session.execute(f"{name} = __import__('json').loads({json.dumps(value)!r})")
+        if result.error is not None:
+            raise ConfigError(f"custom tool {name!r} could not be stored: {result.error}")
+
+    def _stored_compaction_history(self, session: Session) -> list[Any]:
+        """The compaction list a resumed session holds, read back as JSON (empty when it cannot be read)."""
+        result = session.execute(f"print(__import__('json').dumps({COMPACTION_NAME}))")
+        try:
+            stored = json.loads(result.stdout) if result.error is None else None
+        except ValueError:
+            stored = None
+        if not isinstance(stored, list):
+            logger.warning("DockerREPL session %s: its compaction history could not be read back", session.id)
+            return []
+        return stored
