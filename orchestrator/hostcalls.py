@@ -55,7 +55,9 @@ class HostCalls:
     Attributes:
         handlers: name -> handler. A call naming no handler gets an error in the sandbox.
         timeout: seconds one call may take (None: until its cell ends).
-        max_concurrent: handlers of this cell running at once; more calls wait their turn.
+        max_concurrent: handlers of this cell running at once (one past its timeout holds its
+            slot until it returns); more calls wait their turn, up to ``max(64, 4 * max_concurrent)``
+            calls and ``2 * max_bytes`` of payloads, and calls beyond that are refused at once.
         max_bytes: largest JSON payload or result, in bytes, either way.
     """
 
@@ -105,7 +107,9 @@ class CallDesk:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._waiting: deque[tuple[int, str, bytearray, float]] = deque()
+        self._waiting_bytes = 0
         self._running: dict[int, tuple[str, float]] = {}  # call -> (handler name, expiry)
+        self._expired: set[int] = set()  # running calls already answered with "took longer": they keep their slot
         self._answers: list[tuple[dict[str, Any], bytes]] = []
         self._closed = False
 
@@ -122,10 +126,27 @@ class CallDesk:
             self._answer(call, f"no host call named {name!r} (this cell accepts: {known})")
         elif len(body) > self._calls.max_bytes:
             self._answer(call, f"the payload is {len(body)} bytes, over the {self._calls.max_bytes}-byte limit")
+        elif not self._queue(call, name, body, expiry):
+            self._answer(
+                call,
+                f"host call {name!r} refused: {len(self._waiting)} calls already wait for one of the "
+                f"{self._calls.max_concurrent} handler slots of this cell",
+            )
         else:
-            with self._lock:
-                self._waiting.append((call, name, body, expiry))
             self._start_waiting()
+
+    def _queue(self, call: int, name: str, body: bytearray, expiry: float) -> bool:
+        """Put a call in the waiting line unless that is full (the sandbox must not fill the host's memory)."""
+        calls = self._calls
+        with self._lock:
+            if self._waiting and (
+                len(self._waiting) >= max(64, 4 * calls.max_concurrent)
+                or self._waiting_bytes + len(body) > 2 * calls.max_bytes
+            ):
+                return False
+            self._waiting.append((call, name, body, expiry))
+            self._waiting_bytes += len(body)
+            return True
 
     def answers(self) -> list[tuple[dict[str, Any], bytes]]:
         """The ``host_reply`` frames ready to send: finished calls, and calls past their time limit."""
@@ -136,16 +157,17 @@ class CallDesk:
         with self._lock:
             for call, (name, expiry) in list(self._running.items()):
                 if expiry <= now:
-                    del self._running[call]
+                    self._running[call] = (name, math.inf)  # the slot stays taken until the handler returns
+                    self._expired.add(call)
                     self._answers.append(
                         self._error(call, f"host call {name!r} took longer than {self._calls.timeout:g} s")
                     )
-            for call, name, _, expiry in list(self._waiting):
-                if expiry <= now:
-                    self._waiting.remove((call, name, _, expiry))
-                    self._answers.append(
-                        self._error(call, f"host call {name!r} waited longer than {self._calls.timeout:g} s")
-                    )
+            for item in [item for item in self._waiting if item[3] <= now]:
+                self._waiting.remove(item)
+                self._waiting_bytes -= len(item[2])
+                self._answers.append(
+                    self._error(item[0], f"host call {item[1]!r} waited longer than {self._calls.timeout:g} s")
+                )
             ready, self._answers = self._answers, []
         self._start_waiting()
         return ready
@@ -165,6 +187,7 @@ class CallDesk:
             dropped = len(self._running) + len(self._waiting)
             self._running.clear()
             self._waiting.clear()
+            self._waiting_bytes = 0
             os.close(self._wake_r)
             os.close(self._wake_w)
         if dropped:
@@ -175,6 +198,7 @@ class CallDesk:
             starting = []
             while self._waiting and len(self._running) < self._calls.max_concurrent and not self._closed:
                 call, name, body, expiry = self._waiting.popleft()
+                self._waiting_bytes -= len(body)
                 self._running[call] = (name, expiry)
                 starting.append((call, name, body))
         for call, name, body in starting:
@@ -196,12 +220,14 @@ class CallDesk:
         finally:
             _serving.owner = None
         with self._lock:
-            if self._closed or self._running.pop(call, None) is None:
+            self._running.pop(call, None)
+            if self._closed or call in self._expired:
+                self._expired.discard(call)
                 logger.debug("host call %r finished after its cell ended (or its time limit); dropped", name)
-                return
-            self._answers.append(answer)
-            with contextlib.suppress(BlockingIOError):
-                os.write(self._wake_w, b"\0")
+            else:
+                self._answers.append(answer)
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._wake_w, b"\0")
         self._start_waiting()
 
     def _answer(self, call: int, error: str) -> None:

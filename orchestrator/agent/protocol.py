@@ -361,16 +361,23 @@ def recv_frame(
     sock: socket.socket,
     max_header: int = MAX_HEADER_BYTES,
     max_body: int = MAX_BODY_BYTES,
+    timeout: Optional[float] = None,
 ) -> Tuple[Header, bytearray]:
     """Read one frame, enforcing the limits before buffering; return (header, body).
 
+    With ``timeout``, the whole frame must arrive within about that many seconds (checked
+    between reads, as in ``recv_head``), so a peer that trickles bytes cannot hold the reader.
+
     Raises:
+        socket.timeout: the deadline (or a read's own limit) passed before the frame was complete.
         ChannelClosed: EOF before the frame is complete.
         ProtocolViolation: the frame breaks the format or a limit.
     """
+    deadline = None if timeout is None else time.monotonic() + timeout
     reader = FrameReader(max_header, max_body)
     while not reader.recv_from(sock):
-        pass
+        if deadline is not None and time.monotonic() > deadline:
+            raise socket.timeout("timed out after %s" % reader.progress())
     return reader.frame()
 
 

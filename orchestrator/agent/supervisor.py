@@ -61,6 +61,7 @@ REPLY_TYPES = {
     protocol.INSTALL: protocol.INSTALL_REPLY,
 }
 _CALL_HEADER_BYTES = 64 << 10  # a host call's header holds its number and handler name
+_CALL_SECONDS = 2.0  # a host call frame is at most a few MB over a socket pair: a slower one is trickled
 
 
 def log(message: str) -> None:
@@ -675,7 +676,12 @@ class Supervisor:
         worker = self.worker
         assert worker.calls is not None
         try:
-            header, body = protocol.recv_frame(worker.calls, _CALL_HEADER_BYTES, self.config.host_call_max)
+            header, body = protocol.recv_frame(
+                worker.calls,
+                _CALL_HEADER_BYTES,
+                self.config.host_call_max,
+                min(self.config.frame_timeout, _CALL_SECONDS),
+            )
             call, name = header.get("call"), header.get("name")
             if header["type"] != protocol.HOST_CALL or type(call) is not int or not isinstance(name, str):
                 raise protocol.ProtocolViolation("a %r frame that is not a host call" % header["type"])
