@@ -365,20 +365,33 @@ def recv_frame(
 ) -> Tuple[Header, bytearray]:
     """Read one frame, enforcing the limits before buffering; return (header, body).
 
-    With ``timeout``, the whole frame must arrive within about that many seconds (checked
-    between reads, as in ``recv_head``), so a peer that trickles bytes cannot hold the reader.
+    With ``timeout``, the whole frame must arrive within about that many seconds (as in
+    ``recv_head``), so a peer that trickles bytes cannot hold the reader.
 
     Raises:
         socket.timeout: the deadline (or a read's own limit) passed before the frame was complete.
         ChannelClosed: EOF before the frame is complete.
         ProtocolViolation: the frame breaks the format or a limit.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
     reader = FrameReader(max_header, max_body)
-    while not reader.recv_from(sock):
+    _read_until(sock, reader, timeout, lambda: reader.done)
+    return reader.frame()
+
+
+def _read_until(sock: socket.socket, reader: FrameReader, timeout: Optional[float], enough: Any) -> None:
+    """Feed ``reader`` from ``sock`` until ``enough()``; the deadline is checked between reads.
+
+    Raises:
+        socket.timeout: ``timeout`` seconds passed, or one read ran past the socket's own limit.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not enough():
         if deadline is not None and time.monotonic() > deadline:
             raise socket.timeout("timed out after %s" % reader.progress())
-    return reader.frame()
+        try:
+            reader.recv_from(sock)
+        except BlockingIOError:
+            raise socket.timeout("timed out after %s" % reader.progress()) from None
 
 
 def limit_each_io(sock: socket.socket, seconds: float) -> None:
@@ -412,17 +425,10 @@ def recv_head(
         ChannelClosed: EOF before the header is complete.
         ProtocolViolation: the prefix or the header breaks the format or a limit.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
     reader = FrameReader(max_header, max_body)
-    head = None
-    while head is None:
-        if deadline is not None and time.monotonic() > deadline:
-            raise socket.timeout("timed out")
-        try:
-            reader.recv_from(sock)
-        except BlockingIOError:
-            raise socket.timeout("timed out") from None
-        head = reader.head()
+    _read_until(sock, reader, timeout, lambda: reader.head() is not None)
+    head = reader.head()
+    assert head is not None
     return head
 
 
