@@ -284,16 +284,9 @@ class Session:
         names = [name, *aliases]
         if not all(isinstance(n, str) and n.isidentifier() for n in names):
             raise ConfigError(f"variable names must be identifiers, got {names!r}")
-        kind, raw = _encode_payload(payload)
-        header = {
-            "type": protocol.SET_VALUE,
-            "name": name,
-            "kind": kind,
-            "aliases": list(aliases),
-            "checkpoint_timeout": self._settings.checkpoint_timeout,
-        }
+        encoded = _encode_payload(payload)
         with self._turn():
-            self._call(header, raw, self._control_seconds(), lambda r, b: self._commit_state(r, b, {}))
+            self._store(name, list(aliases), encoded, {})
 
     def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
         """Load a context into the namespace as ``context_<index>`` (``context`` aliases ``context_0``).
@@ -629,7 +622,7 @@ class Session:
         return self._settings.start_timeout + self._settings.checkpoint_timeout + self._settings.reply_margin
 
     def _add_versioned(self, prefix: str, payload: Any, index: int | None) -> int:
-        kind, raw = _encode_payload(payload)
+        encoded = _encode_payload(payload)
         counter = f"{prefix}_count"
         with self._turn():
             count = getattr(self._ledger.record, counter)
@@ -637,13 +630,18 @@ class Session:
                 index = count
             if not isinstance(index, int) or isinstance(index, bool) or index < 0:
                 raise ConfigError(f"index must be a non-negative int, got {index!r}")
-            header = {
-                "type": protocol.SET_VALUE,
-                "name": f"{prefix}_{index}",
-                "kind": kind,
-                "aliases": [prefix] if index == 0 else [],
-                "checkpoint_timeout": self._settings.checkpoint_timeout,
-            }
-            counters = {counter: max(count, index + 1)}
-            self._call(header, raw, self._control_seconds(), lambda r, b: self._commit_state(r, b, counters))
+            aliases = [prefix] if index == 0 else []
+            self._store(f"{prefix}_{index}", aliases, encoded, {counter: max(count, index + 1)})
             return index
+
+    def _store(self, name: str, aliases: list[str], encoded: tuple[str, bytes], counters: dict[str, int]) -> None:
+        """One ``set_value`` request: a host-made value (``_encode_payload``) under ``name`` and ``aliases``."""
+        kind, raw = encoded
+        header = {
+            "type": protocol.SET_VALUE,
+            "name": name,
+            "kind": kind,
+            "aliases": aliases,
+            "checkpoint_timeout": self._settings.checkpoint_timeout,
+        }
+        self._call(header, raw, self._control_seconds(), lambda r, b: self._commit_state(r, b, counters))
