@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 from .config import Settings
 from .errors import (
     AgentStartTimeout,
+    CapacityExceeded,
     AgentTimeoutError,
     ChannelLost,
     CheckpointError,
@@ -28,12 +29,15 @@ from .errors import (
     TransportError,
 )
 from .manager import Orchestrator
+from .prune import PruneAction, PruneReport
 from .results import ExecError, ExecResult
 from .session import Session
+from .survey import SessionInfo, SessionStatus
 
 __all__ = [
     "AgentStartTimeout",
     "AgentTimeoutError",
+    "CapacityExceeded",
     "ChannelLost",
     "CheckpointError",
     "ConfigError",
@@ -46,6 +50,8 @@ __all__ = [
     "Orchestrator",
     "OrchestratorError",
     "ProtocolError",
+    "PruneAction",
+    "PruneReport",
     "SandboxCrashed",
     "SandboxError",
     "SandboxOutOfMemory",
@@ -54,7 +60,9 @@ __all__ = [
     "SessionBusy",
     "SessionClosed",
     "SessionError",
+    "SessionInfo",
     "SessionNotFound",
+    "SessionStatus",
     "Settings",
     "TransportError",
     "__version__",

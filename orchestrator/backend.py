@@ -8,7 +8,7 @@ store that owns it (``orchestrator.store``), its sandbox id and, when it serves 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -79,7 +79,18 @@ class Backend(Protocol):
         ...
 
     def find(self, labels: Mapping[str, str]) -> list[ContainerState]:
-        """Our containers carrying all of ``labels``, running or not."""
+        """Our containers carrying all of ``labels``, running or not, in one engine call.
+
+        ``oom_killed`` is not known from a listing (False); ``inspect`` one container for it.
+        """
+        ...
+
+    def memory_usage(self, container_ids: Iterable[str]) -> dict[str, int]:
+        """Bytes of memory each running container uses now, for those the engine can tell quickly."""
+        ...
+
+    def logs(self, container_id: str, tail: int | None) -> str:
+        """The container's output (the agent's log), its last ``tail`` lines or all."""
         ...
 
     def close(self) -> None: ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shlex
@@ -14,8 +15,13 @@ from pathlib import Path
 from .errors import ConfigError
 
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
+DEFAULTS_FILE = "defaults.json"
+"""Under the state dir: what set-up chose (the base image), for every later ``Settings.from_env()``."""
+CAPACITY_POLICIES = ("hibernate", "refuse")
 _MEMORY = re.compile(r"^\s*(\d+)\s*([kmg]?)b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_memory(text: str | int) -> int:
@@ -30,6 +36,55 @@ def parse_memory(text: str | int) -> int:
     if not match:
         raise ConfigError(f"{text!r} is not a size: use bytes or a number with k, m or g (e.g. 512m)")
     return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+def parse_duration(text: str | float) -> float:
+    """Seconds in a duration: "90", "30s", "30m", "24h", "7d", or combined like "1h30m".
+
+    Raises:
+        ConfigError: not a duration, or negative.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        spelled = str(text).strip().lower()
+        try:
+            seconds = float(spelled)
+        except ValueError:
+            parts = _DURATION.findall(spelled)
+            if not parts or _DURATION.sub("", spelled).strip():
+                raise ConfigError(
+                    f"{text!r} is not a duration: use seconds or a number with s, m, h or d (e.g. 30m, 1h30m)"
+                ) from None
+            seconds = sum(float(number) * _SECONDS[unit] for number, unit in parts)
+    if not seconds >= 0:
+        raise ConfigError(f"a duration must not be negative, got {text!r}")
+    return seconds
+
+
+def save_default_base_image(state_dir: Path, base_image: str) -> Path:
+    """Record ``base_image`` as the default of every later ``Settings.from_env()`` on this state dir.
+
+    Set-up (``orchestrator image build --make-default``) calls it, so a new shell needs no
+    ``ORCH_BASE_IMAGE``; the variable still overrides it. Returns the file written.
+    """
+    path = Path(state_dir) / DEFAULTS_FILE
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{DEFAULTS_FILE}.{os.getpid()}")
+    tmp.write_text(json.dumps({"base_image": base_image}, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _recorded_defaults(state_dir: Path) -> dict[str, str]:
+    """What set-up recorded (an unreadable or foreign file counts as nothing recorded)."""
+    try:
+        data = json.loads((state_dir / DEFAULTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if k == "base_image" and isinstance(v, str) and v}
 
 
 def _default_state_dir() -> Path:
@@ -102,6 +157,15 @@ class Settings:
     fsync: bool = False
     """fsync checkpoint files and their directories; atomic renames already survive a controller crash, fsync adds
     power loss."""
+    hibernate_after: float | None = None
+    """Seconds without a call after which a session gives up its container (kept: its checkpoint); None is off.
+    Applied by the ``Orchestrator`` to the sessions it holds and by the janitor to every session of the store.
+    ``ORCH_HIBERNATE_AFTER`` takes durations like 10m."""
+    max_running: int | None = None
+    """Most sessions of this store with a running container; None is no cap. See ``capacity_policy``."""
+    capacity_policy: str = "hibernate"
+    """At ``max_running``: "hibernate" the least recently used idle session to make room, or "refuse" with
+    ``CapacityExceeded``."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -124,6 +188,14 @@ class Settings:
                 f"Settings.checkpoint_quota must be a positive number of bytes, got {self.checkpoint_quota!r}"
             )
         parse_memory(self.mem_limit)
+        if self.hibernate_after is not None and not float(self.hibernate_after) > 0:
+            raise ConfigError(f"Settings.hibernate_after must be > 0 seconds or None, got {self.hibernate_after!r}")
+        if self.max_running is not None and int(self.max_running) <= 0:
+            raise ConfigError(f"Settings.max_running must be a positive integer or None, got {self.max_running!r}")
+        if self.capacity_policy not in CAPACITY_POLICIES:
+            raise ConfigError(
+                f"Settings.capacity_policy must be one of {', '.join(CAPACITY_POLICIES)}, got {self.capacity_policy!r}"
+            )
         if self.agent_command is not None:
             command = tuple(self.agent_command)
             if not command or not all(isinstance(part, str) and part for part in command):
@@ -147,6 +219,9 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Read ``ORCH_<FIELD>`` variables (upper-case field names) over the defaults.
 
+        Without ``ORCH_BASE_IMAGE`` (and ``ORCH_IMAGE``), the base image set-up recorded in the
+        state dir is used (``save_default_base_image``).
+
         Raises:
             ConfigError: a variable has a value of the wrong type.
         """
@@ -163,6 +238,10 @@ class Settings:
                     changes[f.name] = tuple(shlex.split(raw)) or None
                 elif f.name == "checkpoint_quota":
                     changes[f.name] = parse_memory(raw)
+                elif f.name == "hibernate_after":
+                    changes[f.name] = parse_duration(raw) if raw.strip() else None
+                elif f.name == "max_running":
+                    changes[f.name] = int(raw) if raw.strip() else None
                 elif isinstance(default, bool):
                     if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
                         raise ValueError(raw)
@@ -177,4 +256,7 @@ class Settings:
                     changes[f.name] = raw
             except ValueError:
                 raise ConfigError(f"ORCH_{f.name.upper()}={raw!r} is not a valid {type(default).__name__}") from None
+        if "base_image" not in changes and "image" not in changes:
+            state_dir = Path(changes.get("state_dir", defaults.state_dir))  # type: ignore[arg-type]
+            changes.update(_recorded_defaults(state_dir))
         return cls(**changes)  # type: ignore[arg-type]

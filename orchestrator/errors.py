@@ -14,6 +14,7 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     │   ├── SessionClosed                    the session was closed
     │   ├── SessionAttachedElsewhere         another controller owns the session now (epoch moved on)
     │   ├── SessionBusy (TimeoutError)       another process held the session's store lock too long
+    │   ├── CapacityExceeded                 Settings.max_running sessions run and none could make room
     │   └── CheckpointError (OSError)        the checkpoint could not be stored or restored
     ├── SandboxError                         the call failed because of the sandbox; see .restored
     │   ├── ExecutionTimeout (TimeoutError)  the cell ran past its timeout
@@ -67,6 +68,10 @@ class SessionAttachedElsewhere(SessionError):
 
 class SessionBusy(SessionError, TimeoutError):
     """Another process held the session's store lock longer than ``Settings.lock_timeout``."""
+
+
+class CapacityExceeded(SessionError):
+    """``Settings.max_running`` sessions run already and the policy (or their calls) left no room for one more."""
 
 
 class CheckpointError(SessionError, OSError):

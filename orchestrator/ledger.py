@@ -14,14 +14,13 @@ import contextlib
 import dataclasses
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .agent import protocol
 from .errors import ProtocolError, SessionAttachedElsewhere
+from .lifecycle import mark_hibernated
 from .messages import CheckpointDelta
 from .store import SessionRecord, SessionStore
-
-_LAST_USED_RESOLUTION = 30.0
 
 
 def new_owner_token() -> str:
@@ -77,9 +76,17 @@ class CheckpointLedger:
         with self.owned():
             pass
 
-    def set_sandbox(self, sandbox_id: str | None, container_id: str | None) -> None:
+    def set_sandbox(self, sandbox_id: str, container_id: str) -> None:
         with self.owned() as current:
             current.sandbox_id, current.container_id = sandbox_id, container_id
+            current.hibernated_at = None
+            self._save(current)
+
+    def hibernate(self, discard: Callable[[SessionRecord], None]) -> None:
+        """Let ``discard`` remove the sandbox the record names, then record the session as hibernated."""
+        with self.owned() as current:
+            discard(current)
+            mark_hibernated(current)
             self._save(current)
 
     def commit(
@@ -97,10 +104,7 @@ class CheckpointLedger:
         if delta["generation"] != expected:
             raise ProtocolError(f"checkpoint generation {delta['generation']} out of step (expected {expected})")
         if not (changed or deleted or delta["blobs"] or counters):
-            if time.time() - self.record.last_used_at >= _LAST_USED_RESOLUTION:
-                with self.owned() as current:
-                    self._save(current)
-            return delta["unsaved"]
+            return delta["unsaved"]  # nothing to store; the activity file (not the record) says it was used
         try:
             parts = protocol.split_body(body, [entry["size"] for entry in delta["blobs"]])
         except protocol.ProtocolViolation as exc:

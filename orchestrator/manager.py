@@ -9,17 +9,20 @@ import threading
 import time
 from collections.abc import Mapping
 
-from . import images
+from . import capacity, images, lifecycle
+from .activity import Activity
 from .agent import protocol
 from .backend import LABEL_PREFIX, SESSION_ID, STORE_ID, Backend, ContainerState
 from .config import Settings
 from .docker_backend import DockerBackend
 from .endpoint import ensure_private_dir
-from .errors import ConfigError, ImageMissing, OrchestratorError, SessionAttachedElsewhere
+from .errors import ConfigError, ImageMissing, OrchestratorError, SessionAttachedElsewhere, SessionBusy
 from .ledger import CheckpointLedger, new_owner_token
+from .prune import Pruner, PruneReport
 from .sandbox import Sandbox
 from .session import Session, SessionState
 from .store import SessionRecord, SessionStore, validate_session_id
+from .survey import SessionInfo, survey
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,13 @@ class Orchestrator:
         self.backend: Backend = backend or DockerBackend()
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._idle_watch: threading.Thread | None = None
+        if self.settings.hibernate_after is not None:
+            self._idle_watch = threading.Thread(
+                target=self._hibernate_idle_sessions, args=(self.settings.hibernate_after,), daemon=True
+            )
+            self._idle_watch.start()
 
     @property
     def default_image(self) -> str:
@@ -130,9 +140,14 @@ class Orchestrator:
         return session
 
     def _serve(self, session: Session, ledger: CheckpointLedger) -> None:
-        """Give a newly owned session a sandbox: take its live one over, else start one and restore."""
+        """Give a newly owned session a sandbox: take its live one over, else start one and restore.
+
+        A hibernated session stays so until its first call (attaching is not using).
+        """
         record = ledger.record
         session.remove_strays()
+        if record.container_id is None and record.hibernated_at is not None:
+            return
         sandbox = None
         if record.sandbox_id and record.container_id:
             state = self.backend.inspect(record.container_id)
@@ -153,6 +168,95 @@ class Orchestrator:
             session.adopt(sandbox)
         else:
             session.start()
+
+    def list_sessions(self, *, now: float | None = None) -> list[SessionInfo]:
+        """Every stored session, whoever holds it, with its status, ages and sizes (sorted by id).
+
+        Reads only: no session is taken over, started or waited for. ``now`` replaces the clock.
+        """
+        return survey(self.store, self.backend, now=time.time() if now is None else now)
+
+    def describe(self, session_id: str, *, now: float | None = None) -> SessionInfo:
+        """One session as ``list_sessions`` shows it.
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+        """
+        if not self.store.exists(validate_session_id(session_id)):
+            self.store.load(session_id)  # raises SessionNotFound with the store's path
+        return survey(self.store, self.backend, now=time.time() if now is None else now, session_ids=[session_id])[0]
+
+    def hibernate(self, session_id: str) -> bool:
+        """Remove a session's container and keep its checkpoint; its next call (from any owner) resumes it.
+
+        Its owner, here or in another process, keeps owning it. Returns False if it was hibernated already.
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+            SessionBusy: a call runs on it now; try again when it has ended.
+        """
+        held = self._held(session_id)
+        if held is not None:
+            held.hibernate()
+            return True
+        done = lifecycle.hibernate_idle(self.store, self.backend, self.settings.runtime_dir, session_id)
+        if done is None:
+            raise SessionBusy(f"session {session_id} is in a call; hibernate it when the call has ended")
+        return done
+
+    def resume(self, session_id: str) -> None:
+        """Start a hibernated (or broken) session's sandbox now and restore it, then let go of it (detached).
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+            SandboxError, EngineError: the sandbox could not be started.
+        """
+        session = self.attach(session_id)
+        try:
+            if session.container_id is None:
+                session.start()
+        finally:
+            session.detach()
+
+    def logs(self, session_id: str, tail: int | None = 200) -> str:
+        """The log of the session's container (the agent's messages), its last ``tail`` lines or all.
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+            ConfigError: the session has no container now (hibernated, or never started).
+        """
+        record = self.store.load(session_id)
+        if record.container_id is None or self.backend.inspect(record.container_id) is None:
+            raise ConfigError(f"session {session_id} has no container now (hibernated or gone); its log went with it")
+        return self.backend.logs(record.container_id, tail)
+
+    def prune(
+        self,
+        *,
+        idle_for: float | None = None,
+        older_than: float | None = None,
+        hibernate_only: bool = False,
+        dry_run: bool = False,
+        now: float | None = None,
+    ) -> PruneReport:
+        """Remove (or hibernate) stale sessions and clean up what crashed controllers left behind.
+
+        A session is stale when it meets every given criterion: no call for ``idle_for``
+        seconds, created ``older_than`` seconds ago. With neither, no session is stale. A
+        session in a call is skipped; one used while the prune ran is decided again. Always
+        cleaned: containers of this store with no record, records whose container and
+        checkpoint are gone, blobs no manifest names, channel directories of gone sandboxes.
+        Failures are in the report (``failed``), not raised; everything else goes on.
+
+        Args:
+            hibernate_only: hibernate stale sessions instead of removing them (and remove no record).
+            dry_run: report what would be done and change nothing.
+            now: the clock's value to judge by (default now).
+        """
+        pruner = Pruner(
+            self.store, self.backend, self.settings, dry_run=dry_run, now=time.time() if now is None else now
+        )
+        return pruner.run(idle_for, older_than, hibernate_only)
 
     def remove(self, session_id: str) -> None:
         """Remove a session whoever holds it: its containers, channel directories and stored state.
@@ -180,9 +284,24 @@ class Orchestrator:
             settings=self.settings,
             scope=self.store.store_id,
             labels=labels,
+            activity=Activity(self.store.activity_path(record.session_id), wait=self.settings.lock_timeout),
+            make_room=lambda session_id: capacity.room_for(self.store, self.backend, self.settings, session_id),
             on_close=self._forget,
         )
         return self._track(session)
+
+    def _held(self, session_id: str) -> Session | None:
+        with self._lock:
+            session = self._sessions.get(session_id)
+        return session if session is not None and session.state is SessionState.READY else None
+
+    def _hibernate_idle_sessions(self, idle_for: float) -> None:
+        """The idle policy for the sessions this orchestrator holds (the janitor applies it to the others)."""
+        while not self._closing.wait(min(max(idle_for / 4, 0.2), 30.0)):
+            with self._lock:
+                held = list(self._sessions.values())
+            for session in held:
+                session.hibernate_if_idle(idle_for)
 
     def _track(self, session: Session) -> Session:
         with self._lock:
@@ -207,6 +326,9 @@ class Orchestrator:
 
     def close(self) -> None:
         """Close the sessions this orchestrator still holds (detached ones are left alone), then the engine client."""
+        self._closing.set()
+        if self._idle_watch is not None:
+            self._idle_watch.join()
         with self._lock:
             held = list(self._sessions.values())
         try:

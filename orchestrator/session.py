@@ -9,20 +9,24 @@ sandbox) and which typed error the caller gets. The README's failure model is th
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
 import threading
-from collections.abc import Callable, Collection
+import time
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from . import lifecycle
+from .activity import Activity, last_active
 from .agent import protocol
-from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend, ContainerState
+from .backend import SESSION_ID, STORE_ID, Backend, ContainerState
 from .config import Settings
 from .connection import Header, TakenOver
-from .endpoint import discard_sandbox_dir
 from .errors import (
     AgentTimeoutError,
     ChannelLost,
@@ -41,6 +45,7 @@ from .ledger import CheckpointLedger
 from .messages import WorkerFailure, parse_exec_reply, parse_install_reply, parse_state_reply, worker_failure
 from .results import ExecResult
 from .sandbox import Sandbox
+from .store import SessionRecord
 
 logger = logging.getLogger(__name__)
 
@@ -133,9 +138,13 @@ class Session:
         settings: Settings,
         scope: str,
         labels: dict[str, str],
+        activity: Activity,
+        make_room: Callable[[str], AbstractContextManager[object]] = lambda session_id: contextlib.nullcontext(),
         on_close: Callable[[Session], None] | None = None,
     ) -> None:
         self._ledger = ledger
+        self._activity = activity
+        self._make_room = make_room
         self._backend = backend
         self._settings = settings
         self._scope = scope
@@ -334,18 +343,58 @@ class Session:
             self._release_sandbox()
             self.state = SessionState.DETACHED
 
-    def _turn(self) -> threading.RLock:
-        """The session's lock, for one call at a time; a host-call handler of this session must not wait for it.
+    def hibernate(self) -> None:
+        """Give up the container and keep the checkpoint; the next call starts a new one and restores.
+
+        An idle session then costs nothing but its stored checkpoint. Values that could not be
+        checkpointed (``ExecResult.unsaved``) are lost, as in any restart.
+
+        Raises:
+            SessionAttachedElsewhere: another controller owns the session (nothing was touched).
+            SessionClosed: the session was closed.
+        """
+        with self._turn():
+            self._check_usable()
+            self._drop_sandbox()  # an error below leaves the record naming it: the next start removes it
+            try:
+                self._ledger.hibernate(self._discard_all)
+            except SessionAttachedElsewhere:
+                self._become_stale()
+                raise
+            logger.info("hibernated session %s", self.id)
+
+    def hibernate_if_idle(self, idle_for: float) -> bool:
+        """Hibernate if no call ran for ``idle_for`` seconds and none runs now (never waits); True if it did."""
+        if self.state is not SessionState.READY or self._sandbox is None or serving(self):
+            return False
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if time.time() - last_active(self._activity.path, 0.0) < idle_for or self._sandbox is None:
+                return False
+            self.hibernate()
+            return True
+        except OrchestratorError as exc:
+            logger.warning("session %s: hibernating after %g s idle failed: %s", self.id, idle_for, exc)
+            return False
+        finally:
+            self._lock.release()
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """One call at a time: the session's lock, and its activity file held (busy for prune) and touched.
 
         Raises:
             ConfigError: called from a handler serving this session's running cell (it would wait for ever).
+            SessionBusy: another process held the session (pruning or hibernating it) too long.
         """
         if serving(self):
             raise ConfigError(
                 f"a host-call handler of session {self.id} called back into that session, whose cell waits for it; "
                 "use another session (or do the work in the handler)"
             )
-        return self._lock
+        with self._lock, self._activity.in_call():
+            yield
 
     def _executor(self) -> ThreadPoolExecutor:
         """Threads for host-call handlers (made on first use; each cell bounds its own share)."""
@@ -364,12 +413,9 @@ class Session:
             if self.state is SessionState.CLOSED:
                 return
             try:
-                with self._ledger.owned():
-                    if self._sandbox is not None:
-                        self._remove_sandbox()
-                    elif self._ledger.record.container_id:
-                        self._discard(self._ledger.record.sandbox_id, self._ledger.record.container_id)
-                    self.remove_strays()
+                with self._ledger.owned() as current:
+                    self._drop_sandbox()
+                    self._discard_all(current)
                     self._ledger.delete()
             except SessionAttachedElsewhere:
                 self._become_stale()
@@ -378,6 +424,7 @@ class Session:
                 self._release_sandbox()
             finally:
                 self._stop_host_calls()
+                self._activity.close()
                 if self.state is not SessionState.DETACHED:
                     self.state = SessionState.CLOSED
                 if self._on_close is not None:
@@ -401,47 +448,59 @@ class Session:
 
     def adopt(self, sandbox: Sandbox) -> None:
         """Serve this session from a live sandbox (taken over); restore unless it already holds our generation."""
-        self._sandbox = sandbox
-        try:
-            self._ledger.set_sandbox(sandbox.sandbox_id, sandbox.container_id)
-        except BaseException:
-            self._sandbox = None
-            sandbox.release()
-            raise
-        if sandbox.generation != self.generation:
-            self._restore()
+        with self._turn():
+            self._sandbox = sandbox
+            try:
+                self._ledger.set_sandbox(sandbox.sandbox_id, sandbox.container_id)
+            except BaseException:
+                self._sandbox = None
+                sandbox.release()
+                raise
+            if sandbox.generation != self.generation:
+                self._restore()
 
     def start(self) -> None:
-        """Start a new sandbox for this session and restore its checkpoint into it."""
-        record = self._ledger.record
-        if self._sandbox is not None:
-            self._remove_sandbox()
-        elif record.container_id:
-            self._discard(record.sandbox_id, record.container_id)
-        sandbox = Sandbox.start(
-            self._backend, self._settings, image=record.image, scope=self._scope, labels=self._labels
-        )
-        try:
-            self._ledger.set_sandbox(sandbox.sandbox_id, sandbox.container_id)
-        except BaseException:
-            sandbox.remove()  # never registered: nobody else knows it
-            raise
-        self._sandbox = sandbox
-        self._restore()
+        """Start a new sandbox for this session and restore its checkpoint into it (busy meanwhile, for prune)."""
+        with self._turn():
+            if self._sandbox is not None:
+                self._remove_sandbox()
+            else:
+                with self._ledger.owned() as current:
+                    self._discard_recorded(current)
+            with self._make_room(self.id):
+                sandbox = Sandbox.start(
+                    self._backend,
+                    self._settings,
+                    image=self._ledger.record.image,
+                    scope=self._scope,
+                    labels=self._labels,
+                )
+            try:
+                self._ledger.set_sandbox(sandbox.sandbox_id, sandbox.container_id)
+            except BaseException:
+                sandbox.remove()  # never registered: nobody else knows it
+                raise
+            self._sandbox = sandbox
+            self._restore()
 
     def remove_strays(self) -> None:
         """Remove containers of this session other than its recorded one (left by a controller that died)."""
-        wanted = {key: self._labels[key] for key in (STORE_ID, SESSION_ID)}
-        for stray in self._backend.find(wanted):
-            if stray.id != self._ledger.record.container_id:
-                self._discard(stray.labels.get(SANDBOX_ID), stray.id)
+        with self._ledger.owned() as current:
+            lifecycle.discard_strays(
+                self._backend, self._settings.runtime_dir, self._session_labels(), keep=current.container_id
+            )
 
-    def _discard(self, sandbox_id: str | None, container_id: str) -> None:
-        """Remove a sandbox we no longer use, only while we own the session (the store lock is held meanwhile)."""
-        with self._ledger.owned():
-            self._backend.remove(container_id)
-            if sandbox_id is not None:
-                discard_sandbox_dir(self._settings.runtime_dir, sandbox_id)
+    def _session_labels(self) -> dict[str, str]:
+        return {key: self._labels[key] for key in (STORE_ID, SESSION_ID)}
+
+    def _discard_all(self, record: SessionRecord) -> None:
+        """Remove every container of this session and the recorded sandbox directory (call under ownership)."""
+        lifecycle.discard_session_sandboxes(self._backend, self._settings.runtime_dir, self._session_labels(), record)
+
+    def _discard_recorded(self, record: SessionRecord) -> None:
+        """Remove the sandbox ``record`` names (call under ownership: the store lock is held meanwhile)."""
+        if record.container_id:
+            lifecycle.discard_sandbox(self._backend, self._settings.runtime_dir, record.sandbox_id, record.container_id)
 
     def _restore(self) -> None:
         assert self._sandbox is not None
@@ -468,11 +527,16 @@ class Session:
             self._remove_sandbox()  # its worker may be empty now; the next call starts and restores a new one
             raise ConfigError(f"the scaffold of session {self.id} failed in the sandbox: {reason}")
 
-    def _release_sandbox(self) -> None:
+    def _drop_sandbox(self) -> None:
+        """Close our channel to the sandbox (the container is left to whoever removes or takes it over)."""
         if self._sandbox is not None:
             self._sandbox.release()
             self._sandbox = None
+
+    def _release_sandbox(self) -> None:
+        self._drop_sandbox()
         self._stop_host_calls()
+        self._activity.close()
 
     def _stop_host_calls(self) -> None:
         if self._host_executor is not None:
@@ -485,12 +549,15 @@ class Session:
 
     # ----------------------------------------------------------------- calls
 
-    def _ready_sandbox(self) -> Sandbox:
-        """Before a call: a live, idle sandbox that this handle owns (started and restored if needed)."""
+    def _check_usable(self) -> None:
         if self.state is SessionState.CLOSED:
             raise SessionClosed(f"session {self.id} is closed")
         if self.state is SessionState.DETACHED:
             raise SessionAttachedElsewhere(f"session {self.id} is detached; attach it again with Orchestrator.attach")
+
+    def _ready_sandbox(self) -> Sandbox:
+        """Before a call: a live, idle sandbox that this handle owns (started and restored if needed)."""
+        self._check_usable()
         if self._sandbox is not None:
             try:
                 self._sandbox.connection.check_idle()

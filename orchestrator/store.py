@@ -5,6 +5,7 @@ Layout under ``Settings.state_dir`` (created 0700)::
     store-id                             random id of this store; scopes container names and labels
     sessions/<session_id>/meta.json      SessionRecord as JSON (the checkpoint manifest included)
     sessions/<session_id>/lock           flock(2) target of the session's transactions
+    sessions/<session_id>/activity       held by calls, touched when they run (``activity``): busy and idle time
     sessions/<session_id>/blobs/<digest> one dill blob per distinct variable value, opaque bytes
 
 Every change of a record goes through ``transaction()``: an exclusive ``flock`` held around
@@ -30,9 +31,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
-
-from .errors import CheckpointError, ConfigError, SessionBusy, SessionNotFound
+from .activity import ACTIVITY_FILE, lock_within
+from .errors import CheckpointError, ConfigError, SessionNotFound
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
 _SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")
@@ -79,6 +79,8 @@ class SessionRecord:
     sandbox_id: str | None = None
     container_id: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    hibernated_at: float | None = None
+    """Set when the session gave up its container on purpose; cleared when a sandbox serves it again."""
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -98,6 +100,7 @@ class SessionRecord:
             "image": isinstance(record.image, str),
             "created_at": isinstance(record.created_at, (int, float)),
             "last_used_at": isinstance(record.last_used_at, (int, float)),
+            "hibernated_at": record.hibernated_at is None or isinstance(record.hibernated_at, (int, float)),
             "generation": _count(record.generation),
             "context_count": _count(record.context_count),
             "history_count": _count(record.history_count),
@@ -262,22 +265,68 @@ class SessionStore:
         except OSError as exc:
             raise CheckpointError(f"cannot open the lock of session {session_id}: {exc}") from exc
         try:
-            try:
-                for attempt in Retrying(
-                    retry=retry_if_exception_type(BlockingIOError),
-                    stop=stop_after_delay(self.lock_timeout),
-                    wait=wait_fixed(0.01),
-                    reraise=True,
-                ):
-                    with attempt:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise SessionBusy(
-                    f"session {session_id} stayed locked by another process for {self.lock_timeout:g} s"
-                ) from None
+            lock_within(
+                fd,
+                fcntl.LOCK_EX,
+                self.lock_timeout,
+                f"session {session_id} stayed locked by another process for {self.lock_timeout:g} s",
+            )
             yield self.load(session_id)  # SessionNotFound if it was deleted while we waited
         finally:
             os.close(fd)
+
+    @contextlib.contextmanager
+    def store_lock(self, name: str) -> Iterator[None]:
+        """An exclusive lock over the whole store (``<state_dir>/<name>.lock``), for decisions about many sessions.
+
+        Raises:
+            SessionBusy: another process held it for ``lock_timeout`` seconds.
+        """
+        fd = os.open(self.base / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            lock_within(
+                fd,
+                fcntl.LOCK_EX,
+                self.lock_timeout,
+                f"the store's {name} lock stayed taken for {self.lock_timeout:g} s",
+            )
+            yield
+        finally:
+            os.close(fd)
+
+    def activity_path(self, session_id: str) -> Path:
+        """The session's activity file (``activity``): busy while a call runs, its mtime the last use."""
+        return self._dir(session_id) / ACTIVITY_FILE
+
+    def session_dirs(self) -> Iterator[Path]:
+        """Every directory under ``sessions/`` named like a session, with or without a record (orphans too)."""
+        for entry in sorted(self.root.iterdir()):
+            if _SESSION_ID.match(entry.name) and entry.is_dir() and not entry.is_symlink():
+                yield entry
+
+    def stray_files(self, session_id: str, keep: Iterable[str]) -> dict[Path, int]:
+        """Blobs not in ``keep`` and unfinished temp files of a session, with their sizes (call inside
+        ``transaction``, where no commit is half done)."""
+        directory = self._dir(session_id)
+        wanted = set(keep)
+        found: dict[Path, int] = {}
+        for folder, is_garbage in (
+            (directory, lambda name: name.startswith(".tmp-")),
+            (directory / "blobs", lambda name: name not in wanted),
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                for entry in os.scandir(folder):
+                    if entry.is_file(follow_symlinks=False) and is_garbage(entry.name):
+                        found[Path(entry.path)] = entry.stat(follow_symlinks=False).st_size
+        return found
+
+    def missing_blobs(self, record: SessionRecord) -> set[str]:
+        """Digests the record's manifest names that are not on disk (a damaged checkpoint)."""
+        try:
+            present = set(os.listdir(self._dir(record.session_id) / "blobs"))
+        except OSError:
+            present = set()
+        return set(record.variables.values()) - present
 
     def write_blobs(self, session_id: str, blobs: dict[str, bytes | bytearray | memoryview]) -> None:
         """Write blobs that are not stored yet (content-addressed, so an existing file is already right)."""

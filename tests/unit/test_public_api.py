@@ -8,10 +8,11 @@ import orchestrator
 from orchestrator import errors
 
 EXPECTED = {
-    "AgentStartTimeout", "AgentTimeoutError", "ChannelLost", "CheckpointError", "ConfigError", "EngineError",
+    "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError", "ConfigError", "EngineError",
     "EngineUnavailable", "ExecError", "ExecResult", "ExecutionTimeout", "ImageMissing", "Orchestrator",
-    "OrchestratorError", "ProtocolError", "SandboxCrashed", "SandboxError", "SandboxOutOfMemory", "Session",
-    "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError", "SessionNotFound", "Settings",
+    "OrchestratorError", "ProtocolError", "PruneAction", "PruneReport", "SandboxCrashed", "SandboxError", "SandboxOutOfMemory", "Session",
+    "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError", "SessionInfo", "SessionNotFound",
+    "SessionStatus", "Settings",
     "TransportError",
     "__version__",
 }  # fmt: skip

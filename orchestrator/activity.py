@@ -1,0 +1,148 @@
+"""A session's activity file: whether a call is in progress and when the last one ran, for every process to see.
+
+``sessions/<id>/activity`` beside the record. A call holds a *shared* ``flock`` on it for its
+whole length, and sets the file's modification time when it begins and ends (``futimens`` on
+an open descriptor: microseconds, and no write of the record). Whoever acts on idle sessions
+(prune, hibernate, the running-session cap) takes the *exclusive* lock without waiting: that
+fails while any call runs, and while it is held no call can begin. So "busy" is exact, and idle
+time is ``now - mtime`` to the second, for a session no controller holds as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from .errors import CheckpointError, SessionBusy, SessionNotFound
+
+ACTIVITY_FILE = "activity"
+_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open(path: Path) -> int:
+    try:
+        return os.open(path, _FLAGS, 0o600)
+    except FileNotFoundError:
+        raise SessionNotFound(f"no session at {path.parent}") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot open the activity file {path}: {exc}") from exc
+
+
+def lock_within(fd: int, mode: int, seconds: float, busy: str) -> None:
+    """``flock(fd, mode)``, trying without blocking for up to ``seconds`` (a process may hold it for ever).
+
+    Raises:
+        SessionBusy: with ``busy`` as the message, when the lock stayed taken.
+    """
+    try:
+        for attempt in Retrying(
+            retry=retry_if_exception_type(BlockingIOError),
+            stop=stop_after_delay(seconds),
+            wait=wait_fixed(0.005),
+            reraise=True,
+        ):
+            with attempt:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SessionBusy(busy) from None
+
+
+class Activity:
+    """One session handle's side of the activity file: held shared during its calls."""
+
+    def __init__(self, path: Path, *, wait: float) -> None:
+        """Open (creating) the file; ``wait`` bounds how long a call waits for a prune or hibernate to finish.
+
+        Raises:
+            SessionNotFound: the session's directory is gone.
+        """
+        self.path = path
+        self._wait = wait
+        self._fd: int | None = _open(path)
+        self._depth = 0
+        self._closing = False
+
+    @contextlib.contextmanager
+    def in_call(self) -> Iterator[None]:
+        """Mark a call (re-entrant; the caller serializes threads): busy for others, then last used now.
+
+        Raises:
+            SessionBusy: another process held the exclusive lock (acting on the session) past ``wait``.
+        """
+        fd = self._fd
+        if fd is None:  # closed handle: its own state check refuses the call
+            yield
+            return
+        if self._depth == 0:
+            if not _try_lock(fd, fcntl.LOCK_SH):
+                lock_within(
+                    fd,
+                    fcntl.LOCK_SH,
+                    self._wait,
+                    f"session {self.path.parent.name} is being pruned or hibernated by another process "
+                    f"(it held the session for more than {self._wait:g} s)",
+                )
+            os.utime(fd)
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                with contextlib.suppress(OSError):  # the session may have been deleted meanwhile
+                    os.utime(fd)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                if self._closing:
+                    self.close()
+
+    def close(self) -> None:
+        """Close the file (inside a call: when the call ends, so the lock is released on this descriptor)."""
+        if self._depth > 0:
+            self._closing = True
+        elif self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _try_lock(fd: int, mode: int) -> bool:
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def quiet(path: Path) -> Iterator[bool]:
+    """Hold the session still if no call runs: yields True with the exclusive lock held, False if busy.
+
+    Raises:
+        SessionNotFound: the session's directory is gone.
+    """
+    fd = _open(path)
+    try:
+        yield _try_lock(fd, fcntl.LOCK_EX)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def is_busy(path: Path) -> bool:
+    """Whether a call runs on the session now (a snapshot: it may start or end the next moment)."""
+    try:
+        with quiet(path) as still:
+            return not still
+    except SessionNotFound:
+        return False
+
+
+def last_active(path: Path, fallback: float) -> float:
+    """When a call last began or ended (``fallback`` for a session that never had an activity file)."""
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return fallback

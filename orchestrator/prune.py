@@ -1,0 +1,245 @@
+"""Pruning: remove (or hibernate) stale sessions and clean up what crashed controllers left behind.
+
+Safe against races by construction. A session is acted on only while its activity lock is
+held exclusively (``activity.quiet``): that fails while a call runs, so a busy session is
+skipped, and no call can begin (nor be acknowledged) until the session is gone. Staleness is
+decided again under that lock. Blobs are judged under the session's store lock, where no commit
+is half done. Everything removed may already be gone (another prune, the owner): that is success.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from . import activity, lifecycle
+from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend
+from .config import Settings
+from .endpoint import discard_sandbox_dir
+from .errors import OrchestratorError, SessionNotFound
+from .store import SessionStore
+from .survey import SessionInfo, SessionStatus, survey
+
+logger = logging.getLogger(__name__)
+
+ORPHAN_GRACE = 60.0
+"""Seconds a session directory without a record is left alone (a create may be writing it)."""
+_SANDBOX_DIR = re.compile(r"^sb-[0-9a-f]{12}$")
+
+
+@dataclass(frozen=True)
+class PruneAction:
+    """One thing a prune did (or, in a dry run, would do)."""
+
+    action: str
+    """"remove" | "hibernate" | "skip" (busy: left alone) | "remove-orphan-container" | "remove-orphan-record"
+    | "remove-orphan-blobs" | "remove-orphan-sandbox-dir"."""
+    target: str
+    """A session id, a container name, or a path."""
+    reason: str
+    ok: bool = True
+    error: str | None = None
+    freed_bytes: int = 0
+
+    def describe(self, dry_run: bool) -> str:
+        """One line for logs and the CLI."""
+        verb = ("would " if dry_run else "") + self.action.replace("-", " ")
+        line = f"{verb} {self.target} ({self.reason})"
+        return line if self.ok else f"{line}: FAILED: {self.error}"
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """Everything one prune did; ``failed`` non-empty means a partial failure."""
+
+    actions: list[PruneAction]
+    dry_run: bool
+
+    @property
+    def failed(self) -> list[PruneAction]:
+        return [a for a in self.actions if not a.ok]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "actions": [asdict(a) for a in self.actions], "failed": len(self.failed)}
+
+
+def describe_age(seconds: float) -> str:
+    """3d 4h, 2h 5m, 12m 3s, 40s: two units are enough for a person."""
+    seconds = int(seconds)
+    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if seconds >= size:
+            rest = (seconds % size) // smaller_size
+            return f"{seconds // size}{unit}" + (f" {rest}{smaller}" if rest else "")
+    return f"{seconds}s"
+
+
+class Pruner:
+    """One prune over one store (see ``Orchestrator.prune``)."""
+
+    def __init__(self, store: SessionStore, backend: Backend, settings: Settings, *, dry_run: bool, now: float) -> None:
+        self.store = store
+        self.backend = backend
+        self.settings = settings
+        self.dry_run = dry_run
+        self.now = now
+        self.actions: list[PruneAction] = []
+
+    def run(self, idle_for: float | None, older_than: float | None, hibernate_only: bool) -> PruneReport:
+        for info in survey(self.store, self.backend, now=self.now):
+            stale = _stale(info, idle_for, older_than)
+            if _orphan(info):
+                if not hibernate_only:
+                    self._session(info, "remove-orphan-record", info.problem or "", _orphan)
+            elif stale is not None and hibernate_only:
+                if info.status is not SessionStatus.HIBERNATED:
+                    self._session(info, "hibernate", stale, lambda f: _stale(f, idle_for, older_than) is not None)
+            elif stale is not None:
+                self._session(info, "remove", stale, lambda f: _stale(f, idle_for, older_than) is not None)
+        self._orphan_containers()
+        self._orphan_blobs()
+        self._orphan_record_dirs()
+        self._orphan_sandbox_dirs()
+        return PruneReport(self.actions, self.dry_run)
+
+    # ---------------------------------------------------------------- sessions
+
+    def _session(
+        self, info: SessionInfo, action: str, reason: str, still_wanted: Callable[[SessionInfo], bool]
+    ) -> None:
+        """Act on one session while holding it still; decide again there (a call may have just ended)."""
+        try:
+            with activity.quiet(self.store.activity_path(info.id)) as still:
+                if not still:
+                    self.actions.append(PruneAction("skip", info.id, "in a call now"))
+                    return
+                fresh = survey(self.store, self.backend, now=self.now, session_ids=[info.id], held=True)[0]
+                if fresh.last_active_at > info.last_active_at or not still_wanted(fresh):
+                    self.actions.append(PruneAction("skip", info.id, "used meanwhile"))
+                    return
+                held = lifecycle.hibernate_held if action == "hibernate" else lifecycle.remove_held
+                self._record(
+                    action,
+                    info.id,
+                    reason,
+                    lambda: held(self.store, self.backend, self.settings.runtime_dir, info.id),
+                    freed=0 if action == "hibernate" else info.checkpoint_bytes,
+                )
+        except SessionNotFound:
+            return  # removed meanwhile (another prune, or its owner): nothing left to do
+        except OrchestratorError as exc:
+            self.actions.append(PruneAction(action, info.id, reason, ok=False, error=str(exc)))
+
+    # ---------------------------------------------------------------- orphans
+
+    def _orphan_containers(self) -> None:
+        """Our store's containers whose session has no record (a controller died between removing them)."""
+        for container in self.backend.find({STORE_ID: self.store.store_id}):
+            session_id = container.labels.get(SESSION_ID, "")
+            if session_id and self.store.exists(session_id):
+                continue
+            self._record(
+                "remove-orphan-container",
+                container.name,
+                f"session {session_id or '?'} has no record",
+                lambda c=container: lifecycle.discard_sandbox(
+                    self.backend, self.settings.runtime_dir, c.labels.get(SANDBOX_ID), c.id
+                ),
+            )
+
+    def _orphan_blobs(self) -> None:
+        """Blobs no manifest names and unfinished temp files, judged under each session's store lock."""
+        for session_id in self.store.ids():
+            try:
+                with self.store.transaction(session_id) as record:
+                    stray = self.store.stray_files(session_id, record.blob_sizes)
+                    if not stray:
+                        continue
+                    self._record(
+                        "remove-orphan-blobs",
+                        session_id,
+                        f"{len(stray)} file(s) no checkpoint names",
+                        lambda s=stray: [p.unlink(missing_ok=True) for p in s],
+                        freed=sum(stray.values()),
+                    )
+            except SessionNotFound:
+                continue
+            except OrchestratorError as exc:
+                self.actions.append(PruneAction("remove-orphan-blobs", session_id, "", ok=False, error=str(exc)))
+
+    def _orphan_record_dirs(self) -> None:
+        """Session directories without a record, older than ``ORPHAN_GRACE`` (a crashed create or delete)."""
+        for directory in self.store.session_dirs():
+            if (directory / "meta.json").exists() or self._younger_than(directory, ORPHAN_GRACE):
+                continue
+            self._record(
+                "remove-orphan-record",
+                str(directory),
+                "a session directory without a record",
+                lambda d=directory: shutil.rmtree(d, ignore_errors=True),
+            )
+
+    def _orphan_sandbox_dirs(self) -> None:
+        """Channel directories in the runtime dir whose container is gone (in any store: the dir is shared)."""
+        runtime_dir = self.settings.runtime_dir
+        if not runtime_dir.is_dir():
+            return
+        live = {c.labels.get(SANDBOX_ID) for c in self.backend.find({})}
+        grace = 2 * self.settings.start_timeout  # a sandbox's directory exists a moment before its container
+        for entry in sorted(runtime_dir.iterdir()):
+            if not _SANDBOX_DIR.match(entry.name) or entry.name in live or self._younger_than(entry, grace):
+                continue
+            self._record(
+                "remove-orphan-sandbox-dir",
+                str(entry),
+                "its container is gone",
+                lambda name=entry.name: discard_sandbox_dir(runtime_dir, name),
+            )
+
+    # ---------------------------------------------------------------- helpers
+
+    def _younger_than(self, path: Path, seconds: float) -> bool:
+        try:
+            return time.time() - os.lstat(path).st_mtime < seconds
+        except OSError:
+            return True
+
+    def _record(self, action: str, target: str, reason: str, do: Any, freed: int = 0) -> None:
+        """Do (unless dry run) and note one action; a failure is noted, not raised, and the prune goes on."""
+        try:
+            if not self.dry_run:
+                do()
+        except (OrchestratorError, OSError) as exc:
+            entry = PruneAction(action, target, reason, ok=False, error=str(exc))
+            logger.warning("prune: %s", entry.describe(self.dry_run))
+        else:
+            entry = PruneAction(action, target, reason, freed_bytes=freed)
+            logger.info("prune: %s", entry.describe(self.dry_run))
+        self.actions.append(entry)
+
+
+def _orphan(info: SessionInfo) -> bool:
+    """A record whose container and checkpoint are both gone: nothing is left to resume."""
+    return info.checkpoint_damaged and info.status is not SessionStatus.BUSY and info.container_status != "running"
+
+
+def _stale(info: SessionInfo, idle_for: float | None, older_than: float | None) -> str | None:
+    """Why the session is stale under the criteria (all given ones must hold), or None."""
+    if info.status is SessionStatus.BUSY or (idle_for is None and older_than is None):
+        return None
+    reasons = []
+    if idle_for is not None:
+        if info.idle_seconds < idle_for:
+            return None
+        reasons.append(f"idle {describe_age(info.idle_seconds)}")
+    if older_than is not None:
+        if info.age_seconds < older_than:
+            return None
+        reasons.append(f"created {describe_age(info.age_seconds)} ago")
+    return ", ".join(reasons)
