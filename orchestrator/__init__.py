@@ -7,8 +7,8 @@ __version__ = "0.1.0"
 from .config import Settings
 from .errors import (
     AgentStartTimeout,
-    CapacityExceeded,
     AgentTimeoutError,
+    CapacityExceeded,
     ChannelLost,
     CheckpointError,
     ConfigError,

@@ -1,8 +1,8 @@
 """A session's activity file: whether a call is in progress and when the last one ran, for every process to see.
 
 ``sessions/<id>/activity`` beside the record. A call holds a *shared* ``flock`` on it for its
-whole length, and sets the file's modification time when it begins and ends (``futimens`` on
-an open descriptor: microseconds, and no write of the record). Whoever acts on idle sessions
+whole length, and sets the file's modification time when it ends (``futimens`` on an open
+descriptor: microseconds, and no write of the record). Whoever acts on idle sessions
 (prune, hibernate, the running-session cap) takes the *exclusive* lock without waiting: that
 fails while any call runs, and while it is held no call can begin. So "busy" is exact, and idle
 time is ``now - mtime`` to the second, for a session no controller holds as well.
@@ -67,38 +67,32 @@ class Activity:
         self._depth = 0
         self._closing = False
 
-    @contextlib.contextmanager
-    def in_call(self) -> Iterator[None]:
-        """Mark a call (re-entrant; the caller serializes threads): busy for others, then last used now.
+    def __enter__(self) -> Activity:
+        """Mark a call (re-entrant; the caller serializes threads): busy for others until it ends.
 
         Raises:
             SessionBusy: another process held the exclusive lock (acting on the session) past ``wait``.
         """
-        fd = self._fd
-        if fd is None:  # closed handle: its own state check refuses the call
-            yield
-            return
-        if self._depth == 0:
-            if not _try_lock(fd, fcntl.LOCK_SH):
-                lock_within(
-                    fd,
-                    fcntl.LOCK_SH,
-                    self._wait,
-                    f"session {self.path.parent.name} is being pruned or hibernated by another process "
-                    f"(it held the session for more than {self._wait:g} s)",
-                )
-            os.utime(fd)
+        if self._fd is not None and self._depth == 0 and not _try_lock(self._fd, fcntl.LOCK_SH):
+            lock_within(
+                self._fd,
+                fcntl.LOCK_SH,
+                self._wait,
+                f"session {self.path.parent.name} is being pruned or hibernated by another process "
+                f"(it held the session for more than {self._wait:g} s)",
+            )
         self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-            if self._depth == 0:
-                with contextlib.suppress(OSError):  # the session may have been deleted meanwhile
-                    os.utime(fd)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                if self._closing:
-                    self.close()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """The call ended: it is the last use now (the file's mtime), and the session is free."""
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
+            with contextlib.suppress(OSError):  # the session may have been deleted meanwhile
+                os.utime(self._fd)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            if self._closing:
+                self.close()
 
     def close(self) -> None:
         """Close the file (inside a call: when the call ends, so the lock is released on this descriptor)."""
@@ -141,7 +135,7 @@ def is_busy(path: Path) -> bool:
 
 
 def last_active(path: Path, fallback: float) -> float:
-    """When a call last began or ended (``fallback`` for a session that never had an activity file)."""
+    """When a call last ended (``fallback`` for a session that never had an activity file)."""
     try:
         return os.stat(path).st_mtime
     except OSError:

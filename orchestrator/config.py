@@ -254,8 +254,11 @@ class Settings:
                     changes[f.name] = Path(raw)
                 else:
                     changes[f.name] = raw
+            except ConfigError as exc:
+                raise ConfigError(f"ORCH_{f.name.upper()}={raw!r}: {exc}") from None
             except ValueError:
-                raise ConfigError(f"ORCH_{f.name.upper()}={raw!r} is not a valid {type(default).__name__}") from None
+                kind = "integer" if f.name == "max_running" else type(default).__name__
+                raise ConfigError(f"ORCH_{f.name.upper()}={raw!r} is not a valid {kind}") from None
         if "base_image" not in changes and "image" not in changes:
             state_dir = Path(changes.get("state_dir", defaults.state_dir))  # type: ignore[arg-type]
             changes.update(_recorded_defaults(state_dir))

@@ -353,7 +353,7 @@ class Session:
             SessionAttachedElsewhere: another controller owns the session (nothing was touched).
             SessionClosed: the session was closed.
         """
-        with self._turn():
+        with self._turn(call=False):  # not a use: the session's idle time goes on
             self._check_usable()
             self._drop_sandbox()  # an error below leaves the record naming it: the next start removes it
             try:
@@ -381,8 +381,9 @@ class Session:
             self._lock.release()
 
     @contextlib.contextmanager
-    def _turn(self) -> Iterator[None]:
-        """One call at a time: the session's lock, and its activity file held (busy for prune) and touched.
+    def _turn(self, *, call: bool = True) -> Iterator[None]:
+        """One call at a time: the session's lock, and (for a ``call``) its activity file held (busy for prune)
+        and touched.
 
         Raises:
             ConfigError: called from a handler serving this session's running cell (it would wait for ever).
@@ -393,7 +394,7 @@ class Session:
                 f"a host-call handler of session {self.id} called back into that session, whose cell waits for it; "
                 "use another session (or do the work in the handler)"
             )
-        with self._lock, self._activity.in_call():
+        with self._lock, self._activity if call else contextlib.nullcontext():
             yield
 
     def _executor(self) -> ThreadPoolExecutor:

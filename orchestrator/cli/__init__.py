@@ -1,0 +1,214 @@
+"""The ``orchestrator`` command: list, inspect, use, hibernate, resume, remove and prune sessions; build images.
+
+Human-readable by default, --json on every command that prints; each error is one line on
+stderr and has its own exit status (below; docs/cli.md has the whole guide).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import NoReturn
+
+from .. import __version__, janitor
+from ..config import Settings, parse_duration
+from ..errors import ConfigError, OrchestratorError
+from ..manager import Orchestrator
+from . import commands, shell
+from .render import EXIT_HELP, Exit, Output
+
+__all__ = ["build_parser", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(Exit.USAGE, f"orchestrator: UsageError: {message} (see `{self.prog} --help`)\n")
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_duration(text: str) -> float:
+    seconds = _duration(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    return seconds
+
+
+def _tail(text: str) -> int | None:
+    if text == "all":
+        return None
+    try:
+        lines = int(text)
+    except ValueError:
+        lines = 0
+    if lines < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines (1 or more) or 'all'")
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command (``func`` in the namespace runs the command)."""
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(prog="orchestrator", description=__doc__, epilog=EXIT_HELP, formatter_class=formatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log lifecycle events to stderr")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text (also after the command)")
+    parser.add_argument("--version", action="version", version=f"orchestrator {__version__}")
+    # The same options after the command; SUPPRESS keeps a value given before it.
+    common = _Parser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    printing = _Parser(add_help=False, parents=[common])
+    printing.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of text")
+
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str, *, json: bool = True, aliases: Sequence[str] = ()) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            help=help,
+            description=help,
+            aliases=list(aliases),
+            parents=[printing if json else common],
+            epilog=EXIT_HELP,
+            formatter_class=formatter,
+        )
+
+    ls = command("ls", "list stored sessions: id, state, image, age, idle, memory, checkpoint size", aliases=["list"])
+    ls.set_defaults(func=commands.ls)
+
+    inspect = command("inspect", "show everything known of one session (without touching it)")
+    inspect.add_argument("session_id", metavar="ID")
+    inspect.set_defaults(func=commands.inspect)
+
+    exec_ = command(
+        "exec",
+        "run CODE in a session and print its output; exit 1 when the code raised "
+        "(attaches the session: a handle another process holds goes stale)",
+    )
+    exec_.add_argument("session_id", metavar="ID")
+    exec_.add_argument("code", metavar="CODE", help="Python source; '-' reads it from standard input")
+    exec_.add_argument("--timeout", type=_positive_duration, metavar="S", help="seconds (or 90s, 5m) the cell may run")
+    exec_.set_defaults(func=commands.exec_code)
+
+    sh = command(
+        "shell",
+        "an interactive Python prompt in a session (Ctrl-D detaches; the session keeps running; "
+        "attaches the session like exec)",
+    )
+    sh.add_argument("session_id", metavar="ID")
+    sh.add_argument("--timeout", type=_positive_duration, metavar="S", help="seconds (or 90s, 5m) each input may run")
+    sh.set_defaults(func=shell.shell)
+
+    for name, func, what in (
+        ("hibernate", commands.hibernate, "remove sessions' containers and keep their checkpoints"),
+        ("resume", commands.resume, "start hibernated sessions' containers now and restore them"),
+        ("rm", commands.rm, "remove sessions: containers and stored state"),
+    ):
+        many = command(name, what)
+        many.add_argument("session_ids", metavar="ID", nargs="+")
+        many.set_defaults(func=func)
+
+    logs = command("logs", "print a session's container log (the agent's stderr)")
+    logs.add_argument("session_id", metavar="ID")
+    logs.add_argument("--tail", type=_tail, default=200, metavar="N", help="last N lines, or 'all' (default 200)")
+    logs.set_defaults(func=commands.logs)
+
+    prune = command("prune", "remove (or hibernate) stale sessions and what crashed controllers left behind")
+    prune.add_argument("--idle", type=_duration, metavar="D", help="stale after D without a call (30m, 2h, 1d)")
+    prune.add_argument("--older-than", type=_duration, metavar="D", help="stale when created more than D ago (24h)")
+    prune.add_argument("--hibernate-only", action="store_true", help="hibernate stale sessions instead of removing")
+    prune.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+    prune.set_defaults(func=commands.prune)
+
+    jan = sub.add_parser(
+        "janitor",
+        help="run pruning on an interval until SIGTERM (the compose service)",
+        description="run pruning on an interval until SIGTERM (the compose service)",
+    )
+    janitor.add_arguments(jan)
+    jan.set_defaults(func=_janitor, needs_orchestrator=False)
+
+    image = sub.add_parser("image", help="sandbox image commands", parents=[common])
+    images = image.add_subparsers(dest="image_command", required=True, metavar="COMMAND")
+    build = images.add_parser(
+        "build",
+        help="build (or reuse) the sandbox image; prints its tag",
+        description="build (or reuse) the sandbox image on the base image; prints its tag",
+        parents=[printing],
+        epilog=EXIT_HELP,
+        formatter_class=formatter,
+    )
+    build.add_argument(
+        "--base", help="base image with python3 (default: ORCH_BASE_IMAGE, the recorded default, or python:3.12-slim)"
+    )
+    build.add_argument("--rebuild", action="store_true", help="build even if the image exists")
+    build.add_argument(
+        "--make-default",
+        action="store_true",
+        help="record the base image as the default of later runs on this state dir (no ORCH_BASE_IMAGE needed)",
+    )
+    build.set_defaults(func=commands.image_build)
+
+    command("demo", "show a session surviving a killed container", json=False).set_defaults(func=commands.demo)
+    return parser
+
+
+def _janitor(args: argparse.Namespace) -> int:
+    return int(janitor.run(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, a usage error
+        return exc.code if isinstance(exc.code, int) else Exit.USAGE
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    out = Output(json_mode=args.json)
+    try:
+        if not getattr(args, "needs_orchestrator", True):
+            return int(args.func(args))
+        return _run(args, out)
+    except KeyboardInterrupt:
+        out.note("")
+        return out.error(KeyboardInterrupt("interrupted"))
+    except BrokenPipeError:
+        # The reader went away (`orchestrator logs ID | head`): stop quietly, without a second error at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return Exit.FAILED
+
+
+def _run(args: argparse.Namespace, out: Output) -> int:
+    try:
+        settings = Settings.from_env()
+        if getattr(args, "base", None):
+            settings = settings.replace(base_image=args.base)
+        orch = Orchestrator(settings)
+    except OrchestratorError as exc:
+        return out.error(exc)
+    ctx = commands.Context(orch, out)
+    try:
+        return int(args.func(ctx, args))
+    except OrchestratorError as exc:
+        return out.error(exc)
+    except (KeyboardInterrupt, BrokenPipeError):
+        raise
+    except Exception as exc:  # a bug: still one line, the traceback with -v
+        if args.verbose:
+            traceback.print_exc()
+        return out.error(exc, hint="" if args.verbose else " (unexpected: run with -v for the traceback)")
+    finally:
+        ctx.close()

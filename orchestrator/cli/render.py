@@ -1,0 +1,301 @@
+"""What the CLI shows: human units, rich tables, JSON documents, one-line errors and their exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from typing import Any, TextIO
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import (
+    CapacityExceeded,
+    ConfigError,
+    EngineError,
+    SandboxError,
+    SessionAttachedElsewhere,
+    SessionBusy,
+    SessionNotFound,
+    TransportError,
+)
+from ..results import ExecResult
+from ..survey import SessionInfo, SessionStatus
+
+
+class Exit(enum.IntEnum):
+    """The CLI's exit statuses (also in ``--help`` and docs/cli.md)."""
+
+    OK = 0
+    CODE_RAISED = 1
+    """``exec``: the user's code raised (its traceback is on stderr)."""
+    USAGE = 2
+    """Bad arguments or settings (argparse, ``ConfigError``)."""
+    PARTIAL = 3
+    """Some of several targets failed (``hibernate``/``resume``/``rm`` with several ids, ``prune``)."""
+    NOT_FOUND = 4
+    """No session with that id (``SessionNotFound``)."""
+    UNAVAILABLE = 5
+    """The session is in use: in a call, locked, attached elsewhere, or no room (``SessionBusy``, ...)."""
+    ENGINE = 6
+    """The Docker engine is unreachable or refused (``EngineUnavailable``, ``ImageMissing``, ``EngineError``)."""
+    SANDBOX = 7
+    """The call failed in the sandbox or its channel (``ExecutionTimeout``, ``SandboxCrashed``, ``ProtocolError``)."""
+    FAILED = 8
+    """Any other failure (``CheckpointError``, ``SessionClosed``, an unexpected error)."""
+    INTERRUPTED = 130
+    """Ctrl-C."""
+
+
+EXIT_HELP = """\
+exit status:
+  0    success
+  1    exec: the code raised (its traceback is on stderr)
+  2    usage: bad arguments or settings (ConfigError)
+  3    partial failure: some of several ids, or some prune actions, failed
+  4    no such session (SessionNotFound)
+  5    session unavailable: in a call, locked, attached elsewhere, no room (SessionBusy, ...)
+  6    engine: unreachable, refused, image missing (EngineError)
+  7    the call failed in the sandbox or its channel (SandboxError, TransportError)
+  8    any other failure
+  130  interrupted (Ctrl-C)
+
+Errors are one line on stderr: "orchestrator: <ErrorType>: <message>".
+See docs/cli.md for every command, its output and its JSON shape."""
+
+_BY_ERROR: tuple[tuple[type[BaseException], Exit], ...] = (
+    (ConfigError, Exit.USAGE),
+    (SessionNotFound, Exit.NOT_FOUND),
+    (SessionBusy, Exit.UNAVAILABLE),
+    (SessionAttachedElsewhere, Exit.UNAVAILABLE),
+    (CapacityExceeded, Exit.UNAVAILABLE),
+    (EngineError, Exit.ENGINE),
+    (SandboxError, Exit.SANDBOX),
+    (TransportError, Exit.SANDBOX),
+    (KeyboardInterrupt, Exit.INTERRUPTED),
+)
+
+
+def exit_code(exc: BaseException) -> Exit:
+    """The exit status that reports ``exc``."""
+    for kind, code in _BY_ERROR:
+        if isinstance(exc, kind):
+            return code
+    return Exit.FAILED
+
+
+def error_line(exc: BaseException) -> str:
+    """``orchestrator: <ErrorType>: <message>`` on one line (the message's own line breaks folded)."""
+    message = " ".join(str(exc).split()) or "(no message)"
+    return f"orchestrator: {type(exc).__name__}: {message}"
+
+
+def error_json(exc: BaseException) -> dict[str, Any]:
+    """The JSON form of an error: its type, message and exit status (and a timed-out cell's output)."""
+    document: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc), "exit_code": int(exit_code(exc))}
+    for name in ("stdout", "stderr"):
+        if isinstance(getattr(exc, name, None), str):
+            document[name] = getattr(exc, name)
+    return document
+
+
+def human_bytes(size: int | None) -> str:
+    """1023 B, 4.2 KiB, 3.0 MiB, 1.5 GiB; "-" for unknown."""
+    if size is None:
+        return "-"
+    if size < 1024:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def human_duration(seconds: float | None) -> str:
+    """Two units are enough for a person: 40s, 3m 12s, 2h 5m, 3d 4h; "-" for unknown."""
+    if seconds is None:
+        return "-"
+    whole = max(0, int(seconds))
+    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if whole >= size:
+            rest = (whole % size) // smaller_size
+            return f"{whole // size}{unit}" + (f" {rest}{smaller}" if rest else "")
+    return f"{whole}s"
+
+
+def human_time(stamp: float | None, now: float) -> str:
+    """A local time with how long ago it was: 2024-05-01 12:00:03 (3m 12s ago); "-" for none."""
+    if not stamp:
+        return "-"
+    local = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+    return f"{local} ({human_duration(now - stamp)} ago)"
+
+
+_STATUS_STYLE = {
+    SessionStatus.RUNNING: "green",
+    SessionStatus.BUSY: "yellow",
+    SessionStatus.HIBERNATED: "cyan",
+    SessionStatus.BROKEN: "bold red",
+}
+
+
+class Output:
+    """Where one command writes: its stdout and stderr, as text, rich tables or JSON."""
+
+    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None, *, json_mode: bool = False) -> None:
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self.json_mode = json_mode
+        self.console = _console(self.stdout)
+        self.err_console = _console(self.stderr)
+
+    def write(self, text: str) -> None:
+        """Text exactly as given (cell output, logs)."""
+        self.stdout.write(text)
+        self.stdout.flush()
+
+    def line(self, text: str) -> None:
+        self.write(text + "\n")
+
+    def note(self, text: str) -> None:
+        """A remark for the person at the terminal, on stderr (never part of what scripts parse)."""
+        self.stderr.write(text + "\n")
+        self.stderr.flush()
+
+    def json(self, document: Any) -> None:
+        """One JSON document on stdout."""
+        self.write(json.dumps(document, indent=2, default=str) + "\n")
+
+    def error(self, exc: BaseException, hint: str = "") -> Exit:
+        """Report ``exc`` as one line on stderr (and as JSON on stdout in JSON mode); return its exit status."""
+        self.note(error_line(exc) + hint)
+        if self.json_mode:
+            self.json({"error": error_json(exc)})
+        return exit_code(exc)
+
+    def table(self, table: Table) -> None:
+        if self.console.is_terminal:
+            self.console.print(table)
+            return
+        # Plain text for pipes and files: no padding at line ends.
+        with self.console.capture() as captured:
+            self.console.print(table)
+        self.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
+    @contextlib.contextmanager
+    def progress(self, message: str) -> Iterator[None]:
+        """A spinner on stderr while something slow runs, only when stderr is a terminal."""
+        if not self.err_console.is_terminal:
+            yield
+            return
+        with self.err_console.status(Text(message)):
+            yield
+
+
+def _console(stream: TextIO) -> Console:
+    # Not a terminal: no colours and no width limit, so a pipe or a file gets whole rows to grep.
+    terminal = stream.isatty()
+    return Console(
+        file=stream,
+        width=None if terminal else int(os.environ.get("COLUMNS", "0") or 0) or 1000,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        soft_wrap=False,
+    )
+
+
+def sessions_table(infos: Sequence[SessionInfo]) -> Table:
+    """The table of ``orchestrator ls``: one row per session."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name, justify in (
+        ("ID", "left"),
+        ("STATE", "left"),
+        ("IMAGE", "left"),
+        ("AGE", "right"),
+        ("IDLE", "right"),
+        ("MEMORY", "right"),
+        ("CHECKPOINT", "right"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for info in infos:
+        table.add_row(
+            Text(info.id),
+            Text(info.status.value, style=_STATUS_STYLE[info.status]),
+            Text(info.image or "-"),
+            Text(human_duration(info.age_seconds)),
+            Text("-" if info.status is SessionStatus.BUSY else human_duration(info.idle_seconds)),
+            Text(human_bytes(info.memory_bytes)),
+            Text(human_bytes(info.checkpoint_bytes)),
+        )
+    return table
+
+
+def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
+    """Everything ``orchestrator inspect`` shows of a session, as (key, value) pairs."""
+    return [
+        ("id", info.id),
+        ("state", info.status.value),
+        ("problem", info.problem or "-"),
+        ("image", info.image or "-"),
+        ("created", human_time(info.created_at, now)),
+        ("last active", human_time(info.last_active_at, now)),
+        ("age", human_duration(info.age_seconds)),
+        ("idle", "- (in a call)" if info.status is SessionStatus.BUSY else human_duration(info.idle_seconds)),
+        ("hibernated", human_time(info.hibernated_at, now)),
+        ("generation", str(info.generation)),
+        ("variables", str(info.variables)),
+        ("checkpoint", f"{human_bytes(info.checkpoint_bytes)} ({info.checkpoint_bytes} bytes)"),
+        ("checkpoint damaged", "yes" if info.checkpoint_damaged else "no"),
+        ("epoch", str(info.epoch)),
+        ("sandbox", info.sandbox_id or "-"),
+        ("container", info.container_id or "-"),
+        ("container status", info.container_status or "-"),
+        ("memory", human_bytes(info.memory_bytes)),
+        ("labels", ", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())) or "-"),
+    ]
+
+
+def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
+    """Two columns, no header: the shape of ``inspect``."""
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        table.add_row(Text(key), Text(value))
+    return table
+
+
+def exec_json(session_id: str, result: ExecResult) -> dict[str, Any]:
+    """The JSON of ``orchestrator exec --json``: every field of the ExecResult, plus the id and ``ok``."""
+    return {"id": session_id, "ok": result.ok, **asdict(result)}
+
+
+def write_exec_result(out: Output, result: ExecResult) -> None:
+    """A cell's output as a REPL shows it: stdout and stderr as written, the value's repr, the traceback."""
+    if result.stdout:
+        out.write(result.stdout)
+    if result.stderr:
+        out.stderr.write(result.stderr)
+        out.stderr.flush()
+    if result.return_value is not None:
+        if result.stdout and not result.stdout.endswith("\n"):
+            out.write("\n")
+        out.line(result.return_value)
+    if result.error is not None:
+        out.stderr.write(result.error.traceback or f"{result.error}\n")
+        out.stderr.flush()
+    for name, reason in sorted(result.unsaved.items()):
+        out.note(f"orchestrator: not saved (lost if the sandbox restarts): {name}: {reason}")
+    for name, reason in sorted(result.restore_failures.items()):
+        out.note(f"orchestrator: dropped by a restore before this call: {name}: {reason}")

@@ -1,0 +1,305 @@
+"""The ops CLI against the real engine: ``python -m orchestrator ...`` as a subprocess on a private state dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import Orchestrator, Session, Settings
+from orchestrator.config import DEFAULTS_FILE
+
+pytestmark = pytest.mark.docker
+
+
+def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        ORCH_STATE_DIR=str(settings.state_dir),
+        ORCH_RUNTIME_DIR=str(settings.runtime_dir),
+        ORCH_BASE_IMAGE=settings.base_image,
+        COLUMNS="200",
+        **extra,
+    )
+    return env
+
+
+@pytest.fixture
+def store(settings_for: Callable[..., Settings], image: str) -> Settings:
+    """A store of its own for each test, so ``ls`` and ``prune`` see only this test's sessions."""
+    return settings_for()
+
+
+@pytest.fixture
+def cli(store: Settings) -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(*argv: str, input: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", *argv],
+            input=input,
+            capture_output=True,
+            text=True,
+            env=cli_env(store, **env),
+            timeout=120,
+        )
+
+    return run
+
+
+@pytest.fixture
+def make(
+    store: Settings, make_orch: Callable[[Settings], Orchestrator], new_session: Callable[..., Session]
+) -> Callable[..., str]:
+    """A session on the test's store, set up by ``code`` and detached (as a caller that went away leaves it)."""
+    orch = make_orch(store)
+
+    def create(code: str = "x = 41") -> str:
+        session = new_session(orch)
+        session.execute(code)
+        session.detach()
+        return session.id
+
+    return create
+
+
+def one_line(stderr: str, error: str) -> None:
+    assert stderr.count("\n") == 1 and stderr.startswith(f"orchestrator: {error}: "), stderr
+
+
+def test_ls_inspect_exec_and_state_across_commands(cli, make):
+    sid = make("x = 41\nblob = 'a' * 100_000")
+    listed = cli("ls")
+    assert listed.returncode == 0, listed.stderr
+    header, _, row = listed.stdout.splitlines()[:3]
+    assert header.split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
+    assert row.split()[:2] == [sid, "running"] and "KiB" in row and "MiB" in row
+    (entry,) = json.loads(cli("ls", "--json").stdout)
+    assert entry["id"] == sid and entry["status"] == "running" and entry["checkpoint_bytes"] > 100_000
+
+    done = cli("exec", sid, "y = x + 1\nprint('y is', y)\ny * 2")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "y is 42\n84\n", "")
+    raised = cli("exec", sid, "def f():\n    return 1 / 0\nf()")
+    assert raised.returncode == 1 and raised.stdout == ""
+    assert raised.stderr.startswith("Traceback (most recent call last):") and "ZeroDivisionError" in raised.stderr
+    piped = cli("exec", sid, "-", "--json", input="import sys\nsys.stderr.write('e')\ny\n")
+    document = json.loads(piped.stdout)
+    assert piped.returncode == 0 and document["return_value"] == "42" and document["stderr"] == "e"
+
+    shown = cli("inspect", sid, "--json")
+    assert json.loads(shown.stdout)["status"] == "running" and json.loads(shown.stdout)["generation"] >= 3
+    text = cli("inspect", sid).stdout
+    assert f"id                  {sid}" in text and "container status    running" in text
+    assert cli("exec", sid, "x, y").stdout == "(41, 42)\n"  # each exec detached: the session kept running
+
+
+def test_errors_are_one_line_with_their_exit_status(cli, store):
+    missing = cli("exec", "nope-nope", "1")
+    assert missing.returncode == 4 and missing.stdout == ""
+    one_line(missing.stderr, "SessionNotFound")
+    missing = cli("inspect", "nope-nope", "--json")
+    assert missing.returncode == 4 and json.loads(missing.stdout)["error"]["type"] == "SessionNotFound"
+    usage = cli("prune", "--idle", "soon")
+    assert usage.returncode == 2
+    one_line(usage.stderr, "UsageError")
+    no_engine = cli("ls", DOCKER_HOST=f"unix://{store.runtime_dir}/no-engine.sock")
+    assert no_engine.returncode == 6
+    one_line(no_engine.stderr, "EngineUnavailable")
+
+
+def test_exec_timeout_exits_7_and_the_session_goes_on(cli, make):
+    sid = make()
+    late = cli("exec", sid, "import time\nprint('started', flush=True)\ntime.sleep(30)", "--timeout", "1")
+    assert late.returncode == 7 and late.stdout == "started\n"
+    one_line(late.stderr, "ExecutionTimeout")
+    assert cli("exec", sid, "x").stdout == "41\n"
+
+
+def test_exec_interrupted_exits_130_and_the_call_is_not_kept(cli, make, store):
+    sid = make()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "exec", sid, "import time\ntime.sleep(30)\nz = 1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(store),
+    )
+    deadline = time.monotonic() + 60
+    while json.loads(cli("inspect", sid, "--json").stdout)["status"] != "busy":
+        assert time.monotonic() < deadline, "the call never started"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.endswith("orchestrator: KeyboardInterrupt: interrupted\n")
+    assert cli("exec", sid, "'z' in globals(), x").stdout == "(False, 41)\n"
+
+
+def test_hibernate_logs_resume_rm(cli, make):
+    sid = make()
+    assert cli("logs", sid).returncode == 0
+    slept = cli("hibernate", sid, "--json")
+    assert slept.returncode == 0 and json.loads(slept.stdout) == [
+        {"id": sid, "ok": True, "result": "hibernated", "error": None}
+    ]
+    assert cli("hibernate", sid).stdout == f"{sid}: already hibernated\n"
+    assert json.loads(cli("inspect", sid, "--json").stdout)["status"] == "hibernated"
+    gone = cli("logs", sid)
+    assert gone.returncode == 2
+    one_line(gone.stderr, "ConfigError")
+
+    woke = cli("resume", sid)
+    assert (woke.returncode, woke.stdout) == (0, f"{sid}: running\n"), woke.stderr
+    assert json.loads(cli("inspect", sid, "--json").stdout)["status"] == "running"
+    assert cli("resume", sid).stdout == f"{sid}: already running\n"
+    assert cli("exec", sid, "x").stdout == "41\n"
+
+    removed = cli("rm", sid, "nope-nope")
+    assert removed.returncode == 3 and removed.stdout == f"{sid}: removed\n"
+    one_line(removed.stderr, "nope-nope: SessionNotFound")
+    assert json.loads(cli("ls", "--json").stdout) == []
+
+
+def test_prune_dry_run_then_for_real(cli, make):
+    stale, fresh = make(), make()
+    time.sleep(2.5)
+    assert cli("exec", fresh, "x").returncode == 0
+    dry = cli("prune", "--idle", "2s", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"would remove {stale} (" in dry.stdout and fresh not in dry.stdout
+    assert dry.stdout.splitlines()[-1].startswith("dry run, would do: 1 remove;")
+    assert {s["id"] for s in json.loads(cli("ls", "--json").stdout)} == {stale, fresh}
+
+    done = cli("prune", "--idle", "2s", "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["dry_run"] is False and report["failed"] == 0
+    assert [(a["action"], a["target"]) for a in report["actions"]] == [("remove", stale)]
+    assert [s["id"] for s in json.loads(cli("ls", "--json").stdout)] == [fresh]
+
+
+def test_list_is_ls(cli, make):
+    sid = make()
+    assert [s["id"] for s in json.loads(cli("list", "--json").stdout)] == [sid]
+
+
+def test_image_build_make_default(cli, store, image):
+    built = cli("image", "build", "--make-default", "--json")
+    assert built.returncode == 0, built.stderr
+    assert json.loads(built.stdout) == {
+        "image": image,
+        "base_image": store.base_image,
+        "default_recorded": str(Path(store.state_dir) / DEFAULTS_FILE),
+    }
+    env = cli_env(store)
+    del env["ORCH_BASE_IMAGE"]
+    seen = subprocess.run(
+        [sys.executable, "-c", "from orchestrator import Settings; print(Settings.from_env().base_image)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert seen.stdout.strip() == store.base_image
+
+
+# ---------------------------------------------------------------------------- shell
+
+
+def test_shell_from_a_pipe_and_state_across_shells(cli, make):
+    sid = make()
+    first = cli(
+        "shell",
+        sid,
+        input="def f(a):\n    b = a + 1\n\n    return b\nprint(f(x))\nfor i in range(2):\n    i\n\n1 / 0\ny = f(1)\n",
+    )
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "42\n" and "ZeroDivisionError: division by zero" in first.stderr
+    again = cli("shell", sid, input="f(x), y, i\n")
+    assert (again.returncode, again.stdout) == (0, "(42, 2, 1)\n")
+
+
+class Terminal:
+    """A subprocess on a pseudo-terminal: what a person at a shell sees and types."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.master, child = os.openpty()
+        self.proc = subprocess.Popen(argv, stdin=child, stdout=child, stderr=child, env=env, close_fds=True)
+        os.close(child)
+        self.seen = ""
+        self.position = 0
+
+    def expect(self, text: str, timeout: float = 60.0) -> str:
+        """Wait until ``text`` appears after what earlier calls matched; return what came before it."""
+        deadline = time.monotonic() + timeout
+        while (found := self.seen.find(text, self.position)) < 0:
+            left = deadline - time.monotonic()
+            assert left > 0, f"waited {timeout} s for {text!r}; the terminal shows {self.seen[self.position :]!r}"
+            ready, _, _ = select.select([self.master], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(self.master, 4096)
+                except OSError:  # EIO: the child closed the terminal
+                    chunk = b""
+                assert chunk, f"the program ended before {text!r}: {self.seen[self.position :]!r}"
+                self.seen += chunk.decode(errors="replace").replace("\r\n", "\n")
+        before, self.position = self.seen[self.position : found], found + len(text)
+        return before
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def close(self) -> int:
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            os.close(self.master)
+
+
+@pytest.fixture
+def terminal(store: Settings) -> Iterator[Callable[..., Terminal]]:
+    opened: list[Terminal] = []
+
+    def open_(*argv: str) -> Terminal:
+        opened.append(Terminal([sys.executable, "-m", "orchestrator", *argv], cli_env(store, TERM="dumb")))
+        return opened[-1]
+
+    yield open_
+    for t in opened:
+        if t.proc.poll() is None:
+            t.proc.kill()
+            t.close()
+
+
+def test_shell_on_a_terminal(terminal, make, store, cli):
+    sid = make()
+    t = terminal("shell", sid)
+    assert f"session {sid}" in t.expect(">>> ")
+    t.type("def g(n):\n")
+    t.expect("... ")
+    t.type("    return n * x\n")
+    t.expect("... ")
+    t.type("\n")
+    t.expect(">>> ")
+    t.type("g(2)\n")
+    assert t.expect(">>> ").endswith("82\n")
+    t.type("half typed")
+    t.expect("half typed")
+    t.proc.send_signal(signal.SIGINT)  # Ctrl-C drops the line being typed
+    assert "KeyboardInterrupt" in t.expect(">>> ")
+    t.type("import time; time.sleep(30); w = 1\n")
+    time.sleep(1.5)
+    t.proc.send_signal(signal.SIGINT)  # ... and abandons a running call
+    assert "the call was abandoned" in t.expect(">>> ")
+    t.type("'w' in globals(), g(1)\n")
+    assert t.expect(">>> ").endswith("(False, 41)\n")
+    t.type("\x04")  # Ctrl-D
+    t.expect(f"detached from {sid}")
+    assert t.close() == 0
+    history = Path(store.state_dir) / "shell-history"
+    assert "return n * x" in history.read_text() and oct(history.stat().st_mode & 0o777) == "0o600"
+    assert cli("exec", sid, "g(3)").stdout == "123\n"

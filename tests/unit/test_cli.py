@@ -1,0 +1,677 @@
+"""The CLI without an engine: parsing, rendering, exit statuses and the shell's input, on a fake Orchestrator."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import orchestrator.cli as cli
+from orchestrator import (
+    ConfigError,
+    EngineUnavailable,
+    ExecError,
+    ExecResult,
+    ExecutionTimeout,
+    ImageMissing,
+    SandboxCrashed,
+    SessionAttachedElsewhere,
+    SessionBusy,
+    SessionNotFound,
+    Settings,
+)
+from orchestrator.cli import commands, render, shell
+from orchestrator.cli.render import Exit
+from orchestrator.config import DEFAULTS_FILE
+from orchestrator.errors import CapacityExceeded, CheckpointError, ProtocolError
+from orchestrator.prune import PruneAction, PruneReport
+from orchestrator.session import SessionState
+from orchestrator.survey import SessionInfo, SessionStatus
+
+NOW = 1_700_000_000.0
+
+
+def info(session_id: str = "s1", **changes: object) -> SessionInfo:
+    fields: dict[str, object] = dict(
+        id=session_id,
+        status=SessionStatus.RUNNING,
+        image="orchestrator-sandbox:abc",
+        created_at=NOW - 192,
+        last_active_at=NOW - 40,
+        age_seconds=192.0,
+        idle_seconds=40.0,
+        generation=3,
+        variables=2,
+        checkpoint_bytes=int(4.2 * 1024 * 1024),
+        epoch=1,
+        sandbox_id="sb-0123456789ab",
+        container_id="c" * 64,
+        container_status="running",
+        memory_bytes=18 << 20,
+        hibernated_at=None,
+        problem=None,
+        labels={"orchestrator.test.x": "1"},
+    )
+    fields.update(changes)
+    return SessionInfo(**fields)  # type: ignore[arg-type]
+
+
+class FakeSession:
+    def __init__(self, session_id: str, results: list[object]) -> None:
+        self.id = session_id
+        self.results = results
+        self.state = SessionState.READY
+        self.generation = 3
+        self.variables = ["x"]
+        self.codes: list[tuple[str, float | None]] = []
+        self.detach_error: Exception | None = None
+
+    def execute(self, code: str, timeout: float | None = None) -> ExecResult:
+        self.codes.append((code, timeout))
+        outcome = self.results.pop(0) if self.results else ExecResult()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert isinstance(outcome, ExecResult)
+        return outcome
+
+    def detach(self) -> None:
+        if self.detach_error is not None:
+            raise self.detach_error
+        self.state = SessionState.DETACHED
+
+    def close(self) -> None:  # pragma: no cover - the CLI must never call it
+        raise AssertionError("the CLI closed a session")
+
+
+class FakeBackend:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeOrchestrator:
+    """Just the surface the CLI uses; ``errors`` maps (method, id) to what it raises."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.backend = FakeBackend()
+        self.infos = [info("s1"), info("s2", status=SessionStatus.HIBERNATED, memory_bytes=None, container_id=None)]
+        self.errors: dict[tuple[str, str], Exception] = {}
+        self.results: list[object] = []
+        self.sessions: list[FakeSession] = []
+        self.calls: list[tuple[str, object]] = []
+        self.closed = False
+        self.report = PruneReport([], dry_run=False)
+        self.log = "agent started\n"
+
+    def _check(self, method: str, session_id: str) -> None:
+        self.calls.append((method, session_id))
+        if (method, session_id) in self.errors:
+            raise self.errors[(method, session_id)]
+
+    def list_sessions(self, *, now: float | None = None) -> list[SessionInfo]:
+        return list(self.infos)
+
+    def describe(self, session_id: str, *, now: float | None = None) -> SessionInfo:
+        self._check("describe", session_id)
+        for i in self.infos:
+            if i.id == session_id:
+                return i
+        raise SessionNotFound(f"no session {session_id!r} in /state/sessions")
+
+    def hibernate(self, session_id: str) -> bool:
+        self._check("hibernate", session_id)
+        return session_id != "s2"
+
+    def resume(self, session_id: str) -> None:
+        self._check("resume", session_id)
+
+    def remove(self, session_id: str) -> None:
+        self._check("remove", session_id)
+
+    def logs(self, session_id: str, tail: int | None = 200) -> str:
+        self._check("logs", session_id)
+        self.calls.append(("tail", tail))
+        return self.log
+
+    def prune(self, **kwargs: object) -> PruneReport:
+        self.calls.append(("prune", kwargs))
+        return self.report
+
+    def attach(self, session_id: str) -> FakeSession:
+        self._check("attach", session_id)
+        session = FakeSession(session_id, self.results)
+        self.sessions.append(session)
+        return session
+
+    def build_image(self, *, rebuild: bool = False) -> str:
+        self.calls.append(("build", rebuild))
+        return "orchestrator-sandbox:0123"
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeOrchestrator:
+    for name in ("ORCH_BASE_IMAGE", "ORCH_IMAGE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ORCH_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("ORCH_RUNTIME_DIR", str(tmp_path / "run"))
+    made: list[FakeOrchestrator] = []
+    orch = FakeOrchestrator(Settings.from_env())
+
+    def construct(settings: Settings) -> FakeOrchestrator:
+        orch.settings = settings
+        made.append(orch)
+        return orch
+
+    monkeypatch.setattr(cli, "Orchestrator", construct)
+    return orch
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def test_durations_tail_and_flags_parse():
+    args = cli.build_parser().parse_args(["prune", "--idle", "30m", "--older-than", "1d", "--dry-run"])
+    assert (args.idle, args.older_than, args.dry_run, args.hibernate_only) == (1800.0, 86400.0, True, False)
+    assert cli.build_parser().parse_args(["logs", "s1", "--tail", "all"]).tail is None
+    assert cli.build_parser().parse_args(["logs", "s1"]).tail == 200
+    assert cli.build_parser().parse_args(["exec", "s1", "x", "--timeout", "2m"]).timeout == 120.0
+
+
+@pytest.mark.parametrize("argv", [["ls", "--json"], ["--json", "ls"], ["list", "--json"]])
+def test_json_is_accepted_before_or_after_the_command(argv):
+    args = cli.build_parser().parse_args(argv)
+    assert args.json is True and args.func is commands.ls
+
+
+def test_verbose_after_the_command_and_defaults():
+    assert cli.build_parser().parse_args(["ls", "-v"]).verbose is True
+    args = cli.build_parser().parse_args(["ls"])
+    assert args.verbose is False and args.json is False
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["prune", "--idle", "5x"],
+        ["logs", "s1", "--tail", "0"],
+        ["exec", "s1", "x", "--timeout", "0"],
+        ["exec", "s1"],
+        ["hibernate"],
+        ["frobnicate"],
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == Exit.USAGE == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("orchestrator: UsageError: ")
+
+
+def test_help_lists_the_exit_statuses_and_every_command(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    for line in ("0    success", "1    exec: the code raised", "3    partial failure", "130  interrupted"):
+        assert line in out
+    for name in ("ls", "inspect", "exec", "shell", "hibernate", "resume", "rm", "logs", "prune", "janitor", "image"):
+        assert f"\n    {name}" in out
+    code, out, _ = run(capsys, "exec", "--help")
+    assert code == 0 and "exit status:" in out and "'-' reads it from standard input" in out
+
+
+def test_janitor_is_registered_from_its_module():
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    jan = sub.choices["janitor"]  # type: ignore[index]
+    assert jan.get_default("func") is cli._janitor and jan.get_default("needs_orchestrator") is False
+
+
+# ---------------------------------------------------------------------------- rendering
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [
+        (None, "-"),
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (int(4.2 * (1 << 20)), "4.2 MiB"),
+        (3 << 30, "3.0 GiB"),
+    ],
+)
+def test_human_bytes(size, text):
+    assert render.human_bytes(size) == text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "-"),
+        (0.4, "0s"),
+        (40, "40s"),
+        (60, "1m"),
+        (192, "3m 12s"),
+        (7500, "2h 5m"),
+        (3 * 86400 + 4 * 3600, "3d 4h"),
+    ],
+)
+def test_human_duration(seconds, text):
+    assert render.human_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (ConfigError("x"), 2),
+        (SessionNotFound("x"), 4),
+        (SessionBusy("x"), 5),
+        (SessionAttachedElsewhere("x"), 5),
+        (CapacityExceeded("x"), 5),
+        (EngineUnavailable("x"), 6),
+        (ImageMissing("x"), 6),
+        (ExecutionTimeout("x"), 7),
+        (SandboxCrashed("x"), 7),
+        (ProtocolError("x"), 7),
+        (CheckpointError("x"), 8),
+        (RuntimeError("x"), 8),
+        (KeyboardInterrupt(), 130),
+    ],
+)
+def test_every_error_has_its_exit_status(error, code):
+    assert render.exit_code(error) == code
+
+
+def test_an_error_is_one_line():
+    line = render.error_line(EngineUnavailable("no engine\n  start one with:\n\tscripts/setup-engine"))
+    assert line == "orchestrator: EngineUnavailable: no engine start one with: scripts/setup-engine"
+
+
+def test_sessions_table_shows_human_units():
+    out = render.Output(io.StringIO(), io.StringIO())
+    out.table(render.sessions_table([info("s1"), info("s2", status=SessionStatus.BUSY, memory_bytes=None)]))
+    text = out.stdout.getvalue()  # type: ignore[attr-defined]
+    lines = text.splitlines()
+    assert lines[0].split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
+    assert lines[2].split() == [
+        "s1",
+        "running",
+        "orchestrator-sandbox:abc",
+        "3m",
+        "12s",
+        "40s",
+        "18.0",
+        "MiB",
+        "4.2",
+        "MiB",
+    ]
+    assert lines[-1].split()[:2] == ["s2", "busy"] and lines[-1].split()[-4:] == ["-", "-", "4.2", "MiB"]
+    assert all(line == line.rstrip() for line in lines)
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def test_ls_table_and_json(fake, capsys):
+    code, out, err = run(capsys, "ls")
+    assert code == 0 and err == ""
+    assert "s1" in out and "hibernated" in out and "4.2 MiB" in out and "3m 12s" in out
+    code, out, _ = run(capsys, "ls", "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["id"] for r in rows] == ["s1", "s2"]
+    assert rows[1]["status"] == "hibernated" and rows[0]["checkpoint_bytes"] == int(4.2 * 1024 * 1024)
+    assert set(rows[0]) == set(SessionInfo.__dataclass_fields__)
+    assert fake.closed
+
+
+def test_ls_names_broken_sessions_problems_and_says_when_there_are_none(fake, capsys):
+    fake.infos = [info("s3", status=SessionStatus.BROKEN, problem="its container is gone")]
+    assert "s3: its container is gone" in run(capsys, "ls")[1]
+    fake.infos = []
+    code, out, _ = run(capsys, "ls")
+    assert code == 0 and out.startswith("no sessions")
+    assert run(capsys, "ls", "--json")[1].strip() == "[]"
+
+
+def test_inspect_shows_everything_and_json(fake, capsys):
+    code, out, _ = run(capsys, "inspect", "s1")
+    assert code == 0
+    for key in ("id", "state", "image", "created", "last active", "generation", "checkpoint", "container", "labels"):
+        assert any(line.startswith(key + " ") for line in out.splitlines()), key
+    assert "orchestrator.test.x=1" in out
+    code, out, _ = run(capsys, "inspect", "s2", "--json")
+    assert (
+        json.loads(out) == info("s2", status=SessionStatus.HIBERNATED, memory_bytes=None, container_id=None).to_json()
+    )
+
+
+def test_inspect_missing_session_is_one_line_and_exit_4(fake, capsys):
+    code, out, err = run(capsys, "inspect", "nope")
+    assert code == Exit.NOT_FOUND == 4 and out == ""
+    assert err == "orchestrator: SessionNotFound: no session 'nope' in /state/sessions\n"
+    code, out, err = run(capsys, "inspect", "nope", "--json")
+    assert code == 4 and json.loads(out) == {
+        "error": {"type": "SessionNotFound", "message": "no session 'nope' in /state/sessions", "exit_code": 4}
+    }
+
+
+def test_exec_prints_output_and_value_then_detaches(fake, capsys):
+    fake.results.append(ExecResult(stdout="hello", stderr="warned\n", return_value="42"))
+    code, out, err = run(capsys, "exec", "s1", "print('hello', end=''); 42", "--timeout", "5")
+    assert code == 0 and out == "hello\n42\n" and err == "warned\n"
+    (session,) = fake.sessions
+    assert session.codes == [("print('hello', end=''); 42", 5.0)]
+    assert session.state is SessionState.DETACHED and fake.closed
+
+
+def test_exec_exits_1_with_the_traceback_when_the_code_raised(fake, capsys):
+    tb = 'Traceback (most recent call last):\n  File "<cell-1>", line 1\nZeroDivisionError: division by zero\n'
+    error = ExecError("ZeroDivisionError", "division by zero", 1, "1/0", tb)
+    fake.results.append(ExecResult(stdout="before\n", error=error, unsaved={"g": "generator"}))
+    code, out, err = run(capsys, "exec", "s1", "print('before'); 1/0")
+    assert code == Exit.CODE_RAISED == 1 and out == "before\n"
+    assert err.startswith(tb) and "not saved (lost if the sandbox restarts): g: generator" in err
+    assert fake.sessions[0].state is SessionState.DETACHED
+
+
+def test_exec_json_has_every_result_field(fake, capsys):
+    fake.results.append(ExecResult(stdout="x\n", return_value="1", generation=4))
+    code, out, _ = run(capsys, "exec", "s1", "1", "--json")
+    document = json.loads(out)
+    assert code == 0 and document["id"] == "s1" and document["ok"] is True
+    assert document["return_value"] == "1" and document["generation"] == 4 and document["error"] is None
+    assert set(document) >= {"stdout", "stderr", "unsaved", "restore_failures", "duration", "checkpoint_duration"}
+
+
+def test_exec_reads_code_from_stdin(fake, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("x = 1\nx\n"))
+    fake.results.append(ExecResult(return_value="1"))
+    assert run(capsys, "exec", "s1", "-")[0] == 0
+    assert fake.sessions[0].codes == [("x = 1\nx\n", None)]
+
+
+def test_exec_timeout_shows_partial_output_and_exits_7(fake, capsys):
+    fake.results.append(ExecutionTimeout("the cell ran past its 1 s timeout", stdout="partial\n"))
+    code, out, err = run(capsys, "exec", "s1", "loop()")
+    assert code == Exit.SANDBOX == 7 and out == "partial\n"
+    assert err == "orchestrator: ExecutionTimeout: the cell ran past its 1 s timeout\n"
+    assert fake.sessions[0].state is SessionState.DETACHED
+    fake.results.append(ExecutionTimeout("late", stdout="partial\n"))
+    code, out, _ = run(capsys, "exec", "s1", "loop()", "--json")
+    assert code == 7 and json.loads(out)["error"]["stdout"] == "partial\n"
+
+
+def test_exec_interrupted_detaches_and_exits_130(fake, capsys):
+    fake.results.append(KeyboardInterrupt())
+    code, _, err = run(capsys, "exec", "s1", "sleep()")
+    assert code == Exit.INTERRUPTED == 130 and err.endswith("orchestrator: KeyboardInterrupt: interrupted\n")
+    assert fake.sessions[0].state is SessionState.DETACHED and fake.closed
+
+
+def test_exec_on_a_missing_session(fake, capsys):
+    fake.errors[("attach", "nope")] = SessionNotFound("no session 'nope'")
+    assert run(capsys, "exec", "nope", "1")[:2] == (4, "")
+
+
+def test_a_session_that_could_not_be_detached_is_never_closed(fake, capsys):
+    """Orchestrator.close() removes the sessions it holds: after a failed detach only the engine client closes."""
+    original = fake.attach
+
+    def attach(session_id: str) -> FakeSession:
+        session = original(session_id)
+        session.detach_error = SessionBusy("store lock held")
+        return session
+
+    fake.attach = attach  # type: ignore[method-assign]
+    fake.results.append(ExecResult(return_value="1"))
+    code, _, err = run(capsys, "exec", "s1", "1")
+    assert code == Exit.UNAVAILABLE and "SessionBusy" in err
+    assert not fake.closed and fake.backend.closed
+
+
+def test_hibernate_resume_rm_report_each_id(fake, capsys):
+    code, out, _ = run(capsys, "hibernate", "s1", "s2", "s1")
+    assert code == 0 and out == "s1: hibernated\ns2: already hibernated\n"
+    assert run(capsys, "resume", "s2", "s1")[:2] == (0, "s2: running\ns1: already running\n")
+    assert ("resume", "s2") in fake.calls and ("resume", "s1") not in fake.calls  # s1's owner keeps it
+    assert run(capsys, "rm", "s1", "s2")[:2] == (0, "s1: removed\ns2: removed\n")
+
+
+def test_many_ids_partial_failure_exits_3_with_json_per_id(fake, capsys):
+    fake.errors[("remove", "nope")] = SessionNotFound("no session 'nope'")
+    code, out, err = run(capsys, "rm", "s1", "nope", "--json")
+    assert code == Exit.PARTIAL == 3
+    assert json.loads(out) == [
+        {"id": "s1", "ok": True, "result": "removed", "error": None},
+        {
+            "id": "nope",
+            "ok": False,
+            "result": None,
+            "error": {"type": "SessionNotFound", "message": "no session 'nope'", "exit_code": 4},
+        },
+    ]
+    assert err == "orchestrator: nope: SessionNotFound: no session 'nope'\n"
+
+
+def test_many_ids_all_failing_alike_exit_with_that_status(fake, capsys):
+    fake.errors[("hibernate", "a1")] = SessionBusy("in a call")
+    fake.errors[("hibernate", "a2")] = SessionBusy("in a call")
+    assert run(capsys, "hibernate", "a1", "a2")[0] == Exit.UNAVAILABLE
+    fake.errors[("hibernate", "a2")] = SessionNotFound("gone")
+    assert run(capsys, "hibernate", "a1", "a2")[0] == Exit.PARTIAL
+
+
+def test_logs(fake, capsys):
+    fake.log = "line 1\nline 2"
+    assert run(capsys, "logs", "s1", "--tail", "2")[:2] == (0, "line 1\nline 2\n")
+    assert ("tail", 2) in fake.calls
+    code, out, _ = run(capsys, "logs", "s1", "--json", "--tail", "all")
+    assert code == 0 and json.loads(out) == {"id": "s1", "tail": None, "log": "line 1\nline 2"}
+    fake.errors[("logs", "s2")] = ConfigError("session s2 has no container now")
+    code, out, err = run(capsys, "logs", "s2")
+    assert code == 2 and out == "" and err == "orchestrator: ConfigError: session s2 has no container now\n"
+
+
+def test_prune_prints_each_action_and_a_summary(fake, capsys):
+    fake.report = PruneReport(
+        [
+            PruneAction("remove", "s1", "idle 2h", freed_bytes=2048),
+            PruneAction("skip", "s2", "in a call now"),
+            PruneAction("remove-orphan-container", "orch-x-sb-1", "no record"),
+        ],
+        dry_run=True,
+    )
+    code, out, err = run(capsys, "prune", "--idle", "30m", "--older-than", "24h", "--dry-run")
+    assert code == 0 and err == ""
+    assert out.splitlines() == [
+        "would remove s1 (idle 2h)",
+        "would skip s2 (in a call now)",
+        "would remove orphan container orch-x-sb-1 (no record)",
+        "dry run, would do: 1 remove, 1 skip, 1 remove orphan container; 2.0 KiB to free; 0 failed",
+    ]
+    assert ("prune", {"idle_for": 1800.0, "older_than": 86400.0, "hibernate_only": False, "dry_run": True}) in (
+        fake.calls
+    )
+
+
+def test_prune_partial_failure_exits_3(fake, capsys):
+    fake.report = PruneReport(
+        [
+            PruneAction("remove", "s1", "idle 2h"),
+            PruneAction("remove", "s2", "idle 3h", ok=False, error="engine said no"),
+        ],
+        dry_run=False,
+    )
+    code, out, err = run(capsys, "prune", "--idle", "1h")
+    assert code == Exit.PARTIAL
+    assert "remove s2 (idle 3h): FAILED: engine said no" in out and out.endswith("1 remove; 0 B freed; 1 failed\n")
+    assert err == "orchestrator: PartialFailure: 1 of 2 prune actions failed\n"
+    code, out, _ = run(capsys, "prune", "--idle", "1h", "--json")
+    assert code == 3 and json.loads(out) == fake.report.to_json()
+
+
+def test_image_build_make_default_records_the_base(fake, capsys):
+    code, out, err = run(capsys, "image", "build", "--base", "orchestrator-base:bookworm", "--make-default")
+    assert code == 0 and out == "orchestrator-sandbox:0123\n"
+    recorded = Path(fake.settings.state_dir) / DEFAULTS_FILE
+    assert json.loads(recorded.read_text()) == {"base_image": "orchestrator-base:bookworm"}
+    assert "default base image is now orchestrator-base:bookworm" in err
+    assert Settings.from_env({"ORCH_STATE_DIR": str(fake.settings.state_dir)}).base_image == (
+        "orchestrator-base:bookworm"
+    )
+    code, out, _ = run(capsys, "image", "build", "--rebuild", "--json")
+    assert code == 0 and json.loads(out) == {
+        "image": "orchestrator-sandbox:0123",
+        "base_image": "orchestrator-base:bookworm",
+        "default_recorded": None,
+    }
+    assert ("build", True) in fake.calls
+
+
+def test_no_engine_is_one_line_and_exit_6(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("ORCH_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("ORCH_RUNTIME_DIR", str(tmp_path / "run"))
+
+    def no_engine(settings: Settings) -> None:
+        raise EngineUnavailable("no Docker engine answers at unix:///x;\nstart one with scripts/setup-engine")
+
+    monkeypatch.setattr(cli, "Orchestrator", no_engine)
+    code, out, err = run(capsys, "ls")
+    assert code == Exit.ENGINE == 6 and out == ""
+    assert err == (
+        "orchestrator: EngineUnavailable: no Docker engine answers at unix:///x; start one with scripts/setup-engine\n"
+    )
+
+
+def test_a_bad_setting_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setenv("ORCH_EXEC_TIMEOUT", "soon")
+    code, _, err = run(capsys, "ls")
+    assert code == 2 and err.startswith("orchestrator: ConfigError: ORCH_EXEC_TIMEOUT")
+
+
+def test_an_unexpected_error_is_still_one_line(fake, capsys):
+    fake.list_sessions = lambda **_: 1 / 0  # type: ignore[assignment,method-assign,misc]
+    code, out, err = run(capsys, "ls")
+    assert code == Exit.FAILED and out == ""
+    assert err == "orchestrator: ZeroDivisionError: division by zero (unexpected: run with -v for the traceback)\n"
+
+
+# ---------------------------------------------------------------------------- the shell's input
+
+
+def feed(lines: list[str], *, blank_ends_block: bool = True) -> list[str]:
+    sent: list[str] = []
+    buffer = shell.InputBuffer(sent.append, blank_ends_block=blank_ends_block)
+    for line in lines:
+        buffer.push(line)
+    buffer.flush()
+    return sent
+
+
+def test_is_complete_follows_the_repl():
+    assert shell.is_complete("x = 1") is True
+    assert shell.is_complete("def f():") is None
+    assert shell.is_complete("x = (1,") is None
+    assert shell.is_complete("a b") is False
+
+
+def test_input_is_sent_block_by_block_like_the_repl():
+    assert feed(["x = 1", "def f():", "    return x", "", "f()"]) == ["x = 1", "def f():\n    return x\n", "f()"]
+
+
+def test_a_blank_line_inside_brackets_does_not_end_the_input():
+    assert feed(["x = (1,", "", "2)"]) == ["x = (1,\n\n2)"]
+
+
+def test_a_new_statement_after_a_block_ends_it_without_a_blank_line():
+    assert feed(["for i in range(2):", "    y = i", "z = 1"]) == ["for i in range(2):\n    y = i", "z = 1"]
+
+
+def test_from_a_pipe_blank_lines_stay_inside_a_block():
+    lines = ["def f(a):", "    b = a + 1", "", "    return b", "print(f(1))"]
+    assert feed(lines, blank_ends_block=False) == ["def f(a):\n    b = a + 1\n\n    return b", "print(f(1))"]
+    assert feed(lines) == ["def f(a):\n    b = a + 1\n", "    return b", "print(f(1))"]
+
+
+def test_invalid_and_unfinished_input_is_sent_for_the_sandbox_to_report():
+    assert feed(["1 +"]) == ["1 +"]
+    assert feed(["if x:", "  y = (1,"]) == ["if x:\n  y = (1,"]
+    assert feed(["", "   ", "# just a comment"]) == ["# just a comment"]
+
+
+def make_shell(fake: FakeOrchestrator, stdin: str) -> tuple[shell.Shell, io.StringIO, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    ctx = commands.Context(fake, render.Output(out, err))  # type: ignore[arg-type]
+    return shell.Shell(ctx, "s1", timeout=None, stdin=io.StringIO(stdin)), out, err
+
+
+def test_shell_from_a_pipe_runs_each_block_without_prompts(fake):
+    fake.results += [ExecResult(), ExecResult(stdout="2\n"), ExecResult(return_value="3")]
+    sh, out, err = make_shell(fake, "x = 1\nfor i in range(2):\n    print(i)\n\nx + 2\n")
+    assert sh.main() == 0
+    assert fake.sessions[0].codes == [("x = 1", None), ("for i in range(2):\n    print(i)\n", None), ("x + 2", None)]
+    assert out.getvalue() == "2\n3\n" and err.getvalue() == ""
+    assert fake.sessions[0].state is SessionState.DETACHED
+
+
+def test_shell_shows_errors_and_goes_on(fake):
+    error = ExecError("NameError", "name 'y' is not defined", 1, "y", "Traceback ...\nNameError: name 'y'\n")
+    fake.results += [ExecResult(error=error), SandboxCrashed("worker died; restored"), ExecResult(return_value="1")]
+    sh, out, err = make_shell(fake, "y\nimport os; os._exit(1)\n1\n")
+    assert sh.main() == 0
+    assert err.getvalue() == "Traceback ...\nNameError: name 'y'\norchestrator: SandboxCrashed: worker died; restored\n"
+    assert out.getvalue() == "1\n"
+
+
+def test_shell_ends_when_the_session_is_taken_over(fake):
+    fake.results.append(SessionAttachedElsewhere("attached by another controller"))
+    sh, _, _ = make_shell(fake, "1\n2\n")
+    with pytest.raises(SessionAttachedElsewhere):
+        sh.main()
+    assert len(fake.sessions[0].codes) == 1
+
+
+def test_shell_ctrl_c_drops_the_input_being_typed(fake):
+    sh, _, err = make_shell(fake, "")
+    sh.session = fake.attach("s1")
+    typed: list[object] = ["def f():", KeyboardInterrupt(), "x = 1", EOFError()]
+
+    def read(prompt: str) -> str:
+        item = typed.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        assert isinstance(item, str)
+        return item
+
+    sh.loop(read)
+    assert fake.sessions[0].codes == [("x = 1", None)]
+    assert "KeyboardInterrupt" in err.getvalue()
+
+
+def test_shell_ctrl_c_during_a_call_abandons_it_and_attaches_again(fake):
+    fake.results += [KeyboardInterrupt(), ExecResult(return_value="41")]
+    sh, out, err = make_shell(fake, "import time; time.sleep(60)\nx\n")
+    assert sh.main() == 0
+    first, second = fake.sessions
+    assert first.state is SessionState.DETACHED and second.state is SessionState.DETACHED
+    assert second.codes == [("x", None)] and out.getvalue().endswith("41\n")
+    assert "the call was abandoned" in err.getvalue()
+
+
+def test_exec_json_of_an_error_result():
+    error = ExecError("ValueError", "bad", 2, "raise ValueError('bad')", "Traceback ...\n")
+    document = render.exec_json("s1", replace(ExecResult(), error=error))
+    assert document["ok"] is False and document["error"]["type"] == "ValueError" and document["error"]["line"] == 2
