@@ -199,7 +199,7 @@ class Pruner:
                 "remove-orphan-sandbox-dir",
                 str(entry),
                 "its container is gone",
-                lambda name=entry.name: discard_sandbox_dir(runtime_dir, name),
+                lambda path=entry: _discard_dir(runtime_dir, path),
             )
 
     # ---------------------------------------------------------------- helpers
@@ -222,6 +222,13 @@ class Pruner:
             entry = PruneAction(action, target, reason, freed_bytes=freed)
             logger.info("prune: %s", entry.describe(self.dry_run))
         self.actions.append(entry)
+
+
+def _discard_dir(runtime_dir: Path, path: Path) -> None:
+    """Delete a gone sandbox's channel directory; one that stays (``discard_sandbox_dir`` only logs) is a failure."""
+    discard_sandbox_dir(runtime_dir, path.name)
+    if os.path.lexists(path):
+        raise OSError(f"{path} could not be deleted (see the log)")
 
 
 def _orphan(info: SessionInfo) -> bool:
