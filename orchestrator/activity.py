@@ -115,10 +115,17 @@ def _try_lock(fd: int, mode: int) -> bool:
 def quiet(path: Path) -> Iterator[bool]:
     """Hold the session still if no call runs: yields True with the exclusive lock held, False if busy.
 
+    A file this has to create (a session from before activity files) gets mtime 0: holding a
+    session still is not using it, so ``last_active`` goes on falling back to the record.
+
     Raises:
         SessionNotFound: the session's directory is gone.
     """
-    fd = _open(path)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = _open(path)
+        os.utime(fd, (0, 0))
     try:
         yield _try_lock(fd, fcntl.LOCK_EX)
     finally:
@@ -128,15 +135,18 @@ def quiet(path: Path) -> Iterator[bool]:
 def is_busy(path: Path) -> bool:
     """Whether a call runs on the session now (a snapshot: it may start or end the next moment)."""
     try:
-        with quiet(path) as still:
-            return not still
-    except SessionNotFound:
-        return False
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # no file: no handle ever called it since activity files exist
+    try:
+        return not _try_lock(fd, fcntl.LOCK_EX)
+    finally:
+        os.close(fd)
 
 
 def last_active(path: Path, fallback: float) -> float:
-    """When a call last ended (``fallback`` for a session that never had an activity file)."""
+    """When a call last ended (``fallback`` when no call left its time in the file)."""
     try:
-        return os.stat(path).st_mtime
+        return os.stat(path).st_mtime or fallback
     except OSError:
         return fallback

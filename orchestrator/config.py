@@ -188,9 +188,14 @@ class Settings:
                 f"Settings.checkpoint_quota must be a positive number of bytes, got {self.checkpoint_quota!r}"
             )
         parse_memory(self.mem_limit)
-        if self.hibernate_after is not None and not float(self.hibernate_after) > 0:
-            raise ConfigError(f"Settings.hibernate_after must be > 0 seconds or None, got {self.hibernate_after!r}")
-        if self.max_running is not None and int(self.max_running) <= 0:
+        if self.hibernate_after is not None:
+            if isinstance(self.hibernate_after, str):
+                object.__setattr__(self, "hibernate_after", parse_duration(self.hibernate_after))
+            if not float(self.hibernate_after) > 0:
+                raise ConfigError(f"Settings.hibernate_after must be > 0 seconds or None, got {self.hibernate_after!r}")
+        if self.max_running is not None and (
+            not isinstance(self.max_running, int) or isinstance(self.max_running, bool) or self.max_running <= 0
+        ):
             raise ConfigError(f"Settings.max_running must be a positive integer or None, got {self.max_running!r}")
         if self.capacity_policy not in CAPACITY_POLICIES:
             raise ConfigError(

@@ -194,6 +194,7 @@ class DockerBackend:
 _MEMORY_FILES = (
     "/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes",
     "/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.current",
+    "/sys/fs/cgroup/docker/{id}/memory.current",
 )
 _EXITED = re.compile(r"^Exited \((-?\d+)\)")
 

@@ -23,11 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from .config import Settings, parse_duration
+from .config import Settings
 from .errors import ConfigError
 from .images import write_janitor_context
 from .manager import Orchestrator
-from .prune import PruneAction, describe_age
+from .prune import PruneAction, PruneReport
+from .units import describe_duration, optional_duration_argument, positive_duration_argument
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class Janitor:
         # With no removal criterion no session is stale: this prune then only reaps orphans.
         actions += self._log(self._orch.prune(idle_for=self.idle_for, older_than=self.older_than).actions)
         if actions:
-            logger.info("%s (%.1f s)", _summary(actions), time.monotonic() - started)
+            logger.info("pass %s (%.1f s)", PruneReport(actions, dry_run=False).summary(), time.monotonic() - started)
         return actions
 
     def serve(self, stop: threading.Event, *, once: bool = False) -> int:
@@ -151,29 +152,8 @@ def _line(action: PruneAction) -> str:
     return f"failed: {action.action.replace('-', ' ')} {action.target} ({action.reason}): {action.error}"
 
 
-def _summary(actions: list[PruneAction]) -> str:
-    """``pass: removed 2, removed orphan blobs 1; 3.1 MiB freed; 0 failed``."""
-    counts: dict[str, int] = {}
-    for action in actions:
-        if action.ok:
-            counts[action.action] = counts.get(action.action, 0) + 1
-    done = ", ".join(f"{_verb(name)} {n}" for name, n in counts.items()) or "nothing done"
-    freed = sum(a.freed_bytes for a in actions if a.ok)
-    failed = sum(1 for a in actions if not a.ok)
-    return f"pass: {done}; {_bytes(freed)} freed; {failed} failed"
-
-
-def _bytes(count: int) -> str:
-    size, unit = float(count), "B"
-    for bigger in ("KiB", "MiB", "GiB"):
-        if size < 1024:
-            break
-        size, unit = size / 1024, bigger
-    return f"{count} B" if unit == "B" else f"{size:.1f} {unit}"
-
-
 def _seconds(value: float | None) -> str:
-    return "off" if value is None else describe_age(value)
+    return "off" if value is None else describe_duration(value)
 
 
 def health(heartbeat: Path, interval: float) -> tuple[bool, str]:
@@ -236,33 +216,24 @@ def _stopping_on_signals(stop: threading.Event) -> Iterator[list[str]]:
             signal.signal(sig, handler)
 
 
-def _duration(text: str) -> float | None:
-    """A duration option; empty means off (so compose can pass ``--older-than=${VAR:-}``)."""
-    if not text.strip():
-        return None
-    try:
-        return parse_duration(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _interval(text: str) -> float:
-    seconds = _duration(text)
-    if seconds is None or seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
-    return seconds
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The janitor's options, on the parser of ``orchestrator janitor``."""
     parser.add_argument(
-        "--interval", type=_interval, default=DEFAULT_INTERVAL, metavar="D", help="time between passes (default 60s)"
+        "--interval",
+        type=positive_duration_argument,
+        default=DEFAULT_INTERVAL,
+        metavar="D",
+        help="time between passes (default 60s)",
     )
-    parser.add_argument("--idle", type=_duration, metavar="D", help="remove sessions without a call for D (30m, 1d)")
-    parser.add_argument("--older-than", type=_duration, metavar="D", help="remove sessions created more than D ago")
+    parser.add_argument(
+        "--idle", type=optional_duration_argument, metavar="D", help="remove sessions without a call for D (30m, 1d)"
+    )
+    parser.add_argument(
+        "--older-than", type=optional_duration_argument, metavar="D", help="remove sessions created more than D ago"
+    )
     parser.add_argument(
         "--hibernate-after",
-        type=_duration,
+        type=optional_duration_argument,
         metavar="D",
         help="hibernate sessions without a call for D (default: ORCH_HIBERNATE_AFTER, else off)",
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 from . import activity
 from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend
 from .endpoint import discard_sandbox_dir
+from .errors import CheckpointError
 from .store import SessionRecord, SessionStore
 
 logger = logging.getLogger(__name__)
@@ -81,8 +82,14 @@ def hibernate_held(store: SessionStore, backend: Backend, runtime_dir: Path, ses
 
 def remove_held(store: SessionStore, backend: Backend, runtime_dir: Path, session_id: str) -> None:
     """Delete a session the caller holds still: its containers, sandbox directory, record and blobs."""
-    with store.transaction(session_id) as record:
-        discard_session_sandboxes(backend, runtime_dir, session_labels(store, session_id), record)
+    with store.locked(session_id):
+        try:
+            sandbox_id = store.load(session_id).sandbox_id
+        except CheckpointError:  # an unreadable record: its containers are found by label all the same
+            sandbox_id = None
+        discard_strays(backend, runtime_dir, session_labels(store, session_id))
+        if sandbox_id is not None:
+            discard_sandbox_dir(runtime_dir, sandbox_id)
         store.delete(session_id)
     logger.info("removed session %s", session_id)
 

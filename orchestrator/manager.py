@@ -195,17 +195,19 @@ class Orchestrator:
             SessionNotFound: no session with that id was stored.
             SessionBusy: a call runs on it now; try again when it has ended.
         """
-        held = self._held(session_id)
-        if held is not None:
-            held.hibernate()
-            return True
         done = lifecycle.hibernate_idle(self.store, self.backend, self.settings.runtime_dir, session_id)
         if done is None:
             raise SessionBusy(f"session {session_id} is in a call; hibernate it when the call has ended")
+        with self._lock:
+            local = self._sessions.get(session_id)
+        if local is not None:
+            local.forget_sandbox()
         return done
 
     def resume(self, session_id: str) -> None:
         """Start a hibernated (or broken) session's sandbox now and restore it, then let go of it (detached).
+
+        This attaches the session: a handle that held it (here or in another process) is stale afterwards.
 
         Raises:
             SessionNotFound: no session with that id was stored.
@@ -289,11 +291,6 @@ class Orchestrator:
             on_close=self._forget,
         )
         return self._track(session)
-
-    def _held(self, session_id: str) -> Session | None:
-        with self._lock:
-            session = self._sessions.get(session_id)
-        return session if session is not None and session.state is SessionState.READY else None
 
     def _hibernate_idle_sessions(self, idle_for: float) -> None:
         """The idle policy for the sessions this orchestrator holds (the janitor applies it to the others)."""

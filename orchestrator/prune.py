@@ -23,9 +23,10 @@ from . import activity, lifecycle
 from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend
 from .config import Settings
 from .endpoint import discard_sandbox_dir
-from .errors import OrchestratorError, SessionNotFound
+from .errors import CheckpointError, OrchestratorError, SessionNotFound
 from .store import SessionStore
 from .survey import SessionInfo, SessionStatus, survey
+from .units import describe_bytes, describe_duration
 
 logger = logging.getLogger(__name__)
 
@@ -69,15 +70,17 @@ class PruneReport:
     def to_json(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "actions": [asdict(a) for a in self.actions], "failed": len(self.failed)}
 
-
-def describe_age(seconds: float) -> str:
-    """3d 4h, 2h 5m, 12m 3s, 40s: two units are enough for a person."""
-    seconds = int(seconds)
-    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
-        if seconds >= size:
-            rest = (seconds % size) // smaller_size
-            return f"{seconds // size}{unit}" + (f" {rest}{smaller}" if rest else "")
-    return f"{seconds}s"
+    def summary(self) -> str:
+        """One line: how many of each action, bytes freed, failures ("2 remove, 1 skip; 3.1 MiB freed; 0 failed")."""
+        counts: dict[str, int] = {}
+        for action in self.actions:
+            if action.ok:
+                counts[action.action] = counts.get(action.action, 0) + 1
+        done = ", ".join(f"{n} {name.replace('-', ' ')}" for name, n in counts.items()) or "nothing to do"
+        freed = describe_bytes(sum(a.freed_bytes for a in self.actions if a.ok))
+        if self.dry_run:
+            return f"dry run, would do: {done}; {freed} to free; {len(self.failed)} failed"
+        return f"done: {done}; {freed} freed; {len(self.failed)} failed"
 
 
 class Pruner:
@@ -168,8 +171,8 @@ class Pruner:
                         lambda s=stray: [p.unlink(missing_ok=True) for p in s],
                         freed=sum(stray.values()),
                     )
-            except SessionNotFound:
-                continue
+            except (SessionNotFound, CheckpointError):
+                continue  # gone, or unreadable: removed whole as an orphan record, not blob by blob
             except OrchestratorError as exc:
                 self.actions.append(PruneAction("remove-orphan-blobs", session_id, "", ok=False, error=str(exc)))
 
@@ -238,15 +241,15 @@ def _orphan(info: SessionInfo) -> bool:
 
 def _stale(info: SessionInfo, idle_for: float | None, older_than: float | None) -> str | None:
     """Why the session is stale under the criteria (all given ones must hold), or None."""
-    if info.status is SessionStatus.BUSY or (idle_for is None and older_than is None):
+    if idle_for is None and older_than is None:
         return None
     reasons = []
     if idle_for is not None:
         if info.idle_seconds < idle_for:
             return None
-        reasons.append(f"idle {describe_age(info.idle_seconds)}")
+        reasons.append(f"idle {describe_duration(info.idle_seconds)}")
     if older_than is not None:
         if info.age_seconds < older_than:
             return None
-        reasons.append(f"created {describe_age(info.age_seconds)} ago")
+        reasons.append(f"created {describe_duration(info.age_seconds)} ago")
     return ", ".join(reasons)

@@ -332,7 +332,7 @@ class Session:
         Raises:
             SessionAttachedElsewhere: another controller owns the session (nothing was touched).
         """
-        with self._turn():
+        with self._turn(call=False):
             if self.state is not SessionState.READY:
                 return
             try:
@@ -380,6 +380,15 @@ class Session:
         finally:
             self._lock.release()
 
+    def forget_sandbox(self) -> None:
+        """Let go of a sandbox someone else just removed (``Orchestrator.hibernate``), unless a call is using it
+        (that call then finds it gone and restores, as after any lost container)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drop_sandbox()
+            finally:
+                self._lock.release()
+
     @contextlib.contextmanager
     def _turn(self, *, call: bool = True) -> Iterator[None]:
         """One call at a time: the session's lock, and (for a ``call``) its activity file held (busy for prune)
@@ -410,7 +419,7 @@ class Session:
             SessionAttachedElsewhere: another controller owns the session; its container and
                 state were left alone.
         """
-        with self._turn():
+        with self._turn(call=False):
             if self.state is SessionState.CLOSED:
                 return
             try:

@@ -256,6 +256,18 @@ class SessionStore:
         Raises:
             SessionNotFound: the session does not exist (or was deleted while we waited).
             SessionBusy: another process held the lock for ``lock_timeout`` seconds.
+            CheckpointError: the record is unreadable.
+        """
+        with self.locked(session_id):
+            yield self.load(session_id)  # SessionNotFound if it was deleted while we waited
+
+    @contextlib.contextmanager
+    def locked(self, session_id: str) -> Iterator[None]:
+        """Hold the session's lock without reading its record (which may be unreadable: prune removes such).
+
+        Raises:
+            SessionNotFound: the session's directory does not exist.
+            SessionBusy: another process held the lock for ``lock_timeout`` seconds.
         """
         directory = self._dir(session_id)
         try:
@@ -271,7 +283,7 @@ class SessionStore:
                 self.lock_timeout,
                 f"session {session_id} stayed locked by another process for {self.lock_timeout:g} s",
             )
-            yield self.load(session_id)  # SessionNotFound if it was deleted while we waited
+            yield
         finally:
             os.close(fd)
 

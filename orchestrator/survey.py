@@ -13,7 +13,7 @@ from typing import Any
 
 from .activity import is_busy, last_active
 from .backend import STORE_ID, Backend, ContainerState
-from .errors import CheckpointError
+from .errors import CheckpointError, SessionNotFound
 from .store import SessionRecord, SessionStore
 
 
@@ -91,6 +91,10 @@ def survey(
             records[session_id] = store.load(session_id)
         except CheckpointError as exc:
             records[session_id] = exc
+        except SessionNotFound:
+            if session_ids is not None:
+                raise
+            continue  # removed since it was listed (its owner or another prune): not ours to report
     running = [
         r.container_id
         for r in records.values()

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from .. import __version__, janitor
-from ..config import Settings, parse_duration
-from ..errors import ConfigError, OrchestratorError
+from ..config import Settings
+from ..errors import OrchestratorError
 from ..manager import Orchestrator
+from ..units import duration_argument, positive_duration_argument
 from . import commands, shell
 from .render import EXIT_HELP, Exit, Output
 
@@ -29,20 +30,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(Exit.USAGE, f"orchestrator: UsageError: {message} (see `{self.prog} --help`)\n")
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_duration(text: str) -> float:
-    seconds = _duration(text)
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
-    return seconds
 
 
 def _tail(text: str) -> int | None:
@@ -97,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exec_.add_argument("session_id", metavar="ID")
     exec_.add_argument("code", metavar="CODE", help="Python source; '-' reads it from standard input")
-    exec_.add_argument("--timeout", type=_positive_duration, metavar="S", help="seconds (or 90s, 5m) the cell may run")
+    exec_.add_argument(
+        "--timeout", type=positive_duration_argument, metavar="S", help="seconds (or 90s, 5m) the cell may run"
+    )
     exec_.set_defaults(func=commands.exec_code)
 
     sh = command(
@@ -106,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
         "attaches the session like exec)",
     )
     sh.add_argument("session_id", metavar="ID")
-    sh.add_argument("--timeout", type=_positive_duration, metavar="S", help="seconds (or 90s, 5m) each input may run")
+    sh.add_argument(
+        "--timeout", type=positive_duration_argument, metavar="S", help="seconds (or 90s, 5m) each input may run"
+    )
     sh.set_defaults(func=shell.shell)
 
     for name, func, what in (
@@ -124,8 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     logs.set_defaults(func=commands.logs)
 
     prune = command("prune", "remove (or hibernate) stale sessions and what crashed controllers left behind")
-    prune.add_argument("--idle", type=_duration, metavar="D", help="stale after D without a call (30m, 2h, 1d)")
-    prune.add_argument("--older-than", type=_duration, metavar="D", help="stale when created more than D ago (24h)")
+    prune.add_argument("--idle", type=duration_argument, metavar="D", help="stale after D without a call (30m, 2h, 1d)")
+    prune.add_argument(
+        "--older-than", type=duration_argument, metavar="D", help="stale when created more than D ago (24h)"
+    )
     prune.add_argument("--hibernate-only", action="store_true", help="hibernate stale sessions instead of removing")
     prune.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
     prune.set_defaults(func=commands.prune)

@@ -12,7 +12,6 @@ from typing import Any
 from ..config import save_default_base_image
 from ..errors import OrchestratorError, SandboxError
 from ..manager import Orchestrator
-from ..prune import PruneReport
 from ..session import Session, SessionState
 from ..survey import SessionStatus
 from .render import (
@@ -20,7 +19,6 @@ from .render import (
     Output,
     error_json,
     exec_json,
-    human_bytes,
     key_value_table,
     session_rows,
     sessions_table,
@@ -231,25 +229,13 @@ def prune(ctx: Context, args: argparse.Namespace) -> int:
     else:
         for action in report.actions:
             ctx.out.line(action.describe(report.dry_run))
-        ctx.out.line(prune_summary(report))
+        ctx.out.line(report.summary())
     if report.failed:
         ctx.out.note(
             f"orchestrator: PartialFailure: {len(report.failed)} of {len(report.actions)} prune actions failed"
         )
         return Exit.PARTIAL
     return Exit.OK
-
-
-def prune_summary(report: PruneReport) -> str:
-    """One line: how many of each action, bytes freed, failures."""
-    counts: dict[str, int] = {}
-    for action in report.actions:
-        if action.ok:
-            counts[action.action] = counts.get(action.action, 0) + 1
-    freed = sum(a.freed_bytes for a in report.actions if a.ok)
-    done = ", ".join(f"{n} {name.replace('-', ' ')}" for name, n in counts.items()) or "nothing to do"
-    head = "dry run, would do: " if report.dry_run else "done: "
-    return f"{head}{done}; {human_bytes(freed)} {'to free' if report.dry_run else 'freed'}; {len(report.failed)} failed"
 
 
 def demo(ctx: Context, args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from ..errors import (
 )
 from ..results import ExecResult
 from ..survey import SessionInfo, SessionStatus
+from ..units import describe_bytes, describe_duration
 
 
 class Exit(enum.IntEnum):
@@ -107,38 +108,12 @@ def error_json(exc: BaseException) -> dict[str, Any]:
     return document
 
 
-def human_bytes(size: int | None) -> str:
-    """1023 B, 4.2 KiB, 3.0 MiB, 1.5 GiB; "-" for unknown."""
-    if size is None:
-        return "-"
-    if size < 1024:
-        return f"{size} B"
-    value = float(size)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            break
-    return f"{value:.1f} {unit}"
-
-
-def human_duration(seconds: float | None) -> str:
-    """Two units are enough for a person: 40s, 3m 12s, 2h 5m, 3d 4h; "-" for unknown."""
-    if seconds is None:
-        return "-"
-    whole = max(0, int(seconds))
-    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
-        if whole >= size:
-            rest = (whole % size) // smaller_size
-            return f"{whole // size}{unit}" + (f" {rest}{smaller}" if rest else "")
-    return f"{whole}s"
-
-
 def human_time(stamp: float | None, now: float) -> str:
     """A local time with how long ago it was: 2024-05-01 12:00:03 (3m 12s ago); "-" for none."""
     if not stamp:
         return "-"
     local = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
-    return f"{local} ({human_duration(now - stamp)} ago)"
+    return f"{local} ({describe_duration(now - stamp)} ago)"
 
 
 _STATUS_STYLE = {
@@ -233,10 +208,10 @@ def sessions_table(infos: Sequence[SessionInfo]) -> Table:
             Text(info.id),
             Text(info.status.value, style=_STATUS_STYLE[info.status]),
             Text(info.image or "-"),
-            Text(human_duration(info.age_seconds)),
-            Text("-" if info.status is SessionStatus.BUSY else human_duration(info.idle_seconds)),
-            Text(human_bytes(info.memory_bytes)),
-            Text(human_bytes(info.checkpoint_bytes)),
+            Text(describe_duration(info.age_seconds)),
+            Text("-" if info.status is SessionStatus.BUSY else describe_duration(info.idle_seconds)),
+            Text(describe_bytes(info.memory_bytes)),
+            Text(describe_bytes(info.checkpoint_bytes)),
         )
     return table
 
@@ -250,18 +225,18 @@ def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
         ("image", info.image or "-"),
         ("created", human_time(info.created_at, now)),
         ("last active", human_time(info.last_active_at, now)),
-        ("age", human_duration(info.age_seconds)),
-        ("idle", "- (in a call)" if info.status is SessionStatus.BUSY else human_duration(info.idle_seconds)),
+        ("age", describe_duration(info.age_seconds)),
+        ("idle", "- (in a call)" if info.status is SessionStatus.BUSY else describe_duration(info.idle_seconds)),
         ("hibernated", human_time(info.hibernated_at, now)),
         ("generation", str(info.generation)),
         ("variables", str(info.variables)),
-        ("checkpoint", f"{human_bytes(info.checkpoint_bytes)} ({info.checkpoint_bytes} bytes)"),
+        ("checkpoint", f"{describe_bytes(info.checkpoint_bytes)} ({info.checkpoint_bytes} bytes)"),
         ("checkpoint damaged", "yes" if info.checkpoint_damaged else "no"),
         ("epoch", str(info.epoch)),
         ("sandbox", info.sandbox_id or "-"),
         ("container", info.container_id or "-"),
         ("container status", info.container_status or "-"),
-        ("memory", human_bytes(info.memory_bytes)),
+        ("memory", describe_bytes(info.memory_bytes)),
         ("labels", ", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())) or "-"),
     ]
 

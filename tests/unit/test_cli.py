@@ -22,6 +22,7 @@ from orchestrator import (
     SessionBusy,
     SessionNotFound,
     Settings,
+    units,
 )
 from orchestrator.cli import commands, render, shell
 from orchestrator.cli.render import Exit
@@ -254,7 +255,7 @@ def test_janitor_is_registered_from_its_module():
     ],
 )
 def test_human_bytes(size, text):
-    assert render.human_bytes(size) == text
+    assert units.describe_bytes(size) == text
 
 
 @pytest.mark.parametrize(
@@ -270,7 +271,7 @@ def test_human_bytes(size, text):
     ],
 )
 def test_human_duration(seconds, text):
-    assert render.human_duration(seconds) == text
+    assert units.describe_duration(seconds) == text
 
 
 @pytest.mark.parametrize(
