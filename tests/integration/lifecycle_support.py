@@ -9,6 +9,7 @@ it still holds: a script detaches the sessions it wants to leave behind.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +141,19 @@ def run_script(settings: Settings, script: str, args: Any = None, timeout: float
         return process.result(timeout)
     finally:
         process.stop()
+
+
+@contextlib.contextmanager
+def script_processes() -> Iterator[Callable[..., ScriptProcess]]:
+    """A factory of script processes; those still running are stopped at the end."""
+    started: list[ScriptProcess] = []
+
+    def start(settings: Settings, source: str, args: Any = None) -> ScriptProcess:
+        started.append(ScriptProcess(settings, source, args))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            process.stop()

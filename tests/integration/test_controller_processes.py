@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 from conftest import RUN_ID, TEST_LABEL
-from lifecycle_support import ScriptProcess, run_script
+from lifecycle_support import ScriptProcess, run_script, script_processes
 
-from orchestrator import Settings
 from orchestrator.backend import SESSION_ID
 
 pytestmark = pytest.mark.docker
@@ -27,18 +26,8 @@ LABELS = {"label_key": TEST_LABEL, "label": RUN_ID}
 
 @pytest.fixture
 def script() -> Iterator[Callable[..., ScriptProcess]]:
-    """Factory of script processes (``lifecycle_support.ScriptProcess``), killed after the test if still running."""
-    started: list[ScriptProcess] = []
-
-    def start(settings: Settings, source: str, args: Any = None) -> ScriptProcess:
-        started.append(ScriptProcess(settings, source, args))
-        return started[-1]
-
-    try:
+    with script_processes() as start:
         yield start
-    finally:
-        for process in started:
-            process.stop()
 
 
 CREATE_AND_HOLD = """

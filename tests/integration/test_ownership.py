@@ -15,11 +15,8 @@ The test process is one controller; ``controller_process.py`` run with ``subproc
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import os
 import queue
-import shlex
 import subprocess
 import sys
 import threading
@@ -29,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lifecycle_support import settings_env
 from support import kill_and_wait, tree_snapshot
 
 from orchestrator import SessionAttachedElsewhere, SessionNotFound, Settings
@@ -38,23 +36,6 @@ pytestmark = pytest.mark.docker
 
 HELPER = Path(__file__).with_name("controller_process.py")
 STORE_LABEL = "orchestrator.store"
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """``ORCH_*`` variables that make ``Settings.from_env()`` in another process equal ``settings``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
-    for f in dataclasses.fields(settings):
-        value = getattr(settings, f.name)
-        if value is None or f.name == "tmpfs":
-            continue
-        if f.name == "agent_command":
-            text = shlex.join(value)
-        elif isinstance(value, bool):
-            text = "1" if value else "0"
-        else:
-            text = str(value)
-        env[f"ORCH_{f.name.upper()}"] = text
-    return env
 
 
 class ControllerProcess:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lifecycle_support import ScriptProcess
+from lifecycle_support import ScriptProcess, script_processes
 from support import kill_and_wait, tree_snapshot
 
 from orchestrator import Orchestrator, Session, SessionAttachedElsewhere, SessionBusy, SessionNotFound
@@ -63,17 +63,8 @@ def _containers(orch: Orchestrator) -> dict[str, str]:
 
 @pytest.fixture
 def script() -> Iterator[Callable[..., ScriptProcess]]:
-    started: list[ScriptProcess] = []
-
-    def start(settings, source: str, args: Any = None) -> ScriptProcess:
-        started.append(ScriptProcess(settings, source, args))
-        return started[-1]
-
-    try:
+    with script_processes() as start:
         yield start
-    finally:
-        for process in started:
-            process.stop()
 
 
 # ---------------------------------------------------------------- stale and busy
