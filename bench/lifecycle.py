@@ -87,12 +87,20 @@ def bench_resume(orch: Orchestrator, reps: int) -> dict[str, Any]:
 
 def bench_ls(settings: Settings, reps: int) -> list[dict[str, Any]]:
     with Orchestrator(settings) as orch:
-        fill_store(orch, LS_SESSIONS, RUNNING)
-        api = [timed(orch.list_sessions) for _ in range(reps)]
-        env = {**os.environ, "ORCH_STATE_DIR": str(settings.state_dir), "ORCH_RUNTIME_DIR": str(settings.runtime_dir)}
-        command = [sys.executable, "-m", "orchestrator", "ls", "--json"]
-        cli = [timed(lambda: subprocess.run(command, env=env, check=True, capture_output=True)) for _ in range(reps)]
-        orch.prune(older_than=0)
+        try:
+            fill_store(orch, LS_SESSIONS, RUNNING)
+            api = [timed(orch.list_sessions) for _ in range(reps)]
+            env = {
+                **os.environ,
+                "ORCH_STATE_DIR": str(settings.state_dir),
+                "ORCH_RUNTIME_DIR": str(settings.runtime_dir),
+            }
+            command = [sys.executable, "-m", "orchestrator", "ls", "--json"]
+            cli = [
+                timed(lambda: subprocess.run(command, env=env, check=True, capture_output=True)) for _ in range(reps)
+            ]
+        finally:  # the detached sessions' containers outlive the temporary state dir otherwise
+            orch.prune(older_than=0)
     return [
         {"metric": f"list_sessions(), {LS_SESSIONS} sessions", "samples": api, "target": 1.0},
         {"metric": f"`orchestrator ls --json`, {LS_SESSIONS} sessions", "samples": cli, "target": 1.0},
@@ -101,9 +109,12 @@ def bench_ls(settings: Settings, reps: int) -> list[dict[str, Any]]:
 
 def bench_prune(settings: Settings) -> dict[str, Any]:
     with Orchestrator(settings) as orch:
-        fill_store(orch, PRUNE_SESSIONS, RUNNING)
-        seconds = timed(lambda: orch.prune(idle_for=60, now=time.time() + 3600))
-        left = len(orch.sessions())
+        try:
+            fill_store(orch, PRUNE_SESSIONS, RUNNING)
+            seconds = timed(lambda: orch.prune(idle_for=60, now=time.time() + 3600))
+            left = len(orch.sessions())
+        finally:
+            orch.prune(older_than=0)
     if left:
         raise RuntimeError(f"prune left {left} sessions behind")
     return {"metric": f"prune of {PRUNE_SESSIONS} stale sessions ({RUNNING} running)", "samples": [seconds]}

@@ -143,18 +143,18 @@ def test_a_bad_lifecycle_variable_gets_a_useful_message(tmp_path, env, expected)
 
 def test_a_recorded_base_image_is_the_default_of_later_settings(tmp_path):
     state = tmp_path / "state"
-    path = save_default_base_image(state, "example.org/base:1")
+    path = save_default_base_image(state, "orchestrator-base:recorded-1")
     assert path == state / DEFAULTS_FILE and path.is_file()
-    assert json.loads(path.read_text()) == {"base_image": "example.org/base:1"}
-    assert Settings.from_env({"ORCH_STATE_DIR": str(state)}).base_image == "example.org/base:1"
+    assert json.loads(path.read_text()) == {"base_image": "orchestrator-base:recorded-1"}
+    assert Settings.from_env({"ORCH_STATE_DIR": str(state)}).base_image == "orchestrator-base:recorded-1"
     # Recording again replaces it, and leaves no temp file behind.
-    save_default_base_image(state, "example.org/base:2")
-    assert Settings.from_env({"ORCH_STATE_DIR": str(state)}).base_image == "example.org/base:2"
+    save_default_base_image(state, "orchestrator-base:recorded-2")
+    assert Settings.from_env({"ORCH_STATE_DIR": str(state)}).base_image == "orchestrator-base:recorded-2"
     assert sorted(p.name for p in state.iterdir()) == [DEFAULTS_FILE]
 
 
 def test_the_environment_overrides_the_recorded_base_image(tmp_path):
-    save_default_base_image(tmp_path, "example.org/base:1")
+    save_default_base_image(tmp_path, "orchestrator-base:recorded-1")
     env = {"ORCH_STATE_DIR": str(tmp_path), "ORCH_BASE_IMAGE": "mine:2"}
     assert Settings.from_env(env).base_image == "mine:2"
     # An explicit sandbox image wins too: the recorded base is not applied beside it.
