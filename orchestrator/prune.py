@@ -181,12 +181,15 @@ class Pruner:
         for directory in self.store.session_dirs():
             if (directory / "meta.json").exists() or self._younger_than(directory, ORPHAN_GRACE):
                 continue
-            self._record(
-                "remove-orphan-record",
-                str(directory),
-                "a session directory without a record",
-                lambda d=directory: shutil.rmtree(d, ignore_errors=True),
-            )
+            self._remove_dir(directory, "a session directory without a record")
+        for directory in self.store.unfinished_removals():
+            if not self._younger_than(directory, ORPHAN_GRACE):
+                self._remove_dir(directory, "a removal that did not finish")
+
+    def _remove_dir(self, directory: Path, reason: str) -> None:
+        self._record(
+            "remove-orphan-record", str(directory), reason, lambda: shutil.rmtree(directory, ignore_errors=True)
+        )
 
     def _orphan_sandbox_dirs(self) -> None:
         """Channel directories in the runtime dir whose container is gone (in any store: the dir is shared)."""

@@ -40,6 +40,7 @@ DIGEST = re.compile(r"^[0-9a-f]{32}$")
 _STORE_ID = re.compile(r"^[0-9a-f]{12}$")
 _CONTAINER_ID = re.compile(r"^[0-9a-f]{12,64}$")
 _MAX_NAME = 1000
+_REMOVED_PREFIX = ".removed-"
 
 
 def validate_session_id(session_id: str) -> str:
@@ -370,8 +371,24 @@ class SessionStore:
                 self.blob_path(session_id, blob_digest).unlink()
 
     def delete(self, session_id: str) -> None:
-        """Remove a session's record and checkpoints (call inside ``transaction``; missing is fine)."""
-        shutil.rmtree(self._dir(session_id), ignore_errors=True)
+        """Remove a session's record and checkpoints (call inside ``transaction``; missing is fine).
+
+        The directory is first renamed out of the way in one step: a process opening the session's
+        lock or activity file meanwhile then gets ``SessionNotFound`` instead of creating the file
+        again inside a half-removed directory (which would outlive the removal).
+        """
+        doomed = self.root / f"{_REMOVED_PREFIX}{session_id}-{secrets.token_hex(4)}"
+        try:
+            os.rename(self._dir(session_id), doomed)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def unfinished_removals(self) -> Iterator[Path]:
+        """Directories a ``delete`` renamed away but did not finish removing (its process died meanwhile)."""
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(_REMOVED_PREFIX) and entry.is_dir() and not entry.is_symlink():
+                yield entry
 
 
 def _write_new(path: Path, data: bytes) -> None:

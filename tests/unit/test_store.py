@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import threading
 import time
 
 import pytest
 
+from orchestrator import activity
 from orchestrator.errors import (
     CheckpointError,
     ConfigError,
@@ -174,3 +176,33 @@ def test_fsync_mode_commits(tmp_path):
     store.create(record)
     CheckpointLedger(store, record, QUOTA).commit(*delta(1, [(D1, b"one")], {"a": D1}))
     assert store.load("s-sync").variables == {"a": D1}
+
+
+def test_a_delete_leaves_nothing_while_others_keep_opening_the_session(store, ledger):
+    """Prunes and calls open the lock and activity files (creating them) while a delete runs: once the
+    delete is done, the session's directory must be gone, not re-made by one of them."""
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            try:
+                with activity.quiet(store.activity_path("s-test")), store.locked("s-test"):
+                    pass
+            except SessionNotFound:
+                pass
+
+    threads = [threading.Thread(target=hammer) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(50):
+            time.sleep(0.002)
+        with store.locked("s-test"):
+            store.delete("s-test")
+        time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+    assert not (store.root / "s-test").exists()
+    assert list(store.unfinished_removals()) == []
