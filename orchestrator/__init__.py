@@ -16,6 +16,7 @@ from .errors import (
     EngineUnavailable,
     ExecutionTimeout,
     ImageMissing,
+    InputRequestNotFound,
     OrchestratorError,
     ProtocolError,
     SandboxCrashed,
@@ -28,11 +29,13 @@ from .errors import (
     SessionNotFound,
     TransportError,
 )
+from .events import InputRequest, OutputEvent
 from .manager import Orchestrator
 from .prune import PruneAction, PruneReport
 from .results import ExecError, ExecResult
 from .session import Session
 from .survey import SessionInfo, SessionStatus
+from .tools import PythonTool
 
 __all__ = [
     "AgentStartTimeout",
@@ -47,11 +50,15 @@ __all__ = [
     "ExecResult",
     "ExecutionTimeout",
     "ImageMissing",
+    "InputRequest",
+    "InputRequestNotFound",
     "Orchestrator",
     "OrchestratorError",
+    "OutputEvent",
     "ProtocolError",
     "PruneAction",
     "PruneReport",
+    "PythonTool",
     "SandboxCrashed",
     "SandboxError",
     "SandboxOutOfMemory",

@@ -149,7 +149,14 @@ class Settings:
     pids_limit: int = 256
     """Most processes and threads the container may have."""
     max_output_bytes: int = 1 << 20
-    """Most bytes of stdout and of stderr kept per call; the rest is dropped with a marker."""
+    """Most bytes of stdout and of stderr a result holds per call; past it the result holds a head-and-tail preview
+    and the whole stream is kept in a file (``ExecResult.stdout_path``)."""
+    max_output_file_bytes: int = 100 << 20
+    """Most bytes of one stream of one call kept in its file on the host; the rest is counted and dropped."""
+    max_output_files: int = 64
+    """Output files kept per session (under its state directory); the oldest go first. Removed with the session."""
+    input_timeout: float = 300.0
+    """Seconds a cell's ``input()`` waits for an answer before it raises ``EOFError`` (not counted as cell time)."""
     max_header_bytes: int = 8 << 20
     """Largest JSON header accepted from an agent."""
     max_body_bytes: int = 1 << 30
@@ -177,10 +184,19 @@ class Settings:
             "checkpoint_timeout",
             "restore_value_timeout",
             "lock_timeout",
+            "input_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"Settings.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("pids_limit", "max_output_bytes", "max_header_bytes", "max_body_bytes", "nano_cpus"):
+        for name in (
+            "pids_limit",
+            "max_output_bytes",
+            "max_output_file_bytes",
+            "max_output_files",
+            "max_header_bytes",
+            "max_body_bytes",
+            "nano_cpus",
+        ):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"Settings.{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.checkpoint_quota is not None and int(self.checkpoint_quota) <= 0:

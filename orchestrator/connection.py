@@ -22,6 +22,7 @@ from typing import Any
 from .agent import protocol
 from .endpoint import Endpoint
 from .errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
+from .events import LiveCall
 from .hostcalls import CallDesk
 from .messages import Goodbye, Hello, parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel
@@ -112,12 +113,15 @@ class AgentConnection:
         deadline: float,
         checkpoint_seconds: float | None = None,
         desk: CallDesk | None = None,
+        live: LiveCall | None = None,
     ) -> tuple[Header, bytearray]:
         """Send one request and return its reply; every byte both ways must move before ``deadline``.
 
         With ``checkpoint_seconds``, the agent's ``checkpointing`` notice (the cell ended) moves
         the deadline to that many seconds from its arrival, once. Host calls made meanwhile go
-        to ``desk`` (without one, each is answered with an error).
+        to ``desk`` (without one, each is answered with an error); the cell's output and its
+        ``input()`` requests go to ``live``, which may also ask for an interrupt. While an
+        ``input()`` waits for its answer the deadline stands still, as the agent's clock does.
 
         Raises:
             TakenOver: the agent said goodbye (the request was not kept).
@@ -132,15 +136,29 @@ class AgentConnection:
             self._raise_if_goodbye()  # a takeover's goodbye may wait behind the pipe that just broke
             raise
         channel = self._channel
+        paused_at: float | None = None
         while True:
+            if live is not None:
+                if live.waiting_for_input and paused_at is None:
+                    paused_at = time.monotonic()
+                elif paused_at is not None and not live.waiting_for_input:
+                    deadline += time.monotonic() - paused_at
+                    paused_at = None
             frame = channel.poll_recv()
             if frame is None:
-                self._wait(deadline, desk)
+                self._wait(math.inf if paused_at is not None else deadline, desk, live, header["id"])
                 continue
             reply, reply_body = frame
             kind = reply.get("type")
+            if kind == protocol.OUTPUT and reply.get("id") == header["id"]:
+                if live is not None:
+                    live.output(str(reply.get("stream")), reply_body)
+                continue
             if kind == protocol.HOST_CALL and reply.get("id") == header["id"]:
-                self._host_call(reply, reply_body, desk)
+                if reply.get("name") == protocol.INPUT_CALL and live is not None:
+                    live.input_request(_call_number(reply), reply_body)
+                else:
+                    self._host_call(reply, reply_body, desk)
                 continue
             if kind == protocol.GOODBYE:
                 raise TakenOver(parse_goodbye(reply))
@@ -153,30 +171,34 @@ class AgentConnection:
                 channel.flush(deadline=deadline)
             return reply, reply_body
 
-    def _wait(self, deadline: float, desk: CallDesk | None) -> None:
+    def _wait(self, deadline: float, desk: CallDesk | None, live: LiveCall | None, request_id: str) -> None:
         """Until the channel is readable (or writable with answers queued), an answer is ready, or a time limit."""
         channel = self._channel
         poller = select.poll()
         poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
         wake = deadline
-        if desk is not None:
-            poller.register(desk.wake_fd, select.POLLIN)
-            wake = min(deadline, desk.next_expiry())
+        for source in (desk, live):
+            if source is not None:
+                poller.register(source.wake_fd, select.POLLIN)
+                wake = min(wake, source.next_expiry())
         remaining = wake - time.monotonic()
         if remaining <= 0 and wake == deadline:
             raise AgentTimeoutError("the agent sent no complete reply: the deadline passed")
-        poller.poll(max(0, math.ceil(remaining * 1000)))
-        if desk is not None:
-            for answer, answer_body in desk.answers():
-                channel.enqueue(answer, answer_body)
+        poller.poll(None if remaining == math.inf else max(0, math.ceil(remaining * 1000)))
+        for source in (desk, live):
+            if source is not None:
+                for answer, answer_body in source.answers():
+                    channel.enqueue(answer, answer_body)
+        if live is not None and live.take_interrupt():
+            channel.enqueue({"type": protocol.INTERRUPT, "id": request_id})
         if channel.has_queued:
             channel.flush()
 
     def _host_call(self, frame: Header, body: bytearray, desk: CallDesk | None) -> None:
         """A host call of the running cell: to the desk, or refused at once."""
-        call, name = frame.get("call"), frame.get("name")
-        if type(call) is not int or not isinstance(name, str):
-            raise ProtocolError("a host_call frame without a call number and a handler name")
+        call, name = _call_number(frame), frame.get("name")
+        if not isinstance(name, str):
+            raise ProtocolError("a host_call frame without a handler name")
         if desk is None:
             error = f"host call {name[:64]!r}: this cell was run without host calls"
             self._channel.enqueue({"type": protocol.HOST_REPLY, "call": call, "status": "error", "error": error})
@@ -205,3 +227,10 @@ class AgentConnection:
 
     def close(self) -> None:
         self._channel.close()
+
+
+def _call_number(frame: Header) -> int:
+    call = frame.get("call")
+    if type(call) is not int:
+        raise ProtocolError("a host_call frame without a call number")
+    return call

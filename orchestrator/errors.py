@@ -6,6 +6,7 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
 
     OrchestratorError
     ├── ConfigError (ValueError)             a setting or argument is invalid
+    ├── InputRequestNotFound (LookupError)   no input() request with that id waits
     ├── EngineError                          the Docker engine refused or failed
     │   ├── EngineUnavailable (ConnectionError)  no engine answers; how to start one
     │   └── ImageMissing (LookupError)           the sandbox image is not built; how to build it
@@ -48,6 +49,10 @@ class EngineUnavailable(EngineError, ConnectionError):
 
 class ImageMissing(EngineError, LookupError):
     """The sandbox image does not exist; the message says how to build it."""
+
+
+class InputRequestNotFound(OrchestratorError, LookupError):
+    """No ``input()`` request with that id waits: unknown, already answered, timed out, or its cell ended."""
 
 
 class SessionError(OrchestratorError):

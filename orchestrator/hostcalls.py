@@ -18,17 +18,17 @@ import contextlib
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 from .agent import protocol
 from .errors import ConfigError
+from .wakeup import Wakeup
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +40,18 @@ _serving = threading.local()  # .owner: what the handler running on this thread 
 
 
 def serving(owner: object) -> bool:
-    """True when the current thread runs a host-call handler for ``owner`` (a call back into it would deadlock)."""
+    """True when the current thread runs a handler or callback for ``owner`` (a call back into it would deadlock)."""
     return getattr(_serving, "owner", None) is owner
+
+
+@contextlib.contextmanager
+def serving_as(owner: object) -> Iterator[None]:
+    """Run caller code (a host-call handler, an output callback) on behalf of ``owner``'s running call."""
+    _serving.owner = owner
+    try:
+        yield
+    finally:
+        _serving.owner = None
 
 
 class HostCallError(Exception):
@@ -103,9 +113,7 @@ class CallDesk:
         self._executor = executor
         self._owner = owner
         self._lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wakeup = Wakeup()
         self._waiting: deque[tuple[int, str, bytearray, float]] = deque()
         self._waiting_bytes = 0
         self._running: dict[int, tuple[str, float]] = {}  # call -> (handler name, expiry)
@@ -116,7 +124,7 @@ class CallDesk:
     @property
     def wake_fd(self) -> int:
         """Readable when an answer is ready."""
-        return self._wake_r
+        return self._wakeup.fd
 
     def submit(self, call: int, name: str, body: bytearray) -> None:
         """Take one call from the sandbox; it runs now or when a slot of ``max_concurrent`` frees up."""
@@ -150,9 +158,7 @@ class CallDesk:
 
     def answers(self) -> list[tuple[dict[str, Any], bytes]]:
         """The ``host_reply`` frames ready to send: finished calls, and calls past their time limit."""
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._wake_r, 4096):
-                pass
+        self._wakeup.drain()
         now = time.monotonic()
         with self._lock:
             for call, (name, expiry) in list(self._running.items()):
@@ -188,8 +194,7 @@ class CallDesk:
             self._running.clear()
             self._waiting.clear()
             self._waiting_bytes = 0
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            self._wakeup.close()
         if dropped:
             logger.info("the cell ended with %d host calls unanswered; their results will be dropped", dropped)
 
@@ -205,9 +210,9 @@ class CallDesk:
             self._executor.submit(self._run, call, name, body)
 
     def _run(self, call: int, name: str, body: bytearray) -> None:
-        _serving.owner = self._owner
         try:
-            result = self._calls.handlers[name](json.loads(body.decode("utf-8", errors="surrogatepass")))
+            with serving_as(self._owner):
+                result = self._calls.handlers[name](json.loads(body.decode("utf-8", errors="surrogatepass")))
             answer: tuple[dict[str, Any], bytes] = (
                 {"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_OK},
                 encode(result, self._calls.max_bytes),
@@ -217,8 +222,6 @@ class CallDesk:
         except Exception as exc:  # a handler's failure is the sandbox's error, never the controller's
             logger.info("host call %r failed: %s", name, exc, exc_info=True)
             answer = self._error(call, f"host call {name!r} failed: {type(exc).__name__}: {exc}")
-        finally:
-            _serving.owner = None
         with self._lock:
             self._running.pop(call, None)
             if self._closed or call in self._expired:
@@ -226,8 +229,7 @@ class CallDesk:
                 logger.debug("host call %r finished after its cell ended (or its time limit); dropped", name)
             else:
                 self._answers.append(answer)
-                with contextlib.suppress(BlockingIOError):
-                    os.write(self._wake_w, b"\0")
+                self._wakeup.notify()
         self._start_waiting()
 
     def _answer(self, call: int, error: str) -> None:
@@ -235,8 +237,7 @@ class CallDesk:
             if self._closed:
                 return
             self._answers.append(self._error(call, error))
-            with contextlib.suppress(BlockingIOError):
-                os.write(self._wake_w, b"\0")
+            self._wakeup.notify()
 
     @staticmethod
     def _error(call: int, message: str) -> tuple[dict[str, Any], bytes]:

@@ -36,6 +36,11 @@ class CheckpointLedger:
         self.quota = quota
         self._held: SessionRecord | None = None
 
+    @property
+    def store(self) -> SessionStore:
+        """The store the session lives in (its directory also holds the calls' output files)."""
+        return self._store
+
     @classmethod
     def take_ownership(cls, store: SessionStore, session_id: str, quota: int) -> CheckpointLedger:
         """Become the session's owner: a new token and the next epoch, which makes every other handle stale."""

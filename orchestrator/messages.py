@@ -179,6 +179,8 @@ class ExecReply(TypedDict):
     status: Status
     stdout: str
     stderr: str
+    stdout_bytes: int
+    stderr_bytes: int
     return_value: str | None
     error: dict[str, Any] | None
     duration: float
@@ -197,6 +199,8 @@ def parse_exec_reply(header: dict[str, Any]) -> ExecReply:
         status=parse_status(header),
         stdout=expect(header, "stdout", str),
         stderr=expect(header, "stderr", str),
+        stdout_bytes=expect(header, "stdout_bytes", int),
+        stderr_bytes=expect(header, "stderr_bytes", int),
         return_value=expect(header, "return_value", str, optional=True),
         error=error,
         duration=float(expect(header, "duration", (int, float))),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .messages import ExecReply, expect
@@ -10,13 +11,52 @@ from .messages import ExecReply, expect
 
 @dataclass(frozen=True)
 class ExecError:
-    """An exception raised by the user's code: data for the caller, never re-raised by us."""
+    """An exception raised by the user's code: data for the caller, never re-raised by us.
+
+    Attributes:
+        type: the exception's class name (``"NameError"``).
+        message: ``str()`` of the exception (of a SyntaxError: its ``msg``, without the file and line).
+        line: 1-based line in the cell where it happened, or None.
+        snippet: that line of source as written, indentation kept ("" when unknown).
+        traceback: the user's own frames and the exception, formatted as Python does.
+        column: 1-based column in ``snippet``: a SyntaxError's offset, or (sandboxes on
+            Python 3.11+) where the failing expression starts; None when unknown.
+        end_column: 1-based column just past the failing range when it ends on the same line, or None.
+    """
 
     type: str
     message: str
     line: int | None
     snippet: str
     traceback: str
+    column: int | None = None
+    end_column: int | None = None
+
+    @property
+    def pointer(self) -> str:
+        """A caret line to print under ``snippet``: ``^`` under the column (``^^^`` over a known range), or "".
+
+        Tabs in the snippet before the column are copied, so the carets line up however tabs are shown.
+        """
+        if self.column is None or not self.snippet or not 1 <= self.column <= len(self.snippet) + 1:
+            return ""
+        start = self.column - 1
+        stop = start + 1
+        if self.end_column is not None and self.end_column > self.column:
+            stop = max(stop, min(self.end_column - 1, len(self.snippet)))
+        pad = "".join("\t" if char == "\t" else " " for char in self.snippet[:start])
+        return pad + "^" * (stop - start)
+
+    @property
+    def summary(self) -> str:
+        """One line: ``SyntaxError at line 1, column 18: expected ':'`` (as much of that as is known)."""
+        where = ""
+        if self.line is not None:
+            where = f" at line {self.line}" + (f", column {self.column}" if self.column is not None else "")
+        lines = self.message.strip().splitlines()
+        if not lines:
+            return f"{self.type}{where}"
+        return f"{self.type}{where}: {lines[0]}" + (" ..." if len(lines) > 1 else "")
 
     def __str__(self) -> str:
         where = f" (line {self.line}: {self.snippet.strip()})" if self.line else ""
@@ -30,6 +70,8 @@ class ExecError:
             line=expect(data, "line", int, optional=True),
             snippet=expect(data, "snippet", str),
             traceback=expect(data, "traceback", str),
+            column=expect(data, "column", int, optional=True),
+            end_column=expect(data, "end_column", int, optional=True),
         )
 
 
@@ -51,6 +93,11 @@ class ExecResult:
         restore_failures: values a restore before this call (the sandbox had died between
             calls) could not bring back, with the reason; they were dropped.
         scaffold: what the session scaffold's ``after_cell`` returned (``Session.set_scaffold``), or None.
+        stdout_path: the whole stdout of the call on the host when it went past the output limit
+            (the ``stdout`` field then holds a head-and-tail preview), else None.
+        stderr_path: the whole stderr of the call on the host when it went past the output limit
+            (the ``stderr`` field then holds a head-and-tail preview), else None.
+        callback_errors: what the ``on_output`` callback raised during the call (it went on regardless).
     """
 
     stdout: str = ""
@@ -63,6 +110,9 @@ class ExecResult:
     checkpoint_duration: float = 0.0
     restore_failures: dict[str, str] = field(default_factory=dict)
     scaffold: dict[str, Any] | None = None
+    stdout_path: Path | None = None
+    stderr_path: Path | None = None
+    callback_errors: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -22,6 +22,7 @@ from .config import Settings
 from .connection import AgentConnection, Body, Header
 from .endpoint import UnixSocketEndpoint
 from .errors import AgentStartTimeout, AgentTimeoutError, OrchestratorError
+from .events import LiveCall
 from .hostcalls import CallDesk
 from .messages import parse_load_reply, parse_restore_reply
 from .store import new_sandbox_id
@@ -173,13 +174,19 @@ class Sandbox:
         seconds: float,
         checkpoint_seconds: float | None = None,
         desk: CallDesk | None = None,
+        live: LiveCall | None = None,
     ) -> tuple[Header, bytearray]:
         """One request to the agent within ``seconds`` (and ``checkpoint_seconds`` once the cell ended).
 
-        Host calls the cell makes meanwhile go to ``desk``.
+        Host calls the cell makes meanwhile go to ``desk``; its output and ``input()`` requests to ``live``.
         """
         return self.connection.request(
-            header, body, deadline=time.monotonic() + seconds, checkpoint_seconds=checkpoint_seconds, desk=desk
+            header,
+            body,
+            deadline=time.monotonic() + seconds,
+            checkpoint_seconds=checkpoint_seconds,
+            desk=desk,
+            live=live,
         )
 
     def restore(

@@ -10,9 +10,12 @@ sandbox) and which typed error the caller gets. The README's failure model is th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import json
 import logging
+import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -32,6 +35,7 @@ from .errors import (
     ChannelLost,
     ConfigError,
     ExecutionTimeout,
+    InputRequestNotFound,
     OrchestratorError,
     ProtocolError,
     SandboxCrashed,
@@ -40,12 +44,15 @@ from .errors import (
     SessionClosed,
     SessionNotFound,
 )
+from .events import Event, LiveCall, OnOutput
 from .hostcalls import CallDesk, HostCalls, serving
 from .ledger import CheckpointLedger
-from .messages import WorkerFailure, parse_exec_reply, parse_install_reply, parse_state_reply, worker_failure
+from .messages import ExecReply, WorkerFailure, parse_exec_reply, parse_install_reply, parse_state_reply, worker_failure
+from .output import StreamRecorder, keep_newest
 from .results import ExecResult
 from .sandbox import Sandbox
 from .store import SessionRecord
+from .tools import PythonTool
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +162,7 @@ class Session:
         self._unreported_failures: dict[str, str] = {}
         self._scaffold: tuple[str, list[str]] | None = None
         self._host_executor: ThreadPoolExecutor | None = None
+        self._live: LiveCall | None = None  # the running exec's output, input and interrupt (read by other threads)
         self.state = SessionState.READY
         self.restore_failures: dict[str, str] = {}
         """Values the last restore could not bring back, with the reason (they were dropped)."""
@@ -201,18 +209,32 @@ class Session:
         hello = self._sandbox.connection.hello
         return {"protocol": hello["protocol"], "python": hello["python"], "dill": hello["dill"]}
 
-    def execute(self, code: str, timeout: float | None = None, *, host_calls: HostCalls | None = None) -> ExecResult:
+    def execute(
+        self,
+        code: str,
+        timeout: float | None = None,
+        *,
+        host_calls: HostCalls | None = None,
+        on_output: OnOutput | None = None,
+    ) -> ExecResult:
         """Run ``code`` in the session's namespace and checkpoint the result.
 
         Args:
             code: Python source; a trailing expression's repr becomes ``return_value``.
             timeout: seconds the cell may run (default ``Settings.exec_timeout``); the
                 checkpoint afterwards has its own limit, ``Settings.checkpoint_timeout``.
+                Time its ``input()`` waits for an answer does not count.
             host_calls: handlers that code in the sandbox may call while this cell runs
                 (``host_call(name, payload)`` in the scaffold; see ``set_scaffold``).
+            on_output: called on this thread with each ``OutputEvent`` as the cell prints
+                (within ~50 ms) and each ``InputRequest`` of its ``input()``, which a str it
+                returns answers (else ``submit_input`` does). Without it, ``input()`` raises
+                ``EOFError`` at once. See ``orchestrator.events``.
 
         Returns:
-            ExecResult; an exception raised by the code is in ``.error``, not raised.
+            ExecResult; an exception raised by the code is in ``.error``, not raised. Output past
+            ``Settings.max_output_bytes`` is a head-and-tail preview; the whole stream is in
+            ``stdout_path`` / ``stderr_path``.
 
         Raises:
             ExecutionTimeout: the cell ran past ``timeout`` (``.restored`` says whether the
@@ -233,27 +255,98 @@ class Session:
         limit = self._settings.exec_timeout if timeout is None else float(timeout)
         if not limit > 0:
             raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if on_output is not None and not callable(on_output):
+            raise ConfigError(f"on_output must be callable, got {type(on_output).__name__}")
         header = {
             "type": protocol.EXEC,
             "code": code,
             "timeout": limit,
             "checkpoint_timeout": self._settings.checkpoint_timeout,
+            "send_limit": self._settings.max_output_file_bytes,
         }
+        if on_output is not None:
+            header.update(stream=True, input=True)
         slack = self._settings.interrupt_grace + self._settings.reply_margin
         with self._turn():
             desk = None if host_calls is None else CallDesk(host_calls, self._executor(), owner=self)
+            live = self._live = LiveCall(self._recorders(), on_output, self._settings.input_timeout, owner=self)
             try:
                 return self._call(
                     header,
                     b"",
                     limit + slack,
-                    lambda r, b: self._exec_result(r, b, limit),
+                    lambda r, b: self._exec_result(r, b, limit, live),
                     checkpoint_seconds=self._settings.checkpoint_timeout + slack,
                     desk=desk,
+                    live=live,
                 )
             finally:
+                self._live = None
+                live.close()
                 if desk is not None:
                     desk.close()
+
+    def stream(
+        self, code: str, timeout: float | None = None, *, host_calls: HostCalls | None = None
+    ) -> Iterator[Event | ExecResult]:
+        """``execute`` as an iterator: each ``OutputEvent`` and ``InputRequest`` as it happens, then the ``ExecResult``.
+
+        Answer an ``InputRequest`` with ``submit_input``. The cell runs on a thread of its own;
+        leaving the loop early interrupts it. Raises what ``execute`` raises, after the events.
+        """
+        events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+
+        def run() -> None:
+            try:
+                events.put(("result", self.execute(code, timeout, host_calls=host_calls, on_output=on_event)))
+            except BaseException as exc:
+                events.put(("error", exc))
+
+        def on_event(event: Event) -> None:
+            events.put(("event", event))
+
+        runner = threading.Thread(target=run, name=f"stream-{self.id}", daemon=True)
+        runner.start()
+        finished = False
+        try:
+            while True:
+                kind, item = events.get()
+                if kind == "event":
+                    yield item
+                    continue
+                finished = True
+                if kind == "error":
+                    raise item
+                yield item
+                return
+        finally:
+            while not finished and runner.is_alive() and not self.interrupt():
+                runner.join(0.005)  # the call has not begun yet: interrupt it once it has
+            runner.join()
+
+    def submit_input(self, request_id: str, text: str) -> None:
+        """Answer the running cell's ``input()`` request ``request_id`` (from any thread).
+
+        Raises:
+            InputRequestNotFound: no such request waits (unknown, answered, timed out, or no cell runs).
+            ConfigError: ``text`` is not a str, or longer than 1 MiB.
+        """
+        live = self._live
+        if live is None:
+            raise InputRequestNotFound(f"no cell of session {self.id} is running, so no input request {request_id!r}")
+        live.submit(request_id, text)
+
+    def interrupt(self) -> bool:
+        """Stop the running cell as its timeout would (interrupt, then kill after the grace); from any thread.
+
+        The call gets ``ExecutionTimeout`` and the session stays usable. Returns False when no cell runs.
+        """
+        live = self._live
+        return live is not None and live.interrupt()
+
+    def as_tool(self, *, max_timeout: float | None = None) -> PythonTool:
+        """This session as OpenAI-style function tools for a model (``execute_code``, ``reset_repl``); docs/tools.md."""
+        return PythonTool(self, max_timeout=max_timeout)
 
     def set_scaffold(self, code: str, *, names: Collection[str] = ()) -> None:
         """Install the code that supports this session's cells in every worker, now and after each restart.
@@ -400,8 +493,8 @@ class Session:
         """
         if serving(self):
             raise ConfigError(
-                f"a host-call handler of session {self.id} called back into that session, whose cell waits for it; "
-                "use another session (or do the work in the handler)"
+                f"a host-call handler or on_output callback of session {self.id} called back into that session, "
+                "whose cell waits for it; use another session (or do the work in the handler)"
             )
         with self._lock, self._activity if call else contextlib.nullcontext():
             yield
@@ -591,11 +684,12 @@ class Session:
         *,
         checkpoint_seconds: float | None = None,
         desk: CallDesk | None = None,
+        live: LiveCall | None = None,
     ) -> T:
         """One request with recovery: whatever goes wrong, the session is usable again before we raise."""
         try:
             try:
-                return self._attempt(header, body, seconds, accept, checkpoint_seconds, desk)
+                return self._attempt(header, body, seconds, accept, checkpoint_seconds, desk, live)
             except (_WorkerReplaced, ChannelLost, AgentTimeoutError, ProtocolError) as exc:
                 kind = _classify(exc)
                 assert kind is not None
@@ -615,12 +709,13 @@ class Session:
         accept: Callable[[dict[str, Any], bytearray], T],
         checkpoint_seconds: float | None,
         desk: CallDesk | None,
+        live: LiveCall | None,
     ) -> T:
         for attempt in range(2):
             sandbox = self._ready_sandbox()
             header.pop("id", None)
             reply, reply_body = sandbox.request(
-                header, body, seconds=seconds, checkpoint_seconds=checkpoint_seconds, desk=desk
+                header, body, seconds=seconds, checkpoint_seconds=checkpoint_seconds, desk=desk, live=live
             )
             failure = worker_failure(reply)
             if failure is None:
@@ -674,23 +769,47 @@ class Session:
         failures, self._unreported_failures = self._unreported_failures, {}
         return error(message, restored=True, generation=self.generation, restore_failures=failures)  # type: ignore[call-arg]
 
-    def _exec_result(self, reply: dict[str, Any], body: bytearray, limit: float) -> ExecResult:
+    def _recorders(self) -> dict[str, StreamRecorder]:
+        stem = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
+        directory = self._ledger.store.outputs_dir(self.id)
+        return {
+            name: StreamRecorder(directory / f"{stem}.{name}", self._settings.max_output_bytes)
+            for name in protocol.OUTPUT_STREAMS
+        }
+
+    def _output(self, parsed: ExecReply, live: LiveCall) -> dict[str, Any]:
+        """The result's stdout and stderr: the reply's, or a preview of what went to a file (and its path)."""
+        live.finish_output()
+        fields: dict[str, Any] = {"callback_errors": tuple(live.callback_errors)}
+        spilled = False
+        for name, recorder in live.recorders.items():
+            if recorder.spilled:
+                spilled = True
+                fields[name] = recorder.preview(parsed[f"{name}_bytes"])  # type: ignore[literal-required]
+                fields[f"{name}_path"] = recorder.path
+        if spilled:
+            keep_newest(self._ledger.store.outputs_dir(self.id), self._settings.max_output_files)
+        return fields
+
+    def _exec_result(self, reply: dict[str, Any], body: bytearray, limit: float, live: LiveCall) -> ExecResult:
         parsed = parse_exec_reply(reply)
         unsaved = self._ledger.commit(parsed["checkpoint"], body)
         failures, self._unreported_failures = self._unreported_failures, {}
+        output = self._output(parsed, live)
         if parsed["status"] == protocol.STATUS_TIMEOUT:
+            why = "was interrupted by the caller" if live.interrupt_requested else f"ran past its {limit:g} s timeout"
             raise ExecutionTimeout(
-                f"the cell ran past its {limit:g} s timeout and was interrupted; session {self.id} keeps "
+                f"the cell {why} and was stopped; session {self.id} keeps "
                 f"what the cell did before the interrupt (generation {self.generation}"
                 + (f"; not saved: {', '.join(sorted(unsaved))}" if unsaved else "")
                 + ")",
                 restored=False,
                 generation=self.generation,
                 restore_failures=failures,
-                stdout=parsed["stdout"],
-                stderr=parsed["stderr"],
+                stdout=output.get("stdout", parsed["stdout"]),
+                stderr=output.get("stderr", parsed["stderr"]),
             )
-        return ExecResult.from_reply(parsed, unsaved, self.generation, failures)
+        return dataclasses.replace(ExecResult.from_reply(parsed, unsaved, self.generation, failures), **output)
 
     def _commit_state(self, reply: dict[str, Any], body: bytearray, counters: dict[str, int]) -> dict[str, str]:
         return self._ledger.commit(parse_state_reply(reply), body, counters=counters)

@@ -307,6 +307,10 @@ class SessionStore:
         finally:
             os.close(fd)
 
+    def outputs_dir(self, session_id: str) -> Path:
+        """Where whole outputs of the session's calls are kept (``outputs/``); removed with the session."""
+        return self._dir(session_id) / "outputs"
+
     def activity_path(self, session_id: str) -> Path:
         """The session's activity file (``activity``): busy while a call runs, its mtime the last use."""
         return self._dir(session_id) / ACTIVITY_FILE

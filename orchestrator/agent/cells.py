@@ -1,7 +1,7 @@
 """Running one cell of user code like a REPL does: statements, then the repr of a trailing expression.
 
 Standard library only (runs in the sandbox worker). Errors in user code become data: type,
-message, line, the offending source line and a traceback of the user's own frames only.
+message, line and column, the offending source line and a traceback of the user's own frames only.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import contextlib
 import linecache
 import sys
 import traceback
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 CELL_PREFIX = "<cell-"
 _MAX_REPR = 64 << 10
@@ -35,29 +35,111 @@ def _text(obj: object) -> str:
         return "<str() failed>"
 
 
+# (line, column, end_column, snippet): 1-based; end_column is one past the range, on the same line.
+_Location = Tuple[Optional[int], Optional[int], Optional[int], str]
+_NOWHERE: _Location = (None, None, None, "")
+
+
+def _positive(value: object) -> Optional[int]:
+    # A cell can raise its own SyntaxError with anything in its attributes.
+    return value if type(value) is int and value > 0 else None
+
+
+def _char_offset(line: str, byte_offset: int) -> int:
+    """A 0-based UTF-8 byte offset into ``line`` as a 0-based character offset."""
+    if line.isascii():
+        return byte_offset
+    return len(line.encode("utf-8", "replace")[:byte_offset].decode("utf-8", "ignore"))
+
+
+def _is_cell(filename: object) -> bool:
+    return type(filename) is str and filename.startswith(CELL_PREFIX)
+
+
+def _syntax_location(exc: SyntaxError) -> _Location:
+    line = _positive(exc.lineno)
+    column = _positive(exc.offset)
+    end_column = _positive(getattr(exc, "end_offset", None)) if getattr(exc, "end_lineno", None) == line else None
+    text = exc.text if type(exc.text) is str else None
+    if text is None and line is not None and _is_cell(exc.filename):
+        # The compiler (unlike the parser) leaves the text unset and counts offsets in UTF-8 bytes.
+        text = linecache.getline(exc.filename, line)
+        column = None if column is None else _char_offset(text, column - 1) + 1
+        end_column = None if end_column is None else _char_offset(text, end_column - 1) + 1
+    if column is None or end_column is None or end_column <= column:
+        end_column = None
+    return line, column, end_column, (text or "").rstrip("\r\n")
+
+
+def _frame_location(frame: traceback.FrameSummary) -> _Location:
+    line = frame.lineno
+    source = linecache.getline(frame.filename, line).rstrip("\r\n") if line else ""
+    if not source:  # the cell's lines are gone from linecache: the frame's copy has lost its indentation
+        return line, None, None, frame.line or ""
+    colno = getattr(frame, "colno", None)  # Python 3.11+: a 0-based UTF-8 byte offset
+    if type(colno) is not int or colno < 0:
+        return line, None, None, source
+    column = _char_offset(source, colno) + 1
+    end_colno = getattr(frame, "end_colno", None)
+    end_column = None
+    if getattr(frame, "end_lineno", None) == line and type(end_colno) is int and end_colno > colno:
+        end_column = _char_offset(source, end_colno) + 1
+    return line, column, end_column, source
+
+
+def _location(exc: BaseException, frames: List[traceback.FrameSummary]) -> _Location:
+    """Where in the cell the error is: a SyntaxError in the cell itself, else the last user frame."""
+    try:
+        if isinstance(exc, SyntaxError) and (not frames or _is_cell(exc.filename)):
+            return _syntax_location(exc)
+        if frames:
+            return _frame_location(frames[-1])
+    except Exception:  # attributes of a cell's own exception class may raise anything
+        pass
+    return _NOWHERE
+
+
+def _message(exc: BaseException) -> str:
+    """str() of the exception; a SyntaxError's own message, without the file and line str() adds."""
+    if isinstance(exc, SyntaxError):
+        try:
+            if type(exc.msg) is str:
+                return exc.msg
+        except Exception:
+            pass
+    return _text(exc)
+
+
 def error_info(exc: BaseException, skip_frames: int = 0) -> Dict[str, Any]:
-    """Describe an exception from user code with only the user's frames."""
+    """Describe an exception from user code with only the user's frames.
+
+    ``snippet`` is the source line as written (indentation kept) and ``column`` (1-based, or None)
+    indexes it: a SyntaxError's offset, else where the failing expression starts (Python 3.11+).
+    ``end_column``, when known, is one past the end of the failing range on the same line.
+    """
     tb = exc.__traceback__
     for _ in range(skip_frames):
         if tb is not None:
             tb = tb.tb_next
     frames = [f for f in traceback.extract_tb(tb) if f.filename.startswith(CELL_PREFIX)]
-    line: Optional[int] = None
-    snippet = ""
-    if isinstance(exc, SyntaxError):
-        # A cell can raise its own SyntaxError with anything in these attributes.
-        line = exc.lineno if type(exc.lineno) is int else None
-        snippet = exc.text.rstrip("\n") if type(exc.text) is str else ""
-    elif frames:
-        line = frames[-1].lineno
-        snippet = frames[-1].line or ""
-    text = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(exc), exc))
+    line, column, end_column, snippet = _location(exc, frames)
+    try:
+        last = "".join(traceback.format_exception_only(type(exc), exc))
+    except Exception:  # e.g. a cell's own SyntaxError with junk attributes
+        last = "%s: %s\n" % (type(exc).__name__, _text(exc))
+    text = "".join(traceback.format_list(frames)) + last
     if frames:
         text = "Traceback (most recent call last):\n" + text
+    if column is not None and column > _MAX_MESSAGE:  # past the part of the line that is sent
+        column = end_column = None
+    elif end_column is not None:
+        end_column = min(end_column, _MAX_MESSAGE + 1)
     return {
         "ename": type(exc).__name__,
-        "evalue": _clip(_text(exc), _MAX_MESSAGE),
+        "evalue": _clip(_message(exc), _MAX_MESSAGE),
         "line": line,
+        "column": column,
+        "end_column": end_column,
         "snippet": _clip(snippet, _MAX_MESSAGE),
         "traceback": _clip(text, _MAX_REPR),
     }

@@ -89,6 +89,11 @@ class HostCallClient(object):
         except ValueError as exc:
             raise HostCallError("the result of host call %r is not valid JSON: %s" % (name, exc)) from None
 
+    def send_output(self, stream: str, data: bytes) -> None:
+        """Send a piece of the running cell's output (one-way: no answer comes). Raises OSError if the link broke."""
+        with self._shield(), self._send_lock:
+            protocol.send_frame(self._sock, {"type": protocol.OUTPUT, "stream": stream}, data)
+
     def _read_replies(self) -> None:
         while True:
             try:

@@ -24,7 +24,7 @@ import struct
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MAGIC = b"ORC1"
 PREFIX = struct.Struct("!4sII")  # magic, header length, body length
 MAX_HEADER_BYTES = 16 << 20
@@ -64,6 +64,13 @@ CHECKPOINTING = "checkpointing"
 HOST_CALL = "host_call"
 HOST_REPLY = "host_reply"
 HOST_CALL_MAX_BYTES = 16 << 20  # default bound of one host call's JSON payload or result
+# Output (docs/protocol.md): worker -> supervisor (on the host-call link) -> controller while a cell runs.
+OUTPUT = "output"
+OUTPUT_STREAMS = ("stdout", "stderr")
+# input() of a cell is a host call of this reserved name; its wait does not count toward the cell's timeout.
+INPUT_CALL = "__input__"
+# Controller -> supervisor while an exec runs: stop the cell (the timeout ladder), as when its time is up.
+INTERRUPT = "interrupt"
 
 # Outcomes of a request as the agent reports them in ``status``.
 STATUS_OK = "ok"

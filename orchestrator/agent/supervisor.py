@@ -297,6 +297,8 @@ class Supervisor:
         self.channel_inode: Optional[int] = None
         self.conn: Optional[socket.socket] = None  # the controller connection being served
         self.open_calls: Dict[int, Any] = {}  # host calls relayed for the running exec: call -> its request id
+        self.input_waits: Dict[int, float] = {}  # open calls that are input() of the cell: call -> since when
+        self.cell_running = False  # an exec's cell runs: the controller may interrupt it
         self.conn_lost = False  # the controller's connection broke during the request being served
         self.watching_conn = False  # the controller's connection is in the busy selector
         self.wake_r, wake_w = os.pipe()
@@ -517,7 +519,7 @@ class Supervisor:
     def handle(self, conn: socket.socket, header: Dict[str, Any], body_len: int) -> None:
         kind = header["type"]
         request_id = header.get("id")
-        if kind == protocol.HOST_REPLY:  # the answer to a call of a cell that ended meanwhile: too late
+        if kind in (protocol.HOST_REPLY, protocol.INTERRUPT):  # for a cell that ended meanwhile: too late
             self._discard_from(conn, body_len)
             return
         if kind == protocol.PING:
@@ -672,7 +674,8 @@ class Supervisor:
         return calls.fileno() if calls is not None else -1
 
     def _take_call(self, request_id: Any, refusal: Optional[str]) -> None:
-        """Read one host call from the worker; relay it to the controller for ``request_id``, or refuse it."""
+        """Read one frame from the worker's host-call link: relay a call to the controller for ``request_id``
+        (or refuse it), and the cell's output for ``request_id`` (or drop it: no cell of an exec runs)."""
         worker = self.worker
         assert worker.calls is not None
         try:
@@ -683,6 +686,9 @@ class Supervisor:
                 min(self.config.frame_timeout, _CALL_SECONDS),
             )
             call, name = header.get("call"), header.get("name")
+            if header["type"] == protocol.OUTPUT and header.get("stream") in protocol.OUTPUT_STREAMS:
+                self._relay_output(request_id, header["stream"], body)
+                return
             if header["type"] != protocol.HOST_CALL or type(call) is not int or not isinstance(name, str):
                 raise protocol.ProtocolViolation("a %r frame that is not a host call" % header["type"])
         except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
@@ -697,6 +703,8 @@ class Supervisor:
             try:
                 self._send(self.conn, {"type": protocol.HOST_CALL, "id": request_id, "call": call, "name": name}, body)
                 self.open_calls[call] = request_id
+                if name == protocol.INPUT_CALL:
+                    self.input_waits[call] = time.monotonic()
                 self._watch_controller(True)
                 return
             except OSError:
@@ -704,8 +712,31 @@ class Supervisor:
                 refusal = "the controller connection was lost"
         self._answer_worker({"call": call, "status": protocol.STATUS_ERROR, "error": refusal})
 
-    def _take_reply(self) -> None:
-        """Read the controller's answer to a host call and pass it to the worker (a late one is dropped)."""
+    def _relay_output(self, request_id: Any, stream: str, body: Any) -> None:
+        if request_id is None or self.conn is None or self.conn_lost:
+            return  # output of no exec's cell, or no one to tell: dropped (the reply keeps its head)
+        try:
+            self._send(self.conn, {"type": protocol.OUTPUT, "id": request_id, "stream": stream}, body)
+        except OSError:
+            self._lose_controller("sending output failed")
+
+    def _drain_calls(self, request_id: Any) -> None:
+        """Relay the output the worker sent before its cell ended (and refuse the calls that came with it)."""
+        readable = selectors.DefaultSelector()
+        try:
+            while self.worker.calls is not None:
+                readable.register(self.worker.calls, selectors.EVENT_READ)
+                ready = readable.select(0)
+                readable.unregister(self.worker.calls)
+                if not ready:
+                    return
+                self._take_call(request_id, "the cell that made this host call has ended")
+        finally:
+            readable.close()
+
+    def _take_reply(self, request_id: Any) -> bool:
+        """Read a frame the controller sent while a cell runs: a host call's answer goes to the worker (a late one
+        is dropped). Returns True when it is an interrupt of request ``request_id``."""
         conn = self.conn
         assert conn is not None
         try:
@@ -713,9 +744,12 @@ class Supervisor:
                 conn, protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
             )
             call = header.get("call")
+            if header["type"] == protocol.INTERRUPT:
+                self._discard_from(conn, body_len)
+                return header.get("id") == request_id
             if header["type"] != protocol.HOST_REPLY or call not in self.open_calls:
                 self._discard_from(conn, body_len)
-                return
+                return False
             if body_len > self.config.host_call_max:
                 self._discard_from(conn, body_len)
                 header = {
@@ -728,10 +762,12 @@ class Supervisor:
                 body = protocol.recv_exactly(conn, body_len)
         except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
             self._lose_controller("reading a host call's answer: %s" % (exc or type(exc).__name__))
-            return
+            return False
         del self.open_calls[call]
-        self._watch_controller(bool(self.open_calls))
+        self.input_waits.pop(call, None)
+        self._watch_controller(self.cell_running or bool(self.open_calls))
         self._answer_worker({"call": call, "status": header.get("status"), "error": header.get("error")}, body)
+        return False
 
     def _answer_worker(self, header: Dict[str, Any], body: Any = b"") -> None:
         worker = self.worker
@@ -747,12 +783,15 @@ class Supervisor:
     def _end_calls(self, reason: str) -> None:
         """Answer every host call still open with an error: its cell ended (or its answer cannot come)."""
         calls, self.open_calls = list(self.open_calls), {}
+        self.input_waits.clear()
+        self.cell_running = False
         self._watch_controller(False)
         for call in calls:
             self._answer_worker({"call": call, "status": protocol.STATUS_ERROR, "error": reason})
 
     def _watch_controller(self, on: bool) -> None:
-        """Read the controller during a request only while host calls wait for answers (never a request's bytes)."""
+        """Read the controller during a request only while a cell runs (it may be interrupted) or host calls wait
+        for answers (never a request's bytes)."""
         if on == self.watching_conn or self.conn is None:
             return
         if on:
@@ -765,6 +804,7 @@ class Supervisor:
     def _forget_calls(self, worker: WorkerProcess) -> None:
         """Stop serving the worker's host-call link (its callers see it close and fail)."""
         self.open_calls.clear()
+        self.input_waits.clear()
         self._watch_controller(False)
         if worker.calls is not None:
             for sel in (self.idle, self.busy):
@@ -803,7 +843,11 @@ class Supervisor:
         cell_interrupted = False
         cell_duration: Optional[float] = None
         notice_at: Optional[float] = None  # when to tell the controller the checkpoint's clock runs
+        paused_at: Optional[float] = None  # since when the cell waits for an answer to input(): its clock stops
         takeover = False
+        if kind == protocol.EXEC:
+            self.cell_running = True
+            self._watch_controller(True)
         while True:
             if not takeover and self._takeover_due():
                 takeover = True
@@ -811,8 +855,14 @@ class Supervisor:
                     self.worker.interrupt(phase)
                     interrupted = True
                 deadline = min(deadline, time.monotonic()) + self.config.grace
+            if self.input_waits and paused_at is None and not interrupted:
+                paused_at = time.monotonic()
+            elif paused_at is not None and not self.input_waits:
+                deadline += time.monotonic() - paused_at
+                paused_at = None
             wake = deadline if notice_at is None else min(deadline, notice_at)
-            ready = {key.fd for key, _ in self.busy.select(max(0.0, wake - time.monotonic()))}
+            timeout = max(0.0, wake - time.monotonic()) if paused_at is None or notice_at is not None else None
+            ready = {key.fd for key, _ in self.busy.select(timeout)}
             if self.wake_r in ready:
                 self._drain_wakeups()
             if self._calls_fd() in ready:
@@ -820,8 +870,15 @@ class Supervisor:
                     self._take_call(request_id, None)
                 else:
                     self._take_call(None, "the cell that made this host call has ended")
-            if self.open_calls and self.conn is not None and self.conn.fileno() in ready:
-                self._take_reply()
+            if (
+                self.watching_conn
+                and self.conn is not None
+                and self.conn.fileno() in ready
+                and self._take_reply(request_id)
+                and phase == "cell"
+                and not interrupted
+            ):
+                deadline, paused_at = time.monotonic(), None  # the controller cancelled the cell: the ladder
             worker = self.worker
             if worker.sock.fileno() in ready or (worker.pidfd in ready and worker.pending() is not None):
                 if takeover:
@@ -831,6 +888,8 @@ class Supervisor:
                 if not isinstance(frame, _Frame):
                     frame.update(phase=phase)
                     return frame
+                if phase == "cell" and kind == protocol.EXEC:
+                    self._drain_calls(request_id)  # the cell's last output went out before this frame
                 if frame.header["type"] == protocol.CELL_DONE and phase == "cell" and frame.body_len == 0:
                     self._end_calls("the cell that made this host call has ended")
                     cell_duration = time.monotonic() - started
@@ -851,7 +910,7 @@ class Supervisor:
                 # The checkpoint takes a while: the controller moves its deadline to the checkpoint's.
                 self._tell_controller({"type": protocol.CHECKPOINTING, "id": request_id})
                 notice_at = None
-            if time.monotonic() < deadline:
+            if time.monotonic() < deadline or paused_at is not None:
                 continue
             if takeover:
                 self._replace_worker()

@@ -20,6 +20,7 @@ normally.
 from __future__ import annotations
 
 import _signal  # signal without its enum wrappers: handlers are checked on every call
+import builtins
 import contextlib
 import gc
 import json
@@ -44,6 +45,7 @@ from . import cells, checkpoint  # noqa: E402  (imports dill, which must see the
 _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
 _MISSING = object()
 _MAX_REASON = 200
+_MAX_PROMPT = 64 << 10
 
 
 def _fresh_namespace(namespace: Dict[str, Any]) -> None:
@@ -111,6 +113,8 @@ class Worker:
         self.deferred = False
         self.calls = None if call_sock is None else hostcall.HostCallClient(call_sock, call_max, self._shield)
         self.scaffold: Dict[str, Any] = {}  # the installed scaffold's module namespace
+        self.input_allowed = False  # the running cell's input() may ask the controller
+        self.output: Optional[capture.CellStreams] = None  # the running cell's output
 
     # -- the interrupt
 
@@ -266,15 +270,24 @@ class Worker:
         if not isinstance(code, str):
             return {"type": protocol.EXEC_REPLY, "status": protocol.STATUS_PROTOCOL_ERROR, "reason": "no code"}, []
         self.cell_number += 1
-        out, out_sink = capture.open_capture(self.output_limit)
-        err, err_sink = capture.open_capture(self.output_limit)
+        send_limit = header.get("send_limit")
+        output = capture.CellStreams(
+            self.output_limit,
+            None if self.calls is None else self.calls.send_output,
+            header.get("stream") is True,
+            send_limit if type(send_limit) is int and send_limit > 0 else 0,
+        )
         saved_streams = sys.stdout, sys.stderr
+        saved_input = builtins.input
+        self.output = output
+        self.input_allowed = header.get("input") is True
         self._enter(_CELL)
         started = time.monotonic()
         scaffold = None
         try:
             try:
-                sys.stdout, sys.stderr = out, err
+                sys.stdout, sys.stderr = output.streams
+                builtins.input = self._input
                 self.armed = True
                 self._hook("before_cell")
                 outcome = cells.run_cell(code, self.namespace, self.cell_number)
@@ -285,19 +298,21 @@ class Worker:
             outcome = {"return_value": None, "error": cells.error_info(exc)}
         finally:
             sys.stdout, sys.stderr = saved_streams
+            builtins.input = saved_input
+            self.output = None
             self.phase = _IDLE
         duration = time.monotonic() - started
         self._install_handlers()  # the checkpoint must be interruptible whatever the cell did
-        for stream in (out, err):
-            with contextlib.suppress(Exception):  # the cell may have closed it
-                stream.flush()
+        output.finish()  # every output frame is out before the checkpoint's clock can start
         self._cell_done(header.get("id"))
         delta, parts, took = self.checkpoint()
         reply = {
             "type": protocol.EXEC_REPLY,
             "status": protocol.STATUS_ERROR if outcome["error"] else protocol.STATUS_OK,
-            "stdout": out_sink.text(),
-            "stderr": err_sink.text(),
+            "stdout": output.sinks[0].text(),
+            "stderr": output.sinks[1].text(),
+            "stdout_bytes": output.sinks[0].total,
+            "stderr_bytes": output.sinks[1].total,
             "return_value": outcome["return_value"],
             "error": outcome["error"],
             "duration": duration,
@@ -307,6 +322,28 @@ class Worker:
         if scaffold is not None:
             reply["scaffold"] = scaffold
         return reply, parts
+
+    def _input(self, prompt: Any = "") -> str:
+        """``input()`` in a cell: the caller answers it through the controller (docs/protocol.md, "input()")."""
+        text = str(prompt)
+        if text:
+            sys.stdout.write(text)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        if self.output is not None:
+            self.output.flush()  # the prompt reaches the caller before the request
+        if not self.input_allowed or self.calls is None:
+            raise EOFError(
+                "input() has no one to answer it: this cell was run without an input handler "
+                "(pass on_output= to execute, or use stream(), to answer input requests)"
+            )
+        try:
+            answer = self.calls.call(protocol.INPUT_CALL, {"prompt": text[:_MAX_PROMPT]})
+        except hostcall.HostCallError as exc:
+            raise EOFError("input() got no answer: %s" % exc) from None
+        if not isinstance(answer, str):
+            raise EOFError("input() got no answer: the controller sent a %s, not text" % type(answer).__name__)
+        return answer
 
     # -- the scaffold
 

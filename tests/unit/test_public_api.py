@@ -8,12 +8,12 @@ import orchestrator
 from orchestrator import errors
 
 EXPECTED = {
-    "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError",
-    "ConfigError", "EngineError", "EngineUnavailable", "ExecError", "ExecResult", "ExecutionTimeout",
-    "ImageMissing", "Orchestrator", "OrchestratorError", "ProtocolError", "PruneAction", "PruneReport",
-    "SandboxCrashed", "SandboxError", "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere",
-    "SessionBusy", "SessionClosed", "SessionError", "SessionInfo", "SessionNotFound", "SessionStatus",
-    "Settings", "TransportError", "__version__",
+    "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError", "ConfigError",
+    "EngineError", "EngineUnavailable", "ExecError", "ExecResult", "ExecutionTimeout", "ImageMissing",
+    "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent", "ProtocolError",
+    "PruneAction", "PruneReport", "PythonTool", "SandboxCrashed", "SandboxError", "SandboxOutOfMemory", "Session",
+    "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError", "SessionInfo", "SessionNotFound",
+    "SessionStatus", "Settings", "TransportError", "__version__",
 }  # fmt: skip
 
 

@@ -14,6 +14,8 @@ GOOD = {
     "status": "ok",
     "stdout": "hi\n",
     "stderr": "",
+    "stdout_bytes": 3,
+    "stderr_bytes": 0,
     "return_value": "42",
     "error": None,
     "duration": 0.01,

@@ -1,0 +1,91 @@
+"""A call's output on the host: whole in a file once it passes the output limit, a preview for the reply.
+
+The worker keeps the first ``max_output_bytes`` of each stream for its reply. Past that, it
+sends the whole stream as ``output`` frames (docs/protocol.md, "Output"), at most
+``max_output_file_bytes``; a ``StreamRecorder`` writes them to
+``<state_dir>/sessions/<id>/outputs/<call>.<stream>``, and the call's result holds a
+head-and-tail preview with a marker naming the file. Streamed calls send every byte as it
+comes; the recorder holds up to the limit in memory and opens the file only when it passes it.
+Files go with the session; past ``max_output_files`` per session the oldest are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from .units import describe_bytes
+
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class StreamRecorder:
+    """One stream of one call: the bytes that came, in memory up to ``limit``, then in a file."""
+
+    def __init__(self, path: Path, limit: int) -> None:
+        self.path = path
+        self.limit = limit
+        self.received = 0
+        self._head = bytearray()
+        self._tail = bytearray()
+        self._fd: int | None = None
+
+    def write(self, data: bytes | bytearray) -> None:
+        self.received += len(data)
+        if self._fd is None:
+            self._head += data
+            if len(self._head) <= self.limit:
+                return
+            self.path.parent.mkdir(mode=0o700, exist_ok=True)
+            self._fd = os.open(self.path, _FILE_FLAGS, 0o600)
+            os.write(self._fd, self._head)
+            self._tail = self._head[-(self.limit // 2) :]
+            del self._head[self.limit // 2 :]
+            return
+        _write_all(self._fd, data)
+        self._tail += data
+        if len(self._tail) > self.limit:
+            del self._tail[: len(self._tail) - self.limit // 2]
+
+    @property
+    def spilled(self) -> bool:
+        return self._fd is not None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+
+    def preview(self, produced: int) -> str:
+        """The head and the tail of a stream kept in the file, with a marker that names the file.
+
+        ``produced``: how many bytes the cell wrote (more than were received when the file's cap was hit).
+        """
+        half = self.limit // 2
+        tail = bytes(self._tail[-half:])
+        hidden = self.received - len(self._head) - len(tail)
+        where = f"the whole output ({describe_bytes(self.received)}) is in {self.path}"
+        if produced > self.received:
+            where = (
+                f"the first {describe_bytes(self.received)} of {describe_bytes(produced)} are in {self.path} "
+                "(the rest passed the per-call file limit and was dropped)"
+            )
+        marker = f"\n[... {hidden} bytes not shown; {where} ...]\n"
+        return self._head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def keep_newest(directory: Path, count: int) -> None:
+    """Remove all but the ``count`` newest files of ``directory`` (output files of earlier calls)."""
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns)
+    except FileNotFoundError:
+        return
+    for entry in entries[: max(0, len(entries) - count)]:
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)

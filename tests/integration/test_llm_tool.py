@@ -1,0 +1,177 @@
+"""PythonTool in a tool-calling loop: the real ``openai`` client, a scripted model on loopback, a real session.
+
+The "model" is an OpenAI-compatible chat-completions server started here on 127.0.0.1 that gives
+out canned replies in order and records what it was sent; nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import openai
+import pytest
+
+from orchestrator import PythonTool, Session
+
+pytestmark = pytest.mark.docker
+
+
+@dataclass
+class ScriptedModel:
+    """Canned chat-completion messages, one per request; the request bodies it received."""
+
+    replies: list[dict[str, Any]]
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    base_url: str = ""
+
+
+def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path != "/v1/chat/completions" or not model.replies:
+                self._send(404, {"error": {"message": f"nothing scripted for {self.path}", "type": "test"}})
+                return
+            model.requests.append(body)
+            message = model.replies.pop(0)
+            reason = "tool_calls" if message.get("tool_calls") else "stop"
+            self._send(
+                200,
+                {
+                    "id": f"chatcmpl-{len(model.requests)}",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": body["model"],
+                    "choices": [{"index": 0, "message": message, "finish_reason": reason}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                },
+            )
+
+        def _send(self, status: int, document: dict[str, Any]) -> None:
+            data = json.dumps(document).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("x-should-retry", "false")
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def scripted_model() -> Iterator[ScriptedModel]:
+    model = ScriptedModel(replies=[])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(model))
+    thread = threading.Thread(target=server.serve_forever, name="scripted-model", daemon=True)
+    thread.start()
+    model.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        yield model
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def tool_call(call_id: str, code: str) -> dict[str, Any]:
+    arguments = json.dumps({"code": code})
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "execute_code", "arguments": arguments}}
+        ],
+    }
+
+
+def test_a_tool_calling_loop_with_the_openai_client(scripted_model: ScriptedModel, session: Session) -> None:
+    scripted_model.replies = [
+        tool_call("call_1", "x = 21 * 2"),
+        tool_call("call_2", "print(x)"),
+        {"role": "assistant", "content": "x is 42."},
+    ]
+    tool = session.as_tool()
+    # trust_env=False: no proxy from the environment, the request stays on loopback.
+    http_client = openai.DefaultHttpxClient(trust_env=False)
+    client = openai.OpenAI(base_url=scripted_model.base_url, api_key="x", max_retries=0, http_client=http_client)
+    messages: list[Any] = [{"role": "user", "content": "Compute 21 * 2 in Python, then print it."}]
+    tool_results: list[dict[str, str]] = []
+    try:
+        for _ in range(5):
+            response = client.chat.completions.create(model="scripted", messages=messages, tools=tool.definitions)
+            message = response.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                break
+            for call in message.tool_calls:
+                tool_results.append(tool.handle_tool_call(call))
+                messages.append(tool_results[-1])
+    finally:
+        client.close()
+
+    assert messages[-1] == {"role": "assistant", "content": "x is 42."}
+    assert [r["tool_call_id"] for r in tool_results] == ["call_1", "call_2"]
+    assert tool_results[0]["content"].startswith("status: success\n")
+    assert "stdout:\n42\n" in tool_results[1]["content"]
+    requests = scripted_model.requests
+    assert len(requests) == 3
+    assert [t["function"]["name"] for t in requests[0]["tools"]] == ["execute_code", "reset_repl"]
+    sent = [m for m in requests[2]["messages"] if m["role"] == "tool"]
+    assert [(m["tool_call_id"], m["content"]) for m in sent] == [
+        (r["tool_call_id"], r["content"]) for r in tool_results
+    ]
+    assert requests[2]["messages"][1]["tool_calls"][0]["function"]["name"] == "execute_code"
+
+
+def test_the_text_of_an_error(shared_session: Session) -> None:
+    tool = PythonTool(shared_session)
+    text = tool.handle("execute_code", {"code": "values = [1, 2]\nif len(values) > 1\n    print(values)"})
+    lines = text.splitlines()
+    assert lines[0] == "status: error"
+    assert lines[2].startswith("error: SyntaxError at line 2, column 19: ")
+    assert lines[3:5] == ["    if len(values) > 1", "    " + " " * 18 + "^"]
+
+    text = tool.handle("execute_code", '{"code": "def ratio(a, b):\\n    return a / b\\nratio(1, 0)"}')
+    assert text.startswith("status: error\n")
+    assert "error: ZeroDivisionError at line 2" in text
+    assert "\n        return a / b\n" in text
+    if "column" in text.splitlines()[2]:  # sandboxes on Python 3.11+
+        assert "error: ZeroDivisionError at line 2, column 12: division by zero\n" in text
+        assert "\n        return a / b\n               ^^^^^\n" in text
+    assert "traceback:\nTraceback (most recent call last):\n" in text and "in ratio" in text
+
+
+def test_the_text_of_a_timeout(shared_session: Session) -> None:
+    tool = PythonTool(shared_session)
+    code = "import time\nkept = 'yes'\nprint('started', flush=True)\nwhile True:\n    time.sleep(0.01)"
+    text = tool.handle("execute_code", {"code": code, "timeout_seconds": 1})
+    assert text.startswith("status: timeout\nelapsed: ")
+    assert "what happened: the cell ran past its 1 s timeout" in text
+    assert "stdout before the interrupt:\nstarted\n" in text
+    assert "return value: 'yes'" in tool.handle("execute_code", {"code": "kept"})
+
+
+def test_the_text_of_bad_arguments_and_a_reset(shared_session: Session) -> None:
+    tool = PythonTool(shared_session)
+    for name, arguments, words in [
+        ("execute_code", "{'code': 'x = 1'}", "not valid JSON"),
+        ("execute_code", "{}", 'needs the argument "code"'),
+        ("execute_code", {"code": "x = 1", "timeout_seconds": -1}, "must be more than 0"),
+        ("run_shell", {"cmd": "ls"}, "There is no tool 'run_shell'"),
+    ]:
+        text = tool.handle(name, arguments)
+        assert text.startswith("status: invalid call\n") and words in text, text
+    assert "return value: 3" in tool.handle("execute_code", {"code": "y = 3\ny"})
+    assert tool.handle("reset_repl", "{}").startswith("status: success\nThe Python session was reset")
+    assert "error: NameError" in tool.handle("execute_code", {"code": "y"})
