@@ -63,21 +63,29 @@ class LiveCall:
     """
 
     def __init__(
-        self, recorders: dict[str, StreamRecorder], on_output: OnOutput | None, input_timeout: float, owner: object
+        self,
+        new_recorder: Callable[[str], StreamRecorder],
+        on_output: OnOutput | None,
+        input_timeout: float,
+        owner: object,
+        wakeup: Wakeup,
     ) -> None:
-        """``owner``: the session; its callback runs as ``serving_as(owner)``, so it cannot call back into it."""
-        self.recorders = recorders
+        """``owner``: the session; its callback runs as ``serving_as(owner)``, so it cannot call back into it.
+        ``wakeup``: the session's (one per session, not per call: a call that prints nothing stays cheap)."""
+        self.recorders: dict[str, StreamRecorder] = {}  # the streams that sent output, by name
+        self._new_recorder = new_recorder
         self._owner = owner
         self._on_output = on_output
         self._input_timeout = input_timeout
-        self._decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in recorders}
+        self._decoders: dict[str, codecs.IncrementalDecoder] = {}
         self._lock = threading.Lock()
         self._waiting: dict[str, tuple[int, float]] = {}  # request id -> (host call number, expiry)
         self._answers: list[tuple[dict[str, Any], bytes]] = []
         self._interrupt = False
         self.interrupt_requested = False  # the caller stopped the cell (its timeout did not)
         self._closed = False
-        self._wakeup = Wakeup()
+        self._wakeup = wakeup
+        wakeup.drain()  # a wake-up meant for an earlier call
         self.callback_errors: list[str] = []
 
     @property
@@ -91,12 +99,17 @@ class LiveCall:
 
     def output(self, stream: str, data: bytearray) -> None:
         """An ``output`` frame: into the stream's recorder, then to the callback."""
+        if stream not in protocol.OUTPUT_STREAMS:
+            return
         recorder = self.recorders.get(stream)
         if recorder is None:
-            return
+            recorder = self.recorders[stream] = self._new_recorder(stream)
         recorder.write(data)
         if self._on_output is not None:
-            text = self._decoders[stream].decode(bytes(data))
+            decoder = self._decoders.get(stream)
+            if decoder is None:
+                decoder = self._decoders[stream] = codecs.getincrementaldecoder("utf-8")("replace")
+            text = decoder.decode(bytes(data))
             if text:
                 self._tell(OutputEvent(stream, text))
 
@@ -184,8 +197,7 @@ class LiveCall:
         """The call ended: no request waits any more, the recorders' files are closed."""
         with self._lock:
             self._waiting.clear()
-            self._closed = True
-            self._wakeup.close()  # under the lock: no thread writes to a closed (or reused) descriptor
+            self._closed = True  # under the lock: no other thread wakes the session's next call for this one
         for recorder in self.recorders.values():
             recorder.close()
 

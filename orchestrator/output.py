@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import time
 from pathlib import Path
 
 from .units import describe_bytes
@@ -21,10 +23,12 @@ _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXE
 
 
 class StreamRecorder:
-    """One stream of one call: the bytes that came, in memory up to ``limit``, then in a file."""
+    """One stream of one call: the bytes that came, in memory up to ``limit``, then in a file of ``directory``."""
 
-    def __init__(self, path: Path, limit: int) -> None:
-        self.path = path
+    def __init__(self, directory: Path, stream: str, limit: int) -> None:
+        self.directory = directory
+        self.stream = stream
+        self.path: Path | None = None  # named when the stream passes the limit (a quiet call costs nothing)
         self.limit = limit
         self.received = 0
         self._head = bytearray()
@@ -37,7 +41,8 @@ class StreamRecorder:
             self._head += data
             if len(self._head) <= self.limit:
                 return
-            self.path.parent.mkdir(mode=0o700, exist_ok=True)
+            self.directory.mkdir(mode=0o700, exist_ok=True)
+            self.path = self.directory / f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}.{self.stream}"
             self._fd = os.open(self.path, _FILE_FLAGS, 0o600)
             os.write(self._fd, self._head)
             self._tail = self._head[-(self.limit // 2) :]

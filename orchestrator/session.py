@@ -15,7 +15,6 @@ import enum
 import json
 import logging
 import queue
-import secrets
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -53,6 +52,7 @@ from .results import ExecResult
 from .sandbox import Sandbox
 from .store import SessionRecord
 from .tools import PythonTool
+from .wakeup import Wakeup
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +163,7 @@ class Session:
         self._scaffold: tuple[str, list[str]] | None = None
         self._host_executor: ThreadPoolExecutor | None = None
         self._live: LiveCall | None = None  # the running exec's output, input and interrupt (read by other threads)
+        self._call_wakeup: Wakeup | None = None  # wakes a running call's connection from other threads
         self.state = SessionState.READY
         self.restore_failures: dict[str, str] = {}
         """Values the last restore could not bring back, with the reason (they were dropped)."""
@@ -269,7 +270,9 @@ class Session:
         slack = self._settings.interrupt_grace + self._settings.reply_margin
         with self._turn():
             desk = None if host_calls is None else CallDesk(host_calls, self._executor(), owner=self)
-            live = self._live = LiveCall(self._recorders(), on_output, self._settings.input_timeout, owner=self)
+            live = self._live = LiveCall(
+                self._new_recorder, on_output, self._settings.input_timeout, owner=self, wakeup=self._wakeup()
+            )
             try:
                 return self._call(
                     header,
@@ -642,9 +645,13 @@ class Session:
         self._activity.close()
 
     def _stop_host_calls(self) -> None:
+        """No more calls on this handle: the host-call threads and the call wake-up go."""
         if self._host_executor is not None:
             self._host_executor.shutdown(wait=False)  # a handler still running is left to finish on its own
             self._host_executor = None
+        if self._call_wakeup is not None:
+            self._call_wakeup.close()
+            self._call_wakeup = None
 
     def _become_stale(self) -> None:
         self._release_sandbox()
@@ -769,25 +776,25 @@ class Session:
         failures, self._unreported_failures = self._unreported_failures, {}
         return error(message, restored=True, generation=self.generation, restore_failures=failures)  # type: ignore[call-arg]
 
-    def _recorders(self) -> dict[str, StreamRecorder]:
-        stem = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
-        directory = self._ledger.store.outputs_dir(self.id)
-        return {
-            name: StreamRecorder(directory / f"{stem}.{name}", self._settings.max_output_bytes)
-            for name in protocol.OUTPUT_STREAMS
-        }
+    def _new_recorder(self, stream: str) -> StreamRecorder:
+        """Where a stream of the running call goes when its output travels (made on its first frame)."""
+        return StreamRecorder(self._ledger.store.outputs_dir(self.id), stream, self._settings.max_output_bytes)
+
+    def _wakeup(self) -> Wakeup:
+        if self._call_wakeup is None:
+            self._call_wakeup = Wakeup()
+        return self._call_wakeup
 
     def _output(self, parsed: ExecReply, live: LiveCall) -> dict[str, Any]:
-        """The result's stdout and stderr: the reply's, or a preview of what went to a file (and its path)."""
+        """What the result gets beside the reply: previews of streams kept in files (and their paths), the
+        callback's errors. Empty for a call that printed little and had no callback (nothing to copy)."""
         live.finish_output()
-        fields: dict[str, Any] = {"callback_errors": tuple(live.callback_errors)}
-        spilled = False
+        fields: dict[str, Any] = {"callback_errors": tuple(live.callback_errors)} if live.callback_errors else {}
         for name, recorder in live.recorders.items():
             if recorder.spilled:
-                spilled = True
                 fields[name] = recorder.preview(parsed[f"{name}_bytes"])  # type: ignore[literal-required]
                 fields[f"{name}_path"] = recorder.path
-        if spilled:
+        if any(recorder.spilled for recorder in live.recorders.values()):
             keep_newest(self._ledger.store.outputs_dir(self.id), self._settings.max_output_files)
         return fields
 
@@ -809,7 +816,8 @@ class Session:
                 stdout=output.get("stdout", parsed["stdout"]),
                 stderr=output.get("stderr", parsed["stderr"]),
             )
-        return dataclasses.replace(ExecResult.from_reply(parsed, unsaved, self.generation, failures), **output)
+        result = ExecResult.from_reply(parsed, unsaved, self.generation, failures)
+        return dataclasses.replace(result, **output) if output else result
 
     def _commit_state(self, reply: dict[str, Any], body: bytearray, counters: dict[str, int]) -> dict[str, str]:
         return self._ledger.commit(parse_state_reply(reply), body, counters=counters)

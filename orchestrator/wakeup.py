@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 
 class Wakeup:
-    """``fd`` turns readable after ``notify`` (from any thread) until ``drain``; ``close`` once, when done."""
+    """``fd`` turns readable after ``notify`` (from any thread) until ``drain``.
+
+    After ``close``, ``notify`` does nothing: a late notifier never writes to a closed descriptor,
+    or to one the process has reused for something else meanwhile.
+    """
 
     def __init__(self) -> None:
         self.fd, self._write_fd = os.pipe()
         os.set_blocking(self.fd, False)
         os.set_blocking(self._write_fd, False)
+        self._lock = threading.Lock()
+        self._closed = False
 
     def notify(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # a full pipe is readable already
-            os.write(self._write_fd, b"\0")
+        with self._lock, contextlib.suppress(BlockingIOError):  # a full pipe is readable already
+            if not self._closed:
+                os.write(self._write_fd, b"\0")
 
     def drain(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -24,5 +32,8 @@ class Wakeup:
                 pass
 
     def close(self) -> None:
-        os.close(self.fd)
-        os.close(self._write_fd)
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self.fd)
+                os.close(self._write_fd)

@@ -146,7 +146,8 @@ def test_closing_the_channel_fd_is_a_crash_with_restore(stateful: Session) -> No
 def valid_reply(generation: int) -> str:
     """A reply that passes every check: nothing changed, stdout 'forged'."""
     return (
-        "{'type': 'exec_reply', 'status': 'ok', 'stdout': 'forged', 'stderr': '', 'return_value': None, "
+        "{'type': 'exec_reply', 'status': 'ok', 'stdout': 'forged', 'stderr': '', 'stdout_bytes': 6, "
+        "'stderr_bytes': 0, 'return_value': None, "
         "'error': None, 'duration': 0.0, 'checkpoint_duration': 0.0, "
         f"'checkpoint': {{'generation': {generation}, 'blobs': [], 'vars': {{}}, "
         "'deleted': [], 'unsaved': {}}}"

@@ -13,6 +13,7 @@ from orchestrator.agent import capture, protocol
 from orchestrator.errors import ConfigError, InputRequestNotFound
 from orchestrator.events import InputRequest, LiveCall, OutputEvent
 from orchestrator.output import StreamRecorder, keep_newest
+from orchestrator.wakeup import Wakeup
 
 
 def _sink(limit: int, stream: bool, send_limit: int) -> tuple[capture.CellOutput, list[bytes]]:
@@ -71,17 +72,18 @@ def test_cell_streams_send_text_before_finish_returns() -> None:
 
 
 def test_the_recorder_keeps_small_output_in_memory(tmp_path: Path) -> None:
-    recorder = StreamRecorder(tmp_path / "outputs" / "c.stdout", 10)
+    recorder = StreamRecorder(tmp_path / "outputs", "stdout", 10)
     recorder.write(b"short")
-    assert not recorder.spilled and not (tmp_path / "outputs").exists()
+    assert not recorder.spilled and recorder.path is None and not (tmp_path / "outputs").exists()
 
 
 def test_the_recorder_spills_to_a_private_file_with_a_head_and_tail_preview(tmp_path: Path) -> None:
-    path = tmp_path / "outputs" / "c.stdout"
-    recorder = StreamRecorder(path, 10)
+    recorder = StreamRecorder(tmp_path / "outputs", "stdout", 10)
     for chunk in (b"0123456789", b"abcdefghij", b"KLMNOPQRST"):
         recorder.write(chunk)
     recorder.close()
+    path = recorder.path
+    assert path is not None and path.parent == tmp_path / "outputs" and path.name.endswith(".stdout")
     assert path.read_bytes() == b"0123456789abcdefghijKLMNOPQRST"
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     preview = recorder.preview(30)
@@ -100,8 +102,13 @@ def test_keep_newest_removes_the_oldest_files(tmp_path: Path) -> None:
 
 
 def _live(tmp_path: Path, on_output: object = None, timeout: float = 300.0) -> LiveCall:
-    recorders = {name: StreamRecorder(tmp_path / name, 100) for name in protocol.OUTPUT_STREAMS}
-    return LiveCall(recorders, on_output, timeout, owner=object())  # type: ignore[arg-type]
+    return LiveCall(
+        lambda stream: StreamRecorder(tmp_path, stream, 100),
+        on_output,  # type: ignore[arg-type]
+        timeout,
+        owner=object(),
+        wakeup=Wakeup(),
+    )
 
 
 def test_output_is_decoded_across_chunk_boundaries(tmp_path: Path) -> None:
