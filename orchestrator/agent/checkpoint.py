@@ -19,6 +19,11 @@ make) is pickled by the standard library's C pickler, about ten times faster tha
 matters because a mutable value is pickled again at every checkpoint to learn whether it
 changed. Anything else (functions, classes, instances, modules) goes through dill.
 
+The session module is whatever ``sys.modules["__main__"]`` is while a value is pickled or
+unpickled: the worker installs the active context's module there, and the pickler and unpickler
+take it as dill's ``_main``, so a function of a context refers to that context's globals (and an
+instance of a context's class finds that context's class) both ways.
+
 Blobs are kept as the parts the pickler wrote (a big str or bytes payload is referenced,
 not copied), and restored straight from the receive buffer, so neither direction holds
 a value's bytes more than once.
@@ -154,6 +159,7 @@ class _SessionPickler(dill.Pickler):  # type: ignore[misc]
     def __init__(self, file: Any, byref: bool, by_value: Any) -> None:
         super().__init__(file, dill.settings["protocol"], byref=byref, recurse=False)
         self._by_value = by_value
+        self._main = sys.modules["__main__"]  # the active context's module (see the top)
 
     def save(self, obj: Any, save_persistent_id: bool = True) -> None:
         if isinstance(obj, type) and obj is not self._by_value and _bound_in_session(obj):
@@ -268,7 +274,9 @@ class _BufferReader:
 
 def loads(data: Union[bytes, bytearray, memoryview]) -> Any:
     """Unpickle one blob straight from its buffer (no copy of the buffer), as ``dill.loads`` would."""
-    return dill.Unpickler(_BufferReader(data)).load()
+    unpickler = dill.Unpickler(_BufferReader(data))
+    unpickler._main = sys.modules["__main__"]  # the active context's module
+    return unpickler.load()
 
 
 class _Saved:

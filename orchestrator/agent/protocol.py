@@ -24,7 +24,7 @@ import struct
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MAGIC = b"ORC1"
 PREFIX = struct.Struct("!4sII")  # magic, header length, body length
 MAX_HEADER_BYTES = 16 << 20
@@ -48,6 +48,11 @@ LOAD = "load"
 RESTORE_END = "restore_end"
 PING = "ping"
 INSTALL = "install"  # the session's scaffold: code run in its own module of every worker (docs/protocol.md)
+# Contexts (docs/protocol.md): more namespaces in the one worker. exec / set_value / reset / load
+# name theirs in an optional ``context`` field (absent: the default context).
+CONTEXT_CREATE = "context_create"
+CONTEXT_DESTROY = "context_destroy"
+CONTEXT_SEPARATOR = "/"  # a context's variable ``x`` is ``<context>/x`` in checkpoints (names have no "/")
 # Replies and notices the agent sends.
 EXEC_REPLY = "exec_reply"
 STATE_REPLY = "state_reply"
