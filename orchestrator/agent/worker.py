@@ -68,7 +68,7 @@ def _fresh_namespace(namespace: Dict[str, Any]) -> None:
 class _Context(object):
     """One namespace of the session, with the working directory and environment its requests run in."""
 
-    __slots__ = ("context_id", "module", "tracker", "cwd", "environ")
+    __slots__ = ("context_id", "cwd", "environ", "module", "tracker")
 
     def __init__(
         self, context_id: Optional[str], module: types.ModuleType, tracker: checkpoint.Tracker, cwd: str, environ: Any

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 
-from test_agent import Agent, agent, blobs_of, load, make_agent  # noqa: F401  (fixtures)
+import test_agent
+from test_agent import Agent, blobs_of, load
 
 from orchestrator.agent import protocol
+
+make_agent = test_agent.make_agent  # the fixtures
+agent = test_agent.agent
 
 
 def create(agent: Agent, context: str, cwd: str, **env: str) -> dict:

@@ -9,7 +9,8 @@ from orchestrator import errors
 
 EXPECTED = {
     "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError",
-    "ConfigError", "EngineError", "EngineUnavailable", "ExecError", "ExecResult", "ExecutionTimeout",
+    "ConfigError", "Context", "ContextNotFound", "EngineError", "EngineUnavailable", "ExecError", "ExecResult",
+    "ExecutionTimeout",
     "ImageMissing", "Orchestrator", "OrchestratorError", "ProtocolError", "PruneAction", "PruneReport",
     "SandboxCrashed", "SandboxError", "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere",
     "SessionBusy", "SessionClosed", "SessionError", "SessionInfo", "SessionNotFound", "SessionStatus",
