@@ -122,6 +122,16 @@ class CheckpointLedger:
             raise ProtocolError("checkpoint names a blob that was neither sent nor stored")
         variables = {k: v for k, v in self.record.variables.items() if k not in deleted}
         variables.update(changed)
+        known = self.record.contexts if contexts is None else contexts
+        if any(
+            protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known for k in changed
+        ):
+            raise ProtocolError("checkpoint names a variable of a context the session does not have")
+        if contexts is not None and any(
+            protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known
+            for k in variables
+        ):
+            raise ProtocolError("the agent kept variables of a context it was told to destroy")
         sizes = {**self.record.blob_sizes, **{d: len(b) for d, b in blobs.items()}}
         blob_sizes = {d: sizes[d] for d in set(variables.values())}
         if sum(blob_sizes.values()) > self.quota:

@@ -64,9 +64,7 @@ def test_cwd_and_env_are_created_again_after_a_kill(
     assert project.execute(ENVIRONMENT).return_value == "('/tmp/p', 'p2', 's')"
 
 
-def test_destroying_one_context_leaves_the_others(
-    session: Session, kill_container: Callable[[Session], None]
-) -> None:
+def test_destroying_one_context_leaves_the_others(session: Session, kill_container: Callable[[Session], None]) -> None:
     keep = session.create_context(context_id="keep")
     doomed = session.create_context(context_id="doomed")
     keep.execute("value = 1")
@@ -102,7 +100,7 @@ def test_contexts_are_found_again_after_attach(orch: Orchestrator, session: Sess
 
 
 def test_unknown_and_destroyed_contexts_are_typed_errors(session: Session) -> None:
-    with pytest.raises(ContextNotFound, match="no context 'nope'.*create_context"):
+    with pytest.raises(ContextNotFound, match=r"no context 'nope'.*create_context"):
         session.context("nope")
     with pytest.raises(ContextNotFound, match="no context 'nope'"):
         session.execute("1", context="nope")
@@ -138,6 +136,6 @@ def test_a_context_id_in_use_and_the_default_context_cannot_be_destroyed(session
         session.create_context(context_id="twice")
     default = session.contexts[0]
     assert isinstance(default, Context)
-    with pytest.raises(ConfigError, match="Session.close"):
+    with pytest.raises(ConfigError, match=r"Session\.close"):
         default.destroy()
     assert default.execute("40 + 2").return_value == "42"
