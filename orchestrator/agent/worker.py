@@ -470,7 +470,7 @@ class Worker:
         if kind == protocol.CONTEXT_CREATE:
             module = types.ModuleType("__main__")
             _fresh_namespace(module.__dict__)
-            tracker = checkpoint.Tracker(self.quota)
+            tracker = checkpoint.Tracker(self.quota, self.default.tracker.held)  # one quota for the session
             tracker.excluded = self.excluded
             environ = dict(self.base_environ)
             environ.update(env)

@@ -117,3 +117,18 @@ def test_a_bad_context_request_is_an_error(agent, tmp_path):
     assert reply["status"] == "error" and "cannot create" in reply["reason"]
     reply, _ = agent.request(protocol.CONTEXT_DESTROY, checkpoint_timeout=10)
     assert reply["status"] == "error"
+
+
+def test_the_checkpoint_quota_is_the_sessions_across_contexts(make_agent, tmp_path):
+    agent = make_agent(ORCH_CHECKPOINT_QUOTA="100000")
+    create(agent, "a", str(tmp_path / "a"))
+    create(agent, "b", str(tmp_path / "b"))
+    assert run_in(agent, "a", "half = 'a' * 60000")[0]["checkpoint"]["vars"].keys() == {"a/half"}
+    reply, _ = run_in(agent, "b", "half = 'b' * 60000\nsame = 'a' * 60000")
+    # b's own value does not fit beside a's; the copy of a's value costs nothing and is not sent again.
+    assert reply["checkpoint"]["unsaved"] == {"b/half": "checkpoint quota of 100000 bytes reached"}
+    assert reply["checkpoint"]["vars"].keys() == {"b/same"} and reply["checkpoint"]["blobs"] == []
+    # Destroying a frees its share of the quota (the blob b holds stays).
+    agent.request(protocol.CONTEXT_DESTROY, context="a", checkpoint_timeout=10)
+    reply, _ = run_in(agent, "b", "more = 'c' * 30000")
+    assert reply["checkpoint"]["vars"].keys() == {"b/more"} and "b/half" in reply["checkpoint"]["unsaved"]
