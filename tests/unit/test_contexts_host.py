@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
+import test_store
 
 from orchestrator.config import Settings
 from orchestrator.contexts import (
@@ -19,8 +19,7 @@ from orchestrator.contexts import (
     workspace,
 )
 from orchestrator.errors import CheckpointError, ConfigError, ProtocolError
-from orchestrator.ledger import CheckpointLedger, new_owner_token
-from orchestrator.store import SessionRecord, SessionStore
+from orchestrator.store import SessionRecord
 
 D1 = "1" * 32
 SPEC = {"cwd": "/tmp/contexts/a", "env": {"K": "v"}, "context_count": 0, "history_count": 0}
@@ -90,18 +89,8 @@ def test_checkpoint_keys_of_contexts():
     assert local_names({"a/x": "why", "y": "because"}) == {"x": "why", "y": "because"}
 
 
-@pytest.fixture
-def store(tmp_path):
-    return SessionStore(tmp_path, lock_timeout=0.5)
-
-
-@pytest.fixture
-def ledger(store):
-    record = SessionRecord(
-        session_id="s-test", image="img", created_at=time.time(), last_used_at=0.0, owner=new_owner_token(), epoch=1
-    )
-    store.create(record)
-    return CheckpointLedger(store, record, 1000)
+store = test_store.store  # the fixtures: a store, and the ledger of its session s-test
+ledger = test_store.ledger
 
 
 def test_contexts_are_stored_with_the_manifest_and_read_back(store, ledger):
