@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator import ConfigError, Context, ContextNotFound, Orchestrator, Session
+from orchestrator import ConfigError, Context, ContextNotFound, Orchestrator, SandboxCrashed, Session
 
 pytestmark = pytest.mark.docker
 
@@ -139,3 +139,16 @@ def test_a_context_id_in_use_and_the_default_context_cannot_be_destroyed(session
     with pytest.raises(ConfigError, match=r"Session\.close"):
         default.destroy()
     assert default.execute("40 + 2").return_value == "42"
+
+
+def test_a_worker_crash_in_one_context_restores_every_context(session: Session) -> None:
+    ctx = session.create_context(cwd="crash", env={"PROJECT": "c"})
+    ctx.execute("kept = 'ctx'")
+    session.execute("kept = 'default'")
+    with pytest.raises(SandboxCrashed) as info:
+        ctx.execute("import os\nos._exit(3)")
+    assert info.value.restored
+    assert ctx.execute("kept, __import__('os').getcwd(), __import__('os').environ['PROJECT']").return_value == (
+        "('ctx', '/tmp/crash', 'c')"
+    )
+    assert session.execute("kept").return_value == "'default'"
