@@ -328,6 +328,23 @@ def bench_trivial(runner: Runner, reps: Reps) -> list[Result]:
     ]
 
 
+def bench_context_trivial(runner: Runner, reps: Reps) -> list[Result]:
+    """``execute("1")`` in a second context of the session (README "Contexts"); runners without contexts skip it."""
+    with session(runner) as handle:
+        if not hasattr(handle, "create_context"):
+            return []
+        samples = repeated(runner, handle.create_context(), "1", reps.trivial_warmup, reps.trivial)
+    return [
+        Result(
+            "trivial_context_median",
+            f'trivial cell execute("1") in a second context, median of {len(samples)}',
+            median(samples),
+            target=0.002,
+            samples=samples,
+        )
+    ]
+
+
 def bench_unchanged_state(runner: Runner, reps: Reps) -> list[Result]:
     """A cell ``y = 1`` in a session without, then beside, an untouched 100 MB string; memory with it."""
 
@@ -491,6 +508,7 @@ def bench_rlm_conversation(runner: Runner, reps: Reps) -> list[Result]:
 METRICS: list[Callable[[Runner, Reps], list[Result]]] = [
     bench_new_session,
     bench_trivial,
+    bench_context_trivial,
     bench_unchanged_state,
     bench_add_context,
     bench_restore_after_kill,

@@ -5,6 +5,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .config import Settings
+from .contexts import Context
 from .errors import (
     AgentStartTimeout,
     AgentTimeoutError,
@@ -12,6 +13,7 @@ from .errors import (
     ChannelLost,
     CheckpointError,
     ConfigError,
+    ContextNotFound,
     EngineError,
     EngineUnavailable,
     ExecutionTimeout,
@@ -44,6 +46,8 @@ __all__ = [
     "ChannelLost",
     "CheckpointError",
     "ConfigError",
+    "Context",
+    "ContextNotFound",
     "EngineError",
     "EngineUnavailable",
     "ExecError",

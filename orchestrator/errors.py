@@ -12,6 +12,7 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     │   └── ImageMissing (LookupError)           the sandbox image is not built; how to build it
     ├── SessionError
     │   ├── SessionNotFound (LookupError)    no session with that id
+    │   ├── ContextNotFound (LookupError)    no context with that id in the session (or it was destroyed)
     │   ├── SessionClosed                    the session was closed
     │   ├── SessionAttachedElsewhere         another controller owns the session now (epoch moved on)
     │   ├── SessionBusy (TimeoutError)       another process held the session's store lock too long
@@ -61,6 +62,10 @@ class SessionError(OrchestratorError):
 
 class SessionNotFound(SessionError, LookupError):
     """No session with that id exists in the store."""
+
+
+class ContextNotFound(SessionError, LookupError):
+    """The session has no context with that id: it never existed or was destroyed; the message says what to do."""
 
 
 class SessionClosed(SessionError):

@@ -15,6 +15,7 @@ import dataclasses
 import secrets
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from .agent import protocol
 from .errors import ProtocolError, SessionAttachedElsewhere
@@ -95,9 +96,16 @@ class CheckpointLedger:
             self._save(current)
 
     def commit(
-        self, delta: CheckpointDelta, body: bytearray, *, counters: dict[str, int] | None = None
+        self,
+        delta: CheckpointDelta,
+        body: bytearray,
+        *,
+        counters: dict[str, int] | None = None,
+        contexts: dict[str, dict[str, Any]] | None = None,
     ) -> dict[str, str]:
         """Validate a reply's checkpoint delta and store it; return the names that could not be saved.
+
+        ``contexts`` (when given) replaces the record's contexts in the same manifest write.
 
         Raises:
             ProtocolError: the delta is inconsistent (names an unknown blob, wrong sizes or
@@ -108,7 +116,7 @@ class CheckpointLedger:
         expected = self.record.generation + (1 if changed or deleted else 0)
         if delta["generation"] != expected:
             raise ProtocolError(f"checkpoint generation {delta['generation']} out of step (expected {expected})")
-        if not (changed or deleted or delta["blobs"] or counters):
+        if not (changed or deleted or delta["blobs"] or counters or contexts is not None):
             return delta["unsaved"]  # nothing to store; the activity file (not the record) says it was used
         try:
             parts = protocol.split_body(body, [entry["size"] for entry in delta["blobs"]])
@@ -119,6 +127,16 @@ class CheckpointLedger:
             raise ProtocolError("checkpoint names a blob that was neither sent nor stored")
         variables = {k: v for k, v in self.record.variables.items() if k not in deleted}
         variables.update(changed)
+        known = self.record.contexts if contexts is None else contexts
+        if any(
+            protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known for k in changed
+        ):
+            raise ProtocolError("checkpoint names a variable of a context the session does not have")
+        if contexts is not None and any(
+            protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known
+            for k in variables
+        ):
+            raise ProtocolError("the agent kept variables of a context it was told to destroy")
         sizes = {**self.record.blob_sizes, **{d: len(b) for d, b in blobs.items()}}
         blob_sizes = {d: sizes[d] for d in set(variables.values())}
         if sum(blob_sizes.values()) > self.quota:
@@ -127,6 +145,8 @@ class CheckpointLedger:
             )
         with self.owned() as current:
             self._store.write_blobs(self.session_id, {d: blobs[d] for d in blobs if d in blob_sizes})
+            if contexts is not None:
+                current.contexts = contexts
             self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **(counters or {}))
         return delta["unsaved"]
 

@@ -21,10 +21,10 @@ from .backend import SANDBOX_ID, Backend, ContainerState, SandboxSpec
 from .config import Settings
 from .connection import AgentConnection, Body, Header
 from .endpoint import UnixSocketEndpoint
-from .errors import AgentStartTimeout, AgentTimeoutError, OrchestratorError
+from .errors import AgentStartTimeout, AgentTimeoutError, OrchestratorError, ProtocolError
 from .events import LiveCall
 from .hostcalls import CallDesk
-from .messages import parse_load_reply, parse_restore_reply
+from .messages import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
 from .store import new_sandbox_id
 
 logger = logging.getLogger(__name__)
@@ -190,25 +190,37 @@ class Sandbox:
         )
 
     def restore(
-        self, manifest: Mapping[str, str], generation: int, read_blob: Callable[[str], bytes]
+        self,
+        manifest: Mapping[str, str],
+        generation: int,
+        read_blob: Callable[[str], bytes],
+        contexts: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> dict[str, str]:
         """Load a checkpoint into the agent value by value; return the names that could not be loaded, with why.
 
         A value that raises is tried again after the others (an instance may need its class
         first). A value that hangs or kills the worker leaves an empty worker behind, so the
         restore starts over without it. Every value is under ``restore_value_timeout``.
+        ``contexts`` (id -> ``{cwd, env}``) are created first; ``<id>/<name>`` keys load into theirs.
         """
         failed: dict[str, str] = {}
-        while not self._restore_pass(manifest, generation, read_blob, failed):
+        while not self._restore_pass(manifest, generation, read_blob, failed, contexts or {}):
             pass
         self._control({"type": protocol.RESTORE_END, "generation": generation})
         return failed
 
     def _restore_pass(
-        self, manifest: Mapping[str, str], generation: int, read_blob: Callable[[str], bytes], failed: dict[str, str]
+        self,
+        manifest: Mapping[str, str],
+        generation: int,
+        read_blob: Callable[[str], bytes],
+        failed: dict[str, str],
+        contexts: Mapping[str, Mapping[str, Any]],
     ) -> bool:
         """One attempt from an empty namespace; False when a value took the worker down (start over)."""
         self._control({"type": protocol.RESTORE_BEGIN, "generation": generation})
+        for context_id, spec in sorted(contexts.items()):
+            self._create_context(context_id, spec)
         pending = [name for name in sorted(manifest) if name not in failed]
         errors: dict[str, str] = {}
         limit = self._settings.restore_value_timeout
@@ -217,6 +229,9 @@ class Sandbox:
             retry = []
             for name in pending:
                 header = {"type": protocol.LOAD, "name": name, "digest": manifest[name], "timeout": limit}
+                context_id, separator, local = name.partition(protocol.CONTEXT_SEPARATOR)
+                if separator:
+                    header.update(name=local, context=context_id)
                 reply = parse_load_reply(self.request(header, read_blob(manifest[name]), seconds=seconds)[0])
                 if reply["status"] == protocol.STATUS_OK:
                     errors.pop(name, None)
@@ -232,6 +247,17 @@ class Sandbox:
                 break
             pending = retry
         return True
+
+    def _create_context(self, context_id: str, spec: Mapping[str, Any]) -> None:
+        """Make an empty context in the (restoring) worker, as ``Session.create_context`` did."""
+        header = {"type": protocol.CONTEXT_CREATE, "context": context_id, "cwd": spec["cwd"], "env": spec["env"]}
+        reply, _ = self.request(header, seconds=_CONTROL_SECONDS + self._settings.interrupt_grace)
+        failure = worker_failure(reply)
+        if failure is not None:
+            raise ProtocolError(f"creating context {context_id} while restoring failed: {failure['reason']}")
+        if reply.get("status") != protocol.STATUS_OK:
+            raise ProtocolError(f"creating context {context_id} while restoring failed: {reply.get('reason')!r:.200}")
+        parse_state_reply(reply)
 
     def _control(self, header: dict[str, Any]) -> None:
         parse_restore_reply(self.request(header, seconds=_CONTROL_SECONDS + self._settings.interrupt_grace)[0])

@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -29,10 +29,22 @@ from .agent import protocol
 from .backend import SESSION_ID, STORE_ID, Backend, ContainerState
 from .config import Settings
 from .connection import Header, TakenOver
+from .contexts import (
+    DEFAULT_CONTEXT,
+    Context,
+    local_names,
+    names_of,
+    new_context_id,
+    resolve_cwd,
+    validate_context_id,
+    validate_env,
+    workspace,
+)
 from .errors import (
     AgentTimeoutError,
     ChannelLost,
     ConfigError,
+    ContextNotFound,
     ExecutionTimeout,
     InputRequestNotFound,
     OrchestratorError,
@@ -194,8 +206,8 @@ class Session:
 
     @property
     def variables(self) -> list[str]:
-        """Names held by the last checkpoint."""
-        return sorted(self._ledger.record.variables)
+        """Names of the default context held by the last checkpoint (a context's: ``Context.variables``)."""
+        return names_of(self._ledger.record.variables, None)
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -217,6 +229,7 @@ class Session:
         *,
         host_calls: HostCalls | None = None,
         on_output: OnOutput | None = None,
+        context: str | None = None,
     ) -> ExecResult:
         """Run ``code`` in the session's namespace and checkpoint the result.
 
@@ -231,6 +244,8 @@ class Session:
                 (within ~50 ms) and each ``InputRequest`` of its ``input()``, which a str it
                 returns answers (else ``submit_input`` does). Without it, ``input()`` raises
                 ``EOFError`` at once. See ``orchestrator.events``.
+            context: the id of the context to run in (``create_context``); default: the
+                session's own namespace (``"default"``).
 
         Returns:
             ExecResult; an exception raised by the code is in ``.error``, not raised. Output past
@@ -245,6 +260,7 @@ class Session:
             ProtocolError: the agent misbehaved; the session was restored.
             SessionAttachedElsewhere: another controller owns the session (this call was not kept).
             SessionClosed: the session was closed.
+            ContextNotFound: ``context`` names no context of this session.
         """
         if not isinstance(code, str):
             raise ConfigError(f"code must be a str, not {type(code).__name__}")
@@ -269,6 +285,7 @@ class Session:
             header.update(stream=True, input=True)
         slack = self._settings.interrupt_grace + self._settings.reply_margin
         with self._turn():
+            self._name_context(header, context)
             desk = None if host_calls is None else CallDesk(host_calls, self._executor(), owner=self)
             live = self._live = LiveCall(
                 self._new_recorder, on_output, self._settings.input_timeout, owner=self, wakeup=self._wakeup()
@@ -290,7 +307,12 @@ class Session:
                     desk.close()
 
     def stream(
-        self, code: str, timeout: float | None = None, *, host_calls: HostCalls | None = None
+        self,
+        code: str,
+        timeout: float | None = None,
+        *,
+        host_calls: HostCalls | None = None,
+        context: str | None = None,
     ) -> Iterator[Event | ExecResult]:
         """``execute`` as an iterator: each ``OutputEvent`` and ``InputRequest`` as it happens, then the ``ExecResult``.
 
@@ -301,7 +323,8 @@ class Session:
 
         def run() -> None:
             try:
-                events.put(("result", self.execute(code, timeout, host_calls=host_calls, on_output=on_event)))
+                result = self.execute(code, timeout, host_calls=host_calls, on_output=on_event, context=context)
+                events.put(("result", result))
             except BaseException as exc:
                 events.put(("error", exc))
 
@@ -386,12 +409,16 @@ class Session:
 
         Like ``add_context``, the value is made on the host, so it travels once, as raw bytes.
         """
+        self._set_value(name, payload, aliases, None)
+
+    def _set_value(self, name: str, payload: Any, aliases: Collection[str], context: str | None) -> None:
         names = [name, *aliases]
         if not all(isinstance(n, str) and n.isidentifier() for n in names):
             raise ConfigError(f"variable names must be identifiers, got {names!r}")
         encoded = _encode_payload(payload)
         with self._turn():
-            self._store(name, list(aliases), encoded, {})
+            self._context_spec(context)
+            self._store(name, list(aliases), encoded, {}, context)
 
     def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
         """Load a context into the namespace as ``context_<index>`` (``context`` aliases ``context_0``).
@@ -413,13 +440,19 @@ class Session:
         return self._ledger.record.history_count
 
     def reset(self) -> None:
-        """Clear every variable (the container keeps running); the empty state is checkpointed."""
+        """Clear every variable of the default context (the container keeps running, other contexts keep
+        theirs); the empty state is checkpointed."""
+        self._reset(None)
+
+    def _reset(self, context: str | None) -> None:
+        header = {"type": protocol.RESET, "checkpoint_timeout": self._settings.checkpoint_timeout}
         with self._turn():
+            self._name_context(header, context)
             self._call(
-                {"type": protocol.RESET, "checkpoint_timeout": self._settings.checkpoint_timeout},
+                header,
                 b"",
                 self._control_seconds(),
-                lambda r, b: self._commit_state(r, b, {"context_count": 0, "history_count": 0}),
+                lambda r, b: self._commit_state(r, b, {"context_count": 0, "history_count": 0}, context),
             )
 
     def detach(self) -> None:
@@ -611,7 +644,7 @@ class Session:
     def _restore(self) -> None:
         assert self._sandbox is not None
         record = self._ledger.record
-        failures = self._sandbox.restore(record.variables, record.generation, self._ledger.read_blob)
+        failures = self._sandbox.restore(record.variables, record.generation, self._ledger.read_blob, record.contexts)
         self._ledger.drop(failures)
         self.restore_failures = failures
         self._unreported_failures.update(failures)
@@ -800,7 +833,7 @@ class Session:
 
     def _exec_result(self, reply: dict[str, Any], body: bytearray, limit: float, live: LiveCall) -> ExecResult:
         parsed = parse_exec_reply(reply)
-        unsaved = self._ledger.commit(parsed["checkpoint"], body)
+        unsaved = local_names(self._ledger.commit(parsed["checkpoint"], body))
         failures, self._unreported_failures = self._unreported_failures, {}
         output = self._output(parsed, live)
         if parsed["status"] == protocol.STATUS_TIMEOUT:
@@ -819,26 +852,40 @@ class Session:
         result = ExecResult.from_reply(parsed, unsaved, self.generation, failures)
         return dataclasses.replace(result, **output) if output else result
 
-    def _commit_state(self, reply: dict[str, Any], body: bytearray, counters: dict[str, int]) -> dict[str, str]:
-        return self._ledger.commit(parse_state_reply(reply), body, counters=counters)
+    def _commit_state(
+        self, reply: dict[str, Any], body: bytearray, counters: dict[str, int], context: str | None = None
+    ) -> dict[str, str]:
+        if context is None:
+            return self._ledger.commit(parse_state_reply(reply), body, counters=counters)
+        contexts = dict(self._ledger.record.contexts)
+        contexts[context] = {**contexts[context], **counters}
+        return self._ledger.commit(parse_state_reply(reply), body, contexts=contexts)
 
     def _control_seconds(self) -> float:
         return self._settings.start_timeout + self._settings.checkpoint_timeout + self._settings.reply_margin
 
-    def _add_versioned(self, prefix: str, payload: Any, index: int | None) -> int:
+    def _add_versioned(self, prefix: str, payload: Any, index: int | None, context: str | None = None) -> int:
         encoded = _encode_payload(payload)
         counter = f"{prefix}_count"
         with self._turn():
-            count = getattr(self._ledger.record, counter)
+            spec = self._context_spec(context)
+            count = getattr(self._ledger.record, counter) if spec is None else spec[counter]
             if index is None:
                 index = count
             if not isinstance(index, int) or isinstance(index, bool) or index < 0:
                 raise ConfigError(f"index must be a non-negative int, got {index!r}")
             aliases = [prefix] if index == 0 else []
-            self._store(f"{prefix}_{index}", aliases, encoded, {counter: max(count, index + 1)})
+            self._store(f"{prefix}_{index}", aliases, encoded, {counter: max(count, index + 1)}, context)
             return index
 
-    def _store(self, name: str, aliases: list[str], encoded: tuple[str, bytes], counters: dict[str, int]) -> None:
+    def _store(
+        self,
+        name: str,
+        aliases: list[str],
+        encoded: tuple[str, bytes],
+        counters: dict[str, int],
+        context: str | None = None,
+    ) -> None:
         """One ``set_value`` request: a host-made value (``_encode_payload``) under ``name`` and ``aliases``."""
         kind, raw = encoded
         header = {
@@ -848,4 +895,102 @@ class Session:
             "aliases": aliases,
             "checkpoint_timeout": self._settings.checkpoint_timeout,
         }
-        self._call(header, raw, self._control_seconds(), lambda r, b: self._commit_state(r, b, counters))
+        self._name_context(header, context)
+        self._call(header, raw, self._control_seconds(), lambda r, b: self._commit_state(r, b, counters, context))
+
+    # ----------------------------------------------------------------- contexts
+
+    @property
+    def contexts(self) -> list[Context]:
+        """Every context of the session: the default one (its own namespace, id ``"default"``) first, then by id."""
+        return [Context(self, DEFAULT_CONTEXT), *(Context(self, c) for c in sorted(self._ledger.record.contexts))]
+
+    def context(self, context_id: str) -> Context:
+        """The handle of an existing context (``"default"``: the session's own), e.g. after ``attach``.
+
+        Raises:
+            ContextNotFound: the session has no such context (never created, or destroyed).
+        """
+        self._context_spec(context_id)
+        return Context(self, context_id)
+
+    def create_context(
+        self, cwd: str | None = None, env: Mapping[str, str] | None = None, *, context_id: str | None = None
+    ) -> Context:
+        """Make a new, empty namespace in this session's sandbox, isolated from the others, checkpointed with them.
+
+        Args:
+            cwd: its working directory in the sandbox, inside the writable workspace (``/tmp``):
+                relative paths are taken from there; default ``/tmp/contexts/<id>``. Created if missing.
+            env: environment variables its cells see, on top of the sandbox's own.
+            context_id: its id (letters, digits, ``_``, ``-``); default: a new ``ctx-<hex>``.
+
+        Returns:
+            The Context, with ``execute`` / ``add_context`` / ``set_value`` / ``reset`` / ``destroy``.
+
+        Raises:
+            ConfigError: a bad id, a ``cwd`` outside the workspace, a bad ``env``, an id in use, or the
+                directory could not be made in the sandbox.
+        """
+        new_id = new_context_id() if context_id is None else validate_context_id(context_id)
+        path = resolve_cwd(workspace(self._settings), new_id, cwd)
+        variables = validate_env(env)
+        spec = {"cwd": path, "env": variables, "context_count": 0, "history_count": 0}
+        header = {
+            "type": protocol.CONTEXT_CREATE,
+            "context": new_id,
+            "cwd": path,
+            "env": variables,
+            "checkpoint_timeout": self._settings.checkpoint_timeout,
+        }
+        with self._turn():
+            if new_id in self._ledger.record.contexts:
+                raise ConfigError(
+                    f"session {self.id} already has a context {new_id!r}; use session.context({new_id!r}) to reach it"
+                )
+            self._call(header, b"", self._control_seconds(), lambda r, b: self._commit_context(r, b, new_id, spec))
+        logger.info("session %s: created context %s in %s", self.id, new_id, path)
+        return Context(self, new_id)
+
+    def _destroy_context(self, context_id: str) -> None:
+        header = {
+            "type": protocol.CONTEXT_DESTROY,
+            "context": context_id,
+            "checkpoint_timeout": self._settings.checkpoint_timeout,
+        }
+        with self._turn():
+            self._context_spec(context_id)
+            self._call(header, b"", self._control_seconds(), lambda r, b: self._commit_context(r, b, context_id, None))
+        logger.info("session %s: destroyed context %s", self.id, context_id)
+
+    def _commit_context(self, reply: dict[str, Any], body: bytearray, context_id: str, spec: Any) -> None:
+        """Store a created (``spec``) or destroyed (None) context with the delta its request caused."""
+        if reply.get("status") == protocol.STATUS_ERROR:
+            reason = str(reply.get("reason", ""))[:2000]
+            raise ConfigError(f"the sandbox of session {self.id} could not create context {context_id}: {reason}")
+        contexts = {k: v for k, v in self._ledger.record.contexts.items() if k != context_id}
+        if spec is not None:
+            contexts[context_id] = spec
+        self._ledger.commit(parse_state_reply(reply), body, contexts=contexts)
+
+    def _context_spec(self, context: str | None) -> dict[str, Any] | None:
+        """The record of a context (None for the default one).
+
+        Raises:
+            ContextNotFound: the session has no such context.
+        """
+        if context is None or context == DEFAULT_CONTEXT:
+            return None
+        spec = self._ledger.record.contexts.get(context)
+        if spec is None:
+            known = ", ".join([DEFAULT_CONTEXT, *sorted(self._ledger.record.contexts)])
+            raise ContextNotFound(
+                f"session {self.id} has no context {context!r}: it was destroyed or never created (its contexts: "
+                f"{known}); make one with session.create_context()"
+            )
+        return spec
+
+    def _name_context(self, header: dict[str, Any], context: str | None) -> None:
+        """Put the context a request runs in into its header (nothing for the default context)."""
+        if self._context_spec(context) is not None:
+            header["context"] = context

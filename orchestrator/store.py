@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from .activity import ACTIVITY_FILE, lock_within
+from .agent.protocol import CONTEXT_SEPARATOR
 from .errors import CheckpointError, ConfigError, SessionNotFound
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
+CONTEXT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")
 DIGEST = re.compile(r"^[0-9a-f]{32}$")
 _STORE_ID = re.compile(r"^[0-9a-f]{12}$")
@@ -82,6 +84,9 @@ class SessionRecord:
     labels: dict[str, str] = field(default_factory=dict)
     hibernated_at: float | None = None
     """Set when the session gave up its container on purpose; cleared when a sandbox serves it again."""
+    contexts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Contexts besides the default one: id -> {cwd, env, context_count, history_count} (``contexts.py``);
+    their variables are in ``variables`` as ``<id>/<name>``."""
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -115,6 +120,13 @@ class SessionRecord:
             "blob_sizes": isinstance(record.blob_sizes, dict)
             and all(isinstance(k, str) and DIGEST.match(k) and _count(v) for k, v in record.blob_sizes.items())
             and set(record.variables.values()) <= set(record.blob_sizes),
+            "contexts": isinstance(record.contexts, dict)
+            and all(isinstance(k, str) and CONTEXT_ID.match(k) and _context_spec(v) for k, v in record.contexts.items())
+            and all(
+                key.partition(CONTEXT_SEPARATOR)[0] in record.contexts
+                for key in record.variables
+                if CONTEXT_SEPARATOR in key
+            ),
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -128,6 +140,18 @@ def _count(value: Any) -> bool:
 
 def _str_map(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _context_spec(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and set(value) == {"cwd", "env", "context_count", "history_count"}
+        and isinstance(value["cwd"], str)
+        and value["cwd"].startswith("/")
+        and _str_map(value["env"])
+        and _count(value["context_count"])
+        and _count(value["history_count"])
+    )
 
 
 def _fsync_dir(path: Path) -> None:

@@ -19,6 +19,11 @@ make) is pickled by the standard library's C pickler, about ten times faster tha
 matters because a mutable value is pickled again at every checkpoint to learn whether it
 changed. Anything else (functions, classes, instances, modules) goes through dill.
 
+The session module is whatever ``sys.modules["__main__"]`` is while a value is pickled or
+unpickled: the worker installs the active context's module there, and the pickler and unpickler
+take it as dill's ``_main``, so a function of a context refers to that context's globals (and an
+instance of a context's class finds that context's class) both ways.
+
 Blobs are kept as the parts the pickler wrote (a big str or bytes payload is referenced,
 not copied), and restored straight from the receive buffer, so neither direction holds
 a value's bytes more than once.
@@ -154,6 +159,7 @@ class _SessionPickler(dill.Pickler):  # type: ignore[misc]
     def __init__(self, file: Any, byref: bool, by_value: Any) -> None:
         super().__init__(file, dill.settings["protocol"], byref=byref, recurse=False)
         self._by_value = by_value
+        self._main = sys.modules["__main__"]  # the active context's module (see the top)
 
     def save(self, obj: Any, save_persistent_id: bool = True) -> None:
         if isinstance(obj, type) and obj is not self._by_value and _bound_in_session(obj):
@@ -268,7 +274,9 @@ class _BufferReader:
 
 def loads(data: Union[bytes, bytearray, memoryview]) -> Any:
     """Unpickle one blob straight from its buffer (no copy of the buffer), as ``dill.loads`` would."""
-    return dill.Unpickler(_BufferReader(data)).load()
+    unpickler = dill.Unpickler(_BufferReader(data))
+    unpickler._main = sys.modules["__main__"]  # the active context's module
+    return unpickler.load()
 
 
 class _Saved:
@@ -284,28 +292,45 @@ class _Saved:
 DumpsFunction = Callable[[str, Any], Blob]
 
 
+class HeldBlobs:
+    """The distinct blobs a session's checkpoint holds: shared by the trackers of its contexts (one quota)."""
+
+    __slots__ = ("bytes", "refs", "sizes")
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.refs: Dict[str, int] = {}  # digest -> how many saved names hold it
+        self.sizes: Dict[str, int] = {}
+
+
 class Tracker:
     """Remembers what the last checkpoint holds, to compute the next one as a delta.
 
     ``held_bytes`` is the size of the distinct blobs the checkpoint references; with a
-    ``quota`` (bytes, 0 = none) a delta never takes it over the quota.
+    ``quota`` (bytes, 0 = none) a delta never takes it over the quota. Trackers of one
+    session's contexts share ``held`` (the blobs of the whole checkpoint), so the quota is the
+    session's, and a blob another context holds is not sent again.
     """
 
-    def __init__(self, quota: int = 0) -> None:
+    def __init__(self, quota: int = 0, held: Optional[HeldBlobs] = None) -> None:
         self.generation = 0
         self.quota = quota
-        self.held_bytes = 0
+        self.held = HeldBlobs() if held is None else held
         self._saved: Dict[str, _Saved] = {}
-        self._refs: Dict[str, int] = {}  # digest -> how many saved names hold it
-        self._sizes: Dict[str, int] = {}
+        self._refs = self.held.refs
+        self._sizes = self.held.sizes
         self._unsaved_last: Set[str] = set()
         self.excluded: FrozenSet[str] = frozenset()  # names the session's scaffold owns: never saved
+
+    @property
+    def held_bytes(self) -> int:
+        return self.held.bytes
 
     def _hold(self, blob_digest: str, size: int) -> None:
         count = self._refs.get(blob_digest, 0)
         if count == 0:
             self._sizes[blob_digest] = size
-            self.held_bytes += size
+            self.held.bytes += size
         self._refs[blob_digest] = count + 1
 
     def _release(self, blob_digest: str) -> None:
@@ -314,7 +339,7 @@ class Tracker:
             self._refs[blob_digest] = count
         else:
             del self._refs[blob_digest]
-            self.held_bytes -= self._sizes.pop(blob_digest)
+            self.held.bytes -= self._sizes.pop(blob_digest)
 
     def _drop(self, name: str) -> bool:
         prev = self._saved.pop(name, None)
@@ -325,7 +350,7 @@ class Tracker:
 
     def _held_after(self, prev: Optional[_Saved], blob_digest: str, size: int) -> int:
         """The checkpoint's size if one name switched from ``prev`` to this blob."""
-        total = self.held_bytes
+        total = self.held.bytes
         if blob_digest not in self._refs:
             total += size
         if prev is not None and self._refs.get(prev.digest) == 1:

@@ -48,6 +48,11 @@ LOAD = "load"
 RESTORE_END = "restore_end"
 PING = "ping"
 INSTALL = "install"  # the session's scaffold: code run in its own module of every worker (docs/protocol.md)
+# Contexts (docs/protocol.md): more namespaces in the one worker. exec / set_value / reset / load
+# name theirs in an optional ``context`` field (absent: the default context).
+CONTEXT_CREATE = "context_create"
+CONTEXT_DESTROY = "context_destroy"
+CONTEXT_SEPARATOR = "/"  # a context's variable ``x`` is ``<context>/x`` in checkpoints (names have no "/")
 # Replies and notices the agent sends.
 EXEC_REPLY = "exec_reply"
 STATE_REPLY = "state_reply"

@@ -59,6 +59,8 @@ REPLY_TYPES = {
     protocol.LOAD: protocol.LOAD_REPLY,
     protocol.RESTORE_END: protocol.RESTORE_REPLY,
     protocol.INSTALL: protocol.INSTALL_REPLY,
+    protocol.CONTEXT_CREATE: protocol.STATE_REPLY,
+    protocol.CONTEXT_DESTROY: protocol.STATE_REPLY,
 }
 _CALL_HEADER_BYTES = 64 << 10  # a host call's header holds its number and handler name
 _CALL_SECONDS = 2.0  # a host call frame is at most a few MB over a socket pair: a slower one is trickled
@@ -833,7 +835,7 @@ class Supervisor:
             phase, limit = "cell", _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
         elif kind == protocol.LOAD:
             phase, limit = "load", _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
-        elif kind in (protocol.SET_VALUE, protocol.RESET):
+        elif kind in (protocol.SET_VALUE, protocol.RESET, protocol.CONTEXT_CREATE, protocol.CONTEXT_DESTROY):
             phase, limit = "checkpoint", checkpoint_limit
         else:  # restore_begin / restore_end: no user code, only a namespace to clear (whose __del__ may hang)
             phase, limit = "request", _seconds(request.get("timeout"), CONTROL_STEP_SECONDS)

@@ -15,6 +15,14 @@ phase); anywhere else, frame I/O above all, it is only noted, so a late interrup
 tear a frame, and a cell's interrupt that comes as the cell ends cannot cut its checkpoint
 short. A checkpoint that is interrupted names the values it had not saved yet and replies
 normally.
+
+Contexts: more namespaces of the session in this one worker (docs/protocol.md, "Contexts").
+Each is a module of its own with its own checkpoint tracker, working directory and environment
+variables. A request on another context than the last one switches to it first: the working
+directory and ``os.environ`` of the context left are kept (a cell's ``chdir`` or ``putenv``
+stays in its context), the new context's are put in place, and its module becomes
+``sys.modules["__main__"]``, which is where dill finds the globals of the functions and
+classes it pickles. A request on the same context as the last one switches nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +51,12 @@ sys.modules["__main__"] = _session_module
 from . import cells, checkpoint  # noqa: E402  (imports dill, which must see the session module)
 
 _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
+_REPLY_TYPES = {
+    protocol.EXEC: protocol.EXEC_REPLY,
+    protocol.LOAD: protocol.LOAD_REPLY,
+    protocol.SET_VALUE: protocol.STATE_REPLY,
+    protocol.RESET: protocol.STATE_REPLY,
+}
 _MISSING = object()
 _MAX_REASON = 200
 _MAX_PROMPT = 64 << 10
@@ -51,6 +65,53 @@ _MAX_PROMPT = 64 << 10
 def _fresh_namespace(namespace: Dict[str, Any]) -> None:
     namespace.clear()
     namespace.update({"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None})
+
+
+class _Context(object):
+    """One namespace of the session, with the working directory and environment its requests run in."""
+
+    __slots__ = ("context_id", "cwd", "environ", "module", "tracker")
+
+    def __init__(
+        self, context_id: Optional[str], module: types.ModuleType, tracker: checkpoint.Tracker, cwd: str, environ: Any
+    ) -> None:
+        self.context_id = context_id  # None: the default context
+        self.module = module
+        self.tracker = tracker
+        self.cwd = cwd
+        self.environ = environ  # Dict[str, str]
+
+
+def _current_dir(fallback: str) -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # a cell removed it
+        return fallback
+
+
+def _enter_dir(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)  # a cell of another context may have removed it
+        os.chdir(path)
+    except OSError as exc:
+        print("orchestrator worker: cannot enter %s: %s" % (path, exc), file=sys.stderr)
+
+
+def _replace_environ(target: Dict[str, str]) -> None:
+    for key in [k for k in os.environ if k not in target]:
+        del os.environ[key]
+    for key, value in target.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+def _prefixed(delta: Dict[str, Any], context_id: str) -> Dict[str, Any]:
+    """A context's checkpoint delta with its names as checkpoint keys (``<context>/<name>``)."""
+    prefix = context_id + protocol.CONTEXT_SEPARATOR
+    delta["vars"] = dict((prefix + name, d) for name, d in delta["vars"].items())
+    delta["deleted"] = [prefix + name for name in delta["deleted"]]
+    delta["unsaved"] = dict((prefix + name, reason) for name, reason in delta["unsaved"].items())
+    return delta
 
 
 def _recv_into(sock: socket.socket, buf: bytearray) -> None:
@@ -101,6 +162,11 @@ class Worker:
         self.namespace = _session_module.__dict__
         _fresh_namespace(self.namespace)
         self.tracker = checkpoint.Tracker(quota)
+        self.base_environ = dict(os.environ)  # what a new context's environment starts from
+        self.default = _Context(None, _session_module, self.tracker, _current_dir("/"), self.base_environ)
+        self.active = self.default  # the context of the last request; self.namespace and self.tracker are its
+        self.contexts: Dict[str, _Context] = {}
+        self.excluded: Any = frozenset()  # the scaffold's names, left out of every context's checkpoint
         self.cell_number = 0
         self.phase = _IDLE
         self.armed = False  # a KeyboardInterrupt may be raised right now
@@ -213,6 +279,19 @@ class Worker:
 
     def handle(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
         kind = header["type"]
+        if kind in (protocol.CONTEXT_CREATE, protocol.CONTEXT_DESTROY):
+            self._enter(_CHECKPOINT)  # like reset: clearing a namespace runs __del__, then a checkpoint
+            return self.context_request(kind, header)
+        context_id = header.get("context")
+        if context_id != self.active.context_id and kind != protocol.RESTORE_BEGIN:
+            target = self.default if context_id is None else self.contexts.get(context_id)
+            if target is None:
+                return {
+                    "type": _REPLY_TYPES.get(kind, "error"),
+                    "status": protocol.STATUS_PROTOCOL_ERROR,
+                    "reason": "no context %r in this worker" % (context_id,),
+                }, []
+            self._activate(target)
         if kind == protocol.EXEC:
             return self.execute(header)
         if kind == protocol.LOAD:
@@ -225,8 +304,12 @@ class Worker:
             _fresh_namespace(self.namespace)
             return self.state_reply()
         if kind == protocol.RESTORE_BEGIN:
+            self._activate(self.default)
+            for context in self.contexts.values():
+                _fresh_namespace(context.module.__dict__)
+            self.contexts = {}
             _fresh_namespace(self.namespace)
-            self.tracker = checkpoint.Tracker(self.quota)
+            self.tracker = self.default.tracker = checkpoint.Tracker(self.quota)
             self.restored_frozen = {}
             gc.collect()
             return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK}, []
@@ -251,6 +334,8 @@ class Worker:
         finally:
             self.phase = _IDLE
             self.cell_done_for = _MISSING
+        if self.active.context_id is not None:
+            delta = _prefixed(delta, self.active.context_id)
         return delta, parts, time.monotonic() - started
 
     def state_reply(self) -> Tuple[Dict[str, Any], List[Any]]:
@@ -370,8 +455,68 @@ class Worker:
         finally:
             self.phase = _IDLE
         self.scaffold = scope
-        self.tracker.excluded = frozenset(names)
+        self.excluded = frozenset(names)
+        for context in [self.default, *self.contexts.values()]:
+            context.tracker.excluded = self.excluded
         return self._install_reply(None)
+
+    # -- contexts
+
+    def _activate(self, target: _Context) -> None:
+        """Make ``target`` the context requests run in: its namespace, tracker, directory and environment."""
+        current = self.active
+        if target is current:
+            return
+        current.cwd = _current_dir(current.cwd)
+        current.environ = dict(os.environ)
+        _replace_environ(target.environ)
+        _enter_dir(target.cwd)
+        sys.modules["__main__"] = target.module
+        target.tracker.generation = current.tracker.generation  # one generation for the whole session
+        self.namespace = target.module.__dict__
+        self.tracker = target.tracker
+        self.active = target
+
+    def context_request(self, kind: str, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
+        """``context_create`` (an existing one is destroyed first) or ``context_destroy``; replies with the delta."""
+        context_id, cwd, env = header.get("context"), header.get("cwd"), header.get("env")
+        if not isinstance(context_id, str) or not context_id or protocol.CONTEXT_SEPARATOR in context_id:
+            return self._state_error("the request needs a context id")
+        if kind == protocol.CONTEXT_CREATE and not (
+            isinstance(cwd, str)
+            and os.path.isabs(cwd)
+            and isinstance(env, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+        ):
+            return self._state_error("context_create needs an absolute cwd and env (an object of strings)")
+        if kind == protocol.CONTEXT_CREATE:
+            try:
+                os.makedirs(cwd, exist_ok=True)
+            except OSError as exc:
+                return self._state_error("cannot create the directory %s: %s" % (cwd, _reason(exc)))
+        existing = self.contexts.get(context_id)
+        if existing is None:
+            empty = {"generation": self.tracker.generation, "blobs": [], "vars": {}, "deleted": [], "unsaved": {}}
+            reply, parts = {"type": protocol.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": empty}, []
+        else:
+            self._activate(existing)
+            _fresh_namespace(self.namespace)
+            reply, parts = self.state_reply()  # its names, deleted
+            self._activate(self.default)
+            del self.contexts[context_id]
+        if kind == protocol.CONTEXT_CREATE:
+            module = types.ModuleType("__main__")
+            _fresh_namespace(module.__dict__)
+            tracker = checkpoint.Tracker(self.quota, self.default.tracker.held)  # one quota for the session
+            tracker.excluded = self.excluded
+            environ = dict(self.base_environ)
+            environ.update(env)
+            self.contexts[context_id] = _Context(context_id, module, tracker, cwd, environ)
+        return reply, parts
+
+    @staticmethod
+    def _state_error(reason: str) -> Tuple[Dict[str, Any], List[Any]]:
+        return {"type": protocol.STATE_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}, []
 
     @staticmethod
     def _install_reply(reason: Optional[str]) -> Tuple[Dict[str, Any], List[Any]]:

@@ -231,3 +231,12 @@ def test_async_sessions_run_concurrently_and_cancel_interrupts_only_that_cell(se
                 await asyncio.gather(*[s.close() for s in sessions])
 
     asyncio.run(scenario())
+
+
+def test_a_context_streams_and_takes_input_like_the_session(session: Session) -> None:
+    ctx = session.create_context(env={"WHO": "ctx"})
+    items = list(ctx.stream("import os\nprint(os.environ['WHO'])\n9"))
+    assert [(e.stream, e.text) for e in items[:-1]] == [("stdout", "ctx\n")] and items[-1].return_value == "9"
+    answer = ctx.execute("v = input()\nv", on_output=lambda e: "x" if isinstance(e, InputRequest) else None)
+    assert answer.return_value == "'x'"
+    assert session.execute("'v' in globals()").return_value == "False"

@@ -9,11 +9,11 @@ from orchestrator import errors
 
 EXPECTED = {
     "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError", "ConfigError",
-    "EngineError", "EngineUnavailable", "ExecError", "ExecResult", "ExecutionTimeout", "ImageMissing",
-    "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent", "ProtocolError",
-    "PruneAction", "PruneReport", "PythonTool", "SandboxCrashed", "SandboxError", "SandboxOutOfMemory", "Session",
-    "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError", "SessionInfo", "SessionNotFound",
-    "SessionStatus", "Settings", "TransportError", "__version__",
+    "Context", "ContextNotFound", "EngineError", "EngineUnavailable", "ExecError", "ExecResult", "ExecutionTimeout",
+    "ImageMissing", "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent",
+    "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "SandboxCrashed", "SandboxError",
+    "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError",
+    "SessionInfo", "SessionNotFound", "SessionStatus", "Settings", "TransportError", "__version__",
 }  # fmt: skip
 
 
