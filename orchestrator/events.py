@@ -121,7 +121,18 @@ class LiveCall:
                 self._tell(OutputEvent(stream, text))
 
     def input_request(self, call: int, body: bytearray) -> None:
-        """The cell's ``input()`` (a host call): ask the caller; answer now if the callback did."""
+        """The cell's ``input()`` (a host call): ask the caller; answer now if the callback did.
+
+        Without a callback the exec did not allow input, so the call was forged by the cell: refused at once.
+        """
+        if self._on_output is None:
+            error = "input() is not answered in this call (it was run without on_output)"
+            with self._lock:
+                self._answers.append(
+                    ({"type": protocol.HOST_REPLY, "call": call, "status": "error", "error": error}, b"")
+                )
+                self._wakeup.notify()
+            return
         try:
             prompt = json.loads(body.decode("utf-8", "replace")).get("prompt", "")
         except (ValueError, AttributeError):

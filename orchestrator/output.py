@@ -62,21 +62,22 @@ class StreamRecorder:
             os.close(self._fd)
 
     def preview(self, produced: int) -> str:
-        """The head and the tail of a stream kept in the file, with a marker that names the file.
+        """The head and the tail of a stream kept in the file, with a marker that names the file: at most
+        ``limit`` bytes in all, as a result that did not pass the limit.
 
         ``produced``: how many bytes the cell wrote (more than were received when the file's cap was hit).
         """
-        half = self.limit // 2
-        tail = bytes(self._tail[-half:])
-        hidden = self.received - len(self._head) - len(tail)
         where = f"the whole output ({describe_bytes(self.received)}) is in {self.path}"
         if produced > self.received:
             where = (
                 f"the first {describe_bytes(self.received)} of {describe_bytes(produced)} are in {self.path} "
                 "(the rest passed the per-call file limit and was dropped)"
             )
-        marker = f"\n[... {hidden} bytes not shown; {where} ...]\n"
-        return self._head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
+        marker = "\n[... output truncated: {hidden} bytes not shown; " + where + " ...]\n"
+        half = max(0, (self.limit - len(marker.encode()) - 20) // 2)
+        head, tail = bytes(self._head[:half]), bytes(self._tail[len(self._tail) - half :])
+        hidden = self.received - len(head) - len(tail)
+        return head.decode("utf-8", "replace") + marker.format(hidden=hidden) + tail.decode("utf-8", "replace")
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:

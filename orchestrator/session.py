@@ -837,9 +837,9 @@ class Session:
         failures, self._unreported_failures = self._unreported_failures, {}
         output = self._output(parsed, live)
         if parsed["status"] == protocol.STATUS_TIMEOUT:
-            why = "was interrupted by the caller" if live.interrupt_requested else f"ran past its {limit:g} s timeout"
+            why = "was stopped by the caller" if live.interrupt_requested else f"ran past its {limit:g} s timeout"
             raise ExecutionTimeout(
-                f"the cell {why} and was stopped; session {self.id} keeps "
+                f"the cell {why} and was interrupted; session {self.id} keeps "
                 f"what the cell did before the interrupt (generation {self.generation}"
                 + (f"; not saved: {', '.join(sorted(unsaved))}" if unsaved else "")
                 + ")",

@@ -301,6 +301,7 @@ class Supervisor:
         self.open_calls: Dict[int, Any] = {}  # host calls relayed for the running exec: call -> its request id
         self.input_waits: Dict[int, float] = {}  # open calls that are input() of the cell: call -> since when
         self.cell_running = False  # an exec's cell runs: the controller may interrupt it
+        self.input_allowed = False  # the running exec lets its cell's input() ask the controller
         self.conn_lost = False  # the controller's connection broke during the request being served
         self.watching_conn = False  # the controller's connection is in the busy selector
         self.wake_r, wake_w = os.pipe()
@@ -705,7 +706,7 @@ class Supervisor:
             try:
                 self._send(self.conn, {"type": protocol.HOST_CALL, "id": request_id, "call": call, "name": name}, body)
                 self.open_calls[call] = request_id
-                if name == protocol.INPUT_CALL:
+                if name == protocol.INPUT_CALL and self.input_allowed:  # a forged one does not stop the clock
                     self.input_waits[call] = time.monotonic()
                 self._watch_controller(True)
                 return
@@ -849,6 +850,7 @@ class Supervisor:
         takeover = False
         if kind == protocol.EXEC:
             self.cell_running = True
+            self.input_allowed = request.get("input") is True
             self._watch_controller(True)
         while True:
             if not takeover and self._takeover_due():

@@ -93,10 +93,13 @@ def test_reset_of_a_context_clears_only_it(session: Session) -> None:
 def test_contexts_are_found_again_after_attach(orch: Orchestrator, session: Session) -> None:
     session.create_context(context_id="kept", env={"PROJECT": "k"}).execute("y = 5")
     again = orch.attach(session.id)
-    assert [c.id for c in again.contexts] == ["default", "kept"]
-    kept = again.context("kept")
-    assert kept.env == {"PROJECT": "k"}
-    assert kept.execute("y, __import__('os').environ['PROJECT']").return_value == "(5, 'k')"
+    try:
+        assert [c.id for c in again.contexts] == ["default", "kept"]
+        kept = again.context("kept")
+        assert kept.env == {"PROJECT": "k"}
+        assert kept.execute("y, __import__('os').environ['PROJECT']").return_value == "(5, 'k')"
+    finally:
+        again.close()  # the owner now: the fixture's stale handle cannot remove the container
 
 
 def test_unknown_and_destroyed_contexts_are_typed_errors(session: Session) -> None:

@@ -240,3 +240,41 @@ def test_a_context_streams_and_takes_input_like_the_session(session: Session) ->
     answer = ctx.execute("v = input()\nv", on_output=lambda e: "x" if isinstance(e, InputRequest) else None)
     assert answer.return_value == "'x'"
     assert session.execute("'v' in globals()").return_value == "False"
+
+
+FORGE_ON_CALL_LINK = """
+import json, os, struct, sys, time
+fd = int(sys.argv[4])
+def frame(header, body=b""):
+    head = json.dumps(header).encode()
+    os.write(fd, struct.pack('!4sII', b'ORC1', len(head), len(body)) + head + body)
+"""
+
+
+def test_a_cell_forging_input_requests_cannot_stop_its_clock(session: Session) -> None:
+    """Without on_output the exec allows no input: forged __input__ calls are refused and the timeout holds."""
+    started = time.monotonic()
+    with pytest.raises(ExecutionTimeout):
+        session.execute(
+            FORGE_ON_CALL_LINK
+            + "for i in range(20):\n    frame({'type': 'host_call', 'call': 9000 + i, 'name': '__input__'}, b'{}')\n"
+            + "time.sleep(60)",
+            timeout=1.5,
+        )
+    assert time.monotonic() - started < 20
+    assert session.execute("2 + 2").return_value == "4"
+
+
+def test_forged_output_frames_are_only_output(session: Session) -> None:
+    """Output frames a cell writes itself are relayed as its output; a bad one closes the call link, nothing else."""
+    events: list[Any] = []
+    result = session.execute(
+        FORGE_ON_CALL_LINK
+        + "frame({'type': 'output', 'stream': 'stdout', 'id': 'not-the-exec'}, b'forged\\n')\n"
+        + "frame({'type': 'output', 'stream': 'nowhere'}, b'x')\n"
+        + "time.sleep(0.2)\n'done'",
+        on_output=events.append,
+    )
+    assert result.return_value == "'done'"
+    assert "forged\n" in _text([(0.0, e) for e in events], "stdout")
+    assert session.execute("print('after')", on_output=events.append).stdout == "after\n"

@@ -78,18 +78,23 @@ def test_the_recorder_keeps_small_output_in_memory(tmp_path: Path) -> None:
 
 
 def test_the_recorder_spills_to_a_private_file_with_a_head_and_tail_preview(tmp_path: Path) -> None:
-    recorder = StreamRecorder(tmp_path / "outputs", "stdout", 10)
-    for chunk in (b"0123456789", b"abcdefghij", b"KLMNOPQRST"):
-        recorder.write(chunk)
+    limit = 400
+    recorder = StreamRecorder(tmp_path / "outputs", "stdout", limit)
+    data = bytes(range(65, 91)) * 100  # 2,600 bytes of A-Z
+    for start in range(0, len(data), 300):
+        recorder.write(data[start : start + 300])
     recorder.close()
     path = recorder.path
     assert path is not None and path.parent == tmp_path / "outputs" and path.name.endswith(".stdout")
-    assert path.read_bytes() == b"0123456789abcdefghijKLMNOPQRST"
+    assert path.read_bytes() == data
     assert oct(path.stat().st_mode & 0o777) == "0o600"
-    preview = recorder.preview(30)
-    assert preview.startswith("01234\n[... 20 bytes not shown; the whole output (30 B) is in ")
-    assert preview.endswith(" ...]\nPQRST")
-    assert "per-call file limit" in recorder.preview(40)
+    preview = recorder.preview(len(data))
+    head, _, rest = preview.partition("\n[... output truncated: ")
+    marker, _, tail = rest.partition(" ...]\n")
+    assert data.decode().startswith(head) and data.decode().endswith(tail) and head and tail
+    assert marker.startswith(f"{len(data) - len(head) - len(tail)} bytes not shown; the whole output (2.5 KiB) is in ")
+    assert len(preview.encode()) <= limit
+    assert "per-call file limit" in recorder.preview(10_000)
 
 
 def test_keep_newest_removes_the_oldest_files(tmp_path: Path) -> None:
