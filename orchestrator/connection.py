@@ -184,9 +184,10 @@ class AgentConnection:
         remaining = wake - time.monotonic()
         if remaining <= 0 and wake == deadline:
             raise AgentTimeoutError("the agent sent no complete reply: the deadline passed")
-        poller.poll(None if remaining == math.inf else max(0, math.ceil(remaining * 1000)))
+        ready = {fd for fd, _ in poller.poll(None if remaining == math.inf else max(0, math.ceil(remaining * 1000)))}
+        now = time.monotonic()
         for source in (desk, live):
-            if source is not None:
+            if source is not None and (source.wake_fd in ready or source.next_expiry() <= now):
                 for answer, answer_body in source.answers():
                     channel.enqueue(answer, answer_body)
         if live is not None and live.take_interrupt():

@@ -84,8 +84,7 @@ class LiveCall:
         self._interrupt = False
         self.interrupt_requested = False  # the caller stopped the cell (its timeout did not)
         self._closed = False
-        self._wakeup = wakeup
-        wakeup.drain()  # a wake-up meant for an earlier call
+        self._wakeup = wakeup  # one meant for an earlier call only makes the first poll return early
         self.callback_errors: list[str] = []
 
     @property

@@ -725,17 +725,15 @@ class Supervisor:
 
     def _drain_calls(self, request_id: Any) -> None:
         """Relay the output the worker sent before its cell ended (and refuse the calls that came with it)."""
-        readable = selectors.DefaultSelector()
-        try:
-            while self.worker.calls is not None:
-                readable.register(self.worker.calls, selectors.EVENT_READ)
-                ready = readable.select(0)
-                readable.unregister(self.worker.calls)
-                if not ready:
-                    return
-                self._take_call(request_id, "the cell that made this host call has ended")
-        finally:
-            readable.close()
+        while self.worker.calls is not None:
+            try:
+                if not self.worker.calls.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                    return  # the link closed: _take_call finds out next time
+            except (BlockingIOError, InterruptedError):
+                return  # nothing waits (the usual case: one syscall per reply)
+            except OSError:
+                return
+            self._take_call(request_id, "the cell that made this host call has ended")
 
     def _take_reply(self, request_id: Any) -> bool:
         """Read a frame the controller sent while a cell runs: a host call's answer goes to the worker (a late one
