@@ -23,7 +23,7 @@ from .agent import protocol
 from .endpoint import Endpoint
 from .errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 from .events import LiveCall
-from .hostcalls import CallDesk
+from .hostcalls import CallDesk, answer_error
 from .messages import Goodbye, Hello, parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel
 
@@ -202,7 +202,7 @@ class AgentConnection:
             raise ProtocolError("a host_call frame without a handler name")
         if desk is None:
             error = f"host call {name[:64]!r}: this cell was run without host calls"
-            self._channel.enqueue({"type": protocol.HOST_REPLY, "call": call, "status": "error", "error": error})
+            self._channel.enqueue(*answer_error(call, error))
         else:
             desk.submit(call, name, body)
 

@@ -19,11 +19,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from .agent import protocol
 from .errors import ConfigError, InputRequestNotFound
-from .hostcalls import serving_as
+from .hostcalls import Answer, answer_error, answer_ok, serving_as
 from .output import StreamRecorder
 from .wakeup import Wakeup
 
@@ -80,7 +79,7 @@ class LiveCall:
         self._decoders: dict[str, codecs.IncrementalDecoder] = {}
         self._lock = threading.Lock()
         self._waiting: dict[str, tuple[int, float]] = {}  # request id -> (host call number, expiry)
-        self._answers: list[tuple[dict[str, Any], bytes]] = []
+        self._answers: list[Answer] = []
         self._interrupt = False
         self.interrupt_requested = False  # the caller stopped the cell (its timeout did not)
         self._closed = False
@@ -127,9 +126,7 @@ class LiveCall:
         if self._on_output is None:
             error = "input() is not answered in this call (it was run without on_output)"
             with self._lock:
-                self._answers.append(
-                    ({"type": protocol.HOST_REPLY, "call": call, "status": "error", "error": error}, b"")
-                )
+                self._answers.append(answer_error(call, error))
                 self._wakeup.notify()
             return
         try:
@@ -165,7 +162,7 @@ class LiveCall:
                     f"no input request {request_id!r} is waiting (unknown, already answered, timed out, or its "
                     "cell ended); answer the request_id of the latest InputRequest event"
                 )
-            self._answers.append(({"type": protocol.HOST_REPLY, "call": waiting[0], "status": "ok"}, raw))
+            self._answers.append(answer_ok(waiting[0], raw))
             self._wakeup.notify()
 
     def interrupt(self) -> bool:
@@ -184,7 +181,7 @@ class LiveCall:
         asked, self._interrupt = self._interrupt, False
         return asked
 
-    def answers(self) -> list[tuple[dict[str, Any], bytes]]:
+    def answers(self) -> list[Answer]:
         """``host_reply`` frames to send: submitted answers, and EOF for requests past their idle timeout."""
         self._wakeup.drain()
         now = time.monotonic()
@@ -193,9 +190,7 @@ class LiveCall:
                 if expiry <= now:
                     del self._waiting[request_id]
                     error = f"no answer within the input idle timeout of {self._input_timeout:g} s"
-                    self._answers.append(
-                        ({"type": protocol.HOST_REPLY, "call": call, "status": "error", "error": error}, b"")
-                    )
+                    self._answers.append(answer_error(call, error))
             ready, self._answers = self._answers, []
         return ready
 

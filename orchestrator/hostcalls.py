@@ -88,6 +88,19 @@ class HostCalls:
                 raise ConfigError(f"HostCalls.handlers maps non-empty names to callables, got {name!r}: {handler!r}")
 
 
+Answer = tuple[dict[str, Any], bytes]
+"""A ``host_reply`` frame for the connection to send: header and JSON body."""
+
+
+def answer_ok(call: int, result: bytes) -> Answer:
+    return {"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_OK}, result
+
+
+def answer_error(call: int, message: str) -> Answer:
+    """The sandbox's call fails with ``message`` (it raises ``HostCallError``, or ``EOFError`` for input())."""
+    return {"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_ERROR, "error": message}, b""
+
+
 def encode(value: Any, max_bytes: int) -> bytes:
     """A payload or result as JSON bytes within ``max_bytes`` (HostCallError otherwise)."""
     try:
@@ -118,7 +131,7 @@ class CallDesk:
         self._waiting_bytes = 0
         self._running: dict[int, tuple[str, float]] = {}  # call -> (handler name, expiry)
         self._expired: set[int] = set()  # running calls already answered with "took longer": they keep their slot
-        self._answers: list[tuple[dict[str, Any], bytes]] = []
+        self._answers: list[Answer] = []
         self._closed = False
 
     @property
@@ -156,7 +169,7 @@ class CallDesk:
             self._waiting_bytes += len(body)
             return True
 
-    def answers(self) -> list[tuple[dict[str, Any], bytes]]:
+    def answers(self) -> list[Answer]:
         """The ``host_reply`` frames ready to send: finished calls, and calls past their time limit."""
         self._wakeup.drain()
         now = time.monotonic()
@@ -166,13 +179,13 @@ class CallDesk:
                     self._running[call] = (name, math.inf)  # the slot stays taken until the handler returns
                     self._expired.add(call)
                     self._answers.append(
-                        self._error(call, f"host call {name!r} took longer than {self._calls.timeout:g} s")
+                        answer_error(call, f"host call {name!r} took longer than {self._calls.timeout:g} s")
                     )
             for item in [item for item in self._waiting if item[3] <= now]:
                 self._waiting.remove(item)
                 self._waiting_bytes -= len(item[2])
                 self._answers.append(
-                    self._error(item[0], f"host call {item[1]!r} waited longer than {self._calls.timeout:g} s")
+                    answer_error(item[0], f"host call {item[1]!r} waited longer than {self._calls.timeout:g} s")
                 )
             ready, self._answers = self._answers, []
         self._start_waiting()
@@ -213,15 +226,12 @@ class CallDesk:
         try:
             with serving_as(self._owner):
                 result = self._calls.handlers[name](json.loads(body.decode("utf-8", errors="surrogatepass")))
-            answer: tuple[dict[str, Any], bytes] = (
-                {"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_OK},
-                encode(result, self._calls.max_bytes),
-            )
+            answer = answer_ok(call, encode(result, self._calls.max_bytes))
         except HostCallError as exc:
-            answer = self._error(call, str(exc))
+            answer = answer_error(call, str(exc))
         except Exception as exc:  # a handler's failure is the sandbox's error, never the controller's
             logger.info("host call %r failed: %s", name, exc, exc_info=True)
-            answer = self._error(call, f"host call {name!r} failed: {type(exc).__name__}: {exc}")
+            answer = answer_error(call, f"host call {name!r} failed: {type(exc).__name__}: {exc}")
         with self._lock:
             self._running.pop(call, None)
             if self._closed or call in self._expired:
@@ -236,9 +246,5 @@ class CallDesk:
         with self._lock:
             if self._closed:
                 return
-            self._answers.append(self._error(call, error))
+            self._answers.append(answer_error(call, error))
             self._wakeup.notify()
-
-    @staticmethod
-    def _error(call: int, message: str) -> tuple[dict[str, Any], bytes]:
-        return {"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_ERROR, "error": message}, b""

@@ -37,17 +37,18 @@ class StreamRecorder:
 
     def write(self, data: bytes | bytearray) -> None:
         self.received += len(data)
-        if self._fd is None:
+        if self.path is None:
             self._head += data
             if len(self._head) <= self.limit:
                 return
             self.directory.mkdir(mode=0o700, exist_ok=True)
             self.path = self.directory / f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}.{self.stream}"
             self._fd = os.open(self.path, _FILE_FLAGS, 0o600)
-            os.write(self._fd, self._head)
+            _write_all(self._fd, self._head)
             self._tail = self._head[-(self.limit // 2) :]
             del self._head[self.limit // 2 :]
             return
+        assert self._fd is not None, "written after close"
         _write_all(self._fd, data)
         self._tail += data
         if len(self._tail) > self.limit:
@@ -55,11 +56,13 @@ class StreamRecorder:
 
     @property
     def spilled(self) -> bool:
-        return self._fd is not None
+        """The stream passed the limit: it is in ``path`` (and the result holds a preview)."""
+        return self.path is not None
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
+            self._fd = None
 
     def preview(self, produced: int) -> str:
         """The head and the tail of a stream kept in the file, with a marker that names the file: at most

@@ -350,16 +350,9 @@ class SessionStore:
         ``transaction``, where no commit is half done)."""
         directory = self._dir(session_id)
         wanted = set(keep)
-        found: dict[Path, int] = {}
-        for folder, is_garbage in (
-            (directory, lambda name: name.startswith(".tmp-")),
-            (directory / "blobs", lambda name: name not in wanted),
-        ):
-            with contextlib.suppress(FileNotFoundError):
-                for entry in os.scandir(folder):
-                    if entry.is_file(follow_symlinks=False) and is_garbage(entry.name):
-                        found[Path(entry.path)] = entry.stat(follow_symlinks=False).st_size
-        return found
+        temps = [entry for entry in _files(directory) if entry.name.startswith(".tmp-")]
+        unnamed = [entry for entry in _files(directory / "blobs") if entry.name not in wanted]
+        return {Path(entry.path): entry.stat(follow_symlinks=False).st_size for entry in temps + unnamed}
 
     def missing_blobs(self, record: SessionRecord) -> set[str]:
         """Digests the record's manifest names that are not on disk (a damaged checkpoint)."""
@@ -417,6 +410,14 @@ class SessionStore:
         for entry in sorted(self.root.iterdir()):
             if entry.name.startswith(_REMOVED_PREFIX) and entry.is_dir() and not entry.is_symlink():
                 yield entry
+
+
+def _files(folder: Path) -> list[os.DirEntry[str]]:
+    """The regular files directly in ``folder`` (none when it does not exist)."""
+    try:
+        return [entry for entry in os.scandir(folder) if entry.is_file(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
 
 
 def _write_new(path: Path, data: bytes) -> None:
