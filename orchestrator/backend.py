@@ -53,12 +53,18 @@ class SandboxSpec:
     mounts: Mapping[str, str] = field(default_factory=dict)
     """Host path -> container path, always mounted read-only."""
     command: tuple[str, ...] | None = None
+    network_of: str | None = None
+    """Join this container's network namespace (a loopback-only one, ``pool.NetworkSlots``) instead of a new one."""
 
 
 class Backend(Protocol):
     """A container engine, reduced to what sandboxes need."""
 
     def image_exists(self, tag: str) -> bool: ...
+
+    def image_id(self, tag: str) -> str | None:
+        """The image's id (``sha256:...``), or None when it does not exist."""
+        ...
 
     def build_image(
         self, context_tar: bytes, tag: str, buildargs: Mapping[str, str], labels: Mapping[str, str]

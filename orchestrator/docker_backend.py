@@ -65,12 +65,14 @@ class DockerBackend:
         self.client.close()
 
     def image_exists(self, tag: str) -> bool:
+        return self.image_id(tag) is not None
+
+    def image_id(self, tag: str) -> str | None:
         with _engine_errors(f"inspecting image {tag}"):
             try:
-                self.client.images.get(tag)
+                return str(self.client.images.get(tag).id)
             except docker.errors.ImageNotFound:
-                return False
-        return True
+                return None
 
     def build_image(
         self, context_tar: bytes, tag: str, buildargs: Mapping[str, str], labels: Mapping[str, str]
@@ -112,7 +114,7 @@ class DockerBackend:
             "environment": dict(spec.environment),
             "volumes": {host: {"bind": inside, "mode": "ro"} for host, inside in spec.mounts.items()},
             "working_dir": "/tmp",
-            "network_mode": settings.network_mode,
+            "network_mode": f"container:{spec.network_of}" if spec.network_of else settings.network_mode,
             "user": settings.user,
             "read_only": settings.read_only,
             "tmpfs": dict(settings.tmpfs),

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
 from . import capacity, images, lifecycle
 from .activity import Activity
@@ -17,6 +20,8 @@ from .config import Settings
 from .docker_backend import DockerBackend
 from .endpoint import ensure_private_dir
 from .errors import ConfigError, ImageMissing, OrchestratorError, SessionAttachedElsewhere, SessionBusy
+from .evaluation import EvalOptions, EvalReport, Evaluator, ResultsFile, Submission, read_submissions, submissions_from
+from .evaluation.evaluator import OnResult
 from .ledger import CheckpointLedger, new_owner_token
 from .prune import Pruner, PruneReport
 from .sandbox import Sandbox
@@ -168,6 +173,53 @@ class Orchestrator:
             session.adopt(sandbox)
         else:
             session.start()
+
+    def evaluate(
+        self,
+        submissions: Iterable[Submission | Mapping[str, Any]] | str | os.PathLike[str],
+        *,
+        out: str | os.PathLike[str] | None = None,
+        junit: str | os.PathLike[str] | None = None,
+        resume: bool = False,
+        on_result: OnResult | None = None,
+        options: EvalOptions | None = None,
+    ) -> EvalReport:
+        """Grade untrusted submissions, each in a fresh sandbox (``orchestrator eval``; docs/eval.md).
+
+        Args:
+            submissions: a JSONL file's path, or ``Submission``s / dicts with the same fields.
+            out: the results file (JSON lines, one record per submission, written as each ends).
+            junit: where to write a JUnit XML report at the end.
+            resume: keep ``out`` and skip the ids it holds (an ``infra_error`` runs again).
+            on_result: called with each ``EvalResult`` as it is written (on a worker thread).
+            options: jobs, default timeout and memory, output limit (``EvalOptions``).
+
+        Returns:
+            The ``EvalReport``: results in input order, invalid lines, ``exit_code`` (0 / 1 / 2).
+
+        Raises:
+            ConfigError: the submissions file or the results file cannot be read or written.
+            ImageMissing: the sandbox image is not built.
+        """
+        if isinstance(submissions, (str, os.PathLike)):
+            try:
+                with open(submissions, "rb") as handle:
+                    items = list(read_submissions(handle))
+            except OSError as exc:
+                raise ConfigError(f"cannot read the submissions file {submissions}: {exc}") from None
+        else:
+            items = list(submissions_from(submissions))
+        if resume and out is None:
+            raise ConfigError("resume needs the results file (out) of the earlier run")
+        results = None if out is None else ResultsFile(Path(out), resume=resume, fsync=True)
+        try:
+            evaluator = Evaluator(self.backend, self.settings, options, image=self.default_image)
+            return evaluator.run(
+                items, results_file=results, junit=None if junit is None else Path(junit), on_result=on_result
+            )
+        finally:
+            if results is not None:
+                results.close()
 
     def list_sessions(self, *, now: float | None = None) -> list[SessionInfo]:
         """Every stored session, whoever holds it, with its status, ages and sizes (sorted by id).

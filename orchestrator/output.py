@@ -64,6 +64,10 @@ class StreamRecorder:
             os.close(self._fd)
             self._fd = None
 
+    def text(self) -> str:
+        """What came so far: all of it within the limit, else the preview."""
+        return self.preview(self.received) if self.spilled else self._head.decode("utf-8", "replace")
+
     def preview(self, produced: int) -> str:
         """The head and the tail of a stream kept in the file, with a marker that names the file: at most
         ``limit`` bytes in all, as a result that did not pass the limit.

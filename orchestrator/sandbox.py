@@ -76,13 +76,21 @@ class Sandbox:
 
     @classmethod
     def start(
-        cls, backend: Backend, settings: Settings, *, image: str, scope: str, labels: Mapping[str, str]
+        cls,
+        backend: Backend,
+        settings: Settings,
+        *,
+        image: str,
+        scope: str,
+        labels: Mapping[str, str],
+        network_of: str | None = None,
     ) -> Sandbox:
         """Start a new container and wait for its agent.
 
         Args:
             scope: the store id; it goes into the container's name so stores never collide.
             labels: extra container labels (store, session, ...).
+            network_of: a container whose (loopback-only) network namespace this one joins.
 
         Raises:
             ImageMissing, EngineError: the engine could not start it.
@@ -105,6 +113,7 @@ class Sandbox:
             },
             mounts=endpoint.mounts(),
             command=settings.agent_command,
+            network_of=network_of,
         )
         try:
             container_id = backend.run_sandbox(spec, settings)

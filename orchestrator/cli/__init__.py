@@ -19,7 +19,7 @@ from ..config import Settings
 from ..errors import OrchestratorError
 from ..manager import Orchestrator
 from ..units import duration_argument, positive_duration_argument
-from . import commands, shell
+from . import commands, evaluate, shell
 from .render import EXIT_HELP, Exit, Output
 
 __all__ = ["build_parser", "main"]
@@ -122,6 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--hibernate-only", action="store_true", help="hibernate stale sessions instead of removing")
     prune.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
     prune.set_defaults(func=commands.prune)
+
+    evaluation = sub.add_parser(
+        "eval",
+        help="grade a JSONL file of untrusted submissions, each in a fresh sandbox (docs/eval.md)",
+        description="grade a JSONL file of untrusted submissions, each in a fresh sandbox (docs/eval.md)",
+        parents=[printing],
+        epilog=evaluate.EXIT_HELP,
+        formatter_class=formatter,
+    )
+    evaluate.add_arguments(evaluation)
+    evaluation.set_defaults(func=evaluate.run, needs_orchestrator=False)
 
     jan = sub.add_parser(
         "janitor",

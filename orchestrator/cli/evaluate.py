@@ -1,0 +1,195 @@
+"""``orchestrator eval``: grade a JSONL file of submissions; a progress bar on a terminal, a summary at the end.
+
+Its exit status is the evaluation's own (docs/eval.md): 0 every submission passed, 1 any did
+not (or an input line was invalid), 2 an infrastructure error (a submission's, or the run's:
+no engine, no image, an unreadable file or bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..config import Settings, parse_memory
+from ..errors import ConfigError, OrchestratorError
+from ..evaluation import (
+    EvalOptions,
+    EvalReport,
+    EvalResult,
+    InvalidLine,
+    ResultsFile,
+    Status,
+    Submission,
+    read_submissions,
+)
+from ..evaluation.evaluator import Evaluator, OnResult
+from ..manager import Orchestrator
+from ..units import positive_duration_argument
+from .render import Output, error_line
+
+INFRA = 2
+_STYLE = {Status.PASSED: "green", Status.FAILED: "red", Status.INFRA_ERROR: "bold magenta"}
+
+EXIT_HELP = """\
+exit status:
+  0    every submission passed
+  1    any submission did not pass, or an input line was invalid
+  2    an infrastructure error (a submission's infra_error, no engine, no image, bad arguments)
+
+Results: one JSON record per submission in --out, written as each ends. See docs/eval.md."""
+
+
+def _memory(text: str) -> int:
+    try:
+        return parse_memory(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _jobs(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 256:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of jobs from 1 to 256")
+    return int(text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("submissions", metavar="SUBMISSIONS", help="JSONL file of submissions, or '-' for stdin")
+    parser.add_argument("--out", type=Path, required=True, metavar="FILE", help="results file (JSON lines)")
+    parser.add_argument("--junit", type=Path, metavar="FILE", help="also write a JUnit XML report")
+    parser.add_argument("--jobs", "-j", type=_jobs, default=2, metavar="N", help="submissions at once (default 2)")
+    parser.add_argument(
+        "--timeout",
+        type=positive_duration_argument,
+        default=10.0,
+        metavar="S",
+        help="seconds for code and tests of a submission without its own timeout (default 10)",
+    )
+    parser.add_argument(
+        "--memory", type=_memory, metavar="SIZE", help="memory limit per sandbox (default ORCH_MEM_LIMIT)"
+    )
+    parser.add_argument(
+        "--max-output",
+        type=_memory,
+        default=1 << 20,
+        metavar="SIZE",
+        help="most bytes a submission may print, stdout and stderr together (default 1m)",
+    )
+    parser.add_argument("--resume", action="store_true", help="keep --out and skip the ids it already holds")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no per-problem lines")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command; returns the exit status."""
+    out = Output(json_mode=args.json)
+    try:
+        options = EvalOptions(jobs=args.jobs, timeout=args.timeout, memory=args.memory, output_limit=args.max_output)
+        items = list(_read(args.submissions))
+        orch = Orchestrator(Settings.from_env())
+    except OrchestratorError as exc:
+        out.note(error_line(exc))
+        return INFRA
+    try:
+        for line in (item for item in items if isinstance(item, InvalidLine)):
+            out.note(f"orchestrator eval: invalid input: {line.describe()}")
+        results = ResultsFile(args.out, resume=args.resume)
+        try:
+            evaluator = Evaluator(orch.backend, orch.settings, options, image=orch.default_image)
+            total = sum(1 for item in items if not isinstance(item, InvalidLine))
+            with _progress(out, total, args.quiet) as advance:
+                report = evaluator.run(items, results_file=results, junit=args.junit, on_result=advance)
+        finally:
+            results.close()
+    except OrchestratorError as exc:
+        out.note(error_line(exc))
+        return INFRA
+    except KeyboardInterrupt:
+        out.note("orchestrator eval: interrupted; the results written so far are in " + str(args.out))
+        return 130
+    finally:
+        orch.close()
+    _summary(out, report)
+    return report.exit_code
+
+
+def _read(source: str) -> Iterator[Submission | InvalidLine]:
+    try:
+        if source == "-":
+            yield from read_submissions(sys.stdin.buffer)
+            return
+        with open(source, "rb") as handle:
+            yield from read_submissions(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the submissions file {source}: {exc}") from None
+
+
+@contextlib.contextmanager
+def _progress(out: Output, total: int, quiet: bool) -> Iterator[OnResult | None]:
+    """A callback for each result: a progress bar on a terminal, else a line per submission that did not pass."""
+    if quiet:
+        yield None
+        return
+    if not out.err_console.is_terminal:
+
+        def note(result: EvalResult) -> None:
+            if not result.passed:
+                out.note(f"{result.id}: {result.status.value}: {result.message}")
+
+        yield note
+        return
+    columns = (
+        TextColumn("eval"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=out.err_console, transient=True) as progress:
+        task = progress.add_task("", total=total)
+        failed = 0
+
+        def advance(result: EvalResult) -> None:
+            nonlocal failed
+            failed += not result.passed
+            progress.update(task, advance=1, description=f"{failed} not passed" if failed else "")
+
+        yield advance
+
+
+def _summary(out: Output, report: EvalReport) -> None:
+    counts = report.counts
+    if out.json_mode:
+        out.json(
+            {
+                "counts": {status.value: count for status, count in counts.items()},
+                "total": len(report.results),
+                "invalid": [{"line": i.line, "id": i.id, "message": i.message} for i in report.invalid],
+                "resumed": report.resumed,
+                "seconds": report.seconds,
+                "image": report.image,
+                "exit_code": report.exit_code,
+            }
+        )
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("STATUS")
+    table.add_column("COUNT", justify="right")
+    for status, count in counts.items():
+        if count:
+            table.add_row(status.value, str(count), style=_STYLE.get(status, "yellow"))
+    if report.invalid:
+        table.add_row("invalid input", str(len(report.invalid)), style="red")
+    out.table(table)
+    rate = len(report.results) - report.resumed
+    pace = f", {rate / report.seconds:.1f}/s" if report.seconds > 0 and rate else ""
+    resumed = f" ({report.resumed} from the earlier run)" if report.resumed else ""
+    out.line(
+        f"{counts[Status.PASSED]} of {len(report.results)} passed{resumed} in "
+        f"{report.seconds:.1f} s{pace}; image {report.image}"
+    )

@@ -1,0 +1,322 @@
+"""Grade many submissions, ``jobs`` at a time, each in a fresh sandbox from a pool, never losing a result.
+
+Every result is written (flushed, fsynced) to the results file the moment its submission ends,
+then its sandbox is removed; the pool starts the next sandboxes meanwhile. Containers carry the
+run's labels (``orchestrator.eval-run``, the controller's host and pid), so a run that was
+killed leaves nothing a later run does not remove (``sweep_dead_runs``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..backend import SANDBOX_ID, Backend
+from ..config import Settings, parse_memory
+from ..errors import ConfigError, ImageMissing, OrchestratorError
+from ..lifecycle import discard_sandbox
+from ..pool import SandboxPool
+from ..sandbox import Sandbox
+from .grading import Status, error_json
+from .records import EvalResult, ResultsFile, status_counts, write_junit
+from .runner import SubmissionRunner
+from .submissions import InvalidLine, Submission
+
+logger = logging.getLogger(__name__)
+
+EVAL_RUN = "orchestrator.eval-run"
+EVAL_HOST = "orchestrator.eval-host"
+EVAL_PID = "orchestrator.eval-pid"
+ROLE = "orchestrator.role"
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """How a run grades: the defaults a submission can override (``timeout``, ``memory``) and the run's shape."""
+
+    jobs: int = 2
+    """Submissions running at once."""
+    timeout: float = 10.0
+    """Seconds for a submission's code and tests together, unless it sets ``timeout``."""
+    memory: int | str | None = None
+    """The sandbox's memory limit unless a submission sets ``memory`` (None: ``Settings.mem_limit``)."""
+    output_limit: int = 1 << 20
+    """Most bytes a submission may print (stdout and stderr together); past it: ``output_limit``."""
+    pool_size: int | None = None
+    """Sandboxes started ahead (None: ``jobs``)."""
+    share_network: bool = True
+    """Lend loopback-only network namespaces between sandboxes one at a time (``pool.NetworkSlots``)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or not 1 <= self.jobs <= 256:
+            raise ConfigError(f"jobs must be an integer from 1 to 256, got {self.jobs!r}")
+        if not 0 < self.timeout <= 24 * 3600:
+            raise ConfigError(f"timeout must be more than 0 and at most 86400 seconds, got {self.timeout!r}")
+        if not isinstance(self.output_limit, int) or not 1024 <= self.output_limit <= 1 << 30:
+            raise ConfigError(f"output_limit must be from 1 KiB to 1 GiB, got {self.output_limit!r}")
+        if self.memory is not None:
+            object.__setattr__(self, "memory", parse_memory(self.memory))
+        if self.pool_size is not None and (not isinstance(self.pool_size, int) or self.pool_size < 0):
+            raise ConfigError(f"pool_size must be a non-negative integer, got {self.pool_size!r}")
+
+
+@dataclass
+class EvalReport:
+    """A finished run: every submission's result in input order (earlier runs' for resumed ids), the invalid lines."""
+
+    results: list[EvalResult] = field(default_factory=list)
+    invalid: list[InvalidLine] = field(default_factory=list)
+    resumed: int = 0
+    """Results taken from the results file of an earlier run (not run again)."""
+    seconds: float = 0.0
+    image: str = ""
+
+    @property
+    def counts(self) -> dict[Status, int]:
+        return status_counts(self.results)
+
+    @property
+    def exit_code(self) -> int:
+        """0: every submission passed; 1: any did not, or a line was invalid; 2: any infrastructure error."""
+        counts = self.counts
+        if counts[Status.INFRA_ERROR]:
+            return 2
+        return 0 if counts[Status.PASSED] == len(self.results) and not self.invalid else 1
+
+
+OnResult = Callable[[EvalResult], None]
+
+
+class Evaluator:
+    """Runs submissions under one ``Settings`` and ``EvalOptions`` on one backend."""
+
+    def __init__(self, backend: Backend, settings: Settings, options: EvalOptions | None = None, *, image: str) -> None:
+        """``image``: the sandbox image (with the agent) every submission runs in."""
+        self._backend = backend
+        self._image = image
+        self._options = options or EvalOptions()
+        memory = self._options.memory if self._options.memory is not None else settings.mem_limit
+        self._settings = settings.replace(max_output_bytes=self._options.output_limit, mem_limit=memory)
+        self._default_memory = parse_memory(self._settings.mem_limit)
+        self._run_id = secrets.token_hex(4)
+        self._labels = {
+            ROLE: "eval",
+            EVAL_RUN: self._run_id,
+            EVAL_HOST: socket.gethostname(),
+            EVAL_PID: str(os.getpid()),
+        }
+        self._lock = threading.Lock()
+        self._in_use: set[Sandbox] = set()
+        self._stopping = threading.Event()
+
+    def run(
+        self,
+        items: Iterable[Submission | InvalidLine],
+        *,
+        results_file: ResultsFile | None = None,
+        junit: Path | None = None,
+        on_result: OnResult | None = None,
+    ) -> EvalReport:
+        """Grade ``items`` (invalid lines are reported, not run); ids ``results_file`` finished are not run again.
+
+        Raises:
+            ImageMissing: the sandbox image is not built.
+            EngineError: the engine cannot be used at all (one submission's failure is its ``infra_error``).
+        """
+        started = time.monotonic()
+        image = self._image
+        image_id = self._backend.image_id(image)
+        if image_id is None:
+            raise ImageMissing(f"sandbox image {image!r} does not exist; build it with `orchestrator image build`")
+        sweep_dead_runs(self._backend, self._settings.runtime_dir)
+        report = EvalReport(image=image)
+        done = results_file.finished() if results_file is not None else set()
+        previous = results_file.previous if results_file is not None else {}
+        order: list[str] = []
+        todo: list[Submission] = []
+        for item in items:
+            if isinstance(item, InvalidLine):
+                report.invalid.append(item)
+                continue
+            order.append(item.id)
+            if item.id in done:
+                report.resumed += 1
+            else:
+                todo.append(item)
+        finished: dict[str, EvalResult] = {}
+        scratch = Path(tempfile.mkdtemp(prefix="orchestrator-eval-"))
+        runner = SubmissionRunner(self._settings, output_limit=self._options.output_limit, scratch=scratch)
+        size = self._options.jobs if self._options.pool_size is None else self._options.pool_size
+        pool = SandboxPool(
+            self._backend,
+            self._settings,
+            image=image,
+            scope=f"eval-{self._run_id}",
+            labels=self._labels,
+            size=min(size, len(todo)),
+            share_network=self._options.share_network,
+        )
+
+        def finish(result: EvalResult) -> None:
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                if results_file is not None:
+                    results_file.append(result)
+                finished[result.id] = result
+            if on_result is not None:
+                on_result(result)
+
+        try:
+            with ThreadPoolExecutor(self._options.jobs, thread_name_prefix="eval") as jobs:
+                try:
+                    for future in [jobs.submit(self._grade, pool, runner, s, image, image_id, finish) for s in todo]:
+                        future.result()
+                except BaseException:
+                    self._stop()
+                    raise
+        finally:
+            pool.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+        report.results = [
+            finished[key] if key in finished else previous[key] for key in order if key in finished or key in previous
+        ]
+        report.seconds = time.monotonic() - started
+        if junit is not None:
+            write_junit(junit, report.results, report.invalid, name="orchestrator eval", seconds=report.seconds)
+        return report
+
+    def _stop(self) -> None:
+        """Interrupted: keep no more results and remove the sandboxes still running (their jobs end at once)."""
+        self._stopping.set()
+        with self._lock:
+            running = list(self._in_use)
+        for sandbox in running:
+            with contextlib.suppress(OrchestratorError):
+                self._backend.remove(sandbox.container_id)
+
+    def _grade(
+        self,
+        pool: SandboxPool,
+        runner: SubmissionRunner,
+        submission: Submission,
+        image: str,
+        image_id: str,
+        finish: OnResult,
+    ) -> None:
+        if self._stopping.is_set():
+            return
+        started = time.monotonic()
+        timeout = submission.timeout or self._options.timeout
+        memory = submission.memory or self._default_memory
+        limits = self._limits(timeout, memory)
+        common: dict[str, Any] = {
+            "id": submission.id,
+            "line": submission.line,
+            "limits": limits,
+            "image": image,
+            "image_id": image_id,
+        }
+        try:
+            if memory == self._default_memory:
+                sandbox = pool.take()
+            else:
+                sandbox = pool.start(self._settings.replace(mem_limit=memory))
+        except OrchestratorError as exc:
+            took = time.monotonic() - started
+            message = f"no sandbox could be started: {type(exc).__name__}: {exc}"
+            finish(
+                EvalResult(
+                    status=Status.INFRA_ERROR,
+                    message=message,
+                    durations={"total": took, "sandbox": took},
+                    finished_at=time.time(),
+                    **common,
+                )
+            )
+            return
+        with self._lock:
+            self._in_use.add(sandbox)
+        try:
+            waited = time.monotonic() - started
+            verdict, code, tests = runner.run(sandbox, submission, timeout)
+            stdout = code.stdout + (tests.stdout if tests is not None else "")
+            stderr = code.stderr + (tests.stderr if tests is not None else "")
+            durations = {"total": time.monotonic() - started, "sandbox": waited, "code": code.duration}
+            if tests is not None:
+                durations["tests"] = tests.duration
+            finish(
+                EvalResult(
+                    status=verdict.status,
+                    message=verdict.message,
+                    phase=verdict.phase,
+                    stdout=stdout,
+                    stderr=stderr,
+                    output_truncated=verdict.status is Status.OUTPUT_LIMIT,
+                    error=error_json(verdict.error),
+                    diff=verdict.diff,
+                    durations=durations,
+                    sandbox_id=sandbox.sandbox_id,
+                    finished_at=time.time(),
+                    **common,
+                )
+            )
+        finally:
+            with self._lock:
+                self._in_use.discard(sandbox)
+            try:
+                pool.discard(sandbox)
+            except OrchestratorError as exc:
+                logger.warning("eval: removing sandbox %s failed: %s", sandbox.sandbox_id, exc)
+
+    def _limits(self, timeout: float, memory: int) -> dict[str, Any]:
+        settings = self._settings
+        return {
+            "timeout": timeout,
+            "memory": memory,
+            "cpus": settings.nano_cpus / 1e9,
+            "pids": settings.pids_limit,
+            "output": self._options.output_limit,
+            "network": "loopback only" if settings.network_mode == "none" else settings.network_mode,
+            "read_only": settings.read_only,
+            "user": settings.user,
+            "tmpfs": dict(settings.tmpfs),
+        }
+
+
+def sweep_dead_runs(backend: Backend, runtime_dir: Path) -> list[str]:
+    """Remove the containers of eval runs on this host whose controller process is gone; return their names."""
+    host = socket.gethostname()
+    removed = []
+    for container in backend.find({ROLE: "eval", EVAL_HOST: host}):
+        pid = container.labels.get(EVAL_PID, "")
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        with contextlib.suppress(OrchestratorError):
+            discard_sandbox(backend, runtime_dir, container.labels.get(SANDBOX_ID), container.id)
+            removed.append(container.name)
+    if removed:
+        logger.info("eval: removed %d containers of runs that died: %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

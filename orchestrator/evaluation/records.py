@@ -1,0 +1,201 @@
+"""The results of an evaluation: one record per submission, the results file, the JUnit report.
+
+The results file is JSON lines, appended and flushed (and fsynced) as each submission ends,
+so a crash loses no finished result; a line cut short by a crash is dropped when the file is
+resumed. When an id appears twice (an ``infra_error`` run again by ``--resume``), the last
+record counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+from xml.etree import ElementTree
+
+from ..errors import ConfigError
+from .grading import Status
+from .submissions import InvalidLine
+
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_JUNIT_OUTPUT_CHARS = 64 << 10
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """What one submission did: its outcome, its output and what ran it.
+
+    Attributes:
+        status: the outcome (``Status``); ``message`` says it in a sentence.
+        phase: "code" or "tests": the cell that decided a non-passing outcome.
+        stdout, stderr: what the code (and tests) printed, at most the run's output limit
+            (``output_truncated``: the submission printed more and was stopped; the rest is not kept).
+        error: the exception (type, message, line, snippet, traceback of the user's frames).
+        diff: expected_stdout against stdout, when they differ.
+        durations: seconds: ``total`` (from taking a sandbox to the verdict), ``sandbox`` (waiting
+            for a started sandbox), ``code`` and ``tests`` (inside the sandbox).
+        limits: what the sandbox ran under: timeout, memory, cpus, pids, output, network.
+        image, image_id: the sandbox image's tag and id.
+    """
+
+    id: str
+    status: Status
+    message: str
+    line: int = 0
+    phase: str | None = None
+    stdout: str = ""
+    stderr: str = ""
+    output_truncated: bool = False
+    error: dict[str, Any] | None = None
+    diff: str | None = None
+    durations: dict[str, float] = field(default_factory=dict)
+    limits: dict[str, Any] = field(default_factory=dict)
+    image: str = ""
+    image_id: str | None = None
+    sandbox_id: str | None = None
+    finished_at: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status is Status.PASSED
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EvalResult:
+        """A record read back from a results file (unknown fields ignored).
+
+        Raises:
+            ConfigError: it has no id or no known status.
+        """
+        if not isinstance(data.get("id"), str):
+            raise ConfigError("a result record without an 'id'")
+        try:
+            status = Status(data.get("status"))
+        except ValueError:
+            raise ConfigError(f"result {data['id']!r} has an unknown status {data.get('status')!r}") from None
+        known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        return cls(**{**known, "status": status})
+
+
+class ResultsFile:
+    """The ``--out`` file: read what an earlier run finished (resume), then append one flushed line per result."""
+
+    def __init__(self, path: Path, *, resume: bool, fsync: bool = True) -> None:
+        """Open ``path``: emptied (a new run), or kept and repaired (``resume``).
+
+        Raises:
+            ConfigError: the file cannot be opened, or a complete line of it is not a result record.
+        """
+        self.path = path
+        self._fsync = fsync
+        self.previous: dict[str, EvalResult] = {}
+        try:
+            if resume and path.exists():
+                self.previous = _read_records(path)
+            self._file: IO[str] = open(path, "a" if resume else "w", encoding="utf-8")  # noqa: SIM115
+        except OSError as exc:
+            raise ConfigError(f"cannot open the results file {path}: {exc}") from None
+
+    def finished(self) -> set[str]:
+        """Ids an earlier run finished (an ``infra_error`` is not finished: it runs again)."""
+        return {key for key, record in self.previous.items() if record.status is not Status.INFRA_ERROR}
+
+    def append(self, result: EvalResult) -> None:
+        """Write one record and make it durable before returning."""
+        self._file.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+        self._file.flush()
+        if self._fsync:
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _read_records(path: Path) -> dict[str, EvalResult]:
+    """Every complete record of a results file; a last line cut short by a crash is removed from the file."""
+    raw = path.read_bytes()
+    complete = raw[: raw.rfind(b"\n") + 1]
+    if len(complete) != len(raw):
+        with open(path, "r+b") as handle:
+            handle.truncate(len(complete))
+    records: dict[str, EvalResult] = {}
+    for number, line in enumerate(complete.decode("utf-8", "replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = EvalResult.from_json(json.loads(line))
+        except (ValueError, TypeError, ConfigError) as exc:
+            raise ConfigError(
+                f"{path} line {number} is not a result record ({exc}); is it the results file of an earlier run?"
+            ) from None
+        records[record.id] = record
+    return records
+
+
+def status_counts(results: Iterable[EvalResult]) -> dict[Status, int]:
+    counts = dict.fromkeys(Status, 0)
+    for result in results:
+        counts[result.status] += 1
+    return counts
+
+
+def _xml_text(text: str, limit: int = _JUNIT_OUTPUT_CHARS) -> str:
+    text = text if len(text) <= limit else text[:limit] + "\n[... cut for the report ...]"
+    return _NOT_XML.sub("\ufffd", text)
+
+
+def write_junit(
+    path: Path, results: Iterable[EvalResult], invalid: Iterable[InvalidLine], *, name: str, seconds: float
+) -> None:
+    """A JUnit XML report: a testcase per submission (``failure`` for failed, ``error`` for the other
+    non-passing outcomes with the status as its type) and per invalid input line."""
+    results = list(results)
+    invalid = list(invalid)
+    counts = status_counts(results)
+    failures = counts[Status.FAILED]
+    errors = len(results) - failures - counts[Status.PASSED] + len(invalid)
+    suite = ElementTree.Element(
+        "testsuite",
+        name=name,
+        tests=str(len(results) + len(invalid)),
+        failures=str(failures),
+        errors=str(errors),
+        skipped="0",
+        time=f"{seconds:.3f}",
+    )
+    for result in results:
+        case = ElementTree.SubElement(
+            suite, "testcase", classname=name, name=_xml_text(result.id), time=f"{result.durations.get('total', 0):.3f}"
+        )
+        if not result.passed:
+            kind = "failure" if result.status is Status.FAILED else "error"
+            detail = "\n\n".join(
+                part for part in (result.diff, (result.error or {}).get("traceback")) if isinstance(part, str) and part
+            )
+            element = ElementTree.SubElement(case, kind, type=result.status.value, message=_xml_text(result.message))
+            element.text = _xml_text(detail)
+        if result.stdout:
+            ElementTree.SubElement(case, "system-out").text = _xml_text(result.stdout)
+        if result.stderr:
+            ElementTree.SubElement(case, "system-err").text = _xml_text(result.stderr)
+    for line in invalid:
+        case = ElementTree.SubElement(suite, "testcase", classname=name, name=_xml_text(f"line {line.line}"))
+        ElementTree.SubElement(case, "error", type="invalid_input", message=_xml_text(line.describe()))
+    ElementTree.indent(suite)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        ElementTree.ElementTree(suite).write(temporary, encoding="utf-8", xml_declaration=True)
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise ConfigError(f"cannot write the JUnit report {path}: {exc}") from None

@@ -1,0 +1,195 @@
+"""What ``orchestrator eval`` reads: one JSON submission per line, checked field by field, with line numbers.
+
+A line that is not a valid submission becomes an ``InvalidLine`` naming the line, the id when
+there is one, and what is wrong; it never stops the lines after it. Ids must be unique in the
+file: a second line with an id already seen is invalid (the first one runs).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import parse_memory
+from ..errors import ConfigError
+
+MAX_ID_CHARS = 200
+MAX_FILES_BYTES = 8 << 20
+MIN_MEMORY = 32 << 20
+FIELDS = ("id", "code", "tests", "stdin", "expected_stdout", "timeout", "memory", "files")
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One piece of untrusted code to grade.
+
+    Attributes:
+        id: unique in its file; names its result.
+        code: the Python source under test.
+        tests: Python run after ``code`` in the same namespace; an ``AssertionError`` there means failed.
+        stdin: what ``input()`` and ``sys.stdin`` read while ``code`` runs (None: ``input()`` raises EOFError).
+        expected_stdout: what ``code`` must print (compared line by line, trailing spaces and blank lines aside).
+        timeout: seconds for ``code`` and ``tests`` together (None: the run's default).
+        memory: the sandbox's memory limit in bytes (None: the run's default).
+        files: relative path -> text, written in the workspace before ``code`` runs.
+        line: the line of the file it came from (1-based; 0 when built in Python).
+    """
+
+    id: str
+    code: str
+    tests: str | None = None
+    stdin: str | None = None
+    expected_stdout: str | None = None
+    timeout: float | None = None
+    memory: int | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    line: int = 0
+
+    def __post_init__(self) -> None:
+        _check_submission(self)
+
+
+@dataclass(frozen=True)
+class InvalidLine:
+    """A line that is not a submission: where, which id (if any), and what is wrong."""
+
+    line: int
+    id: str | None
+    message: str
+
+    def describe(self) -> str:
+        named = f" (id {self.id!r})" if self.id is not None else ""
+        return f"line {self.line}{named}: {self.message}"
+
+
+def read_submissions(lines: Iterable[str | bytes]) -> Iterator[Submission | InvalidLine]:
+    """Parse JSONL: each non-blank line one submission, in file order; invalid lines come out as ``InvalidLine``."""
+
+    def parsed() -> Iterator[Submission | InvalidLine]:
+        for number, raw in enumerate(lines, start=1):
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+            if text.strip():
+                yield parse_line(text, number)
+
+    return unique_ids(parsed())
+
+
+def submissions_from(items: Iterable[Submission | Mapping[str, Any]]) -> Iterator[Submission | InvalidLine]:
+    """Submissions given in Python: ``Submission``s or JSON-like dicts (numbered from 1 for the messages)."""
+
+    def parsed() -> Iterator[Submission | InvalidLine]:
+        for number, item in enumerate(items, start=1):
+            if isinstance(item, Submission):
+                yield item
+            elif isinstance(item, Mapping):
+                yield parse_line(json.dumps(item, default=str), number)
+            else:
+                yield InvalidLine(number, None, f"a submission is a Submission or a dict, not {type(item).__name__}")
+
+    return unique_ids(parsed())
+
+
+def unique_ids(items: Iterable[Submission | InvalidLine]) -> Iterator[Submission | InvalidLine]:
+    """Pass ``items`` on; a submission whose id came before becomes an ``InvalidLine`` (the first one runs)."""
+    seen: dict[str, int] = {}
+    for number, item in enumerate(items, start=1):
+        if isinstance(item, Submission):
+            line = item.line or number
+            if item.id in seen:
+                yield InvalidLine(line, item.id, f"duplicate id: line {seen[item.id]} has it already")
+                continue
+            seen[item.id] = line
+        yield item
+
+
+def parse_line(text: str, number: int = 0) -> Submission | InvalidLine:
+    """One line of the submissions file."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return InvalidLine(number, None, f"not valid JSON ({exc})")
+    if not isinstance(data, dict):
+        return InvalidLine(number, None, f"a submission is a JSON object, not {type(data).__name__}")
+    raw_id = data.get("id")
+    named = raw_id if isinstance(raw_id, str) else (str(raw_id) if isinstance(raw_id, int) else None)
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        return InvalidLine(number, named, f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(FIELDS)}")
+    try:
+        return submission_from_json(data, number)
+    except ConfigError as exc:
+        return InvalidLine(number, named, str(exc))
+
+
+def submission_from_json(data: dict[str, Any], line: int = 0) -> Submission:
+    """A ``Submission`` from a decoded JSON object (``id`` may be an int; ``memory`` a size like "256m").
+
+    Raises:
+        ConfigError: a field is missing or has the wrong type or value.
+    """
+    if "id" not in data:
+        raise ConfigError("missing 'id'")
+    raw_id = data["id"]
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
+        raise ConfigError(f"'id' must be a string or an integer, not {type(raw_id).__name__}")
+    if "code" not in data:
+        raise ConfigError("missing 'code'")
+    memory = data.get("memory")
+    if memory is not None:
+        if isinstance(memory, bool) or not isinstance(memory, (str, int)):
+            raise ConfigError(f"'memory' must be a size like \"256m\" or bytes, not {type(memory).__name__}")
+        memory = parse_memory(memory)
+    timeout = data.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
+        raise ConfigError(f"'timeout' must be a number of seconds, not {type(timeout).__name__}")
+    return Submission(
+        id=str(raw_id),
+        code=data["code"],
+        tests=data.get("tests"),
+        stdin=data.get("stdin"),
+        expected_stdout=data.get("expected_stdout"),
+        timeout=None if timeout is None else float(timeout),
+        memory=memory,
+        files=data.get("files") or {},
+        line=line,
+    )
+
+
+def _check_submission(submission: Submission) -> None:
+    if not isinstance(submission.id, str) or not submission.id.strip():
+        raise ConfigError("'id' must be a non-empty string")
+    if len(submission.id) > MAX_ID_CHARS or any(ord(char) < 32 for char in submission.id):
+        raise ConfigError(f"'id' must be at most {MAX_ID_CHARS} printable characters")
+    for name in ("code", "tests", "stdin", "expected_stdout"):
+        value = getattr(submission, name)
+        if name != "code" and value is None:
+            continue
+        if not isinstance(value, str):
+            raise ConfigError(f"'{name}' must be a string, not {type(value).__name__}")
+        try:
+            value.isascii() or value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"'{name}' must be valid Unicode text (it has a lone surrogate)") from None
+    if submission.timeout is not None and not 0 < submission.timeout <= 24 * 3600:
+        raise ConfigError(f"'timeout' must be more than 0 and at most 86400 seconds, got {submission.timeout!r}")
+    if submission.memory is not None and submission.memory < MIN_MEMORY:
+        raise ConfigError(f"'memory' must be at least {MIN_MEMORY >> 20} MiB, got {submission.memory} bytes")
+    _check_files(submission.files)
+
+
+def _check_files(files: Any) -> None:
+    if not isinstance(files, dict):
+        raise ConfigError(f"'files' must be an object of relative path -> text, not {type(files).__name__}")
+    total = 0
+    for path, content in files.items():
+        normal = posixpath.normpath(path) if isinstance(path, str) else ""
+        if not normal or normal.startswith(("/", "../")) or normal in (".", "..") or "\0" in normal:
+            raise ConfigError(f"'files': {path!r} must be a relative path inside the workspace")
+        if not isinstance(content, str):
+            raise ConfigError(f"'files': the content of {path!r} must be a string, not {type(content).__name__}")
+        total += len(content.encode("utf-8", "surrogatepass"))
+    if total > MAX_FILES_BYTES:
+        raise ConfigError(f"'files' hold {total} bytes; at most {MAX_FILES_BYTES} are placed per submission")
