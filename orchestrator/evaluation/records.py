@@ -119,6 +119,12 @@ class ResultsFile:
     def close(self) -> None:
         self._file.close()
 
+    def __enter__(self) -> ResultsFile:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 def _read_records(path: Path) -> dict[str, EvalResult]:
     """Every complete record of a results file; a last line cut short by a crash is removed from the file."""

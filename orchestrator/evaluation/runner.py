@@ -57,15 +57,15 @@ class SubmissionRunner:
                 failed = CellRun("error" if placed.error else placed.ended, error=placed.error, reason=placed.reason)
                 verdict = grade(failed, None, None)
                 return Verdict(verdict.status, f"placing its files failed: {verdict.message}", "setup"), failed, None
-        code = self.run_cell(sandbox, submission.code, timeout, stdin=submission.stdin)
+        code = self.run_cell(sandbox, submission.code, timeout, stdin=submission.stdin or "")
         tests = None
         if code.ended == "ok" and submission.tests is not None:
             left = max(timeout - code.duration, min(_MIN_TESTS_SECONDS, timeout))
             tests = self.run_cell(sandbox, submission.tests, left)
         return grade(code, tests, submission.expected_stdout), code, tests
 
-    def run_cell(self, sandbox: Sandbox, code: str, seconds: float, *, stdin: str | None = None) -> CellRun:
-        """One cell, whatever it does; never raises for what the sandbox did."""
+    def run_cell(self, sandbox: Sandbox, code: str, seconds: float, *, stdin: str = "") -> CellRun:
+        """One cell, whatever it does; never raises for what the sandbox did. Its ``input()`` reads ``stdin``."""
         header: dict[str, Any] = {
             "type": protocol.EXEC,
             "code": code,
@@ -74,9 +74,8 @@ class SubmissionRunner:
             "stream": True,
             "send_limit": self._output_limit,
             "output_cap": self._output_limit,
+            "stdin": stdin,
         }
-        if stdin is not None:
-            header["stdin"] = stdin
         wakeup = Wakeup()
         live = LiveCall(self._recorder, None, self._settings.input_timeout, owner=self, wakeup=wakeup)
         started = time.monotonic()
@@ -86,9 +85,10 @@ class SubmissionRunner:
             return self._cell_run(reply, live, started)
         except ChannelLost as exc:
             death = sandbox.settled_state()
-            ended = "oom" if death is not None and death.oom_killed else "crashed"
+            if death is not None and death.oom_killed:
+                return self._partial(live, "oom", f"ran out of memory: {death.describe()}", started)
             how = death.describe() if death is not None else "its container is gone"
-            return self._partial(live, ended, f"ended with its sandbox: {how} ({exc})", started)
+            return self._partial(live, "crashed", f"ended with its sandbox: {how} ({exc})", started)
         except AgentTimeoutError:
             return self._partial(live, "timeout", f"ran past its {seconds:g} s timeout and its sandbox hung", started)
         except ProtocolError as exc:
@@ -108,9 +108,10 @@ class SubmissionRunner:
         if failure is not None:
             if failure["status"] == protocol.STATUS_TIMEOUT:
                 ended, reason = "timeout", "ran past its timeout and ignored the interrupt (it was killed)"
+            elif failure["oom"]:
+                ended, reason = "oom", "ran out of its memory limit (the kernel's out-of-memory killer stopped it)"
             elif failure["status"] == protocol.STATUS_CRASHED:
-                ended = "oom" if failure["oom"] else "crashed"
-                reason = f"ended its interpreter: {failure['reason']}"
+                ended, reason = "crashed", f"ended its interpreter: {failure['reason']}"
             else:
                 ended, reason = "crashed", f"broke the sandbox's protocol: {failure['reason']}"
             return self._partial(live, ended, reason, started)

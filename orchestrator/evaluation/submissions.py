@@ -30,7 +30,7 @@ class Submission:
         id: unique in its file; names its result.
         code: the Python source under test.
         tests: Python run after ``code`` in the same namespace; an ``AssertionError`` there means failed.
-        stdin: what ``input()`` and ``sys.stdin`` read while ``code`` runs (None: ``input()`` raises EOFError).
+        stdin: what ``input()`` and ``sys.stdin`` read while ``code`` runs (None: nothing, ``input()`` raises EOFError).
         expected_stdout: what ``code`` must print (compared line by line, trailing spaces and blank lines aside).
         timeout: seconds for ``code`` and ``tests`` together (None: the run's default).
         memory: the sandbox's memory limit in bytes (None: the run's default).

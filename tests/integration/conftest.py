@@ -8,6 +8,7 @@ tests stored, is removed, so ``docker ps -a`` shows nothing of ours afterwards.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import shutil
 import tempfile
@@ -21,6 +22,7 @@ from support import close_quietly, kill_and_wait
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.backend import MANAGED, SESSION_ID
+from orchestrator.evaluation.evaluator import EVAL_PID
 
 RUN_ID = secrets.token_hex(6)
 TEST_LABEL = "orchestrator.test.run"
@@ -32,6 +34,7 @@ def _sweep(state_dir: Path) -> None:
     try:
         session_ids = [p.name for p in (state_dir / "sessions").glob("*")] if state_dir.exists() else []
         filters = [[f"{TEST_LABEL}={RUN_ID}"]] + [[f"{MANAGED}=true", f"{SESSION_ID}={sid}"] for sid in session_ids]
+        filters.append([f"{MANAGED}=true", f"{EVAL_PID}={os.getpid()}"])  # evaluations and pools of this run
         for labels in filters:
             for container in client.containers.list(all=True, filters={"label": labels}):
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
