@@ -24,6 +24,7 @@ from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend
 from .config import Settings
 from .endpoint import discard_sandbox_dir
 from .errors import CheckpointError, OrchestratorError, SessionNotFound
+from .evaluation.evaluator import EVAL_RUN, dead_runs
 from .store import SessionStore
 from .survey import SessionInfo, SessionStatus, survey
 from .units import describe_bytes, describe_duration
@@ -108,6 +109,7 @@ class Pruner:
         self._orphan_containers()
         self._orphan_blobs()
         self._orphan_record_dirs()
+        self._dead_eval_runs()
         self._orphan_sandbox_dirs()
         return PruneReport(self.actions, self.dry_run)
 
@@ -190,6 +192,18 @@ class Pruner:
         self._record(
             "remove-orphan-record", str(directory), reason, lambda: shutil.rmtree(directory, ignore_errors=True)
         )
+
+    def _dead_eval_runs(self) -> None:
+        """Sandboxes of ``orchestrator eval`` runs on this host whose process is gone (killed before cleaning up)."""
+        for container in dead_runs(self.backend):
+            self._record(
+                "remove-orphan-container",
+                container.name,
+                f"its eval run {container.labels.get(EVAL_RUN, '?')} ended without removing it",
+                lambda c=container: lifecycle.discard_sandbox(
+                    self.backend, self.settings.runtime_dir, c.labels.get(SANDBOX_ID), c.id
+                ),
+            )
 
     def _orphan_sandbox_dirs(self) -> None:
         """Channel directories in the runtime dir whose container is gone (in any store: the dir is shared)."""

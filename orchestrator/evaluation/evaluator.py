@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backend import SANDBOX_ID, Backend
+from ..backend import SANDBOX_ID, Backend, ContainerState
 from ..config import Settings, parse_memory
 from ..errors import ConfigError, ImageMissing, OrchestratorError
 from ..lifecycle import discard_sandbox
@@ -296,14 +296,20 @@ class Evaluator:
         }
 
 
+def dead_runs(backend: Backend) -> list[ContainerState]:
+    """Containers of eval runs started on this host by a controller process that is gone."""
+    host = socket.gethostname()
+    return [
+        container
+        for container in backend.find({ROLE: "eval", EVAL_HOST: host})
+        if not _alive(container.labels.get(EVAL_PID, ""))
+    ]
+
+
 def sweep_dead_runs(backend: Backend, runtime_dir: Path) -> list[str]:
     """Remove the containers of eval runs on this host whose controller process is gone; return their names."""
-    host = socket.gethostname()
     removed = []
-    for container in backend.find({ROLE: "eval", EVAL_HOST: host}):
-        pid = container.labels.get(EVAL_PID, "")
-        if pid.isdigit() and _alive(int(pid)):
-            continue
+    for container in dead_runs(backend):
         with contextlib.suppress(OrchestratorError):
             discard_sandbox(backend, runtime_dir, container.labels.get(SANDBOX_ID), container.id)
             removed.append(container.name)
@@ -312,9 +318,11 @@ def sweep_dead_runs(backend: Backend, runtime_dir: Path) -> list[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: str) -> bool:
+    if not pid.isdigit():
+        return False
     try:
-        os.kill(pid, 0)
+        os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
     except PermissionError:
