@@ -187,6 +187,7 @@ class ExecReply(TypedDict):
     checkpoint_duration: float
     checkpoint: CheckpointDelta
     scaffold: dict[str, Any] | None
+    output_limited: bool  # the cell's output passed the exec's ``output_cap`` (absent in the header: False)
 
 
 def parse_exec_reply(header: dict[str, Any]) -> ExecReply:
@@ -207,6 +208,7 @@ def parse_exec_reply(header: dict[str, Any]) -> ExecReply:
         checkpoint_duration=float(expect(header, "checkpoint_duration", (int, float))),
         checkpoint=parse_delta(header),
         scaffold=expect(header, "scaffold", dict, optional=True),
+        output_limited=expect(header, "output_limited", bool, optional=True) is True,
     )
 
 

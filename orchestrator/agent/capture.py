@@ -7,6 +7,13 @@ the caller streams the cell (everything, as it comes), or the stream went past `
 everything from its first byte, so the controller keeps the whole stream in a file). Either way
 at most ``send_limit`` bytes per stream travel; the rest is only counted. A cell that prints
 nothing, or less than ``limit`` without streaming, sends no frame at all.
+
+An exec's ``output_cap`` bounds the bytes of both streams together: the write that would pass
+it keeps the part up to the cap and raises ``OutputLimitExceeded`` in the code that wrote, and
+every later write of the cell raises it again and keeps nothing. A capped cell's text streams
+write through to their sinks with no buffer between, so that the write that passes the cap is
+the one that raises (a buffer would pass it on later, from a flush); an uncapped cell's output
+takes the buffered path, unchanged.
 """
 
 from __future__ import annotations
@@ -14,12 +21,34 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 FRAME_BYTES = 256 << 10  # pending bytes past this go out at once, from the writing thread
 STREAM_TICK = 0.02  # a streamed cell's output waits at most this long before it is sent
 
 Send = Callable[[str, bytes], None]
+
+
+class OutputLimitExceeded(BaseException):
+    """The cell's output passed the exec's ``output_cap``.
+
+    A BaseException, like KeyboardInterrupt, so that ``except Exception`` in the cell does not swallow it.
+    """
+
+
+class OutputCap(object):
+    """The byte budget that a capped cell's two streams share."""
+
+    __slots__ = ("limit", "lock", "reached", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.reached = False  # a write went past the limit: every later one raises
+        self.lock = threading.Lock()
+
+    def exceeded(self) -> OutputLimitExceeded:
+        return OutputLimitExceeded("the cell's output passed its limit of %d bytes" % self.limit)
 
 
 class CellOutput(io.RawIOBase):
@@ -88,16 +117,62 @@ class CellOutput(io.RawIOBase):
         return out
 
 
-class CellStreams:
-    """A cell's stdout and stderr text streams, and a ticker that sends streamed output every ``STREAM_TICK``."""
+class CappedCellOutput(CellOutput):
+    """A CellOutput whose bytes count against an ``OutputCap`` shared with the cell's other stream."""
 
-    def __init__(self, limit: int, send: Optional[Send] = None, stream: bool = False, send_limit: int = 0) -> None:
+    def __init__(
+        self, name: str, limit: int, send: Optional[Send], stream: bool, send_limit: int, cap: OutputCap
+    ) -> None:
+        super().__init__(name, limit, send, stream, send_limit)
+        self.cap = cap
+
+    def write(self, data) -> int:  # type: ignore[override]
+        if type(data) is not bytes:  # what a buffered stream would pass on: the bytes of any bytes-like object
+            with memoryview(data) as view:
+                data = view.tobytes()
+        cap = self.cap
+        size = len(data)
+        with cap.lock:
+            if cap.reached:
+                raise cap.exceeded()
+            room = cap.limit - cap.used
+            if size <= room:
+                cap.used += size
+            else:
+                cap.used = cap.limit
+                cap.reached = True
+        if size <= room:
+            return CellOutput.write(self, data)
+        if room > 0:
+            CellOutput.write(self, data[:room])
+        raise cap.exceeded()
+
+
+class CellStreams:
+    """A cell's stdout and stderr text streams, and a ticker that sends streamed output every ``STREAM_TICK``.
+
+    ``cap`` (bytes, or None): the exec's ``output_cap`` on both streams together.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        send: Optional[Send] = None,
+        stream: bool = False,
+        send_limit: int = 0,
+        cap: Optional[int] = None,
+    ) -> None:
         self.sinks: List[CellOutput] = []
-        self.buffers: List[io.BufferedWriter] = []
+        self.buffers: List[Any] = []  # what each text stream writes to: a BufferedWriter, or a capped sink itself
         self.texts: List[io.TextIOWrapper] = []
+        self.cap = None if cap is None else OutputCap(cap)
         for name in ("stdout", "stderr"):
-            sink = CellOutput(name, limit, send, stream, send_limit)
-            buffered = io.BufferedWriter(sink)
+            if self.cap is None:
+                sink = CellOutput(name, limit, send, stream, send_limit)
+                buffered: Any = io.BufferedWriter(sink)
+            else:
+                sink = CappedCellOutput(name, limit, send, stream, send_limit, self.cap)
+                buffered = sink  # no buffer: the write that passes the cap raises in the code that made it
             self.sinks.append(sink)
             self.buffers.append(buffered)
             self.texts.append(
@@ -110,6 +185,11 @@ class CellStreams:
             self._ticker.start()
 
     @property
+    def limited(self) -> bool:
+        """The cell's output went past its cap."""
+        return self.cap is not None and self.cap.reached
+
+    @property
     def streams(self) -> Tuple[io.TextIOWrapper, io.TextIOWrapper]:
         return self.texts[0], self.texts[1]
 
@@ -120,7 +200,7 @@ class CellStreams:
     def flush(self) -> None:
         """Send what both streams hold now (input() sends its prompt before it asks)."""
         for index, sink in enumerate(self.sinks):
-            with contextlib.suppress(Exception):  # the cell may have closed it
+            with contextlib.suppress(Exception, OutputLimitExceeded):  # the cell may have closed it
                 self.buffers[index].flush()
             sink.send_pending()
 
@@ -130,6 +210,6 @@ class CellStreams:
         if self._ticker is not None:
             self._ticker.join()
         for text in self.texts:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, OutputLimitExceeded):  # the agent's flushes never raise the cap
                 text.flush()
         self.flush()

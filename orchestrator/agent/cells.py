@@ -13,6 +13,8 @@ import sys
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
+from .capture import OutputLimitExceeded
+
 CELL_PREFIX = "<cell-"
 _MAX_REPR = 64 << 10
 _MAX_MESSAGE = 8 << 10
@@ -147,7 +149,8 @@ def error_info(exc: BaseException, skip_frames: int = 0) -> Dict[str, Any]:
 
 def _flush_quietly() -> None:
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # the cell may have replaced the stream with anything
+        # The cell may have replaced the stream with anything (even one that writes to the capped stream on flush).
+        with contextlib.suppress(Exception, OutputLimitExceeded):
             stream.flush()
 
 

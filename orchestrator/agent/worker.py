@@ -31,6 +31,7 @@ import _signal  # signal without its enum wrappers: handlers are checked on ever
 import builtins
 import contextlib
 import gc
+import io
 import json
 import os
 import platform
@@ -60,6 +61,7 @@ _REPLY_TYPES = {
 _MISSING = object()
 _MAX_REASON = 200
 _MAX_PROMPT = 64 << 10
+_BUILTIN_INPUT = builtins.input  # Python's own input(), for a cell that reads the exec's ``stdin``
 
 
 def _fresh_namespace(namespace: Dict[str, Any]) -> None:
@@ -338,6 +340,10 @@ class Worker:
             delta = _prefixed(delta, self.active.context_id)
         return delta, parts, time.monotonic() - started
 
+    def empty_delta(self) -> Dict[str, Any]:
+        """The delta of a checkpoint that found nothing changed (or of one that was not taken)."""
+        return {"generation": self.tracker.generation, "blobs": [], "vars": {}, "deleted": [], "unsaved": {}}
+
     def state_reply(self) -> Tuple[Dict[str, Any], List[Any]]:
         delta, parts, took = self.checkpoint()
         reply = {
@@ -351,19 +357,28 @@ class Worker:
     # -- requests
 
     def execute(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
+        """Run a cell, then checkpoint. Optional fields (docs/protocol.md): ``stdin`` (text that ``sys.stdin``
+        and Python's own ``input()`` read), ``output_cap`` (bytes of stdout and stderr together, past which
+        writes raise ``OutputLimitExceeded``) and ``checkpoint: false`` (no checkpoint: an empty delta)."""
         code = header.get("code")
         if not isinstance(code, str):
             return {"type": protocol.EXEC_REPLY, "status": protocol.STATUS_PROTOCOL_ERROR, "reason": "no code"}, []
         self.cell_number += 1
         send_limit = header.get("send_limit")
+        cap = header.get("output_cap")
+        stdin = header.get("stdin")
+        if not isinstance(stdin, str):
+            stdin = None
         output = capture.CellStreams(
             self.output_limit,
             None if self.calls is None else self.calls.send_output,
             header.get("stream") is True,
             send_limit if type(send_limit) is int and send_limit > 0 else 0,
+            cap if type(cap) is int and cap >= 0 else None,
         )
         saved_streams = sys.stdout, sys.stderr
         saved_input = builtins.input
+        saved_stdin = sys.stdin
         self.output = output
         self.input_allowed = header.get("input") is True
         self._enter(_CELL)
@@ -372,25 +387,33 @@ class Worker:
         try:
             try:
                 sys.stdout, sys.stderr = output.streams
-                builtins.input = self._input
+                if stdin is None:
+                    builtins.input = self._input
+                else:  # input() reads lines of the text, prints its prompt, and raises EOFError at its end
+                    sys.stdin, builtins.input = io.StringIO(stdin), _BUILTIN_INPUT
                 self.armed = True
                 self._hook("before_cell")
                 outcome = cells.run_cell(code, self.namespace, self.cell_number)
                 scaffold = self._hook("after_cell")
             finally:
                 self.armed = False
-        except KeyboardInterrupt as exc:  # the interrupt landed just outside the user's own code
+        except (KeyboardInterrupt, capture.OutputLimitExceeded) as exc:  # it landed just outside the user's own code
             outcome = {"return_value": None, "error": cells.error_info(exc)}
         finally:
             sys.stdout, sys.stderr = saved_streams
             builtins.input = saved_input
+            if stdin is not None:
+                sys.stdin = saved_stdin
             self.output = None
             self.phase = _IDLE
         duration = time.monotonic() - started
         self._install_handlers()  # the checkpoint must be interruptible whatever the cell did
         output.finish()  # every output frame is out before the checkpoint's clock can start
-        self._cell_done(header.get("id"))
-        delta, parts, took = self.checkpoint()
+        if header.get("checkpoint") is False:  # the caller keeps nothing of this cell: nothing to pickle or send
+            delta, parts, took = self.empty_delta(), [], 0.0
+        else:
+            self._cell_done(header.get("id"))
+            delta, parts, took = self.checkpoint()
         reply = {
             "type": protocol.EXEC_REPLY,
             "status": protocol.STATUS_ERROR if outcome["error"] else protocol.STATUS_OK,
@@ -406,6 +429,8 @@ class Worker:
         }
         if scaffold is not None:
             reply["scaffold"] = scaffold
+        if output.limited:
+            reply["output_limited"] = True
         return reply, parts
 
     def _input(self, prompt: Any = "") -> str:
@@ -496,7 +521,7 @@ class Worker:
                 return self._state_error("cannot create the directory %s: %s" % (cwd, _reason(exc)))
         existing = self.contexts.get(context_id)
         if existing is None:
-            empty = {"generation": self.tracker.generation, "blobs": [], "vars": {}, "deleted": [], "unsaved": {}}
+            empty = self.empty_delta()
             reply, parts = {"type": protocol.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": empty}, []
         else:
             self._activate(existing)
@@ -534,8 +559,9 @@ class Worker:
             if result is not None:
                 json.dumps(result)  # it goes into the reply's header: fail here, with a message
             return result
-        except Exception:
-            sys.stderr.write("orchestrator scaffold: %s failed:\n%s" % (name, traceback.format_exc(limit=-8)))
+        except (Exception, capture.OutputLimitExceeded):  # it printed past the cell's output cap: a failure too
+            with contextlib.suppress(capture.OutputLimitExceeded):
+                sys.stderr.write("orchestrator scaffold: %s failed:\n%s" % (name, traceback.format_exc(limit=-8)))
             return None
 
     def _cell_done(self, request_id: Any) -> None:
