@@ -32,13 +32,14 @@ a value's bytes more than once.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import os
 import pickle
+import re
 import sys
 import types
 import warnings
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, Union
-
-import dill
 
 _SCALARS = (str, bytes, int, float, complex, bool, type(None), range, type(Ellipsis))
 _IMMUTABLE_SCAN_LIMIT = 10_000
@@ -147,29 +148,67 @@ def _bound_in_session(cls: type) -> bool:
     return found is cls
 
 
-class _SessionPickler(dill.Pickler):  # type: ignore[misc]
-    """dill's pickler, except that a session class bound under its own name is saved as a reference to it.
+_dill: Any = None  # the module, imported on first use (see ``dill_module``)
+_SessionPickler: Any = None
 
-    dill saves every ``__main__`` class by value, inside each instance. Saved by reference,
-    an instance restored later is an instance of the class the session holds, and one
-    restored before its class fails (the controller loads it again after the others).
-    ``by_value`` is the class being saved under its own name: that one is saved whole.
+
+def dill_module() -> Any:
+    """dill, imported the first time a value needs it.
+
+    Importing dill costs more CPU than starting the interpreter, and a sandbox that only runs
+    cells without checkpoints (``orchestrator eval``), or whose values are all plain data, never
+    needs it. Pickler and unpickler take the session module from ``sys.modules["__main__"]``
+    each time, so when dill is imported does not matter.
     """
+    global _dill, _SessionPickler
+    if _dill is None:
+        import dill
 
-    def __init__(self, file: Any, byref: bool, by_value: Any) -> None:
-        super().__init__(file, dill.settings["protocol"], byref=byref, recurse=False)
-        self._by_value = by_value
-        self._main = sys.modules["__main__"]  # the active context's module (see the top)
+        _SessionPickler = _session_pickler_class(dill)
+        _dill = dill
+    return _dill
 
-    def save(self, obj: Any, save_persistent_id: bool = True) -> None:
-        if isinstance(obj, type) and obj is not self._by_value and _bound_in_session(obj):
-            memoized = self.memo.get(id(obj))
-            if memoized is not None:
-                self.write(self.get(memoized[0]))
-            else:
-                self.save_global(obj, obj.__qualname__)
-            return
-        super().save(obj, save_persistent_id)
+
+def dill_version() -> str:
+    """dill's version, read from its ``__info__`` without importing it (or by importing it when that fails)."""
+    try:
+        spec = importlib.util.find_spec("dill")
+        if spec is not None and spec.origin:
+            with open(os.path.join(os.path.dirname(spec.origin), "__info__.py"), encoding="utf-8") as handle:
+                found = re.search(r"^__version__ = ['\"]([^'\"]+)['\"]", handle.read(), re.MULTILINE)
+            if found:
+                return found.group(1)
+    except (OSError, ImportError, ValueError):
+        pass
+    return str(dill_module().__version__)
+
+
+def _session_pickler_class(dill: Any) -> Any:
+    class SessionPickler(dill.Pickler):  # type: ignore[misc]
+        """dill's pickler, except that a session class bound under its own name is saved as a reference to it.
+
+        dill saves every ``__main__`` class by value, inside each instance. Saved by reference,
+        an instance restored later is an instance of the class the session holds, and one
+        restored before its class fails (the controller loads it again after the others).
+        ``by_value`` is the class being saved under its own name: that one is saved whole.
+        """
+
+        def __init__(self, file: Any, byref: bool, by_value: Any) -> None:
+            super().__init__(file, dill.settings["protocol"], byref=byref, recurse=False)
+            self._by_value = by_value
+            self._main = sys.modules["__main__"]  # the active context's module (see the top)
+
+        def save(self, obj: Any, save_persistent_id: bool = True) -> None:
+            if isinstance(obj, type) and obj is not self._by_value and _bound_in_session(obj):
+                memoized = self.memo.get(id(obj))
+                if memoized is not None:
+                    self.write(self.get(memoized[0]))
+                else:
+                    self.save_global(obj, obj.__qualname__)
+                return
+            super().save(obj, save_persistent_id)
+
+    return SessionPickler
 
 
 class _NotPlain(Exception):
@@ -198,7 +237,7 @@ class _PlainPickler(pickle.Pickler):
 def _dump_plain(value: Any) -> Optional[Blob]:
     writer = _BlobWriter()
     try:
-        _PlainPickler(writer, dill.settings["protocol"]).dump(value)
+        _PlainPickler(writer, pickle.DEFAULT_PROTOCOL).dump(value)  # dill's default protocol too
     except _NotPlain:
         return None
     return writer.finish()
@@ -206,6 +245,7 @@ def _dump_plain(value: Any) -> Optional[Blob]:
 
 def _dump(value: Any, byref: bool, by_value: Any) -> Blob:
     writer = _BlobWriter()
+    dill_module()
     _SessionPickler(writer, byref, by_value).dump(value)
     return writer.finish()
 
@@ -217,6 +257,7 @@ def dumps(name: str, value: Any) -> Blob:
         return blob
     own_class = isinstance(value, type) and getattr(value, "__qualname__", None) == name and _bound_in_session(value)
     by_value = value if own_class else None
+    dill = dill_module()
     with warnings.catch_warnings():
         warnings.simplefilter("error", dill.PicklingWarning)
         try:
@@ -274,7 +315,7 @@ class _BufferReader:
 
 def loads(data: Union[bytes, bytearray, memoryview]) -> Any:
     """Unpickle one blob straight from its buffer (no copy of the buffer), as ``dill.loads`` would."""
-    unpickler = dill.Unpickler(_BufferReader(data))
+    unpickler = dill_module().Unpickler(_BufferReader(data))
     unpickler._main = sys.modules["__main__"]  # the active context's module
     return unpickler.load()
 

@@ -6,8 +6,8 @@ one end of a socket pair on FD (requests) and of another on CALL_FD (host calls)
 one request at a time with a reply and the checkpoint delta that the request caused. The
 session's scaffold (``install``) runs in a module of its own; its ``before_cell`` and
 ``after_cell`` run around every cell, and the names it owns are never checkpointed. It
-installs the session namespace as ``__main__`` before importing dill, so that functions
-defined in cells pickle with a reference to the namespace rather than a copy.
+installs the session namespace as ``__main__``, where dill (imported on first use) finds it,
+so that functions defined in cells pickle with a reference to the namespace rather than a copy.
 
 The supervisor's interrupts: SIGINT stops a cell or the unpickling of one value, SIGUSR2 a
 checkpoint. Each raises KeyboardInterrupt only inside its own phase (and at most once per
@@ -49,7 +49,7 @@ from . import capture, hostcall, protocol
 _session_module = types.ModuleType("__main__")
 sys.modules["__main__"] = _session_module
 
-from . import cells, checkpoint  # noqa: E402  (imports dill, which must see the session module)
+from . import cells, checkpoint  # noqa: E402  (after the session module is __main__)
 
 _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
 _REPLY_TYPES = {
@@ -258,7 +258,7 @@ class Worker:
 
     def serve(self) -> None:
         self._install_handlers()
-        hello = {"type": protocol.HELLO, "python": platform.python_version(), "dill": checkpoint.dill.__version__}
+        hello = {"type": protocol.HELLO, "python": platform.python_version(), "dill": checkpoint.dill_version()}
         protocol.send_frame(self.sock, dict(hello, pid=os.getpid()))
         while True:
             self._enter(_IDLE)
