@@ -24,7 +24,7 @@ from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend
 from .config import Settings
 from .endpoint import discard_sandbox_dir
 from .errors import CheckpointError, OrchestratorError, SessionNotFound
-from .evaluation.evaluator import EVAL_RUN, dead_runs
+from .evaluation.evaluator import EVAL_RUN, dead_runs, discard_dead_run_sandbox
 from .store import SessionStore
 from .survey import SessionInfo, SessionStatus, survey
 from .units import describe_bytes, describe_duration
@@ -200,9 +200,7 @@ class Pruner:
                 "remove-orphan-container",
                 container.name,
                 f"its eval run {container.labels.get(EVAL_RUN, '?')} ended without removing it",
-                lambda c=container: lifecycle.discard_sandbox(
-                    self.backend, self.settings.runtime_dir, c.labels.get(SANDBOX_ID), c.id
-                ),
+                lambda c=container: discard_dead_run_sandbox(self.backend, c),
             )
 
     def _orphan_sandbox_dirs(self) -> None:

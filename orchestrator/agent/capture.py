@@ -96,6 +96,12 @@ class CellOutput(io.RawIOBase):
             self._pending += data[:take]
             self._send_left -= take
 
+    def flush(self) -> None:
+        """``print(..., flush=True)``: what a streamed cell wrote goes out now, not at the next tick (an
+        interpreter that dies right after a flush has sent what it flushed)."""
+        if self._sending:
+            self.send_pending()
+
     def send_pending(self) -> None:
         """Send what waits (the streaming ticker, and the end of the cell)."""
         with self._lock:
@@ -148,6 +154,14 @@ class CappedCellOutput(CellOutput):
         raise cap.exceeded()
 
 
+class _FlushingWriter(io.BufferedWriter):
+    """A streamed cell's buffer: its ``flush`` (``print(..., flush=True)``) reaches the sink, which sends at once."""
+
+    def flush(self) -> None:
+        super().flush()
+        self.raw.flush()
+
+
 class CellStreams:
     """A cell's stdout and stderr text streams, and a ticker that sends streamed output every ``STREAM_TICK``.
 
@@ -169,7 +183,7 @@ class CellStreams:
         for name in ("stdout", "stderr"):
             if self.cap is None:
                 sink = CellOutput(name, limit, send, stream, send_limit)
-                buffered: Any = io.BufferedWriter(sink)
+                buffered: Any = (_FlushingWriter if stream else io.BufferedWriter)(sink)
             else:
                 sink = CappedCellOutput(name, limit, send, stream, send_limit, self.cap)
                 buffered = sink  # no buffer: the write that passes the cap raises in the code that made it

@@ -12,9 +12,7 @@ import contextlib
 import logging
 import os
 import secrets
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -39,6 +37,7 @@ logger = logging.getLogger(__name__)
 EVAL_RUN = "orchestrator.eval-run"
 EVAL_HOST = "orchestrator.eval-host"
 EVAL_PID = "orchestrator.eval-pid"
+EVAL_RUNTIME_DIR = "orchestrator.eval-runtime-dir"
 ROLE = "orchestrator.role"
 
 
@@ -116,6 +115,7 @@ class Evaluator:
             EVAL_RUN: self._run_id,
             EVAL_HOST: socket.gethostname(),
             EVAL_PID: str(os.getpid()),
+            EVAL_RUNTIME_DIR: str(self._settings.runtime_dir),
         }
         self._lock = threading.Lock()
         self._in_use: set[Sandbox] = set()
@@ -140,7 +140,7 @@ class Evaluator:
         image_id = self._backend.image_id(image)
         if image_id is None:
             raise ImageMissing(f"sandbox image {image!r} does not exist; build it with `orchestrator image build`")
-        sweep_dead_runs(self._backend, self._settings.runtime_dir)
+        sweep_dead_runs(self._backend)
         report = EvalReport(image=image)
         done = results_file.finished() if results_file is not None else set()
         previous = results_file.previous if results_file is not None else {}
@@ -156,8 +156,7 @@ class Evaluator:
             else:
                 todo.append(item)
         finished: dict[str, EvalResult] = {}
-        scratch = Path(tempfile.mkdtemp(prefix="orchestrator-eval-"))
-        runner = SubmissionRunner(self._settings, output_limit=self._options.output_limit, scratch=scratch)
+        runner = SubmissionRunner(self._settings, output_limit=self._options.output_limit)
         size = self._options.jobs if self._options.pool_size is None else self._options.pool_size
         pool = SandboxPool(
             self._backend,
@@ -177,7 +176,10 @@ class Evaluator:
                     results_file.append(result)
                 finished[result.id] = result
             if on_result is not None:
-                on_result(result)
+                try:
+                    on_result(result)
+                except Exception:  # the caller's bug must not stop the run: the result is written already
+                    logger.warning("eval: the on_result callback raised on %s", result.id, exc_info=True)
 
         try:
             with ThreadPoolExecutor(self._options.jobs, thread_name_prefix="eval") as jobs:
@@ -189,7 +191,6 @@ class Evaluator:
                     raise
         finally:
             pool.close()
-            shutil.rmtree(scratch, ignore_errors=True)
         report.results = [
             finished[key] if key in finished else previous[key] for key in order if key in finished or key in previous
         ]
@@ -306,16 +307,26 @@ def dead_runs(backend: Backend) -> list[ContainerState]:
     ]
 
 
-def sweep_dead_runs(backend: Backend, runtime_dir: Path) -> list[str]:
-    """Remove the containers of eval runs on this host whose controller process is gone; return their names."""
+def sweep_dead_runs(backend: Backend) -> list[str]:
+    """Remove the containers of eval runs on this host whose controller process is gone, with their channel
+    directories (in the runtime dir each names in a label); return their names."""
     removed = []
     for container in dead_runs(backend):
         with contextlib.suppress(OrchestratorError):
-            discard_sandbox(backend, runtime_dir, container.labels.get(SANDBOX_ID), container.id)
+            discard_dead_run_sandbox(backend, container)
             removed.append(container.name)
     if removed:
         logger.info("eval: removed %d containers of runs that died: %s", len(removed), ", ".join(removed))
     return removed
+
+
+def discard_dead_run_sandbox(backend: Backend, container: ContainerState) -> None:
+    """Remove one container of a dead run and its channel directory (a network slot has none)."""
+    runtime_dir = container.labels.get(EVAL_RUNTIME_DIR)
+    if runtime_dir and os.path.isabs(runtime_dir):
+        discard_sandbox(backend, Path(runtime_dir), container.labels.get(SANDBOX_ID), container.id)
+    else:
+        backend.remove(container.id)
 
 
 def _alive(pid: str) -> bool:

@@ -23,36 +23,48 @@ from ..results import ExecError
 from ..sandbox import Sandbox
 from ..wakeup import Wakeup
 from .grading import CellRun, Verdict, grade
-from .submissions import Submission
+from .submissions import Submission, files_payload
 
 _MIN_TESTS_SECONDS = 1.0
 _PLACE_FILES = """\
-def __orchestrator_place_files(files):
-    import os
-    for path, text in files.items():
+def __orchestrator_place_files():
+    import json, os, sys
+    for path, text in json.loads(sys.stdin.read()).items():
         folder = os.path.dirname(path)
         if folder:
             os.makedirs(folder, exist_ok=True)
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(text)
-__orchestrator_place_files({files!r})
+__orchestrator_place_files()
 del __orchestrator_place_files
 """
+
+
+class HeadRecorder(StreamRecorder):
+    """A stream of a graded cell: its first ``limit`` bytes in memory, the rest only counted (never a file).
+
+    A well-behaved sandbox sends at most the output cap; one that forges output frames past it
+    costs the host nothing but the count.
+    """
+
+    def write(self, data: bytes | bytearray) -> None:
+        room = self.limit - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+        self.received += len(data)
 
 
 class SubmissionRunner:
     """Runs submissions in sandboxes it is given, under ``settings`` and an output cap (bytes, both streams)."""
 
-    def __init__(self, settings: Settings, *, output_limit: int, scratch: Path) -> None:
-        """``scratch``: where a hostile sandbox's output past the cap may be spooled (never read back whole)."""
+    def __init__(self, settings: Settings, *, output_limit: int) -> None:
         self._settings = settings
         self._output_limit = output_limit
-        self._scratch = scratch
 
     def run(self, sandbox: Sandbox, submission: Submission, timeout: float) -> tuple[Verdict, CellRun, CellRun | None]:
         """The verdict and the cells that led to it; ``timeout`` covers the code and its tests together."""
         if submission.files:
-            placed = self.run_cell(sandbox, _PLACE_FILES.format(files=submission.files), timeout)
+            placed = self.run_cell(sandbox, _PLACE_FILES, timeout, stdin=files_payload(submission.files))
             if placed.ended != "ok":
                 failed = CellRun("error" if placed.error else placed.ended, error=placed.error, reason=placed.reason)
                 verdict = grade(failed, None, None)
@@ -101,7 +113,7 @@ class SubmissionRunner:
             wakeup.close()
 
     def _recorder(self, stream: str) -> StreamRecorder:
-        return StreamRecorder(self._scratch, stream, self._output_limit)
+        return HeadRecorder(Path(), stream, self._output_limit)
 
     def _cell_run(self, reply: dict[str, Any], live: LiveCall, started: float) -> CellRun:
         failure = worker_failure(reply)
@@ -128,5 +140,7 @@ class SubmissionRunner:
     def _partial(self, live: LiveCall, ended: str, reason: str, started: float) -> CellRun:
         """A cell whose reply never came: the output it had streamed is what is left of it."""
         streams = {name: recorder.text() for name, recorder in live.recorders.items()}
+        if ended == "timeout" and sum(r.received for r in live.recorders.values()) >= self._output_limit:
+            ended, reason = "output_limit", f"printed more than {self._output_limit} bytes and ignored being stopped"
         duration = time.monotonic() - started
         return CellRun(ended, streams.get("stdout", ""), streams.get("stderr", ""), None, duration, reason)

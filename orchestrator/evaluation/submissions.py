@@ -17,7 +17,9 @@ from ..config import parse_memory
 from ..errors import ConfigError
 
 MAX_ID_CHARS = 200
-MAX_FILES_BYTES = 8 << 20
+MAX_FIELD_BYTES = 4 << 20
+"""Most bytes each of ``code``, ``tests``, ``stdin`` and ``files`` may take as they travel to the sandbox (JSON text:
+an escaped character takes 2 to 6 bytes). Each request to the agent stays well within its 16 MiB header limit."""
 MIN_MEMORY = 32 << 20
 FIELDS = ("id", "code", "tests", "stdin", "expected_stdout", "timeout", "memory", "files")
 
@@ -35,6 +37,8 @@ class Submission:
         timeout: seconds for ``code`` and ``tests`` together (None: the run's default).
         memory: the sandbox's memory limit in bytes (None: the run's default).
         files: relative path -> text, written in the workspace before ``code`` runs.
+
+    ``code``, ``tests``, ``stdin`` and ``files`` may each take ``MAX_FIELD_BYTES`` as JSON.
         line: the line of the file it came from (1-based; 0 when built in Python).
     """
 
@@ -173,6 +177,8 @@ def _check_submission(submission: Submission) -> None:
             value.isascii() or value.encode("utf-8")
         except UnicodeEncodeError:
             raise ConfigError(f"'{name}' must be valid Unicode text (it has a lone surrogate)") from None
+        if name != "expected_stdout":  # compared on the host: it never travels
+            _check_size(name, json.dumps(value, ensure_ascii=False))
     if submission.timeout is not None and not 0 < submission.timeout <= 24 * 3600:
         raise ConfigError(f"'timeout' must be more than 0 and at most 86400 seconds, got {submission.timeout!r}")
     if submission.memory is not None and submission.memory < MIN_MEMORY:
@@ -183,13 +189,29 @@ def _check_submission(submission: Submission) -> None:
 def _check_files(files: Any) -> None:
     if not isinstance(files, dict):
         raise ConfigError(f"'files' must be an object of relative path -> text, not {type(files).__name__}")
-    total = 0
     for path, content in files.items():
         normal = posixpath.normpath(path) if isinstance(path, str) else ""
         if not normal or normal.startswith(("/", "../")) or normal in (".", "..") or "\0" in normal:
             raise ConfigError(f"'files': {path!r} must be a relative path inside the workspace")
         if not isinstance(content, str):
             raise ConfigError(f"'files': the content of {path!r} must be a string, not {type(content).__name__}")
-        total += len(content.encode("utf-8", "surrogatepass"))
-    if total > MAX_FILES_BYTES:
-        raise ConfigError(f"'files' hold {total} bytes; at most {MAX_FILES_BYTES} are placed per submission")
+        try:
+            content.isascii() or content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"'files': {path!r} must be valid Unicode text (it has a lone surrogate)") from None
+    if files:
+        _check_size("files", json.dumps(json.dumps(files, ensure_ascii=False), ensure_ascii=False))
+
+
+def files_payload(files: Mapping[str, str]) -> str:
+    """How ``files`` travel: one JSON text (the sandbox reads it from its stdin while placing them)."""
+    return json.dumps(files, ensure_ascii=False)
+
+
+def _check_size(name: str, travelling: str) -> None:
+    size = len(travelling.encode("utf-8", "surrogatepass"))
+    if size > MAX_FIELD_BYTES:
+        raise ConfigError(
+            f"'{name}' takes {size} bytes as JSON; at most {MAX_FIELD_BYTES} travel to the sandbox per field "
+            "(escaped characters such as tabs and control characters count 2 to 6 bytes)"
+        )

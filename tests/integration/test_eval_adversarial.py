@@ -1,0 +1,528 @@
+"""``orchestrator eval`` against hostile submissions: each ends with its outcome, the run goes on, nothing is left.
+
+All the submissions run in ONE evaluation (jobs=2) next to a plain passing one, on a store of
+their own. Then: no container of the run (by its labels), no process of the sandbox user that
+belongs to the run (processes are told apart by their container's cgroup, so sandboxes of
+other tests or other runs on the same engine do not count), no sandbox directory in the
+runtime dir and no scratch directory of the run in the temp dir.
+
+The network case first starts a listener container of the test's own on a user-defined bridge
+network it creates (and proves with a second container that the listener answers); the
+submission tries that address, which must fail without a packet leaving the sandbox.
+
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+import docker
+import docker.errors
+import pytest
+
+from orchestrator import Orchestrator, Settings
+from orchestrator.evaluation import EvalOptions, EvalReport, EvalResult, Status
+
+pytestmark = pytest.mark.docker
+
+EVAL_LABELS = ("orchestrator.role=eval", f"orchestrator.eval-pid={os.getpid()}")
+"""Labels of every container an evaluation run by this process starts (sandboxes and network slots)."""
+TIMEOUT = 2.0
+PORT = 8080
+
+LISTENER = (
+    "import socket\n"
+    "s = socket.socket()\n"
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    f"s.bind(('0.0.0.0', {PORT}))\n"
+    "s.listen(16)\n"
+    "print('listening', flush=True)\n"
+    "while True:\n"
+    "    c, peer = s.accept()\n"
+    "    print('peer', peer[0], flush=True)\n"
+    "    c.sendall(b'hi')\n"
+    "    c.close()\n"
+)
+"""A TCP server that answers 'hi' and logs every peer."""
+
+CONTROL = (
+    "import socket, sys, time\n"
+    "for _ in range(100):\n"
+    "    try:\n"
+    f"        c = socket.create_connection((sys.argv[1], {PORT}), timeout=3)\n"
+    "        break\n"
+    "    except OSError:\n"
+    "        time.sleep(0.1)\n"
+    "print('got', c.recv(16).decode(), 'from', c.getsockname()[0])\n"
+)
+"""A client that retries until the listener is up (the positive control)."""
+
+NETWORK = """\
+import json, socket
+devices = open('/proc/net/dev').read().splitlines()[2:]
+interfaces = sorted(line.split(':')[0].strip() for line in devices if line.strip())
+routes = [line.split() for line in open('/proc/net/route').read().splitlines()[1:] if line.strip()]
+print(json.dumps({'interfaces': interfaces, 'routes': routes}), flush=True)
+connection = socket.create_connection((%(host)r, %(port)d), timeout=3)
+print('connected', connection.recv(16))
+"""
+
+FILL = """\
+import os
+os.makedirs(%(folder)r, exist_ok=True)
+with open(os.path.join(%(folder)r, 'fill'), 'wb') as handle:
+    while True:
+        handle.write(b'x' * 2**20)
+        handle.flush()
+"""
+
+
+def submissions(listener_ip: str, secret_path: Path) -> list[dict[str, Any]]:
+    return [
+        {"id": "plain", "code": "print('plain')", "tests": "assert True", "expected_stdout": "plain\n"},
+        {"id": "infinite-loop", "code": "print('looping', flush=True)\nwhile True:\n    pass", "timeout": TIMEOUT},
+        {
+            "id": "sleep-forever",
+            "code": "import time\nprint('sleeping', flush=True)\ntime.sleep(10**9)",
+            "timeout": TIMEOUT,
+        },
+        {
+            "id": "fork-bomb",
+            "code": "import os\nprint('forking', flush=True)\nwhile True:\n    os.fork()",
+            "timeout": 5,
+        },
+        {
+            "id": "thread-bomb",
+            "code": (
+                "import threading, time\n"
+                "while True:\n"
+                "    threading.Thread(target=time.sleep, args=(10**6,), daemon=True).start()"
+            ),
+            "timeout": 5,
+        },
+        {"id": "memory-bomb", "code": "hoard = []\nwhile True:\n    hoard.append(bytearray(16 * 2**20))"},
+        {"id": "fill-tmp", "code": FILL % {"folder": "/tmp/filler"}},
+        {"id": "fill-workspace", "code": "import os\n" + FILL % {"folder": "workspace-filler"}},
+        {
+            "id": "print-1gb",
+            "code": "import sys\nchunk = 'y' * 2**20\nfor _ in range(1024):\n    sys.stdout.write(chunk)",
+            "timeout": 60,
+        },
+        {
+            "id": "bad-bytes",
+            "code": (
+                "import sys\n"
+                "sys.stdout.buffer.write(b'bin:\\xff\\xfe\\x00end\\n')\n"
+                "sys.stdout.buffer.flush()\n"
+                "print('text:\\x00nul')\n"
+                "sys.stderr.buffer.write(b'err:\\xc3\\x28\\n')"
+            ),
+        },
+        {"id": "network", "code": NETWORK % {"host": listener_ip, "port": PORT}},
+        {
+            "id": "kill-own-interpreter",
+            "code": "import os\nprint('last words', flush=True)\nos.kill(os.getpid(), 9)",
+        },
+        {"id": "kill-sandbox-init", "code": "import os\nos.kill(1, 9)\nprint('still here')"},
+        {
+            "id": "kill-everything",
+            "code": "import os, time\nprint('going', flush=True)\ntime.sleep(0.2)\nos.kill(-1, 9)\ntime.sleep(5)",
+        },
+        {
+            "id": "background-process",
+            "code": (
+                "import subprocess, sys, threading, time\n"
+                "sleeper = [sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(10**6)']\n"
+                "child = subprocess.Popen(sleeper, start_new_session=True)\n"
+                "threading.Thread(target=time.sleep, args=(10**6,), daemon=True).start()\n"
+                "print('left behind', child.pid > 0)"
+            ),
+        },
+        {"id": "host-path", "code": f"print(open({str(secret_path)!r}).read())"},
+        {"id": "input-without-stdin", "code": "name = input('name? ')\nprint('hello', name)"},
+        {
+            "id": "ignores-interrupt",
+            "code": (
+                "import time\n"
+                "print('stubborn', flush=True)\n"
+                "while True:\n"
+                "    try:\n"
+                "        time.sleep(1)\n"
+                "    except BaseException:\n"
+                "        pass"
+            ),
+            "timeout": TIMEOUT,
+        },
+    ]
+
+
+EXPECTED = {
+    "plain": Status.PASSED,
+    "infinite-loop": Status.TIMEOUT,
+    "sleep-forever": Status.TIMEOUT,
+    # The sandbox's pids limit makes fork() fail with EAGAIN: the code raises BlockingIOError.
+    "fork-bomb": Status.ERROR,
+    "thread-bomb": Status.ERROR,
+    "memory-bomb": Status.OOM,
+    "fill-tmp": Status.ERROR,
+    "fill-workspace": Status.ERROR,
+    "print-1gb": Status.OUTPUT_LIMIT,
+    "bad-bytes": Status.PASSED,
+    "network": Status.ERROR,
+    "kill-own-interpreter": Status.CRASHED,
+    # Signals from inside a pid namespace to its init (docker-init) are dropped by the kernel: nothing happens.
+    "kill-sandbox-init": Status.PASSED,
+    # kill(-1) reaches every process of the user but init, the agent's supervisor too: the container ends.
+    "kill-everything": Status.CRASHED,
+    "background-process": Status.PASSED,
+    "host-path": Status.ERROR,
+    "input-without-stdin": Status.ERROR,
+    "ignores-interrupt": Status.TIMEOUT,
+}
+
+
+# What the run leaves on the host.
+
+
+def sandbox_uid(settings: Settings) -> str:
+    return settings.user.split(":")[0]
+
+
+def user_processes(uid: str) -> dict[tuple[int, int], str]:
+    """(pid, start time) -> container id ("" outside any container) of every process of ``uid`` on this host."""
+    found: dict[tuple[int, int], str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
+            if uid not in uids:
+                continue
+            stat = (entry / "stat").read_text()
+            started = int(stat[stat.rindex(")") + 2 :].split()[19])
+            cgroup = (entry / "cgroup").read_text()
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue  # gone meanwhile
+        match = re.search(r"[0-9a-f]{64}", cgroup)
+        found[(int(entry.name), started)] = match.group(0) if match else ""
+    return found
+
+
+def cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return "(gone)"
+
+
+def run_containers(client: docker.DockerClient) -> list[Any]:
+    """Containers of evaluations of this process (running or not)."""
+    return client.containers.list(all=True, filters={"label": list(EVAL_LABELS)}, sparse=True)
+
+
+@dataclass
+class Run:
+    report: EvalReport
+    settings: Settings
+    junit: Path
+    out: Path
+    secret: str
+    seconds: float = 0.0
+    processes_before: dict[tuple[int, int], str] = field(default_factory=dict)
+    containers_seen: set[str] = field(default_factory=set)
+    processes_seen: int = 0
+    sandbox_dirs_seen: set[str] = field(default_factory=set)
+    scratch_dirs: list[str] = field(default_factory=list)
+    scratch_seen: bool = False
+    listener_logs: str = ""
+    control_peer: str = ""
+    callback_errors: list[BaseException] = field(default_factory=list)
+
+    def result(self, key: str) -> EvalResult:
+        (found,) = [r for r in self.report.results if r.id == key]
+        return found
+
+
+@pytest.fixture(scope="module")
+def private_orch(settings_for: Callable[..., Settings], image: str) -> Iterator[Orchestrator]:
+    """An orchestrator on a store and runtime dir of its own (so the runtime dir holds only this run's sandboxes)."""
+    orch = Orchestrator(settings_for())
+    try:
+        yield orch
+    finally:
+        try:
+            orch.close()
+        finally:
+            orch.backend.client.close()
+
+
+@contextlib.contextmanager
+def listener_on_a_bridge(client: docker.DockerClient, image: str, run_id: str) -> Iterator[dict[str, Any]]:
+    """A user-defined bridge network with a listener on it, proven to answer a container on that network."""
+    labels = {"orchestrator.test.run": run_id}
+    network = client.networks.create(f"orch-eval-test-{run_id}-{secrets.token_hex(3)}", driver="bridge", labels=labels)
+    started: list[Any] = []
+    try:
+        listener = client.containers.run(
+            image,
+            ["python3", "-u", "-c", LISTENER],
+            detach=True,
+            network=network.name,
+            labels=labels,
+            user="65534:65534",
+        )
+        started.append(listener)
+        listener.reload()
+        address = listener.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
+        assert address, "the listener got an address on the bridge"
+        control = client.containers.run(
+            image, ["python3", "-c", CONTROL, address], detach=True, network=network.name, labels=labels
+        )
+        started.append(control)
+        status = control.wait(timeout=60)
+        logs = control.logs().decode(errors="replace")
+        assert status["StatusCode"] == 0 and "got hi" in logs, f"the positive control failed: {status} {logs}"
+        control_ip = logs.split()[-1]
+        yield {"ip": address, "listener": listener, "control_ip": control_ip}
+    finally:
+        for container in started:
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True, v=True)
+        with contextlib.suppress(docker.errors.APIError):
+            network.remove()
+
+
+@pytest.fixture(scope="module")
+def hostile(
+    private_orch: Orchestrator, image: str, run_id: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Run]:
+    """One evaluation of every hostile submission with a plain one, jobs=2, watched from the host while it runs."""
+    orch = private_orch
+    client = orch.backend.client
+    folder = tmp_path_factory.mktemp("eval-hostile")
+    secret = "host-secret-" + secrets.token_hex(16)
+    secret_path = tmp_path_factory.mktemp("host-only") / "secret.txt"
+    secret_path.write_text(secret)
+    secret_path.chmod(0o644)
+    uid = sandbox_uid(orch.settings)
+    run = Run(
+        report=EvalReport(),
+        settings=orch.settings,
+        junit=folder / "report.xml",
+        out=folder / "out.jsonl",
+        secret=secret,
+    )
+    lock = threading.Lock()
+
+    def on_result(result: EvalResult) -> None:
+        """Called before the result's sandbox is removed: what exists now is what must be gone afterwards."""
+        try:
+            ours = {c.id for c in run_containers(client)}
+            mine = [cid for cid in user_processes(uid).values() if cid in ours]
+            with lock:
+                run.containers_seen |= ours
+                run.processes_seen = max(run.processes_seen, len(mine))
+                if result.sandbox_id and (orch.settings.runtime_dir / result.sandbox_id).exists():
+                    run.sandbox_dirs_seen.add(result.sandbox_id)
+                run.scratch_seen = run.scratch_seen or any(Path(p).is_dir() for p in run.scratch_dirs)
+        except BaseException as exc:  # a raising callback would stop the run: keep it for the test
+            run.callback_errors.append(exc)
+
+    real_mkdtemp = tempfile.mkdtemp
+
+    def recording_mkdtemp(*args: Any, **kwargs: Any) -> str:
+        path = real_mkdtemp(*args, **kwargs)
+        run.scratch_dirs.append(path)
+        return path
+
+    with listener_on_a_bridge(client, image, run_id) as listener, pytest.MonkeyPatch.context() as patch:
+        assert run_containers(client) == [], "an earlier evaluation of this process left containers"
+        run.processes_before = user_processes(uid)
+        patch.setattr(tempfile, "mkdtemp", recording_mkdtemp)
+        started = time.monotonic()
+        run.report = orch.evaluate(
+            submissions(listener["ip"], secret_path),
+            out=run.out,
+            junit=run.junit,
+            on_result=on_result,
+            options=EvalOptions(jobs=2, timeout=10),
+        )
+        run.seconds = time.monotonic() - started
+        patch.undo()
+        run.listener_logs = listener["listener"].logs().decode(errors="replace")
+        run.control_peer = listener["control_ip"]
+        yield run
+
+
+def test_each_hostile_submission_ends_with_its_outcome_and_the_run_goes_on(hostile: Run) -> None:
+    report = hostile.report
+    assert hostile.callback_errors == []
+    assert {r.id: r.status for r in report.results} == EXPECTED, {r.id: r.message for r in report.results}
+    assert report.counts[Status.INFRA_ERROR] == 0 and report.invalid == []
+    plain = hostile.result("plain")
+    assert plain.passed and plain.stdout == "plain\n"
+    assert report.exit_code == 1
+    print(f"hostile evaluation: {hostile.seconds:.1f} s for {len(report.results)} submissions")
+
+
+def test_endless_code_times_out_with_its_output_kept(hostile: Run) -> None:
+    for key, said in (("infinite-loop", "looping"), ("sleep-forever", "sleeping")):
+        result = hostile.result(key)
+        assert result.stdout == said + "\n", (key, result.stdout)
+        assert result.limits["timeout"] == TIMEOUT
+        assert TIMEOUT * 0.9 <= result.durations["code"] < TIMEOUT + hostile.settings.interrupt_grace + 3, (
+            result.durations
+        )
+
+
+def test_a_submission_that_ignores_the_interrupt_is_killed_at_its_timeout(hostile: Run) -> None:
+    result = hostile.result("ignores-interrupt")
+    assert result.stdout == "stubborn\n"
+    assert "killed" in result.message, result.message
+    assert result.durations["code"] < TIMEOUT + hostile.settings.interrupt_grace + 4, result.durations
+
+
+def test_process_bombs_hit_the_pids_limit(hostile: Run) -> None:
+    forks = hostile.result("fork-bomb")
+    assert forks.error is not None and forks.error["type"] == "BlockingIOError", forks.message
+    assert forks.stdout == "forking\n" and forks.durations["code"] < 5
+    threads = hostile.result("thread-bomb")
+    assert threads.error is not None and threads.error["type"] == "RuntimeError", threads.message
+    assert "thread" in threads.error["message"]
+
+
+def test_a_memory_bomb_is_oom(hostile: Run) -> None:
+    result = hostile.result("memory-bomb")
+    assert result.phase == "code" and result.durations["code"] < 10
+
+
+def test_filling_the_disk_raises_enospc(hostile: Run) -> None:
+    for key in ("fill-tmp", "fill-workspace"):
+        error = hostile.result(key).error
+        assert error is not None and error["type"] == "OSError", (key, error)
+        assert "[Errno 28] No space left on device" in error["message"], (key, error)
+
+
+def test_printing_a_gigabyte_is_cut_off_quickly(hostile: Run) -> None:
+    result = hostile.result("print-1gb")
+    assert result.output_truncated is True
+    assert result.durations["code"] < 5, "stopped at the output limit, not at a timeout"
+    limit = result.limits["output"]
+    assert 0 < len(result.stdout.encode()) <= limit + 1024 and result.stdout.startswith("y" * 4096)
+
+
+def test_invalid_utf8_and_nul_bytes_are_kept_readably(hostile: Run) -> None:
+    result = hostile.result("bad-bytes")
+    assert result.stdout == "bin:\ufffd\ufffd\x00end\ntext:\x00nul\n", repr(result.stdout)
+    assert result.stderr == "err:\ufffd(\n", repr(result.stderr)
+    lines = hostile.out.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and len(lines) - 1 == len(EXPECTED)
+    records = {record["id"]: record for record in (json.loads(line) for line in lines[:-1])}
+    assert records["bad-bytes"]["stdout"] == result.stdout
+    suite = ElementTree.parse(hostile.junit).getroot()
+    assert suite.get("tests") == str(len(EXPECTED))
+    assert suite.get("failures") == "0"
+    assert suite.get("errors") == str(sum(1 for s in EXPECTED.values() if s is not Status.PASSED))
+    (case,) = [c for c in suite.findall("testcase") if c.get("name") == "bad-bytes"]
+    out = case.find("system-out")
+    assert out is not None and (out.text or "").startswith("bin:\ufffd\ufffd")
+
+
+def test_the_network_is_loopback_only_and_nothing_reaches_the_listener(hostile: Run) -> None:
+    result = hostile.result("network")
+    seen = json.loads(result.stdout.splitlines()[0])
+    assert seen["interfaces"] == ["lo"], seen
+    assert [route for route in seen["routes"] if route[1] == "00000000"] == [], "a default route"
+    assert seen["routes"] == [], seen
+    assert "connected" not in result.stdout
+    assert result.error is not None and result.error["type"] == "OSError", result.error
+    assert "unreachable" in result.error["message"].lower(), result.error
+    peers = [line.split()[1] for line in hostile.listener_logs.splitlines() if line.startswith("peer ")]
+    assert peers == [hostile.control_peer], f"the listener saw {peers}: {hostile.listener_logs}"
+
+
+def test_killing_the_interpreter_is_crashed(hostile: Run) -> None:
+    result = hostile.result("kill-own-interpreter")
+    assert "SIGKILL" in result.message, result.message
+
+
+def test_killing_the_interpreter_keeps_what_it_printed_and_flushed_before(hostile: Run) -> None:
+    """``print(..., flush=True)`` then SIGKILL: the flushed line is in the crashed record's stdout (a streamed
+    cell's flush sends at once, not at the next 20 ms tick)."""
+    result = hostile.result("kill-own-interpreter")
+    assert result.stdout == "last words\n", repr(result.stdout)
+
+
+def test_killing_the_sandbox_init_does_nothing(hostile: Run) -> None:
+    result = hostile.result("kill-sandbox-init")
+    assert result.stdout == "still here\n"
+
+
+def test_killing_every_process_of_the_sandbox_is_crashed(hostile: Run) -> None:
+    result = hostile.result("kill-everything")
+    assert result.stdout == "going\n" and "sandbox" in result.message, result.message
+    assert result.durations["code"] < 5, "the end of the sandbox was seen at once, not at the timeout"
+
+
+def test_a_process_left_running_in_the_background_does_not_hold_the_result(hostile: Run) -> None:
+    """Its processes go with the sandbox (``test_no_process_of_the_run_is_left``)."""
+    result = hostile.result("background-process")
+    assert result.stdout == "left behind True\n"
+
+
+def test_host_paths_are_not_there(hostile: Run) -> None:
+    result = hostile.result("host-path")
+    assert result.error is not None and result.error["type"] == "FileNotFoundError", result.error
+    assert hostile.secret not in json.dumps(result.to_json())
+    assert hostile.secret.encode() not in hostile.out.read_bytes()
+    assert hostile.secret.encode() not in hostile.junit.read_bytes()
+
+
+def test_input_without_stdin_is_eof(hostile: Run) -> None:
+    result = hostile.result("input-without-stdin")
+    assert result.error is not None and result.error["type"] == "EOFError", result.error
+    assert result.stdout == "name? "
+
+
+def test_no_container_of_the_run_is_left(hostile: Run, private_orch: Orchestrator) -> None:
+    assert hostile.containers_seen, "the watcher never saw a container of the run"
+    assert run_containers(private_orch.backend.client) == []
+    assert private_orch.backend.find({"orchestrator.role": "eval", "orchestrator.eval-pid": str(os.getpid())}) == []
+    left = {c.id for c in private_orch.backend.client.containers.list(all=True, sparse=True)} & hostile.containers_seen
+    assert left == set()
+
+
+def test_no_process_of_the_run_is_left(hostile: Run) -> None:
+    assert hostile.processes_seen > 0, "the watcher never saw a process of the run's sandboxes"
+    uid = sandbox_uid(hostile.settings)
+    ends = time.monotonic() + 10
+    while True:
+        new = {key: cid for key, cid in user_processes(uid).items() if key not in hostile.processes_before}
+        left = {key: cid for key, cid in new.items() if cid in hostile.containers_seen or not cid}
+        if not left or time.monotonic() > ends:
+            break
+        time.sleep(0.2)
+    assert left == {}, f"processes of uid {uid} left by the run: {[cmdline(pid) for pid, _ in left]}"
+
+
+def test_no_file_of_the_run_is_left(hostile: Run) -> None:
+    runtime_dir = hostile.settings.runtime_dir
+    sandbox_ids = {r.sandbox_id for r in hostile.report.results if r.sandbox_id}
+    assert len(sandbox_ids) == len(EXPECTED)
+    assert hostile.sandbox_dirs_seen, "the watcher never saw a sandbox directory of the run"
+    left = sorted(p.name for p in runtime_dir.iterdir()) if runtime_dir.exists() else []
+    assert [name for name in left if name in sandbox_ids or name.startswith("sb-")] == [], left
+
+    assert hostile.scratch_dirs == [], "a run makes no temp directory (output stays in memory, bounded)"
