@@ -164,7 +164,7 @@ class Evaluator:
             image=image,
             scope=f"eval-{self._run_id}",
             labels=self._labels,
-            size=min(size, len(todo)),
+            size=min(size, sum(1 for s in todo if s.memory in (None, self._default_memory))),
             share_network=self._options.share_network,
         )
 
@@ -236,23 +236,18 @@ class Evaluator:
             else:
                 sandbox = pool.start(self._settings.replace(mem_limit=memory))
         except OrchestratorError as exc:
-            took = time.monotonic() - started
-            message = f"no sandbox could be started: {type(exc).__name__}: {exc}"
-            finish(
-                EvalResult(
-                    status=Status.INFRA_ERROR,
-                    message=message,
-                    durations={"total": took, "sandbox": took},
-                    finished_at=time.time(),
-                    **common,
-                )
-            )
+            finish(_infra_error(common, started, f"no sandbox could be started: {type(exc).__name__}: {exc}"))
             return
         with self._lock:
             self._in_use.add(sandbox)
         try:
             waited = time.monotonic() - started
-            verdict, code, tests = runner.run(sandbox, submission, timeout)
+            try:
+                verdict, code, tests = runner.run(sandbox, submission, timeout)
+            except Exception as exc:  # a fault of the controller's: this submission's infra_error, the run goes on
+                logger.exception("eval: grading %s failed", submission.id)
+                finish(_infra_error(common, started, f"grading it failed: {type(exc).__name__}: {exc}"))
+                return
             stdout = code.stdout + (tests.stdout if tests is not None else "")
             stderr = code.stderr + (tests.stderr if tests is not None else "")
             durations = {"total": time.monotonic() - started, "sandbox": waited, "code": code.duration}
@@ -295,6 +290,13 @@ class Evaluator:
             "user": settings.user,
             "tmpfs": dict(settings.tmpfs),
         }
+
+
+def _infra_error(common: dict[str, Any], started: float, message: str) -> EvalResult:
+    took = time.monotonic() - started
+    return EvalResult(
+        status=Status.INFRA_ERROR, message=message, durations={"total": took}, finished_at=time.time(), **common
+    )
 
 
 def dead_runs(backend: Backend) -> list[ContainerState]:

@@ -21,6 +21,7 @@ from orchestrator.evaluation import (
 )
 from orchestrator.evaluation.evaluator import EvalOptions, EvalReport
 from orchestrator.evaluation.grading import CellRun, grade, stdout_diff, stdout_matches
+from orchestrator.evaluation.runner import HeadRecorder
 from orchestrator.results import ExecError
 
 
@@ -230,3 +231,11 @@ def test_exit_codes() -> None:
 def test_options_are_checked(fields: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         EvalOptions(**fields)  # type: ignore[arg-type]
+
+
+def test_a_graded_stream_is_kept_in_memory_up_to_its_limit(tmp_path: Path) -> None:
+    recorder = HeadRecorder(tmp_path, "stdout", 10)
+    for _ in range(1000):
+        recorder.write(b"0123456789abc")
+    assert recorder.text() == "0123456789" and recorder.received == 13000
+    assert not recorder.spilled and list(tmp_path.iterdir()) == []
