@@ -159,7 +159,7 @@ class DockerBackend:
         """Remove a container (by id or name), running or not; missing or already being removed is fine."""
         with _engine_errors(f"removing container {container[:12]}"):
             try:
-                self.client.containers.get(container).remove(force=True, v=True)
+                self.client.api.remove_container(container, force=True, v=True)  # no inspect first
             except docker.errors.NotFound:
                 pass
             except docker.errors.APIError as exc:

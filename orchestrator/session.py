@@ -642,6 +642,17 @@ class Session:
             lifecycle.discard_sandbox(self._backend, self._settings.runtime_dir, record.sandbox_id, record.container_id)
 
     def _restore(self) -> None:
+        """Load the stored checkpoint (and the scaffold) into the sandbox; a takeover meanwhile makes this handle
+        stale."""
+        try:
+            self._load_checkpoint()
+        except TakenOver:
+            self._become_stale()
+            raise SessionAttachedElsewhere(
+                f"session {self.id} was attached by another controller while restoring"
+            ) from None
+
+    def _load_checkpoint(self) -> None:
         assert self._sandbox is not None
         record = self._ledger.record
         failures = self._sandbox.restore(record.variables, record.generation, self._ledger.read_blob, record.contexts)

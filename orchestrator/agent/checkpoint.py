@@ -153,12 +153,14 @@ _SessionPickler: Any = None
 
 
 def dill_module() -> Any:
-    """dill, imported the first time a value needs it.
+    """dill, imported on first use.
 
     Importing dill costs more CPU than starting the interpreter, and a sandbox that only runs
-    cells without checkpoints (``orchestrator eval``), or whose values are all plain data, never
-    needs it. Pickler and unpickler take the session module from ``sys.modules["__main__"]``
-    each time, so when dill is imported does not matter.
+    cells without checkpoints (``orchestrator eval``) never needs it. The worker calls this
+    before each request that may checkpoint or restore, while no interrupt can land in the
+    import (a KeyboardInterrupt in the middle of it leaves dill half imported). Pickler and
+    unpickler take the session module from ``sys.modules["__main__"]`` each time, so when dill
+    is imported does not matter.
     """
     global _dill, _SessionPickler
     if _dill is None:

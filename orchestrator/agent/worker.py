@@ -267,6 +267,8 @@ class Worker:
             except protocol.ChannelClosed:
                 return
             self._install_handlers()
+            if not (header.get("type") == protocol.EXEC and header.get("checkpoint") is False):
+                checkpoint.dill_module()  # now, while interrupts are only noted, never torn mid-import by one
             reply, parts = self.handle(header)
             self._body = None  # restore input can be hundreds of MB: free it before the reply goes out
             self._enter(_IDLE)
