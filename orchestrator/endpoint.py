@@ -358,24 +358,18 @@ class UnixSocketEndpoint:
         }
 
     def close(self) -> None:
-        """Stop listening and delete the socket file if it is still ours (idempotent).
+        """Stop listening (idempotent). The socket file stays: an agent that dials it is refused.
 
-        A file that another controller put in its place (``open``) is left alone. Between the
-        check and the unlink there is a window of microseconds in which a takeover could lose
-        its new file; the new controller then sees its agent not connect and times out.
+        Deleting it "if it is still ours" would be a check and then an unlink, and a takeover that
+        put its own file there in between would lose it, see its agent not connect and start a new
+        container beside the live one. A socket file changes only by an owner's atomic rename
+        (``open``) and goes with its sandbox's directory (``remove``).
         """
         if self._closed:
             return
         self._closed = True
         with contextlib.suppress(OSError):
             self._listener.close()
-        try:
-            st = os.lstat(self.path)
-        except OSError:
-            return
-        if (st.st_dev, st.st_ino) == self._socket_file:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
 
     def remove(self) -> None:
         """Close, then delete the whole sandbox directory (its sandbox is gone)."""

@@ -171,12 +171,7 @@ def _check_submission(submission: Submission) -> None:
         value = getattr(submission, name)
         if name != "code" and value is None:
             continue
-        if not isinstance(value, str):
-            raise ConfigError(f"'{name}' must be a string, not {type(value).__name__}")
-        try:
-            value.isascii() or value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ConfigError(f"'{name}' must be valid Unicode text (it has a lone surrogate)") from None
+        _check_text(f"'{name}'", value)
         if name != "expected_stdout":  # compared on the host: it never travels
             _check_size(name, json.dumps(value, ensure_ascii=False))
     if submission.timeout is not None and not 0 < submission.timeout <= 24 * 3600:
@@ -193,14 +188,18 @@ def _check_files(files: Any) -> None:
         normal = posixpath.normpath(path) if isinstance(path, str) else ""
         if not normal or normal.startswith(("/", "../")) or normal in (".", "..") or "\0" in normal:
             raise ConfigError(f"'files': {path!r} must be a relative path inside the workspace")
-        if not isinstance(content, str):
-            raise ConfigError(f"'files': the content of {path!r} must be a string, not {type(content).__name__}")
-        try:
-            content.isascii() or content.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ConfigError(f"'files': {path!r} must be valid Unicode text (it has a lone surrogate)") from None
+        _check_text(f"'files': the content of {path!r}", content)
     if files:
         _check_size("files", json.dumps(json.dumps(files, ensure_ascii=False), ensure_ascii=False))
+
+
+def _check_text(what: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"{what} must be a string, not {type(value).__name__}")
+    try:
+        value.isascii() or value.encode("utf-8")  # the frame would fail on a lone surrogate
+    except UnicodeEncodeError:
+        raise ConfigError(f"{what} must be valid Unicode text (it has a lone surrogate)") from None
 
 
 def files_payload(files: Mapping[str, str]) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
-from support import close_quietly, kill_and_wait
+from support import close_quietly, closing_orch, kill_and_wait
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.backend import MANAGED, SESSION_ID
@@ -87,25 +87,13 @@ def settings_for(settings: Settings) -> Iterator[Callable[..., Settings]]:
 @pytest.fixture(scope="session")
 def image(settings: Settings) -> str:
     """The sandbox image on ORCH_BASE_IMAGE, built once per test session (a no-op when it exists)."""
-    with _closing(Orchestrator(settings)) as orch:
+    with closing_orch(Orchestrator(settings)) as orch:
         return orch.build_image()
-
-
-@contextlib.contextmanager
-def _closing(orch: Orchestrator) -> Iterator[Orchestrator]:
-    """Close the orchestrator's sessions and its Docker client (an unclosed client warns, and warnings fail)."""
-    try:
-        yield orch
-    finally:
-        try:
-            orch.close()
-        finally:
-            orch.backend.client.close()
 
 
 @pytest.fixture(scope="session")
 def orch(settings: Settings, image: str) -> Iterator[Orchestrator]:
-    with _closing(Orchestrator(settings)) as orchestrator:
+    with closing_orch(Orchestrator(settings)) as orchestrator:
         yield orchestrator
 
 
@@ -113,7 +101,7 @@ def orch(settings: Settings, image: str) -> Iterator[Orchestrator]:
 def make_orch(image: str) -> Iterator[Callable[[Settings], Orchestrator]]:
     """Another Orchestrator (another controller) on the given settings, closed after the test."""
     with contextlib.ExitStack() as stack:
-        yield lambda s: stack.enter_context(_closing(Orchestrator(s)))
+        yield lambda s: stack.enter_context(closing_orch(Orchestrator(s)))
 
 
 @pytest.fixture(scope="session")

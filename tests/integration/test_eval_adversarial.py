@@ -31,6 +31,7 @@ from xml.etree import ElementTree
 import docker
 import docker.errors
 import pytest
+from support import PORT, closing_orch, listener_on_a_bridge
 
 from orchestrator import Orchestrator, Settings
 from orchestrator.evaluation import EvalOptions, EvalReport, EvalResult, Status
@@ -40,34 +41,6 @@ pytestmark = pytest.mark.docker
 EVAL_LABELS = ("orchestrator.role=eval", f"orchestrator.eval-pid={os.getpid()}")
 """Labels of every container an evaluation run by this process starts (sandboxes and network slots)."""
 TIMEOUT = 2.0
-PORT = 8080
-
-LISTENER = (
-    "import socket\n"
-    "s = socket.socket()\n"
-    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-    f"s.bind(('0.0.0.0', {PORT}))\n"
-    "s.listen(16)\n"
-    "print('listening', flush=True)\n"
-    "while True:\n"
-    "    c, peer = s.accept()\n"
-    "    print('peer', peer[0], flush=True)\n"
-    "    c.sendall(b'hi')\n"
-    "    c.close()\n"
-)
-"""A TCP server that answers 'hi' and logs every peer."""
-
-CONTROL = (
-    "import socket, sys, time\n"
-    "for _ in range(100):\n"
-    "    try:\n"
-    f"        c = socket.create_connection((sys.argv[1], {PORT}), timeout=3)\n"
-    "        break\n"
-    "    except OSError:\n"
-    "        time.sleep(0.1)\n"
-    "print('got', c.recv(16).decode(), 'from', c.getsockname()[0])\n"
-)
-"""A client that retries until the listener is up (the positive control)."""
 
 NETWORK = """\
 import json, socket
@@ -258,50 +231,8 @@ class Run:
 @pytest.fixture(scope="module")
 def private_orch(settings_for: Callable[..., Settings], image: str) -> Iterator[Orchestrator]:
     """An orchestrator on a store and runtime dir of its own (so the runtime dir holds only this run's sandboxes)."""
-    orch = Orchestrator(settings_for())
-    try:
+    with closing_orch(Orchestrator(settings_for())) as orch:
         yield orch
-    finally:
-        try:
-            orch.close()
-        finally:
-            orch.backend.client.close()
-
-
-@contextlib.contextmanager
-def listener_on_a_bridge(client: docker.DockerClient, image: str, run_id: str) -> Iterator[dict[str, Any]]:
-    """A user-defined bridge network with a listener on it, proven to answer a container on that network."""
-    labels = {"orchestrator.test.run": run_id}
-    network = client.networks.create(f"orch-eval-test-{run_id}-{secrets.token_hex(3)}", driver="bridge", labels=labels)
-    started: list[Any] = []
-    try:
-        listener = client.containers.run(
-            image,
-            ["python3", "-u", "-c", LISTENER],
-            detach=True,
-            network=network.name,
-            labels=labels,
-            user="65534:65534",
-        )
-        started.append(listener)
-        listener.reload()
-        address = listener.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
-        assert address, "the listener got an address on the bridge"
-        control = client.containers.run(
-            image, ["python3", "-c", CONTROL, address], detach=True, network=network.name, labels=labels
-        )
-        started.append(control)
-        status = control.wait(timeout=60)
-        logs = control.logs().decode(errors="replace")
-        assert status["StatusCode"] == 0 and "got hi" in logs, f"the positive control failed: {status} {logs}"
-        control_ip = logs.split()[-1]
-        yield {"ip": address, "listener": listener, "control_ip": control_ip}
-    finally:
-        for container in started:
-            with contextlib.suppress(docker.errors.APIError):
-                container.remove(force=True, v=True)
-        with contextlib.suppress(docker.errors.APIError):
-            network.remove()
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-
-import docker.errors
 import pytest
+from support import PORT, listener_on_a_bridge
 
 from orchestrator import Orchestrator, Session, Settings
 
@@ -24,31 +22,6 @@ def test_runs_as_an_unprivileged_user(shared_session: Session, settings: Setting
     assert value(shared_session, "import os\nos.getuid(), os.geteuid(), os.getgid()") == f"({uid}, {uid}, {gid})"
     assert uid != 0
 
-
-LISTENER = (
-    "import socket\n"
-    "s = socket.socket()\n"
-    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-    "s.bind(('0.0.0.0', 8080))\n"
-    "s.listen(16)\n"
-    "while True:\n"
-    "    c, _ = s.accept()\n"
-    "    c.sendall(b'hi')\n"
-    "    c.close()\n"
-)
-"""A TCP server that answers 'hi', run in a container of the test's own on the local default bridge."""
-
-CONTROL = (
-    "import socket, sys, time\n"
-    "for _ in range(100):\n"
-    "    try:\n"
-    "        c = socket.create_connection((sys.argv[1], 8080), timeout=3)\n"
-    "        break\n"
-    "    except OSError:\n"
-    "        time.sleep(0.1)\n"
-    "print('got', c.recv(16).decode())\n"
-)
-"""A client that retries until the listener is up (the positive control)."""
 
 ATTEMPT = (
     "import socket\n"
@@ -93,37 +66,14 @@ def test_no_network_interfaces_or_routes(shared_session: Session) -> None:
 def test_no_egress_to_a_host_on_the_local_bridge(
     shared_session: Session, orch: Orchestrator, image: str, run_id: str
 ) -> None:
-    """A listener the test starts on Docker's default bridge: a bridge container reaches it, the sandbox cannot.
+    """A listener the test starts on a bridge network of its own: a container there reaches it, the sandbox cannot.
 
     Nothing here dials a public address or resolves a name: the only peer is the test's own container.
     """
-    client = orch.backend.client
-    labels = {"orchestrator.test.run": run_id}
-    started = []
-    try:
-        listener = client.containers.run(
-            image, ["python3", "-c", LISTENER], detach=True, network_mode="bridge", labels=labels, user="65534:65534"
-        )
-        started.append(listener)
-        listener.reload()
-        address = listener.attrs["NetworkSettings"]["Networks"]["bridge"]["IPAddress"]
-        assert address, "the listener got an address on the bridge"
-
-        control = client.containers.run(
-            image, ["python3", "-c", CONTROL, address], detach=True, network_mode="bridge", labels=labels
-        )
-        started.append(control)
-        status = control.wait(timeout=60)
-        logs = control.logs().decode(errors="replace")
-        assert status["StatusCode"] == 0 and "got hi" in logs, f"the positive control failed: {status} {logs}"
-
-        outcome = value(shared_session, ATTEMPT + f"attempt({address!r}, 8080)")
-        assert "connected" not in outcome, outcome
-        assert "unreachable" in outcome.lower() or "Error" in outcome, outcome
-    finally:
-        for container in started:
-            with contextlib.suppress(docker.errors.APIError):
-                container.remove(force=True, v=True)
+    with listener_on_a_bridge(orch.backend.client, image, run_id) as peer:
+        outcome = value(shared_session, ATTEMPT + f"attempt({peer['ip']!r}, {PORT})")
+    assert "connected" not in outcome, outcome
+    assert "unreachable" in outcome.lower() or "Error" in outcome, outcome
 
 
 def test_root_filesystem_is_read_only(shared_session: Session) -> None:
