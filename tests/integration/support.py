@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import time
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from orchestrator import Orchestrator, Session, SessionAttachedElsewhere, SessionClosed
+from orchestrator import Orchestrator, Session, SessionAttachedElsewhere, SessionClosed, Settings
 
 
 def close_quietly(session: Session) -> None:
@@ -132,3 +133,18 @@ def closing_orch(orch: Orchestrator) -> Iterator[Orchestrator]:
             orch.close()
         finally:
             orch.backend.client.close()  # type: ignore[attr-defined]
+
+
+def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The test's environment plus the ORCH_* variables that make the subprocess use the tests' settings."""
+    env = dict(os.environ)
+    env.update(
+        ORCH_STATE_DIR=str(settings.state_dir),
+        ORCH_RUNTIME_DIR=str(settings.runtime_dir),
+        ORCH_BASE_IMAGE=settings.base_image,
+        COLUMNS="200",
+    )
+    if settings.image:
+        env["ORCH_IMAGE"] = settings.image
+    env.update(extra)
+    return env

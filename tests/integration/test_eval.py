@@ -11,7 +11,6 @@ and what the runs after it clean up, and inputs at the size limits of the submis
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from xml.etree import ElementTree
 
 import docker
 import pytest
+from support import cli_env
 
 from orchestrator import Orchestrator, Settings
 from orchestrator.evaluation import EvalOptions, EvalReport, EvalResult, Status
@@ -370,21 +370,6 @@ def test_invalid_lines_are_reported_with_their_numbers_and_the_rest_runs(orch: O
 
 
 # The CLI, in a subprocess with the tests' settings.
-
-
-def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
-    """The test's environment plus the ORCH_* variables that make the subprocess use the tests' settings."""
-    env = dict(os.environ)
-    env.update(
-        ORCH_STATE_DIR=str(settings.state_dir),
-        ORCH_RUNTIME_DIR=str(settings.runtime_dir),
-        ORCH_BASE_IMAGE=settings.base_image,
-        COLUMNS="200",
-    )
-    if settings.image:
-        env["ORCH_IMAGE"] = settings.image
-    env.update(extra)
-    return env
 
 
 @dataclass

@@ -13,23 +13,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support import cli_env
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.config import DEFAULTS_FILE
 
 pytestmark = pytest.mark.docker
-
-
-def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        ORCH_STATE_DIR=str(settings.state_dir),
-        ORCH_RUNTIME_DIR=str(settings.runtime_dir),
-        ORCH_BASE_IMAGE=settings.base_image,
-        COLUMNS="200",
-        **extra,
-    )
-    return env
 
 
 @pytest.fixture
