@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import platform
-import queue
 import secrets
 import socket
 import statistics
@@ -53,7 +52,10 @@ from typing import Any
 import docker
 
 from orchestrator import Orchestrator, OrchestratorError, Settings
+from orchestrator.backend import SandboxSpec
+from orchestrator.docker_backend import DockerBackend
 from orchestrator.evaluation import EvalOptions, EvalResult, Status
+from orchestrator.pool import NetworkSlots
 
 RUN_LABEL = "orchestrator.bench.eval-run"
 EVAL_PID = "orchestrator.eval-pid"  # labels orchestrator eval puts on its containers (evaluation/evaluator.py)
@@ -288,60 +290,32 @@ def run_baseline(
 def run_floor(settings: Settings, labels: dict[str, str], count: int, jobs: int, *, shared: bool = False) -> Part:
     """Bare containers running ``true`` with the same limits: create+start, wait, remove, ``jobs`` at a time.
 
-    ``shared``: each joins one of ``jobs`` loopback-only network namespaces held by a container of its own, one
-    container per namespace at a time, as our pool's network slots do (the floor of a container per submission).
+    They start through our own ``DockerBackend.run_sandbox`` (the very flags of a sandbox). ``shared``: each joins a
+    loopback-only network namespace lent by our ``NetworkSlots``, one container per namespace at a time, as our
+    pool's sandboxes do (the floor of a container per submission).
     """
-    client = docker.from_env(timeout=120, max_pool_size=max(10, 2 * jobs))
-    holders: queue.SimpleQueue[str] = queue.SimpleQueue()
-    held = []
-    if shared:
-        for _ in range(jobs):
-            holder = client.containers.run(
-                settings.base_image,
-                ["sleep", "infinity"],
-                detach=True,
-                network_mode="none",
-                labels=labels,
-                user=settings.user,
-                read_only=True,
-                cap_drop=["ALL"],
-            )
-            held.append(holder)
-            holders.put(holder.id)
-    kwargs: dict[str, Any] = {
-        "image": settings.base_image,
-        "command": ["true"],
-        "detach": True,
-        "init": True,
-        "labels": labels,
-        "working_dir": "/tmp",
-        "network_mode": settings.network_mode,
-        "user": settings.user,
-        "read_only": settings.read_only,
-        "tmpfs": dict(settings.tmpfs),
-        "mem_limit": settings.mem_limit,
-        "memswap_limit": settings.mem_limit,
-        "nano_cpus": settings.nano_cpus,
-        "pids_limit": settings.pids_limit,
-    }
-    if settings.cap_drop_all:
-        kwargs["cap_drop"] = ["ALL"]
-    if settings.no_new_privileges:
-        kwargs["security_opt"] = ["no-new-privileges:true"]
+    backend = DockerBackend(docker.from_env(timeout=120, max_pool_size=max(10, 2 * jobs)))
+    slots = NetworkSlots(backend, settings, image=settings.base_image, scope="bench", labels=labels) if shared else None
 
     def one(_: int) -> tuple[float, str]:
         started = time.perf_counter()
-        slot = holders.get() if shared else None
-        network = {"network_mode": f"container:{slot}"} if slot else {}
+        slot = slots.lease() if slots is not None else None
         try:
-            container = client.containers.run(**{**kwargs, **network})
+            spec = SandboxSpec(
+                name=f"orch-bench-floor-{secrets.token_hex(6)}",
+                image=settings.base_image,
+                labels=labels,
+                command=("true",),
+                network_of=slot,
+            )
+            container = backend.run_sandbox(spec, settings)
             try:
-                status = container.wait(timeout=60)
+                status = backend.client.api.wait(container, timeout=60)
             finally:
-                container.remove(force=True, v=True)
+                backend.remove(container)
         finally:
-            if slot:
-                holders.put(slot)
+            if slots is not None and slot is not None:
+                slots.give_back(slot)
         code = status.get("StatusCode")
         return time.perf_counter() - started, "" if code == 0 else f"`true` exited {code}"
 
@@ -353,9 +327,9 @@ def run_floor(settings: Settings, labels: dict[str, str], count: int, jobs: int,
         label = f"engine floor: bare container `true`, start+remove, SDK, {jobs} threads"
         return run_pool("engine_floor", label, "containers", range(count), jobs, one)
     finally:
-        for holder in held:
-            holder.remove(force=True)
-        client.close()
+        if slots is not None:
+            slots.close()
+        backend.close()
 
 
 # --------------------------------------------------------------------------- report

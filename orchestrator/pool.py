@@ -69,15 +69,13 @@ class NetworkSlots:
         )
         holder = self._backend.run_sandbox(spec, self._settings)
         with self._lock:
-            self._all.append(holder)
-            if self._closed:
-                self._closed_while_starting(holder)
+            closed = self._closed
+            if not closed:
+                self._all.append(holder)
+        if closed:  # closed while it started: nobody else will remove it
+            self._backend.remove(holder)
+            raise ConfigError("the network slots were closed")
         return holder
-
-    def _closed_while_starting(self, holder: str) -> None:
-        self._all.remove(holder)
-        self._backend.remove(holder)
-        raise ConfigError("the network slots were closed")
 
     def give_back(self, holder: str) -> None:
         """The sandbox that used ``holder`` is removed (its container is gone): lend the slot again."""
