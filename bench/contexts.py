@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from statistics import median
 from typing import Any
 
-from run import OrchestratorRunner, median, p95
+from runners import OrchestratorRunner
 
 SPAWN = r"""
 import subprocess, sys, time
@@ -36,6 +38,12 @@ def _spawn():
     return took, rss
 """
 RSS = "[int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmRSS:')][0]"
+
+
+def p95(samples: list[float]) -> float:
+    """Nearest-rank 95th percentile."""
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 def timed_cells(target: Any, count: int) -> list[float]:

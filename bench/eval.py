@@ -58,8 +58,8 @@ from orchestrator.evaluation import EvalOptions, EvalResult, Status
 from orchestrator.pool import NetworkSlots
 
 RUN_LABEL = "orchestrator.bench.eval-run"
-EVAL_PID = "orchestrator.eval-pid"  # labels orchestrator eval puts on its containers (evaluation/evaluator.py)
-EVAL_HOST = "orchestrator.eval-host"
+EVAL_PID = "orchestrator.controller-pid"  # labels orchestrator eval puts on its containers (evaluation/evaluator.py)
+EVAL_HOST = "orchestrator.controller-host"
 QUICK_COUNT = 40
 BASELINE_CAP = 200
 DOCKER_RUN_TIMEOUT = 120.0

@@ -267,9 +267,12 @@ class Comparison:
 
 @contextlib.contextmanager
 def peer_workspace() -> Iterator[Path]:
-    """rlms' DockerREPL mounts a host directory (default ``./.rlm_workspace``): keep it under /tmp, removed after."""
-    workspace = Path(tempfile.mkdtemp(prefix="rlm-peer-ws-", dir="/tmp"))
+    """rlms' DockerREPL mounts a host directory (default ``./.rlm_workspace``): keep it under /tmp, removed after.
+
+    Inside a workspace already set (``run.py``'s peer runner), so that runner finds any container left.
+    """
     before = os.environ.get("RLM_DOCKER_WORKSPACE_DIR")
+    workspace = Path(tempfile.mkdtemp(prefix="rlm-peer-ws-", dir=before or "/tmp"))
     os.environ["RLM_DOCKER_WORKSPACE_DIR"] = str(workspace)
     try:
         yield workspace

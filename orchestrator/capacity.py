@@ -33,11 +33,7 @@ def room_for(store: SessionStore, backend: Backend, settings: Settings, session_
         yield
         return
     with store.store_lock("capacity"):
-        others = {
-            c.labels.get(SESSION_ID, "")
-            for c in backend.find({STORE_ID: store.store_id})
-            if c.running and c.labels.get(SESSION_ID) != session_id
-        }
+        others = running_sessions(store, backend) - {session_id}
         excess = len(others) - settings.max_running + 1
         if excess > 0 and settings.capacity_policy == "hibernate":
             excess -= _hibernate_least_recent(store, backend, settings, others, excess)
@@ -53,6 +49,20 @@ def room_for(store: SessionStore, backend: Backend, settings: Settings, session_
                 "or raise the cap"
             )
         yield
+
+
+def running_sessions(store: SessionStore, backend: Backend) -> set[str]:
+    """Ids of the store's sessions whose container runs.
+
+    A container started for the session carries its id as a label. One that came from a warm pool
+    does not (labels cannot change), so it counts when a record names it; a pool's spare counts not.
+    """
+    running = [c for c in backend.find({STORE_ID: store.store_id}) if c.running]
+    sessions = {c.labels[SESSION_ID] for c in running if SESSION_ID in c.labels}
+    pooled = {c.id for c in running if SESSION_ID not in c.labels}
+    if pooled:
+        sessions |= {sid for cid, sid in store.recorded_containers().items() if cid in pooled}
+    return sessions
 
 
 def _hibernate_least_recent(

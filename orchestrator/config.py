@@ -173,6 +173,10 @@ class Settings:
     capacity_policy: str = "hibernate"
     """At ``max_running``: "hibernate" the least recently used idle session to make room, or "refuse" with
     ``CapacityExceeded``."""
+    pool_size: int = 0
+    """Sandboxes of the default image kept started ahead, so a new session (or one whose container died) gets one
+    at once; refilled in the background, each handed out once. 0 is off. The pool starts with the first session
+    this ``Orchestrator`` starts and its spare containers go when it closes."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -213,6 +217,8 @@ class Settings:
             not isinstance(self.max_running, int) or isinstance(self.max_running, bool) or self.max_running <= 0
         ):
             raise ConfigError(f"Settings.max_running must be a positive integer or None, got {self.max_running!r}")
+        if not isinstance(self.pool_size, int) or isinstance(self.pool_size, bool) or self.pool_size < 0:
+            raise ConfigError(f"Settings.pool_size must be a non-negative integer, got {self.pool_size!r}")
         if self.capacity_policy not in CAPACITY_POLICIES:
             raise ConfigError(
                 f"Settings.capacity_policy must be one of {', '.join(CAPACITY_POLICIES)}, got {self.capacity_policy!r}"

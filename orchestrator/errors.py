@@ -17,6 +17,7 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     │   ├── SessionAttachedElsewhere         another controller owns the session now (epoch moved on)
     │   ├── SessionBusy (TimeoutError)       another process held the session's store lock too long
     │   ├── CapacityExceeded                 Settings.max_running sessions run and none could make room
+    │   ├── CheckpointQuotaExceeded          a value would take the checkpoint past its quota; nothing stored
     │   └── CheckpointError (OSError)        the checkpoint could not be stored or restored
     ├── SandboxError                         the call failed because of the sandbox; see .restored
     │   ├── ExecutionTimeout (TimeoutError)  the cell ran past its timeout
@@ -82,6 +83,23 @@ class SessionBusy(SessionError, TimeoutError):
 
 class CapacityExceeded(SessionError):
     """``Settings.max_running`` sessions run already and the policy (or their calls) left no room for one more."""
+
+
+class CheckpointQuotaExceeded(SessionError):
+    """A value handed to the session (``add_context``, ``set_value``) would take its stored checkpoint past
+    ``Settings.checkpoint_quota``; it was refused before it was sent, and nothing was stored.
+
+    Attributes:
+        size: bytes the value's checkpoint blob takes.
+        held: bytes the checkpoint would hold with it.
+        quota: the session's checkpoint quota in bytes.
+    """
+
+    def __init__(self, message: str, *, size: int, held: int, quota: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.held = held
+        self.quota = quota
 
 
 class CheckpointError(SessionError, OSError):

@@ -6,26 +6,93 @@ took the session from can no longer commit, delete, or touch the sandbox fields,
 it through ``SessionAttachedElsewhere``. A commit validates the agent's delta completely
 before it writes anything, and stores blobs, manifest and counters in one switch of the
 manifest, so what a caller is told was stored is exactly what any later owner sees.
+
+A str or bytes value the controller makes itself (``set_value``, ``add_context``) gets a blob
+the controller writes (a host-made blob, ``stage``): it is checked against the quota before its
+request is sent, written to a temp file on a thread while the request is in flight, and named
+by the commit that stores the agent's reply, in the same switch of the manifest.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import secrets
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from .agent import protocol
-from .errors import ProtocolError, SessionAttachedElsewhere
+from .errors import CheckpointError, CheckpointQuotaExceeded, ProtocolError, SessionAttachedElsewhere
 from .lifecycle import mark_hibernated
 from .messages import CheckpointDelta
-from .store import SessionRecord, SessionStore
+from .store import SessionRecord, SessionStore, new_host_blob_id
+from .units import describe_bytes
 
 
 def new_owner_token() -> str:
     return secrets.token_hex(8)
+
+
+class StagedBlob:
+    """A host-made blob on its way into the store: written to a temp file on a thread while its request is in flight.
+
+    The commit that stores the reply naming it gives it its name (``place``, under the store
+    lock, before the manifest is saved); ``discard`` removes what is left of it, so a call that
+    failed leaves no file behind (and one whose controller died leaves a file prune removes).
+    """
+
+    def __init__(self, store: SessionStore, session_id: str, parts: Sequence[protocol.Body]) -> None:
+        self.blob_id = new_host_blob_id()
+        self.size = sum(memoryview(part).nbytes for part in parts)
+        self._store = store
+        self._session_id = session_id
+        self._parts = parts
+        self._written: Future[Path | None] | None = _stagers().submit(self._write)
+
+    def _write(self) -> Path | None:
+        try:
+            return self._store.stage_blob(self._session_id, self._parts)
+        except CheckpointError:
+            return None  # ``place`` writes it again, under the lock, and raises why it cannot
+
+    def _temp(self) -> Path | None:
+        written, self._written = self._written, None
+        return None if written is None else written.result()
+
+    def place(self) -> None:
+        """Name the blob (inside the store transaction); written here if staging failed or a prune removed it."""
+        self._store.place_blob(self._session_id, self._temp(), self.blob_id, self._parts)
+
+    def discard(self) -> None:
+        """Remove the temp file if it was not placed (after the call, whatever its outcome)."""
+        temp = self._temp()
+        if temp is not None:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+
+
+def _amount(size: int) -> str:
+    return f"{size} bytes" if size < 1024 else f"{size} bytes ({describe_bytes(size)})"
+
+
+_stager_pool: tuple[int, ThreadPoolExecutor] | None = None
+_stager_lock = threading.Lock()
+
+
+def _stagers() -> ThreadPoolExecutor:
+    """The threads that write host-made blobs (a thread started per call would cost more than it saves); a forked
+    child makes its own (it has none of its parent's threads)."""
+    global _stager_pool
+    with _stager_lock:
+        if _stager_pool is None or _stager_pool[0] != os.getpid():
+            _stager_pool = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="orchestrator-stage"))
+        return _stager_pool[1]
 
 
 class CheckpointLedger:
@@ -95,6 +162,29 @@ class CheckpointLedger:
             mark_hibernated(current)
             self._save(current)
 
+    def check_room(self, keys: Collection[str], size: int, what: str) -> None:
+        """Refuse a host-made value of ``size`` bytes under ``keys`` (checkpoint keys) that would not fit the quota.
+
+        Raises:
+            CheckpointQuotaExceeded: with it, the checkpoint would hold more than the quota.
+        """
+        record = self.record
+        held = size + sum(record.blob_sizes[d] for d in {d for k, d in record.variables.items() if k not in keys})
+        if held > self.quota:
+            raise CheckpointQuotaExceeded(
+                f"{what} takes {_amount(size)} of checkpoint: with it session {self.session_id} would hold "
+                f"{_amount(held)}, over its checkpoint quota of {_amount(self.quota)}; nothing was sent or "
+                "stored. Raise Settings.checkpoint_quota (ORCH_CHECKPOINT_QUOTA; by default 4 x mem_limit), free "
+                "room first (del variables in a cell, reset()), or pass a smaller value",
+                size=size,
+                held=held,
+                quota=self.quota,
+            )
+
+    def stage(self, parts: Sequence[protocol.Body]) -> StagedBlob:
+        """Start writing a host-made blob (``protocol.host_blob_parts``) under a new id; ``commit`` names it."""
+        return StagedBlob(self._store, self.session_id, parts)
+
     def commit(
         self,
         delta: CheckpointDelta,
@@ -102,10 +192,13 @@ class CheckpointLedger:
         *,
         counters: dict[str, int] | None = None,
         contexts: dict[str, dict[str, Any]] | None = None,
+        staged: Collection[StagedBlob] = (),
     ) -> dict[str, str]:
         """Validate a reply's checkpoint delta and store it; return the names that could not be saved.
 
         ``contexts`` (when given) replaces the record's contexts in the same manifest write.
+        ``staged`` are host-made blobs the delta may name without sending them; those it names are
+        stored with it (the caller discards the others).
 
         Raises:
             ProtocolError: the delta is inconsistent (names an unknown blob, wrong sizes or
@@ -123,7 +216,8 @@ class CheckpointLedger:
         except protocol.ProtocolViolation as exc:
             raise ProtocolError(str(exc)) from None
         blobs = {entry["digest"]: part for entry, part in zip(delta["blobs"], parts, strict=True)}
-        if not set(changed.values()) <= set(blobs) | set(self.record.blob_sizes):
+        host = {blob.blob_id: blob for blob in staged}
+        if not set(changed.values()) <= set(blobs) | set(host) | set(self.record.blob_sizes):
             raise ProtocolError("checkpoint names a blob that was neither sent nor stored")
         variables = {k: v for k, v in self.record.variables.items() if k not in deleted}
         variables.update(changed)
@@ -137,7 +231,11 @@ class CheckpointLedger:
             for k in variables
         ):
             raise ProtocolError("the agent kept variables of a context it was told to destroy")
-        sizes = {**self.record.blob_sizes, **{d: len(b) for d, b in blobs.items()}}
+        sizes = {
+            **self.record.blob_sizes,
+            **{d: len(b) for d, b in blobs.items()},
+            **{d: blob.size for d, blob in host.items()},
+        }
         blob_sizes = {d: sizes[d] for d in set(variables.values())}
         if sum(blob_sizes.values()) > self.quota:
             raise ProtocolError(
@@ -145,6 +243,9 @@ class CheckpointLedger:
             )
         with self.owned() as current:
             self._store.write_blobs(self.session_id, {d: blobs[d] for d in blobs if d in blob_sizes})
+            for blob_id, blob in host.items():
+                if blob_id in blob_sizes:
+                    blob.place()
             if contexts is not None:
                 current.contexts = contexts
             self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **(counters or {}))
@@ -175,8 +276,9 @@ class CheckpointLedger:
         with self.owned():
             self._store.delete(self.session_id)
 
-    def read_blob(self, blob_digest: str) -> bytes:
-        return self._store.read_blob(self.session_id, blob_digest)
+    def mapped_blob(self, blob_digest: str) -> AbstractContextManager[memoryview]:
+        """One stored blob for the ``with`` block (``SessionStore.mapped_blob``)."""
+        return self._store.mapped_blob(self.session_id, blob_digest)
 
     def _save(self, current: SessionRecord) -> None:
         current.last_used_at = time.time()

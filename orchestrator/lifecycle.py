@@ -50,9 +50,12 @@ def session_labels(store: SessionStore, session_id: str) -> dict[str, str]:
 def discard_session_sandboxes(
     backend: Backend, runtime_dir: Path, labels: Mapping[str, str], record: SessionRecord
 ) -> list[str]:
-    """Remove every container of the session (``labels``) and the recorded sandbox's directory; return the names."""
+    """Remove every container of the session (``labels``) and the recorded sandbox with its directory; return the
+    names of those found by label (a container from a warm pool has no session label: the record names it)."""
     removed = discard_strays(backend, runtime_dir, labels)
-    if record.sandbox_id is not None:
+    if record.container_id is not None:
+        discard_sandbox(backend, runtime_dir, record.sandbox_id, record.container_id)
+    elif record.sandbox_id is not None:
         discard_sandbox_dir(runtime_dir, record.sandbox_id)
     return removed
 
@@ -84,12 +87,11 @@ def remove_held(store: SessionStore, backend: Backend, runtime_dir: Path, sessio
     """Delete a session the caller holds still: its containers, sandbox directory, record and blobs."""
     with store.locked(session_id):
         try:
-            sandbox_id = store.load(session_id).sandbox_id
+            record = store.load(session_id)
         except CheckpointError:  # an unreadable record: its containers are found by label all the same
-            sandbox_id = None
-        discard_strays(backend, runtime_dir, session_labels(store, session_id))
-        if sandbox_id is not None:
-            discard_sandbox_dir(runtime_dir, sandbox_id)
+            discard_strays(backend, runtime_dir, session_labels(store, session_id))
+        else:
+            discard_session_sandboxes(backend, runtime_dir, session_labels(store, session_id), record)
         store.delete(session_id)
     logger.info("removed session %s", session_id)
 

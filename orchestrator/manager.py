@@ -17,12 +17,22 @@ from .activity import Activity
 from .agent import protocol
 from .backend import LABEL_PREFIX, SESSION_ID, STORE_ID, Backend, ContainerState
 from .config import Settings
+from .controllers import controller_labels
 from .docker_backend import DockerBackend
 from .endpoint import ensure_private_dir
-from .errors import ConfigError, ImageMissing, OrchestratorError, SessionAttachedElsewhere, SessionBusy
+from .errors import (
+    CheckpointError,
+    ConfigError,
+    ImageMissing,
+    OrchestratorError,
+    SessionAttachedElsewhere,
+    SessionBusy,
+    SessionNotFound,
+)
 from .evaluation import EvalOptions, EvalReport, Evaluator, ResultsFile, Submission, read_submissions, submissions_from
 from .evaluation.evaluator import OnResult
 from .ledger import CheckpointLedger, new_owner_token
+from .pool import SandboxPool
 from .prune import Pruner, PruneReport
 from .sandbox import Sandbox
 from .session import Session, SessionState
@@ -58,6 +68,7 @@ class Orchestrator:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._idle_watch: threading.Thread | None = None
+        self._pool: SandboxPool | None = None
         if self.settings.hibernate_after is not None:
             self._idle_watch = threading.Thread(
                 target=self._hibernate_idle_sessions, args=(self.settings.hibernate_after,), daemon=True
@@ -340,9 +351,47 @@ class Orchestrator:
             labels=labels,
             activity=Activity(self.store.activity_path(record.session_id), wait=self.settings.lock_timeout),
             make_room=lambda session_id: capacity.room_for(self.store, self.backend, self.settings, session_id),
+            take_pooled=self._pooled_sandbox,
             on_close=self._forget,
         )
         return self._track(session)
+
+    def _pooled_sandbox(self, image: str) -> Sandbox | None:
+        """A started sandbox from the warm pool (``Settings.pool_size``), or None: no pool, another image, or the pool
+        could not give one (the caller then starts one itself, which reports the engine's error if it fails too).
+
+        The pool starts with the first call. Its containers carry no session label (labels cannot change): a
+        session's record names the one it took, and prune removes spares whose controller is gone.
+        """
+        if self.settings.pool_size == 0 or image != self.default_image:
+            return None
+        with self._lock:
+            if self._closing.is_set():
+                return None
+            if self._pool is None:
+                labels = {
+                    STORE_ID: self.store.store_id,
+                    LABEL_PREFIX + "protocol": str(protocol.PROTOCOL_VERSION),
+                    **controller_labels("pool", self.settings.runtime_dir),
+                }
+                self._pool = SandboxPool(
+                    self.backend,
+                    self.settings,
+                    image=image,
+                    scope=self.store.store_id,
+                    labels=labels,
+                    size=self.settings.pool_size,
+                    share_network=False,  # a session keeps its sandbox for long: a namespace of its own
+                    prepare=Sandbox.warm_up,  # its first checkpoint or restore then needs no import
+                )
+            pool = self._pool
+        try:
+            return pool.take()
+        except OrchestratorError as exc:
+            logger.warning(
+                "warm pool of store %s gave no sandbox (%s); starting one directly", self.store.store_id, exc
+            )
+            return None
 
     def _hibernate_idle_sessions(self, idle_for: float) -> None:
         """The idle policy for the sessions this orchestrator holds (the janitor applies it to the others)."""
@@ -363,11 +412,18 @@ class Orchestrator:
                 del self._sessions[session.id]
 
     def containers(self, session_id: str | None = None) -> list[ContainerState]:
-        """Containers of this store (all, or one session's), running or not, found by label."""
+        """Containers of this store, running or not: all (warm pools' spares too), or one session's (found by label,
+        and the one its record names, which has no session label when it came from a warm pool)."""
         labels = {STORE_ID: self.store.store_id}
-        if session_id is not None:
-            labels[SESSION_ID] = validate_session_id(session_id)
-        return self.backend.find(labels)
+        if session_id is None:
+            return self.backend.find(labels)
+        found = self.backend.find({**labels, SESSION_ID: validate_session_id(session_id)})
+        recorded = None
+        with contextlib.suppress(SessionNotFound, CheckpointError):
+            recorded = self.store.load(session_id).container_id
+        if recorded and all(c.id != recorded for c in found):
+            found += [c for c in self.backend.find(labels) if c.id == recorded]
+        return found
 
     def sessions(self) -> list[str]:
         """Ids of every stored session (this controller's or not)."""
@@ -387,8 +443,14 @@ class Orchestrator:
                         session.close()
                 self._forget(session)
         finally:
-            if self._owns_backend:
-                self.backend.close()
+            with self._lock:
+                pool, self._pool = self._pool, None
+            try:
+                if pool is not None:
+                    pool.close()
+            finally:
+                if self._owns_backend:
+                    self.backend.close()
 
     def __enter__(self) -> Orchestrator:
         return self

@@ -11,7 +11,7 @@ from typing import Any, Literal, TypedDict, TypeVar, cast
 
 from .agent import protocol
 from .errors import ProtocolError
-from .store import DIGEST
+from .store import BLOB_ID, DIGEST
 
 T = TypeVar("T")
 _MAX_NAMES = 100_000
@@ -127,8 +127,8 @@ def parse_delta(header: dict[str, Any]) -> CheckpointDelta:
             raise ProtocolError("checkpoint blob entries need a 32-hex digest and a size >= 0")
         entries.append(BlobEntry(digest=blob_digest, size=size))
     changed = expect_str_map(delta, "vars")
-    if not all(DIGEST.match(d) for d in changed.values()):
-        raise ProtocolError("checkpoint names must map to 32-hex digests")
+    if not all(BLOB_ID.match(d) for d in changed.values()):  # a content digest, or a host-made blob's id
+        raise ProtocolError("checkpoint names must map to blob ids (32-hex digests or host-made ids)")
     deleted = expect(delta, "deleted", list)
     if len(deleted) > _MAX_NAMES or not all(isinstance(name, str) for name in deleted):
         raise ProtocolError("checkpoint 'deleted' must list names")

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from .backend import Backend, SandboxSpec
@@ -111,6 +111,7 @@ class SandboxPool:
         labels: Mapping[str, str],
         size: int,
         share_network: bool = True,
+        prepare: Callable[[Sandbox], None] | None = None,
     ) -> None:
         """Start filling at once.
 
@@ -120,6 +121,8 @@ class SandboxPool:
             size: sandboxes kept started ahead (0: each ``take`` starts one).
             share_network: lend loopback-only network namespaces (``NetworkSlots``) when
                 ``settings.network_mode`` is "none"; False gives each sandbox a new one.
+            prepare: run on each pooled sandbox after it started, before anyone can take it
+                (e.g. ``Sandbox.warm_up``); a sandbox it fails on is removed and the error handed out.
         """
         if not isinstance(size, int) or size < 0:
             raise ConfigError(f"the pool size must be a non-negative integer, got {size!r}")
@@ -129,6 +132,7 @@ class SandboxPool:
         self._scope = scope
         self._labels = dict(labels)
         self._size = size
+        self._prepare = prepare
         self._slots = (
             NetworkSlots(backend, settings, image=image, scope=scope, labels=labels)
             if share_network and settings.network_mode == "none"
@@ -224,6 +228,14 @@ class SandboxPool:
         except BaseException as exc:  # the taker gets it: a pool that cannot start says why
             self._ready.put(exc)
             return
+        if self._prepare is not None:
+            try:
+                self._prepare(sandbox)
+            except BaseException as exc:
+                with contextlib.suppress(OrchestratorError):
+                    self.discard(sandbox)
+                self._ready.put(exc)
+                return
         if self._closed.is_set():
             with contextlib.suppress(OrchestratorError):
                 self.discard(sandbox)

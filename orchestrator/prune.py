@@ -22,9 +22,10 @@ from typing import Any
 from . import activity, lifecycle
 from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend
 from .config import Settings
+from .controllers import controller_gone, discard_left_behind, left_behind
 from .endpoint import discard_sandbox_dir
 from .errors import CheckpointError, OrchestratorError, SessionNotFound
-from .evaluation.evaluator import EVAL_RUN, dead_runs, discard_dead_run_sandbox
+from .evaluation.evaluator import EVAL_RUN
 from .store import SessionStore
 from .survey import SessionInfo, SessionStatus, survey
 from .units import describe_bytes, describe_duration
@@ -144,19 +145,33 @@ class Pruner:
     # ---------------------------------------------------------------- orphans
 
     def _orphan_containers(self) -> None:
-        """Our store's containers whose session has no record (a controller died between removing them)."""
+        """Our store's containers whose session has no record (a controller died between removing them), and warm
+        pools' spares whose controller is gone (a container from a pool is a session's once a record names it)."""
+        recorded: dict[str, str] | None = None
         for container in self.backend.find({STORE_ID: self.store.store_id}):
             session_id = container.labels.get(SESSION_ID, "")
-            if session_id and self.store.exists(session_id):
+            if session_id:
+                if not self.store.exists(session_id):
+                    self._record(
+                        "remove-orphan-container",
+                        container.name,
+                        f"session {session_id} has no record",
+                        lambda c=container: lifecycle.discard_sandbox(
+                            self.backend, self.settings.runtime_dir, c.labels.get(SANDBOX_ID), c.id
+                        ),
+                    )
                 continue
-            self._record(
-                "remove-orphan-container",
-                container.name,
-                f"session {session_id or '?'} has no record",
-                lambda c=container: lifecycle.discard_sandbox(
-                    self.backend, self.settings.runtime_dir, c.labels.get(SANDBOX_ID), c.id
-                ),
-            )
+            if not controller_gone(container):
+                continue
+            recorded = self.store.recorded_containers() if recorded is None else recorded
+            # Read again before removing: its controller may have recorded it just before it died.
+            if container.id not in recorded and container.id not in self.store.recorded_containers():
+                self._record(
+                    "remove-orphan-container",
+                    container.name,
+                    "a warm pool's spare whose controller is gone",
+                    lambda c=container: discard_left_behind(self.backend, c),
+                )
 
     def _orphan_blobs(self) -> None:
         """Blobs no manifest names and unfinished temp files, judged under each session's store lock."""
@@ -195,12 +210,12 @@ class Pruner:
 
     def _dead_eval_runs(self) -> None:
         """Sandboxes of ``orchestrator eval`` runs on this host whose process is gone (killed before cleaning up)."""
-        for container in dead_runs(self.backend):
+        for container in left_behind(self.backend, "eval"):
             self._record(
                 "remove-orphan-container",
                 container.name,
                 f"its eval run {container.labels.get(EVAL_RUN, '?')} ended without removing it",
-                lambda c=container: discard_dead_run_sandbox(self.backend, c),
+                lambda c=container: discard_left_behind(self.backend, c),
             )
 
     def _orphan_sandbox_dirs(self) -> None:

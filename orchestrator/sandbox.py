@@ -202,7 +202,7 @@ class Sandbox:
         self,
         manifest: Mapping[str, str],
         generation: int,
-        read_blob: Callable[[str], bytes],
+        open_blob: Callable[[str], AbstractContextManager[memoryview]],
         contexts: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> dict[str, str]:
         """Load a checkpoint into the agent value by value; return the names that could not be loaded, with why.
@@ -213,7 +213,7 @@ class Sandbox:
         ``contexts`` (id -> ``{cwd, env}``) are created first; ``<id>/<name>`` keys load into theirs.
         """
         failed: dict[str, str] = {}
-        while not self._restore_pass(manifest, generation, read_blob, failed, contexts or {}):
+        while not self._restore_pass(manifest, generation, open_blob, failed, contexts or {}):
             pass
         self._control({"type": protocol.RESTORE_END, "generation": generation})
         return failed
@@ -222,7 +222,7 @@ class Sandbox:
         self,
         manifest: Mapping[str, str],
         generation: int,
-        read_blob: Callable[[str], bytes],
+        open_blob: Callable[[str], AbstractContextManager[memoryview]],
         failed: dict[str, str],
         contexts: Mapping[str, Mapping[str, Any]],
     ) -> bool:
@@ -241,7 +241,8 @@ class Sandbox:
                 context_id, separator, local = name.partition(protocol.CONTEXT_SEPARATOR)
                 if separator:
                     header.update(name=local, context=context_id)
-                reply = parse_load_reply(self.request(header, read_blob(manifest[name]), seconds=seconds)[0])
+                with open_blob(manifest[name]) as blob:
+                    reply = parse_load_reply(self.request(header, blob, seconds=seconds)[0])
                 if reply["status"] == protocol.STATUS_OK:
                     errors.pop(name, None)
                 elif reply["status"] == protocol.STATUS_ERROR:
@@ -256,6 +257,10 @@ class Sandbox:
                 break
             pending = retry
         return True
+
+    def warm_up(self) -> None:
+        """Have the agent load what checkpoints and restores need (dill) now, while nobody waits: an empty restore."""
+        self.restore({}, 0, _no_blobs)
 
     def _create_context(self, context_id: str, spec: Mapping[str, Any]) -> None:
         """Make an empty context in the (restoring) worker, as ``Session.create_context`` did."""
@@ -293,6 +298,10 @@ class Sandbox:
             self._backend.remove(self.container_id)
         finally:
             self._endpoint.remove()
+
+
+def _no_blobs(blob_digest: str) -> AbstractContextManager[memoryview]:
+    raise AssertionError(f"an empty restore read blob {blob_digest}")
 
 
 def _quietly(call: Callable[[], Any]) -> Any:

@@ -32,6 +32,7 @@ from .connection import Header, TakenOver
 from .contexts import (
     DEFAULT_CONTEXT,
     Context,
+    checkpoint_key,
     local_names,
     names_of,
     new_context_id,
@@ -57,7 +58,7 @@ from .errors import (
 )
 from .events import Event, LiveCall, OnOutput
 from .hostcalls import CallDesk, HostCalls, serving
-from .ledger import CheckpointLedger
+from .ledger import CheckpointLedger, StagedBlob
 from .messages import ExecReply, WorkerFailure, parse_exec_reply, parse_install_reply, parse_state_reply, worker_failure
 from .output import StreamRecorder, keep_newest
 from .results import ExecResult
@@ -159,11 +160,13 @@ class Session:
         labels: dict[str, str],
         activity: Activity,
         make_room: Callable[[str], AbstractContextManager[object]] = lambda session_id: contextlib.nullcontext(),
+        take_pooled: Callable[[str], Sandbox | None] = lambda image: None,
         on_close: Callable[[Session], None] | None = None,
     ) -> None:
         self._ledger = ledger
         self._activity = activity
         self._make_room = make_room
+        self._take_pooled = take_pooled
         self._backend = backend
         self._settings = settings
         self._scope = scope
@@ -407,7 +410,13 @@ class Session:
     ) -> None:
         """Store ``payload`` as the variable ``name`` (and each alias), checkpointed; dicts and lists travel as JSON.
 
-        Like ``add_context``, the value is made on the host, so it travels once, as raw bytes.
+        Like ``add_context``, the value is made on the host, so it travels once, as raw bytes; a
+        str or bytes value's checkpoint blob is written by the controller, so it never travels back.
+
+        Raises:
+            CheckpointQuotaExceeded: a str or bytes value would take the checkpoint past the quota
+                (nothing was sent or stored).
+            ConfigError: a name is not an identifier, or the payload is not str, bytes, dict or list.
         """
         self._set_value(name, payload, aliases, None)
 
@@ -423,7 +432,12 @@ class Session:
     def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
         """Load a context into the namespace as ``context_<index>`` (``context`` aliases ``context_0``).
 
-        The payload travels once, as raw bytes. Returns the index used.
+        The payload travels once, as raw bytes; for a str or bytes nothing travels back (the
+        controller writes its checkpoint blob itself). Returns the index used.
+
+        Raises:
+            CheckpointQuotaExceeded: a str or bytes payload would take the checkpoint past the quota
+                (nothing was sent or stored).
         """
         return self._add_versioned("context", payload, index)
 
@@ -606,13 +620,10 @@ class Session:
             else:
                 with self._ledger.owned() as current:
                     self._discard_recorded(current)
+            image = self._ledger.record.image
             with self._make_room(self.id):
-                sandbox = Sandbox.start(
-                    self._backend,
-                    self._settings,
-                    image=self._ledger.record.image,
-                    scope=self._scope,
-                    labels=self._labels,
+                sandbox = self._take_pooled(image) or Sandbox.start(
+                    self._backend, self._settings, image=image, scope=self._scope, labels=self._labels
                 )
             try:
                 self._ledger.set_sandbox(sandbox.sandbox_id, sandbox.container_id)
@@ -655,7 +666,7 @@ class Session:
     def _load_checkpoint(self) -> None:
         assert self._sandbox is not None
         record = self._ledger.record
-        failures = self._sandbox.restore(record.variables, record.generation, self._ledger.read_blob, record.contexts)
+        failures = self._sandbox.restore(record.variables, record.generation, self._ledger.mapped_blob, record.contexts)
         self._ledger.drop(failures)
         self.restore_failures = failures
         self._unreported_failures.update(failures)
@@ -864,13 +875,18 @@ class Session:
         return dataclasses.replace(result, **output) if output else result
 
     def _commit_state(
-        self, reply: dict[str, Any], body: bytearray, counters: dict[str, int], context: str | None = None
+        self,
+        reply: dict[str, Any],
+        body: bytearray,
+        counters: dict[str, int],
+        context: str | None = None,
+        staged: Collection[StagedBlob] = (),
     ) -> dict[str, str]:
         if context is None:
-            return self._ledger.commit(parse_state_reply(reply), body, counters=counters)
+            return self._ledger.commit(parse_state_reply(reply), body, counters=counters, staged=staged)
         contexts = dict(self._ledger.record.contexts)
         contexts[context] = {**contexts[context], **counters}
-        return self._ledger.commit(parse_state_reply(reply), body, contexts=contexts)
+        return self._ledger.commit(parse_state_reply(reply), body, contexts=contexts, staged=staged)
 
     def _control_seconds(self) -> float:
         return self._settings.start_timeout + self._settings.checkpoint_timeout + self._settings.reply_margin
@@ -897,9 +913,19 @@ class Session:
         counters: dict[str, int],
         context: str | None = None,
     ) -> None:
-        """One ``set_value`` request: a host-made value (``_encode_payload``) under ``name`` and ``aliases``."""
+        """One ``set_value`` request: a host-made value (``_encode_payload``) under ``name`` and ``aliases``.
+
+        A str or bytes value's checkpoint blob is made here, not in the sandbox: a pickle written
+        around the raw bytes (``protocol.host_blob_parts``, no copy of them), named by a fresh id
+        (no hash). It is checked against the quota before anything is sent and written to the store
+        while the request is in flight; the agent adopts it and sends nothing back
+        (docs/protocol.md, "Host-made blobs"). JSON values are pickled by the agent, as cells' are.
+
+        Raises:
+            CheckpointQuotaExceeded: a str or bytes value would take the checkpoint past the quota.
+        """
         kind, raw = encoded
-        header = {
+        header: dict[str, Any] = {
             "type": protocol.SET_VALUE,
             "name": name,
             "kind": kind,
@@ -907,7 +933,22 @@ class Session:
             "checkpoint_timeout": self._settings.checkpoint_timeout,
         }
         self._name_context(header, context)
-        self._call(header, raw, self._control_seconds(), lambda r, b: self._commit_state(r, b, counters, context))
+        staged: list[StagedBlob] = []
+        if kind in protocol.HOST_BLOB_KINDS:
+            keys = {checkpoint_key(header.get("context"), n) for n in [name, *aliases]}
+            self._ledger.check_room(keys, len(raw) + protocol.HOST_BLOB_OVERHEAD, f"the {kind} value for {name}")
+            staged.append(self._ledger.stage(protocol.host_blob_parts(kind, raw)))
+            header.update(blob=staged[0].blob_id, blob_size=staged[0].size)
+        try:
+            self._call(
+                header,
+                raw,
+                self._control_seconds(),
+                lambda r, b: self._commit_state(r, b, counters, context, staged),
+            )
+        finally:
+            for blob in staged:
+                blob.discard()
 
     # ----------------------------------------------------------------- contexts
 

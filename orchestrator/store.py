@@ -6,7 +6,14 @@ Layout under ``Settings.state_dir`` (created 0700)::
     sessions/<session_id>/meta.json      SessionRecord as JSON (the checkpoint manifest included)
     sessions/<session_id>/lock           flock(2) target of the session's transactions
     sessions/<session_id>/activity       held by calls, touched when they run (``activity``): busy and idle time
-    sessions/<session_id>/blobs/<digest> one dill blob per distinct variable value, opaque bytes
+    sessions/<session_id>/blobs/<blob id> one pickle blob per distinct variable value, opaque bytes
+
+A blob id is either the content digest of the blob (32 lowercase hex: blobs the agent made) or,
+for a str or bytes value the controller made itself (``set_value``, ``add_context``), a fresh
+random ``h`` + 32 lowercase hex (``new_host_blob_id``; docs/protocol.md, "Host-made blobs"):
+hashing a 100 MB context would cost more than everything else its call does. Both live side
+by side in ``blobs/``; a host-made blob is written to a temp file first (``stage_blob``) and
+gets its name only inside the commit that names it (``place_blob``).
 
 Every change of a record goes through ``transaction()``: an exclusive ``flock`` held around
 read, check (owner and epoch, done by the caller) and write, so two controllers, in one process
@@ -21,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import mmap
 import os
 import re
 import secrets
@@ -38,7 +46,10 @@ from .errors import CheckpointError, ConfigError, SessionNotFound
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
 CONTEXT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")
-DIGEST = re.compile(r"^[0-9a-f]{32}$")
+DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
+"""A content digest: the id of a blob the agent made."""
+BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
+"""Any blob id: a content digest, or the ``h``-prefixed random id of a host-made blob (``protocol.HOST_BLOB_ID``)."""
 _STORE_ID = re.compile(r"^[0-9a-f]{12}$")
 _CONTAINER_ID = re.compile(r"^[0-9a-f]{12,64}$")
 _MAX_NAME = 1000
@@ -54,6 +65,11 @@ def validate_session_id(session_id: str) -> str:
     if not isinstance(session_id, str) or not _SESSION_ID.match(session_id):
         raise ConfigError(f"invalid session id {session_id!r}: use 3-63 lowercase letters, digits and dashes")
     return session_id
+
+
+def new_host_blob_id() -> str:
+    """A fresh id for a host-made blob: ``h`` and 32 random lowercase hex, never a content digest."""
+    return "h" + secrets.token_hex(16)
 
 
 def new_sandbox_id() -> str:
@@ -116,9 +132,9 @@ class SessionRecord:
             "container_id": record.container_id is None or bool(_CONTAINER_ID.match(str(record.container_id))),
             "labels": _str_map(record.labels),
             "variables": _str_map(record.variables)
-            and all(len(k) <= _MAX_NAME and DIGEST.match(v) for k, v in record.variables.items()),
+            and all(len(k) <= _MAX_NAME and BLOB_ID.match(v) for k, v in record.variables.items()),
             "blob_sizes": isinstance(record.blob_sizes, dict)
-            and all(isinstance(k, str) and DIGEST.match(k) and _count(v) for k, v in record.blob_sizes.items())
+            and all(isinstance(k, str) and BLOB_ID.match(k) and _count(v) for k, v in record.blob_sizes.items())
             and set(record.variables.values()) <= set(record.blob_sizes),
             "contexts": isinstance(record.contexts, dict)
             and all(isinstance(k, str) and CONTEXT_ID.match(k) and _context_spec(v) for k, v in record.contexts.items())
@@ -212,10 +228,10 @@ class SessionStore:
     def _dir(self, session_id: str) -> Path:
         return self.root / validate_session_id(session_id)
 
-    def blob_path(self, session_id: str, blob_digest: str) -> Path:
-        if not DIGEST.match(blob_digest):
-            raise CheckpointError(f"invalid blob digest {blob_digest!r}")
-        return self._dir(session_id) / "blobs" / blob_digest
+    def blob_path(self, session_id: str, blob_id: str) -> Path:
+        if not isinstance(blob_id, str) or not BLOB_ID.match(blob_id):
+            raise CheckpointError(f"invalid blob id {blob_id!r}")
+        return self._dir(session_id) / "blobs" / blob_id
 
     def create(self, record: SessionRecord) -> None:
         """Write a new session's record; the id must be free.
@@ -273,6 +289,16 @@ class SessionStore:
         for entry in sorted(self.root.iterdir()):
             if _SESSION_ID.match(entry.name) and (entry / "meta.json").exists():
                 yield entry.name
+
+    def recorded_containers(self) -> dict[str, str]:
+        """Container id -> session id of every readable record that names a container (a snapshot)."""
+        owners = {}
+        for session_id in self.ids():
+            with contextlib.suppress(SessionNotFound, CheckpointError):
+                container_id = self.load(session_id).container_id
+                if container_id:
+                    owners[container_id] = session_id
+        return owners
 
     @contextlib.contextmanager
     def transaction(self, session_id: str) -> Iterator[SessionRecord]:
@@ -374,16 +400,88 @@ class SessionStore:
         except OSError as exc:
             raise CheckpointError(f"cannot store checkpoint blobs of session {session_id}: {exc}") from exc
 
-    def read_blob(self, session_id: str, blob_digest: str) -> bytes:
-        """One blob of the checkpoint, as opaque bytes to send back to an agent.
+    @contextlib.contextmanager
+    def mapped_blob(self, session_id: str, blob_digest: str) -> Iterator[memoryview]:
+        """One blob of the checkpoint, mapped read-only for the ``with`` block, to send back to an agent.
+
+        Mapped, not read: the bytes go from the page cache to the socket, so restoring a 100 MB value
+        costs the host no 100 MB copy. Blobs are never changed in place (written whole and renamed,
+        removed by unlink), so the mapping stays valid while it is used.
 
         Raises:
             CheckpointError: the blob is missing or unreadable.
         """
         try:
-            return self.blob_path(session_id, blob_digest).read_bytes()
+            fd = os.open(self.blob_path(session_id, blob_digest), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             raise CheckpointError(f"checkpoint of session {session_id} is damaged: {exc}") from exc
+        try:
+            try:
+                size = os.fstat(fd).st_size
+                mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+            except OSError as exc:
+                raise CheckpointError(f"checkpoint of session {session_id} is damaged: {exc}") from exc
+        finally:
+            os.close(fd)  # the mapping keeps its own reference
+        if mapped is None:
+            yield memoryview(b"")
+            return
+        with mapped, memoryview(mapped) as view:
+            yield view
+
+    def stage_blob(self, session_id: str, parts: Sequence[bytes | bytearray | memoryview]) -> Path:
+        """Write a host-made blob to a new temp file in ``blobs/`` (flushed with ``fsync``), outside any lock.
+
+        The file is unnamed: ``place_blob`` names it inside the commit, and until then prune's rule
+        (files in ``blobs/`` that no manifest names) covers it, so a controller that dies leaves
+        nothing that prune would not remove.
+
+        Raises:
+            CheckpointError: it cannot be written (no temp file is left).
+        """
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self._dir(session_id) / "blobs", prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    for part in parts:
+                        fh.write(part)
+                    if self.fsync:
+                        fh.flush()
+                        os.fsync(fh.fileno())
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            raise CheckpointError(f"cannot store a checkpoint blob of session {session_id}: {exc}") from exc
+        return Path(tmp)
+
+    def place_blob(
+        self, session_id: str, staged: Path | None, blob_id: str, parts: Sequence[bytes | bytearray | memoryview]
+    ) -> None:
+        """Give a staged blob its name (call inside ``transaction``, before saving the manifest that names it).
+
+        When the temp file is missing (writing it failed, or a prune removed it as unnamed
+        meanwhile) the blob is written from ``parts`` here instead.
+
+        Raises:
+            CheckpointError: the blob cannot be written.
+        """
+        target = self.blob_path(session_id, blob_id)
+        try:
+            try:
+                if staged is None:
+                    raise FileNotFoundError(blob_id)
+                os.replace(staged, target)
+            except FileNotFoundError:
+                _write_atomically(target, parts, self.fsync)
+            if self.fsync:
+                _fsync_dir(target.parent)
+        except OSError as exc:
+            if staged is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(staged)
+            raise CheckpointError(f"cannot store checkpoint blobs of session {session_id}: {exc}") from exc
 
     def delete_blobs(self, session_id: str, digests: Iterable[str]) -> None:
         """Delete blobs no manifest references any more (call inside ``transaction``, after ``save``)."""

@@ -3,10 +3,14 @@
 Runs in the sandbox worker (standard library plus dill). Each saved variable is one blob.
 A value that is the very object saved last time and is deeply immutable (a str, bytes,
 number, or tuple of those; a module) is skipped without pickling, so a 100 MB context
-costs nothing after its first checkpoint. Other values are pickled and sent only when
-their digest changed. A class of the session bound under its own name pickles by value
-as that variable, and everything else refers to it by name, so instances restored later
-are instances of the session's class (one restored before its class fails and is retried).
+costs nothing after its first checkpoint; a new name for such an object takes the blob the
+object is saved in already, without pickling it. Other values are pickled and sent only when
+their digest changed. A str or bytes value the controller made (``set_value``) is not pickled
+here at all: the controller stores its blob itself (a host-made blob, docs/protocol.md) and the
+tracker adopts it, so the next delta names it without sending it. A class of the session
+bound under its own name pickles by value as that variable, and everything else refers to it
+by name, so instances restored later are instances of the session's class (one restored
+before its class fails and is retried).
 
 A value that could not be saved is tried again on every later checkpoint (it may have
 become saveable), after the others. A checkpoint can run out of time (the pickling
@@ -360,6 +364,8 @@ class Tracker:
         self.quota = quota
         self.held = HeldBlobs() if held is None else held
         self._saved: Dict[str, _Saved] = {}
+        self._by_object: Dict[int, _Saved] = {}  # id(value) -> a saved entry of that deeply immutable value
+        self._adopted: Dict[str, str] = {}  # names of host-made blobs the next delta reports as changed
         self._refs = self.held.refs
         self._sizes = self.held.sizes
         self._unsaved_last: Set[str] = set()
@@ -388,8 +394,30 @@ class Tracker:
         prev = self._saved.pop(name, None)
         if prev is None:
             return False
+        if self._by_object.get(id(prev.value)) is prev:
+            del self._by_object[id(prev.value)]
         self._release(prev.digest)
         return True
+
+    def _index(self, saved: _Saved) -> None:
+        if saved.frozen:
+            self._by_object[id(saved.value)] = saved
+
+    def _rebind(self, saved: _Saved, value: Any) -> None:
+        """The name now holds another object that pickles to the same blob."""
+        if self._by_object.get(id(saved.value)) is saved:
+            del self._by_object[id(saved.value)]
+        saved.value = value
+        saved.frozen = deeply_immutable(value)
+        self._index(saved)
+
+    def _held_blob_of(self, value: Any) -> Optional[Blob]:
+        """The blob another name holds for this very object, deeply immutable: it pickles the same, so it is not
+        pickled again (and a host-made blob, which the agent has no bytes of, is shared, not copied)."""
+        saved = self._by_object.get(id(value))
+        if saved is None or saved.value is not value or not saved.frozen:
+            return None
+        return Blob([], saved.size, saved.digest)
 
     def _held_after(self, prev: Optional[_Saved], blob_digest: str, size: int) -> int:
         """The checkpoint's size if one name switched from ``prev`` to this blob."""
@@ -403,8 +431,19 @@ class Tracker:
     def record(self, name: str, value: Any, blob_digest: str, size: int) -> None:
         """Count ``value`` as saved under ``name`` with this blob (a value just restored from it)."""
         self._drop(name)
-        self._saved[name] = _Saved(value, blob_digest, size)
+        saved = self._saved[name] = _Saved(value, blob_digest, size)
+        self._index(saved)
         self._hold(blob_digest, size)
+
+    def adopt(self, names: List[str], value: Any, blob_id: str, size: int) -> None:
+        """Count ``value`` as saved under ``names`` in a blob the controller made and stores (``set_value``).
+
+        Nothing is pickled: the next delta reports these names as changed, naming ``blob_id``,
+        with no blob in its body. The controller checked the quota before it sent the value.
+        """
+        for name in names:
+            self.record(name, value, blob_id, size)
+            self._adopted[name] = blob_id
 
     def delta(self, namespace: Dict[str, Any], dumps: Optional[DumpsFunction] = None) -> Tuple[dict, List[Part]]:
         """Return (description, body parts) of what changed since the last checkpoint, and advance to it.
@@ -423,6 +462,7 @@ class Tracker:
         parts: List[Part] = []
         sent: Set[str] = set()
         pickled_now: Dict[int, Blob] = {}
+        adopted, self._adopted = self._adopted, {}
         out_of_time = False
 
         excluded = self.excluded
@@ -445,8 +485,10 @@ class Tracker:
         for name, value in items:
             prev = self._saved.get(name)
             if prev is not None and prev.value is value and prev.frozen:
+                if name in adopted:
+                    changed[name] = prev.digest
                 continue
-            blob = pickled_now.get(id(value))
+            blob = pickled_now.get(id(value)) or self._held_blob_of(value)
             if blob is None:
                 if out_of_time:
                     unsave(name, TIMEOUT_REASON)
@@ -464,8 +506,7 @@ class Tracker:
                     blob = Blob([], blob.size, blob.digest)  # the controller has these bytes: free them now
                 pickled_now[id(value)] = blob
             if prev is not None and prev.digest == blob.digest:
-                prev.value = value
-                prev.frozen = deeply_immutable(value)
+                self._rebind(prev, value)
                 continue
             if self.quota and self._held_after(prev, blob.digest, blob.size) > self.quota:
                 unsave(name, quota_reason(self.quota))

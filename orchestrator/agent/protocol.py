@@ -53,6 +53,14 @@ INSTALL = "install"  # the session's scaffold: code run in its own module of eve
 CONTEXT_CREATE = "context_create"
 CONTEXT_DESTROY = "context_destroy"
 CONTEXT_SEPARATOR = "/"  # a context's variable ``x`` is ``<context>/x`` in checkpoints (names have no "/")
+# Host-made blobs (docs/protocol.md, "Host-made blobs"): a str or bytes value the controller made
+# (set_value with ``blob``) is checkpointed as a protocol-4 pickle the controller writes by hand
+# around the raw bytes, and named by a fresh random id of its own shape, not by a content digest.
+HOST_BLOB_KINDS = ("str", "bytes")
+HOST_BLOB_ID = re.compile(r"h[0-9a-f]{32}")  # content digests are 32 lowercase hex: never an "h"
+HOST_BLOB_OVERHEAD = 12  # PROTO 4 (2 bytes), BINUNICODE8 or BINBYTES8 with its 8-byte length (9), STOP (1)
+_HOST_BLOB_OPCODES = {"str": b"\x8d", "bytes": b"\x8e"}  # pickle.BINUNICODE8, pickle.BINBYTES8 (PEP 3154)
+_HOST_BLOB_LENGTH = struct.Struct("<Q")
 # Replies and notices the agent sends.
 EXEC_REPLY = "exec_reply"
 STATE_REPLY = "state_reply"
@@ -454,3 +462,31 @@ def split_body(body: bytes | bytearray | memoryview, sizes: List[int]) -> List[m
         parts.append(view[offset : offset + size])
         offset += size
     return parts
+
+
+def is_host_blob(blob_id: object) -> bool:
+    """True for the id of a host-made blob (``h`` and 32 lowercase hex), False for a content digest or anything else."""
+    return isinstance(blob_id, str) and HOST_BLOB_ID.fullmatch(blob_id) is not None
+
+
+def host_blob_parts(kind: str, raw: Union[bytes, bytearray, memoryview]) -> List[Body]:
+    """The blob of a host-made str (``raw`` its UTF-8 with surrogatepass) or bytes value, as parts, ``raw`` not copied.
+
+    Back to back they are a protocol-4 pickle (``PROTO 4``, ``BINUNICODE8`` or ``BINBYTES8`` and
+    the 8-byte little-endian length, the bytes, ``STOP``) that ``pickle.loads`` turns into the value.
+    """
+    return [b"\x80\x04" + _HOST_BLOB_OPCODES[kind] + _HOST_BLOB_LENGTH.pack(len(raw)), raw, b"."]
+
+
+def host_blob_framed(blob: Union[bytes, bytearray, memoryview]) -> bool:
+    """True when ``blob`` has the frame of a host-made blob, whole (it has no digest to check)."""
+    view = memoryview(blob).cast("B")
+    size = len(view)
+    return (
+        size >= HOST_BLOB_OVERHEAD
+        and view[0] == 0x80
+        and view[1] == 4
+        and bytes(view[2:3]) in (b"\x8d", b"\x8e")
+        and _HOST_BLOB_LENGTH.unpack_from(view, 3)[0] == size - HOST_BLOB_OVERHEAD
+        and view[size - 1] == 0x2E
+    )

@@ -9,9 +9,13 @@ process group and a fresh, empty worker that the controller restores. SIGUSR1 pl
 socket file at the channel path is a takeover: the supervisor drops the old connection
 (interrupting what runs) and connects to the new one.
 
-Bodies are never held whole here: request bodies (restore blobs, set_value payloads) are
-copied from the controller to the worker, and reply bodies (checkpoint blobs) from the
-worker to the controller, in chunks of at most ``CHUNK_BYTES``. See docs/protocol.md.
+Bodies are never held whole here: request bodies (restore blobs, set_value payloads) go from
+the controller to the worker, and reply bodies (checkpoint blobs) from the worker to the
+controller, through a pipe with ``os.splice`` (Linux, Python >= 3.10: the bytes never enter
+this process, which leaves more of the sandbox's CPU to the worker), else in chunks of at most
+``CHUNK_BYTES``. Frame heads are relayed as they came, not decoded and encoded again, and each
+read takes up to ``READ_AHEAD`` bytes, so a small frame (prefix, header and body) costs one
+``recv``. See docs/protocol.md.
 
 The supervisor-worker link uses the same frames plus one private message: the worker's
 ``cell_done`` when a cell finished (the checkpoint's clock starts). Host calls come from the
@@ -25,9 +29,12 @@ then gives the call the checkpoint's deadline; a fast one costs no extra frame.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import math
 import os
 import platform
+import re
 import selectors
 import signal
 import socket
@@ -35,11 +42,14 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import protocol
 
 CHUNK_BYTES = 1 << 20
+READ_AHEAD = 64 << 10  # one read from a socket takes up to this much: a small frame and whatever came after it
+PIPE_BYTES = 1 << 20  # the splice pipe's capacity (fs.pipe-max-size allows 1 MiB to anyone by default)
+SPLICE_MIN_BYTES = 64 << 10  # a body smaller than this is copied: a splice saves nothing on it
 DEFAULT_CHANNEL = "/run/orchestrator/channel.sock"
 DEFAULT_SECRET_FILE = "/run/orchestrator/secret"
 DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
@@ -64,6 +74,12 @@ REPLY_TYPES = {
 }
 _CALL_HEADER_BYTES = 64 << 10  # a host call's header holds its number and handler name
 _CALL_SECONDS = 2.0  # a host call frame is at most a few MB over a socket pair: a slower one is trickled
+_PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: or-ing the enum members costs a microsecond a call
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+# A \uD800-\uDFFF escape in a header (a surrogate, perhaps a lone one): such a header is decoded and encoded
+# again (protocol.encode_header replaces lone surrogates), never relayed as it came. False positives only cost that.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
 
 
 def log(message: str) -> None:
@@ -148,6 +164,191 @@ def read_secret(path: str) -> bytes:
         raise ConfigError("the secret file %s must hold exactly 64 hex characters" % path) from None
 
 
+# --- Moving bytes ------------------------------------------------------------------------------------------
+
+
+class _Inbox(object):
+    """Frames from one stream socket, read up to READ_AHEAD bytes at a time.
+
+    A small frame's prefix, header and body usually arrive in one ``recv``. Bytes read past
+    the frame stay here for the next one, so whoever waits for the socket to become readable
+    must look here first (``buffered``). Bodies are read from here first, then from the socket.
+    """
+
+    __slots__ = ("buf", "end", "mark", "sock", "start", "view")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray(READ_AHEAD)
+        self.view = memoryview(self.buf)
+        self.start = 0  # the bytes read and not taken yet are buf[start:end]
+        self.end = 0
+        self.mark = 0  # where the last frame began (``head``)
+
+    def buffered(self) -> int:
+        return self.end - self.start
+
+    def peek(self) -> bytes:
+        """The first byte read and not taken yet (b"" when there is none)."""
+        return bytes(self.view[self.start : self.start + 1]) if self.end > self.start else b""
+
+    def head(self, max_header: int, max_body: int, timeout: float) -> Tuple[Dict[str, Any], int, int]:
+        """The next frame's header, body length and head size (prefix and header), all within about ``timeout``.
+
+        The body is not read. ``raw()`` gives the frame's head as it came until the next ``head``.
+
+        Raises:
+            socket.timeout: ``timeout`` passed (or one read ran past the socket's own limit) first.
+            ChannelClosed: EOF before the header was complete.
+            ProtocolViolation: the prefix or the header breaks the format or a limit.
+        """
+        if self.start == self.end:
+            self.start = self.end = 0
+            if len(self.buf) > READ_AHEAD:  # a big header came last time: let it go
+                self._replace(READ_AHEAD)
+        prefix_size = protocol.PREFIX.size
+        want = prefix_size
+        head_len = body_len = -1
+        deadline = -1.0
+        while True:
+            have = self.end - self.start
+            if head_len < 0 and have >= prefix_size:
+                head_len, body_len = protocol.parse_prefix(
+                    self.view[self.start : self.start + prefix_size], max_header, max_body
+                )
+                want = prefix_size + head_len
+            if head_len >= 0 and have >= want:
+                header = protocol.decode_header(self.view[self.start + prefix_size : self.start + want])
+                self.mark = self.start
+                self.start += want
+                return header, body_len, want
+            if deadline < 0:
+                deadline = time.monotonic() + timeout
+            elif time.monotonic() > deadline:
+                raise socket.timeout("timed out after %s" % self._progress(head_len, want))
+            if self.end == len(self.buf):  # full: a new buffer, as big as the head needs, grown with what arrived
+                self._replace(max(READ_AHEAD, min(want, have + protocol.RECV_CHUNK)))
+            try:
+                got = self.sock.recv_into(self.view[self.end :])
+            except BlockingIOError:  # the socket's own limit (limit_each_io)
+                raise socket.timeout("timed out after %s" % self._progress(head_len, want)) from None
+            if not got:
+                raise protocol.ChannelClosed("connection closed after %s" % self._progress(head_len, want))
+            self.end += got
+
+    def _progress(self, head_len: int, want: int) -> str:
+        have = self.end - self.start
+        if head_len < 0:
+            return "%d of %d bytes of the frame prefix" % (have, want)
+        return "%d of %d bytes of the frame header" % (have - protocol.PREFIX.size, head_len)
+
+    def _replace(self, size: int) -> None:
+        """Move the bytes not taken yet to the front of a new buffer (views of the old one stay valid)."""
+        have = self.end - self.start
+        buf = bytearray(size)
+        buf[:have] = self.view[self.start : self.end]
+        self.buf, self.view, self.start, self.end = buf, memoryview(buf), 0, have
+
+    def take(self, size: int) -> memoryview:
+        """Up to ``size`` bytes that were read already (no read); valid until the next ``head``."""
+        count = min(size, self.end - self.start)
+        self.start += count
+        return self.view[self.start - count : self.start]
+
+    def raw(self) -> memoryview:
+        """The last frame as it came, from its prefix up to what was taken since (valid until the next ``head``)."""
+        return self.view[self.mark : self.start]
+
+    def read_exactly(self, size: int) -> bytearray:
+        """``size`` bytes: those read already, then from the socket; ChannelClosed on EOF before that."""
+        body = bytearray(self.take(size))
+        if len(body) < size:
+            body += protocol.recv_exactly(self.sock, size - len(body))
+        return body
+
+
+class _Copier(object):
+    """Moves a body between sockets through one buffer of this process: a read, then a write of what it got."""
+
+    def __init__(self, size: int) -> None:
+        self.view = memoryview(bytearray(min(size, CHUNK_BYTES)))
+
+    def fill(self, src: socket.socket, size: int) -> int:
+        """One read of at most ``size`` bytes from ``src`` (0 at EOF)."""
+        return src.recv_into(self.view[: min(size, CHUNK_BYTES)])
+
+    def drain(self, dst: socket.socket, count: int) -> None:
+        """Write the ``count`` bytes the last ``fill`` got to ``dst``."""
+        dst.sendall(self.view[:count])
+
+
+class _Pipe(object):
+    """Moves a body between sockets through a kernel pipe with ``os.splice``: no copy into this process.
+
+    The same interface as _Copier, and the same errors: the sockets' own time limits apply to
+    ``os.splice`` as to ``recv`` and ``send``. The pipe is empty between a ``drain`` and the next
+    ``fill``; a ``drain`` that fails leaves bytes in it, so it closes the pipe (``closed``).
+    """
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        self.closed = False
+        try:
+            with contextlib.suppress(OSError):  # beyond fs.pipe-max-size or the user's pipe quota: the size it has
+                fcntl.fcntl(self.w, _F_SETPIPE_SZ, PIPE_BYTES)
+            self.size = fcntl.fcntl(self.w, _F_GETPIPE_SZ)
+        except BaseException:
+            self.close()
+            raise
+
+    def fill(self, src: socket.socket, size: int) -> int:
+        return os.splice(src.fileno(), self.w, min(size, self.size))
+
+    def drain(self, dst: socket.socket, count: int) -> None:
+        try:
+            while count:
+                moved = os.splice(self.r, dst.fileno(), count)
+                if not moved:
+                    raise OSError(errno.EIO, "the splice into the socket moved nothing")
+                count -= moved
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.r)
+            os.close(self.w)
+
+
+def _open_pipe() -> Optional[_Pipe]:
+    """A splice pipe, if this Python and kernel can splice between Unix sockets (tried once on a socket pair)."""
+    if not hasattr(os, "splice"):  # Python < 3.10
+        return None
+    try:
+        pipe = _Pipe()
+    except OSError:
+        return None
+    works = False
+    try:
+        a, b = socket.socketpair()
+        try:
+            a.sendall(b"?")
+            works = pipe.fill(b, 1) == 1
+            pipe.drain(b, 1)
+            works = works and a.recv(1) == b"?"
+        finally:
+            a.close()
+            b.close()
+    except OSError:
+        works = False
+    if not works:
+        pipe.close()
+        return None
+    return pipe
+
+
 # --- The worker process ------------------------------------------------------------------------------------
 
 
@@ -200,6 +401,7 @@ class WorkerProcess:
             self.kill()
             raise RuntimeError("the worker did not start: %s" % exc) from None
         self.dill = str(hello.get("dill", ""))
+        self.inbox = _Inbox(self.sock)
 
     def fds(self) -> List[int]:
         return [self.sock.fileno()] + ([self.pidfd] if self.pidfd is not None else [])
@@ -211,8 +413,10 @@ class WorkerProcess:
 
     def pending(self) -> Optional[bytes]:
         """Without blocking: b'' when the socket is at EOF, some bytes when it has data, None when empty."""
+        if self.inbox.buffered():  # read with its last frame
+            return self.inbox.peek()
         try:
-            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            return self.sock.recv(1, _PEEK_NOW)
         except (BlockingIOError, InterruptedError):
             return None
         except OSError:
@@ -270,11 +474,16 @@ class WorkerProcess:
 
 
 class _Frame:
-    """The worker's reply header; its body (``body_len`` bytes) still waits on the worker's socket."""
+    """The worker's reply header; its body (``body_len`` bytes) still waits in the worker's inbox and socket.
 
-    def __init__(self, header: Dict[str, Any], body_len: int) -> None:
+    ``edited`` once the supervisor changed the header: then it is encoded again, not relayed as it came.
+    """
+
+    def __init__(self, header: Dict[str, Any], body_len: int, head_size: int) -> None:
         self.header = header
         self.body_len = body_len
+        self.head_size = head_size
+        self.edited = False
 
 
 class _Takeover(Exception):
@@ -298,12 +507,16 @@ class Supervisor:
         self.takeover_requested = False
         self.channel_inode: Optional[int] = None
         self.conn: Optional[socket.socket] = None  # the controller connection being served
+        self.inbox: Optional[_Inbox] = None  # frames from ``conn``
+        self.pipe: Optional[_Pipe] = None  # the splice pipe, made on first use
+        self.can_splice = True  # until a pipe could not be made
         self.open_calls: Dict[int, Any] = {}  # host calls relayed for the running exec: call -> its request id
         self.input_waits: Dict[int, float] = {}  # open calls that are input() of the cell: call -> since when
         self.cell_running = False  # an exec's cell runs: the controller may interrupt it
         self.input_allowed = False  # the running exec lets its cell's input() ask the controller
         self.conn_lost = False  # the controller's connection broke during the request being served
-        self.watching_conn = False  # the controller's connection is in the busy selector
+        self.watching_conn = False  # the controller's connection should be in the busy selector (_sync_watch)
+        self.conn_registered = False  # it is there (kept between requests, so a run of cells registers it once)
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
@@ -476,25 +689,35 @@ class Supervisor:
     def serve(self, conn: socket.socket) -> None:
         self.idle.register(conn, selectors.EVENT_READ)
         self.conn = conn
+        inbox = self.inbox = _Inbox(conn)
         self.conn_lost = False
+        conn_fd = conn.fileno()
         try:
             while True:
                 if self._takeover_due():
                     self._send(conn, {"type": protocol.GOODBYE, "reason": "takeover", "in_flight": None})
                     return
-                ready = {key.fd for key, _ in self.idle.select()}
+                worker = self.worker
+                if worker.inbox.buffered():  # it wrote past its last reply (read with it): out of turn
+                    self._worker_between_requests()
+                    continue
+                if inbox.buffered():  # the controller's next frame came with its last one: nothing to wait for
+                    ready = {key.fd for key, _ in self.idle.select(0)}
+                    ready.add(conn_fd)
+                else:
+                    ready = {key.fd for key, _ in self.idle.select()}
                 if self.wake_r in ready:
                     self._drain_wakeups()
                     continue  # check for a takeover before anything else
-                if ready & set(self.worker.fds()):
+                if worker.sock.fileno() in ready or worker.pidfd in ready:
                     self._worker_between_requests()
                     continue  # a request that came meanwhile has not run yet: read it next round
                 if self._calls_fd() in ready:
                     self._take_call(None, "no cell is running: host calls are answered only while a cell runs")
                     continue
-                if conn.fileno() in ready:
-                    header, body_len = protocol.recv_head(
-                        conn, protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
+                if conn_fd in ready:
+                    header, body_len, _ = inbox.head(
+                        protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
                     )
                     try:
                         self.handle(conn, header, body_len)
@@ -505,7 +728,9 @@ class Supervisor:
                         return
         finally:
             self._watch_controller(False)
+            self._sync_watch()
             self.conn = None
+            self.inbox = None
             self.idle.unregister(conn)
 
     def _worker_between_requests(self) -> None:
@@ -523,27 +748,27 @@ class Supervisor:
         kind = header["type"]
         request_id = header.get("id")
         if kind in (protocol.HOST_REPLY, protocol.INTERRUPT):  # for a cell that ended meanwhile: too late
-            self._discard_from(conn, body_len)
+            self._discard(body_len)
             return
         if kind == protocol.PING:
-            self._discard_from(conn, body_len)
+            self._discard(body_len)
             self._send(conn, {"type": protocol.PONG, "id": request_id, "generation": self.generation})
             return
         reply_type = REPLY_TYPES.get(kind)
         if reply_type is None:
-            self._discard_from(conn, body_len)
+            self._discard(body_len)
             reply = {"status": protocol.STATUS_PROTOCOL_ERROR, "ran": False, "reason": "unknown request %r" % kind}
             self._send(conn, {"type": "error", "id": request_id, **reply})
             return
         if kind == protocol.RESTORE_BEGIN:
             self.worker_lost = None
         if self.worker_lost is not None:
-            self._discard_from(conn, body_len)
+            self._discard(body_len)
             lost, self.worker_lost = self.worker_lost, None
             lost.update(type=reply_type, id=request_id, status=protocol.STATUS_CRASHED, ran=False)
             self._send(conn, lost)
             return
-        if not self._forward(conn, header, body_len):
+        if not self._forward(body_len):
             # The worker was gone before it got the request; a fresh one stands by.
             lost, self.worker_lost = self.worker_lost, None
             if kind == protocol.RESTORE_BEGIN:
@@ -565,39 +790,60 @@ class Supervisor:
 
     # -- moving bytes
 
-    def _discard_from(self, conn: socket.socket, size: int) -> None:
+    def _discard(self, size: int) -> None:
         """Read and drop a request body from the controller."""
+        inbox = self.inbox
+        assert inbox is not None
+        size -= len(inbox.take(size))
+        if not size:
+            return
         buf = bytearray(min(size, CHUNK_BYTES))
         view = memoryview(buf)
         while size:
-            got = conn.recv_into(view[: min(size, CHUNK_BYTES)])
+            got = inbox.sock.recv_into(view[: min(size, CHUNK_BYTES)])
             if not got:
                 raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
             size -= got
 
-    def _forward(self, conn: socket.socket, header: Dict[str, Any], body_len: int) -> bool:
-        """Send a request to the worker, copying its body from the controller chunk by chunk.
+    def _mover(self, size: int) -> Union[_Pipe, _Copier]:
+        """What moves a body of ``size`` bytes from one socket to the other: the splice pipe where it works."""
+        if size >= SPLICE_MIN_BYTES and self.can_splice:
+            if self.pipe is None or self.pipe.closed:
+                self.pipe = _open_pipe()
+                self.can_splice = self.pipe is not None
+            if self.pipe is not None:
+                return self.pipe
+        return _Copier(size)
+
+    def _forward(self, body_len: int) -> bool:
+        """Send the request whose head the controller's inbox just read to the worker: the head as it came, then
+        the body (spliced or copied).
 
         Returns False when the worker turned out dead or stuck before it had the whole request
         (it was replaced; ``worker_lost`` says how). A controller that stops in the middle of
         the body leaves the worker with half a frame: the worker is replaced and ConnectionLost raised.
         """
         worker = self.worker
+        inbox = self.inbox
+        assert inbox is not None
         remaining = body_len
         try:
-            worker.sock.sendall(protocol.frame_head(header, body_len))
-            buf = bytearray(min(body_len, CHUNK_BYTES))
-            view = memoryview(buf)
-            while remaining:
-                try:
-                    got = conn.recv_into(view[: min(remaining, CHUNK_BYTES)])
-                    if not got:
-                        raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
-                except (OSError, protocol.ChannelClosed) as exc:
-                    self._replace_worker()
-                    raise ConnectionLost("reading a request body: %s" % (exc or type(exc).__name__)) from None
-                remaining -= got
-                worker.sock.sendall(view[:got])
+            remaining -= len(inbox.take(body_len))  # the body bytes that came with the head go out with it
+            worker.sock.sendall(inbox.raw())
+            if remaining:
+                mover = self._mover(remaining)
+                while remaining:
+                    try:
+                        got = mover.fill(inbox.sock, remaining)
+                        if not got:
+                            raise protocol.ChannelClosed(
+                                "the controller closed the connection in the middle of a frame"
+                            )
+                    except (OSError, protocol.ChannelClosed) as exc:
+                        self._replace_worker()
+                        raise ConnectionLost("reading a request body: %s" % (exc or type(exc).__name__)) from None
+                    remaining -= got
+                    mover.drain(worker.sock, got)
         except (socket.timeout, BlockingIOError):  # BlockingIOError: the kernel's limit (limit_each_io)
             self._replace_worker()
             self.worker_lost = {"reason": "the worker stopped reading its request; it was killed", "oom": False}
@@ -605,33 +851,47 @@ class Supervisor:
             self.worker_lost = self._replace_worker(died=True)
         else:
             return True
-        self._discard_from(conn, remaining)
+        self._discard(remaining)
         return False
 
     def _deliver(self, conn: socket.socket, frame: _Frame, request_id: Any) -> None:
-        """Send the worker's reply to the controller, copying its body through in chunks."""
-        frame.header["id"] = request_id
-        if frame.body_len <= CHUNK_BYTES:
-            try:
-                body = self._read_worker(frame.body_len)
-            except (OSError, protocol.ChannelClosed) as exc:
-                reply = self._worker_failed(exc)
-                reply.update(type=frame.header.get("type"), id=request_id)
-                self._send(conn, reply)
-                return
-            self._send(conn, frame.header, body)
+        """Send the worker's reply to the controller: its head as it came (unless it must be encoded again), then
+        its body; one of at most CHUNK_BYTES is read whole first, a larger one is spliced or copied through."""
+        worker = self.worker
+        inbox = worker.inbox
+        size = frame.body_len
+        first = inbox.take(size)  # the body bytes that came with the head
+        raw_head = inbox.view[inbox.mark : inbox.mark + frame.head_size]
+        if frame.edited or not isinstance(request_id, str) or _SURROGATE_ESCAPE.search(raw_head):
+            frame.header["id"] = request_id
+            parts: List[Any] = [protocol.frame_head(frame.header, size), first]
+        else:  # the worker echoed the id (_read_worker_frame): the head it sent is the one we would encode
+            parts = [inbox.raw()]
+        if size <= CHUNK_BYTES:
+            if len(first) < size:
+                try:
+                    parts.append(protocol.recv_exactly(worker.sock, size - len(first)))
+                except (OSError, protocol.ChannelClosed) as exc:
+                    reply = self._worker_failed(exc)
+                    reply.update(type=frame.header.get("type"), id=request_id)
+                    self._send(conn, reply)
+                    return
+            for part in parts:
+                if part:
+                    conn.sendall(part)
             return
         controller_error: Optional[Exception] = None
         try:
-            conn.sendall(protocol.frame_head(frame.header, frame.body_len))
+            for part in parts:
+                if part:
+                    conn.sendall(part)
         except OSError as exc:
             controller_error = exc
-        remaining = frame.body_len
-        buf = bytearray(CHUNK_BYTES)
-        view = memoryview(buf)
+        remaining = size - len(first)
+        mover = self._mover(remaining)
         while remaining:
             try:
-                got = self.worker.sock.recv_into(view[: min(remaining, CHUNK_BYTES)])
+                got = mover.fill(worker.sock, remaining)
                 if not got:
                     raise protocol.ChannelClosed("the worker closed its socket in the middle of a frame")
             except (OSError, protocol.ChannelClosed) as exc:
@@ -641,20 +901,12 @@ class Supervisor:
             remaining -= got
             if controller_error is None:
                 try:
-                    conn.sendall(view[:got])
+                    mover.drain(conn, got)
                 except OSError as exc:
                     controller_error = exc  # keep reading: the worker's socket must stay in step
+                    mover = _Copier(remaining)  # (a pipe closed itself, and the bytes in it went with it)
         if controller_error is not None:
             raise ConnectionLost("sending a reply: %s" % (controller_error or type(controller_error).__name__))
-
-    def _read_worker(self, size: int) -> bytearray:
-        buf = bytearray()
-        while len(buf) < size:
-            data = self.worker.sock.recv(min(size - len(buf), CHUNK_BYTES))
-            if not data:
-                raise protocol.ChannelClosed("the worker closed its socket in the middle of a frame")
-            buf += data
-        return buf
 
     def _worker_failed(self, exc: BaseException) -> Dict[str, Any]:
         """The worker stalled or vanished in the middle of a frame: replace it; return the reply fields."""
@@ -727,7 +979,7 @@ class Supervisor:
         """Relay the output the worker sent before its cell ended (and refuse the calls that came with it)."""
         while self.worker.calls is not None:
             try:
-                if not self.worker.calls.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                if not self.worker.calls.recv(1, _PEEK_NOW):
                     return  # the link closed: _take_call finds out next time
             except (BlockingIOError, InterruptedError):
                 return  # nothing waits (the usual case: one syscall per reply)
@@ -738,21 +990,19 @@ class Supervisor:
     def _take_reply(self, request_id: Any) -> bool:
         """Read a frame the controller sent while a cell runs: a host call's answer goes to the worker (a late one
         is dropped). Returns True when it is an interrupt of request ``request_id``."""
-        conn = self.conn
-        assert conn is not None
+        inbox = self.inbox
+        assert inbox is not None
         try:
-            header, body_len = protocol.recv_head(
-                conn, protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
-            )
+            header, body_len, _ = inbox.head(protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout)
             call = header.get("call")
             if header["type"] == protocol.INTERRUPT:
-                self._discard_from(conn, body_len)
+                self._discard(body_len)
                 return header.get("id") == request_id
             if header["type"] != protocol.HOST_REPLY or call not in self.open_calls:
-                self._discard_from(conn, body_len)
+                self._discard(body_len)
                 return False
             if body_len > self.config.host_call_max:
-                self._discard_from(conn, body_len)
+                self._discard(body_len)
                 header = {
                     "status": protocol.STATUS_ERROR,
                     "error": "the result is %d bytes, over the sandbox's %d-byte limit for host calls"
@@ -760,7 +1010,7 @@ class Supervisor:
                 }
                 body: Any = b""
             else:
-                body = protocol.recv_exactly(conn, body_len)
+                body = inbox.read_exactly(body_len)
         except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
             self._lose_controller("reading a host call's answer: %s" % (exc or type(exc).__name__))
             return False
@@ -792,15 +1042,24 @@ class Supervisor:
 
     def _watch_controller(self, on: bool) -> None:
         """Read the controller during a request only while a cell runs (it may be interrupted) or host calls wait
-        for answers (never a request's bytes)."""
-        if on == self.watching_conn or self.conn is None:
+        for answers (never a request's bytes). The busy selector follows before its next wait (``_sync_watch``)."""
+        if self.conn is not None:
+            self.watching_conn = on
+
+    def _sync_watch(self) -> None:
+        """Make the busy selector watch the controller's connection, or not, as ``watching_conn`` says.
+
+        Between requests only the idle selector waits, so the connection may stay registered here: a run of
+        cells registers it once, not twice per cell.
+        """
+        if self.watching_conn == self.conn_registered or self.conn is None:
             return
-        if on:
+        if self.watching_conn:
             self.busy.register(self.conn, selectors.EVENT_READ)
         else:
             with contextlib.suppress(KeyError, ValueError):
                 self.busy.unregister(self.conn)
-        self.watching_conn = on
+        self.conn_registered = self.watching_conn
 
     def _forget_calls(self, worker: WorkerProcess) -> None:
         """Stop serving the worker's host-call link (its callers see it close and fail)."""
@@ -864,7 +1123,20 @@ class Supervisor:
                 paused_at = None
             wake = deadline if notice_at is None else min(deadline, notice_at)
             timeout = max(0.0, wake - time.monotonic()) if paused_at is None or notice_at is not None else None
+            if self.watching_conn != self.conn_registered:
+                self._sync_watch()
+            worker = self.worker
+            ahead = worker.inbox.buffered()  # a frame that came with the last one: nothing to wait for
+            inbox = self.inbox
+            conn_ahead = self.watching_conn and inbox is not None and inbox.buffered()
+            if ahead or conn_ahead:
+                timeout = 0.0
             ready = {key.fd for key, _ in self.busy.select(timeout)}
+            if ahead:
+                ready.add(worker.sock.fileno())
+            if conn_ahead:
+                assert inbox is not None
+                ready.add(inbox.sock.fileno())
             if self.wake_r in ready:
                 self._drain_wakeups()
             if self._calls_fd() in ready:
@@ -940,8 +1212,8 @@ class Supervisor:
     def _read_worker_frame(self, request_id: Any) -> Any:
         """The header of the worker's next frame as a _Frame, or the reply fields if it was invalid or died."""
         try:
-            header, body_len = protocol.recv_head(
-                self.worker.sock, protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
+            header, body_len, head_size = self.worker.inbox.head(
+                protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
             )
         except socket.timeout as exc:
             return self._worker_failed(exc)
@@ -953,7 +1225,7 @@ class Supervisor:
             # Cell code can write frames on the worker's socket. A reply that does not echo the
             # request id is forged or stale, and relaying it would put every later reply out of step.
             return self._worker_misbehaved("the worker sent a frame that does not answer request %r" % (request_id,))
-        return _Frame(header, body_len)
+        return _Frame(header, body_len, head_size)
 
     def _misbehaved_in(self, frame: _Frame, phase: str, why: str) -> Dict[str, Any]:
         reply = self._worker_misbehaved(why)
@@ -969,6 +1241,7 @@ class Supervisor:
             reply["status"] = protocol.STATUS_TIMEOUT
             reply["worker_restarted"] = False
             reply.setdefault("phase", "cell" if kind == protocol.EXEC else "load")
+            frame.edited = True
         checkpoint = reply.get("checkpoint")
         if isinstance(checkpoint, dict) and type(checkpoint.get("generation")) is int:
             self.generation = checkpoint["generation"]

@@ -585,7 +585,10 @@ class Worker:
         expected = header.get("digest")
         if not isinstance(name, str) or not name or checkpoint.is_internal(name) or not isinstance(expected, str):
             return self._load_error("the load request needs a name and a digest"), []
-        if checkpoint.digest(body) != expected:
+        if protocol.is_host_blob(expected):  # the controller made it (no digest to check): its frame must be whole
+            if not protocol.host_blob_framed(body):
+                return self._load_error("the host-made blob is not whole"), []
+        elif checkpoint.digest(body) != expected:
             return self._load_error("the blob does not match its digest"), []
         value = self.restored_frozen.get(expected, _MISSING)
         if value is _MISSING:  # not loaded yet in this restore (or mutable: each name gets its own copy)
@@ -623,11 +626,24 @@ class Worker:
         return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": generation}, []
 
     def set_value(self, header: Dict[str, Any], body: bytearray) -> Tuple[Dict[str, Any], List[Any]]:
+        """Bind a value the controller made to a name and its aliases; reply with the checkpoint delta.
+
+        With ``blob`` (a host-made blob id) and ``blob_size``, the controller stores the value's
+        blob itself: the names are adopted as saved in it, nothing is pickled or sent back.
+        """
         kind = header.get("kind")
         aliases = header.get("aliases") or []
         names = [header.get("name"), *(aliases if isinstance(aliases, list) else [None])]
         if not all(isinstance(n, str) and n and not checkpoint.is_internal(n) for n in names):
-            return {"type": protocol.STATE_REPLY, "status": protocol.STATUS_ERROR, "reason": "bad variable name"}, []
+            return self._state_error("bad variable name")
+        blob_id, blob_size = header.get("blob"), header.get("blob_size")
+        if blob_id is not None and not (
+            kind in protocol.HOST_BLOB_KINDS
+            and protocol.is_host_blob(blob_id)
+            and type(blob_size) is int
+            and blob_size == len(body) + protocol.HOST_BLOB_OVERHEAD
+        ):
+            return self._state_error("a host-made blob needs kind str or bytes, its id and its size")
         try:
             if kind == "str":
                 value: Any = body.decode("utf-8", errors="surrogatepass")  # as the controller encoded it
@@ -638,10 +654,12 @@ class Worker:
             else:
                 raise ValueError("unknown kind %r" % (kind,))
         except (ValueError, RecursionError, MemoryError) as exc:
-            return {"type": protocol.STATE_REPLY, "status": protocol.STATUS_ERROR, "reason": _reason(exc)}, []
+            return self._state_error(_reason(exc))
         del body
         for name in names:
             self.namespace[name] = value
+        if blob_id is not None:
+            self.tracker.adopt(names, value, blob_id, blob_size)
         del value
         return self.state_reply()
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -21,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backend import SANDBOX_ID, Backend, ContainerState
+from ..backend import Backend
 from ..config import Settings, parse_memory
+from ..controllers import controller_labels, discard_left_behind, left_behind
 from ..errors import ConfigError, ImageMissing, OrchestratorError
-from ..lifecycle import discard_sandbox
 from ..pool import SandboxPool
 from ..sandbox import Sandbox
 from .grading import Status, error_json
@@ -35,10 +33,6 @@ from .submissions import InvalidLine, Submission
 logger = logging.getLogger(__name__)
 
 EVAL_RUN = "orchestrator.eval-run"
-EVAL_HOST = "orchestrator.eval-host"
-EVAL_PID = "orchestrator.eval-pid"
-EVAL_RUNTIME_DIR = "orchestrator.eval-runtime-dir"
-ROLE = "orchestrator.role"
 
 
 @dataclass(frozen=True)
@@ -110,13 +104,7 @@ class Evaluator:
         self._settings = settings.replace(max_output_bytes=self._options.output_limit, mem_limit=memory)
         self._default_memory = parse_memory(self._settings.mem_limit)
         self._run_id = secrets.token_hex(4)
-        self._labels = {
-            ROLE: "eval",
-            EVAL_RUN: self._run_id,
-            EVAL_HOST: socket.gethostname(),
-            EVAL_PID: str(os.getpid()),
-            EVAL_RUNTIME_DIR: str(self._settings.runtime_dir),
-        }
+        self._labels = {EVAL_RUN: self._run_id, **controller_labels("eval", self._settings.runtime_dir)}
         self._lock = threading.Lock()
         self._in_use: set[Sandbox] = set()
         self._stopping = threading.Event()
@@ -299,45 +287,14 @@ def _infra_error(common: dict[str, Any], started: float, message: str) -> EvalRe
     )
 
 
-def dead_runs(backend: Backend) -> list[ContainerState]:
-    """Containers of eval runs started on this host by a controller process that is gone."""
-    host = socket.gethostname()
-    return [
-        container
-        for container in backend.find({ROLE: "eval", EVAL_HOST: host})
-        if not _alive(container.labels.get(EVAL_PID, ""))
-    ]
-
-
 def sweep_dead_runs(backend: Backend) -> list[str]:
     """Remove the containers of eval runs on this host whose controller process is gone, with their channel
     directories (in the runtime dir each names in a label); return their names."""
     removed = []
-    for container in dead_runs(backend):
+    for container in left_behind(backend, "eval"):
         with contextlib.suppress(OrchestratorError):
-            discard_dead_run_sandbox(backend, container)
+            discard_left_behind(backend, container)
             removed.append(container.name)
     if removed:
         logger.info("eval: removed %d containers of runs that died: %s", len(removed), ", ".join(removed))
     return removed
-
-
-def discard_dead_run_sandbox(backend: Backend, container: ContainerState) -> None:
-    """Remove one container of a dead run and its channel directory (a network slot has none)."""
-    runtime_dir = container.labels.get(EVAL_RUNTIME_DIR)
-    if runtime_dir and os.path.isabs(runtime_dir):
-        discard_sandbox(backend, Path(runtime_dir), container.labels.get(SANDBOX_ID), container.id)
-    else:
-        backend.remove(container.id)
-
-
-def _alive(pid: str) -> bool:
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -22,7 +22,7 @@ from support import close_quietly, closing_orch, kill_and_wait
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.backend import MANAGED, SESSION_ID
-from orchestrator.evaluation.evaluator import EVAL_PID
+from orchestrator.controllers import CONTROLLER_PID
 
 RUN_ID = secrets.token_hex(6)
 TEST_LABEL = "orchestrator.test.run"
@@ -34,7 +34,7 @@ def _sweep(state_dir: Path) -> None:
     try:
         session_ids = [p.name for p in (state_dir / "sessions").glob("*")] if state_dir.exists() else []
         filters = [[f"{TEST_LABEL}={RUN_ID}"]] + [[f"{MANAGED}=true", f"{SESSION_ID}={sid}"] for sid in session_ids]
-        filters.append([f"{MANAGED}=true", f"{EVAL_PID}={os.getpid()}"])  # evaluations and pools of this run
+        filters.append([f"{MANAGED}=true", f"{CONTROLLER_PID}={os.getpid()}"])  # evaluations and pools of this run
         for labels in filters:
             for container in client.containers.list(all=True, filters={"label": labels}):
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):

@@ -398,7 +398,7 @@ def eval_containers(pid: int) -> list[str]:
     """Ids of the containers (running or not) of the evaluations of process ``pid``."""
     client = docker.from_env()
     try:
-        labels = ["orchestrator.role=eval", f"orchestrator.eval-pid={pid}"]
+        labels = ["orchestrator.role=eval", f"orchestrator.controller-pid={pid}"]
         return [c.id for c in client.containers.list(all=True, filters={"label": labels}, sparse=True)]
     finally:
         client.close()

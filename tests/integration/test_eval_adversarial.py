@@ -38,7 +38,7 @@ from orchestrator.evaluation import EvalOptions, EvalReport, EvalResult, Status
 
 pytestmark = pytest.mark.docker
 
-EVAL_LABELS = ("orchestrator.role=eval", f"orchestrator.eval-pid={os.getpid()}")
+EVAL_LABELS = ("orchestrator.role=eval", f"orchestrator.controller-pid={os.getpid()}")
 """Labels of every container an evaluation run by this process starts (sandboxes and network slots)."""
 TIMEOUT = 2.0
 
@@ -430,7 +430,9 @@ def test_input_without_stdin_is_eof(hostile: Run) -> None:
 def test_no_container_of_the_run_is_left(hostile: Run, private_orch: Orchestrator) -> None:
     assert hostile.containers_seen, "the watcher never saw a container of the run"
     assert run_containers(private_orch.backend.client) == []
-    assert private_orch.backend.find({"orchestrator.role": "eval", "orchestrator.eval-pid": str(os.getpid())}) == []
+    assert (
+        private_orch.backend.find({"orchestrator.role": "eval", "orchestrator.controller-pid": str(os.getpid())}) == []
+    )
     left = {c.id for c in private_orch.backend.client.containers.list(all=True, sparse=True)} & hostile.containers_seen
     assert left == set()
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import Orchestrator, Settings
+from orchestrator.controllers import CONTROLLER_PID, ROLE
 from orchestrator.evaluation import EvalOptions, Status
-from orchestrator.evaluation.evaluator import EVAL_PID, ROLE
 
 pytestmark = pytest.mark.docker
 
@@ -59,7 +59,7 @@ def test_a_killed_run_leaves_nothing_after_prune_and_resumes(orch: Orchestrator,
     ]
     process = subprocess.Popen(command, env=_settings_env(orch.settings), stdout=subprocess.DEVNULL)
     try:
-        labels = {ROLE: "eval", EVAL_PID: str(process.pid)}
+        labels = {ROLE: "eval", CONTROLLER_PID: str(process.pid)}
         _wait_for(lambda: out.exists() and "quick" in out.read_text(), 60)
         assert orch.backend.find(labels), "the sleepers' sandboxes run"
     finally:

@@ -411,6 +411,102 @@ def test_a_controller_that_stalls_in_the_middle_of_a_request_body_is_dropped(age
     assert agent.value("3") == "3"
 
 
+# Bodies past supervisor.SPLICE_MIN_BYTES go through a pipe with os.splice (Python >= 3.10), smaller ones and
+# those on older Pythons through a buffer; each read takes up to supervisor.READ_AHEAD bytes.
+
+FIND_REQUEST_ID = (
+    "import json, os, struct, sys, time\n"
+    "frame = sys._getframe()\n"
+    "while 'header' not in frame.f_locals:\n    frame = frame.f_back\n"
+    "request_id = frame.f_locals['header']['id']\n"
+    "fd = int(sys.argv[1])\n"
+)
+
+
+def test_a_large_request_body_goes_through_intact(agent):
+    data = os.urandom(5_000_000)
+    for _ in range(2):  # the second one reuses the pipe
+        reply, _ = agent.request(protocol.SET_VALUE, data, name="data", kind="bytes")
+        assert reply["status"] == "ok"
+        assert agent.value("import hashlib; hashlib.md5(data).hexdigest()") == repr(
+            __import__("hashlib").md5(data).hexdigest()
+        )
+
+
+def test_a_controller_that_stalls_in_the_middle_of_a_large_request_body_is_dropped(agent):
+    worker = agent.hello["worker_pid"]
+    head = protocol.encode_header({"type": protocol.SET_VALUE, "id": "s", "name": "x", "kind": "bytes"})
+    agent.link.sock.sendall(protocol.PREFIX.pack(protocol.MAGIC, len(head), 5_000_000) + head + b"y" * 2_000_000)
+    assert agent.link.closed_by_peer(10)
+    agent.link.close()
+    agent.link = agent.connect()  # the worker had half a request: it was replaced
+    assert agent.hello["worker_pid"] != worker
+    reply, _ = agent.request(protocol.SET_VALUE, b"z" * 3_000_000, name="x", kind="bytes")
+    assert reply["status"] == "ok" and agent.value("len(x), x[:1]") == "(3000000, b'z')"
+
+
+def test_a_worker_that_stops_reading_a_large_request_is_replaced(agent):
+    agent.run("keep = 1")
+    agent.run(
+        "import os, signal, threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), os.kill(os.getpid(), signal.SIGSTOP))).start()"
+    )
+    time.sleep(1)
+    started = time.monotonic()
+    reply, _ = agent.request(protocol.SET_VALUE, b"v" * 20_000_000, name="v", kind="bytes")
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False
+    assert "stopped reading" in reply["reason"] and time.monotonic() - started < 10
+    reply, _ = agent.request(protocol.SET_VALUE, b"w" * 20_000_000, name="v", kind="bytes")  # a new pipe, a new worker
+    assert reply["status"] == "ok" and agent.value("len(v), v[:1], 'keep' in globals()") == "(20000000, b'w', False)"
+
+
+def test_an_interrupt_in_the_same_write_as_its_exec_stops_the_cell(agent):
+    head = {"type": protocol.EXEC, "id": "e", "code": "import time; time.sleep(30)", "timeout": 60}
+    frames = protocol.frame_parts(head) + protocol.frame_parts({"type": protocol.INTERRUPT, "id": "e"})
+    started = time.monotonic()
+    agent.link.sock.sendall(b"".join(frames))
+    reply, _ = agent.link.recv(10)
+    # (The interrupt may reach the worker before its cell starts, where it is only noted: then the ladder kills it.)
+    assert reply["id"] == "e" and reply["status"] == protocol.STATUS_TIMEOUT
+    assert time.monotonic() - started < 5
+    assert agent.value("5") == "5"
+
+
+def test_a_reply_is_relayed_byte_for_byte(agent):
+    code = (
+        FIND_REQUEST_ID
+        + "head = json.dumps({'type': 'exec_reply', 'id': request_id, 'status': 'ok', 'x': 1e0}).encode()\n"
+    )
+    code += "os.write(fd, struct.pack('!4sII', b'ORC1', len(head), 3) + head + b'abc')\ntime.sleep(3)"
+    agent.link.send({"type": protocol.EXEC, "id": "raw", "code": code, "timeout": 30})
+    sock = agent.link.sock
+    _, head_len, body_len = protocol.PREFIX.unpack(sock.recv(protocol.PREFIX.size, socket.MSG_WAITALL))
+    head = sock.recv(head_len, socket.MSG_WAITALL)
+    assert head == b'{"type": "exec_reply", "id": "raw", "status": "ok", "x": 1.0}'  # not encoded again
+    assert sock.recv(body_len, socket.MSG_WAITALL) == b"abc"
+
+
+def test_a_reply_with_a_surrogate_escape_is_encoded_again(agent):
+    code = (
+        FIND_REQUEST_ID
+        + "head = json.dumps({'type': 'exec_reply', 'id': request_id, 'status': 'ok', 'stdout': '\\ud800'})\n"
+    )
+    code += "head = head.encode()\nos.write(fd, struct.pack('!4sII', b'ORC1', len(head), 0) + head)\ntime.sleep(3)"
+    reply, _ = agent.run(code)
+    assert reply["status"] == "ok" and reply["stdout"] == "\ufffd"  # as protocol.encode_header writes a lone one
+
+
+def test_bytes_that_came_right_after_a_reply_are_out_of_turn(agent):
+    # The reply and the bytes after it arrive in one read: the supervisor must notice them all the same.
+    code = FIND_REQUEST_ID + "head = json.dumps({'type': 'exec_reply', 'id': request_id, 'status': 'ok'}).encode()\n"
+    code += "os.write(fd, struct.pack('!4sII', b'ORC1', len(head), 0) + head + b'junk')\ntime.sleep(30)"
+    reply, _ = agent.run(code)
+    assert reply["status"] == "ok"
+    reply, _ = agent.run("1")
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False and "out of turn" in reply["reason"]
+    assert agent.value("6") == "6"
+
+
 def test_sigint_never_tears_a_frame(agent):
     """SIGINT between and around requests is only noted; it raises only in a cell, a load or a pickling."""
     worker = agent.hello["worker_pid"]

@@ -49,3 +49,12 @@ def test_agent_command_is_split_like_a_shell_line():
     )
     with pytest.raises(ConfigError, match="agent_command"):
         Settings(agent_command=("",))
+
+
+def test_pool_size_is_a_non_negative_integer() -> None:
+    assert Settings().pool_size == 0
+    assert Settings(pool_size=3).pool_size == 3
+    assert Settings.from_env({"ORCH_POOL_SIZE": "2", "ORCH_BASE_IMAGE": "x"}).pool_size == 2
+    for bad in (-1, True, 1.5, "2"):
+        with pytest.raises(ConfigError, match="pool_size"):
+            Settings(pool_size=bad)  # type: ignore[arg-type]

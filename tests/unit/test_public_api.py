@@ -8,8 +8,9 @@ import orchestrator
 from orchestrator import errors
 
 EXPECTED = {
-    "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError", "ConfigError",
-    "Context", "ContextNotFound", "EngineError", "EngineUnavailable", "ExecError", "ExecResult", "ExecutionTimeout",
+    "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError",
+    "CheckpointQuotaExceeded", "ConfigError", "Context", "ContextNotFound", "EngineError", "EngineUnavailable",
+    "ExecError", "ExecResult", "ExecutionTimeout",
     "ImageMissing", "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent",
     "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "SandboxCrashed", "SandboxError",
     "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError",

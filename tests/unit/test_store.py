@@ -62,7 +62,8 @@ def test_commit_writes_blobs_manifest_and_counters_in_one_record(store, ledger):
     loaded = store.load("s-test")
     assert loaded.generation == 1 and loaded.variables == {"a": D1, "b": D2}
     assert loaded.checkpoint_bytes == 6 and loaded.context_count == 1
-    assert store.read_blob("s-test", D1) == b"one"
+    with store.mapped_blob("s-test", D1) as blob:
+        assert blob == b"one"
 
 
 def test_unreferenced_blobs_are_collected_under_the_lock(store, ledger):

@@ -142,6 +142,32 @@ def test_a_sigstopped_agent_process_times_out_at_the_deadline(pair):
         child.wait()
 
 
+def test_frames_that_arrive_together_are_returned_one_by_one(pair):
+    channel, peer = pair
+    big = os.urandom(100_000)  # more than one read takes ahead
+    frames = [({"type": "output", "n": 1}, b"ab"), ({"type": "output", "n": 2}, big), ({"type": "pong", "n": 3}, b"")]
+    wire = b"".join(b"".join(protocol.frame_parts(header, body)) for header, body in frames)
+    last = b"".join(protocol.frame_parts({"type": "pong", "n": 4}, b"xyz"))
+    peer.sendall(wire + last[:20])
+    for header, body in frames:
+        assert channel.recv(deadline=soon(5)) == (header, bytearray(body))
+    assert channel.has_pending()  # part of the fourth came with them
+    assert channel.poll_recv() is None
+    peer.sendall(last[20:])
+    assert channel.recv(deadline=soon(5)) == ({"type": "pong", "n": 4}, bytearray(b"xyz"))
+    assert not channel.has_pending()
+
+
+def test_a_header_larger_than_a_read_is_assembled(pair):
+    channel, peer = pair
+    header = {"type": "exec_reply", "stdout": "s" * (3 << 20)}
+    thread = in_thread(protocol.send_frame, peer, header, b"body")
+    assert channel.recv(deadline=soon(10)) == (header, bytearray(b"body"))
+    thread.join()
+    protocol.send_frame(peer, {"type": "pong"})
+    assert channel.recv(deadline=soon(5)) == ({"type": "pong"}, bytearray())
+
+
 def test_a_declared_gigabyte_is_never_allocated(pair):
     channel, peer = pair
     head = protocol.encode_header({"type": "exec_reply"})
