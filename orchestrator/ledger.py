@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import secrets
-import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from . import background
 from .agent import protocol
 from .errors import CheckpointError, CheckpointQuotaExceeded, ProtocolError, SessionAttachedElsewhere
 from .lifecycle import mark_hibernated
@@ -53,7 +52,7 @@ class StagedBlob:
         self._store = store
         self._session_id = session_id
         self._parts = parts
-        self._written: Future[Path | None] | None = _stagers().submit(self._write)
+        self._written: Future[Path | None] | None = background.beside().submit(self._write)
 
     def _write(self) -> Path | None:
         try:
@@ -79,20 +78,6 @@ class StagedBlob:
 
 def _amount(size: int) -> str:
     return f"{size} bytes" if size < 1024 else f"{size} bytes ({describe_bytes(size)})"
-
-
-_stager_pool: tuple[int, ThreadPoolExecutor] | None = None
-_stager_lock = threading.Lock()
-
-
-def _stagers() -> ThreadPoolExecutor:
-    """The threads that write host-made blobs (a thread started per call would cost more than it saves); a forked
-    child makes its own (it has none of its parent's threads)."""
-    global _stager_pool
-    with _stager_lock:
-        if _stager_pool is None or _stager_pool[0] != os.getpid():
-            _stager_pool = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="orchestrator-stage"))
-        return _stager_pool[1]
 
 
 class CheckpointLedger:

@@ -35,7 +35,6 @@ a value's bytes more than once.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import pickle
@@ -44,6 +43,8 @@ import sys
 import types
 import warnings
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, Union
+
+from . import protocol
 
 _SCALARS = (str, bytes, int, float, complex, bool, type(None), range, type(Ellipsis))
 _IMMUTABLE_SCAN_LIMIT = 10_000
@@ -116,7 +117,7 @@ class _BlobWriter:
         self.parts: List[Part] = []
         self.chunk = bytearray()
         self.size = 0
-        self.hash = hashlib.blake2b(digest_size=16)
+        self.hash = protocol.blob_hash()
 
     def write(self, data: Any) -> int:
         size = len(data)
@@ -271,11 +272,6 @@ def dumps(name: str, value: Any) -> Blob:
         except dill.PicklingWarning:
             # A class that is no longer reachable by name: save it inside the value instead.
             return _dump(value, False, by_value)
-
-
-def digest(blob: Union[bytes, bytearray, memoryview]) -> str:
-    """Content digest naming a blob, on both sides of the channel."""
-    return hashlib.blake2b(blob, digest_size=16).hexdigest()
 
 
 class _BufferReader:

@@ -464,6 +464,16 @@ def split_body(body: bytes | bytearray | memoryview, sizes: List[int]) -> List[m
     return parts
 
 
+def blob_hash(data: Union[bytes, bytearray, memoryview] = b"") -> Any:
+    """A running content digest of blob bytes (``.update``, ``.hexdigest``): blob names on both sides of the channel."""
+    return hashlib.blake2b(data, digest_size=16)
+
+
+def blob_digest(data: Union[bytes, bytearray, memoryview]) -> str:
+    """The content digest naming a blob."""
+    return str(blob_hash(data).hexdigest())
+
+
 def is_host_blob(blob_id: object) -> bool:
     """True for the id of a host-made blob (``h`` and 32 lowercase hex), False for a content digest or anything else."""
     return isinstance(blob_id, str) and HOST_BLOB_ID.fullmatch(blob_id) is not None

@@ -119,3 +119,21 @@ def test_a_session_near_its_memory_limit_is_restored(make_orch, settings_for, ne
     assert result.restore_failures == {}
     # Still room to work after the restore.
     assert s.execute("small.append(3)\nlen(small)").return_value == "3"
+
+
+@pytest.mark.parametrize("size", [100, 3_000_000], ids=["small", "checked-beside"])
+def test_a_damaged_blob_file_is_reported_and_skipped(orch, new_session, size: int) -> None:
+    """The controller checks each stored blob against its digest as it sends it (the agent then need not): a blob
+    file damaged on disk is named in ``restore_failures`` and dropped, and everything else comes back."""
+    s = new_session(orch)
+    s.execute(f"damaged = bytearray(b'd' * {size})\nkept = [1, 2, 3]")
+    path = orch.store.blob_path(s.id, orch.store.load(s.id).variables["damaged"])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped byte in the middle: still a pickle, with other content
+    path.write_bytes(bytes(data))
+    kill_and_wait(orch, s.container_id)
+    result = s.execute("kept, 'damaged' in globals()")
+    assert result.return_value == "([1, 2, 3], False)"
+    assert set(result.restore_failures) == {"damaged"}
+    assert "damaged" in result.restore_failures["damaged"]
+    assert "damaged" not in s.variables

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from orchestrator.agent import checkpoint
+from orchestrator.agent import checkpoint, protocol
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def by_digest(delta: dict, parts: list) -> dict[str, bytes]:
     for entry in delta["blobs"]:
         blob = body[offset : offset + entry["size"]]
         offset += entry["size"]
-        assert checkpoint.digest(blob) == entry["digest"]
+        assert protocol.blob_digest(blob) == entry["digest"]
         out[entry["digest"]] = blob
     assert offset == len(body)
     return out
@@ -88,7 +88,7 @@ def test_equal_values_send_their_blob_once_and_a_held_blob_not_again():
 def test_big_payloads_are_referenced_not_copied():
     text = "y" * 1_000_000
     blob = checkpoint.dumps("text", text)
-    assert blob.size == len(blob.tobytes()) and checkpoint.digest(blob.tobytes()) == blob.digest
+    assert blob.size == len(blob.tobytes()) and protocol.blob_digest(blob.tobytes()) == blob.digest
     assert any(type(part) is bytes and len(part) == len(text) for part in blob.parts)
     payload = b"z" * 500_000
     assert any(part is payload for part in checkpoint.dumps("payload", payload).parts)

@@ -85,7 +85,7 @@ def test_host_ids_and_content_digests_are_told_apart():
     fresh = new_host_blob_id()
     assert protocol.is_host_blob(fresh) and BLOB_ID.match(fresh) and not DIGEST.match(fresh)
     assert fresh != new_host_blob_id()
-    digest = checkpoint.digest(b"x")
+    digest = protocol.blob_digest(b"x")
     assert not protocol.is_host_blob(digest) and BLOB_ID.match(digest) and DIGEST.match(digest)
     for bad in ("h" + "A" * 32, "h" * 33, "h" + "1" * 31, "g" + "1" * 32, H1 + "\n", D1 + "\n", None, 7):
         assert not protocol.is_host_blob(bad)
