@@ -81,8 +81,9 @@ NOTES = (
     "has no pool, its plain new session is shown for the ratio",
     "add_context: each sample into a fresh session holding nothing else, so the peer (which reloads and re-saves "
     "all state in every call) is at its fastest",
-    "restore: ours: `docker kill` the container, time the next call (new container + restore + cell); the peer has "
-    "no restore (its container is --rm'd): a new DockerREPL whose workspace gets the old state.dill, then the cell",
+    "restore: ours, on a warm pool of 2: `docker kill` the container, time the next call (a started sandbox from "
+    "the pool + restore + cell); the peer has no restore (its container is --rm'd): a new DockerREPL whose "
+    "workspace gets the old state.dill, then the cell",
     "idle sessions: each used once, opened by threads (untimed), then one more created alone (timed) at each step; "
     "memory per session is the container's (docker stats) and this controller's RSS growth divided by the sessions",
 )
