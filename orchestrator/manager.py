@@ -351,7 +351,8 @@ class Orchestrator:
             labels=labels,
             activity=Activity(self.store.activity_path(record.session_id), wait=self.settings.lock_timeout),
             make_room=lambda session_id: capacity.room_for(self.store, self.backend, self.settings, session_id),
-            take_pooled=self._pooled_sandbox,
+            # A pooled container has only the pool's labels: a session with labels of its own starts its own.
+            take_pooled=(lambda image: None) if record.labels else self._pooled_sandbox,
             on_close=self._forget,
         )
         return self._track(session)

@@ -59,6 +59,13 @@ def test_sessions_from_the_pool_get_fresh_sandboxes_never_handed_out_twice(poole
     assert pooled.backend.find({STORE_ID: pooled.store.store_id}) == []
 
 
+def test_a_session_with_its_own_labels_starts_its_own_sandbox(pooled: Orchestrator) -> None:
+    s = pooled.create_session(labels={"orchestrator.test.team": "a"})
+    (container,) = pooled.containers(s.id)
+    assert container.labels["orchestrator.test.team"] == "a" and container.labels[SESSION_ID] == s.id
+    assert container.id not in _spares(pooled)
+
+
 def test_a_pooled_session_restarts_from_the_pool_with_its_state(pooled: Orchestrator) -> None:
     s = pooled.create_session()
     s.execute("import math\nbig = 'x' * 10_000_000\nroot = math.sqrt(2)")
