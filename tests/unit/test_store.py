@@ -189,7 +189,7 @@ def test_a_delete_leaves_nothing_while_others_keep_opening_the_session(store, le
             try:
                 with activity.quiet(store.activity_path("s-test")), store.locked("s-test"):
                     pass
-            except SessionNotFound:
+            except (SessionNotFound, SessionBusy):  # gone, or three of us queued past lock_timeout on a busy machine
                 pass
 
     threads = [threading.Thread(target=hammer) for _ in range(3)]
