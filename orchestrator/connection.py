@@ -156,9 +156,9 @@ class AgentConnection:
             raise
         channel = self._channel
         paused_at: float | None = None
-        # The reply cannot have come yet: wait before the first read, unless bytes wait in the channel already
-        # or the deadline passed (what arrived is then read first, as always).
-        read_first = channel.has_buffered or time.monotonic() >= deadline
+        # The reply cannot have come yet: wait before the first read, unless the deadline passed (what arrived is
+        # then read first, as always). The channel keeps no bytes past a frame, so readable means the socket.
+        read_first = time.monotonic() >= deadline
         while True:
             if live is not None:
                 if live.waiting_for_input and paused_at is None:

@@ -4,8 +4,6 @@ A ``Channel`` wraps a connected stream socket in non-blocking mode and waits wit
 ``select.poll`` (no ``FD_SETSIZE`` limit), so one deadline covers a whole frame: a peer that
 trickles bytes or is stopped cannot stretch a call. Receive buffers grow with what arrives,
 never with what a prefix declares, and large bodies are sent from memoryviews, never copied.
-A read for a frame's prefix and header takes up to ``READ_AHEAD`` bytes, so a small frame
-costs one ``recv``; what came past that frame waits in the channel for the next one.
 Foreign errors (OSError, bad frames) are translated here into the ``TransportError`` family.
 How the controller gets such a socket is ``orchestrator/endpoint.py``'s job.
 """
@@ -29,9 +27,6 @@ from .errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportErro
 logger = logging.getLogger(__name__)
 
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)  # EPIPE as an error, even where SIGPIPE is not ignored
-READ_AHEAD = 4 << 10  # what one read for a frame's prefix and header may take: a small frame whole (one page a channel)
-_PREFIX = protocol.PREFIX.size
-_ZEROS = bytes(protocol.RECV_CHUNK)
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -106,17 +101,7 @@ class Channel:
         self._sock = sock
         self._max_header = max_header
         self._max_body = max_body
-        # Bytes read and not part of a frame yet are self._buf[self._start:self._end]. The frame in progress:
-        # its header length once its prefix is in (else -1), its header once that is in, then its body, of
-        # which _filled bytes arrived (read straight into it past what came with the header).
-        self._buf = bytearray(READ_AHEAD)
-        self._view = memoryview(self._buf)
-        self._start = self._end = 0
-        self._head_len = -1
-        self._body_len = 0
-        self._header: protocol.Header | None = None
-        self._body = bytearray()
-        self._filled = 0
+        self._reader: protocol.FrameReader | None = None
         self._send_broken: str | None = None
         self._recv_broken: str | None = None
         self._outbox: list[memoryview] = []  # queued frames (host-call answers), sent as the socket takes them
@@ -195,7 +180,8 @@ class Channel:
             frame = self.poll_recv()
             if frame is not None:
                 return frame
-            wait_for(self._sock, select.POLLIN, deadline, self._receiving)
+            assert self._reader is not None
+            wait_for(self._sock, select.POLLIN, deadline, functools.partial(self._receiving, self._reader))
 
     def poll_recv(self) -> tuple[protocol.Header, bytearray] | None:
         """Read what has arrived without waiting: a complete frame, or None (the part that came is kept).
@@ -205,8 +191,12 @@ class Channel:
         """
         if self._recv_broken is not None:
             raise ChannelLost(f"cannot receive from the agent: {self._recv_broken}")
+        if self._reader is None:
+            self._reader = protocol.FrameReader(self._max_header, self._max_body)
+        reader = self._reader
         try:
-            header, body = self._read_frame()
+            while not reader.recv_from(self._sock):
+                pass
         except BlockingIOError:
             return None
         except protocol.ChannelClosed as exc:
@@ -217,77 +207,10 @@ class Channel:
             self._fail(ProtocolError(f"the agent's frame does not fit in this controller's memory ({exc})"), exc)
         except OSError as exc:
             self._fail(ChannelLost(f"reading from the agent failed: {exc}"), exc)
+        self._reader = None
+        header, body = reader.frame()
         logger.debug("received a %r frame with a body of %d bytes", header.get("type"), len(body))
         return header, body
-
-    @property
-    def has_buffered(self) -> bool:
-        """True when bytes already read from the socket wait here: ``poll_recv`` may complete a frame without
-        the socket becoming readable first."""
-        return self._end > self._start
-
-    def _read_frame(self) -> tuple[protocol.Header, bytearray]:
-        """Read until the frame in progress is complete; BlockingIOError when the socket has nothing more now.
-
-        Lengths are checked before the header or the body is read, and buffers grow with what arrives.
-        """
-        while self._header is None:
-            have = self._end - self._start
-            if self._head_len < 0 and have >= _PREFIX:
-                prefix = self._view[self._start : self._start + _PREFIX]
-                self._head_len, self._body_len = protocol.parse_prefix(prefix, self._max_header, self._max_body)
-            if self._head_len >= 0 and have >= _PREFIX + self._head_len:
-                begin = self._start + _PREFIX
-                self._header = protocol.decode_header(self._view[begin : begin + self._head_len])
-                self._start = begin + self._head_len
-                came = min(self._body_len, self._end - self._start)  # the body bytes that came with the header
-                self._body = bytearray(self._view[self._start : self._start + came])
-                self._filled = came
-                self._start += came
-                break
-            self._fill()
-        body = self._body
-        while self._filled < self._body_len:
-            if self._filled == len(body):
-                body.extend(memoryview(_ZEROS)[: min(self._body_len - self._filled, protocol.RECV_CHUNK)])
-            with memoryview(body) as view, view[self._filled :] as tail:
-                got = self._sock.recv_into(tail)
-            if not got:
-                raise protocol.ChannelClosed(f"connection closed after {self._progress()}")
-            self._filled += got
-        header = self._header
-        self._header, self._head_len, self._body = None, -1, bytearray()
-        return header, body
-
-    def _fill(self) -> None:
-        """One read toward the frame's prefix and header, of as much as the buffer has room for."""
-        have = self._end - self._start
-        if not have:
-            self._start = self._end = 0
-            if len(self._buf) > READ_AHEAD:  # a big header came last time: let it go
-                self._renew(READ_AHEAD)
-        elif self._end == len(self._buf):  # full: a new buffer, as big as the header needs, grown with what came
-            want = _PREFIX + max(self._head_len, 0)
-            self._renew(max(READ_AHEAD, min(want, have + protocol.RECV_CHUNK)))
-        got = self._sock.recv_into(self._view[self._end :])
-        if not got:
-            raise protocol.ChannelClosed(f"connection closed after {self._progress()}")
-        self._end += got
-
-    def _renew(self, size: int) -> None:
-        have = self._end - self._start
-        buf = bytearray(size)
-        buf[:have] = self._view[self._start : self._end]
-        self._buf, self._view, self._start, self._end = buf, memoryview(buf), 0, have
-
-    def _progress(self) -> str:
-        """Where the frame in progress stands, for error messages."""
-        if self._header is not None:
-            return f"{self._filled} of {self._body_len} bytes of the frame body"
-        have = self._end - self._start
-        if self._head_len < 0:
-            return f"{have} of {_PREFIX} bytes of the frame prefix"
-        return f"{have - _PREFIX} of {self._head_len} bytes of the frame header"
 
     def enqueue(self, header: protocol.Header, body: protocol.Body = b"") -> None:
         """Queue a frame for ``flush``, so a caller that must keep reading never blocks on a write.
@@ -338,7 +261,7 @@ class Channel:
 
     def has_pending(self) -> bool:
         """True when the agent sent something or hung up, without blocking (between calls it should be silent)."""
-        if self._recv_broken is not None or self._end > self._start or self._head_len >= 0:
+        if self._recv_broken is not None or (self._reader is not None and self._reader.started):
             return True
         try:
             poller = select.poll()
@@ -359,10 +282,12 @@ class Channel:
 
     def _fail(self, error: TransportError, cause: BaseException) -> NoReturn:
         self._recv_broken = str(error)
+        self._reader = None
         raise error from cause
 
-    def _receiving(self) -> str:
-        return f"the agent sent no complete frame (got {self._progress()})"
+    @staticmethod
+    def _receiving(reader: protocol.FrameReader) -> str:
+        return f"the agent sent no complete frame (got {reader.progress()})"
 
     @staticmethod
     def _sending(header: protocol.Header, sent: int, total: int) -> str:
