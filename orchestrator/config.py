@@ -18,6 +18,7 @@ DEFAULT_BASE_IMAGE = "python:3.12-slim"
 DEFAULTS_FILE = "defaults.json"
 """Under the state dir: what set-up chose (the base image), for every later ``Settings.from_env()``."""
 CAPACITY_POLICIES = ("hibernate", "refuse")
+BACKENDS = ("docker", "swarm")
 _MEMORY = re.compile(r"^\s*(\d+)\s*([kmg]?)b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
@@ -177,6 +178,26 @@ class Settings:
     """Sandboxes of the default image kept started ahead, so a new session (or one whose container died) gets one
     at once; refilled in the background, each handed out once. 0 is off. The pool starts with the first session
     this ``Orchestrator`` starts and its spare containers go when it closes."""
+    backend: str = "docker"
+    """Where sandboxes run: "docker", containers on the engine DOCKER_HOST names; "swarm", one-replica services
+    spread over the nodes of the Swarm whose manager DOCKER_HOST names, reached through a relay on each node
+    (docs/swarm.md)."""
+    swarm_node_dir: Path = Path("/var/lib/orchestrator-relay")
+    """Swarm: the directory on every node where its relay keeps the sandboxes' channel directories (must exist on
+    each node; the relay's bind mount)."""
+    swarm_relay_port: int = 7443
+    """Swarm: the TCP port each node's relay listens on (mutual TLS), on the node's address."""
+    swarm_constraints: tuple[str, ...] = ()
+    """Swarm: placement constraints for every session's sandbox (``node.labels.pool==agents``);
+    ``ORCH_SWARM_CONSTRAINTS`` separates them by commas. A session can add its own (``Placement``)."""
+
+    @property
+    def sandbox_uid_gid(self) -> tuple[int | None, int | None]:
+        """The numeric uid and gid the sandbox runs as, when ``user`` gives them."""
+        user, _, group = self.user.partition(":")
+        uid = int(user) if user.isdigit() else None
+        gid = int(group) if group.isdigit() else uid
+        return uid, gid
 
     def __post_init__(self) -> None:
         for name in (
@@ -219,6 +240,13 @@ class Settings:
             raise ConfigError(f"Settings.max_running must be a positive integer or None, got {self.max_running!r}")
         if not isinstance(self.pool_size, int) or isinstance(self.pool_size, bool) or self.pool_size < 0:
             raise ConfigError(f"Settings.pool_size must be a non-negative integer, got {self.pool_size!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"Settings.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if not isinstance(self.swarm_relay_port, int) or not 0 < self.swarm_relay_port < 65536:
+            raise ConfigError(f"Settings.swarm_relay_port must be a TCP port number, got {self.swarm_relay_port!r}")
+        object.__setattr__(self, "swarm_constraints", tuple(self.swarm_constraints))
+        if not all(isinstance(c, str) and c.strip() for c in self.swarm_constraints):
+            raise ConfigError(f"Settings.swarm_constraints must be non-empty strings, got {self.swarm_constraints!r}")
         if self.capacity_policy not in CAPACITY_POLICIES:
             raise ConfigError(
                 f"Settings.capacity_policy must be one of {', '.join(CAPACITY_POLICIES)}, got {self.capacity_policy!r}"
@@ -230,6 +258,9 @@ class Settings:
             object.__setattr__(self, "agent_command", command)
         object.__setattr__(self, "state_dir", Path(self.state_dir))
         object.__setattr__(self, "runtime_dir", Path(self.runtime_dir))
+        object.__setattr__(self, "swarm_node_dir", Path(self.swarm_node_dir))
+        if not self.swarm_node_dir.is_absolute():
+            raise ConfigError(f"Settings.swarm_node_dir must be an absolute path, got {str(self.swarm_node_dir)!r}")
 
     @property
     def checkpoint_quota_bytes(self) -> int:
@@ -267,6 +298,8 @@ class Settings:
                     changes[f.name] = parse_memory(raw)
                 elif f.name == "hibernate_after":
                     changes[f.name] = parse_duration(raw) if raw.strip() else None
+                elif f.name == "swarm_constraints":
+                    changes[f.name] = tuple(part.strip() for part in raw.split(",") if part.strip())
                 elif f.name == "max_running":
                     changes[f.name] = int(raw) if raw.strip() else None
                 elif isinstance(default, bool):

@@ -20,8 +20,9 @@ import docker.errors
 import requests.exceptions
 from docker.types import LogConfig
 
-from .backend import MANAGED, ContainerState, SandboxSpec
+from .backend import MANAGED, ContainerState, Placement, SandboxSpec
 from .config import Settings
+from .endpoint import UnixSocketEndpoint
 from .errors import EngineError, EngineUnavailable, ImageMissing
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ _START_ENGINE_HINT = (
 
 
 @contextmanager
-def _engine_errors(action: str) -> Iterator[None]:
+def engine_errors(action: str) -> Iterator[None]:
     """Translate Docker SDK and HTTP errors raised while doing ``action``."""
     try:
         yield
@@ -56,7 +57,7 @@ class DockerBackend:
         Raises:
             EngineUnavailable: no engine answers, with how to start one.
         """
-        with _engine_errors("connecting to the Docker engine"):
+        with engine_errors("connecting to the Docker engine"):
             self.client = client or docker.from_env()
             self.client.ping()
 
@@ -68,7 +69,7 @@ class DockerBackend:
         return self.image_id(tag) is not None
 
     def image_id(self, tag: str) -> str | None:
-        with _engine_errors(f"inspecting image {tag}"):
+        with engine_errors(f"inspecting image {tag}"):
             try:
                 return str(self.client.images.get(tag).id)
             except docker.errors.ImageNotFound:
@@ -82,7 +83,7 @@ class DockerBackend:
         Raises:
             EngineError: the build failed; the message carries the end of the build log.
         """
-        with _engine_errors(f"building image {tag}"):
+        with engine_errors(f"building image {tag}"):
             try:
                 self.client.images.build(
                     fileobj=io.BytesIO(context_tar),
@@ -97,6 +98,13 @@ class DockerBackend:
             except docker.errors.BuildError as exc:
                 tail = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in list(exc.build_log)[-15:])
                 raise EngineError(f"building image {tag} failed: {exc.msg}\n{tail}") from exc
+
+    def create_endpoint(self, sandbox_id: str, settings: Settings, placement: Placement) -> UnixSocketEndpoint:
+        """The controller listens in ``<runtime_dir>/<sandbox_id>/`` on this host (one machine: placement is moot)."""
+        return UnixSocketEndpoint.create(settings.runtime_dir, sandbox_id, **_endpoint_options(settings))
+
+    def open_endpoint(self, sandbox_id: str, container_id: str, settings: Settings) -> UnixSocketEndpoint:
+        return UnixSocketEndpoint.open(settings.runtime_dir, sandbox_id, **_endpoint_options(settings))
 
     def run_sandbox(self, spec: SandboxSpec, settings: Settings) -> str:
         """Start one sandbox container with the security settings; return its id.
@@ -130,14 +138,14 @@ class DockerBackend:
             kwargs["cap_drop"] = ["ALL"]
         if settings.no_new_privileges:
             kwargs["security_opt"] = ["no-new-privileges:true"]
-        with _engine_errors(f"starting sandbox container {spec.name}"):
+        with engine_errors(f"starting sandbox container {spec.name}"):
             container = self.client.containers.run(**kwargs)
         logger.info("started container %s (%s)", spec.name, container.short_id)
         return str(container.id)
 
     def inspect(self, container_id: str) -> ContainerState | None:
         """The container's state, or None if it no longer exists."""
-        with _engine_errors(f"inspecting container {container_id[:12]}"):
+        with engine_errors(f"inspecting container {container_id[:12]}"):
             try:
                 container = self.client.containers.get(container_id)
             except docker.errors.NotFound:
@@ -146,7 +154,7 @@ class DockerBackend:
 
     def kill(self, container_id: str, signal: str = "SIGKILL") -> None:
         """Send a signal to the container's init process (SIGKILL stops the container)."""
-        with _engine_errors(f"signalling container {container_id[:12]}"):
+        with engine_errors(f"signalling container {container_id[:12]}"):
             try:
                 self.client.containers.get(container_id).kill(signal=signal)
             except docker.errors.NotFound:
@@ -157,7 +165,7 @@ class DockerBackend:
 
     def remove(self, container: str) -> None:
         """Remove a container (by id or name), running or not; missing or already being removed is fine."""
-        with _engine_errors(f"removing container {container[:12]}"):
+        with engine_errors(f"removing container {container[:12]}"):
             try:
                 self.client.api.remove_container(container, force=True, v=True)  # no inspect first
             except docker.errors.NotFound:
@@ -169,7 +177,7 @@ class DockerBackend:
     def find(self, labels: Mapping[str, str]) -> list[ContainerState]:
         """Our containers carrying all of ``labels``, found by label, running or not (one listing, no inspects)."""
         wanted = [f"{MANAGED}=true"] + [f"{key}={value}" for key, value in labels.items()]
-        with _engine_errors("listing sandbox containers"):
+        with engine_errors("listing sandbox containers"):
             containers = self.client.containers.list(all=True, filters={"label": wanted}, sparse=True)
             return [_listed_state(c.attrs) for c in containers]
 
@@ -188,9 +196,19 @@ class DockerBackend:
         return usage
 
     def logs(self, container_id: str, tail: int | None) -> str:
-        with _engine_errors(f"reading the log of container {container_id[:12]}"):
+        with engine_errors(f"reading the log of container {container_id[:12]}"):
             raw = self.client.containers.get(container_id).logs(tail="all" if tail is None else tail)
         return bytes(raw).decode("utf-8", errors="replace")
+
+
+def _endpoint_options(settings: Settings) -> dict[str, Any]:
+    uid, gid = settings.sandbox_uid_gid
+    return {
+        "sandbox_uid": uid,
+        "sandbox_gid": gid,
+        "max_header": settings.max_header_bytes,
+        "max_body": settings.max_body_bytes,
+    }
 
 
 _MEMORY_FILES = (

@@ -2,10 +2,12 @@
 
 Each sandbox gets ``<runtime_dir>/<sandbox_id>/`` (docs/protocol.md, "The sandbox directory
 and the secret"), which the backend bind-mounts read-only at ``CHANNEL_MOUNT``: the agent can
-read the secret and connect to the socket but cannot plant files on the host. Nothing here
-follows a symbolic link, and every directory is checked with ``lstat`` before it is used.
-The handshake that proves both ends know the secret is the connection's job; an endpoint
-hands out connections the OS vouches for (``SO_PEERCRED``) and the secret.
+read the secret and connect to the socket but cannot plant files on the host. The directory
+work (no symbolic link followed, every directory checked with ``lstat``, owners and modes) is
+``orchestrator/agent/rendezvous.py``, which the node relay of a Swarm shares; this module
+turns its failures into ``ConfigError``. The handshake that proves both ends know the secret
+is the connection's job; an endpoint hands out connections the OS vouches for
+(``SO_PEERCRED``) and the secret.
 """
 
 from __future__ import annotations
@@ -13,20 +15,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
-import re
-import secrets
 import select
-import shutil
 import socket
-import stat
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from .agent import protocol
+from .agent import rendezvous
 from .errors import AgentTimeoutError, ChannelLost, ConfigError
 from .transport import Channel, peer_credentials, wait_for
 
@@ -34,21 +30,20 @@ logger = logging.getLogger(__name__)
 
 CHANNEL_MOUNT = "/run/orchestrator"
 """Where the sandbox directory appears inside the container (read-only)."""
-SOCKET_NAME = "channel.sock"
-SECRET_NAME = "secret"
-MAX_SOCKET_PATH = 107
+SOCKET_NAME = rendezvous.SOCKET_NAME
+SECRET_NAME = rendezvous.SECRET_NAME
+MAX_SOCKET_PATH = rendezvous.MAX_SOCKET_PATH
 """Longest Unix socket path in bytes (``sun_path`` is 108 bytes with its NUL on Linux)."""
 
-_SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_BACKLOG = 8
+_SANDBOX_ID = rendezvous.SANDBOX_ID
 _REPLACED_CHECK = 0.25  # seconds between checks, while waiting, that no other controller replaced our socket
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_RUNTIME_DIR_ADVICE = "or point Settings.runtime_dir (ORCH_RUNTIME_DIR) at a directory of your own"
+_RUNTIME_DIR = "Settings.runtime_dir (ORCH_RUNTIME_DIR)"
 
 
 class Endpoint(Protocol):
     """Where a controller waits for one sandbox's agent, and what the sandbox needs to find it."""
 
+    sandbox_id: str
     secret: bytes
     """The sandbox's shared secret: the key ``protocol.auth_proof`` takes."""
 
@@ -68,9 +63,35 @@ class Endpoint(Protocol):
         """Variables that tell the agent where its channel and secret are inside the container."""
         ...
 
+    def constraints(self) -> list[str]:
+        """Where the sandbox must run to reach this endpoint, as placement constraints (``node.id==...``); [] is
+        anywhere the backend runs containers, as ``mounts`` tells what to mount."""
+        ...
+
     def close(self) -> None:
         """Stop listening."""
         ...
+
+    def remove(self) -> None:
+        """Close, then delete what the endpoint made for the sandbox (its sandbox is gone)."""
+        ...
+
+
+@contextlib.contextmanager
+def _config_errors() -> Iterator[None]:
+    """The rendezvous module's refusals, as the controller's ``ConfigError``."""
+    try:
+        yield
+    except rendezvous.RendezvousError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def channel_environment() -> dict[str, str]:
+    """``ORCH_CHANNEL`` and ``ORCH_SECRET_FILE``: the socket and the secret as the container sees them."""
+    return {
+        "ORCH_CHANNEL": f"{CHANNEL_MOUNT}/{SOCKET_NAME}",
+        "ORCH_SECRET_FILE": f"{CHANNEL_MOUNT}/{SECRET_NAME}",
+    }
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -83,23 +104,8 @@ def ensure_private_dir(path: Path) -> Path:
         ConfigError: it is a symbolic link, not a directory, not owned by this process's
             effective uid, has any group or other permission bit, or cannot be created.
     """
-    path = Path(path)
-    missing = []
-    for candidate in (path, *path.parents):
-        if os.path.lexists(candidate):
-            break
-        missing.append(candidate)
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            continue  # created meanwhile; checked below if it is ours to use
-        except OSError as exc:
-            raise ConfigError(f"cannot create the directory {directory}: {exc}; {_RUNTIME_DIR_ADVICE}") from exc
-        if directory == path:
-            _set_mode(path, 0o700)  # the umask may have taken bits off
-    _check_private(path)
-    return path
+    with _config_errors():
+        return rendezvous.ensure_private_dir(Path(path), _RUNTIME_DIR)
 
 
 def discard_sandbox_dir(runtime_dir: Path, sandbox_id: str) -> None:
@@ -111,12 +117,8 @@ def discard_sandbox_dir(runtime_dir: Path, sandbox_id: str) -> None:
     Raises:
         ConfigError: ``sandbox_id`` is not a plain name, or ``runtime_dir`` exists but is not private.
     """
-    _check_sandbox_id(sandbox_id)
-    runtime_dir = Path(runtime_dir)
-    if not os.path.lexists(runtime_dir):
-        return
-    _check_private(runtime_dir)
-    _remove_tree(runtime_dir / sandbox_id)
+    with _config_errors():
+        rendezvous.discard(Path(runtime_dir), sandbox_id, _RUNTIME_DIR)
 
 
 class UnixSocketEndpoint:
@@ -190,42 +192,9 @@ class UnixSocketEndpoint:
             ConfigError: ``runtime_dir`` is not private, the sandbox directory already exists
                 (or is a symbolic link), or the socket path is too long.
         """
-        _check_sandbox_id(sandbox_id)
-        directory = ensure_private_dir(runtime_dir) / sandbox_id
-        _check_socket_path(directory / SOCKET_NAME)
-        give_to = _give_to(sandbox_uid, sandbox_gid)
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            if os.path.islink(directory):
-                raise ConfigError(f"{directory} is a symbolic link; refusing to follow it (remove it)") from None
-            raise ConfigError(
-                f"{directory} already exists (a leftover of a dead controller?); a new sandbox needs a fresh "
-                "directory: remove it, or take the live sandbox over instead"
-            ) from None
-        except OSError as exc:
-            raise ConfigError(f"cannot create the sandbox directory {directory}: {exc}") from exc
-        try:
-            dir_fd = os.open(directory, _DIR_FLAGS)
-            try:
-                os.fchmod(dir_fd, 0o700)  # closed until everything in it is in place
-                key = secrets.token_bytes(protocol.SECRET_BYTES)
-                _write_secret(dir_fd, protocol.format_secret(key), give_to)
-                listener, socket_file = _listen(directory / SOCKET_NAME, give_to)
-                try:
-                    if give_to is not None:
-                        os.fchown(dir_fd, *give_to)
-                    else:
-                        os.fchmod(dir_fd, 0o711)
-                    endpoint = cls(directory, listener, socket_file, key, sandbox_uid, max_header, max_body)
-                except BaseException:
-                    listener.close()
-                    raise
-            finally:
-                os.close(dir_fd)
-        except BaseException:
-            _remove_tree(directory)
-            raise
+        with _config_errors():
+            made = rendezvous.create(Path(runtime_dir), sandbox_id, sandbox_uid, sandbox_gid, _RUNTIME_DIR)
+        endpoint = cls(made.directory, made.listener, made.socket_file, made.secret, sandbox_uid, max_header, max_body)
         logger.info("sandbox %s: listening at %s", sandbox_id, endpoint.path)
         return endpoint
 
@@ -259,36 +228,11 @@ class UnixSocketEndpoint:
                 than root, this process or the sandbox's uid, is writable by others, or its
                 secret is missing or malformed; or the socket path is too long.
         """
-        _check_sandbox_id(sandbox_id)
-        directory = ensure_private_dir(runtime_dir) / sandbox_id
-        _check_socket_path(directory / SOCKET_NAME)
-        owners = {0, os.geteuid()} | ({sandbox_uid} if sandbox_uid is not None else set())
-        try:
-            st = os.lstat(directory)
-        except FileNotFoundError:
-            raise ConfigError(f"no sandbox directory {directory}: the sandbox {sandbox_id} is gone") from None
-        _check_entry(directory, st, stat.S_ISDIR, "a directory", owners)
-        try:
-            dir_fd = os.open(directory, _DIR_FLAGS)
-        except OSError as exc:
-            raise ConfigError(f"cannot open the sandbox directory {directory}: {exc}") from exc
-        try:
-            opened = os.fstat(dir_fd)
-            if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
-                raise ConfigError(f"{directory} was replaced while it was being opened; try again")
-            key = _read_secret(dir_fd, directory / SECRET_NAME, owners)
-        finally:
-            os.close(dir_fd)
-        temporary = directory / f".{secrets.token_hex(3)}.sock"  # as long as SOCKET_NAME
-        listener, socket_file = _listen(temporary, _give_to(sandbox_uid, sandbox_gid))
-        try:
-            os.rename(temporary, directory / SOCKET_NAME)
-            endpoint = cls(directory, listener, socket_file, key, sandbox_uid, max_header, max_body)
-        except BaseException:
-            listener.close()
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        with _config_errors():
+            taken = rendezvous.take_over(Path(runtime_dir), sandbox_id, sandbox_uid, sandbox_gid, _RUNTIME_DIR)
+        endpoint = cls(
+            taken.directory, taken.listener, taken.socket_file, taken.secret, sandbox_uid, max_header, max_body
+        )
         logger.info("sandbox %s: took over its channel at %s", sandbox_id, endpoint.path)
         return endpoint
 
@@ -340,11 +284,7 @@ class UnixSocketEndpoint:
 
     def _still_ours(self) -> bool:
         """True while the socket file at ``path`` is the one we listen on (no other controller replaced it)."""
-        try:
-            st = os.lstat(self.path)
-        except OSError:
-            return False
-        return (st.st_dev, st.st_ino) == self._socket_file
+        return rendezvous.socket_file(self.directory) == self._socket_file
 
     def mounts(self) -> dict[str, str]:
         """The sandbox directory -> ``CHANNEL_MOUNT``, to be mounted read-only."""
@@ -352,10 +292,11 @@ class UnixSocketEndpoint:
 
     def environment(self) -> dict[str, str]:
         """``ORCH_CHANNEL`` and ``ORCH_SECRET_FILE``: the socket and the secret as the container sees them."""
-        return {
-            "ORCH_CHANNEL": f"{CHANNEL_MOUNT}/{SOCKET_NAME}",
-            "ORCH_SECRET_FILE": f"{CHANNEL_MOUNT}/{SECRET_NAME}",
-        }
+        return channel_environment()
+
+    def constraints(self) -> list[str]:
+        """None: the sandbox runs beside this controller, on its engine."""
+        return []
 
     def close(self) -> None:
         """Stop listening (idempotent). The socket file stays: an agent that dials it is refused.
@@ -374,150 +315,4 @@ class UnixSocketEndpoint:
     def remove(self) -> None:
         """Close, then delete the whole sandbox directory (its sandbox is gone)."""
         self.close()
-        _remove_tree(self.directory)
-
-
-def _check_sandbox_id(sandbox_id: str) -> None:
-    if not isinstance(sandbox_id, str) or not _SANDBOX_ID.fullmatch(sandbox_id):
-        raise ConfigError(
-            f"sandbox id {sandbox_id!r} is not a plain name (letters, digits, '_', '.', '-'; at most 64; "
-            "not starting with a dot)"
-        )
-
-
-def _check_socket_path(path: Path) -> None:
-    size = len(os.fsencode(path))
-    if size > MAX_SOCKET_PATH:
-        raise ConfigError(
-            f"the socket path {path} is {size} bytes, over the {MAX_SOCKET_PATH} bytes a Unix socket path may have; "
-            f"use a shorter Settings.runtime_dir (ORCH_RUNTIME_DIR), such as /tmp/orchestrator-{os.geteuid()}"
-        )
-
-
-def _check_private(path: Path) -> None:
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise ConfigError(f"cannot inspect the directory {path}: {exc}; {_RUNTIME_DIR_ADVICE}") from exc
-    if stat.S_ISLNK(st.st_mode):
-        raise ConfigError(f"{path} is a symbolic link, not a private directory: remove it {_RUNTIME_DIR_ADVICE}")
-    if not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{path} is not a directory: remove it {_RUNTIME_DIR_ADVICE}")
-    if st.st_uid != os.geteuid():
-        raise ConfigError(
-            f"{path} belongs to uid {st.st_uid}, not to this process (uid {os.geteuid()}); another user may have "
-            f"created it to watch our sockets: do not use it, {_RUNTIME_DIR_ADVICE}"
-        )
-    if st.st_mode & 0o077:
-        raise ConfigError(
-            f"{path} has mode {stat.S_IMODE(st.st_mode):04o}, open to other users; run `chmod 700 {path}` "
-            f"{_RUNTIME_DIR_ADVICE}"
-        )
-
-
-def _check_entry(path: Path, st: os.stat_result, is_kind: Callable[[int], bool], kind: str, owners: set[int]) -> None:
-    """Refuse a sandbox directory or secret that is a link, of the wrong kind, foreign or writable by others."""
-    if stat.S_ISLNK(st.st_mode):
-        raise ConfigError(f"{path} is a symbolic link; refusing to follow it (remove it if it is not yours)")
-    if not is_kind(st.st_mode):
-        raise ConfigError(f"{path} is not {kind}")
-    if st.st_uid not in owners:
-        raise ConfigError(f"{path} belongs to uid {st.st_uid}, which is neither root, us nor the sandbox's user")
-    if st.st_mode & 0o022:
-        raise ConfigError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: others may write to it")
-
-
-def _give_to(sandbox_uid: int | None, sandbox_gid: int | None) -> tuple[int, int] | None:
-    """The (uid, gid) to hand the sandbox's files to; None when we cannot (not root) or do not know whom to."""
-    if sandbox_uid is None or os.geteuid() != 0:
-        return None
-    return sandbox_uid, -1 if sandbox_gid is None else sandbox_gid
-
-
-def _set_mode(path: Path, mode: int) -> None:
-    fd = os.open(path, _DIR_FLAGS)
-    try:
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-
-
-def _write_secret(dir_fd: int, text: bytes, give_to: tuple[int, int] | None) -> None:
-    mode = 0o400 if give_to is not None else 0o444
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(SECRET_NAME, flags, mode, dir_fd=dir_fd)
-    try:
-        view = memoryview(text)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fchmod(fd, mode)  # the umask may have taken bits off
-        if give_to is not None:
-            os.fchown(fd, *give_to)
-    finally:
-        os.close(fd)
-
-
-def _read_secret(dir_fd: int, path: Path, owners: set[int]) -> bytes:
-    try:
-        # O_NONBLOCK: a FIFO planted in place of the secret must not hang the open.
-        fd = os.open(SECRET_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
-    except OSError as exc:
-        raise ConfigError(f"cannot open the sandbox secret {path}: {exc}") from exc
-    try:
-        _check_entry(path, os.fstat(fd), stat.S_ISREG, "a regular file", owners)
-        text = os.read(fd, 2 * protocol.SECRET_BYTES + 2)
-    finally:
-        os.close(fd)
-    try:
-        return protocol.parse_secret(text)
-    except ValueError as exc:
-        raise ConfigError(f"the sandbox secret {path} is malformed: {exc}") from None
-
-
-def _listen(path: Path, give_to: tuple[int, int] | None) -> tuple[socket.socket, tuple[int, int]]:
-    """A non-blocking socket bound at ``path`` (which must not exist) and listening, with the sandbox's access.
-
-    Returns:
-        The socket and the (st_dev, st_ino) of its file, which a rename keeps.
-    """
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(os.fspath(path))
-    except OSError as exc:
-        listener.close()
-        raise ConfigError(f"cannot listen at {path}: {exc}") from exc
-    try:
-        st = os.lstat(path)
-        if give_to is not None:
-            os.chown(path, *give_to, follow_symlinks=False)
-            os.chmod(path, 0o600)
-        else:
-            os.chmod(path, 0o666)  # the agent runs as another uid, and connecting needs write permission
-        listener.listen(_BACKLOG)
-        listener.setblocking(False)
-    except BaseException:
-        listener.close()
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        raise
-    return listener, (st.st_dev, st.st_ino)
-
-
-def _remove_tree(directory: Path) -> None:
-    """Delete a sandbox directory; a link or other non-directory in its place is left alone."""
-    try:
-        st = os.lstat(directory)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        logger.warning("%s is not a directory (a symbolic link?); left alone", directory)
-        return
-
-    def failed(function: object, path: str, exc: BaseException) -> None:
-        if not isinstance(exc, FileNotFoundError):
-            logger.warning("could not delete %s: %s", path, exc)
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(directory, onexc=failed)
-    else:
-        shutil.rmtree(directory, onerror=lambda function, path, info: failed(function, path, info[1]))
+        rendezvous.remove_tree(self.directory)

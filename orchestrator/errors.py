@@ -27,7 +27,8 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     └── TransportError                       the channel to the agent failed
         ├── ProtocolError                    the agent sent something invalid or oversized; see .restored
         ├── ChannelLost (ConnectionError)    the agent's end of the channel closed
-        └── AgentTimeoutError (TimeoutError) the agent did not answer in time
+        ├── AgentTimeoutError (TimeoutError) the agent did not answer in time
+        └── RelayUnavailable (ConnectionError)  a node's relay (Swarm) cannot be reached, refused us or failed
 """
 
 from __future__ import annotations
@@ -179,3 +180,8 @@ class ChannelLost(TransportError, ConnectionError):
 
 class AgentTimeoutError(TransportError, TimeoutError):
     """The agent did not answer within the deadline."""
+
+
+class RelayUnavailable(TransportError, ConnectionError):
+    """The relay on a sandbox's Swarm node did not answer, refused this controller's TLS credentials (or we refused
+    its), or failed the request; the message says what to check."""

@@ -15,7 +15,7 @@ from typing import Any
 from . import capacity, images, lifecycle
 from .activity import Activity
 from .agent import protocol
-from .backend import LABEL_PREFIX, SESSION_ID, STORE_ID, Backend, ContainerState
+from .backend import LABEL_PREFIX, SESSION_ID, STORE_ID, Backend, ContainerState, Placement
 from .config import Settings
 from .controllers import controller_labels
 from .docker_backend import DockerBackend
@@ -42,6 +42,15 @@ from .survey import SessionInfo, survey
 logger = logging.getLogger(__name__)
 
 
+def _connect(settings: Settings, scope: str) -> Backend:
+    """The engine ``Settings.backend`` names, reached through DOCKER_HOST (or the local socket)."""
+    if settings.backend == "swarm":
+        from .swarm.backend import SwarmBackend  # only Swarm users load it
+
+        return SwarmBackend(settings, scope=scope)
+    return DockerBackend()
+
+
 class Orchestrator:
     """Runs one long-lived sandbox container per persistent session.
 
@@ -51,7 +60,8 @@ class Orchestrator:
     """
 
     def __init__(self, settings: Settings | None = None, *, backend: Backend | None = None) -> None:
-        """Connect to the local engine (DOCKER_HOST) with ``settings`` (default: ``Settings.from_env()``).
+        """Connect to the engine (DOCKER_HOST; a Swarm manager when ``settings.backend`` is "swarm") with ``settings``
+        (default: ``Settings.from_env()``).
 
         Raises:
             ConfigError: the runtime directory is not private (a symlink, not ours, or open to others).
@@ -63,7 +73,7 @@ class Orchestrator:
             self.settings.state_dir, fsync=self.settings.fsync, lock_timeout=self.settings.lock_timeout
         )
         self._owns_backend = backend is None
-        self.backend: Backend = backend or DockerBackend()
+        self.backend: Backend = backend or _connect(self.settings, self.store.store_id)
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -90,6 +100,7 @@ class Orchestrator:
         session_id: str | None = None,
         image: str | None = None,
         labels: Mapping[str, str] | None = None,
+        placement: Placement | None = None,
     ) -> Session:
         """Start a new session in its own container.
 
@@ -97,9 +108,11 @@ class Orchestrator:
             session_id: an id of your choosing (3-63 lowercase letters, digits, dashes).
             image: an image with the agent in it (default: ``default_image``).
             labels: extra container labels; keys must start with ``orchestrator.``.
+            placement: where its sandboxes may run and what they reserve (Swarm backend); kept for its restarts.
 
         Raises:
-            ConfigError: the id is invalid or taken, or a label is outside our namespace.
+            ConfigError: the id is invalid or taken, a label is outside our namespace, or a placement is given to
+                the docker backend.
             ImageMissing: the image is not built; the message says how to build it.
             EngineError: the engine refused to start the container.
             AgentStartTimeout: the container started but its agent never connected.
@@ -108,6 +121,12 @@ class Orchestrator:
         for key in labels or {}:
             if not key.startswith(LABEL_PREFIX) or key.count(".") < 2:
                 raise ConfigError(f"label {key!r} must be namespaced like 'orchestrator.<you>.<name>'")
+        placement = placement or Placement()
+        if not placement.is_empty() and self.settings.backend != "swarm":
+            raise ConfigError(
+                "a session placement (constraints, reservations) needs Settings.backend='swarm' (ORCH_BACKEND=swarm); "
+                "the docker backend runs every sandbox on one engine"
+            )
         image = image or self.default_image
         if not self.backend.image_exists(image):
             raise ImageMissing(
@@ -121,6 +140,7 @@ class Orchestrator:
             created_at=now,
             last_used_at=now,
             labels=dict(labels or {}),
+            placement=placement.to_json(),
             owner=new_owner_token(),
             epoch=1,
         )
@@ -351,8 +371,9 @@ class Orchestrator:
             labels=labels,
             activity=Activity(self.store.activity_path(record.session_id), wait=self.settings.lock_timeout),
             make_room=lambda session_id: capacity.room_for(self.store, self.backend, self.settings, session_id),
-            # A pooled container has only the pool's labels: a session with labels of its own starts its own.
-            take_pooled=(lambda image: None) if record.labels else self._pooled_sandbox,
+            # A pooled container has only the pool's labels and runs anywhere: a session with labels or a placement
+            # of its own starts its own.
+            take_pooled=(lambda image: None) if record.labels or record.placement else self._pooled_sandbox,
             on_close=self._forget,
         )
         return self._track(session)

@@ -19,10 +19,10 @@ from typing import Any
 
 from . import background
 from .agent import protocol
-from .backend import SANDBOX_ID, Backend, ContainerState, SandboxSpec
+from .backend import SANDBOX_ID, Backend, ContainerState, Placement, SandboxSpec
 from .config import Settings
 from .connection import AgentConnection, Body, Header
-from .endpoint import UnixSocketEndpoint
+from .endpoint import Endpoint
 from .errors import AgentStartTimeout, AgentTimeoutError, OrchestratorError, ProtocolError
 from .events import LiveCall
 from .hostcalls import CallDesk
@@ -36,24 +36,6 @@ _CONTROL_SECONDS = 10.0
 _CHECK_BESIDE_BYTES = 1 << 20
 
 
-def sandbox_ids(settings: Settings) -> tuple[int | None, int | None]:
-    """The numeric uid and gid the sandbox runs as, when ``Settings.user`` gives them."""
-    user, _, group = settings.user.partition(":")
-    uid = int(user) if user.isdigit() else None
-    gid = int(group) if group.isdigit() else uid
-    return uid, gid
-
-
-def _endpoint_options(settings: Settings) -> dict[str, Any]:
-    uid, gid = sandbox_ids(settings)
-    return {
-        "sandbox_uid": uid,
-        "sandbox_gid": gid,
-        "max_header": settings.max_header_bytes,
-        "max_body": settings.max_body_bytes,
-    }
-
-
 class Sandbox:
     """A running container with an authenticated connection to its agent."""
 
@@ -62,7 +44,7 @@ class Sandbox:
         backend: Backend,
         settings: Settings,
         container_id: str,
-        endpoint: UnixSocketEndpoint,
+        endpoint: Endpoint,
         connection: AgentConnection,
     ) -> None:
         self._backend = backend
@@ -87,6 +69,7 @@ class Sandbox:
         scope: str,
         labels: Mapping[str, str],
         network_of: str | None = None,
+        placement: Placement | None = None,
     ) -> Sandbox:
         """Start a new container and wait for its agent.
 
@@ -94,13 +77,15 @@ class Sandbox:
             scope: the store id; it goes into the container's name so stores never collide.
             labels: extra container labels (store, session, ...).
             network_of: a container whose (loopback-only) network namespace this one joins.
+            placement: where it may run (a multi-node backend; ``Settings.swarm_constraints`` come on top).
 
         Raises:
             ImageMissing, EngineError: the engine could not start it.
             AgentStartTimeout: the container started but its agent never connected.
         """
         sandbox_id = new_sandbox_id()
-        endpoint = UnixSocketEndpoint.create(settings.runtime_dir, sandbox_id, **_endpoint_options(settings))
+        placement = placement or Placement()
+        endpoint = backend.create_endpoint(sandbox_id, settings, placement)
         spec = SandboxSpec(
             name=f"orch-{scope}-{sandbox_id}",
             image=image,
@@ -117,6 +102,9 @@ class Sandbox:
             mounts=endpoint.mounts(),
             command=settings.agent_command,
             network_of=network_of,
+            placement=Placement(
+                (*placement.constraints, *endpoint.constraints()), placement.reserve_cpus, placement.reserve_memory
+            ),
         )
         try:
             container_id = backend.run_sandbox(spec, settings)
@@ -164,7 +152,7 @@ class Sandbox:
             OrchestratorError: the sandbox cannot be taken over (its directory, container or agent is gone).
         """
         with claim():
-            endpoint = UnixSocketEndpoint.open(settings.runtime_dir, sandbox_id, **_endpoint_options(settings))
+            endpoint = backend.open_endpoint(sandbox_id, container_id, settings)
             try:
                 backend.kill(container_id, signal="SIGUSR1")
             except BaseException:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from . import lifecycle
 from .activity import Activity, last_active
 from .agent import protocol
-from .backend import SESSION_ID, STORE_ID, Backend, ContainerState
+from .backend import SESSION_ID, STORE_ID, Backend, ContainerState, Placement
 from .config import Settings
 from .connection import Header, TakenOver
 from .contexts import (
@@ -623,7 +623,12 @@ class Session:
             image = self._ledger.record.image
             with self._make_room(self.id):
                 sandbox = self._take_pooled(image) or Sandbox.start(
-                    self._backend, self._settings, image=image, scope=self._scope, labels=self._labels
+                    self._backend,
+                    self._settings,
+                    image=image,
+                    scope=self._scope,
+                    labels=self._labels,
+                    placement=Placement.from_json(self._ledger.record.placement),
                 )
             try:
                 self._ledger.set_sandbox(sandbox.sandbox_id, sandbox.container_id)

@@ -51,7 +51,7 @@ DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
 BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
 """Any blob id: a content digest, or the ``h``-prefixed random id of a host-made blob (``protocol.HOST_BLOB_ID``)."""
 _STORE_ID = re.compile(r"^[0-9a-f]{12}$")
-_CONTAINER_ID = re.compile(r"^[0-9a-f]{12,64}$")
+_CONTAINER_ID = re.compile(r"^[0-9a-z]{12,64}$")  # a container id (hex) or a Swarm service id (base 36)
 _MAX_NAME = 1000
 _REMOVED_PREFIX = ".removed-"
 
@@ -103,6 +103,9 @@ class SessionRecord:
     contexts: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Contexts besides the default one: id -> {cwd, env, context_count, history_count} (``contexts.py``);
     their variables are in ``variables`` as ``<id>/<name>``."""
+    placement: dict[str, Any] = field(default_factory=dict)
+    """Where its sandboxes may run (``backend.Placement`` as JSON: constraints, reserve_cpus, reserve_memory);
+    empty for anywhere."""
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -131,6 +134,7 @@ class SessionRecord:
             "sandbox_id": record.sandbox_id is None or bool(_SANDBOX_ID.match(str(record.sandbox_id))),
             "container_id": record.container_id is None or bool(_CONTAINER_ID.match(str(record.container_id))),
             "labels": _str_map(record.labels),
+            "placement": _placement(record.placement),
             "variables": _str_map(record.variables)
             and all(len(k) <= _MAX_NAME and BLOB_ID.match(v) for k, v in record.variables.items()),
             "blob_sizes": isinstance(record.blob_sizes, dict)
@@ -152,6 +156,20 @@ class SessionRecord:
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _placement(value: Any) -> bool:
+    if not isinstance(value, dict) or set(value) - {"constraints", "reserve_cpus", "reserve_memory"}:
+        return False
+    constraints = value.get("constraints", [])
+    cpus = value.get("reserve_cpus")
+    memory = value.get("reserve_memory")
+    return (
+        isinstance(constraints, list)
+        and all(isinstance(c, str) for c in constraints)
+        and (cpus is None or (isinstance(cpus, (int, float)) and not isinstance(cpus, bool)))
+        and (memory is None or isinstance(memory, str))
+    )
 
 
 def _str_map(value: Any) -> bool:

@@ -59,6 +59,8 @@ class SessionInfo:
     checkpoint_damaged: bool = False
     """Its record is unreadable or blobs its manifest names are missing: it cannot be restored whole."""
     labels: dict[str, str] = field(default_factory=dict)
+    node: str | None = None
+    """The machine its container runs (or last ran) on, when the backend spreads sandboxes (Swarm); else None."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (status as its string)."""
@@ -128,6 +130,7 @@ def survey(
                 sandbox_id=record.sandbox_id,
                 container_id=record.container_id,
                 container_status=container.status if container else None,
+                node=container.node if container else None,
                 memory_bytes=memory.get(record.container_id or ""),
                 hibernated_at=record.hibernated_at,
                 problem=problem,

@@ -191,28 +191,29 @@ def _console(stream: TextIO) -> Console:
 
 
 def sessions_table(infos: Sequence[SessionInfo]) -> Table:
-    """The table of ``orchestrator ls``: one row per session."""
+    """The table of ``orchestrator ls``: one row per session, with a NODE column when sandboxes run on several
+    machines (the Swarm backend)."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name, justify in (
-        ("ID", "left"),
-        ("STATE", "left"),
-        ("IMAGE", "left"),
-        ("AGE", "right"),
-        ("IDLE", "right"),
-        ("MEMORY", "right"),
-        ("CHECKPOINT", "right"),
-    ):
+    with_node = any(info.node for info in infos)
+    columns = [("ID", "left"), ("STATE", "left"), ("IMAGE", "left")]
+    columns += [("NODE", "left")] if with_node else []
+    columns += [("AGE", "right"), ("IDLE", "right"), ("MEMORY", "right"), ("CHECKPOINT", "right")]
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for info in infos:
-        table.add_row(
+        cells = [
             Text(info.id),
             Text(info.status.value, style=_STATUS_STYLE[info.status]),
             Text(info.image or "-"),
+        ]
+        cells += [Text(info.node or "-")] if with_node else []
+        cells += [
             Text(describe_duration(info.age_seconds)),
             Text("-" if info.status is SessionStatus.BUSY else describe_duration(info.idle_seconds)),
             Text(describe_bytes(info.memory_bytes)),
             Text(describe_bytes(info.checkpoint_bytes)),
-        )
+        ]
+        table.add_row(*cells)
     return table
 
 
@@ -236,6 +237,7 @@ def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
         ("sandbox", info.sandbox_id or "-"),
         ("container", info.container_id or "-"),
         ("container status", info.container_status or "-"),
+        ("node", info.node or "-"),
         ("memory", describe_bytes(info.memory_bytes)),
         ("labels", ", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())) or "-"),
     ]

@@ -9,7 +9,7 @@ import docker.errors
 import pytest
 
 from orchestrator import EngineError, EngineUnavailable, ImageMissing
-from orchestrator.docker_backend import DockerBackend, _engine_errors
+from orchestrator.docker_backend import DockerBackend, engine_errors
 
 
 def test_unreachable_engine_says_how_to_start_one(monkeypatch, tmp_path):
@@ -22,10 +22,10 @@ def test_unreachable_engine_says_how_to_start_one(monkeypatch, tmp_path):
 
 
 def test_missing_image_says_how_to_build_it():
-    with pytest.raises(ImageMissing, match="orchestrator image build"), _engine_errors("starting"):
+    with pytest.raises(ImageMissing, match="orchestrator image build"), engine_errors("starting"):
         raise docker.errors.ImageNotFound("no such image")
 
 
 def test_api_errors_become_engine_errors():
-    with pytest.raises(EngineError, match="refused"), _engine_errors("starting"):
+    with pytest.raises(EngineError, match="refused"), engine_errors("starting"):
         raise docker.errors.APIError("conflict")

@@ -58,3 +58,23 @@ def test_pool_size_is_a_non_negative_integer() -> None:
     for bad in (-1, True, 1.5, "2"):
         with pytest.raises(ConfigError, match="pool_size"):
             Settings(pool_size=bad)  # type: ignore[arg-type]
+
+
+def test_the_backend_and_its_swarm_settings() -> None:
+    assert Settings().backend == "docker"
+    env = {
+        "ORCH_BACKEND": "swarm",
+        "ORCH_SWARM_CONSTRAINTS": "node.role==worker, node.labels.zone==eu",
+        "ORCH_SWARM_RELAY_PORT": "9443",
+        "ORCH_SWARM_NODE_DIR": "/srv/relay",
+        "ORCH_BASE_IMAGE": "x",
+    }
+    settings = Settings.from_env(env)
+    assert settings.backend == "swarm"
+    assert settings.swarm_constraints == ("node.role==worker", "node.labels.zone==eu")
+    assert (settings.swarm_relay_port, str(settings.swarm_node_dir)) == (9443, "/srv/relay")
+    assert Settings(user="1000:2000").sandbox_uid_gid == (1000, 2000)
+    assert Settings(user="nobody").sandbox_uid_gid == (None, None)
+    for bad in ({"backend": "k8s"}, {"swarm_relay_port": 0}, {"swarm_node_dir": "relative"}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            Settings(**bad)  # type: ignore[arg-type]

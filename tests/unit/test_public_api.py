@@ -12,7 +12,7 @@ EXPECTED = {
     "CheckpointQuotaExceeded", "ConfigError", "Context", "ContextNotFound", "EngineError", "EngineUnavailable",
     "ExecError", "ExecResult", "ExecutionTimeout",
     "ImageMissing", "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent",
-    "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "SandboxCrashed", "SandboxError",
+    "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed", "SandboxError",
     "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError",
     "SessionInfo", "SessionNotFound", "SessionStatus", "Settings", "TransportError", "__version__",
 }  # fmt: skip

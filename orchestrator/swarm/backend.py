@@ -1,0 +1,421 @@
+"""Docker Swarm as a ``Backend``: each sandbox is a one-replica service, placed on a node of the Swarm.
+
+The controller talks to a Swarm manager (DOCKER_HOST or the Docker context, as for the docker
+backend) and to the relay on each node (``relays.py``). A sandbox's "container id" is its
+service's id. The same hardening as a local container is written into the service spec:
+nobody, no capabilities, read-only root, size-capped tmpfs, memory / CPU / pids limits, and
+no network: Swarm has no ``network_mode none``, so each sandbox gets an internal overlay
+network of its own (no route out, no other sandbox on it) and a DNS server that answers
+nothing (docs/swarm.md, ../shared/design/SWARM.md). Restart policy none: the controller
+decides about restarts (from its checkpoints, on any node), never Swarm.
+
+Health is judged from the task's desired state and its node's state, never from replica
+counts: a stopped node's tasks still say "running" until the manager notices, ~15 s later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import docker
+import docker.errors
+from docker.types import (
+    ContainerSpec,
+    DNSConfig,
+    DriverConfig,
+    EndpointSpec,
+    Mount,
+    Resources,
+    RestartPolicy,
+    ServiceMode,
+    TaskTemplate,
+)
+from docker.types import Placement as SwarmPlacement
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from .. import images
+from ..backend import MANAGED, SANDBOX_ID, STORE_ID, ContainerState, Placement, SandboxSpec
+from ..config import Settings, parse_memory
+from ..docker_backend import DockerBackend, engine_errors
+from ..errors import ConfigError, EngineError, RelayUnavailable
+from .nodes import Node, choose
+from .relay_client import RelayEndpoint
+from .relays import ROLE, RelayFleet
+
+logger = logging.getLogger(__name__)
+
+_NODES_FRESH_SECONDS = 1.0
+_NETWORK_GONE_SECONDS = 30.0
+_STOP_GRACE_NS = 2_000_000_000
+_RESOLVER_THAT_ANSWERS_NOTHING = "0.0.0.0"
+
+
+class SwarmBackend:
+    """Sandboxes as Swarm services on the nodes of the Swarm whose manager DOCKER_HOST names."""
+
+    def __init__(self, settings: Settings, *, scope: str, client: docker.DockerClient | None = None) -> None:
+        """Connect to a Swarm manager.
+
+        Args:
+            scope: the store id: it names this store's relay service and its part of each node's directory.
+
+        Raises:
+            EngineUnavailable: no engine answers.
+            ConfigError: the engine is not a manager of an active Swarm.
+        """
+        self._images = DockerBackend(client)
+        self.client = self._images.client
+        with engine_errors("asking the engine about its Swarm"):
+            swarm = self.client.info().get("Swarm") or {}
+        if swarm.get("LocalNodeState") != "active" or not swarm.get("ControlAvailable"):
+            raise ConfigError(
+                "Settings.backend is 'swarm' but the engine DOCKER_HOST names is not a Swarm manager "
+                f"(its swarm state: {swarm.get('LocalNodeState', 'unknown')}); point DOCKER_HOST at a manager, "
+                "or run `docker swarm init` there"
+            )
+        self._settings = settings
+        self._scope = scope
+        self._relays = RelayFleet(
+            self.client, settings, scope=scope, image=settings.image or images.image_tag(settings.base_image)
+        )
+        self._nodes: tuple[float, dict[str, Node]] = (0.0, {})
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._images.close()
+
+    # -- images: on the manager's engine (a Swarm without a registry needs them loaded on every node: docs/swarm.md)
+
+    def image_exists(self, tag: str) -> bool:
+        return self._images.image_exists(tag)
+
+    def image_id(self, tag: str) -> str | None:
+        return self._images.image_id(tag)
+
+    def build_image(
+        self, context_tar: bytes, tag: str, buildargs: Mapping[str, str], labels: Mapping[str, str]
+    ) -> None:
+        self._images.build_image(context_tar, tag, buildargs, labels)
+
+    # -- endpoints: the relay on the chosen node makes the sandbox's directory
+
+    def create_endpoint(self, sandbox_id: str, settings: Settings, placement: Placement) -> RelayEndpoint:
+        """Pick a node (ready, active, allowed by the constraints, fewest of this store's sandboxes) whose relay
+        answers, and have that relay make the sandbox's directory; the endpoint pins the sandbox to the node.
+
+        Raises:
+            ConfigError: no node satisfies the constraints.
+            RelayUnavailable: no eligible node's relay answered within ``start_timeout``.
+        """
+        constraints = [*settings.swarm_constraints, *placement.constraints]
+        deadline = time.monotonic() + settings.start_timeout
+        avoid: set[str] = set()
+        failures: list[str] = []
+        while True:
+            nodes = self._node_map(fresh=True)
+            candidates = choose(list(nodes.values()), constraints, self._load(), avoid)
+            if not candidates and not avoid:
+                raise ConfigError(
+                    f"no ready, active node of the Swarm allows a sandbox with constraints {constraints or '(none)'}: "
+                    f"nodes are {', '.join(_describe(n) for n in nodes.values()) or 'none'}"
+                )
+            for node in candidates:
+                try:
+                    return RelayEndpoint.create(
+                        self._relays.client(node), sandbox_id, node_id=node.id, **self._endpoint_options(settings)
+                    )
+                except RelayUnavailable as exc:
+                    logger.warning("relay on node %s did not answer (%s); trying another node", node.hostname, exc)
+                    avoid.add(node.id)
+                    failures.append(f"{node.hostname}: {exc}")
+            if time.monotonic() >= deadline:
+                raise RelayUnavailable(
+                    f"no relay of an eligible node answered within {settings.start_timeout:g} s "
+                    f"({'; '.join(failures[-3:])}); check the relay service `docker service ps "
+                    f"{self._relays.service_name}`"
+                )
+            avoid.clear()  # a relay that was starting may answer now
+            time.sleep(0.5)
+
+    def open_endpoint(self, sandbox_id: str, container_id: str, settings: Settings) -> RelayEndpoint:
+        """Take the sandbox's endpoint over through the relay of the node it runs on; the relay cuts the agent's
+        current connection, so it reconnects to the new socket (no signal needed).
+
+        Raises:
+            RelayUnavailable: that node's relay does not answer.
+            EngineError: the sandbox runs on no known node.
+        """
+        task = self._task_of(container_id)
+        node = self._node_map(fresh=True).get(str(task.get("NodeID"))) if task else None
+        if node is None:
+            raise EngineError(f"sandbox {sandbox_id} (service {container_id[:12]}) runs on no node the Swarm knows")
+        return RelayEndpoint.open(
+            self._relays.client(node), sandbox_id, node_id=node.id, **self._endpoint_options(settings)
+        )
+
+    def _endpoint_options(self, settings: Settings) -> dict[str, Any]:
+        uid, gid = settings.sandbox_uid_gid
+        return {
+            "node_dir": self._relays.node_dir(),
+            "sandbox_uid": uid,
+            "sandbox_gid": gid,
+            "max_header": settings.max_header_bytes,
+            "max_body": settings.max_body_bytes,
+        }
+
+    # -- services
+
+    def run_sandbox(self, spec: SandboxSpec, settings: Settings) -> str:
+        """Create the sandbox's internal network and its one-replica service; return the service id.
+
+        Raises:
+            ConfigError: a setting Swarm cannot honour (a network other than none, a shared namespace).
+            EngineError: the manager refused.
+        """
+        if settings.network_mode != "none" or spec.network_of is not None:
+            raise ConfigError(
+                "Swarm sandboxes have no network (an internal overlay of their own); Settings.network_mode other than "
+                "'none' and shared network namespaces need the docker backend"
+            )
+        labels = {MANAGED: "true", **spec.labels}
+        with engine_errors(f"creating the network of sandbox {spec.name}"):
+            network = self.client.api.create_network(
+                spec.name, driver="overlay", internal=True, labels=labels, check_duplicate=True
+            )["Id"]
+        try:
+            with engine_errors(f"creating sandbox service {spec.name}"):
+                service = self.client.api.create_service(
+                    self._task_template(spec, settings, network, labels),
+                    name=spec.name,
+                    labels=labels,
+                    mode=ServiceMode("replicated", 1),
+                    endpoint_spec=EndpointSpec(mode="dnsrr"),  # no virtual IP (and no IPVS on these nodes)
+                )
+        except BaseException:
+            with contextlib.suppress(EngineError):
+                self._remove_network(network)
+            raise
+        logger.info("started service %s (%s)", spec.name, service["ID"][:12])
+        return str(service["ID"])
+
+    def _task_template(
+        self, spec: SandboxSpec, settings: Settings, network: str, labels: Mapping[str, str]
+    ) -> TaskTemplate:
+        mounts = [Mount(inside, host, type="bind", read_only=True) for host, inside in spec.mounts.items()]
+        mounts += [_tmpfs(path, options) for path, options in settings.tmpfs.items()]
+        container = ContainerSpec(
+            image=spec.image,
+            command=list(spec.command) if spec.command is not None else None,
+            env=dict(spec.environment),
+            workdir="/tmp",
+            user=settings.user,
+            labels=dict(labels),
+            mounts=mounts,
+            read_only=settings.read_only,
+            init=True,
+            cap_drop=["ALL"] if settings.cap_drop_all else None,
+            dns_config=DNSConfig(nameservers=[_RESOLVER_THAT_ANSWERS_NOTHING]),
+            stop_grace_period=_STOP_GRACE_NS,
+        )
+        if settings.no_new_privileges:
+            # Stored and enforced from API 1.45 on; Docker 20.10 drops it silently, which is why the sandbox
+            # image has no setuid or setgid files (orchestrator/sandbox.Dockerfile).
+            container["Privileges"] = {"NoNewPrivileges": True}
+        placement = spec.placement
+        resources = Resources(
+            cpu_limit=settings.nano_cpus,
+            mem_limit=parse_memory(settings.mem_limit),
+            cpu_reservation=int(placement.reserve_cpus * 1e9) if placement.reserve_cpus else None,
+            mem_reservation=parse_memory(placement.reserve_memory) if placement.reserve_memory else None,
+        )
+        resources.setdefault("Limits", {})["Pids"] = settings.pids_limit  # no SDK argument; the engine enforces it
+        template = TaskTemplate(
+            container,
+            resources=resources,
+            restart_policy=RestartPolicy(condition="none"),
+            placement=SwarmPlacement(constraints=[*settings.swarm_constraints, *placement.constraints]),
+            log_driver=DriverConfig("json-file", {"max-size": "1m", "max-file": "1"}),
+            networks=[{"Target": network}],
+        )
+        return template
+
+    def inspect(self, container_id: str) -> ContainerState | None:
+        """The sandbox's state from its service's newest task, or None when the service no longer exists."""
+        with engine_errors(f"inspecting service {container_id[:12]}"):
+            try:
+                service = self.client.api.inspect_service(container_id)
+            except docker.errors.NotFound:
+                return None
+            tasks = self.client.api.tasks(filters={"service": service["ID"]})
+        return _state(service, _newest(tasks), self._node_map())
+
+    def kill(self, container_id: str, signal: str = "SIGKILL") -> None:
+        """SIGKILL stops the sandbox (its service is scaled to none; the service stays, as a killed container does).
+
+        Swarm cannot signal a task. The one other signal we send, SIGUSR1 for a takeover, is not needed here:
+        the relay cut the agent's connection when the new owner opened the endpoint.
+        """
+        if signal != "SIGKILL":
+            logger.debug("service %s: %s not sent (Swarm cannot signal a task)", container_id[:12], signal)
+            return
+        with engine_errors(f"stopping service {container_id[:12]}"), contextlib.suppress(docker.errors.NotFound):
+            self.client.services.get(container_id).scale(0)
+
+    def remove(self, container: str) -> None:
+        """Remove the sandbox's service, its directory on its node and its network; a missing one is fine.
+
+        The network can go only once the task has left it, so that is done on a thread of its own (retried);
+        networks of sandboxes whose controller died first are swept by every later removal.
+        """
+        with engine_errors(f"removing service {container[:12]}"):
+            try:
+                service = self.client.api.inspect_service(container)
+            except docker.errors.NotFound:
+                return
+            task = _newest(self.client.api.tasks(filters={"service": service["ID"]}))
+            with contextlib.suppress(docker.errors.NotFound):
+                self.client.api.remove_service(service["ID"])
+        sandbox_id = (service["Spec"].get("Labels") or {}).get(SANDBOX_ID)
+        node = self._node_map().get(str(task.get("NodeID"))) if task else None
+        if sandbox_id and node is not None:
+            try:
+                self._relays.client(node).remove(sandbox_id)
+            except RelayUnavailable as exc:
+                logger.warning("sandbox %s: its directory on node %s stays (%s)", sandbox_id, node.hostname, exc)
+        threading.Thread(target=self._sweep_networks, daemon=True, name="swarm-network-sweep").start()
+
+    def _sweep_networks(self) -> None:
+        """Remove this store's sandbox networks whose service is gone, once their tasks have left them."""
+        try:
+            with engine_errors("sweeping sandbox networks"):
+                ours = {MANAGED: "true", STORE_ID: self._scope}
+                networks = self.client.api.networks(filters={"label": _label_filter(ours), "driver": "overlay"})
+                services = {s["Spec"]["Name"] for s in self.client.api.services(filters={"label": _label_filter(ours)})}
+            for network in networks:
+                if network["Name"] not in services:
+                    self._remove_network(network["Id"])
+        except EngineError as exc:
+            logger.warning("sandbox networks not swept: %s", exc)
+
+    @retry(
+        retry=retry_if_exception_type(EngineError),
+        stop=stop_after_delay(_NETWORK_GONE_SECONDS),
+        wait=wait_fixed(0.5),
+        reraise=True,
+    )
+    def _remove_network(self, network: str) -> None:
+        with engine_errors(f"removing network {network[:12]}"), contextlib.suppress(docker.errors.NotFound):
+            self.client.api.remove_network(network)
+
+    def find(self, labels: Mapping[str, str]) -> list[ContainerState]:
+        """Our sandbox services carrying all of ``labels``, with their tasks' states (three engine calls)."""
+        wanted = {MANAGED: "true", **labels}
+        with engine_errors("listing sandbox services"):
+            services = [
+                s
+                for s in self.client.api.services(filters={"label": _label_filter(wanted)})
+                if (s["Spec"].get("Labels") or {}).get(ROLE) != "relay"
+            ]
+            tasks = self.client.api.tasks(filters={"service": [s["ID"] for s in services]}) if services else []
+        by_service: dict[str, list[dict[str, Any]]] = {}
+        for task in tasks:
+            by_service.setdefault(task["ServiceID"], []).append(task)
+        nodes = self._node_map()
+        return [_state(s, _newest(by_service.get(s["ID"], [])), nodes) for s in services]
+
+    def memory_usage(self, container_ids: Iterable[str]) -> dict[str, int]:
+        """Not known: the tasks run on other machines (the stats API would take a second per task)."""
+        return {}
+
+    def logs(self, container_id: str, tail: int | None) -> str:
+        with engine_errors(f"reading the log of service {container_id[:12]}"):
+            raw = self.client.api.service_logs(
+                container_id, stdout=True, stderr=True, tail="all" if tail is None else tail
+            )
+            return b"".join(raw).decode("utf-8", errors="replace")
+
+    # -- nodes
+
+    def _node_map(self, *, fresh: bool = False) -> dict[str, Node]:
+        """The Swarm's nodes by id (cached for a second unless ``fresh``)."""
+        with self._lock:
+            taken, nodes = self._nodes
+            if fresh or time.monotonic() - taken > _NODES_FRESH_SECONDS:
+                with engine_errors("listing the Swarm's nodes"):
+                    nodes = {n.id: n for n in map(Node.from_attrs, self.client.api.nodes())}
+                self._nodes = (time.monotonic(), nodes)
+            return nodes
+
+    def _load(self) -> dict[str, int]:
+        """This store's live sandboxes per node id."""
+        load: dict[str, int] = {}
+        with engine_errors("counting sandboxes per node"):
+            services = self.client.api.services(
+                filters={"label": _label_filter({MANAGED: "true", STORE_ID: self._scope})}
+            )
+            ids = [s["ID"] for s in services if (s["Spec"].get("Labels") or {}).get(ROLE) != "relay"]
+            tasks = self.client.api.tasks(filters={"service": ids, "desired-state": "running"}) if ids else []
+        for task in tasks:
+            node = str(task.get("NodeID", ""))
+            load[node] = load.get(node, 0) + 1
+        return load
+
+    def _task_of(self, service_id: str) -> dict[str, Any] | None:
+        with engine_errors(f"inspecting service {service_id[:12]}"):
+            return _newest(self.client.api.tasks(filters={"service": service_id}))
+
+
+def _label_filter(labels: Mapping[str, str]) -> list[str]:
+    return [f"{key}={value}" for key, value in labels.items()]
+
+
+def _tmpfs(path: str, options: str) -> Mount:
+    """A tmpfs mount from Docker's ``size=256m,mode=1777`` option string."""
+    parsed = dict(part.partition("=")[::2] for part in options.split(",") if part)
+    size = parse_memory(parsed["size"]) if "size" in parsed else None
+    mode = int(parsed["mode"], 8) if "mode" in parsed else None
+    return Mount(path, None, type="tmpfs", tmpfs_size=size, tmpfs_mode=mode)
+
+
+def _newest(tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The service's current task: the one made last (a one-replica service with no restarts has one)."""
+    return max(tasks, key=lambda t: (t.get("CreatedAt", ""), t.get("Version", {}).get("Index", 0)), default=None)
+
+
+def _state(service: Mapping[str, Any], task: Mapping[str, Any] | None, nodes: Mapping[str, Node]) -> ContainerState:
+    """A sandbox's state the way a container's would read, from its task, the task's desired state and its node."""
+    spec = service.get("Spec") or {}
+    status = (task or {}).get("Status") or {}
+    state = str(status.get("State", "pending"))
+    desired = str((task or {}).get("DesiredState", "running"))
+    node = nodes.get(str((task or {}).get("NodeID", "")))
+    container_status = status.get("ContainerStatus") or {}
+    exit_code = container_status.get("ExitCode")
+    if node is not None and not node.ready:
+        word = f"lost with its node ({node.hostname} is down)"
+    elif state == "running" and desired != "running":
+        word = "removing"  # shutting down: not settled yet
+    else:
+        word = state
+    if status.get("Err"):
+        word = f"{word}: {status['Err']}"
+    return ContainerState(
+        id=str(service["ID"]),
+        name=str(spec.get("Name", "")),
+        status=word,
+        running=state == "running" and desired == "running" and node is not None and node.ready,
+        exit_code=int(exit_code) if isinstance(exit_code, int) and state != "running" else None,
+        oom_killed=False,  # a task does not say; its exit code (137) and the node's engine would
+        labels=dict(spec.get("Labels") or {}),
+        node=node.hostname if node else None,
+    )
+
+
+def _describe(node: Node) -> str:
+    state = ("ready" if node.ready else "down") + ("" if node.active else ", drained")
+    return f"{node.hostname} ({node.role}, {state})"
