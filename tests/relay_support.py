@@ -21,10 +21,11 @@ _LISTENING = re.compile(rb"listening on 127\.0\.0\.1:(\d+)")
 class RelayProcess:
     """``python3 -m orchestrator.agent.relay`` serving ``node_dir`` with ``credentials``; its log goes to a file."""
 
-    def __init__(self, node_dir: Path, credentials: Credentials, log: Path) -> None:
+    def __init__(self, node_dir: Path, credentials: Credentials, log: Path, **environment: str) -> None:
         self.node_dir = node_dir
         self.credentials = credentials
         self.log_path = log
+        self.environment = environment
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -37,6 +38,7 @@ class RelayProcess:
             ORCH_RELAY_CERT=str(self.credentials.relay_cert),
             ORCH_RELAY_KEY=str(self.credentials.relay_key),
             ORCH_RELAY_CA=str(self.credentials.ca_cert),
+            **self.environment,
         )
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:

@@ -68,7 +68,8 @@ MAX_REQUEST = 4096
 HANDSHAKE_SECONDS = 10.0
 """For the TLS handshake, and again for the request line after it."""
 MAX_CONNECTIONS = 1024
-"""Controller connections at once (bridges included); more are closed as they come."""
+"""Controller connections at once (bridges included; ``ORCH_RELAY_MAX_CONNECTIONS``); more are closed as they
+come."""
 MAX_ACCEPT_SECONDS = 3600.0
 
 OPS = ("create", "open", "accept", "remove", "list")
@@ -128,7 +129,7 @@ def parse_request(line: bytes) -> Dict[str, Any]:
                 raise BadRequest("%s must be null or an integer from 0 to %d" % (name, _MAX_ID))
     if op == "accept":
         timeout = request.get("timeout")
-        if type(timeout) not in (int, float) or not 0 <= timeout <= MAX_ACCEPT_SECONDS:
+        if type(timeout) not in (int, float) or not 0 <= float(timeout) <= MAX_ACCEPT_SECONDS:
             raise BadRequest("timeout must be a number of seconds from 0 to %g" % MAX_ACCEPT_SECONDS)
     return request
 
@@ -148,20 +149,25 @@ def refusal_reply(message: str, kind: str) -> Dict[str, Any]:
 class RelayConfig:
     """The relay's settings, from ``ORCH_RELAY_*`` variables."""
 
-    def __init__(self, host: str, port: int, directory: Path, cert: str, key: str, ca: str) -> None:
+    def __init__(
+        self, host: str, port: int, directory: Path, cert: str, key: str, ca: str, max_connections: int
+    ) -> None:
         self.host = host
         self.port = port
         self.directory = directory
         self.cert = cert
         self.key = key
         self.ca = ca
+        self.max_connections = max_connections
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> RelayConfig:
-        """Read ``ORCH_RELAY_LISTEN`` (host:port), ``ORCH_RELAY_DIR``, ``ORCH_RELAY_CERT``, ``_KEY`` and ``_CA``.
+        """Read ``ORCH_RELAY_LISTEN`` (host:port), ``ORCH_RELAY_DIR``, ``ORCH_RELAY_CERT``, ``_KEY`` and ``_CA``,
+        and ``ORCH_RELAY_MAX_CONNECTIONS``.
 
         Raises:
-            ValueError: ``ORCH_RELAY_LISTEN`` is not host:port, or ``ORCH_RELAY_DIR`` is not absolute.
+            ValueError: ``ORCH_RELAY_LISTEN`` is not host:port, ``ORCH_RELAY_DIR`` is not absolute, or
+                ``ORCH_RELAY_MAX_CONNECTIONS`` is not a positive integer.
         """
         listen = environ.get("ORCH_RELAY_LISTEN") or DEFAULT_LISTEN
         host, _, port = listen.rpartition(":")
@@ -171,6 +177,9 @@ class RelayConfig:
         directory = Path(environ.get("ORCH_RELAY_DIR") or DEFAULT_DIR)
         if not directory.is_absolute():
             raise ValueError("ORCH_RELAY_DIR must be an absolute path, got %r" % str(directory))
+        limit = environ.get("ORCH_RELAY_MAX_CONNECTIONS") or str(MAX_CONNECTIONS)
+        if not limit.isdigit() or int(limit) < 1:
+            raise ValueError("ORCH_RELAY_MAX_CONNECTIONS must be a positive integer, got %r" % limit)
         return cls(
             host,
             int(port),
@@ -178,6 +187,7 @@ class RelayConfig:
             environ.get("ORCH_RELAY_CERT") or DEFAULT_CERT,
             environ.get("ORCH_RELAY_KEY") or DEFAULT_KEY,
             environ.get("ORCH_RELAY_CA") or DEFAULT_CA,
+            int(limit),
         )
 
     def tls(self) -> ssl.SSLContext:
@@ -235,8 +245,12 @@ class _Running:
             self.finish()
             return
         self._watch(self.bridge.interest())
-        if self.bridge.ends_by is not None and self._timer is None:
-            self._timer = self.loop.call_later(max(0.0, self.bridge.ends_by - time.monotonic()), self._step, 0, 0)
+        if self.bridge.ends_by is not None and self._timer is None:  # one side ended: the other has until then
+            self._timer = self.loop.call_later(max(0.0, self.bridge.ends_by - time.monotonic()) + 0.01, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        self._step(0, 0)
 
     def _watch(self, masks: Dict[int, int]) -> None:
         for fd, mask in masks.items():
@@ -297,7 +311,7 @@ class Relay:
         server.setblocking(False)
         stop: asyncio.Future[None] = self.loop.create_future()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            self.loop.add_signal_handler(signum, lambda: stop.done() or stop.set_result(None))
+            self.loop.add_signal_handler(signum, _resolve, stop)
         try:
             self.loop.add_reader(server.fileno(), self._on_controller, server)
             bound = server.getsockname()
@@ -460,7 +474,7 @@ class Relay:
     async def _serve(self, conn: socket.socket, peer: str) -> None:
         tls: Optional[ssl.SSLSocket] = None
         try:
-            _keep_alive(conn)
+            _tune(conn)
             conn.setblocking(False)
             tls = self.context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
             try:
@@ -497,19 +511,17 @@ class Relay:
     async def _ready(self, sock: socket.socket, event: int) -> None:
         """Wait until ``sock`` is readable (READ) or writable (WRITE)."""
         ready: asyncio.Future[None] = self.loop.create_future()
-        add, remove = (
-            (self.loop.add_reader, self.loop.remove_reader)
-            if event == READ
-            else (
-                self.loop.add_writer,
-                self.loop.remove_writer,
-            )
-        )
-        add(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+        if event == READ:
+            self.loop.add_reader(sock.fileno(), _resolve, ready)
+        else:
+            self.loop.add_writer(sock.fileno(), _resolve, ready)
         try:
             await ready
         finally:
-            remove(sock.fileno())
+            if event == READ:
+                self.loop.remove_reader(sock.fileno())
+            else:
+                self.loop.remove_writer(sock.fileno())
 
     async def _handshake(self, tls: ssl.SSLSocket) -> None:
         while True:
@@ -563,7 +575,7 @@ class Relay:
 
     def _answer(self, request: Dict[str, Any], peer: str) -> Dict[str, Any]:
         op = request["op"]
-        sandbox_id = request.get("sandbox")
+        sandbox_id = str(request.get("sandbox", ""))
         try:
             if op == "create":
                 key = self.create(sandbox_id, request["uid"], request["gid"], peer)
@@ -576,10 +588,10 @@ class Relay:
                 return {"ok": True}
             return {"ok": True, "sandboxes": self.sandboxes()}
         except rendezvous.RendezvousError as exc:
-            logger.warning("%s: %s %s refused: %s", peer, op, sandbox_id or "", exc)
+            logger.warning("%s: %s %s refused: %s", peer, op, sandbox_id, exc)
             return refusal_reply(str(exc), exc.kind)
         except OSError as exc:
-            logger.error("%s: %s %s failed: %s", peer, op, sandbox_id or "", exc)
+            logger.error("%s: %s %s failed: %s", peer, op, sandbox_id, exc)
             return refusal_reply("the relay failed to %s: %s" % (op, exc), "failed")
 
     async def _accept(self, tls: ssl.SSLSocket, early: bytes, sandbox_id: str, timeout: float, peer: str) -> None:
@@ -668,6 +680,11 @@ class Relay:
         logger.error("%s%s", context.get("message", "error"), ": %r" % exc if exc is not None else "")
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _peer(conn: socket.socket) -> Optional[Tuple[int, int]]:
     """The connecting process's (pid, uid) by SO_PEERCRED; None where the OS does not tell."""
     option = getattr(socket, "SO_PEERCRED", None)
@@ -680,8 +697,10 @@ def _peer(conn: socket.socket) -> Optional[Tuple[int, int]]:
     return pid, uid
 
 
-def _keep_alive(conn: socket.socket) -> None:
-    """Find a controller that vanished without closing (its machine died) within a few minutes."""
+def _tune(conn: socket.socket) -> None:
+    """No Nagle delay for small frames; and find a controller that vanished without closing (its machine died)
+    within a few minutes."""
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 15), ("TCP_KEEPCNT", 4)):
         option = getattr(socket, name, None)
@@ -698,7 +717,7 @@ def main(environ: Optional[Mapping[str, str]] = None) -> int:
     except (ValueError, OSError, ssl.SSLError) as exc:
         logger.error("cannot start: %s", exc)
         return 2
-    relay = Relay(config.directory, context)
+    relay = Relay(config.directory, context, max_connections=config.max_connections)
     try:
         asyncio.run(relay.serve(config.host, config.port))
     except (rendezvous.RendezvousError, OSError) as exc:

@@ -248,13 +248,18 @@ def test_round_trip_through_the_relay_against_the_plain_socket(
         direct_endpoint.remove()
         relayed_endpoint.remove()
     summary = {
-        name: (statistics.median(times) * 1e3, sorted(times)[int(len(times) * 0.9)] * 1e3, min(times) * 1e3)
+        name: (
+            statistics.median(times) * 1e3,
+            sorted(times)[int(len(times) * 0.9)] * 1e3,
+            sorted(times)[int(len(times) * 0.99)] * 1e3,
+            min(times) * 1e3,
+        )
         for name, times in results.items()
     }
     added = summary["relay"][0] - summary["unix"][0]
     print()
-    for name, (median, p90, fastest) in summary.items():
-        print(f"trivial exec via {name:5}: median {median:.3f} ms, p90 {p90:.3f} ms, min {fastest:.3f} ms")
+    for name, (median, p90, p99, fastest) in summary.items():
+        print(f"trivial exec via {name:5}: median {median:.3f} ms, p90 {p90:.3f}, p99 {p99:.3f}, min {fastest:.3f}")
     print(f"the relay adds {added:.3f} ms at the median ({2 * CALLS} calls each, after warm-up)")
     assert added < 2.0
 

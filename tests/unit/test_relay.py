@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -32,6 +33,7 @@ from orchestrator.endpoint import CHANNEL_MOUNT, SECRET_NAME, SOCKET_NAME
 from orchestrator.errors import AgentTimeoutError, ChannelLost, ConfigError, RelayUnavailable
 from orchestrator.swarm.relay_client import RelayClient, RelayEndpoint
 from orchestrator.swarm.tls import RELAY_NAME, Credentials, client_context, ensure_credentials
+from orchestrator.transport import Channel
 
 SID = "sb-0123456789ab"
 NOBODY = 65534
@@ -96,7 +98,7 @@ def soon(seconds: float = 10.0) -> float:
     return time.monotonic() + seconds
 
 
-def frame_bytes(header: dict, body: bytes = b"") -> bytes:
+def frame_bytes(header: dict[str, Any], body: bytes = b"") -> bytes:
     return b"".join(bytes(part) for part in protocol.frame_parts(header, body))
 
 
@@ -124,7 +126,7 @@ def closed_by_peer(sock: socket.socket, timeout: float = 10.0) -> bool:
     return True
 
 
-def ping_pong(channel, agent: socket.socket, n: int = 0) -> None:
+def ping_pong(channel: Channel, agent: socket.socket, n: int = 0) -> None:
     """One frame each way through the bridge."""
     protocol.send_frame(agent, {"type": "hello", "n": n})
     assert channel.recv(deadline=soon())[0] == {"type": "hello", "n": n}
@@ -210,8 +212,8 @@ def test_credentials_are_private_reused_and_what_each_side_needs(base):
     controller = x509.load_pem_x509_certificate(made.controller_cert.read_bytes())
     for cert in (relay, controller):
         cert.verify_directly_issued_by(ca)
-        assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
-        assert cert.public_key().curve.name == "secp256r1"
+        public = cert.public_key()
+        assert isinstance(public, ec.EllipticCurvePublicKey) and public.curve.name == "secp256r1"
         assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days > 3000
     assert relay.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
         x509.DNSName
@@ -395,6 +397,25 @@ def test_bad_requests_over_tls_get_a_reason_and_the_relay_serves_on(relay, crede
     assert relay.process is not None and relay.process.poll() is None
 
 
+def test_connections_over_the_limit_are_closed_until_one_ends(base, credentials):
+    relay = RelayProcess(base / "node", credentials, base / "relay.log", ORCH_RELAY_MAX_CONNECTIONS="2")
+    relay.start()
+    try:
+        idle = [socket.create_connection(("127.0.0.1", relay.port)) for _ in range(2)]  # no handshake: slots held
+        try:
+            time.sleep(0.3)
+            with pytest.raises(RelayUnavailable):
+                relay.client().sandboxes()
+            assert "2 connections are open already" in relay.log()
+        finally:
+            for sock in idle:
+                sock.close()
+        time.sleep(0.3)
+        assert relay.client().sandboxes() == []
+    finally:
+        relay.stop()
+
+
 # --- accept and the bridge -------------------------------------------------------------------------
 
 
@@ -426,6 +447,30 @@ def test_bytes_cross_the_bridge_unchanged_both_ways(relay):
     assert agent_closed  # closing the controller's side closed the agent's
     time.sleep(0.2)
     assert "bridge to" in relay.log() and "ended" in relay.log()
+
+
+def rss(pid: int) -> int:
+    """Resident memory of a process, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_an_agent_that_stops_reading_stalls_the_controller_and_nothing_piles_up_in_the_relay(relay):
+    made = endpoint(relay)
+    agent = connect_agent(relay.node_dir / SID / SOCKET_NAME)
+    channel = made.accept(soon())
+    try:
+        ping_pong(channel, agent)
+        assert relay.process is not None
+        before = rss(relay.process.pid)
+        with pytest.raises(AgentTimeoutError, match="did not take"):
+            channel.send({"type": "set_value"}, bytes(200 << 20), deadline=soon(3))
+        assert rss(relay.process.pid) - before < 16 << 20  # each direction holds one chunk, not the frame
+    finally:
+        channel.close()
+        agent.close()
 
 
 def test_an_agent_closing_its_side_closes_the_controllers(relay):
@@ -502,9 +547,9 @@ def test_agents_of_another_uid_are_refused(relay):
     assert "refused a connection from pid" in relay.log()
 
 
-def _raw(channel) -> socket.socket:
+def _raw(channel: Channel) -> socket.socket:
     """The channel's socket, for tests that move bytes without frames."""
-    sock = channel._sock
+    sock: socket.socket = channel._sock
     sock.setblocking(True)
     return sock
 

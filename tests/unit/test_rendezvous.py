@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import endpoint as endpoint_module
-from orchestrator.agent import protocol, relay, rendezvous
+from orchestrator.agent import bridge, protocol, relay, rendezvous
 from orchestrator.endpoint import Endpoint, UnixSocketEndpoint
 from orchestrator.errors import ConfigError
 from orchestrator.swarm.relay_client import RelayEndpoint
@@ -117,7 +117,7 @@ def test_every_endpoint_says_where_its_sandbox_must_run(base):
             assert callable(getattr(implementation, name)), (implementation, name)
 
 
-@pytest.mark.parametrize("module", [rendezvous, relay], ids=["rendezvous", "relay"])
+@pytest.mark.parametrize("module", [rendezvous, relay, bridge], ids=["rendezvous", "relay", "bridge"])
 def test_runs_in_the_sandbox_image_stdlib_only_python_3_9(module):
     source = Path(module.__file__).read_text()
     tree = ast.parse(source, feature_version=(3, 9))
