@@ -101,10 +101,10 @@ class DockerBackend:
 
     def create_endpoint(self, sandbox_id: str, settings: Settings, placement: Placement) -> UnixSocketEndpoint:
         """The controller listens in ``<runtime_dir>/<sandbox_id>/`` on this host (one machine: placement is moot)."""
-        return UnixSocketEndpoint.create(settings.runtime_dir, sandbox_id, **_endpoint_options(settings))
+        return UnixSocketEndpoint.create(settings.runtime_dir, sandbox_id, **endpoint_options(settings))
 
     def open_endpoint(self, sandbox_id: str, container_id: str, settings: Settings) -> UnixSocketEndpoint:
-        return UnixSocketEndpoint.open(settings.runtime_dir, sandbox_id, **_endpoint_options(settings))
+        return UnixSocketEndpoint.open(settings.runtime_dir, sandbox_id, **endpoint_options(settings))
 
     def run_sandbox(self, spec: SandboxSpec, settings: Settings) -> str:
         """Start one sandbox container with the security settings; return its id.
@@ -201,7 +201,8 @@ class DockerBackend:
         return bytes(raw).decode("utf-8", errors="replace")
 
 
-def _endpoint_options(settings: Settings) -> dict[str, Any]:
+def endpoint_options(settings: Settings) -> dict[str, Any]:
+    """What an endpoint needs to know of the sandbox: its uid and gid, and the frame limits."""
     uid, gid = settings.sandbox_uid_gid
     return {
         "sandbox_uid": uid,

@@ -10,6 +10,7 @@ no sandbox (hibernated) or move to another one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -102,9 +103,7 @@ class Sandbox:
             mounts=endpoint.mounts(),
             command=settings.agent_command,
             network_of=network_of,
-            placement=Placement(
-                (*placement.constraints, *endpoint.constraints()), placement.reserve_cpus, placement.reserve_memory
-            ),
+            placement=dataclasses.replace(placement, constraints=(*placement.constraints, *endpoint.constraints())),
         )
         try:
             container_id = backend.run_sandbox(spec, settings)

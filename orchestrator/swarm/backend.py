@@ -41,7 +41,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_fixe
 from .. import images
 from ..backend import MANAGED, SANDBOX_ID, STORE_ID, ContainerState, Placement, SandboxSpec
 from ..config import Settings, parse_memory
-from ..docker_backend import DockerBackend, engine_errors
+from ..docker_backend import DockerBackend, endpoint_options, engine_errors
 from ..errors import ConfigError, EngineError, RelayUnavailable
 from .nodes import Node, choose
 from .relay_client import RelayEndpoint
@@ -159,14 +159,7 @@ class SwarmBackend:
         )
 
     def _endpoint_options(self, settings: Settings) -> dict[str, Any]:
-        uid, gid = settings.sandbox_uid_gid
-        return {
-            "node_dir": self._relays.node_dir(),
-            "sandbox_uid": uid,
-            "sandbox_gid": gid,
-            "max_header": settings.max_header_bytes,
-            "max_body": settings.max_body_bytes,
-        }
+        return {"node_dir": self._relays.node_dir(), **endpoint_options(settings)}
 
     # -- services
 

@@ -13,7 +13,7 @@ def node(node_id: str, **changes: object) -> Node:
     fields: dict[str, object] = {
         "id": node_id,
         "hostname": f"host-{node_id}",
-        "address": f"10.0.0.{len(node_id)}",
+        "address": "127.0.0.1",
         "role": "worker",
         "ready": True,
         "active": True,
@@ -28,10 +28,10 @@ def test_node_from_the_engine_listing() -> None:
         "ID": "n1",
         "Spec": {"Role": "manager", "Availability": "drain", "Labels": {"zone": "us"}},
         "Description": {"Hostname": "h1", "Platform": {"OS": "linux", "Architecture": "x86_64"}, "Engine": {}},
-        "Status": {"State": "ready", "Addr": "172.18.0.2"},
+        "Status": {"State": "ready", "Addr": "127.0.0.2"},
     }
     parsed = Node.from_attrs(attrs)
-    assert (parsed.id, parsed.hostname, parsed.address, parsed.role) == ("n1", "h1", "172.18.0.2", "manager")
+    assert (parsed.id, parsed.hostname, parsed.address, parsed.role) == ("n1", "h1", "127.0.0.2", "manager")
     assert parsed.ready and not parsed.active
     assert parsed.attribute("node.labels.zone") == "us"
     assert parsed.attribute("node.labels.missing") is None

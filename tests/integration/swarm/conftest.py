@@ -1,7 +1,8 @@
 """The ``swarm_cluster`` fixture: a local three-node Docker Swarm with the sandbox image on every node.
 
-Brought up once per test session by scripts/swarm-up (15-25 s with the node image cached, most of it
-loading the image into the nodes; building the node image takes a minute more) and removed at the end,
+Brought up once for the tests of this package by scripts/swarm-up (15-25 s with the node image cached, most of it
+loading the image into the nodes; building the node image takes a minute more) and removed right after them
+(three engines should not idle under the rest of the suite),
 unless ``ORCH_KEEP_SWARM=1`` keeps it for the next run (which then takes about a second). Without an
 engine the ``docker`` marker skips (tests/conftest.py); without root, or debootstrap where the node image
 is missing, this fixture skips. Under ``ORCH_REQUIRE_DOCKER=1`` each of those is a failure.
@@ -31,7 +32,7 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def swarm_cluster(image: str) -> Iterator[SwarmCluster]:
     """The running swarm; ``image`` (the sandbox image) is loaded on every node."""
     problem = _missing()

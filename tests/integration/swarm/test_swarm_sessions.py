@@ -8,6 +8,7 @@ leaves this machine: the only addresses dialled are the nodes' and the sandboxes
 
 from __future__ import annotations
 
+import ast
 import socket
 import ssl
 import time
@@ -218,7 +219,7 @@ def test_a_sandbox_has_no_network_on_any_node(orch: Orchestrator, swarm_cluster)
     ]
     sessions = [pinned(orch, host) for host in hostnames(swarm_cluster)]
     try:
-        addresses = [eval(s.execute(LISTEN).return_value) for s in sessions]  # a str repr of an address
+        addresses = [ast.literal_eval(s.execute(LISTEN).return_value) for s in sessions]  # repr of an address
         for i, session in enumerate(sessions):
             others = [(a, 8080) for j, a in enumerate(addresses) if j != i]
             probe = f"TARGETS = {[*nodes, *others, (addresses[i], 8080)]!r}\n{NETWORK_PROBE}"
