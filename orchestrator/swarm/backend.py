@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import docker
@@ -36,7 +37,7 @@ from docker.types import (
     TaskTemplate,
 )
 from docker.types import Placement as SwarmPlacement
-from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_fixed
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, stop_when_event_set, wait_fixed
 
 from .. import images
 from ..backend import MANAGED, SANDBOX_ID, STORE_ID, ContainerState, Placement, SandboxSpec
@@ -85,8 +86,14 @@ class SwarmBackend:
         )
         self._nodes: tuple[float, dict[str, Node]] = (0.0, {})
         self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._sweeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarm-network-sweep")
+        self._sweep: Future[None] | None = None
 
     def close(self) -> None:
+        """Stop the network sweep (it gives up at once) before the engine client it uses is closed."""
+        self._closing.set()
+        self._sweeper.shutdown(wait=True, cancel_futures=True)
         self._images.close()
 
     # -- images: on the manager's engine (a Swarm without a registry needs them loaded on every node: docs/swarm.md)
@@ -191,7 +198,7 @@ class SwarmBackend:
                 )
         except BaseException:
             with contextlib.suppress(EngineError):
-                self._remove_network(network)
+                self._remove_network(network, retry=False)
             raise
         logger.info("started service %s (%s)", spec.name, service["ID"][:12])
         return str(service["ID"])
@@ -280,7 +287,9 @@ class SwarmBackend:
                 self._relays.client(node).remove(sandbox_id)
             except RelayUnavailable as exc:
                 logger.warning("sandbox %s: its directory on node %s stays (%s)", sandbox_id, node.hostname, exc)
-        threading.Thread(target=self._sweep_networks, daemon=True, name="swarm-network-sweep").start()
+        with self._lock:
+            if not self._closing.is_set() and (self._sweep is None or self._sweep.done()):
+                self._sweep = self._sweeper.submit(self._sweep_networks)  # one pass at a time sweeps them all
 
     def _sweep_networks(self) -> None:
         """Remove this store's sandbox networks whose service is gone, once their tasks have left them."""
@@ -295,15 +304,26 @@ class SwarmBackend:
         except EngineError as exc:
             logger.warning("sandbox networks not swept: %s", exc)
 
-    @retry(
-        retry=retry_if_exception_type(EngineError),
-        stop=stop_after_delay(_NETWORK_GONE_SECONDS),
-        wait=wait_fixed(0.5),
-        reraise=True,
-    )
-    def _remove_network(self, network: str) -> None:
-        with engine_errors(f"removing network {network[:12]}"), contextlib.suppress(docker.errors.NotFound):
-            self.client.api.remove_network(network)
+    def _pause(self, seconds: float) -> None:
+        """A retry's wait, cut short by ``close``."""
+        self._closing.wait(seconds)
+
+    def _remove_network(self, network: str, *, retry: bool = True) -> None:
+        """Remove a network; with ``retry``, until its task has left it (up to ``_NETWORK_GONE_SECONDS``, or close)."""
+        attempts = Retrying(
+            retry=retry_if_exception_type(EngineError),
+            stop=stop_after_delay(_NETWORK_GONE_SECONDS if retry else 0) | stop_when_event_set(self._closing),
+            wait=wait_fixed(0.5),
+            sleep=self._pause,
+            reraise=True,
+        )
+        for attempt in attempts:
+            with (
+                attempt,
+                engine_errors(f"removing network {network[:12]}"),
+                contextlib.suppress(docker.errors.NotFound),
+            ):
+                self.client.api.remove_network(network)
 
     def find(self, labels: Mapping[str, str]) -> list[ContainerState]:
         """Our sandbox services carrying all of ``labels``, with their tasks' states (three engine calls)."""
