@@ -22,7 +22,12 @@ accept    ``sandbox``, ``timeout`` (seconds)                  when an agent of t
                                                               then raw bytes both ways until either side
                                                               closes (which closes the other)
 remove    ``sandbox``                                         the directory deleted (missing is fine)
-list      (none)                                              ``sandboxes``: the ids present
+list      (none)                                              ``sandboxes``: each id present -> its age,
+                                                              seconds since its directory last changed
+                                                              (made, taken over, or listened in again by
+                                                              a restarted relay) by this node's clock, so
+                                                              a controller can tell a leftover from a
+                                                              directory being made now
 ========  ==================================================  =========================================
 
 Refusal kinds: ``invalid`` (a bad request), ``exists``, ``missing``, ``unusable`` (the directory
@@ -51,7 +56,7 @@ import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any, Deque, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Deque, Dict, Mapping, Optional, Set, Tuple
 
 from . import protocol, rendezvous
 from .bridge import READ, WRITE, Bridge
@@ -387,12 +392,20 @@ class Relay:
         rendezvous.remove_tree(self.directory / sandbox_id)
         logger.info("sandbox %s: removed by %s", sandbox_id, peer)
 
-    def sandboxes(self) -> List[str]:
-        return sorted(
-            entry.name
-            for entry in os.scandir(self.directory)
-            if rendezvous.SANDBOX_ID.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)
-        )
+    def sandboxes(self) -> Dict[str, float]:
+        """Each sandbox directory's id -> seconds since its mtime (0 for one from the future: a clock set back)."""
+        now = time.time()
+        ages: Dict[str, float] = {}
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if not rendezvous.SANDBOX_ID.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
+                    continue
+                try:
+                    mtime = entry.stat(follow_symlinks=False).st_mtime
+                except FileNotFoundError:  # deleted meanwhile
+                    continue
+                ages[entry.name] = round(max(0.0, now - mtime), 3)
+        return dict(sorted(ages.items()))
 
     def _retire(self, site: _Site, why: str, kind: str) -> None:
         """Stop serving ``site``: its listener closes, its waiting accepts are refused, its agents cut off."""

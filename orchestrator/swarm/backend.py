@@ -19,7 +19,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -45,15 +46,22 @@ from ..config import Settings, parse_memory
 from ..docker_backend import DockerBackend, endpoint_options, engine_errors
 from ..errors import ConfigError, EngineError, RelayUnavailable
 from .nodes import Node, choose
-from .relay_client import RelayEndpoint
+from .relay_client import RelayClient, RelayEndpoint
 from .relays import ROLE, RelayFleet
 
 logger = logging.getLogger(__name__)
 
 _NODES_FRESH_SECONDS = 1.0
+_LOAD_FRESH_SECONDS = 1.0
+"""How long a listing of the store's sandboxes per node serves node choices: the listing grows with the store
+(every service and task), so a controller creating many sessions lists at most once a second and counts the
+sandboxes it placed since."""
 _NETWORK_GONE_SECONDS = 30.0
 _STOP_GRACE_NS = 2_000_000_000
 _RESOLVER_THAT_ANSWERS_NOTHING = "0.0.0.0"
+_DIR_GRACE_START_TIMEOUTS = 2.0
+"""A sandbox directory without a service is swept only once older than this many ``Settings.start_timeout``:
+``create_endpoint`` makes it before the service exists (prune waits as long for a local sandbox's directory)."""
 
 
 class SwarmBackend:
@@ -85,13 +93,15 @@ class SwarmBackend:
             self.client, settings, scope=scope, image=settings.image or images.image_tag(settings.base_image)
         )
         self._nodes: tuple[float, dict[str, Node]] = (0.0, {})
+        self._loads: tuple[float, Counter[str]] = (0.0, Counter())
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._sweeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarm-network-sweep")
+        self._sweeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarm-sweep")
         self._sweep: Future[None] | None = None
 
     def close(self) -> None:
-        """Stop the network sweep (it gives up at once) before the engine client it uses is closed."""
+        """Stop the sweep (it gives up at its next step; a relay request under way ends first) before the engine
+        client it uses is closed."""
         self._closing.set()
         self._sweeper.shutdown(wait=True, cancel_futures=True)
         self._images.close()
@@ -133,13 +143,17 @@ class SwarmBackend:
                 )
             for node in candidates:
                 try:
-                    return RelayEndpoint.create(
+                    endpoint = RelayEndpoint.create(
                         self._relays.client(node), sandbox_id, node_id=node.id, **self._endpoint_options(settings)
                     )
                 except RelayUnavailable as exc:
                     logger.warning("relay on node %s did not answer (%s); trying another node", node.hostname, exc)
                     avoid.add(node.id)
                     failures.append(f"{node.hostname}: {exc}")
+                    continue
+                with self._lock:
+                    self._loads[1][node.id] += 1
+                return endpoint
             if time.monotonic() >= deadline:
                 raise RelayUnavailable(
                     f"no relay of an eligible node answered within {settings.start_timeout:g} s "
@@ -270,7 +284,8 @@ class SwarmBackend:
         """Remove the sandbox's service, its directory on its node and its network; a missing one is fine.
 
         The network can go only once the task has left it, so that is done on a thread of its own (retried);
-        networks of sandboxes whose controller died first are swept by every later removal.
+        networks of sandboxes whose controller died first, and directories whose node's relay did not answer
+        (a drained or stopped node), are swept by every later removal (``_sweep_leftovers``).
         """
         with engine_errors(f"removing service {container[:12]}"):
             try:
@@ -286,10 +301,22 @@ class SwarmBackend:
             try:
                 self._relays.client(node).remove(sandbox_id)
             except RelayUnavailable as exc:
-                logger.warning("sandbox %s: its directory on node %s stays (%s)", sandbox_id, node.hostname, exc)
+                logger.warning(
+                    "sandbox %s: its directory on node %s stays for now (%s); the next removal's sweep removes it "
+                    "once that node's relay answers",
+                    sandbox_id,
+                    node.hostname,
+                    exc,
+                )
         with self._lock:
             if not self._closing.is_set() and (self._sweep is None or self._sweep.done()):
-                self._sweep = self._sweeper.submit(self._sweep_networks)  # one pass at a time sweeps them all
+                self._sweep = self._sweeper.submit(self._sweep_leftovers)  # one pass at a time sweeps them all
+
+    def _sweep_leftovers(self) -> None:
+        """One pass over what removed sandboxes left behind: networks, then directories on the nodes."""
+        self._sweep_networks()
+        if not self._closing.is_set():
+            self._sweep_sandbox_dirs()
 
     def _sweep_networks(self) -> None:
         """Remove this store's sandbox networks whose service is gone, once their tasks have left them."""
@@ -303,6 +330,60 @@ class SwarmBackend:
                     self._remove_network(network["Id"])
         except EngineError as exc:
             logger.warning("sandbox networks not swept: %s", exc)
+
+    def _sweep_sandbox_dirs(self) -> None:
+        """Have the relay of each ready node that answers delete this store's sandbox directories that no service
+        of the store uses and that are older than the grace (``stale_sandbox_dirs``)."""
+        grace = _DIR_GRACE_START_TIMEOUTS * self._settings.start_timeout
+        try:
+            listed = self._sandbox_dirs()
+            # After the directories: a sandbox whose service was made while they were listed counts as live.
+            live = self._live_sandbox_ids()
+        except (EngineError, ConfigError) as exc:
+            logger.warning("sandbox directories not swept: %s", exc)
+            return
+        for node, relay, ages in listed:
+            for sandbox_id in stale_sandbox_dirs(ages, live, grace):
+                if self._closing.is_set():
+                    return
+                try:
+                    relay.remove(sandbox_id)
+                except (RelayUnavailable, ConfigError) as exc:
+                    logger.info("sandbox directories on node %s not swept: %s", node.hostname, exc)
+                    break
+                logger.info(
+                    "sandbox %s: removed its directory on node %s (its service is gone)", sandbox_id, node.hostname
+                )
+
+    def _sandbox_dirs(self) -> list[tuple[Node, RelayClient, dict[str, float]]]:
+        """Each ready node whose relay answers, its relay, and the ages of its sandbox directories; a relay that does
+        not answer is skipped (a drained node's relay is stopped as well).
+
+        Raises:
+            EngineError: the nodes cannot be listed.
+            ConfigError: the relay service cannot be deployed (another store's relay holds its port).
+        """
+        listed = []
+        for node in self._node_map(fresh=True).values():
+            if self._closing.is_set():
+                break
+            if not node.ready:
+                continue
+            relay = self._relays.client(node)
+            try:
+                listed.append((node, relay, relay.sandbox_ages()))
+            except RelayUnavailable as exc:
+                logger.debug("sandbox directories on node %s not swept: %s", node.hostname, exc)
+        return listed
+
+    def _live_sandbox_ids(self) -> set[str]:
+        """The sandbox ids of this store's services (a killed sandbox's service stays, and so does its directory)."""
+        with engine_errors("listing sandbox services"):
+            services = self.client.api.services(
+                filters={"label": _label_filter({MANAGED: "true", STORE_ID: self._scope})}
+            )
+        labels = [s["Spec"].get("Labels") or {} for s in services]
+        return {str(each[SANDBOX_ID]) for each in labels if SANDBOX_ID in each}
 
     def _pause(self, seconds: float) -> None:
         """A retry's wait, cut short by ``close``."""
@@ -365,22 +446,44 @@ class SwarmBackend:
             return nodes
 
     def _load(self) -> dict[str, int]:
-        """This store's live sandboxes per node id."""
-        load: dict[str, int] = {}
+        """This store's live sandboxes per node id: listed at most once per ``_LOAD_FRESH_SECONDS``, plus those this
+        backend placed since."""
+        with self._lock:
+            taken, load = self._loads
+            if time.monotonic() - taken <= _LOAD_FRESH_SECONDS:
+                return dict(load)
+        listed = self._list_load()
+        with self._lock:
+            self._loads = (time.monotonic(), listed)
+        return dict(listed)
+
+    def _list_load(self) -> Counter[str]:
+        """This store's live sandboxes per node id, as the manager has them (two calls, each the size of the store)."""
         with engine_errors("counting sandboxes per node"):
             services = self.client.api.services(
                 filters={"label": _label_filter({MANAGED: "true", STORE_ID: self._scope})}
             )
             ids = [s["ID"] for s in services if (s["Spec"].get("Labels") or {}).get(ROLE) != "relay"]
             tasks = self.client.api.tasks(filters={"service": ids, "desired-state": "running"}) if ids else []
-        for task in tasks:
-            node = str(task.get("NodeID", ""))
-            load[node] = load.get(node, 0) + 1
-        return load
+        return Counter(str(task.get("NodeID", "")) for task in tasks)
 
     def _task_of(self, service_id: str) -> dict[str, Any] | None:
         with engine_errors(f"inspecting service {service_id[:12]}"):
             return _newest(self.client.api.tasks(filters={"service": service_id}))
+
+
+def stale_sandbox_dirs(ages: Mapping[str, float], live: Collection[str], grace: float) -> list[str]:
+    """The sandbox directories a sweep deletes, sorted: those of no live sandbox, at least ``grace`` seconds old.
+
+    A directory is made before its sandbox's service exists (``create_endpoint``), so a young one without a service
+    may be a sandbox starting right now, not a leftover.
+
+    Args:
+        ages: sandbox id -> seconds since its directory last changed (``RelayClient.sandbox_ages``).
+        live: the sandbox ids of the store's services.
+        grace: the age from which a directory without a service is a leftover.
+    """
+    return sorted(sandbox_id for sandbox_id, age in ages.items() if sandbox_id not in live and age >= grace)
 
 
 def _label_filter(labels: Mapping[str, str]) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import selectors
 import socket
@@ -102,17 +103,21 @@ class RelayClient:
         """
         self._ask({"op": "remove", "sandbox": sandbox_id})
 
-    def sandboxes(self) -> list[str]:
-        """The ids of the sandbox directories on the relay's node.
+    def sandbox_ages(self) -> dict[str, float]:
+        """The sandbox directories on the relay's node, each with its age.
+
+        Returns:
+            Sandbox id -> seconds since its directory last changed, by the node's clock (so the
+            controller's clock does not matter).
 
         Raises:
             RelayUnavailable: the relay cannot be reached, refused us, failed or sent a malformed list.
         """
         reply = self._ask({"op": "list"}, limit=_LIST_REPLY_BYTES)
-        ids = reply.get("sandboxes")
-        if not isinstance(ids, list) or not all(isinstance(i, str) and rendezvous.SANDBOX_ID.fullmatch(i) for i in ids):
+        ages = reply.get("sandboxes")
+        if not isinstance(ages, dict) or not all(_is_id(k) and _is_age(v) for k, v in ages.items()):
             raise RelayUnavailable(f"the relay at {self.address} sent a malformed list of sandboxes")
-        return ids
+        return {sandbox_id: float(age) for sandbox_id, age in ages.items()}
 
     def connect(self, sandbox_id: str, deadline: float) -> ssl.SSLSocket:
         """Wait until ``deadline`` for the sandbox's agent to connect to the relay, bridged to the returned socket.
@@ -244,6 +249,15 @@ def _parse_reply(line: bytes, where: str) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(name)
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, str) and rendezvous.SANDBOX_ID.fullmatch(value) is not None
+
+
+def _is_age(value: object) -> bool:
+    """A finite number of seconds, not negative (JSON's 1e999 parses as inf; True is no number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
 
 
 def _raise_refusal(reply: dict[str, Any], where: str) -> None:
@@ -418,13 +432,21 @@ class RelayEndpoint:
         """Close, then have the relay delete the sandbox's directory (its sandbox is gone).
 
         A relay that cannot be reached is logged, not raised: this is clean-up, and the
-        directory is found later by ``RelayClient.sandboxes``.
+        directory is left to a later sweep (``SwarmBackend``: after each removal, the relay of
+        every ready node lists its directories by ``RelayClient.sandbox_ages``, and those
+        without a service go once they are older than the grace).
         """
         self.close()
         try:
             self.client.remove(self.sandbox_id)
         except RelayUnavailable as exc:
-            logger.warning("sandbox %s: its directory on node %s stays: %s", self.sandbox_id, self.node_id, exc)
+            logger.warning(
+                "sandbox %s: its directory on node %s stays for now (%s); the next removal's sweep removes it once "
+                "that node's relay answers",
+                self.sandbox_id,
+                self.node_id,
+                exc,
+            )
 
 
 def _check_id(sandbox_id: str) -> None:

@@ -5,7 +5,8 @@ sandbox is an ordinary container started with the endpoint's mounts and environm
 secret handshake runs end to end through the relay, a cell runs, 10 MB travel each way, a
 second controller takes the sandbox over (the first one's channel is lost), and the relay
 is killed and started again under the live sandbox without losing the agent's state. Also:
-the round trip of a trivial call through the relay against the plain Unix socket, and the
+the directory of a sandbox removed while its relay was down, listed and swept once the relay is
+back; the round trip of a trivial call through the relay against the plain Unix socket, and the
 relay on the oldest Python the image supports.
 """
 
@@ -33,6 +34,7 @@ from orchestrator.backend import SANDBOX_ID, SandboxSpec
 from orchestrator.connection import AgentConnection
 from orchestrator.docker_backend import DockerBackend
 from orchestrator.endpoint import Endpoint, UnixSocketEndpoint
+from orchestrator.swarm.backend import stale_sandbox_dirs
 from orchestrator.swarm.relay_client import RelayClient, RelayEndpoint
 from orchestrator.swarm.tls import Credentials, client_context, ensure_credentials
 from orchestrator.transport import Channel
@@ -214,6 +216,38 @@ def test_a_sandbox_behind_the_relay_works_is_taken_over_and_outlives_a_relay_res
     assert not os.path.lexists(relay.node_dir / sandbox_id)
 
 
+def test_a_directory_whose_removal_missed_the_relay_is_listed_with_its_age_and_swept_later(
+    relay: RelayProcess,
+    settings: Settings,
+    image: str,
+    backend: DockerBackend,
+    containers: list[str],
+    run_id: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    live_id, gone_id = new_id(), new_id()
+    endpoints = {sandbox_id: relay_endpoint(relay, settings, sandbox_id) for sandbox_id in (live_id, gone_id)}
+    for endpoint in endpoints.values():
+        run_sandbox(backend, settings, image, endpoint, run_id, containers)
+    relay.kill()  # its node was drained: the relay's task stopped with the sandboxes'
+    backend.remove(containers[-1])
+    endpoints[gone_id].remove()  # clean-up: logged, not raised
+    assert "the next removal's sweep removes it" in caplog.text
+    assert (relay.node_dir / gone_id).is_dir()
+
+    relay.start()
+    ages = relay.client().sandbox_ages()
+    assert sorted(ages) == sorted([live_id, gone_id])
+    assert all(0 <= age < 30 for age in ages.values()), ages  # the restart renewed them: it listens in each again
+    live = {container.labels[SANDBOX_ID] for container in backend.find({TEST_LABEL: run_id})}
+    assert live_id in live and gone_id not in live
+    assert stale_sandbox_dirs(ages, live, 2 * settings.start_timeout) == []  # too young to tell from a new one
+    assert stale_sandbox_dirs(ages, live, 0) == [gone_id]
+    relay.client().remove(gone_id)
+    assert list(relay.client().sandbox_ages()) == [live_id]
+    assert not os.path.lexists(relay.node_dir / gone_id)
+
+
 def _round_trips(connection: AgentConnection) -> list[float]:
     header = {"type": protocol.EXEC, "code": "1", "timeout": 10.0, "checkpoint_timeout": 10.0}
     times = []
@@ -320,7 +354,7 @@ def test_the_relay_runs_on_the_oldest_python(
         finally:
             close(connection)
         endpoint.remove()
-        assert client_.sandboxes() == []
+        assert client_.sandbox_ages() == {}
     finally:
         if relay is not None:
             logs = relay.logs().decode(errors="replace")

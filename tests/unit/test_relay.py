@@ -1,12 +1,15 @@
 """The node relay as a real process on 127.0.0.1: its requests, mutual TLS, the bridge, takeover and restart.
 
-Also the relay's credentials (``swarm/tls.py``) and the controller's client (``swarm/relay_client.py``).
+Also the relay's credentials (``swarm/tls.py``), the controller's client (``swarm/relay_client.py``), and the
+Swarm backend's sweep of the directories removals left (on a fake engine, with the real relay).
 Nothing here leaves the machine: the relay listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -21,16 +24,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from relay_support import RelayProcess, connect_agent
 
+from orchestrator import Settings
 from orchestrator.agent import protocol
 from orchestrator.agent.relay import MAX_REQUEST, BadRequest, parse_request
+from orchestrator.backend import MANAGED, SANDBOX_ID, STORE_ID, Placement
 from orchestrator.endpoint import CHANNEL_MOUNT, SECRET_NAME, SOCKET_NAME
 from orchestrator.errors import AgentTimeoutError, ChannelLost, ConfigError, RelayUnavailable
+from orchestrator.swarm.backend import SwarmBackend
+from orchestrator.swarm.nodes import Node
 from orchestrator.swarm.relay_client import RelayClient, RelayEndpoint
 from orchestrator.swarm.tls import RELAY_NAME, Credentials, client_context, ensure_credentials
 from orchestrator.transport import Channel
@@ -261,13 +269,80 @@ def test_create_open_list_and_remove(relay):
     assert os.lstat(directory / SOCKET_NAME).st_ino != inode
     assert sorted(os.listdir(directory)) == [SOCKET_NAME, SECRET_NAME]
     client.create("sb-other", None, None)
-    assert client.sandboxes() == [SID, "sb-other"]
+    ages = client.sandbox_ages()
+    assert list(ages) == [SID, "sb-other"] and all(0 <= age < 60 for age in ages.values()), ages
     client.remove(SID)
     assert not os.path.lexists(directory)
     client.remove(SID)  # a missing one is fine
-    assert client.sandboxes() == ["sb-other"]
+    assert list(client.sandbox_ages()) == ["sb-other"]
     with pytest.raises(ConfigError, match="is gone"):
         client.open(SID, UID, UID)
+
+
+def test_list_gives_each_directorys_age_by_its_mtime_and_only_sandbox_directories(relay):
+    client = relay.client()
+    now = time.time()
+    for sandbox_id, mtime in (("sb-old", now - 3600), ("sb-new", now), ("sb-future", now + 3600)):
+        client.create(sandbox_id, None, None)
+        os.utime(relay.node_dir / sandbox_id, (mtime, mtime))
+    (relay.node_dir / "sb-file").write_bytes(b"")  # not a directory
+    (relay.node_dir / "sb-link").symlink_to(relay.node_dir / "sb-old")
+    (relay.node_dir / ".hidden").mkdir()  # not a sandbox id
+    ages = client.sandbox_ages()
+    assert list(ages) == ["sb-future", "sb-new", "sb-old"]
+    assert 3590 < ages["sb-old"] < 3660 and 0 <= ages["sb-new"] < 60
+    assert ages["sb-future"] == 0  # a clock set back: not old
+
+
+@contextlib.contextmanager
+def fake_relay(credentials: Credentials, reply: bytes) -> Iterator[RelayClient]:
+    """A client of a one-request TLS server with our relay's certificate that answers ``reply`` (a line)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_cert_chain(credentials.relay_cert, credentials.relay_key)
+    context.load_verify_locations(cafile=credentials.ca_cert)
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with context.wrap_socket(conn, server_side=True) as tls:
+            tls.settimeout(10)
+            tls.recv(MAX_REQUEST)
+            tls.sendall(reply + b"\n")
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    try:
+        yield RelayClient("127.0.0.1", server.getsockname()[1], client_context(credentials), timeout=5)
+    finally:
+        thread.join(15)
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "sandboxes",
+    [
+        b'["sb-1"]',  # the ids without their ages
+        b'{"../etc": 1}',
+        b'{".hidden": 1}',
+        b'{"sb-1": -1}',
+        b'{"sb-1": "5"}',
+        b'{"sb-1": true}',
+        b'{"sb-1": null}',
+        b'{"sb-1": 1e999}',  # inf
+        b"null",
+    ],
+)
+def test_a_malformed_list_is_relay_unavailable(credentials, sandboxes):
+    reply = b'{"ok": true, "sandboxes": ' + sandboxes + b"}"
+    with fake_relay(credentials, reply) as client, pytest.raises(RelayUnavailable, match="malformed list"):
+        client.sandbox_ages()
+
+
+def test_a_well_formed_list_from_any_relay(credentials):
+    with fake_relay(credentials, b'{"ok": true, "sandboxes": {"sb-1": 5, "sb-2": 0.25}}') as client:
+        ages = client.sandbox_ages()
+    assert ages == {"sb-1": 5.0, "sb-2": 0.25} and all(type(age) is float for age in ages.values())
 
 
 @needs_root
@@ -374,7 +449,7 @@ def test_clients_without_our_certificate_are_refused_and_learn_nothing(relay, cr
     assert os.lstat(relay.node_dir / SID / SOCKET_NAME).st_ino == inode  # nothing was taken over
     log = relay.log()
     assert log.count("TLS handshake failed") >= 2, log
-    assert client.sandboxes() == [SID]  # and the relay serves us as before
+    assert list(client.sandbox_ages()) == [SID]  # and the relay serves us as before
 
 
 def test_the_controller_refuses_a_relay_of_another_store(relay, stranger):
@@ -393,7 +468,7 @@ def test_bad_requests_over_tls_get_a_reason_and_the_relay_serves_on(relay, crede
     ]:
         reply = json.loads(_exchange(relay.port, line, context))
         assert reply["ok"] is False and reply["kind"] == "invalid" and says in reply["error"], reply
-    assert relay.client().sandboxes() == []
+    assert relay.client().sandbox_ages() == {}
     assert relay.process is not None and relay.process.poll() is None
 
 
@@ -405,13 +480,13 @@ def test_connections_over_the_limit_are_closed_until_one_ends(base, credentials)
         try:
             time.sleep(0.3)
             with pytest.raises(RelayUnavailable):
-                relay.client().sandboxes()
+                relay.client().sandbox_ages()
             assert "2 connections are open already" in relay.log()
         finally:
             for sock in idle:
                 sock.close()
         time.sleep(0.3)
-        assert relay.client().sandboxes() == []
+        assert relay.client().sandbox_ages() == {}
     finally:
         relay.stop()
 
@@ -655,3 +730,156 @@ def test_a_restarted_relay_takes_the_sandbox_uid_from_the_directory(relay):
             made.accept(soon(1))
     finally:
         intruder.close()
+
+
+# --- the Swarm backend's sweep of directories whose removal did not reach the relay ----------------
+
+STORE = "st-test"
+
+
+class FakeSwarmApi:
+    """The manager's API as a removal and its sweep use it: three nodes, this store's services, no networks."""
+
+    def __init__(self, sandboxes: dict[str, str]) -> None:
+        """``sandboxes``: service id -> its sandbox id; each runs on node n1."""
+        self.live = {
+            service_id: {
+                "ID": service_id,
+                "Spec": {
+                    "Name": f"orch-{STORE}-{sandbox_id}",
+                    "Labels": {MANAGED: "true", STORE_ID: STORE, SANDBOX_ID: sandbox_id},
+                },
+            }
+            for service_id, sandbox_id in sandboxes.items()
+        }
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [
+            {"ID": node_id, "Spec": {"Role": "worker", "Availability": "active"}, "Status": {"State": state}}
+            for node_id, state in (("n1", "ready"), ("n2", "ready"), ("n3", "down"))
+        ]
+
+    def services(self, filters: dict[str, list[str]]) -> list[dict[str, Any]]:
+        assert f"{STORE_ID}={STORE}" in filters["label"]
+        return list(self.live.values())
+
+    def inspect_service(self, service_id: str) -> dict[str, Any]:
+        if service_id not in self.live:
+            raise docker.errors.NotFound(service_id)
+        return self.live[service_id]
+
+    def tasks(self, filters: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"ServiceID": filters["service"], "NodeID": "n1", "Status": {"State": "running"}}]
+
+    def remove_service(self, service_id: str) -> None:
+        del self.live[service_id]
+
+    def networks(self, filters: dict[str, Any]) -> list[dict[str, Any]]:
+        return []
+
+
+class FakeEngine:
+    """A Swarm manager's engine, as far as ``SwarmBackend`` asks."""
+
+    def __init__(self, api: FakeSwarmApi) -> None:
+        self.api = api
+
+    def ping(self) -> bool:
+        return True
+
+    def info(self) -> dict[str, Any]:
+        return {"Swarm": {"LocalNodeState": "active", "ControlAvailable": True}}
+
+    def close(self) -> None:
+        pass
+
+
+class FakeFleet:
+    """The relays by node id, all on 127.0.0.1: n1's is the test relay, n2's port has nothing on it."""
+
+    def __init__(self, relay: RelayProcess, credentials: Credentials) -> None:
+        with socket.socket() as placeholder:
+            placeholder.bind(("127.0.0.1", 0))
+            nothing = placeholder.getsockname()[1]
+        self.ports = {"n1": relay.port, "n2": nothing}
+        self.tls = client_context(credentials)
+        self.asked: list[str] = []
+
+    def client(self, node: Node) -> RelayClient:
+        self.asked.append(node.id)
+        return RelayClient("127.0.0.1", self.ports[node.id], self.tls, timeout=2)
+
+
+def age(relay: RelayProcess, *sandbox_ids: str) -> None:
+    """Make these directories an hour old (a relay's start renews them all: it listens again in each)."""
+    old = time.time() - 3600
+    for sandbox_id in sandbox_ids:
+        os.utime(relay.node_dir / sandbox_id, (old, old))
+
+
+def finish_sweep(backend: SwarmBackend) -> None:
+    assert backend._sweep is not None
+    backend._sweep.result(timeout=30)
+
+
+def test_a_directory_a_removal_left_is_swept_by_the_next_removal_once_its_relay_answers(
+    relay, base, credentials, caplog
+):
+    caplog.set_level(logging.INFO, logger="orchestrator")
+    client = relay.client()
+    for sandbox_id in ("sb-live", "sb-gone", "sb-other", "sb-young"):  # sb-young: its service is being made
+        client.create(sandbox_id, None, None)
+    api = FakeSwarmApi({"svc-live": "sb-live", "svc-gone": "sb-gone", "svc-other": "sb-other"})
+    settings = Settings(image="orchestrator-sandbox:test", state_dir=base / "state", runtime_dir=base / "run")
+    backend = SwarmBackend(settings, scope=STORE, client=FakeEngine(api))
+    fleet = backend._relays = FakeFleet(relay, credentials)  # type: ignore[assignment]
+    try:
+        relay.stop()  # its node was drained
+        backend.remove("svc-gone")
+        finish_sweep(backend)  # no relay answered it: nothing swept, nothing raised
+        assert "sb-gone: its directory on node" in caplog.text and "the next removal's sweep" in caplog.text
+        relay.start()
+        age(relay, "sb-live", "sb-gone")
+        backend.remove("svc-other")
+        finish_sweep(backend)
+    finally:
+        backend.close()
+    assert sorted(os.listdir(relay.node_dir)) == ["sb-live", "sb-young"]
+    assert "sandbox sb-gone: removed its directory on node" in caplog.text
+    assert "n3" not in fleet.asked  # a node that is down is not dialled
+
+
+class CountingSwarmApi(FakeSwarmApi):
+    """The fake manager, counting how often the store's services are listed."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.listings = 0
+
+    def services(self, filters: dict[str, list[str]]) -> list[dict[str, Any]]:
+        self.listings += 1
+        return super().services(filters)
+
+
+class StubFleet:
+    """Relays that are never dialled: ``RelayEndpoint.create`` is replaced in the test."""
+
+    def client(self, node: Node) -> str:
+        return node.id
+
+    def node_dir(self) -> str:
+        return "/var/lib/orchestrator-relay"
+
+
+def test_node_choices_list_the_store_at_most_once_a_second_and_count_the_sandboxes_placed_since(base, monkeypatch):
+    api = CountingSwarmApi()
+    settings = Settings(image="orchestrator-sandbox:test", state_dir=base / "state", runtime_dir=base / "run")
+    backend = SwarmBackend(settings, scope=STORE, client=FakeEngine(api))
+    backend._relays = StubFleet()  # type: ignore[assignment]
+    monkeypatch.setattr(RelayEndpoint, "create", lambda relay, sandbox_id, node_id, **_: node_id)
+    try:
+        placed = [backend.create_endpoint(f"sb-{i:012x}", settings, Placement()) for i in range(6)]
+    finally:
+        backend.close()
+    assert api.listings == 1  # six choices within a second: one listing (it grows with the store)
+    assert sorted(placed) == ["n1", "n1", "n1", "n2", "n2", "n2"]  # n3 is down; the placed ones were counted

@@ -1,4 +1,5 @@
-"""Node choice for Swarm sandboxes: constraints evaluated as Swarm does, spread by load, placement validated."""
+"""Node choice for Swarm sandboxes: constraints evaluated as Swarm does, spread by load, placement validated; and
+which sandbox directories on a node a sweep deletes."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 
 from orchestrator.backend import Placement
 from orchestrator.errors import ConfigError
+from orchestrator.swarm.backend import stale_sandbox_dirs
 from orchestrator.swarm.nodes import Node, choose, parse_constraint, satisfies
 
 
@@ -85,3 +87,11 @@ def test_placement_round_trips_through_a_record_and_checks_its_values() -> None:
         Placement(reserve_cpus=0)
     with pytest.raises(ConfigError, match="size"):
         Placement(reserve_memory="lots")
+
+
+def test_a_sweep_deletes_the_directories_of_no_live_sandbox_once_past_the_grace() -> None:
+    ages = {"sb-live": 9000.0, "sb-left": 9000.0, "sb-at-grace": 60.0, "sb-starting": 59.9, "sb-a-left": 61.0}
+    assert stale_sandbox_dirs(ages, {"sb-live", "sb-elsewhere"}, grace=60.0) == ["sb-a-left", "sb-at-grace", "sb-left"]
+    assert stale_sandbox_dirs(ages, set(), grace=1e9) == []  # all too young to tell
+    assert stale_sandbox_dirs(ages, set(ages), grace=0.0) == []  # all live
+    assert stale_sandbox_dirs({}, set(), grace=0.0) == []
