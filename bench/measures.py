@@ -212,18 +212,19 @@ def measure_restore(runner: Runner, reps: Reps) -> Measured:
     out = Measured()
     with runner.for_restarts() as restarting:
         for size in RESTORE_SIZES:
-            out.samples[f"restore_{mb(size)}"] = _restores(restarting, reps, size)
+            out.samples[f"restore_{mb(size)}"] = restores(restarting, size, reps.restore.of(restarting))
     return out
 
 
-def _restores(runner: Runner, reps: Reps, size: int) -> list[float]:
-    """Seconds from a kill of the sandbox of a session holding ``size`` bytes until ``len(big)`` is answered."""
+def restores(runner: Runner, size: int, count: int, pause: float = RESTORE_PAUSE) -> list[float]:
+    """Seconds from a kill of the sandbox of a session holding ``size`` bytes until ``len(big)`` is answered,
+    ``count`` times, ``pause`` seconds before each kill."""
     samples = []
     handle = runner.create()
     try:
         runner.execute(handle, f'big = "x" * {size}')
-        for _ in range(reps.restore.of(runner)):
-            time.sleep(RESTORE_PAUSE)  # a warm pool refills meanwhile, as it would between crashes
+        for _ in range(count):
+            time.sleep(pause)  # a warm pool refills meanwhile, as it would between crashes
             runner.kill(handle)
             started = time.perf_counter()
             fresh = runner.recover(handle)

@@ -14,7 +14,8 @@ and on the Swarm (``backend="swarm"``, each call through the node's relay over m
 - N sessions (100) created ``--threads`` at a time, then one cell each: the wall time, how they
   spread over the nodes, then a new session and a round of trivial cells with all N open (each
   node's relay holds about N/3 connections), and what each open session costs the controller
-  (RSS, threads, descriptors) and a node's relay (its container's memory).
+  (RSS, threads, descriptors) and a node's relay (its container's memory), and how many trivial cells a
+  second one controller process completes with ``--threads`` callers over the N sessions.
 - restore on another node, 10 MB: a session holding ``big = "x" * 10_000_000``; its node is
   drained (Swarm shuts the task down) and the time until ``len(big)`` is answered again is taken:
   a new service on another node, the checkpoint streamed there through that node's relay, the cell.
@@ -52,7 +53,7 @@ from typing import Any
 
 import docker
 import docker.errors
-from measures import MB, expect, timed
+from measures import MB, expect, restores, timed
 from report import fmt_range
 from rows import Side, fmt, fmt_ratio
 from runners import OrchestratorRunner, PeerRunner, Runner, session
@@ -154,6 +155,7 @@ class SwarmRunner(OrchestratorRunner):
 
     def __init__(self, local: OrchestratorRunner, swarm: Swarm) -> None:
         self.swarm = swarm
+        self._drained: str | None = None
         settings = local.settings.replace(backend="swarm", swarm_relay_port=RELAY_PORT, start_timeout=60.0)
         with docker_host(swarm.manager_url):
             super().__init__(settings)
@@ -165,12 +167,21 @@ class SwarmRunner(OrchestratorRunner):
     def kill(self, handle: Session) -> None:
         """Drain the session's node and return once Swarm has shut its task down (the other nodes are active)."""
         self.swarm.activate_all()
-        self.swarm.set_availability(self.node_of(handle), "drain")
+        self._drained = self.node_of(handle)
+        self.swarm.set_availability(self._drained, "drain")
         ends = time.monotonic() + 60
         while any(c.running or c.status == "removing" for c in self.orch.containers(handle.id)):
             if time.monotonic() > ends:
                 raise RuntimeError(f"session {handle.id}: its task still runs 60 s after the drain")
             time.sleep(0.05)
+
+    def evaluate(self, handle: Session, expression: str) -> str:
+        """As ours, and the first call after a ``kill`` checks that the session came back on another node."""
+        value = super().evaluate(handle, expression)
+        drained, self._drained = self._drained, None
+        if drained is not None and self.node_of(handle) == drained:
+            raise RuntimeError(f"session {handle.id} was restored on the drained node {drained}")
+        return value
 
     def memory(self, handle: Session) -> int | None:
         return None  # the sandbox runs in a node's engine; relay_memory() reads what the fleet rows need
@@ -328,6 +339,9 @@ def measure_fleet(lines: dict[str, Line], runner: Runner, target: str, count: in
             for _ in range(reps.fleet_rounds)
             for handle in handles
         ]
+        getattr(lines["fleet_throughput"], target).samples = [
+            calls_per_second(runner, handles, threads, reps.fleet_rounds) for _ in range(3)
+        ]
         facts = lines["fleet_wall"].facts
         orch = runner.orch if isinstance(runner, OrchestratorRunner) else None
         if orch is not None:  # one survey of the engine: what every `orchestrator ls` and prune pays
@@ -350,28 +364,19 @@ def measure_fleet(lines: dict[str, Line], runner: Runner, target: str, count: in
                 runner.close(handle)
 
 
-def restores(runner: Runner, count: int) -> list[float]:
-    """Seconds from the loss of the sandbox of a session holding 10 MB (``kill``) until ``len(big)`` is answered."""
-    samples = []
-    handle = runner.create()
-    try:
-        runner.execute(handle, f'big = "x" * {RESTORE_SIZE}')
-        for _ in range(count):
-            before = runner.node_of(handle) if isinstance(runner, SwarmRunner) else None
-            runner.kill(handle)
-            started = time.perf_counter()
-            fresh = runner.recover(handle)
-            value = runner.evaluate(fresh, "len(big)")
-            samples.append(time.perf_counter() - started)
-            if fresh is not handle:
-                runner.close(handle)
-                handle = fresh
-            expect("len(big) after the loss", value, str(RESTORE_SIZE))
-            if isinstance(runner, SwarmRunner) and runner.node_of(handle) == before:
-                raise RuntimeError(f"the session was restored on the drained node {before}")
-    finally:
-        runner.close(handle)
-    return samples
+def calls_per_second(runner: Runner, handles: list[Session], threads: int, rounds: int) -> float:
+    """Trivial cells per second this one controller process completes with ``threads`` callers at once, each
+    going through its share of ``handles`` ``rounds`` times."""
+    shares = [handles[i::threads] for i in range(threads)]
+
+    def call_all(share: list[Session]) -> None:
+        for _ in range(rounds):
+            for handle in share:
+                runner.execute(handle, "1")
+
+    with ThreadPoolExecutor(threads) as pool:
+        took = timed(lambda: list(pool.map(call_all, shares)))
+    return len(handles) * rounds / took
 
 
 def print_table(lines: list[Line]) -> None:
@@ -408,11 +413,12 @@ def make_lines(count: int, threads: int) -> dict[str, Line]:
         "fleet_per_session": Line(f"{count} sessions created: wall / sessions"),
         "fleet_new": Line(f"new session with {count} open"),
         "fleet_trivial": Line(f"trivial cell in each of {count} open sessions (round robin)"),
+        "fleet_throughput": Line(f"trivial cells per second, {threads} callers over the {count} sessions", unit="n"),
         "restore": Line("restore of 10 MB on another node (local: after docker kill)"),
     }
 
 
-FLEET_ROWS = ["fleet_wall", "fleet_per_session", "fleet_new", "fleet_trivial"]
+FLEET_ROWS = ["fleet_wall", "fleet_per_session", "fleet_new", "fleet_trivial", "fleet_throughput"]
 
 
 def run(lines: dict[str, Line], sides: dict[str, Runner | str], reps: Reps, count: int, threads: int) -> None:
@@ -448,7 +454,7 @@ def run(lines: dict[str, Line], sides: dict[str, Runner | str], reps: Reps, coun
         )
     for side in ("swarm", "local", "peer"):
         n = reps.peer_restore if side == "peer" else reps.restore
-        measure(["restore"], side, functools.partial(restores, count=n))
+        measure(["restore"], side, functools.partial(restores, size=RESTORE_SIZE, count=n, pause=0.0))
 
 
 def write_json(path: Path, lines: dict[str, Line], wall: float, leftovers: list[str]) -> None:

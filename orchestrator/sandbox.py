@@ -91,15 +91,7 @@ class Sandbox:
             name=f"orch-{scope}-{sandbox_id}",
             image=image,
             labels={**labels, SANDBOX_ID: sandbox_id},
-            environment={
-                **endpoint.environment(),
-                "ORCH_SANDBOX_ID": sandbox_id,
-                "ORCH_OUTPUT_LIMIT": str(settings.max_output_bytes),
-                "ORCH_INTERRUPT_GRACE": str(settings.interrupt_grace),
-                "ORCH_FRAME_TIMEOUT": str(settings.frame_timeout),
-                "ORCH_MAX_BODY": str(settings.max_body_bytes),
-                "ORCH_CHECKPOINT_QUOTA": str(settings.checkpoint_quota_bytes),
-            },
+            environment=agent_environment(endpoint, settings),
             mounts=endpoint.mounts(),
             command=settings.agent_command,
             network_of=network_of,
@@ -296,6 +288,19 @@ class Sandbox:
             self._backend.remove(self.container_id)
         finally:
             self._endpoint.remove()
+
+
+def agent_environment(endpoint: Endpoint, settings: Settings) -> dict[str, str]:
+    """What the agent in a new sandbox reads at start: where its channel is, and the limits it enforces."""
+    return {
+        **endpoint.environment(),
+        "ORCH_SANDBOX_ID": endpoint.sandbox_id,
+        "ORCH_OUTPUT_LIMIT": str(settings.max_output_bytes),
+        "ORCH_INTERRUPT_GRACE": str(settings.interrupt_grace),
+        "ORCH_FRAME_TIMEOUT": str(settings.frame_timeout),
+        "ORCH_MAX_BODY": str(settings.max_body_bytes),
+        "ORCH_CHECKPOINT_QUOTA": str(settings.checkpoint_quota_bytes),
+    }
 
 
 def _check_digest(header: dict[str, Any], blob: memoryview) -> Future[bool] | None:

@@ -34,6 +34,7 @@ from orchestrator.backend import SANDBOX_ID, SandboxSpec
 from orchestrator.connection import AgentConnection
 from orchestrator.docker_backend import DockerBackend
 from orchestrator.endpoint import Endpoint, UnixSocketEndpoint
+from orchestrator.sandbox import agent_environment
 from orchestrator.swarm.backend import stale_sandbox_dirs
 from orchestrator.swarm.relay_client import RelayClient, RelayEndpoint
 from orchestrator.swarm.tls import Credentials, client_context, ensure_credentials
@@ -125,15 +126,7 @@ def run_sandbox(
         name=f"orch-relaytest-{sandbox_id}",
         image=image,
         labels={TEST_LABEL: run_id, SANDBOX_ID: sandbox_id},
-        environment={
-            **endpoint.environment(),
-            "ORCH_SANDBOX_ID": sandbox_id,
-            "ORCH_OUTPUT_LIMIT": str(settings.max_output_bytes),
-            "ORCH_INTERRUPT_GRACE": str(settings.interrupt_grace),
-            "ORCH_FRAME_TIMEOUT": str(settings.frame_timeout),
-            "ORCH_MAX_BODY": str(settings.max_body_bytes),
-            "ORCH_CHECKPOINT_QUOTA": str(settings.checkpoint_quota_bytes),
-        },
+        environment=agent_environment(endpoint, settings),
         mounts=endpoint.mounts(),
         command=settings.agent_command,
     )
