@@ -123,17 +123,22 @@ def expect(what: str, got: object, wanted: object) -> None:
         raise RuntimeError(f"{what}: got {got!r}, expected {wanted!r}")
 
 
-def measure_new_session(runner: Runner, reps: Reps) -> Measured:
-    """Wall time of ``create`` until the session takes calls; closed in between; one untimed warm-up."""
+def new_sessions(runner: Runner, count: int) -> list[float]:
+    """Seconds of ``create`` until the session takes calls, ``count`` times after one untimed warm-up; each closed."""
     samples = []
-    for i in range(reps.new_session.of(runner) + 1):
+    for i in range(count + 1):
         started = time.perf_counter()
         handle = runner.create()
         took = time.perf_counter() - started
         runner.close(handle)
         if i:
             samples.append(took)
-    return Measured({"new_session": samples})
+    return samples
+
+
+def measure_new_session(runner: Runner, reps: Reps) -> Measured:
+    """Wall time of ``create`` until the session takes calls; closed in between; one untimed warm-up."""
+    return Measured({"new_session": new_sessions(runner, reps.new_session.of(runner))})
 
 
 def measure_pooled(runner: Runner, reps: Reps) -> Measured:

@@ -37,7 +37,7 @@ import docker.errors
 from measures import FULL, QUICK, Measured, Reps
 from report import draw_chart, host_facts, print_notes, print_table, summary, write_json
 from rows import Metric, RowResult, Side, metrics
-from runners import OURS, PEER, SYSTEMS, OrchestratorRunner, PeerRunner, Runner
+from runners import OURS, PEER, SYSTEMS, OrchestratorRunner, PeerRunner, Runner, shut_down
 
 from orchestrator import OrchestratorError
 
@@ -141,15 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         host = host_facts(runners, ours.client)
         results, facts = run(reps, runners, runner_errors)
     finally:
-        for runner in (runners[PEER], ours):
-            if runner is None:
-                continue
-            try:
-                runner.shutdown()
-                leftovers += runner.leftovers()
-            except Exception:
-                traceback.print_exc()
-                leftovers.append(f"({runner.name}: the clean-up failed)")
+        leftovers += shut_down([runner for runner in (runners[PEER], ours) if runner is not None])
     wall = time.perf_counter() - started
     host["load_average_end"] = os.getloadavg()
 

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -94,6 +95,19 @@ def session(runner: Runner) -> Iterator[Any]:
         yield handle
     finally:
         runner.close(handle)
+
+
+def shut_down(runners: list[Runner]) -> list[str]:
+    """Shut each runner down in turn (a failure is printed and named); the containers any of them left."""
+    leftovers: list[str] = []
+    for runner in runners:
+        try:
+            runner.shutdown()
+            leftovers += runner.leftovers()
+        except Exception:
+            traceback.print_exc()
+            leftovers.append(f"({runner.name}: the clean-up failed)")
+    return leftovers
 
 
 def container_memory(client: docker.DockerClient, container_id: str) -> int | None:

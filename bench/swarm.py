@@ -53,10 +53,10 @@ from typing import Any
 
 import docker
 import docker.errors
-from measures import MB, expect, restores, timed
+from measures import MB, expect, new_sessions, restores, timed
 from report import fmt_range
 from rows import Side, fmt, fmt_ratio
-from runners import OrchestratorRunner, PeerRunner, Runner, session
+from runners import OrchestratorRunner, PeerRunner, Runner, session, shut_down
 
 from orchestrator import Session
 from orchestrator.backend import STORE_ID
@@ -284,19 +284,6 @@ def peer_trivial(peer: Runner, reps: Reps) -> list[float]:
         return [timed(lambda: peer.execute(handle, "1")) for _ in range(reps.peer_trivial)]
 
 
-def new_sessions(runner: Runner, count: int) -> list[float]:
-    """Seconds of ``create`` until the session takes calls, ``count`` times after one untimed warm-up."""
-    samples = []
-    for i in range(count + 1):
-        started = time.perf_counter()
-        handle = runner.create()
-        took = time.perf_counter() - started
-        runner.close(handle)
-        if i:
-            samples.append(took)
-    return samples
-
-
 def controller_usage() -> dict[str, int]:
     """This process's resident memory, threads and open descriptors."""
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
@@ -510,13 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             sides["peer"] = f"the peer could not start: {type(exc).__name__}: {exc}"
         run(lines, sides, reps, count, args.threads)
     finally:
-        for runner in reversed(started_runners):
-            try:
-                runner.shutdown()
-                leftovers += runner.leftovers()
-            except Exception:
-                traceback.print_exc()
-                leftovers.append(f"({runner.name}: the clean-up failed)")
+        leftovers += shut_down(started_runners[::-1])
         if swarm is not None:
             swarm.close()
             if not args.keep_swarm:
