@@ -108,6 +108,12 @@ def ensure_private_dir(path: Path) -> Path:
         return rendezvous.ensure_private_dir(Path(path), _RUNTIME_DIR)
 
 
+def leftover_dir_grace(start_timeout: float) -> float:
+    """Seconds from which a sandbox directory that no sandbox uses is a leftover, not one starting now: a directory
+    is made just before its container or service, which then has ``start_timeout`` to come up."""
+    return 2 * start_timeout
+
+
 def discard_sandbox_dir(runtime_dir: Path, sandbox_id: str) -> None:
     """Delete ``<runtime_dir>/<sandbox_id>`` once its sandbox is gone; nothing happens if it does not exist.
 

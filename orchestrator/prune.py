@@ -23,7 +23,7 @@ from . import activity, lifecycle
 from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend
 from .config import Settings
 from .controllers import controller_gone, discard_left_behind, left_behind
-from .endpoint import discard_sandbox_dir
+from .endpoint import discard_sandbox_dir, leftover_dir_grace
 from .errors import CheckpointError, OrchestratorError, SessionNotFound
 from .evaluation.evaluator import EVAL_RUN
 from .store import SessionStore
@@ -224,7 +224,7 @@ class Pruner:
         if not runtime_dir.is_dir():
             return
         live = {c.labels.get(SANDBOX_ID) for c in self.backend.find({})}
-        grace = 2 * self.settings.start_timeout  # a sandbox's directory exists a moment before its container
+        grace = leftover_dir_grace(self.settings.start_timeout)
         for entry in sorted(runtime_dir.iterdir()):
             if not _SANDBOX_DIR.match(entry.name) or entry.name in live or self._younger_than(entry, grace):
                 continue

@@ -44,6 +44,7 @@ from .. import images
 from ..backend import MANAGED, SANDBOX_ID, STORE_ID, ContainerState, Placement, SandboxSpec
 from ..config import Settings, parse_memory
 from ..docker_backend import DockerBackend, endpoint_options, engine_errors
+from ..endpoint import leftover_dir_grace
 from ..errors import ConfigError, EngineError, RelayUnavailable
 from .nodes import Node, choose
 from .relay_client import RelayClient, RelayEndpoint
@@ -59,9 +60,6 @@ sandboxes it placed since."""
 _NETWORK_GONE_SECONDS = 30.0
 _STOP_GRACE_NS = 2_000_000_000
 _RESOLVER_THAT_ANSWERS_NOTHING = "0.0.0.0"
-_DIR_GRACE_START_TIMEOUTS = 2.0
-"""A sandbox directory without a service is swept only once older than this many ``Settings.start_timeout``:
-``create_endpoint`` makes it before the service exists (prune waits as long for a local sandbox's directory)."""
 
 
 class SwarmBackend:
@@ -334,7 +332,7 @@ class SwarmBackend:
     def _sweep_sandbox_dirs(self) -> None:
         """Have the relay of each ready node that answers delete this store's sandbox directories that no service
         of the store uses and that are older than the grace (``stale_sandbox_dirs``)."""
-        grace = _DIR_GRACE_START_TIMEOUTS * self._settings.start_timeout
+        grace = leftover_dir_grace(self._settings.start_timeout)
         try:
             listed = self._sandbox_dirs()
             # After the directories: a sandbox whose service was made while they were listed counts as live.
