@@ -1,0 +1,57 @@
+"""Text made in a sandbox, made safe for a person's terminal: control characters shown, never obeyed.
+
+Every byte from a sandbox is hostile input (docs/trust.md). A container log, a variable name, an
+exception message or an output preview may carry escape sequences that set the clipboard (OSC 52),
+clear the screen, move the cursor, or end a line early with a carriage return so the rest of it
+forges a line that looks like ours. ``visible`` renders such text inert: every control character
+(C0, DEL, C1), every bidirectional override and every other format character becomes a visible
+escape (``\\x1b``, ``\\u202e``). A backslash stays as it is (reprs are full of them): text that merely
+looks like an escape is harmless, the terminal prints it.
+Newlines (and tabs, where the caller allows them) stay as they are in multi-line text; one-line
+fields (names, a summary in a table) pass ``multiline=False`` and get ``\\n`` instead.
+
+The CLI prints sandbox text through this unless the user asked for the raw bytes (``--raw``), or
+when the output is not a terminal and the command documents that it passes bytes through.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+_KEPT_MULTILINE = frozenset("\n\t")
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def _unsafe(char: str) -> bool:
+    """A control (Cc), format (Cf: bidi overrides, zero-width), separator of lines or paragraphs, or surrogate."""
+    return unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs")
+
+
+def visible(text: str, *, multiline: bool = True) -> str:
+    """``text`` with every character a terminal would act on made visible.
+
+    Args:
+        text: Text that came from a sandbox (or anything else not written by us).
+        multiline: Keep newlines and tabs as they are (True), or escape them too (one-line fields).
+
+    Returns:
+        Printable text: the same string when it held nothing to escape.
+    """
+    kept = _KEPT_MULTILINE if multiline else frozenset()
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if char in kept or not _unsafe(char):
+            out.append(char)
+        else:
+            out.append(_escape(char))
+    return "".join(out)
