@@ -15,12 +15,11 @@ import secrets
 from collections.abc import Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .agent.protocol import CONTEXT_SEPARATOR
+from .agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR
 from .config import Settings
 from .errors import ConfigError
 from .events import Event, OnOutput
 from .results import ExecResult
-from .store import CONTEXT_ID
 
 if TYPE_CHECKING:
     from .hostcalls import HostCalls

@@ -26,6 +26,7 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     │   └── AgentStartTimeout (TimeoutError) a new container's agent never connected
     └── TransportError                       the channel to the agent failed
         ├── ProtocolError                    the agent sent something invalid or oversized; see .restored
+        │   └── CheckpointLimitExceeded      ... a checkpoint past the session's limits (also a CheckpointQuotaExceeded)
         ├── ChannelLost (ConnectionError)    the agent's end of the channel closed
         ├── AgentTimeoutError (TimeoutError) the agent did not answer in time
         └── RelayUnavailable (ConnectionError)  a node's relay (Swarm) cannot be reached, refused us or failed
@@ -172,6 +173,42 @@ class TransportError(OrchestratorError):
 
 class ProtocolError(_Recovered, TransportError):
     """The agent sent a malformed, oversized or unexpected message; ``restored`` says what followed."""
+
+
+class CheckpointLimitExceeded(CheckpointQuotaExceeded, ProtocolError):
+    """The agent sent a checkpoint that would take the session past one of its limits, which an honest agent keeps
+    within by itself (it names what does not fit in ``unsaved``): the checkpoint quota in bytes, or the manifest's
+    bounds (``protocol.MAX_CHECKPOINT_NAMES`` names, ``protocol.MAX_CHECKPOINT_NAME_BYTES`` bytes of names).
+
+    Nothing of that checkpoint was stored; the sandbox was replaced and the session restored to its last
+    checkpoint (``restored``), so what the call did is lost and everything stored before is kept.
+
+    Attributes:
+        unit: what the limit counts: ``"bytes"``, ``"names"`` or ``"name bytes"``.
+        size: how much of it the refused checkpoint added.
+        held: how much the checkpoint would have held with it.
+        quota: the limit.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        unit: str = "bytes",
+        size: int = 0,
+        held: int = 0,
+        quota: int = 0,
+        restored: bool = False,
+        generation: int | None = None,
+        restore_failures: dict[str, str] | None = None,
+    ) -> None:
+        ProtocolError.__init__(
+            self, message, restored=restored, generation=generation, restore_failures=restore_failures
+        )
+        self.unit = unit
+        self.size = size
+        self.held = held
+        self.quota = quota
 
 
 class ChannelLost(TransportError, ConnectionError):

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 _MAX_CALLBACK_ERRORS = 20
 _MAX_INPUT_BYTES = 1 << 20
+_MAX_PROMPT = 1 << 16  # characters of an input() prompt the caller is shown
 
 
 @dataclass(frozen=True)
@@ -130,10 +131,12 @@ class LiveCall:
                 self._wakeup.notify()
             return
         try:
-            prompt = json.loads(body.decode("utf-8", "replace")).get("prompt", "")
-        except (ValueError, AttributeError):
+            prompt = protocol.decode_json(body, "an input() prompt").get("prompt", "")
+        except (protocol.ProtocolViolation, AttributeError):
             prompt = ""
-        request = InputRequest(f"in-{secrets.token_hex(6)}", str(prompt), self._input_timeout)
+        if not isinstance(prompt, str):
+            prompt = ""
+        request = InputRequest(f"in-{secrets.token_hex(6)}", prompt[:_MAX_PROMPT], self._input_timeout)
         with self._lock:
             self._waiting[request.request_id] = (call, time.monotonic() + self._input_timeout)
         answer = self._tell(request)

@@ -27,7 +27,13 @@ from typing import Any
 
 from . import background
 from .agent import protocol
-from .errors import CheckpointError, CheckpointQuotaExceeded, ProtocolError, SessionAttachedElsewhere
+from .errors import (
+    CheckpointError,
+    CheckpointLimitExceeded,
+    CheckpointQuotaExceeded,
+    ProtocolError,
+    SessionAttachedElsewhere,
+)
 from .lifecycle import mark_hibernated
 from .messages import CheckpointDelta
 from .store import SessionRecord, SessionStore, new_host_blob_id
@@ -74,6 +80,10 @@ class StagedBlob:
         if temp is not None:
             with contextlib.suppress(OSError):
                 temp.unlink()
+
+
+def _key_bytes(variables: dict[str, str]) -> int:
+    return sum(protocol.key_bytes(key) for key in variables)
 
 
 def _amount(size: int) -> str:
@@ -148,10 +158,12 @@ class CheckpointLedger:
             self._save(current)
 
     def check_room(self, keys: Collection[str], size: int, what: str) -> None:
-        """Refuse a host-made value of ``size`` bytes under ``keys`` (checkpoint keys) that would not fit the quota.
+        """Refuse a host-made value of ``size`` bytes under ``keys`` (checkpoint keys) that would not fit the quota
+        or the manifest's bounds (so the agent, which adopts it without a check, is never the one over them).
 
         Raises:
-            CheckpointQuotaExceeded: with it, the checkpoint would hold more than the quota.
+            CheckpointQuotaExceeded: with it, the checkpoint would hold more than the quota, or more names
+                (or bytes of names) than the manifest's bounds.
         """
         record = self.record
         held = size + sum(record.blob_sizes[d] for d in {d for k, d in record.variables.items() if k not in keys})
@@ -161,6 +173,17 @@ class CheckpointLedger:
                 f"{_amount(held)}, over its checkpoint quota of {_amount(self.quota)}; nothing was sent or "
                 "stored. Raise Settings.checkpoint_quota (ORCH_CHECKPOINT_QUOTA; by default 4 x mem_limit), free "
                 "room first (del variables in a cell, reset()), or pass a smaller value",
+                size=size,
+                held=held,
+                quota=self.quota,
+            )
+        variables = dict.fromkeys([*record.variables, *keys], "")
+        if len(variables) > protocol.MAX_CHECKPOINT_NAMES or _key_bytes(variables) > protocol.MAX_CHECKPOINT_NAME_BYTES:
+            raise CheckpointQuotaExceeded(
+                f"{what}: with its names session {self.session_id} would hold {len(variables)} names "
+                f"({_key_bytes(variables)} bytes of names), over the checkpoint's bound of "
+                f"{protocol.MAX_CHECKPOINT_NAMES} names and {protocol.MAX_CHECKPOINT_NAME_BYTES} bytes of names; "
+                "nothing was sent or stored. Delete variables first (del in a cell, reset())",
                 size=size,
                 held=held,
                 quota=self.quota,
@@ -187,7 +210,9 @@ class CheckpointLedger:
 
         Raises:
             ProtocolError: the delta is inconsistent (names an unknown blob, wrong sizes or
-                generation, over the quota); nothing was stored.
+                generation, a name the store would refuse); nothing was stored.
+            CheckpointLimitExceeded: the checkpoint would go past the quota or the manifest's
+                bounds (``_check_limits``); nothing was stored.
             SessionAttachedElsewhere: we no longer own the session; nothing was stored.
         """
         changed, deleted = delta["vars"], delta["deleted"]
@@ -196,6 +221,10 @@ class CheckpointLedger:
             raise ProtocolError(f"checkpoint generation {delta['generation']} out of step (expected {expected})")
         if not (changed or deleted or delta["blobs"] or counters or contexts is not None):
             return delta["unsaved"]  # nothing to store; the activity file (not the record) says it was used
+        for key in changed:
+            problem = protocol.checkpoint_key_problem(key)
+            if problem is not None:  # the store would refuse the record: never commit what cannot be read back
+                raise ProtocolError(f"checkpoint names a variable {key[:64]!r}... that cannot be stored: {problem}")
         try:
             parts = protocol.split_body(body, [entry["size"] for entry in delta["blobs"]])
         except protocol.ProtocolViolation as exc:
@@ -204,7 +233,8 @@ class CheckpointLedger:
         host = {blob.blob_id: blob for blob in staged}
         if not set(changed.values()) <= set(blobs) | set(host) | set(self.record.blob_sizes):
             raise ProtocolError("checkpoint names a blob that was neither sent nor stored")
-        variables = {k: v for k, v in self.record.variables.items() if k not in deleted}
+        gone = set(deleted)
+        variables = {k: v for k, v in self.record.variables.items() if k not in gone}
         variables.update(changed)
         known = self.record.contexts if contexts is None else contexts
         if any(
@@ -222,10 +252,7 @@ class CheckpointLedger:
             **{d: blob.size for d, blob in host.items()},
         }
         blob_sizes = {d: sizes[d] for d in set(variables.values())}
-        if sum(blob_sizes.values()) > self.quota:
-            raise ProtocolError(
-                f"the agent's checkpoint would hold {sum(blob_sizes.values())} bytes, over the quota of {self.quota}"
-            )
+        self._check_limits(variables, blob_sizes)
         with self.owned() as current:
             self._store.write_blobs(self.session_id, {d: blobs[d] for d in blobs if d in blob_sizes})
             for blob_id, blob in host.items():
@@ -235,6 +262,33 @@ class CheckpointLedger:
                 current.contexts = contexts
             self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **(counters or {}))
         return delta["unsaved"]
+
+    def _check_limits(self, variables: dict[str, str], blob_sizes: dict[str, int]) -> None:
+        """Refuse a checkpoint past the session's limits, each counted on what the host holds (received bytes, keys).
+
+        Raises:
+            CheckpointLimitExceeded: over the quota in bytes, ``MAX_CHECKPOINT_NAMES`` names, or
+                ``MAX_CHECKPOINT_NAME_BYTES`` bytes of names.
+        """
+        before = self.record
+        limits = [("bytes", sum(blob_sizes.values()), before.checkpoint_bytes, self.quota)]
+        if any(key not in before.variables for key in variables):  # only added names grow the manifest
+            limits.append(("names", len(variables), len(before.variables), protocol.MAX_CHECKPOINT_NAMES))
+            limits.append(
+                ("name bytes", _key_bytes(variables), _key_bytes(before.variables), protocol.MAX_CHECKPOINT_NAME_BYTES)
+            )
+        for unit, held, had, limit in limits:
+            if held > limit:
+                raise CheckpointLimitExceeded(
+                    f"the agent's checkpoint would hold {held} {unit}, over the session's "
+                    f"{'checkpoint quota' if unit == 'bytes' else 'checkpoint manifest limit'} of {limit} {unit} "
+                    f"(it held {had}); nothing of it was stored. An honest agent names what does not fit in unsaved, "
+                    "so the sandbox is not trusted any more",
+                    unit=unit,
+                    size=max(0, held - had),
+                    held=held,
+                    quota=limit,
+                )
 
     def drop(self, names: dict[str, str]) -> None:
         """Take values that could not be restored out of the checkpoint (the agent does not hold them either)."""

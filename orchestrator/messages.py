@@ -14,8 +14,12 @@ from .errors import ProtocolError
 from .store import BLOB_ID, DIGEST
 
 T = TypeVar("T")
-_MAX_NAMES = 100_000
-_MAX_REASON = 2000
+_MAX_ENTRIES = 4 * protocol.MAX_CHECKPOINT_NAMES  # of a delta's lists: past the manifest's bound, work stays bounded
+_MAX_REASON = protocol.MAX_REASON_CHARS
+_MAX_COUNT = (1 << 63) - 1  # generations, byte counts: what the agent can count in a lifetime
+_MAX_SECONDS = 10_000_000.0  # a reported duration past this (115 days) is a lie; the host clamps it anyway
+_MAX_TEXT = 64  # versions, ids, phases: short labels
+_MAX_INSTALL_REASON = 10_000  # a scaffold's traceback (the agent sends at most 8000 characters)
 
 Status = Literal["ok", "error", "timeout", "crashed", "protocol_error"]
 _STATUSES = {
@@ -38,12 +42,47 @@ def expect(header: dict[str, Any], key: str, kind: type[T] | tuple[type, ...], *
     return value  # type: ignore[return-value]
 
 
-def expect_str_map(header: dict[str, Any], key: str) -> dict[str, str]:
-    """A JSON object of string to string (variable names to digests or reasons)."""
-    value = expect(header, key, dict)
-    if len(value) > _MAX_NAMES or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise ProtocolError(f"agent message field {key!r} should map names to strings")
+def expect_count(header: dict[str, Any], key: str, limit: int = _MAX_COUNT, *, optional: bool = False) -> int:
+    """An integer from 0 to ``limit`` (a size, a count, a generation), else ProtocolError."""
+    value = expect(header, key, int, optional=optional)
+    if value is not None and not 0 <= value <= limit:
+        raise ProtocolError(f"agent message field {key!r} should be from 0 to {limit}, got {value}")
     return value
+
+
+def expect_seconds(header: dict[str, Any], key: str) -> float:
+    """A duration: a finite number of seconds from 0 to _MAX_SECONDS, else ProtocolError (strict JSON has no NaN)."""
+    value = float(expect(header, key, (int, float)))
+    if not 0.0 <= value <= _MAX_SECONDS:  # False for NaN too
+        raise ProtocolError(f"agent message field {key!r} should be from 0 to {_MAX_SECONDS:g} seconds, got {value}")
+    return value
+
+
+def expect_str_map(
+    header: dict[str, Any], key: str, *, entries: int = _MAX_ENTRIES, key_chars: int, value_chars: int
+) -> dict[str, str]:
+    """A JSON object of string to string (variable names to digests or reasons), every part bounded."""
+    value = expect(header, key, dict)
+    if len(value) > entries or not all(
+        isinstance(k, str) and isinstance(v, str) and len(k) <= key_chars and len(v) <= value_chars
+        for k, v in value.items()
+    ):
+        raise ProtocolError(
+            f"agent message field {key!r} should map at most {entries} names of at most {key_chars} characters "
+            f"to strings of at most {value_chars}"
+        )
+    return value
+
+
+def _label(header: dict[str, Any], key: str, default: str = "") -> str:
+    value = header.get(key, default)
+    return value[:_MAX_TEXT] if isinstance(value, str) else default
+
+
+def _reason(header: dict[str, Any], default: str) -> str:
+    """Why the agent says something failed: its text, clipped (anything but a str is the default)."""
+    value = header.get("reason", default)
+    return value[:_MAX_REASON] if isinstance(value, str) else default
 
 
 def _expect_type(header: dict[str, Any], *kinds: str) -> str:
@@ -75,10 +114,10 @@ def parse_hello(header: dict[str, Any]) -> Hello:
         raise ProtocolError("the agent's hello carries no usable nonce")
     return Hello(
         protocol=version,
-        sandbox_id=expect(header, "sandbox_id", str),
-        generation=expect(header, "generation", int),
-        python=str(header.get("python", ""))[:64],
-        dill=str(header.get("dill", ""))[:64],
+        sandbox_id=expect(header, "sandbox_id", str)[:_MAX_TEXT],
+        generation=expect_count(header, "generation"),
+        python=_label(header, "python"),
+        dill=_label(header, "dill"),
         nonce=nonce,
     )
 
@@ -98,7 +137,7 @@ def parse_goodbye(header: dict[str, Any]) -> Goodbye:
     _expect_type(header, protocol.GOODBYE)
     in_flight = header.get("in_flight")
     return Goodbye(
-        reason=str(header.get("reason", ""))[:200], in_flight=in_flight if isinstance(in_flight, str) else None
+        reason=_label(header, "reason"), in_flight=in_flight[:_MAX_TEXT] if isinstance(in_flight, str) else None
     )
 
 
@@ -116,28 +155,41 @@ class CheckpointDelta(TypedDict):
 
 
 def parse_delta(header: dict[str, Any]) -> CheckpointDelta:
+    """The ``checkpoint`` of a reply, every field typed and bounded; the names themselves the ledger checks."""
     delta = expect(header, "checkpoint", dict)
+    listed = expect(delta, "blobs", list)
+    if len(listed) > _MAX_ENTRIES:
+        raise ProtocolError(f"checkpoint lists {len(listed)} blobs, more than {_MAX_ENTRIES}")
     entries: list[BlobEntry] = []
-    for entry in expect(delta, "blobs", list):
+    for entry in listed:
         if not isinstance(entry, dict):
             raise ProtocolError("checkpoint blob entries must be objects")
         blob_digest = expect(entry, "digest", str)
-        size = expect(entry, "size", int)
-        if not DIGEST.match(blob_digest) or size < 0:
-            raise ProtocolError("checkpoint blob entries need a 32-hex digest and a size >= 0")
+        size = expect_count(entry, "size", protocol.MAX_BODY_BYTES)
+        if not DIGEST.match(blob_digest):
+            raise ProtocolError("checkpoint blob entries need a 32-hex digest")
         entries.append(BlobEntry(digest=blob_digest, size=size))
-    changed = expect_str_map(delta, "vars")
+    if len({entry["digest"] for entry in entries}) != len(entries):
+        raise ProtocolError("checkpoint lists a blob twice")
+    key_chars = protocol.MAX_UNSAVED_KEY_CHARS
+    changed = expect_str_map(delta, "vars", key_chars=key_chars, value_chars=33)
     if not all(BLOB_ID.match(d) for d in changed.values()):  # a content digest, or a host-made blob's id
         raise ProtocolError("checkpoint names must map to blob ids (32-hex digests or host-made ids)")
     deleted = expect(delta, "deleted", list)
-    if len(deleted) > _MAX_NAMES or not all(isinstance(name, str) for name in deleted):
-        raise ProtocolError("checkpoint 'deleted' must list names")
+    if len(deleted) > _MAX_ENTRIES or not all(isinstance(name, str) and len(name) <= key_chars for name in deleted):
+        raise ProtocolError(f"checkpoint 'deleted' must list at most {_MAX_ENTRIES} names")
     return CheckpointDelta(
-        generation=expect(delta, "generation", int),
+        generation=expect_count(delta, "generation"),
         blobs=entries,
         vars=changed,
         deleted=deleted,
-        unsaved=expect_str_map(delta, "unsaved"),
+        unsaved=expect_str_map(
+            delta,
+            "unsaved",
+            entries=protocol.MAX_UNSAVED_NAMES,
+            key_chars=key_chars,
+            value_chars=protocol.MAX_REASON_CHARS,
+        ),
     )
 
 
@@ -167,11 +219,11 @@ def worker_failure(header: dict[str, Any]) -> WorkerFailure | None:
         return None
     return WorkerFailure(
         status=status,
-        reason=str(header.get("reason", "the worker died"))[:_MAX_REASON],
+        reason=_reason(header, "the worker died"),
         oom=header.get("oom") is True,
         ran=header.get("ran") is not False,
         worker_restarted=restarted,
-        phase=str(header.get("phase", "cell"))[:32],
+        phase=_label(header, "phase", "cell"),
     )
 
 
@@ -200,12 +252,12 @@ def parse_exec_reply(header: dict[str, Any]) -> ExecReply:
         status=parse_status(header),
         stdout=expect(header, "stdout", str),
         stderr=expect(header, "stderr", str),
-        stdout_bytes=expect(header, "stdout_bytes", int),
-        stderr_bytes=expect(header, "stderr_bytes", int),
+        stdout_bytes=expect_count(header, "stdout_bytes"),
+        stderr_bytes=expect_count(header, "stderr_bytes"),
         return_value=expect(header, "return_value", str, optional=True),
         error=error,
-        duration=float(expect(header, "duration", (int, float))),
-        checkpoint_duration=float(expect(header, "checkpoint_duration", (int, float))),
+        duration=expect_seconds(header, "duration"),
+        checkpoint_duration=expect_seconds(header, "checkpoint_duration"),
         checkpoint=parse_delta(header),
         scaffold=expect(header, "scaffold", dict, optional=True),
         output_limited=expect(header, "output_limited", bool, optional=True) is True,
@@ -217,7 +269,7 @@ def parse_install_reply(header: dict[str, Any]) -> str | None:
     _expect_type(header, protocol.INSTALL_REPLY)
     if parse_status(header) == protocol.STATUS_OK:
         return None
-    return expect(header, "reason", str)
+    return expect(header, "reason", str)[:_MAX_INSTALL_REASON]
 
 
 def parse_state_reply(header: dict[str, Any]) -> CheckpointDelta:
@@ -232,12 +284,12 @@ class LoadReply(TypedDict):
 
 def parse_load_reply(header: dict[str, Any]) -> LoadReply:
     _expect_type(header, protocol.LOAD_REPLY, protocol.EXEC_REPLY)
-    return LoadReply(status=parse_status(header), reason=str(header.get("reason", ""))[:_MAX_REASON])
+    return LoadReply(status=parse_status(header), reason=_reason(header, ""))
 
 
 def parse_restore_reply(header: dict[str, Any]) -> int | None:
     """The generation a ``restore_end`` set (None for ``restore_begin``)."""
     _expect_type(header, protocol.RESTORE_REPLY)
     if parse_status(header) != protocol.STATUS_OK:
-        raise ProtocolError(f"restore failed in the agent: {str(header.get('reason', ''))[:_MAX_REASON]}")
-    return expect(header, "generation", int, optional=True)
+        raise ProtocolError(f"restore failed in the agent: {_reason(header, '')}")
+    return expect_count(header, "generation", optional=True)

@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .messages import ExecReply, expect
+from .messages import ExecReply, expect, expect_count
+
+_MAX_POSITION = 1 << 31  # a line or column number of a cell
+_MAX_TYPE_NAME = 1000  # an exception's qualified class name
 
 
 @dataclass(frozen=True)
@@ -64,14 +67,15 @@ class ExecError:
 
     @classmethod
     def from_reply(cls, data: dict[str, Any]) -> ExecError:
+        """The reply's ``error`` object, every field typed and bounded (ProtocolError otherwise)."""
         return cls(
-            type=expect(data, "ename", str),
+            type=expect(data, "ename", str)[:_MAX_TYPE_NAME],
             message=expect(data, "evalue", str),
-            line=expect(data, "line", int, optional=True),
+            line=expect_count(data, "line", _MAX_POSITION, optional=True),
             snippet=expect(data, "snippet", str),
             traceback=expect(data, "traceback", str),
-            column=expect(data, "column", int, optional=True),
-            end_column=expect(data, "end_column", int, optional=True),
+            column=expect_count(data, "column", _MAX_POSITION, optional=True),
+            end_column=expect_count(data, "end_column", _MAX_POSITION, optional=True),
         )
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import enum
 import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -44,6 +45,7 @@ from .contexts import (
 from .errors import (
     AgentTimeoutError,
     ChannelLost,
+    CheckpointLimitExceeded,
     ConfigError,
     ContextNotFound,
     ExecutionTimeout,
@@ -109,6 +111,7 @@ RECOVERY: dict[str, Recovery] = {
     "container died or was removed during the call": Recovery(True, _crash_kind),
     "agent did not answer by the deadline": Recovery(True, lambda e, d: ExecutionTimeout),
     "agent sent an invalid reply": Recovery(True, lambda e, d: ProtocolError),
+    "agent sent a checkpoint past the session's limits": Recovery(True, lambda e, d: CheckpointLimitExceeded),
 }
 
 
@@ -124,6 +127,8 @@ def _classify(exc: BaseException) -> str | None:
         return "container died or was removed during the call"
     if isinstance(exc, AgentTimeoutError):
         return "agent did not answer by the deadline"
+    if isinstance(exc, CheckpointLimitExceeded):
+        return "agent sent a checkpoint past the session's limits"
     if isinstance(exc, ProtocolError):
         return "agent sent an invalid reply"
     return None
@@ -273,8 +278,8 @@ class Session:
         except UnicodeEncodeError as exc:
             raise ConfigError(f"code must be valid Unicode text: {exc}") from None
         limit = self._settings.exec_timeout if timeout is None else float(timeout)
-        if not limit > 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if not 0 < limit < math.inf:  # every wait has a finite deadline
+            raise ConfigError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
         if on_output is not None and not callable(on_output):
             raise ConfigError(f"on_output must be callable, got {type(on_output).__name__}")
         header = {
@@ -293,12 +298,13 @@ class Session:
             live = self._live = LiveCall(
                 self._new_recorder, on_output, self._settings.input_timeout, owner=self, wakeup=self._wakeup()
             )
+            started = time.monotonic()
             try:
                 return self._call(
                     header,
                     b"",
                     limit + slack,
-                    lambda r, b: self._exec_result(r, b, limit, live),
+                    lambda r, b: self._exec_result(r, b, limit, live, time.monotonic() - started),
                     checkpoint_seconds=self._settings.checkpoint_timeout + slack,
                     desk=desk,
                     live=live,
@@ -834,7 +840,10 @@ class Session:
             + (f" without {', '.join(sorted(self.restore_failures))}" if self.restore_failures else "")
         )
         failures, self._unreported_failures = self._unreported_failures, {}
-        return error(message, restored=True, generation=self.generation, restore_failures=failures)  # type: ignore[call-arg]
+        limits = (
+            {k: getattr(exc, k) for k in ("unit", "size", "held", "quota")} if error is CheckpointLimitExceeded else {}
+        )
+        return error(message, restored=True, generation=self.generation, restore_failures=failures, **limits)  # type: ignore[call-arg]
 
     def _new_recorder(self, stream: str) -> StreamRecorder:
         """Where a stream of the running call goes when its output travels (made on its first frame)."""
@@ -858,8 +867,17 @@ class Session:
             keep_newest(self._ledger.store.outputs_dir(self.id), self._settings.max_output_files)
         return fields
 
-    def _exec_result(self, reply: dict[str, Any], body: bytearray, limit: float, live: LiveCall) -> ExecResult:
+    def _exec_result(
+        self, reply: dict[str, Any], body: bytearray, limit: float, live: LiveCall, elapsed: float
+    ) -> ExecResult:
+        """The result of an exec reply, its checkpoint committed; ``elapsed`` is the call's time on the host's clock.
+
+        The durations the agent reports are never more than ``elapsed``: whoever budgets with them (a
+        grader's time for the tests) gets at most what the host measured, whatever the sandbox says.
+        """
         parsed = parse_exec_reply(reply)
+        parsed["duration"] = min(parsed["duration"], elapsed)
+        parsed["checkpoint_duration"] = min(parsed["checkpoint_duration"], elapsed)
         unsaved = local_names(self._ledger.commit(parsed["checkpoint"], body))
         failures, self._unreported_failures = self._unreported_failures, {}
         output = self._output(parsed, live)

@@ -40,11 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from .activity import ACTIVITY_FILE, lock_within
-from .agent.protocol import CONTEXT_SEPARATOR
+from .agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR, checkpoint_key_problem
 from .errors import CheckpointError, ConfigError, SessionNotFound
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
-CONTEXT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")
 DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
 """A content digest: the id of a blob the agent made."""
@@ -52,7 +51,6 @@ BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
 """Any blob id: a content digest, or the ``h``-prefixed random id of a host-made blob (``protocol.HOST_BLOB_ID``)."""
 _STORE_ID = re.compile(r"^[0-9a-f]{12}$")
 _CONTAINER_ID = re.compile(r"^[0-9a-z]{12,64}$")  # a container id (hex) or a Swarm service id (base 36)
-_MAX_NAME = 1000
 _REMOVED_PREFIX = ".removed-"
 
 
@@ -136,7 +134,7 @@ class SessionRecord:
             "labels": _str_map(record.labels),
             "placement": _placement(record.placement),
             "variables": _str_map(record.variables)
-            and all(len(k) <= _MAX_NAME and BLOB_ID.match(v) for k, v in record.variables.items()),
+            and all(checkpoint_key_problem(k) is None and BLOB_ID.match(v) for k, v in record.variables.items()),
             "blob_sizes": isinstance(record.blob_sizes, dict)
             and all(isinstance(k, str) and BLOB_ID.match(k) and _count(v) for k, v in record.blob_sizes.items())
             and set(record.variables.values()) <= set(record.blob_sizes),

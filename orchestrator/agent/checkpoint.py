@@ -70,9 +70,32 @@ def describe(exc: BaseException) -> str:
     return ("%s: %s" % (type(exc).__name__, message))[:_MAX_REASON]
 
 
-def is_internal(name: str) -> bool:
+def is_internal(name: Any) -> bool:
     """Names the checkpoint leaves out: dunders such as __builtins__ belong to the runtime."""
-    return name.startswith("__") and name.endswith("__")
+    return isinstance(name, str) and name.startswith("__") and name.endswith("__")
+
+
+def names_reason() -> str:
+    return "the checkpoint holds at most %d names and %d bytes of names" % (
+        protocol.MAX_CHECKPOINT_NAMES,
+        protocol.MAX_CHECKPOINT_NAME_BYTES,
+    )
+
+
+def shown_name(name: Any) -> str:
+    """How ``unsaved`` lists a namespace key that cannot be a checkpoint name: clipped, a non-str as its repr."""
+    text = name if isinstance(name, str) else repr(name)
+    return text if len(text) <= protocol.MAX_NAME_CHARS else text[: protocol.MAX_NAME_CHARS] + "..."
+
+
+def listed(unsaved: Dict[str, str]) -> Dict[str, str]:
+    """``unsaved`` as a delta lists it: at most MAX_UNSAVED_NAMES entries, the last one counting those left out."""
+    if len(unsaved) <= protocol.MAX_UNSAVED_NAMES:
+        return unsaved
+    kept = dict(list(unsaved.items())[: protocol.MAX_UNSAVED_NAMES - 1])
+    more = len(unsaved) - len(kept)
+    kept["+%d more" % more] = "%d more names were not saved; only the first %d are listed" % (more, len(kept))
+    return kept
 
 
 def _deeply_immutable(value: Any, budget: List[int]) -> bool:
@@ -338,12 +361,14 @@ DumpsFunction = Callable[[str, Any], Blob]
 class HeldBlobs:
     """The distinct blobs a session's checkpoint holds: shared by the trackers of its contexts (one quota)."""
 
-    __slots__ = ("bytes", "refs", "sizes")
+    __slots__ = ("bytes", "name_bytes", "names", "refs", "sizes")
 
     def __init__(self) -> None:
         self.bytes = 0
         self.refs: Dict[str, int] = {}  # digest -> how many saved names hold it
         self.sizes: Dict[str, int] = {}
+        self.names = 0  # saved names (checkpoint keys) of every context: protocol.MAX_CHECKPOINT_NAMES
+        self.name_bytes = 0  # their keys' UTF-8 bytes: protocol.MAX_CHECKPOINT_NAME_BYTES
 
 
 class Tracker:
@@ -355,9 +380,10 @@ class Tracker:
     session's, and a blob another context holds is not sent again.
     """
 
-    def __init__(self, quota: int = 0, held: Optional[HeldBlobs] = None) -> None:
+    def __init__(self, quota: int = 0, held: Optional[HeldBlobs] = None, prefix: str = "") -> None:
         self.generation = 0
         self.quota = quota
+        self.prefix = prefix  # what makes a name of this tracker's context a checkpoint key ("" or "<context>/")
         self.held = HeldBlobs() if held is None else held
         self._saved: Dict[str, _Saved] = {}
         self._by_object: Dict[int, _Saved] = {}  # id(value) -> a saved entry of that deeply immutable value
@@ -370,6 +396,17 @@ class Tracker:
     @property
     def held_bytes(self) -> int:
         return self.held.bytes
+
+    def _key_bytes(self, name: str) -> int:
+        return protocol.key_bytes(self.prefix + name)
+
+    def _room_for(self, name: str) -> bool:
+        """True when one more name fits the manifest's bounds (counted across contexts)."""
+        held = self.held
+        return (
+            held.names < protocol.MAX_CHECKPOINT_NAMES
+            and held.name_bytes + self._key_bytes(name) <= protocol.MAX_CHECKPOINT_NAME_BYTES
+        )
 
     def _hold(self, blob_digest: str, size: int) -> None:
         count = self._refs.get(blob_digest, 0)
@@ -390,6 +427,8 @@ class Tracker:
         prev = self._saved.pop(name, None)
         if prev is None:
             return False
+        self.held.names -= 1
+        self.held.name_bytes -= self._key_bytes(name)
         if self._by_object.get(id(prev.value)) is prev:
             del self._by_object[id(prev.value)]
         self._release(prev.digest)
@@ -428,6 +467,8 @@ class Tracker:
         """Count ``value`` as saved under ``name`` with this blob (a value just restored from it)."""
         self._drop(name)
         saved = self._saved[name] = _Saved(value, blob_digest, size)
+        self.held.names += 1
+        self.held.name_bytes += self._key_bytes(name)
         self._index(saved)
         self._hold(blob_digest, size)
 
@@ -479,10 +520,17 @@ class Tracker:
                 deleted.append(name)
 
         for name, value in items:
+            problem = protocol.name_problem(name)
+            if problem is not None:  # the store could not read it back (docs/trust.md): named, never saved
+                unsaved[shown_name(name)] = problem
+                continue
             prev = self._saved.get(name)
             if prev is not None and prev.value is value and prev.frozen:
                 if name in adopted:
                     changed[name] = prev.digest
+                continue
+            if prev is None and not self._room_for(name):
+                unsave(name, names_reason())
                 continue
             blob = pickled_now.get(id(value)) or self._held_blob_of(value)
             if blob is None:
@@ -521,6 +569,6 @@ class Tracker:
             "blobs": blob_index,
             "vars": changed,
             "deleted": deleted,
-            "unsaved": unsaved,
+            "unsaved": listed(unsaved),
         }
         return description, parts

@@ -15,9 +15,11 @@ against a deadline (``orchestrator/transport.py``).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import json
+import math
 import re
 import socket
 import struct
@@ -30,6 +32,8 @@ PREFIX = struct.Struct("!4sII")  # magic, header length, body length
 MAX_HEADER_BYTES = 16 << 20
 MAX_BODY_BYTES = (2 << 30) - 1
 MAX_HEADER_DEPTH = 32  # nesting of objects and arrays in a header, the outer object included
+MAX_INT_DIGITS = 24  # an integer in a header has at most this many digits (2**63 has 19)
+MAX_FLOAT_CHARS = 64  # a number with a fraction or exponent is at most this long (repr of a float: 24)
 RECV_CHUNK = 1 << 20  # a receive buffer grows by at most this much beyond what has arrived
 SECRET_BYTES = 32  # the sandbox secret: this many random bytes, stored as twice as many hex characters
 _INLINE_BODY_BYTES = 64 << 10
@@ -53,6 +57,15 @@ INSTALL = "install"  # the session's scaffold: code run in its own module of eve
 CONTEXT_CREATE = "context_create"
 CONTEXT_DESTROY = "context_destroy"
 CONTEXT_SEPARATOR = "/"  # a context's variable ``x`` is ``<context>/x`` in checkpoints (names have no "/")
+CONTEXT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # a context id: also a directory name and a key prefix
+# The checkpoint manifest's bounds (docs/trust.md, "Names"): the agent keeps within them by itself (a name past
+# them is reported in ``unsaved``), and the controller refuses a delta that would take the manifest past them.
+MAX_NAME_CHARS = 128  # a variable name in a checkpoint: an identifier of at most this many characters
+MAX_CHECKPOINT_NAMES = 10000  # names (keys) in a session's checkpoint, all contexts together
+MAX_CHECKPOINT_NAME_BYTES = 1 << 20  # UTF-8 bytes of those keys together
+MAX_UNSAVED_NAMES = 1000  # entries of a delta's ``unsaved``: the agent lists this many at most
+MAX_UNSAVED_KEY_CHARS = 64 + 1 + MAX_NAME_CHARS + 16  # an ``unsaved`` key: a context, "/", a name shown clipped
+MAX_REASON_CHARS = 2000  # a reason in ``unsaved`` (the agent clips its own to 200)
 # Host-made blobs (docs/protocol.md, "Host-made blobs"): a str or bytes value the controller made
 # (set_value with ``blob``) is checkpointed as a protocol-4 pickle the controller writes by hand
 # around the raw bytes, and named by a fresh random id of its own shape, not by a content digest.
@@ -93,6 +106,37 @@ STATUS_CRASHED = "crashed"
 STATUS_PROTOCOL_ERROR = "protocol_error"
 
 NONCE_BYTES = 16
+
+
+def name_problem(name: object) -> Optional[str]:
+    """Why ``name`` cannot be a variable name in a checkpoint, or None when it can (an identifier, not too long)."""
+    if not isinstance(name, str):
+        return "the name is not a str"
+    if len(name) > MAX_NAME_CHARS:
+        return "the name is longer than %d characters" % MAX_NAME_CHARS
+    if not name.isidentifier():
+        return "the name is not a Python identifier"
+    return None
+
+
+def checkpoint_key_problem(key: object) -> Optional[str]:
+    """Why ``key`` cannot be a key of a checkpoint manifest, or None when it can: a name, or ``<context id>/<name>``.
+
+    The one rule for stored names (docs/trust.md): the agent reports a name that breaks it in
+    ``unsaved``, the controller refuses a delta naming one before it commits anything, and the
+    store refuses a record holding one, so whatever is committed can be read back.
+    """
+    if not isinstance(key, str):
+        return "the name is not a str"
+    context, separator, name = key.rpartition(CONTEXT_SEPARATOR)
+    if separator and CONTEXT_ID.fullmatch(context) is None:
+        return "the context id is not 1-64 letters, digits, '_' and '-'"
+    return name_problem(name)
+
+
+def key_bytes(key: str) -> int:
+    """What a checkpoint key counts against MAX_CHECKPOINT_NAME_BYTES: its UTF-8 length."""
+    return len(key.encode("utf-8", "surrogatepass"))
 
 
 def new_nonce() -> str:
@@ -155,8 +199,14 @@ def encode_header(header: Header) -> bytes:
 
     A str made by user code (an error message, a repr) may hold lone surrogates, which have
     no UTF-8 form: each becomes U+FFFD instead of failing the frame, and with it the worker.
+
+    Raises:
+        ProtocolViolation: the header holds a non-finite number (NaN, Infinity), which strict JSON has not.
     """
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        raise ProtocolViolation("a frame header cannot hold a non-finite number (NaN or Infinity)") from None
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
@@ -184,26 +234,76 @@ def _too_deep(raw: bytes) -> bool:
     return bool(brackets)
 
 
-def decode_header(raw: Union[bytes, bytearray, memoryview]) -> Header:
-    """Parse a frame header: a UTF-8 JSON object with a string ``type``, nested at most MAX_HEADER_DEPTH deep.
+class _NotStrict(ProtocolViolation):
+    """What the strict parser's hooks refuse (``decode_json`` says where it was)."""
+
+
+def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        twice = next(key for key, count in collections.Counter(key for key, _ in pairs).items() if count > 1)
+        raise _NotStrict("the key %r twice in one object" % twice[:64])
+    return found
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _NotStrict("an integer of %d digits (at most %d)" % (len(text), MAX_INT_DIGITS))
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text) if len(text) <= MAX_FLOAT_CHARS else math.inf
+    if not math.isfinite(value):
+        raise _NotStrict("a number that is not a finite float: %s" % text[:32])
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotStrict("%s, which is not JSON" % name)
+
+
+# Strict JSON (RFC 8259) and nothing the parser would make ambiguous or unbounded: no NaN / Infinity, no key twice
+# in an object (which one counts?), no integer so long that int() works for long (or, on 3.11+, refuses).
+_STRICT_JSON = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant
+)
+
+
+def decode_json(raw: Union[bytes, bytearray, memoryview], what: str = "frame header") -> Any:
+    """Parse UTF-8 strict JSON nested at most MAX_HEADER_DEPTH deep: what a peer sends is never trusted further.
+
+    Strict: no NaN or Infinity, no key twice in one object, no integer of more than MAX_INT_DIGITS
+    digits, no number whose float is not finite.
 
     Raises:
-        ProtocolViolation: for every way the bytes can fail to be such a header.
+        ProtocolViolation: for every way the bytes can fail to be such JSON, naming ``what`` they were.
     """
     try:
         raw = bytes(raw)
         text = raw.decode("utf-8")
         if raw.count(b"[") + raw.count(b"{") > MAX_HEADER_DEPTH and _too_deep(raw):
-            raise ProtocolViolation("frame header is nested deeper than %d levels" % MAX_HEADER_DEPTH)
-        header = json.loads(text)
+            raise ProtocolViolation("%s is nested deeper than %d levels" % (what, MAX_HEADER_DEPTH))
+        return _STRICT_JSON.decode(text)
     except UnicodeDecodeError as exc:
-        raise ProtocolViolation("frame header is not UTF-8: %s" % exc) from None
+        raise ProtocolViolation("%s is not UTF-8: %s" % (what, exc)) from None
     except ValueError as exc:
-        raise ProtocolViolation("frame header is not JSON: %s" % exc) from None
+        raise ProtocolViolation("%s is not JSON: %s" % (what, exc)) from None
     except RecursionError:
-        raise ProtocolViolation("frame header is nested too deeply to parse") from None
+        raise ProtocolViolation("%s is nested too deeply to parse" % what) from None
     except MemoryError:
-        raise ProtocolViolation("frame header of %d B does not fit in memory when parsed" % len(raw)) from None
+        raise ProtocolViolation("%s of %d B does not fit in memory when parsed" % (what, len(raw))) from None
+    except _NotStrict as exc:
+        raise ProtocolViolation("%s has %s" % (what, exc)) from None
+
+
+def decode_header(raw: Union[bytes, bytearray, memoryview]) -> Header:
+    """Parse a frame header: a strict-JSON object (``decode_json``) with a string ``type``.
+
+    Raises:
+        ProtocolViolation: for every way the bytes can fail to be such a header.
+    """
+    header = decode_json(raw)
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
         raise ProtocolViolation("frame header is not an object with a string 'type'")
     return header

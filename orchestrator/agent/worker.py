@@ -534,7 +534,8 @@ class Worker:
         if kind == protocol.CONTEXT_CREATE:
             module = types.ModuleType("__main__")
             _fresh_namespace(module.__dict__)
-            tracker = checkpoint.Tracker(self.quota, self.default.tracker.held)  # one quota for the session
+            # One quota and one manifest bound for the session; this context's keys are ``<id>/<name>``.
+            tracker = checkpoint.Tracker(self.quota, self.default.tracker.held, context_id + protocol.CONTEXT_SEPARATOR)
             tracker.excluded = self.excluded
             environ = dict(self.base_environ)
             environ.update(env)
@@ -559,7 +560,7 @@ class Worker:
         try:
             result = hook(self.namespace)
             if result is not None:
-                json.dumps(result)  # it goes into the reply's header: fail here, with a message
+                json.dumps(result, allow_nan=False)  # it goes into the reply's header (strict JSON): fail here
             return result
         except (Exception, capture.OutputLimitExceeded):  # it printed past the cell's output cap: a failure too
             with contextlib.suppress(capture.OutputLimitExceeded):

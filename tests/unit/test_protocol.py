@@ -8,6 +8,7 @@ import struct
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -220,7 +221,7 @@ def test_parser_exhaustion_is_a_violation(monkeypatch, error):
     def exhausted(*args, **kwargs):
         raise error()
 
-    monkeypatch.setattr(protocol.json, "loads", exhausted)
+    monkeypatch.setattr(protocol, "_STRICT_JSON", types.SimpleNamespace(decode=exhausted))
     with pytest.raises(protocol.ProtocolViolation):
         protocol.decode_header(b'{"type":"x"}')
 

@@ -9,7 +9,8 @@ from orchestrator import errors
 
 EXPECTED = {
     "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError",
-    "CheckpointQuotaExceeded", "ConfigError", "Context", "ContextNotFound", "EngineError", "EngineUnavailable",
+    "CheckpointLimitExceeded", "CheckpointQuotaExceeded", "ConfigError", "Context", "ContextNotFound", "EngineError",
+    "EngineUnavailable",
     "ExecError", "ExecResult", "ExecutionTimeout",
     "ImageMissing", "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent",
     "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed", "SandboxError",
