@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 _MAX_CALLBACK_ERRORS = 20
 _MAX_INPUT_BYTES = 1 << 20
 _MAX_PROMPT = 1 << 16  # characters of an input() prompt the caller is shown
+_MAX_WAITING_INPUTS = 16  # input() calls of one cell waiting at once (one per thread that reads input)
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,12 @@ class LiveCall:
 
         Without a callback the exec did not allow input, so the call was forged by the cell: refused at once.
         """
+        error = None
         if self._on_output is None:
             error = "input() is not answered in this call (it was run without on_output)"
+        elif len(self._waiting) >= _MAX_WAITING_INPUTS:  # each would hold host memory and a caller's attention
+            error = f"{_MAX_WAITING_INPUTS} input() calls of this cell wait for answers already"
+        if error is not None:
             with self._lock:
                 self._answers.append(answer_error(call, error))
                 self._wakeup.notify()

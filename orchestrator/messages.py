@@ -11,6 +11,7 @@ from typing import Any, Literal, TypedDict, TypeVar, cast
 
 from .agent import protocol
 from .errors import ProtocolError
+from .safe_text import visible
 from .store import BLOB_ID, DIGEST
 
 T = TypeVar("T")
@@ -75,8 +76,9 @@ def expect_str_map(
 
 
 def _label(header: dict[str, Any], key: str, default: str = "") -> str:
+    """A short label (a version, a phase): clipped, control characters made visible (it is logged)."""
     value = header.get(key, default)
-    return value[:_MAX_TEXT] if isinstance(value, str) else default
+    return visible(value[:_MAX_TEXT], multiline=False) if isinstance(value, str) else default
 
 
 def _reason(header: dict[str, Any], default: str) -> str:

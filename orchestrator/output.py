@@ -25,17 +25,27 @@ _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXE
 class StreamRecorder:
     """One stream of one call: the bytes that came, in memory up to ``limit``, then in a file of ``directory``."""
 
-    def __init__(self, directory: Path, stream: str, limit: int) -> None:
+    def __init__(self, directory: Path, stream: str, limit: int, file_limit: int | None = None) -> None:
+        """``file_limit``: bytes kept in all (the file's cap, ``max_output_file_bytes``), measured here: the agent is
+        asked to send no more, but a sandbox's word bounds nothing on the host's disk (docs/trust.md)."""
         self.directory = directory
         self.stream = stream
         self.path: Path | None = None  # named when the stream passes the limit (a quiet call costs nothing)
         self.limit = limit
-        self.received = 0
+        self.file_limit = file_limit
+        self.received = 0  # bytes kept (in memory, then in the file)
+        self.dropped = 0  # bytes that came past ``file_limit``
         self._head = bytearray()
         self._tail = bytearray()
         self._fd: int | None = None
 
     def write(self, data: bytes | bytearray) -> None:
+        if self.file_limit is not None and self.received + len(data) > self.file_limit:
+            room = max(0, self.file_limit - self.received)
+            self.dropped += len(data) - room
+            data = data[:room]
+            if not data:
+                return
         self.received += len(data)
         if self.path is None:
             self._head += data
@@ -72,8 +82,10 @@ class StreamRecorder:
         """The head and the tail of a stream kept in the file, with a marker that names the file: at most
         ``limit`` bytes in all, as a result that did not pass the limit.
 
-        ``produced``: how many bytes the cell wrote (more than were received when the file's cap was hit).
+        ``produced``: how many bytes the cell wrote, as the agent counts them (more than were received when the
+        file's cap was hit); never less than what came here.
         """
+        produced = max(produced, self.received + self.dropped)
         where = f"the whole output ({describe_bytes(self.received)}) is in {self.path}"
         if produced > self.received:
             where = (

@@ -847,7 +847,12 @@ class Session:
 
     def _new_recorder(self, stream: str) -> StreamRecorder:
         """Where a stream of the running call goes when its output travels (made on its first frame)."""
-        return StreamRecorder(self._ledger.store.outputs_dir(self.id), stream, self._settings.max_output_bytes)
+        return StreamRecorder(
+            self._ledger.store.outputs_dir(self.id),
+            stream,
+            self._settings.max_output_bytes,
+            self._settings.max_output_file_bytes,
+        )
 
     def _wakeup(self) -> Wakeup:
         if self._call_wakeup is None:

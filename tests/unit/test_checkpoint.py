@@ -287,3 +287,56 @@ def test_deeply_immutable():
     assert checkpoint.deeply_immutable(("a", 1, (2.0, None), frozenset({3})))
     assert not checkpoint.deeply_immutable(("a", [1]))
     assert not checkpoint.deeply_immutable(tuple(range(20_000)))  # too big to prove cheaply
+
+
+# --- names the store could not read back, and the manifest's bounds ---------------------------------------------
+
+
+def test_names_the_store_would_refuse_are_named_unsaved_never_saved():
+    tracker = checkpoint.Tracker()
+    long_name = "n" * (protocol.MAX_NAME_CHARS + 1)
+    namespace = {"ok": 1, "a b": 2, "esc\x1b[2J": 3, long_name: 4, 7: 5}
+    delta, _ = tracker.delta(namespace)
+    assert set(delta["vars"]) == {"ok"}
+    assert delta["unsaved"]["a b"] == "the name is not a Python identifier"
+    assert "esc\x1b[2J" in delta["unsaved"]
+    assert delta["unsaved"]["7"] == "the name is not a str"
+    shown = long_name[: protocol.MAX_NAME_CHARS] + "..."
+    assert delta["unsaved"][shown] == f"the name is longer than {protocol.MAX_NAME_CHARS} characters"
+    assert all(protocol.checkpoint_key_problem(key) is None for key in delta["vars"])
+
+
+def test_names_past_the_manifest_bound_are_unsaved_and_the_rest_saved(monkeypatch):
+    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAMES", 5)
+    tracker = checkpoint.Tracker()
+    first, _ = tracker.delta({f"v{i}": i for i in range(8)})
+    assert len(first["vars"]) == 5 and len(first["unsaved"]) == 3
+    assert all(reason == checkpoint.names_reason() for reason in first["unsaved"].values())
+    # Deleting names frees room for the waiting ones on the next checkpoint.
+    second, _ = tracker.delta({f"v{i}": i for i in range(2, 8)})
+    assert set(second["deleted"]) == {"v0", "v1"}
+    assert set(second["vars"]) == {"v5", "v6"} and set(second["unsaved"]) == {"v7"}
+    assert tracker.held.names == 5
+
+
+def test_name_bytes_count_with_the_context_prefix_across_contexts(monkeypatch):
+    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAME_BYTES", 19)
+    default = checkpoint.Tracker()
+    other = checkpoint.Tracker(held=default.held, prefix="ctx/")
+    assert set(default.delta({"abcdefgh": 1})[0]["vars"]) == {"abcdefgh"}
+    delta, _ = other.delta({"abcdefgh": 1, "x": 2})  # "ctx/abcdefgh" is 12 bytes: 8 + 12 > 19; "ctx/x" fits
+    assert "abcdefgh" in delta["unsaved"] and set(delta["vars"]) == {"x"}
+    assert default.held.name_bytes == len("abcdefgh") + len("ctx/x")
+
+
+def test_unsaved_lists_at_most_the_protocol_bound(monkeypatch):
+    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAMES", 3)
+    tracker = checkpoint.Tracker()
+    delta, _ = tracker.delta({f"v{i}": i for i in range(protocol.MAX_UNSAVED_NAMES + 50)})
+    assert len(delta["vars"]) == 3
+    assert len(delta["unsaved"]) == protocol.MAX_UNSAVED_NAMES
+    unsaved_in_all = protocol.MAX_UNSAVED_NAMES + 50 - 3
+    listed = protocol.MAX_UNSAVED_NAMES - 1
+    summary = f"+{unsaved_in_all - listed} more"
+    assert [key for key in delta["unsaved"] if not key.startswith("v")] == [summary]
+    assert delta["unsaved"][summary].startswith(f"{unsaved_in_all - listed} more names were not saved")

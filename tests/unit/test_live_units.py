@@ -168,3 +168,39 @@ def test_a_raising_callback_is_noted_not_raised(tmp_path: Path) -> None:
     assert live.callback_errors == ["ValueError: bad"]
     assert live.interrupt() and live.take_interrupt() and not live.take_interrupt()
     live.close()
+
+
+def test_the_recorder_keeps_no_more_than_its_file_limit_whatever_the_sandbox_sends(tmp_path: Path) -> None:
+    """The agent is asked to send at most the file limit; a sandbox that sends more fills no more of the disk."""
+    recorder = StreamRecorder(tmp_path, "stdout", 10, file_limit=25)
+    for _ in range(10):
+        recorder.write(bytearray(b"0123456789"))
+    recorder.close()
+    assert recorder.path is not None and recorder.path.read_bytes() == (b"0123456789" * 3)[:25]
+    assert (recorder.received, recorder.dropped) == (25, 75)
+    assert "the first 25 B of 100 B" in recorder.preview(3)  # a claim below what came counts for nothing
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 100_000 + b"]" * 100_000, b'{"prompt": NaN}', b'{"prompt": ["x"]}', b'{"prompt": "a", "prompt": "b"}'],
+    ids=["deep", "nan", "not-a-str", "twice"],
+)
+def test_a_hostile_input_prompt_is_an_empty_prompt(tmp_path: Path, body: bytes) -> None:
+    requests: list[InputRequest] = []
+    live = _live(tmp_path, lambda e: requests.append(e) if isinstance(e, InputRequest) else None)
+    live.input_request(1, bytearray(body))
+    assert [r.prompt for r in requests] == [""]
+    live.close()
+
+
+def test_input_requests_waiting_at_once_are_bounded(tmp_path: Path) -> None:
+    requests: list[InputRequest] = []
+    live = _live(tmp_path, lambda e: requests.append(e) if isinstance(e, InputRequest) else None)
+    for call in range(1000):
+        live.input_request(call, bytearray(b'{"prompt": "?"}'))
+    assert len(requests) == 16
+    refused = live.answers()
+    assert len(refused) == 1000 - 16 and all(h["status"] == "error" for h, _ in refused)
+    assert "wait for answers already" in refused[0][0]["error"]
+    live.close()

@@ -363,3 +363,77 @@ def test_secret_round_trip_and_malformed_secrets():
     for bad in [b"", text[:-2], text + b"00", b"zz" * 32, b"aa " * 21 + b"a", "é".encode() * 32]:
         with pytest.raises(ValueError):
             protocol.parse_secret(bad)
+
+
+# --- strict JSON: what a peer may not put in a header ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (b'{"type":"x","d":NaN}', "NaN"),
+        (b'{"type":"x","d":Infinity}', "Infinity"),
+        (b'{"type":"x","d":-Infinity}', "-Infinity"),
+        (b'{"type":"x","d":1e999}', "finite"),
+        (b'{"type":"x","d":-1e400}', "finite"),
+        (b'{"type":"x","type":"y"}', "'type' twice"),
+        (b'{"type":"x","c":{"a":1,"a":2}}', "'a' twice"),
+        (b'{"type":"x","n":' + b"9" * 25 + b"}", "25 digits"),
+        (b'{"type":"x","n":-' + b"9" * 5000 + b"}", "digits"),  # past 3.11's int limit: still a violation
+        (b'{"type":"x","f":1.' + b"5" * 100 + b"}", "finite"),
+        (b'{"type":"x","l":' + b"[" * 40 + b"]" * 40 + b"}", "nested deeper"),
+    ],
+)
+def test_headers_are_strict_json(raw, match):
+    with pytest.raises(protocol.ProtocolViolation, match=match):
+        protocol.decode_header(raw)
+
+
+def test_strict_json_keeps_every_honest_value():
+    header = {"type": "x", "i": -(2**63), "f": 0.1, "e": 1.5e-300, "s": "\u00e9\x00", "l": [None, True, {"k": []}]}
+    assert protocol.decode_header(protocol.encode_header(header)) == header
+
+
+def test_a_non_finite_number_is_never_sent():
+    with pytest.raises(protocol.ProtocolViolation, match="non-finite"):
+        protocol.encode_header({"type": "x", "d": float("nan")})
+
+
+def test_decode_json_names_what_it_parsed():
+    with pytest.raises(protocol.ProtocolViolation, match=r"^an input\(\) prompt has NaN"):
+        protocol.decode_json(b'{"prompt": NaN}', "an input() prompt")
+
+
+# --- the one rule for checkpoint names ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["x", "_private", "caf\u00e9", "n" * protocol.MAX_NAME_CHARS, "ctx-1/x", "A_b-9/y", "c" * 64 + "/z"],
+)
+def test_checkpoint_keys_that_are_stored(key):
+    assert protocol.checkpoint_key_problem(key) is None
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "a b",
+        "1x",
+        "esc\x1b",
+        "x\n",
+        "n" * (protocol.MAX_NAME_CHARS + 1),
+        "/x",
+        "ctx/",
+        "a/b/c",
+        "c" * 65 + "/z",
+        "-ctx/x",
+        "ctx\n/x",
+        "x\u202e",
+        7,
+        None,
+    ],
+)
+def test_checkpoint_keys_that_are_refused(key):
+    assert protocol.checkpoint_key_problem(key) is not None

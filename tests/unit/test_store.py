@@ -11,8 +11,11 @@ import time
 import pytest
 
 from orchestrator import activity
+from orchestrator.agent import protocol
 from orchestrator.errors import (
     CheckpointError,
+    CheckpointLimitExceeded,
+    CheckpointQuotaExceeded,
     ConfigError,
     ProtocolError,
     SessionAttachedElsewhere,
@@ -207,3 +210,100 @@ def test_a_delete_leaves_nothing_while_others_keep_opening_the_session(store, le
             t.join(5)
     assert not (store.root / "s-test").exists()
     assert list(store.unfinished_removals()) == []
+
+
+# --- one rule for names: what the ledger commits, the store reads back -------------------------------------------
+
+CANDIDATE_KEYS = [
+    "x",
+    "caf\u00e9",
+    "n" * protocol.MAX_NAME_CHARS,
+    "n" * (protocol.MAX_NAME_CHARS + 1),
+    "n" * 10_000,
+    "a b",
+    "esc\x1b[2J",
+    "x\u202e",
+    "",
+    "1x",
+    "ctx/x",
+    "ghost/x",
+    "ctx/a b",
+    "/x",
+    "ctx/",
+    "a/b/c",
+    "x\n",
+]
+
+
+@pytest.mark.parametrize("key", CANDIDATE_KEYS)
+def test_every_name_the_ledger_commits_the_store_reads_back(ledger, store, key):
+    contexts = {"ctx": {"cwd": "/tmp/ctx", "env": {}, "context_count": 0, "history_count": 0}}
+    try:
+        ledger.commit(*delta(1, [(D1, b"one")], {key: D1}), contexts=contexts)
+    except ProtocolError:
+        assert store.load("s-test").variables == {}, "a refused delta stored nothing"
+        assert blob_files(store) == []
+        return
+    assert protocol.checkpoint_key_problem(key) is None
+    assert store.load("s-test").variables == {key: D1}
+
+
+def test_a_hostile_name_is_refused_before_anything_is_stored(ledger, store):
+    ledger.commit(*delta(1, [(D1, b"one")], {"a": D1}))
+    with pytest.raises(ProtocolError, match="cannot be stored"):
+        ledger.commit(*delta(2, [(D2, b"two")], {"b": D2, "evil\x1b]52;c;": D2}))
+    assert store.load("s-test").variables == {"a": D1}
+    assert store.load("s-test").generation == 1
+    assert blob_files(store) == [D1]
+
+
+def test_the_store_refuses_a_record_whose_names_break_the_rule(store, ledger):
+    path = store.root / "s-test" / "meta.json"
+    data = json.loads(path.read_text())
+    data.update(variables={"a b": D1}, blob_sizes={D1: 1})
+    path.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="variables"):
+        store.load("s-test")
+
+
+# --- the manifest's bounds --------------------------------------------------------------------------------------
+
+
+def test_names_past_the_manifest_bound_are_refused_and_nothing_stored(ledger, store, monkeypatch):
+    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAMES", 3)
+    ledger.commit(*delta(1, [(D1, b"one")], {"a": D1, "b": D1}))
+    with pytest.raises(CheckpointLimitExceeded, match="3 names") as info:
+        ledger.commit(*delta(2, [], {f"v{i}": D1 for i in range(5)}))
+    assert isinstance(info.value, CheckpointQuotaExceeded) and isinstance(info.value, ProtocolError)
+    assert (info.value.unit, info.value.held, info.value.quota, info.value.size) == ("names", 7, 3, 5)
+    assert store.load("s-test").variables == {"a": D1, "b": D1}
+    # Replacing names within the bound, and deleting, still work.
+    ledger.commit(*delta(2, [], {"c": D1}, deleted=["a"]))
+    assert set(store.load("s-test").variables) == {"b", "c"}
+
+
+def test_name_bytes_past_the_manifest_bound_are_refused(ledger, store, monkeypatch):
+    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAME_BYTES", 10)
+    ledger.commit(*delta(1, [(D1, b"one")], {"abcde": D1}))
+    with pytest.raises(CheckpointLimitExceeded, match="name bytes"):
+        ledger.commit(*delta(2, [], {"fghijk": D1}))
+    assert store.load("s-test").variables == {"abcde": D1}
+
+
+def test_the_quota_counts_the_bytes_received_not_a_claimed_size(ledger, store):
+    """A blob's size is the length of its part of the body: a claim that does not add up is refused."""
+    entries, body = delta(1, [(D1, b"x" * 10)], {"a": D1})
+    entries["blobs"][0]["size"] = 1  # the body holds 10
+    with pytest.raises(ProtocolError, match="does not match"):
+        ledger.commit(entries, body)
+    with pytest.raises(CheckpointLimitExceeded) as info:
+        ledger.commit(*delta(1, [(D1, b"x" * (QUOTA + 1))], {"a": D1}))
+    assert (info.value.unit, info.value.held) == ("bytes", QUOTA + 1)
+
+
+def test_a_host_made_value_past_the_names_bound_is_refused_before_it_is_sent(ledger, monkeypatch):
+    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAMES", 2)
+    ledger.commit(*delta(1, [(D1, b"one")], {"a": D1, "b": D1}))
+    ledger.check_room({"a"}, 10, "the str value for a")  # replaces a name: fits
+    with pytest.raises(CheckpointQuotaExceeded, match="2 names"):
+        ledger.check_room({"c"}, 10, "the str value for c")
