@@ -63,7 +63,7 @@ from .hostcalls import CallDesk, HostCalls, serving
 from .ledger import CheckpointLedger, StagedBlob
 from .messages import ExecReply, WorkerFailure, parse_exec_reply, parse_install_reply, parse_state_reply, worker_failure
 from .output import StreamRecorder, keep_newest
-from .results import ExecResult
+from .results import ExecError, ExecResult
 from .sandbox import Sandbox
 from .store import SessionRecord
 from .tools import PythonTool
@@ -881,6 +881,8 @@ class Session:
         grader's time for the tests) gets at most what the host measured, whatever the sandbox says.
         """
         parsed = parse_exec_reply(reply)
+        if parsed["error"] is not None:
+            ExecError.from_reply(parsed["error"])  # every field checked before anything is stored
         parsed["duration"] = min(parsed["duration"], elapsed)
         parsed["checkpoint_duration"] = min(parsed["checkpoint_duration"], elapsed)
         unsaved = local_names(self._ledger.commit(parsed["checkpoint"], body))
