@@ -11,7 +11,9 @@ a mode into it; the supervisor reads and deletes it). Modes:
 - ``hugebody``: a prefix declaring a body of ``max_body_bytes``, the header, then nothing;
 - ``nested``: a valid prefix and a header ``{"type": "exec_reply", "id": ..., "x": [[[[...]]]]}``
   100,000 levels deep;
-- ``garbage``: bytes that are no frame at all.
+- ``garbage``: bytes that are no frame at all;
+- ``nan``, ``twice``, ``digits``: the real reply, its header given a ``NaN`` duration, a key twice, or an
+  integer of 5,000 digits (strict JSON refuses each; docs/trust.md).
 
 Plus a supervisor stopped with SIGSTOP by the cell (the worker's parent is the supervisor).
 
@@ -39,6 +41,14 @@ import json, os, socket, struct, sys, time
 MARKER = '/tmp/hostile'
 MAX_BODY = %(max_body)d
 _Base = socket.socket
+
+
+# The reply's own header, with what strict JSON has not: the controller's parser must refuse it.
+NOT_STRICT = {
+    'nan': lambda head: head.replace(b'"duration":', b'"duration":NaN,"was":', 1),
+    'twice': lambda head: head[:-1] + b',"status":"ok"}',
+    'digits': lambda head: head[:-1] + b',"n":' + b'9' * 5000 + b'}',
+}
 
 
 def _forever():
@@ -109,7 +119,7 @@ class HostileSocket(_Base):
         if len(buf) < 12:
             return len(data)
         magic, hlen, blen = struct.unpack('!4sII', buf[:12])
-        if len(buf) < 12 + hlen and mode in ('stall', 'hugebody', 'nested'):
+        if len(buf) < 12 + hlen and mode in ('stall', 'hugebody', 'nested') + tuple(NOT_STRICT):
             return len(data)
         state['done'] = True
         header = buf[12:12 + hlen]
@@ -127,6 +137,9 @@ class HostileSocket(_Base):
             text = '{"type": "exec_reply", "id": %%s, "x": %%s}' %% (json.dumps(rid), '[' * depth + ']' * depth)
             raw = text.encode()
             _Base.sendall(self, struct.pack('!4sII', magic, len(raw), 0) + raw)
+        elif mode in NOT_STRICT:
+            raw = NOT_STRICT[mode](header)
+            _Base.sendall(self, struct.pack('!4sII', magic, len(raw), blen) + raw + buf[12 + hlen:])
         else:
             _Base.sendall(self, b'\x00garbage, not a frame\xff' * 64)
         return len(data)
@@ -217,12 +230,14 @@ def test_the_hostile_agent_behaves_until_told(victim: Session, hostile) -> None:
     assert victim.execute("x = [1] * 1000\nlen(x)").return_value == "1000"
 
 
-@pytest.mark.parametrize("mode", ["trickle", "stall", "hugebody", "nested", "garbage"])
+@pytest.mark.parametrize("mode", ["trickle", "stall", "hugebody", "nested", "garbage", "nan", "twice", "digits"])
 def test_a_misbehaving_agent_frame_is_a_typed_error_within_the_deadline(victim: Session, hostile, mode: str) -> None:
     orch, settings = hostile
     old = victim.container_id
     exc = assert_typed_and_restored(victim, settings, LOST + f"open('/tmp/hostile', 'w').write({mode!r})")
     assert victim.container_id != old, f"a misbehaving agent must be recycled ({type(exc).__name__}: {exc})"
+    if mode in ("nan", "twice", "digits"):
+        assert isinstance(exc, ProtocolError) and "frame header has" in str(exc), f"{type(exc).__name__}: {exc}"
     state = orch.backend.inspect(old)
     assert state is None or not state.running
 
