@@ -560,7 +560,9 @@ class Worker:
         try:
             result = hook(self.namespace)
             if result is not None:
-                json.dumps(result, allow_nan=False)  # it goes into the reply's header (strict JSON): fail here
+                # It goes into the reply's header, which must be strict JSON (docs/trust.md): fail here, with a message.
+                reply = json.dumps({"scaffold": result}, allow_nan=False)  # as deep as the reply's header
+                protocol.decode_json(reply.encode("ascii"), "after_cell's result")
             return result
         except (Exception, capture.OutputLimitExceeded):  # it printed past the cell's output cap: a failure too
             with contextlib.suppress(capture.OutputLimitExceeded):

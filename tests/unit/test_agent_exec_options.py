@@ -325,3 +325,19 @@ def test_the_options_together(agent):
     assert reply["status"] == "error" and reply["error"]["ename"] == "OutputLimitExceeded"
     assert reply["stdout"] == "AB\nCD\n" and reply["output_limited"] is True
     assert reply["checkpoint"] == EMPTY_DELTA and bytes(body) == b""
+
+
+@pytest.mark.parametrize(
+    "result",
+    ["{'x': float('nan')}", "{'x': float('inf')}", "{'x': eval('[' * 40 + ']' * 40)}"],
+    ids=["nan", "infinity", "deep"],
+)
+def test_a_scaffold_result_strict_json_cannot_carry_is_reported_not_sent(agent, result):
+    """The reply's header must be strict JSON: such a result goes to stderr, and the reply is valid."""
+    scaffold = f"def after_cell(namespace):\n    return {result}\n"
+    reply, _ = agent.request(protocol.INSTALL, code=scaffold, names=[], timeout=10)
+    assert reply["status"] == "ok", reply
+    reply, _ = agent.run("1 + 1")
+    assert reply["status"] == "ok" and reply["return_value"] == "2" and "scaffold" not in reply
+    assert "after_cell failed" in reply["stderr"]
+    parse_exec_reply(reply)
