@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import shlex
@@ -211,8 +212,8 @@ class Settings:
             "lock_timeout",
             "input_timeout",
         ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"Settings.{name} must be > 0, got {getattr(self, name)!r}")
+            if not 0 < getattr(self, name) < math.inf:  # every wait has a finite deadline (NaN fails too)
+                raise ConfigError(f"Settings.{name} must be a finite number > 0, got {getattr(self, name)!r}")
         for name in (
             "pids_limit",
             "max_output_bytes",

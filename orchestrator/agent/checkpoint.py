@@ -520,17 +520,18 @@ class Tracker:
                 deleted.append(name)
 
         for name, value in items:
-            problem = protocol.name_problem(name)
-            if problem is not None:  # the store could not read it back (docs/trust.md): named, never saved
-                unsaved[shown_name(name)] = problem
-                continue
-            prev = self._saved.get(name)
-            if prev is not None and prev.value is value and prev.frozen:
+            prev = self._saved.get(name)  # a saved name passed the checks below when it was saved
+            if prev is None:
+                problem = protocol.name_problem(name)
+                if problem is not None:  # the store could not read it back (docs/trust.md): named, never saved
+                    unsaved[shown_name(name)] = problem
+                    continue
+                if not self._room_for(name):
+                    unsave(name, names_reason())
+                    continue
+            elif prev.value is value and prev.frozen:
                 if name in adopted:
                     changed[name] = prev.digest
-                continue
-            if prev is None and not self._room_for(name):
-                unsave(name, names_reason())
                 continue
             blob = pickled_now.get(id(value)) or self._held_blob_of(value)
             if blob is None:

@@ -22,6 +22,7 @@ from support import kill_and_wait
 from orchestrator import (
     CheckpointLimitExceeded,
     CheckpointQuotaExceeded,
+    ConfigError,
     Orchestrator,
     ProtocolError,
     Session,
@@ -201,3 +202,10 @@ def test_a_million_names_for_one_value_are_saved_up_to_the_bound_and_the_rest_na
     assert session.variables == ["kept"]
     record = json.loads((session._ledger.store.root / session.id / "meta.json").read_text())
     assert list(record["variables"]) == ["kept"]
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 0, -1])
+def test_a_call_without_a_finite_deadline_is_refused(stateful: Session, timeout: float) -> None:
+    with pytest.raises(ConfigError, match="finite"):
+        stateful.execute("1", timeout=timeout)
+    assert stateful.execute("kept").return_value == "{'a': 1}"

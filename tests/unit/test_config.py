@@ -78,3 +78,11 @@ def test_the_backend_and_its_swarm_settings() -> None:
     for bad in ({"backend": "k8s"}, {"swarm_relay_port": 0}, {"swarm_node_dir": "relative"}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             Settings(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 0, -1.0])
+@pytest.mark.parametrize("name", ["exec_timeout", "checkpoint_timeout", "input_timeout", "reply_margin"])
+def test_time_limits_are_finite_and_positive(name, value):
+    """Every wait has a finite deadline: a time limit of inf or nan would be one without."""
+    with pytest.raises(ConfigError, match=name):
+        Settings(**{name: value})
