@@ -307,3 +307,30 @@ def test_a_host_made_value_past_the_names_bound_is_refused_before_it_is_sent(led
     ledger.check_room({"a"}, 10, "the str value for a")  # replaces a name: fits
     with pytest.raises(CheckpointQuotaExceeded, match="2 names"):
         ledger.check_room({"c"}, 10, "the str value for c")
+
+
+def test_the_name_rule_and_the_stored_record_agree_on_random_names():
+    """Whatever the ledger's rule accepts survives the record's JSON round trip; whatever it refuses, the store does."""
+    import random
+
+    rng = random.Random(22)
+    alphabet = "aZ_9/-é€ \x00\x1b\u202e\ud800\n" + "x" * 20
+    for _ in range(3000):
+        key = "".join(rng.choice(alphabet) for _ in range(rng.choice([1, 3, 8, 70, 130, 200])))
+        record = SessionRecord(
+            session_id="s-test",
+            image="img",
+            created_at=1.0,
+            last_used_at=1.0,
+            variables={key: D1},
+            blob_sizes={D1: 1},
+            contexts={key.partition("/")[0]: {"cwd": "/tmp", "env": {}, "context_count": 0, "history_count": 0}}
+            if "/" in key and protocol.CONTEXT_ID.match(key.rpartition("/")[0])
+            else {},
+        )
+        raw = json.loads(record.to_json())
+        if protocol.checkpoint_key_problem(key) is None:
+            assert SessionRecord.from_json(raw, "s-test").variables == {key: D1}
+        else:
+            with pytest.raises(ValueError):
+                SessionRecord.from_json(raw, "s-test")
