@@ -224,7 +224,8 @@ class CheckpointLedger:
         for key in changed:
             problem = protocol.checkpoint_key_problem(key)
             if problem is not None:  # the store would refuse the record: never commit what cannot be read back
-                raise ProtocolError(f"checkpoint names a variable {key[:64]!r}... that cannot be stored: {problem}")
+                shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
+                raise ProtocolError(f"checkpoint names a variable {shown} that cannot be stored: {problem}")
         try:
             parts = protocol.split_body(body, [entry["size"] for entry in delta["blobs"]])
         except protocol.ProtocolViolation as exc:
