@@ -35,6 +35,11 @@ logger = logging.getLogger(__name__)
 _DEATH_SETTLE_SECONDS = 3.0
 _CONTROL_SECONDS = 10.0
 _CHECK_BESIDE_BYTES = 1 << 20
+_RESTORE_LOADS_PER_VALUE = 4
+_RESTORE_LOADS_SLACK = 64
+"""A restore sends at most 4 loads per stored value plus 64: an honest one needs a few passes (an instance
+retried after its class) and a start-over per value that kills the worker; an agent that fails every load
+on purpose would otherwise hold the controller for about N * N / 2 loads."""
 
 
 class Sandbox:
@@ -193,9 +198,12 @@ class Sandbox:
         first). A value that hangs or kills the worker leaves an empty worker behind, so the
         restore starts over without it. Every value is under ``restore_value_timeout``.
         ``contexts`` (id -> ``{cwd, env}``) are created first; ``<id>/<name>`` keys load into theirs.
+        The whole restore sends at most ``_RESTORE_LOADS_PER_VALUE`` loads per value (plus a slack); the
+        values still not loaded when that runs out are named as failed, so the work stays linear.
         """
         failed: dict[str, str] = {}
-        while not self._restore_pass(manifest, generation, open_blob, failed, contexts or {}):
+        budget = _LoadBudget(_RESTORE_LOADS_PER_VALUE * len(manifest) + _RESTORE_LOADS_SLACK)
+        while not self._restore_pass(manifest, generation, open_blob, failed, contexts or {}, budget):
             pass
         self._control({"type": protocol.RESTORE_END, "generation": generation})
         return failed
@@ -207,6 +215,7 @@ class Sandbox:
         open_blob: Callable[[str], AbstractContextManager[memoryview]],
         failed: dict[str, str],
         contexts: Mapping[str, Mapping[str, Any]],
+        budget: _LoadBudget,
     ) -> bool:
         """One attempt from an empty namespace; False when a value took the worker down (start over)."""
         self._control({"type": protocol.RESTORE_BEGIN, "generation": generation})
@@ -217,8 +226,13 @@ class Sandbox:
         limit = self._settings.restore_value_timeout
         seconds = limit + self._settings.interrupt_grace + self._settings.reply_margin
         while pending:
-            retry = []
-            for name in pending:
+            retry: list[str] = []
+            for index, name in enumerate(pending):
+                if not budget.take():
+                    given_up = f"not restored: the restore gave up after {budget.total} loads (values kept failing)"
+                    failed.update({left: errors.get(left, given_up) for left in (*retry, *pending[index:])})
+                    logger.error("sandbox %s: restore gave up after %d loads", self.sandbox_id, budget.total)
+                    return True
                 header = {"type": protocol.LOAD, "name": name, "digest": manifest[name], "timeout": limit}
                 context_id, separator, local = name.partition(protocol.CONTEXT_SEPARATOR)
                 if separator:
@@ -330,3 +344,18 @@ def _quietly(call: Callable[[], Any]) -> Any:
     with contextlib.suppress(OrchestratorError):
         return call()
     return None
+
+
+class _LoadBudget:
+    """How many more loads a restore may send (see ``_RESTORE_LOADS_PER_VALUE``)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._left = total
+
+    def take(self) -> bool:
+        """Spend one load; False when none is left."""
+        if self._left <= 0:
+            return False
+        self._left -= 1
+        return True
