@@ -19,6 +19,7 @@ from orchestrator import (
     Session,
     Settings,
 )
+from orchestrator.backend import WORKER_UID
 
 pytestmark = pytest.mark.docker
 
@@ -176,7 +177,8 @@ def test_worker_killed_from_outside_during_a_call(orch: Orchestrator, stateful: 
         container = client.containers.get(stateful.container_id)
         results: list[Any] = []
         kill = ["python3", "-c", f"import os; os.kill({pid}, 9)"]
-        timer = _in_background(lambda: results.append(container.exec_run(kill, user="65534:65534")), 1.0)
+        uid = container.labels[WORKER_UID]  # a process of the worker's own uid, outside the agent
+        timer = _in_background(lambda: results.append(container.exec_run(kill, user=f"{uid}:{uid}")), 1.0)
         try:
             with pytest.raises(SandboxCrashed) as info:
                 stateful.execute("import time\ntime.sleep(10)", timeout=30)
