@@ -73,12 +73,15 @@ def worker_environment(
     environ: Mapping[str, str], worker_uid: Optional[int], log: Callable[[str], None]
 ) -> Dict[str, str]:
     """The worker's environment: no ORCH_* variable (nothing that names the secret or the channel), no user site,
-    and a ``PYTHONPATH`` without what the worker could write (its uid: ``worker_uid``, else ours)."""
+    and a ``PYTHONPATH`` without what the worker (``worker_uid``; None: ours) could write, nor a relative entry."""
     env = {key: value for key, value in environ.items() if not key.startswith("ORCH_")}
     env["PYTHONNOUSERSITE"] = "1"
     if env.get("PYTHONPATH"):
-        uid = os.geteuid() if worker_uid is None else worker_uid
-        kept = safe_path(env["PYTHONPATH"].split(os.pathsep), uid, log)
+        entries = env["PYTHONPATH"].split(os.pathsep)
+        if worker_uid is None:  # the worker is our own uid: it could change our files anyway; no relative entry
+            kept = [entry for entry in entries if os.path.isabs(entry)]
+        else:
+            kept = safe_path(entries, worker_uid, log)
         if kept:
             env["PYTHONPATH"] = os.pathsep.join(kept)
         else:
@@ -88,9 +91,10 @@ def worker_environment(
 
 def confine_supervisor(worker_uid: Optional[int], log: Callable[[str], None]) -> None:
     """Make this process (the supervisor) non-dumpable, empty the bounding set the worker inherits (when root),
-    and drop from ``sys.path`` what the worker could write. Best effort: each step that the kernel or the
-    container refuses is logged, and the others still happen."""
-    sys.path[:] = safe_path(sys.path, os.geteuid() if worker_uid is None else worker_uid, log)
+    and drop from ``sys.path`` what the worker could write (when it is another uid). Best effort: each step that
+    the kernel or the container refuses is logged, and the others still happen."""
+    if worker_uid is not None:
+        sys.path[:] = safe_path(sys.path, worker_uid, log)
     try:
         import ctypes
     except ImportError:  # a Python built without ctypes: the uid boundary still holds

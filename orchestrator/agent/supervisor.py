@@ -158,10 +158,11 @@ class Config:
             or protocol.HOST_CALL_MAX_BYTES
         )
         uid = _env_number(environ, "ORCH_WORKER_UID", DEFAULT_WORKER_UID, True)
-        if not 0 < uid <= MAX_WORKER_UID:
-            raise ConfigError("ORCH_WORKER_UID=%r must be a uid from 1 to %d" % (uid, MAX_WORKER_UID))
-        # Only root can start the worker as another uid; any other user runs it as itself (Settings.user).
-        self.worker_uid: Optional[int] = uid if os.geteuid() == 0 else None
+        if uid > MAX_WORKER_UID:
+            raise ConfigError("ORCH_WORKER_UID=%r must be a uid from 0 to %d" % (uid, MAX_WORKER_UID))
+        # Only root can start the worker as another uid; any other user (Settings.user), or a worker uid that is
+        # our own, runs it as the supervisor's user: no boundary between them.
+        self.worker_uid: Optional[int] = uid if os.geteuid() == 0 and uid != 0 else None
         self.worker_environ = confinement.worker_environment(environ, self.worker_uid, log)
 
 
