@@ -12,12 +12,18 @@ cells) as the sandbox's own uid, with no group and no capability (docs/security.
   the agent's, ``dill``, ``sitecustomize``, ``usercustomize``, a ``.pth`` in a user site) never run in
   the worker that replaces a crashed or timed-out one, and the session's state comes back;
 - every sandbox has a worker uid of its own (its label says which): one sandbox holding every inotify
-  instance its uid may have leaves a second sandbox free to make one.
+  instance its uid may have leaves a second sandbox free to make one;
+- a controller that is not root (a laptop user in the engine's group) gets the same: its channel
+  files are its own and its group's, the supervisor gets that group, the cell neither.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -319,3 +325,103 @@ def test_each_sandbox_has_a_uid_of_its_own_and_its_own_per_uid_limits(orch: Orch
     finally:
         first.close()
         second.close()
+
+
+CONTROLLER_USER = 12345
+NOT_ROOT_CONTROLLER = """\
+import json, os, shutil, stat, sys, tempfile
+from orchestrator import Orchestrator, SandboxCrashed, Settings
+from orchestrator.backend import WORKER_UID
+
+labels = {%(label)r: %(run)r}
+CELL = '''
+import os, socket
+def attempt(action):
+    try:
+        action()
+        return 'allowed'
+    except OSError as exc:
+        return type(exc).__name__
+def dial():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect('/run/orchestrator/channel.sock')
+    finally:
+        s.close()
+[os.getuid(), attempt(lambda: open('/run/orchestrator/secret').read()),
+ attempt(lambda: os.listdir('/run/orchestrator')), attempt(dial)]
+'''
+
+
+def session_round(settings):
+    report = {}
+    with Orchestrator(settings) as orch:
+        s = orch.create_session(labels=labels)
+        try:
+            assert s.execute('kept = 41').ok
+            report['cell'] = s.execute(CELL).return_value
+            try:
+                s.execute('import os\\nos._exit(1)')
+            except SandboxCrashed as exc:
+                report['restored'] = exc.restored
+            report['kept'] = s.execute('kept').return_value
+            container = orch.backend.client.containers.get(s.container_id)
+            report['label'] = container.labels[WORKER_UID]
+            report['group_add'] = container.attrs['HostConfig']['GroupAdd']
+            directory = settings.runtime_dir / s.sandbox_id
+            report['files'] = {
+                name: [stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid]
+                for name, st in (('dir', os.lstat(directory)), ('secret', os.lstat(directory / 'secret')),
+                                 ('socket', os.lstat(directory / 'channel.sock')))
+            }
+        finally:
+            s.close()
+    shutil.rmtree(settings.state_dir, ignore_errors=True)
+    shutil.rmtree(settings.runtime_dir, ignore_errors=True)
+    return report
+
+
+def private_settings():
+    return Settings.from_env().replace(  # the image named: its tag is a digest of files only root may read
+        image=sys.argv[2],
+        state_dir=tempfile.mkdtemp(prefix='os-', dir='/tmp'),
+        runtime_dir=tempfile.mkdtemp(prefix='or-', dir='/tmp'),
+    )
+
+
+session_round(private_settings())  # as root: every module the round needs is imported while we may read them
+os.setgroups([int(sys.argv[1])])  # the engine's socket group (docker)
+os.setgid(%(user)d)
+os.setuid(%(user)d)
+print(json.dumps(dict(session_round(private_settings()), euid=os.geteuid(), egid=os.getegid())))
+"""
+
+
+def docker_socket_group() -> int | None:
+    """The group that may use the local engine's socket (read and write), if there is one besides root's."""
+    try:
+        st = os.stat("/var/run/docker.sock")
+    except OSError:
+        return None
+    return st.st_gid if st.st_gid and st.st_mode & 0o060 == 0o060 else None
+
+
+def test_a_controller_that_is_not_root_keeps_the_cell_out_of_the_channel(run_id: str, image: str) -> None:
+    """A controller in the engine's group (a laptop): the channel files stay its own and its group's (0710, 0440,
+    0660); the supervisor gets that group, the cell (no group) gets neither the secret nor the socket."""
+    group = docker_socket_group()
+    if os.geteuid() != 0 or group is None or "DOCKER_HOST" in os.environ:
+        pytest.skip("needs root (to become another user) and the local engine socket open to its group")
+    script = NOT_ROOT_CONTROLLER % {"label": TEST_LABEL, "run": run_id, "user": CONTROLLER_USER}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(group), image], capture_output=True, text=True, timeout=300, cwd="/"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    uid = int(report["label"])
+    assert (report["euid"], report["egid"]) == (CONTROLLER_USER, CONTROLLER_USER)
+    assert ast.literal_eval(report["cell"]) == [uid, "PermissionError", "PermissionError", "PermissionError"]
+    assert report["restored"] is True and report["kept"] == "41"
+    assert report["group_add"] == [str(CONTROLLER_USER)]
+    owner = [CONTROLLER_USER, CONTROLLER_USER]
+    assert report["files"] == {"dir": [0o710, *owner], "secret": [0o440, *owner], "socket": [0o660, *owner]}
