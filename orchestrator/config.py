@@ -74,7 +74,7 @@ def parse_uid_range(text: str) -> tuple[int, int]:
     """
     match = _UID_RANGE.match(text)
     if not match:
-        raise ConfigError(f"{text!r} is not a range of uids: use low-high, e.g. 1000000-1999999")
+        raise ConfigError(f"{text!r} is not a range of uids: use low-high, e.g. 2000000000-2099999999")
     return int(match.group(1)), int(match.group(2))
 
 
@@ -152,12 +152,13 @@ class Settings:
     """uid:gid the container starts as: the agent's supervisor. Root (the default) holds only the capabilities of
     ``backend.SUPERVISOR_CAPABILITIES`` (with ``cap_drop_all``), enough to start each worker as the sandbox's own uid
     from ``worker_uids`` with no capability at all and to signal it, so no cell can reach the supervisor
-    (docs/security.md). A non-root user here runs the worker as that same user, within the cell's reach: a
+    (docs/identity.md). A non-root user here runs the worker as that same user, within the cell's reach: a
     loosening."""
-    worker_uids: tuple[int, int] = (1_000_000, 1_999_999)
+    worker_uids: tuple[int, int] = (2_000_000_000, 2_099_999_999)
     """The uids (both ends included) a sandbox's worker uid is drawn from, at random and never one a live sandbox
-    of this engine holds (its label ``orchestrator.worker-uid``); its gid is the same number. Uids above 65535 need
-    no entry in /etc/passwd and no user namespace. ``ORCH_WORKER_UIDS`` takes ``low-high``."""
+    of this engine holds (its label ``orchestrator.worker-uid``); its gid is the same number. They need no entry in
+    /etc/passwd and no user namespace; the default lies where no convention puts users or containers (systemd's
+    container ranges end at 1879048191). ``ORCH_WORKER_UIDS`` takes ``low-high`` (docs/identity.md)."""
     read_only: bool = True
     """Read-only root filesystem; writable paths come from ``tmpfs``."""
     tmpfs: Mapping[str, str] = field(default_factory=lambda: {"/tmp": "size=256m,mode=1777"})

@@ -1,7 +1,7 @@
 """A cell cannot touch its supervisor, plant code in a later worker, or use up another sandbox's per-uid limits.
 
 The supervisor runs as root with SETUID, SETGID, SETPCAP and KILL only; the worker (which runs the
-cells) as the sandbox's own uid, with no group and no capability (docs/security.md). From a cell:
+cells) as the sandbox's own uid, with no group and no capability (docs/identity.md). From a cell:
 
 - ``ptrace`` (PTRACE_ATTACH, PTRACE_SEIZE), ``/proc/<supervisor>/mem`` (read and write), ``environ``
   and ``fd/``, and signals (SIGKILL, SIGSTOP, SIGUSR1, SIGINT) aimed at the supervisor or init all
