@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .agent.confinement import MAX_WORKER_UID
 from .errors import ConfigError
 
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
@@ -24,8 +25,6 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _UID_RANGE = re.compile(r"^\s*(\d{1,10})\s*-\s*(\d{1,10})\s*$")
-MAX_WORKER_UID = (1 << 31) - 2
-"""The highest worker uid: above it some tools take a uid for negative, and (uid_t)-1 means "no change"."""
 
 
 def parse_memory(text: str | int) -> int:

@@ -22,6 +22,10 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+MAX_WORKER_UID = (1 << 31) - 2
+"""The highest worker uid: above it some tools take a uid for negative, and (uid_t)-1 means "no change"."""
+DEFAULT_WORKER_UID = 65534
+"""nobody: the worker's uid under a root supervisor that was given none (``ORCH_WORKER_UID``)."""
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 _CAP_LAST_CAP = "/proc/sys/kernel/cap_last_cap"
@@ -32,11 +36,15 @@ def writable_by(path: str, uid: int) -> bool:
 
     True when ``path`` or any directory above it that exists belongs to ``uid`` or is writable by
     it through its group or others' bits (a path that does not exist yet can be made in a writable
-    parent). Relative paths count as writable: they follow the working directory.
+    parent), as written or with its symbolic links resolved. Relative paths count as writable:
+    they follow the working directory.
     """
     if not os.path.isabs(path):
         return True
-    path = os.path.normpath(path)
+    return any(_chain_writable_by(candidate, uid) for candidate in {os.path.normpath(path), os.path.realpath(path)})
+
+
+def _chain_writable_by(path: str, uid: int) -> bool:
     while True:
         try:
             st = os.stat(path)

@@ -60,8 +60,6 @@ _WORKER_START_ATTEMPTS = 3
 _HANDSHAKE_HEADER_BYTES = 64 << 10
 _MAX_NONCE_CHARS = 256
 _OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
-DEFAULT_WORKER_UID = 65534  # nobody: a root supervisor that was given no uid of its own for the worker
-MAX_WORKER_UID = (1 << 31) - 2
 # The worker's first Python code: no entry that is not an absolute path (the working directory, '') stays on its
 # import path, before anything is imported from it. ``-s`` (no user site) runs before it.
 _WORKER_BOOTSTRAP = (
@@ -157,9 +155,9 @@ class Config:
             _env_number(environ, "ORCH_HOST_CALL_MAX_BYTES", protocol.HOST_CALL_MAX_BYTES, True)
             or protocol.HOST_CALL_MAX_BYTES
         )
-        uid = _env_number(environ, "ORCH_WORKER_UID", DEFAULT_WORKER_UID, True)
-        if uid > MAX_WORKER_UID:
-            raise ConfigError("ORCH_WORKER_UID=%r must be a uid from 0 to %d" % (uid, MAX_WORKER_UID))
+        uid = _env_number(environ, "ORCH_WORKER_UID", confinement.DEFAULT_WORKER_UID, True)
+        if uid > confinement.MAX_WORKER_UID:
+            raise ConfigError("ORCH_WORKER_UID=%r must be a uid from 0 to %d" % (uid, confinement.MAX_WORKER_UID))
         # Only root can start the worker as another uid; any other user (Settings.user), or a worker uid that is
         # our own, runs it as the supervisor's user: no boundary between them.
         self.worker_uid: Optional[int] = uid if os.geteuid() == 0 and uid != 0 else None

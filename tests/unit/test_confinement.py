@@ -26,15 +26,21 @@ TREE = {  # path -> (owner, group, mode)
 }
 
 
+REAL_STAT = os.stat
+REAL_REALPATH = os.path.realpath
+
+
 @pytest.fixture(autouse=True)
 def fake_tree(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fake_stat(path: str) -> Any:
+    """``os.stat`` answers for the paths of ``TREE``; every other path (none of them exists here) is the real one's."""
+
+    def fake_stat(path: Any, *args: Any, **kwargs: Any) -> Any:
         if path not in TREE:
-            raise FileNotFoundError(path)
+            return REAL_STAT(path, *args, **kwargs)
         uid, gid, mode = TREE[path]
         return os.stat_result((0o040000 | mode, 0, 0, 1, uid, gid, 0, 0, 0, 0))
 
-    monkeypatch.setattr(confinement.os, "stat", fake_stat)
+    monkeypatch.setattr(os, "stat", fake_stat)
 
 
 @pytest.mark.parametrize(
@@ -82,3 +88,14 @@ def test_a_worker_of_our_own_uid_loses_only_relative_entries() -> None:
 def test_the_worker_identity_has_no_supplementary_group() -> None:
     assert confinement.worker_identity(WORKER) == {"user": WORKER, "group": WORKER, "extra_groups": []}
     assert confinement.worker_identity(None) == {}
+
+
+def test_a_link_into_a_writable_directory_is_writable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/opt/app/lib`` (root's) as a symbolic link to ``/tmp/lib``: the worker can make the target."""
+
+    def fake_realpath(path: Any, *args: Any, **kwargs: Any) -> Any:
+        return "/tmp/lib" if path == "/opt/app/lib" else REAL_REALPATH(path, *args, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", fake_realpath)
+    assert confinement.writable_by("/opt/app/lib", WORKER)
+    assert not confinement.writable_by("/opt/app", WORKER)
