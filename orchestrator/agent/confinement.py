@@ -101,8 +101,8 @@ def confine_supervisor(worker_uid: Optional[int], log: Callable[[str], None]) ->
     """Make this process (the supervisor) non-dumpable, empty the bounding set the worker inherits (when root),
     and drop from ``sys.path`` what the worker could write (when it is another uid). Best effort: each step that
     the kernel or the container refuses is logged, and the others still happen."""
-    if worker_uid is not None:
-        sys.path[:] = safe_path(sys.path, worker_uid, log)
+    if worker_uid is not None:  # quietly: the working directory is expected there, and nobody chose it
+        sys.path[:] = safe_path(sys.path, worker_uid, lambda line: None)
     try:
         import ctypes
     except ImportError:  # a Python built without ctypes: the uid boundary still holds
