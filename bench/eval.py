@@ -211,7 +211,8 @@ def docker_run_command(settings: Settings, image: str, name: str, labels: dict[s
         command.append("--read-only")
     for path, opts in settings.tmpfs.items():
         command += ["--tmpfs", f"{path}:{opts}"]
-    command += ["--workdir", "/tmp", "--user", settings.user]
+    uid = settings.worker_uids[0]  # the code runs as a sandbox's worker does: a non-root uid, no capability
+    command += ["--workdir", "/tmp", "--user", f"{uid}:{uid}"]
     if settings.cap_drop_all:
         command += ["--cap-drop", "ALL"]
     if settings.no_new_privileges:
@@ -442,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     split = ", ".join(f"{k.split('_')[1]} {ms(v)}" for k, v in ours.extra.items() if k.startswith("median_"))
     limits = (
         f"{settings.mem_limit} memory (= swap), {settings.nano_cpus / 1e9:g} cpu, {settings.pids_limit} pids, "
-        f"network {settings.network_mode}, read-only, tmpfs {dict(settings.tmpfs)}, user {settings.user}, "
+        f"network {settings.network_mode}, read-only, tmpfs {dict(settings.tmpfs)}, "
+        f"worker uid from {settings.worker_uids[0]}-{settings.worker_uids[1]}, "
         "no capabilities, no-new-privileges, --init"
     )
     notes = [

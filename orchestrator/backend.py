@@ -22,6 +22,12 @@ MANAGED = LABEL_PREFIX + "managed"
 STORE_ID = LABEL_PREFIX + "store"
 SANDBOX_ID = LABEL_PREFIX + "sandbox-id"
 SESSION_ID = LABEL_PREFIX + "session-id"
+WORKER_UID = LABEL_PREFIX + "worker-uid"
+"""The uid (and gid) the sandbox's worker runs as, one per live sandbox (``identity.py``)."""
+SUPERVISOR_CAPABILITIES = ("SETUID", "SETGID", "SETPCAP", "KILL")
+"""What the supervisor keeps when every other capability is dropped: SETUID and SETGID to start each worker as the
+sandbox's uid with no groups, KILL to signal and kill that worker's process group, SETPCAP to empty the bounding
+set that the worker inherits. The worker, another uid, holds none of them."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,8 @@ class SandboxSpec:
     """Join this container's network namespace (a loopback-only one, ``pool.NetworkSlots``) instead of a new one."""
     placement: Placement = field(default_factory=Placement)
     """The session's placement, plus the endpoint's own constraints (a relay's node)."""
+    groups: tuple[int, ...] = ()
+    """Supplementary groups of the container's user (the supervisor): the endpoint's ``groups()``."""
 
 
 class Backend(Protocol):

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .agent.confinement import MAX_WORKER_UID
 from .errors import ConfigError
 
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
@@ -24,6 +25,7 @@ _MEMORY = re.compile(r"^\s*(\d+)\s*([kmg]?)b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_UID_RANGE = re.compile(r"^\s*(\d{1,10})\s*-\s*(\d{1,10})\s*$")
 
 
 def parse_memory(text: str | int) -> int:
@@ -62,6 +64,18 @@ def parse_duration(text: str | float) -> float:
     if not seconds >= 0:
         raise ConfigError(f"a duration must not be negative, got {text!r}")
     return seconds
+
+
+def parse_uid_range(text: str) -> tuple[int, int]:
+    """``(low, high)`` from "low-high" (both included).
+
+    Raises:
+        ConfigError: not two numbers joined by a dash.
+    """
+    match = _UID_RANGE.match(text)
+    if not match:
+        raise ConfigError(f"{text!r} is not a range of uids: use low-high, e.g. 2000000000-2099999999")
+    return int(match.group(1)), int(match.group(2))
 
 
 def save_default_base_image(state_dir: Path, base_image: str) -> Path:
@@ -134,8 +148,17 @@ class Settings:
     like a shell line."""
     network_mode: str = "none"
     """Docker network mode; "none" keeps sandboxes off every network."""
-    user: str = "65534:65534"
-    """uid:gid the agent runs as (nobody)."""
+    user: str = "0:0"
+    """uid:gid the container starts as: the agent's supervisor. Root (the default) holds only the capabilities of
+    ``backend.SUPERVISOR_CAPABILITIES`` (with ``cap_drop_all``), enough to start each worker as the sandbox's own uid
+    from ``worker_uids`` with no capability at all and to signal it, so no cell can reach the supervisor
+    (docs/identity.md). A non-root user here runs the worker as that same user, within the cell's reach: a
+    loosening."""
+    worker_uids: tuple[int, int] = (2_000_000_000, 2_099_999_999)
+    """The uids (both ends included) a sandbox's worker uid is drawn from, at random and never one a live sandbox
+    of this engine holds (its label ``orchestrator.worker-uid``); its gid is the same number. They need no entry in
+    /etc/passwd and no user namespace; the default lies where no convention puts users or containers (systemd's
+    container ranges end at 1879048191). ``ORCH_WORKER_UIDS`` takes ``low-high`` (docs/identity.md)."""
     read_only: bool = True
     """Read-only root filesystem; writable paths come from ``tmpfs``."""
     tmpfs: Mapping[str, str] = field(default_factory=lambda: {"/tmp": "size=256m,mode=1777"})
@@ -194,7 +217,7 @@ class Settings:
 
     @property
     def sandbox_uid_gid(self) -> tuple[int | None, int | None]:
-        """The numeric uid and gid the sandbox runs as, when ``user`` gives them."""
+        """The numeric uid and gid the container (its supervisor) runs as, when ``user`` gives them."""
         user, _, group = self.user.partition(":")
         uid = int(user) if user.isdigit() else None
         gid = int(group) if group.isdigit() else uid
@@ -225,6 +248,7 @@ class Settings:
         ):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"Settings.{name} must be a positive integer, got {getattr(self, name)!r}")
+        self._check_worker_uids()
         if self.checkpoint_quota is not None and int(self.checkpoint_quota) <= 0:
             raise ConfigError(
                 f"Settings.checkpoint_quota must be a positive number of bytes, got {self.checkpoint_quota!r}"
@@ -262,6 +286,23 @@ class Settings:
         object.__setattr__(self, "swarm_node_dir", Path(self.swarm_node_dir))
         if not self.swarm_node_dir.is_absolute():
             raise ConfigError(f"Settings.swarm_node_dir must be an absolute path, got {str(self.swarm_node_dir)!r}")
+
+    def _check_worker_uids(self) -> None:
+        uids = tuple(self.worker_uids)
+        if len(uids) != 2 or not all(isinstance(uid, int) and not isinstance(uid, bool) for uid in uids):
+            raise ConfigError(f"Settings.worker_uids must be two integers (low, high), got {self.worker_uids!r}")
+        low, high = uids
+        if not 0 < low <= high <= MAX_WORKER_UID:
+            raise ConfigError(
+                f"Settings.worker_uids must be a range of uids with 0 < low <= high <= {MAX_WORKER_UID}, got "
+                f"{self.worker_uids!r}"
+            )
+        object.__setattr__(self, "worker_uids", uids)
+
+    @property
+    def separate_worker(self) -> bool:
+        """Whether each worker runs as a uid of its own (the container starts as root, which can switch to it)."""
+        return self.user.partition(":")[0] in ("0", "root")
 
     @property
     def checkpoint_quota_bytes(self) -> int:
@@ -301,6 +342,8 @@ class Settings:
                     changes[f.name] = parse_duration(raw) if raw.strip() else None
                 elif f.name == "swarm_constraints":
                     changes[f.name] = tuple(part.strip() for part in raw.split(",") if part.strip())
+                elif f.name == "worker_uids":
+                    changes[f.name] = parse_uid_range(raw)
                 elif f.name == "max_running":
                     changes[f.name] = int(raw) if raw.strip() else None
                 elif isinstance(default, bool):

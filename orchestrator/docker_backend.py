@@ -20,7 +20,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import LogConfig
 
-from .backend import MANAGED, ContainerState, Placement, SandboxSpec
+from .backend import MANAGED, SUPERVISOR_CAPABILITIES, ContainerState, Placement, SandboxSpec
 from .config import Settings
 from .endpoint import UnixSocketEndpoint
 from .errors import EngineError, EngineUnavailable, ImageMissing
@@ -134,8 +134,12 @@ class DockerBackend:
         }
         if spec.command is not None:
             kwargs["command"] = list(spec.command)
+        if spec.groups:
+            kwargs["group_add"] = [str(gid) for gid in spec.groups]
         if settings.cap_drop_all:
             kwargs["cap_drop"] = ["ALL"]
+            if settings.separate_worker:
+                kwargs["cap_add"] = list(SUPERVISOR_CAPABILITIES)
         if settings.no_new_privileges:
             kwargs["security_opt"] = ["no-new-privileges:true"]
         with engine_errors(f"starting sandbox container {spec.name}"):

@@ -68,6 +68,11 @@ class Endpoint(Protocol):
         anywhere the backend runs containers, as ``mounts`` tells what to mount."""
         ...
 
+    def groups(self) -> list[int]:
+        """Supplementary groups the sandbox's supervisor needs to open the mounted secret and socket (and its
+        worker, which runs with none, cannot)."""
+        ...
+
     def close(self) -> None:
         """Stop listening."""
         ...
@@ -131,12 +136,13 @@ class UnixSocketEndpoint:
     """A sandbox's directory with its secret and the controller's listening socket in it.
 
     Layout (docs/protocol.md): ``<runtime_dir>/<sandbox_id>/secret`` and ``.../channel.sock``.
-    When the controller runs as root and knows the sandbox's uid, the directory, the secret
-    (0400) and the socket (0600) belong to that uid, so only the agent and root can use them.
-    A controller that is not root cannot give files away: the directory is then 0711, the
-    secret 0444 and the socket 0666, which is still private because ``runtime_dir`` above them
-    is 0700 and ours (``ensure_private_dir``), so no other host user can reach them; inside the
-    container only this sandbox's directory is mounted, and the secret authenticates both ends.
+    When the controller runs as root and knows the sandbox's uid (its supervisor's: root, by
+    default), the directory (0700), the secret (0400) and the socket (0600) belong to that uid.
+    A controller that is not root cannot give files away: they stay its own, and its group's
+    (0710, 0440, 0660), and the sandbox's supervisor gets that group as a supplementary group
+    (``groups``); the worker runs with no group, so it can use neither. ``runtime_dir`` above
+    them is 0700 and ours (``ensure_private_dir``), so no other host user can reach them; inside
+    the container only this sandbox's directory is mounted, and the secret authenticates both ends.
 
     Use ``create`` for a new sandbox and ``open`` to take over a live one.
 
@@ -303,6 +309,10 @@ class UnixSocketEndpoint:
     def constraints(self) -> list[str]:
         """None: the sandbox runs beside this controller, on its engine."""
         return []
+
+    def groups(self) -> list[int]:
+        """Our group when we are not root: the group that may open the sandbox's secret and socket."""
+        return rendezvous.supervisor_groups()
 
     def close(self) -> None:
         """Stop listening (idempotent). The socket file stays: an agent that dials it is refused.

@@ -15,6 +15,8 @@ RUN if PYTHONPATH= python3 -c "import dill" 2>/dev/null; then rm -rf /opt/orches
  && find / -xdev -type f -perm /6000 -exec chmod ug-s {} + \
  && python3 -m compileall -q /opt/orchestrator \
  && python3 -c "import dill, orchestrator_agent.supervisor, orchestrator_agent.checkpoint"
+# Run by hand, the image stays unprivileged. The controller starts it as root with four capabilities
+# (Settings.user), so that the supervisor can run each worker as the sandbox's own uid (docs/identity.md).
 USER 65534:65534
 WORKDIR /tmp
 CMD ["python3", "-m", "orchestrator_agent.supervisor"]

@@ -20,13 +20,14 @@ from typing import Any
 
 from . import background
 from .agent import protocol
-from .backend import SANDBOX_ID, Backend, ContainerState, Placement, SandboxSpec
+from .backend import SANDBOX_ID, WORKER_UID, Backend, ContainerState, Placement, SandboxSpec
 from .config import Settings
 from .connection import AgentConnection, Body, Header
 from .endpoint import Endpoint
 from .errors import AgentStartTimeout, AgentTimeoutError, OrchestratorError, ProtocolError
 from .events import LiveCall
 from .hostcalls import CallDesk
+from .identity import choose_worker_uid
 from .messages import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
 from .store import new_sandbox_id
 
@@ -91,16 +92,23 @@ class Sandbox:
         """
         sandbox_id = new_sandbox_id()
         placement = placement or Placement()
+        identity: dict[str, str] = {}
+        if settings.separate_worker:
+            identity[WORKER_UID] = str(choose_worker_uid(backend, settings))
         endpoint = backend.create_endpoint(sandbox_id, settings, placement)
+        environment = agent_environment(endpoint, settings)
+        if identity:
+            environment["ORCH_WORKER_UID"] = identity[WORKER_UID]
         spec = SandboxSpec(
             name=f"orch-{scope}-{sandbox_id}",
             image=image,
-            labels={**labels, SANDBOX_ID: sandbox_id},
-            environment=agent_environment(endpoint, settings),
+            labels={**labels, SANDBOX_ID: sandbox_id, **identity},
+            environment=environment,
             mounts=endpoint.mounts(),
             command=settings.agent_command,
             network_of=network_of,
             placement=dataclasses.replace(placement, constraints=(*placement.constraints, *endpoint.constraints())),
+            groups=tuple(endpoint.groups()),
         )
         try:
             container_id = backend.run_sandbox(spec, settings)

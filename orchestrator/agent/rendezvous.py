@@ -23,7 +23,7 @@ import socket
 import stat
 import sys
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional, Set, Tuple
+from typing import Callable, List, NamedTuple, Optional, Set, Tuple
 
 from . import protocol
 
@@ -151,8 +151,8 @@ def create(
     """Make ``<base>/<sandbox_id>/`` (``base`` is created 0700 if missing) with a fresh secret and a listening socket.
 
     When we are root and know the sandbox's uid, the directory (0700), the secret (0400) and the
-    socket (0600) belong to that uid; otherwise they stay ours and open (0711, 0444, 0666) under
-    the private ``base``.
+    socket (0600) belong to that uid; otherwise they stay ours and our group's (0710, 0440, 0660)
+    under the private ``base``, and the sandbox's supervisor gets our group (``supervisor_groups``).
 
     Raises:
         RendezvousError: ``sandbox_id`` is not a plain name, ``base`` is not private, the sandbox
@@ -185,7 +185,8 @@ def create(
                 if give_to is not None:
                     os.fchown(dir_fd, *give_to)
                 else:
-                    os.fchmod(dir_fd, 0o711)
+                    os.fchown(dir_fd, -1, os.getegid())  # not the group of a setgid ``base``
+                    os.fchmod(dir_fd, 0o710)
             except BaseException:
                 listener.close()
                 raise
@@ -309,6 +310,12 @@ def _check_entry(path: Path, st: os.stat_result, is_kind: Callable[[int], bool],
         raise RendezvousError("%s has mode %04o: others may write to it" % (path, stat.S_IMODE(st.st_mode)))
 
 
+def supervisor_groups() -> List[int]:
+    """The supplementary groups a sandbox's supervisor needs for what ``create`` made: our group when we are not
+    root (the files stay ours and our group's), else none (they belong to the sandbox's uid)."""
+    return [] if os.geteuid() == 0 else [os.getegid()]
+
+
 def _give_to(sandbox_uid: Optional[int], sandbox_gid: Optional[int]) -> Optional[Tuple[int, int]]:
     """The (uid, gid) to hand the sandbox's files to; None when we cannot (not root) or do not know whom to."""
     if sandbox_uid is None or os.geteuid() != 0:
@@ -325,7 +332,7 @@ def _set_mode(path: Path, mode: int) -> None:
 
 
 def _write_secret(dir_fd: int, text: bytes, give_to: Optional[Tuple[int, int]]) -> None:
-    mode = 0o400 if give_to is not None else 0o444
+    mode = 0o400 if give_to is not None else 0o440
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(SECRET_NAME, flags, mode, dir_fd=dir_fd)
     try:
@@ -333,8 +340,7 @@ def _write_secret(dir_fd: int, text: bytes, give_to: Optional[Tuple[int, int]]) 
         while view:
             view = view[os.write(fd, view) :]
         os.fchmod(fd, mode)  # the umask may have taken bits off
-        if give_to is not None:
-            os.fchown(fd, *give_to)
+        os.fchown(fd, *(give_to if give_to is not None else (-1, os.getegid())))
     finally:
         os.close(fd)
 
@@ -373,8 +379,9 @@ def _listen(path: Path, give_to: Optional[Tuple[int, int]]) -> Tuple[socket.sock
         if give_to is not None:
             os.chown(path, *give_to, follow_symlinks=False)
             os.chmod(path, 0o600)
-        else:
-            os.chmod(path, 0o666)  # the agent runs as another uid, and connecting needs write permission
+        else:  # the agent runs as another uid, with our group: connecting needs write permission
+            os.chown(path, -1, os.getegid(), follow_symlinks=False)
+            os.chmod(path, 0o660)
         listener.listen(_BACKLOG)
         listener.setblocking(False)
     except BaseException:

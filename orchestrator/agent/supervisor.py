@@ -44,7 +44,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from . import protocol
+from . import confinement, protocol
 
 CHUNK_BYTES = 1 << 20
 READ_AHEAD = 64 << 10  # one read from a socket takes up to this much: a small frame and whatever came after it
@@ -60,6 +60,12 @@ _WORKER_START_ATTEMPTS = 3
 _HANDSHAKE_HEADER_BYTES = 64 << 10
 _MAX_NONCE_CHARS = 256
 _OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+# The worker's first Python code: no entry that is not an absolute path (the working directory, '') stays on its
+# import path, before anything is imported from it. ``-s`` (no user site) runs before it.
+_WORKER_BOOTSTRAP = (
+    "import sys; sys.path[:] = [p for p in sys.path if p.startswith('/')]; from %s.worker import main; main()"
+    % __package__
+)
 
 REPLY_TYPES = {
     protocol.EXEC: protocol.EXEC_REPLY,
@@ -149,6 +155,13 @@ class Config:
             _env_number(environ, "ORCH_HOST_CALL_MAX_BYTES", protocol.HOST_CALL_MAX_BYTES, True)
             or protocol.HOST_CALL_MAX_BYTES
         )
+        uid = _env_number(environ, "ORCH_WORKER_UID", confinement.DEFAULT_WORKER_UID, True)
+        if uid > confinement.MAX_WORKER_UID:
+            raise ConfigError("ORCH_WORKER_UID=%r must be a uid from 0 to %d" % (uid, confinement.MAX_WORKER_UID))
+        # Only root can start the worker as another uid; any other user (Settings.user), or a worker uid that is
+        # our own, runs it as the supervisor's user: no boundary between them.
+        self.worker_uid: Optional[int] = uid if os.geteuid() == 0 and uid != 0 else None
+        self.worker_environ = confinement.worker_environment(environ, self.worker_uid, log)
 
 
 def read_secret(path: str) -> bytes:
@@ -361,14 +374,13 @@ class WorkerProcess:
         calls_ours, calls_theirs = socket.socketpair()
         self.calls: Optional[socket.socket] = calls_ours  # the host-call link; None once closed
         self.oom_baseline = oom_kill_count()
-        # The worker gets no ORCH_* variable: nothing that names the secret or the channel.
-        env = {key: value for key, value in os.environ.items() if not key.startswith("ORCH_")}
         try:
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
+                    "-s",
                     "-c",
-                    "from %s.worker import main; main()" % __package__,
+                    _WORKER_BOOTSTRAP,
                     str(theirs.fileno()),
                     str(config.output_limit),
                     str(config.checkpoint_quota),
@@ -378,8 +390,9 @@ class WorkerProcess:
                 pass_fds=[theirs.fileno(), calls_theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 stdout=sys.stderr,
-                env=env,
+                env=config.worker_environ,
                 start_new_session=True,
+                **confinement.worker_identity(config.worker_uid),
             )
         except BaseException:
             ours.close()
@@ -1260,6 +1273,7 @@ def main() -> None:
     except ConfigError as exc:
         log("%s" % exc)
         sys.exit(2)
+    confinement.confine_supervisor(config.worker_uid, log)
     supervisor = Supervisor(config, secret)
     del secret
     try:

@@ -41,7 +41,7 @@ from docker.types import Placement as SwarmPlacement
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, stop_when_event_set, wait_fixed
 
 from .. import images
-from ..backend import MANAGED, SANDBOX_ID, STORE_ID, ContainerState, Placement, SandboxSpec
+from ..backend import MANAGED, SANDBOX_ID, STORE_ID, SUPERVISOR_CAPABILITIES, ContainerState, Placement, SandboxSpec
 from ..config import Settings, parse_memory
 from ..docker_backend import DockerBackend, endpoint_options, engine_errors
 from ..endpoint import leftover_dir_grace
@@ -230,7 +230,9 @@ class SwarmBackend:
             mounts=mounts,
             read_only=settings.read_only,
             init=True,
+            groups=[str(gid) for gid in spec.groups] or None,
             cap_drop=["ALL"] if settings.cap_drop_all else None,
+            cap_add=list(SUPERVISOR_CAPABILITIES) if settings.cap_drop_all and settings.separate_worker else None,
             dns_config=DNSConfig(nameservers=[_RESOLVER_THAT_ANSWERS_NOTHING]),
             stop_grace_period=_STOP_GRACE_NS,
         )

@@ -424,6 +424,10 @@ class RelayEndpoint:
         """The sandbox must run on the relay's node, where its directory is."""
         return [f"node.id=={self.node_id}"]
 
+    def groups(self) -> list[int]:
+        """None: the relay runs as root and gives the directory to the sandbox's (supervisor's) uid."""
+        return []
+
     def close(self) -> None:
         """Stop accepting (idempotent); the relay keeps listening for the sandbox's next controller."""
         self._closed = True

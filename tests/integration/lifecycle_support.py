@@ -57,6 +57,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
             continue
         if f.name == "agent_command":
             text = shlex.join(value)
+        elif f.name == "worker_uids":
+            text = f"{value[0]}-{value[1]}"
         elif isinstance(value, bool):
             text = "1" if value else "0"
         else:

@@ -19,6 +19,7 @@ from orchestrator import (
     Session,
     Settings,
 )
+from orchestrator.backend import WORKER_UID
 
 pytestmark = pytest.mark.docker
 
@@ -63,11 +64,30 @@ def test_worker_death_is_sandbox_crashed(stateful: Session, code: str, reason: s
     assert_state_back(stateful)
 
 
-def test_cell_killing_the_agent_is_a_crash_with_restore(stateful: Session) -> None:
-    """The worker's parent is the supervisor; without it the container ends."""
+def test_a_cell_cannot_kill_the_agent_and_a_dead_agent_is_a_crash_with_restore(stateful: Session) -> None:
+    """The worker's parent is the supervisor, another uid: a cell's SIGKILL is refused. Killed from outside (a root
+    process in the container, which holds its KILL capability), the container ends and the session comes back."""
     old = stateful.container_id
-    with pytest.raises(SandboxCrashed) as info:
-        stateful.execute("import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(10)", timeout=30)
+    result = stateful.execute("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
+    assert result.error is not None and result.error.type == "PermissionError", result
+    assert stateful.container_id == old
+    assert stateful.execute(CHECK).return_value == EXPECTED
+    supervisor = int(stateful.execute("os.getppid()").return_value or "0")
+    assert supervisor > 1
+    client = docker.from_env()
+    try:
+        container = client.containers.get(old)
+        kill = ["python3", "-c", f"import os; os.kill({supervisor}, 9)"]
+        results: list[Any] = []
+        timer = _in_background(lambda: results.append(container.exec_run(kill, user="0:0")), 1.0)
+        try:
+            with pytest.raises(SandboxCrashed) as info:
+                stateful.execute("import time\ntime.sleep(10)", timeout=30)
+        finally:
+            timer.join()
+    finally:
+        client.close()
+    assert results[0].exit_code in (0, 137), results[0].output  # 137: the container ended with its supervisor first
     assert info.value.restored is True
     assert stateful.container_id != old
     assert_state_back(stateful)
@@ -176,7 +196,8 @@ def test_worker_killed_from_outside_during_a_call(orch: Orchestrator, stateful: 
         container = client.containers.get(stateful.container_id)
         results: list[Any] = []
         kill = ["python3", "-c", f"import os; os.kill({pid}, 9)"]
-        timer = _in_background(lambda: results.append(container.exec_run(kill, user="65534:65534")), 1.0)
+        uid = container.labels[WORKER_UID]  # a process of the worker's own uid, outside the agent
+        timer = _in_background(lambda: results.append(container.exec_run(kill, user=f"{uid}:{uid}")), 1.0)
         try:
             with pytest.raises(SandboxCrashed) as info:
                 stateful.execute("import time\ntime.sleep(10)", timeout=30)

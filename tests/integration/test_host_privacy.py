@@ -2,9 +2,10 @@
 
 - ``runtime_dir`` is ours and 0700; a symlink, a foreign owner or group/other bits make the controller
   refuse it (``ConfigError``) rather than use it; a missing one is created 0700.
-- ``<runtime_dir>/<sandbox_id>/`` is 0700 and belongs to the sandbox's uid (the controller is root
-  here); ``secret`` and ``channel.sock`` in it are closed to group and other. Another host user can
-  neither connect nor read the secret. The secret is not in the container's environment.
+- ``<runtime_dir>/<sandbox_id>/`` is 0700 and belongs to the sandbox's supervisor's uid (root; the
+  controller is root here); ``secret`` and ``channel.sock`` in it are closed to group and other.
+  Another host user can neither connect nor read the secret, and neither can a cell. The secret is not
+  in the container's environment.
 - A peer that connects to ``channel.sock`` without the secret gets no request and no checkpoint
   byte, including while the controller waits for a new agent, and the session works on.
 - From inside one sandbox nothing of another sandbox's directory is visible.
@@ -85,9 +86,14 @@ def test_runtime_and_sandbox_paths_are_private(session: Session, settings: Setti
         assert stat.S_IMODE(sock.st_mode) & 0o077 == 0, oct(sock.st_mode)
         assert sock.st_uid == uid
 
-    # The agent reads the secret from the mount; it is not in its environment or the container's config.
-    assert value(session, "import os\nsorted(os.listdir('/run/orchestrator'))") == "['channel.sock', 'secret']"
-    assert value(session, "open('/run/orchestrator/secret').read().strip() == " + repr(text)) == "True"
+    # The supervisor reads the secret from the mount; a cell (the worker, another uid) can neither list the mount
+    # nor read the secret, and the secret is not in its environment or the container's config.
+    attempt = (
+        "def attempt(f):\n    try:\n        return f()\n    except OSError as exc:\n        return type(exc).__name__\n"
+    )
+    listing = attempt + "import os\nattempt(lambda: os.listdir('/run/orchestrator'))"
+    assert value(session, listing) == "'PermissionError'"
+    assert value(session, "attempt(lambda: open('/run/orchestrator/secret').read())") == "'PermissionError'"
     assert value(session, f"any({text!r} in v for v in os.environ.values())") == "False"
     attrs = orch.backend.client.containers.get(session.container_id).attrs
     assert text not in json.dumps(attrs["Config"]), "the secret is not in the container's configuration"
@@ -267,7 +273,10 @@ def test_one_sandbox_sees_nothing_of_another(orch: Orchestrator, settings: Setti
     assert (first_dir / "secret").read_bytes() != (second_dir / "secret").read_bytes()
     code = (
         "import os\n"
-        "seen = sorted(os.listdir('/run/orchestrator'))\n"
+        "try:\n"
+        "    seen = sorted(os.listdir('/run/orchestrator'))\n"
+        "except OSError as exc:\n"
+        "    seen = type(exc).__name__\n"
         "mounts = open('/proc/self/mountinfo').read()\n"
         "def exists(p):\n"
         "    try:\n"
@@ -277,7 +286,7 @@ def test_one_sandbox_sees_nothing_of_another(orch: Orchestrator, settings: Setti
         "        return False\n"
     )
     assert second.execute(code).ok
-    assert value(second, "seen") == "['channel.sock', 'secret']"
+    assert value(second, "seen") == "'PermissionError'"  # not even its own: the mount is the supervisor's
     assert value(second, f"{first.sandbox_id!r} in mounts") == "False"
     other = first.sandbox_id
     probes = [f"/run/orchestrator/../{other}", f"/run/{other}", str(first_dir), f"/{other}"]

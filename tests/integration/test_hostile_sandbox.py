@@ -14,8 +14,8 @@ a mode into it; the supervisor reads and deletes it). Modes:
 - ``garbage``: bytes that are no frame at all;
 - ``nan``, ``twice``, ``digits``: the real reply, its header given a ``NaN`` duration, a key twice, or an
   integer of 5,000 digits (strict JSON refuses each; docs/trust.md).
-
-Plus a supervisor stopped with SIGSTOP by the cell (the worker's parent is the supervisor).
+- ``stop``: the supervisor stops itself with SIGSTOP (a cell cannot: the supervisor is another uid,
+  tests/integration/test_supervisor_out_of_reach.py).
 
 Each call raises ``ExecutionTimeout`` or ``ProtocolError`` with ``restored=True`` within
 timeout + checkpoint_timeout + grace + reply_margin (+ a few seconds for the recycle), and the next
@@ -36,7 +36,7 @@ from orchestrator import ExecutionTimeout, Orchestrator, OrchestratorError, Prot
 pytestmark = pytest.mark.docker
 
 HOSTILE = r"""
-import json, os, socket, struct, sys, time
+import json, os, signal, socket, struct, sys, time
 
 MARKER = '/tmp/hostile'
 MAX_BODY = %(max_body)d
@@ -103,6 +103,8 @@ class HostileSocket(_Base):
     def _misbehave(self, data, whole):
         state = self._state()
         mode = state['mode']
+        if mode == 'stop':
+            os.kill(os.getpid(), signal.SIGSTOP)
         if mode == 'trickle':
             if not whole:
                 time.sleep(0.5)
@@ -246,7 +248,7 @@ def test_a_stopped_supervisor_is_a_timeout_and_a_recycle(victim: Session, hostil
     """SIGSTOP on the supervisor: the controller stops waiting at the deadline and recycles the container."""
     orch, settings = hostile
     old = victim.container_id
-    exc = assert_typed_and_restored(victim, settings, LOST + "os.kill(os.getppid(), signal.SIGSTOP)")
+    exc = assert_typed_and_restored(victim, settings, LOST + "open('/tmp/hostile', 'w').write('stop')")
     assert isinstance(exc, ExecutionTimeout), f"{type(exc).__name__}: {exc}"
     assert victim.container_id != old
     state = orch.backend.inspect(old)

@@ -6,6 +6,7 @@ import pytest
 from support import PORT, listener_on_a_bridge
 
 from orchestrator import Orchestrator, Session, Settings
+from orchestrator.backend import SUPERVISOR_CAPABILITIES, WORKER_UID
 
 pytestmark = pytest.mark.docker
 
@@ -17,10 +18,16 @@ def value(session: Session, code: str) -> str:
     return result.return_value
 
 
-def test_runs_as_an_unprivileged_user(shared_session: Session, settings: Settings) -> None:
-    uid, gid = (int(part) for part in settings.user.split(":"))
-    assert value(shared_session, "import os\nos.getuid(), os.geteuid(), os.getgid()") == f"({uid}, {uid}, {gid})"
-    assert uid != 0
+def test_runs_as_an_unprivileged_user(shared_session: Session, orch: Orchestrator, settings: Settings) -> None:
+    """The cell runs as the sandbox's own uid (its label), gid the same, no supplementary group; the supervisor as
+    root with a few capabilities (tests/integration/test_supervisor_out_of_reach.py)."""
+    assert shared_session.container_id
+    state = orch.backend.inspect(shared_session.container_id)
+    assert state is not None
+    uid = int(state.labels[WORKER_UID])
+    assert uid != 0 and settings.worker_uids[0] <= uid <= settings.worker_uids[1]
+    code = "import os\nos.getuid(), os.geteuid(), os.getgid(), os.getgroups()"
+    assert value(shared_session, code) == f"({uid}, {uid}, {uid}, [])"
 
 
 ATTEMPT = (
@@ -126,17 +133,21 @@ def test_privileged_operations_fail(shared_session: Session) -> None:
     assert value(shared_session, code) == "('PermissionError', 'PermissionError', 'PermissionError', 'PermissionError')"
 
 
-def test_channel_mount_is_read_only(shared_session: Session) -> None:
+def test_channel_mount_is_read_only(orch: Orchestrator, shared_session: Session) -> None:
+    """Mounted read-only, and closed to the cell: only the supervisor (root, or the controller's group) opens it."""
     code = (
         "import os\n"
-        "try:\n"
-        "    open('/run/orchestrator/planted', 'w')\n"
-        "    r = 'planted'\n"
-        "except OSError as exc:\n"
-        "    r = type(exc).__name__\n"
-        "r, sorted(os.listdir('/run/orchestrator'))"
+        "def attempt(f, *a):\n"
+        "    try:\n"
+        "        f(*a)\n"
+        "        return 'allowed'\n"
+        "    except OSError as exc:\n"
+        "        return type(exc).__name__\n"
+        "attempt(lambda: open('/run/orchestrator/planted', 'w')), attempt(os.listdir, '/run/orchestrator')"
     )
-    assert value(shared_session, code) == "('OSError', ['channel.sock', 'secret'])"
+    assert value(shared_session, code) == "('PermissionError', 'PermissionError')"
+    mounts = orch.backend.client.containers.get(shared_session.container_id).attrs["Mounts"]
+    assert [(m["Destination"], m["RW"]) for m in mounts if m["Type"] == "bind"] == [("/run/orchestrator", False)]
 
 
 def test_engine_side_limits(orch: Orchestrator, shared_session: Session, settings: Settings) -> None:
@@ -145,6 +156,7 @@ def test_engine_side_limits(orch: Orchestrator, shared_session: Session, setting
     assert host["NetworkMode"] == "none"
     assert host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"]
+    assert sorted(host["CapAdd"]) == sorted(SUPERVISOR_CAPABILITIES)  # the supervisor's; the worker has none
     assert host["SecurityOpt"] == ["no-new-privileges:true"]
     assert host["Privileged"] is False
     assert host["PidsLimit"] == settings.pids_limit

@@ -69,7 +69,13 @@ AGENT_PATH = Path(tempfile.mkdtemp(prefix="orch-agent-pkg-"))
 atexit.register(shutil.rmtree, AGENT_PATH, ignore_errors=True)
 (AGENT_PATH / "orchestrator_agent").symlink_to(Path(protocol.__file__).parent)
 (AGENT_PATH / "dill").symlink_to(Path(dill.__file__).parent)
-AGENT_ENV = {**os.environ, "PYTHONPATH": str(AGENT_PATH), "PYTHONDONTWRITEBYTECODE": "1"}
+# The worker runs as the test's own uid: a worker uid of its own could not even run this (private) interpreter.
+AGENT_ENV = {
+    **os.environ,
+    "PYTHONPATH": str(AGENT_PATH),
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "ORCH_WORKER_UID": str(os.geteuid()),
+}
 AGENT_COMMAND = [AGENT_PYTHON, "-m", "orchestrator_agent.supervisor"]
 
 

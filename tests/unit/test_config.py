@@ -12,7 +12,20 @@ from orchestrator import ConfigError, Settings
 def test_secure_defaults():
     s = Settings()
     assert s.network_mode == "none" and s.read_only and s.cap_drop_all and s.no_new_privileges
-    assert s.user == "65534:65534" and s.pids_limit > 0 and s.mem_limit
+    assert s.user == "0:0" and s.separate_worker and s.pids_limit > 0 and s.mem_limit
+    assert 65535 < s.worker_uids[0] <= s.worker_uids[1]
+
+
+def test_worker_uids_from_the_environment_and_their_bounds():
+    assert Settings.from_env({"ORCH_WORKER_UIDS": " 200000 - 299999 "}).worker_uids == (200000, 299999)
+    assert Settings(worker_uids=[7, 7]).worker_uids == (7, 7)  # type: ignore[arg-type]
+    for raw in ("200000", "a-b", "1-2-3", "-5-7", ""):
+        with pytest.raises(ConfigError, match="ORCH_WORKER_UIDS"):
+            Settings.from_env({"ORCH_WORKER_UIDS": raw})
+    for bad in ((0, 10), (10, 9), (1, 1 << 31), (1,), (1.0, 2), (True, 5)):
+        with pytest.raises(ConfigError, match="worker_uids"):
+            Settings(worker_uids=bad)  # type: ignore[arg-type]
+    assert not Settings(user="65534:65534").separate_worker and Settings(user="root").separate_worker
 
 
 def test_from_env_reads_typed_values():

@@ -155,7 +155,7 @@ def test_as_root_the_sandbox_directory_secret_and_socket_belong_to_the_sandbox_u
     assert sorted(os.listdir(directory)) == [SOCKET_NAME, SECRET_NAME]
 
 
-def test_without_root_files_are_open_under_the_private_runtime_dir(base, runtime, opened, monkeypatch):
+def test_without_root_files_are_our_groups_under_the_private_runtime_dir(base, runtime, opened, monkeypatch):
     real_uid = os.geteuid()
     if ROOT:  # play a non-root controller: our "own" uid is OTHER, and the runtime dir is its
         runtime.mkdir(mode=0o700)
@@ -163,22 +163,25 @@ def test_without_root_files_are_open_under_the_private_runtime_dir(base, runtime
         monkeypatch.setattr(os, "geteuid", lambda: OTHER)
     endpoint = create(runtime, opened, uid=NOBODY, gid=NOBODY)
     directory = endpoint.directory
-    assert mode(directory) == 0o711
-    assert mode(directory / SECRET_NAME) == 0o444
-    assert mode(endpoint.path) == 0o666
-    assert {os.lstat(p).st_uid for p in (directory, directory / SECRET_NAME, endpoint.path)} == {real_uid}
+    assert mode(directory) == 0o710
+    assert mode(directory / SECRET_NAME) == 0o440
+    assert mode(endpoint.path) == 0o660
+    owned = {(os.lstat(p).st_uid, os.lstat(p).st_gid) for p in (directory, directory / SECRET_NAME, endpoint.path)}
+    assert owned == {(real_uid, os.getegid())}
+    assert endpoint.groups() == [os.getegid()]  # the sandbox's supervisor gets our group; its worker has none
     assert mode(runtime) == 0o700
 
 
 @needs_root
-def test_as_root_with_an_unknown_sandbox_user_files_stay_ours_and_open(runtime, opened):
+def test_as_root_with_an_unknown_sandbox_user_files_stay_ours_and_our_groups(runtime, opened):
     endpoint = create(runtime, opened, uid=None)
     assert (mode(endpoint.directory), mode(endpoint.directory / SECRET_NAME), mode(endpoint.path)) == (
-        0o711,
-        0o444,
-        0o666,
+        0o710,
+        0o440,
+        0o660,
     )
-    assert os.lstat(endpoint.path).st_uid == 0
+    assert (os.lstat(endpoint.path).st_uid, os.lstat(endpoint.path).st_gid) == (0, 0)
+    assert endpoint.groups() == []
 
 
 def test_a_planted_symlink_in_place_of_the_sandbox_directory_is_refused(base, runtime, opened):

@@ -2,7 +2,8 @@
 
 Sessions spread over the nodes; a session's state survives its node being drained or stopped
 (restored on another node); relays restarted under running sessions are survived; a relay
-refuses a connection without our credentials; a sandbox has no network on any node. No packet
+refuses a connection without our credentials; a sandbox has no network on any node; its cells run as
+a uid of their own, out of the supervisor's reach. No packet
 leaves this machine: the only addresses dialled are the nodes' and the sandboxes' own.
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator import Orchestrator, Session, Settings
-from orchestrator.backend import Placement
+from orchestrator.backend import SUPERVISOR_CAPABILITIES, WORKER_UID, Placement
 from orchestrator.errors import SandboxCrashed
 
 pytestmark = pytest.mark.docker
@@ -225,6 +226,50 @@ def test_a_sandbox_has_no_network_on_any_node(orch: Orchestrator, swarm_cluster)
             probe = f"TARGETS = {[*nodes, *others, (addresses[i], 8080)]!r}\n{NETWORK_PROBE}"
             expected = (0, 0, [False] * (len(nodes) + len(others)) + [True], False)
             assert session.execute(probe).return_value == repr(expected), (session.id, node_of(orch, session))
+    finally:
+        for session in sessions:
+            session.close()
+
+
+IDENTITY_PROBE = """\
+import os
+def attempt(action):
+    try:
+        action()
+        return 'allowed'
+    except OSError as exc:
+        return type(exc).__name__
+caps = [line.split()[1] for line in open('/proc/self/status') if line.startswith(('CapEff', 'CapBnd'))]
+(os.getuid(), os.getgid(), os.getgroups(), caps, attempt(lambda: os.kill(os.getppid(), 10)),
+ attempt(lambda: open('/run/orchestrator/secret').read()))
+"""
+
+
+def test_each_sandbox_runs_its_cells_as_a_uid_of_its_own_out_of_the_supervisors_reach(
+    orch: Orchestrator, swarm_cluster
+) -> None:  # type: ignore[no-untyped-def]
+    """The service spec has the local container's identities (docs/identity.md): root with four capabilities for
+    the supervisor, the cells as the sandbox's labelled uid with none; a cell can neither signal the supervisor
+    nor read the secret."""
+    sessions = [pinned(orch, host) for host in hostnames(swarm_cluster)[:2]]
+    try:
+        uids = []
+        for session in sessions:
+            (container,) = [c for c in orch.containers(session.id) if c.id == session.container_id]
+            uid = int(container.labels[WORKER_UID])
+            uids.append(uid)
+            outcome = ast.literal_eval(session.execute(IDENTITY_PROBE).return_value or "None")
+            assert outcome == (uid, uid, [], ["0" * 16] * 2, "PermissionError", "PermissionError"), outcome
+        assert uids[0] != uids[1]
+        manager = swarm_cluster.manager_client()
+        try:
+            spec = manager.services.get(sessions[0].container_id).attrs["Spec"]
+        finally:
+            manager.close()
+        container_spec = spec["TaskTemplate"]["ContainerSpec"]
+        assert container_spec["User"] == "0:0"
+        assert sorted(container_spec["CapabilityAdd"]) == sorted(SUPERVISOR_CAPABILITIES)
+        assert container_spec["CapabilityDrop"] == ["ALL"]
     finally:
         for session in sessions:
             session.close()
