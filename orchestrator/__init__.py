@@ -31,6 +31,7 @@ from .errors import (
     SessionClosed,
     SessionError,
     SessionNotFound,
+    SessionsNotClosed,
     TransportError,
 )
 from .events import InputRequest, OutputEvent
@@ -78,6 +79,7 @@ __all__ = [
     "SessionInfo",
     "SessionNotFound",
     "SessionStatus",
+    "SessionsNotClosed",
     "Settings",
     "TransportError",
     "__version__",

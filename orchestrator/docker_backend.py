@@ -111,7 +111,7 @@ class DockerBackend:
 
         Raises:
             ImageMissing: ``spec.image`` does not exist.
-            EngineError: the engine refused to create or start it.
+            EngineError: the engine refused to create or start it (a container it created is removed again).
         """
         kwargs: dict[str, Any] = {
             "image": spec.image,
@@ -138,10 +138,27 @@ class DockerBackend:
             kwargs["cap_drop"] = ["ALL"]
         if settings.no_new_privileges:
             kwargs["security_opt"] = ["no-new-privileges:true"]
-        with engine_errors(f"starting sandbox container {spec.name}"):
-            container = self.client.containers.run(**kwargs)
-        logger.info("started container %s (%s)", spec.name, container.short_id)
-        return str(container.id)
+        container_id = None
+        try:
+            with engine_errors(f"creating sandbox container {spec.name}"):
+                container_id = str(self.client.containers.create(**kwargs).id)
+            with engine_errors(f"starting sandbox container {spec.name}"):
+                self.client.api.start(container_id)
+        except BaseException:
+            # Whatever came between create and start (an engine error, a timeout, KeyboardInterrupt), the container
+            # must not outlive this call in state "created": nobody else knows it. By name when create's answer
+            # was lost (the engine may have made it all the same).
+            self._remove_unstarted(container_id or spec.name)
+            raise
+        logger.info("started container %s (%s)", spec.name, container_id[:12])
+        return container_id
+
+    def _remove_unstarted(self, container: str) -> None:
+        """Remove a container whose start failed; a removal that fails too is logged (prune finds it later)."""
+        try:
+            self.remove(container)
+        except EngineError as exc:
+            logger.warning("could not remove container %s after its start failed (prune will): %s", container, exc)
 
     def inspect(self, container_id: str) -> ContainerState | None:
         """The container's state, or None if it no longer exists."""
@@ -233,6 +250,7 @@ def _listed_state(attrs: dict[str, Any]) -> ContainerState:
         exit_code=int(exited.group(1)) if exited else None,
         oom_killed=False,
         labels=attrs.get("Labels") or {},
+        created_at=float(created) if isinstance(created := attrs.get("Created"), int) else None,
     )
 
 

@@ -576,6 +576,7 @@ class Session:
             except SessionNotFound:
                 self._release_sandbox()
             finally:
+                self._drop_sandbox()  # when the close failed (an unreadable record): no channel stays open
                 self._stop_host_calls()
                 self._activity.close()
                 if self.state is not SessionState.DETACHED:
