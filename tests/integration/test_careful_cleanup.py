@@ -237,6 +237,8 @@ def test_a_pool_whose_network_slot_died_leaves_no_created_container(
         pool.discard(first)
         with pytest.raises(EngineError):
             pool.take()
+        with pool.sandbox() as fresh:  # the dead slot was dropped: the next sandbox gets a new one
+            fresh.connection.check_idle()
     finally:
         pool.close()
     left = engine.containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
