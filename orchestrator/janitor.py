@@ -28,6 +28,7 @@ from .errors import ConfigError
 from .images import write_janitor_context
 from .manager import Orchestrator
 from .prune import PruneAction, PruneReport
+from .safe_text import log_to_stderr
 from .units import describe_duration, optional_duration_argument, positive_duration_argument
 
 logger = logging.getLogger(__name__)
@@ -291,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"orchestrator: ConfigError: {exc}", file=sys.stderr)
         return 2
     # The janitor logs one line per action itself; prune's own lines would repeat them.
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr(logging.WARNING)
     logger.setLevel(logging.DEBUG if getattr(args, "verbose", False) else logging.INFO)
     logging.getLogger("orchestrator.prune").setLevel(logging.ERROR)
     stop = threading.Event()
