@@ -37,7 +37,7 @@ DEFAULT_INTERVAL = 60.0
 DEFAULT_HEARTBEAT = Path("/tmp/orchestrator-janitor.heartbeat")
 HEALTHY_WITHIN = 3
 """Intervals the heartbeat may be old before ``--health`` calls the janitor unhealthy."""
-_PAST = {"remove": "removed", "hibernate": "hibernated", "skip": "skipped"}
+_PAST = {"remove": "removed", "hibernate": "hibernated", "skip": "skipped", "quarantine": "quarantined"}
 
 
 class Janitor:

@@ -493,5 +493,10 @@ class Orchestrator:
     def __enter__(self) -> Orchestrator:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        try:
+            self.close()
+        except SessionsNotClosed:
+            if exc_type is None:
+                raise
+            # The block's own exception goes on (the close failures were logged, one line per session).

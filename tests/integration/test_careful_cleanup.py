@@ -243,3 +243,14 @@ def test_a_pool_whose_network_slot_died_leaves_no_created_container(
         pool.close()
     left = engine.containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
     assert [(c.name, c.status) for c in left] == []
+
+
+def test_a_with_block_keeps_its_own_exception_when_some_session_cannot_be_closed(
+    settings_for: Callable[..., Settings],
+) -> None:
+    orch = Orchestrator(settings_for())
+    with pytest.raises(LookupError, match="the block's own"), orch:
+        session = orch.create_session(labels={TEST_LABEL: RUN_ID})
+        _spoil(orch, session.id)
+        raise LookupError("the block's own error")
+    assert session.state.value == "closed"
