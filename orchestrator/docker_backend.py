@@ -42,7 +42,7 @@ def engine_errors(action: str) -> Iterator[None]:
         raise ImageMissing(
             f"{action}: image not found ({exc.explanation}); build it with `orchestrator image build`"
         ) from exc
-    except (requests.exceptions.ConnectionError, docker.errors.DockerException) as exc:
+    except (requests.exceptions.RequestException, docker.errors.DockerException) as exc:  # a timeout included
         if isinstance(exc, docker.errors.APIError):
             raise EngineError(f"{action}: the Docker engine refused: {exc.explanation or exc}") from exc
         raise EngineUnavailable(f"{action}: no Docker engine answers ({exc}); {_START_ENGINE_HINT}") from exc
@@ -146,19 +146,24 @@ class DockerBackend:
                 self.client.api.start(container_id)
         except BaseException:
             # Whatever came between create and start (an engine error, a timeout, KeyboardInterrupt), the container
-            # must not outlive this call in state "created": nobody else knows it. By name when create's answer
-            # was lost (the engine may have made it all the same).
-            self._remove_unstarted(container_id or spec.name)
+            # must not outlive this call in state "created": nobody else knows it.
+            self._remove_unstarted(container_id, spec)
             raise
         logger.info("started container %s (%s)", spec.name, container_id[:12])
         return container_id
 
-    def _remove_unstarted(self, container: str) -> None:
-        """Remove a container whose start failed; a removal that fails too is logged (prune finds it later)."""
+    def _remove_unstarted(self, container_id: str | None, spec: SandboxSpec) -> None:
+        """Remove a container whose start failed, or that create made though its answer was lost (found by its
+        name and labels, never another's); a removal that fails too is logged (prune finds it later)."""
         try:
-            self.remove(container)
+            if container_id is None:
+                found = [c.id for c in self.find(spec.labels) if c.name == spec.name]
+            else:
+                found = [container_id]
+            for container in found:
+                self.remove(container)
         except EngineError as exc:
-            logger.warning("could not remove container %s after its start failed (prune will): %s", container, exc)
+            logger.warning("could not remove container %s after its start failed (prune will): %s", spec.name, exc)
 
     def inspect(self, container_id: str) -> ContainerState | None:
         """The container's state, or None if it no longer exists."""

@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterator
 
 import docker
 import pytest
+import requests.exceptions
 from conftest import RUN_ID, TEST_LABEL
 
-from orchestrator import EngineError, Orchestrator, Session, SessionsNotClosed, Settings
+from orchestrator import EngineError, EngineUnavailable, Orchestrator, Session, SessionsNotClosed, Settings
 from orchestrator.backend import MANAGED, SANDBOX_ID, SESSION_ID, STORE_ID, SandboxSpec
 from orchestrator.controllers import ROLE
 from orchestrator.docker_backend import DockerBackend
@@ -254,3 +255,30 @@ def test_a_with_block_keeps_its_own_exception_when_some_session_cannot_be_closed
         _spoil(orch, session.id)
         raise LookupError("the block's own error")
     assert session.state.value == "closed"
+
+
+class _LostAnswer(DockerBackend):
+    """The engine creates the container but its answer never arrives (a read timeout under load)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        create = self.client.api.create_container
+
+        def created_then_lost(*args: object, **kwargs: object) -> None:
+            create(*args, **kwargs)
+            raise requests.exceptions.ReadTimeout("read timed out")
+
+        self.client.api.create_container = created_then_lost  # type: ignore[method-assign]
+
+
+def test_a_container_whose_create_answer_was_lost_is_found_by_name_and_labels_and_removed(
+    engine: docker.DockerClient, image: str
+) -> None:
+    backend = _LostAnswer()
+    try:
+        spec = _spec(image)
+        with pytest.raises(EngineUnavailable):
+            backend.run_sandbox(spec, Settings())
+        assert _named(engine, spec.name) == []
+    finally:
+        backend.close()
