@@ -331,8 +331,11 @@ class Orchestrator:
         seconds, created ``older_than`` seconds ago. With neither, no session is stale. A
         session in a call is skipped; one used while the prune ran is decided again. Always
         cleaned: containers of this store with no record, records whose container and
-        checkpoint are gone, blobs no manifest names, channel directories of gone sandboxes.
-        Failures are in the report (``failed``), not raised; everything else goes on.
+        checkpoint are gone, blobs no manifest names, channel directories of gone sandboxes,
+        containers created but never started. A record that cannot be read is never removed:
+        it is quarantined (moved aside whole, reported as ``quarantine-record``) and its
+        containers are left alone. Failures are in the report (``failed``), not raised;
+        everything else goes on.
 
         Args:
             hibernate_only: hibernate stale sessions instead of removing them (and remove no record).
