@@ -32,6 +32,7 @@ from .errors import (
     SessionClosed,
     SessionError,
     SessionNotFound,
+    SessionsNotClosed,
     TransportError,
 )
 from .events import InputRequest, OutputEvent
@@ -80,6 +81,7 @@ __all__ = [
     "SessionInfo",
     "SessionNotFound",
     "SessionStatus",
+    "SessionsNotClosed",
     "Settings",
     "TransportError",
     "__version__",

@@ -43,6 +43,8 @@ class ContainerState:
     labels: Mapping[str, str]
     node: str | None = None
     """The machine it runs on, for a backend that spreads sandboxes over several (the Swarm node's hostname)."""
+    created_at: float | None = None
+    """When the engine created it (Unix time), where the listing says; prune's grace for containers never started."""
 
     def describe(self) -> str:
         """A sentence for error messages: how the container ended."""

@@ -182,6 +182,12 @@ class Settings:
     """Output files kept per session (under its state directory); the oldest go first. Removed with the session."""
     input_timeout: float = 300.0
     """Seconds a cell's ``input()`` waits for an answer before it raises ``EOFError`` (not counted as cell time)."""
+    max_host_calls_per_cell: int = 64
+    """Host calls (``llm_query`` ...) of one cell waiting or running at once; more are refused at once with an error
+    in the sandbox. ``HostCalls.max_concurrent`` says how many of them run."""
+    max_host_calls_per_session: int = 128
+    """Host calls of one session waiting or running at once, across its cells (a handler still running after its
+    cell ended counts until it returns), and the most threads its handlers get; more are refused at once."""
     max_header_bytes: int = 8 << 20
     """Largest JSON header accepted from an agent."""
     max_body_bytes: int = 1 << 30
@@ -245,6 +251,8 @@ class Settings:
             "max_header_bytes",
             "max_body_bytes",
             "nano_cpus",
+            "max_host_calls_per_cell",
+            "max_host_calls_per_session",
         ):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"Settings.{name} must be a positive integer, got {getattr(self, name)!r}")

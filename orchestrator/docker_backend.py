@@ -42,7 +42,7 @@ def engine_errors(action: str) -> Iterator[None]:
         raise ImageMissing(
             f"{action}: image not found ({exc.explanation}); build it with `orchestrator image build`"
         ) from exc
-    except (requests.exceptions.ConnectionError, docker.errors.DockerException) as exc:
+    except (requests.exceptions.RequestException, docker.errors.DockerException) as exc:  # a timeout included
         if isinstance(exc, docker.errors.APIError):
             raise EngineError(f"{action}: the Docker engine refused: {exc.explanation or exc}") from exc
         raise EngineUnavailable(f"{action}: no Docker engine answers ({exc}); {_START_ENGINE_HINT}") from exc
@@ -111,7 +111,7 @@ class DockerBackend:
 
         Raises:
             ImageMissing: ``spec.image`` does not exist.
-            EngineError: the engine refused to create or start it.
+            EngineError: the engine refused to create or start it (a container it created is removed again).
         """
         kwargs: dict[str, Any] = {
             "image": spec.image,
@@ -142,10 +142,32 @@ class DockerBackend:
                 kwargs["cap_add"] = list(SUPERVISOR_CAPABILITIES)
         if settings.no_new_privileges:
             kwargs["security_opt"] = ["no-new-privileges:true"]
-        with engine_errors(f"starting sandbox container {spec.name}"):
-            container = self.client.containers.run(**kwargs)
-        logger.info("started container %s (%s)", spec.name, container.short_id)
-        return str(container.id)
+        container_id = None
+        try:
+            with engine_errors(f"creating sandbox container {spec.name}"):
+                container_id = str(self.client.containers.create(**kwargs).id)
+            with engine_errors(f"starting sandbox container {spec.name}"):
+                self.client.api.start(container_id)
+        except BaseException:
+            # Whatever came between create and start (an engine error, a timeout, KeyboardInterrupt), the container
+            # must not outlive this call in state "created": nobody else knows it.
+            self._remove_unstarted(container_id, spec)
+            raise
+        logger.info("started container %s (%s)", spec.name, container_id[:12])
+        return container_id
+
+    def _remove_unstarted(self, container_id: str | None, spec: SandboxSpec) -> None:
+        """Remove a container whose start failed, or that create made though its answer was lost (found by its
+        name and labels, never another's); a removal that fails too is logged (prune finds it later)."""
+        try:
+            if container_id is None:
+                found = [c.id for c in self.find(spec.labels) if c.name == spec.name]
+            else:
+                found = [container_id]
+            for container in found:
+                self.remove(container)
+        except EngineError as exc:
+            logger.warning("could not remove container %s after its start failed (prune will): %s", spec.name, exc)
 
     def inspect(self, container_id: str) -> ContainerState | None:
         """The container's state, or None if it no longer exists."""
@@ -237,6 +259,7 @@ def _listed_state(attrs: dict[str, Any]) -> ContainerState:
         exit_code=int(exited.group(1)) if exited else None,
         oom_killed=False,
         labels=attrs.get("Labels") or {},
+        created_at=float(created) if isinstance(created := attrs.get("Created"), int) else None,
     )
 
 

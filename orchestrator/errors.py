@@ -18,6 +18,7 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     │   ├── SessionBusy (TimeoutError)       another process held the session's store lock too long
     │   ├── CapacityExceeded                 Settings.max_running sessions run and none could make room
     │   ├── CheckpointQuotaExceeded          a value would take the checkpoint past its quota; nothing stored
+    │   ├── SessionsNotClosed                Orchestrator.close could not close some sessions (all were tried)
     │   └── CheckpointError (OSError)        the checkpoint could not be stored or restored
     ├── SandboxError                         the call failed because of the sandbox; see .restored
     │   ├── ExecutionTimeout (TimeoutError)  the cell ran past its timeout
@@ -102,6 +103,23 @@ class CheckpointQuotaExceeded(SessionError):
         self.size = size
         self.held = held
         self.quota = quota
+
+
+class SessionsNotClosed(SessionError):
+    """``Orchestrator.close`` could not close some sessions; it tried every one, then closed the pool and the engine
+    client, and raised this last.
+
+    Attributes:
+        failures: session id -> the error its ``close`` raised, for each session that failed.
+    """
+
+    def __init__(self, failures: dict[str, Exception]) -> None:
+        self.failures = dict(failures)
+        each = "; ".join(f"{sid}: {type(exc).__name__}: {exc}" for sid, exc in self.failures.items())
+        super().__init__(
+            f"{len(self.failures)} session(s) could not be closed (every other one was): {each}. Their containers "
+            "may still run: `orchestrator prune` quarantines an unreadable record and reports its container"
+        )
 
 
 class CheckpointError(SessionError, OSError):

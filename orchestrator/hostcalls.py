@@ -9,12 +9,19 @@ flight at once (threads in the cell, batched forms). Each is bounded in size
 cell): a call still running when its cell ends is answered with an error in the sandbox
 and its late result is dropped, never given to a later cell.
 
+Bounded per cell and per session (``Settings.max_host_calls_per_cell`` and
+``max_host_calls_per_session``): past either bound a call is answered with an error at once,
+never queued. Calls still waiting when their cell ends are cancelled (their handlers never
+start), and all of a session's when it closes; a handler already running cannot be stopped,
+so it holds its place in the session's bound until it returns, and its result is dropped.
+
 Payloads and results are JSON values: the host never unpickles anything from a sandbox.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -22,7 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,8 +73,9 @@ class HostCalls:
         handlers: name -> handler. A call naming no handler gets an error in the sandbox.
         timeout: seconds one call may take (None: until its cell ends).
         max_concurrent: handlers of this cell running at once (one past its timeout holds its
-            slot until it returns); more calls wait their turn, up to ``max(64, 4 * max_concurrent)``
-            calls and ``2 * max_bytes`` of payloads, and calls beyond that are refused at once.
+            slot until it returns); more calls wait their turn, up to ``Settings.max_host_calls_per_cell``
+            calls waiting or running and ``2 * max_bytes`` of waiting payloads, and the session's own bound
+            (``Settings.max_host_calls_per_session``); calls beyond those are refused at once.
         max_bytes: largest JSON payload or result, in bytes, either way.
     """
 
@@ -112,18 +120,78 @@ def encode(value: Any, max_bytes: int) -> bytes:
     return raw
 
 
-class CallDesk:
-    """The host calls of one running cell: handlers run on an executor, answers queue up for the connection.
+class HandlerPool:
+    """The host-call handlers of one session, across its cells: a bound on calls held and the threads that run them.
 
-    The connection reads frames and never blocks on a handler: it ``submit``s each call, polls
-    ``wake_fd`` beside the channel, and sends what ``answers`` returns. ``close`` (the cell
-    ended) drops every answer still to come; a handler that finishes later is only logged.
+    A call is *held* from the moment a cell's desk queues it until it is answered without running, or its handler
+    returns. At most ``limit`` are held at once (a handler still running after its cell ended counts until it
+    returns), and handlers run on at most ``limit`` threads, so a held call always finds a thread and nothing
+    queues unseen inside an executor. A thread cannot be stopped: a handler still running when its cell ends or
+    the session closes goes on until it returns (an LM call until its own timeout), and its result is dropped.
+    After ``close`` nothing starts any more.
     """
 
-    def __init__(self, calls: HostCalls, executor: Executor, owner: object = None) -> None:
+    def __init__(self, limit: int, name: str) -> None:
+        if not (isinstance(limit, int) and limit >= 1):
+            raise ConfigError(f"the host-call bound of a session must be an int >= 1, got {limit!r}")
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._held = 0
+        self._closed = False
+        self._executor = ThreadPoolExecutor(max_workers=limit, thread_name_prefix=name)
+
+    @property
+    def held(self) -> int:
+        """Calls held now (queued in a cell's desk, or with a handler running)."""
+        return self._held
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def reserve(self) -> bool:
+        """Hold one more call; False when ``limit`` are held or the pool is closed."""
+        with self._lock:
+            if self._closed or self._held >= self.limit:
+                return False
+            self._held += 1
+            return True
+
+    def release(self, count: int = 1) -> None:
+        with self._lock:
+            self._held -= count
+
+    def run(self, job: Callable[[], None]) -> bool:
+        """Run ``job`` on a thread (the caller holds its reservation); False when the pool is closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._executor.submit(job)
+            return True
+
+    def close(self) -> None:
+        """Start nothing more; a handler still running finishes on its own thread (its result is dropped)."""
+        with self._lock:
+            self._closed = True
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class CallDesk:
+    """The host calls of one running cell: handlers run on the session's pool, answers queue up for the connection.
+
+    The connection reads frames and never blocks on a handler: it ``submit``s each call, polls
+    ``wake_fd`` beside the channel, and sends what ``answers`` returns. At most ``max_held`` calls
+    of the cell wait or run at once (and the session's ``HandlerPool`` bounds all its cells together);
+    a call past either bound is answered with an error at once, never queued. ``close`` (the cell
+    ended) drops every call still waiting (its handler never starts) and every answer still to come;
+    a handler that finishes later is only logged.
+    """
+
+    def __init__(self, calls: HostCalls, pool: HandlerPool, *, max_held: int, owner: object = None) -> None:
         """``owner``: what the calls serve (the session); ``serving(owner)`` is True in its handlers."""
         self._calls = calls
-        self._executor = executor
+        self._pool = pool
+        self._max_held = max_held
         self._owner = owner
         self._lock = threading.Lock()
         self._wakeup = Wakeup()
@@ -140,34 +208,44 @@ class CallDesk:
         return self._wakeup.fd
 
     def submit(self, call: int, name: str, body: bytearray) -> None:
-        """Take one call from the sandbox; it runs now or when a slot of ``max_concurrent`` frees up."""
+        """Take one call from the sandbox; it runs now, when a slot of ``max_concurrent`` frees up, or is refused."""
         expiry = math.inf if self._calls.timeout is None else time.monotonic() + self._calls.timeout
         if name not in self._calls.handlers:
             known = ", ".join(sorted(self._calls.handlers)) or "none"
             self._answer(call, f"no host call named {name!r} (this cell accepts: {known})")
         elif len(body) > self._calls.max_bytes:
             self._answer(call, f"the payload is {len(body)} bytes, over the {self._calls.max_bytes}-byte limit")
-        elif not self._queue(call, name, body, expiry):
-            self._answer(
-                call,
-                f"host call {name!r} refused: {len(self._waiting)} calls already wait for one of the "
-                f"{self._calls.max_concurrent} handler slots of this cell",
-            )
         else:
-            self._start_waiting()
+            refused = self._queue(call, name, body, expiry)
+            if refused:
+                self._answer(call, f"host call {name!r} refused: {refused}")
+            else:
+                self._start_waiting()
 
-    def _queue(self, call: int, name: str, body: bytearray, expiry: float) -> bool:
-        """Put a call in the waiting line unless that is full (the sandbox must not fill the host's memory)."""
-        calls = self._calls
+    def _queue(self, call: int, name: str, body: bytearray, expiry: float) -> str | None:
+        """Put a call in the waiting line, or say why not (the sandbox must not fill the host's memory or threads)."""
         with self._lock:
-            if self._waiting and (
-                len(self._waiting) >= max(64, 4 * calls.max_concurrent)
-                or self._waiting_bytes + len(body) > 2 * calls.max_bytes
-            ):
-                return False
+            if self._closed:
+                return "its cell has ended"
+            held = len(self._waiting) + len(self._running)
+            if held >= self._max_held:
+                return (
+                    f"{held} calls of this cell already wait or run, the most a cell may have "
+                    "(Settings.max_host_calls_per_cell)"
+                )
+            if self._waiting and self._waiting_bytes + len(body) > 2 * self._calls.max_bytes:
+                return f"the calls waiting for a handler slot already hold {self._waiting_bytes} bytes of payload"
+            if not self._pool.reserve():
+                if self._pool.closed:
+                    return "its session is closing"
+                return (
+                    f"{self._pool.limit} calls of this session already wait or run (some may be of cells that "
+                    "ended and whose handlers have not returned), the most a session may "
+                    "(Settings.max_host_calls_per_session)"
+                )
             self._waiting.append((call, name, body, expiry))
             self._waiting_bytes += len(body)
-            return True
+            return None
 
     def answers(self) -> list[Answer]:
         """The ``host_reply`` frames ready to send: finished calls, and calls past their time limit."""
@@ -181,13 +259,16 @@ class CallDesk:
                     self._answers.append(
                         answer_error(call, f"host call {name!r} took longer than {self._calls.timeout:g} s")
                     )
-            for item in [item for item in self._waiting if item[3] <= now]:
+            expired = [item for item in self._waiting if item[3] <= now]
+            for item in expired:
                 self._waiting.remove(item)
                 self._waiting_bytes -= len(item[2])
                 self._answers.append(
                     answer_error(item[0], f"host call {item[1]!r} waited longer than {self._calls.timeout:g} s")
                 )
             ready, self._answers = self._answers, []
+        if expired:
+            self._pool.release(len(expired))
         self._start_waiting()
         return ready
 
@@ -198,18 +279,24 @@ class CallDesk:
         return min(expiries, default=math.inf)
 
     def close(self) -> None:
-        """The cell ended: drop every answer still due, and the wake-up pipe."""
+        """The cell ended: calls still waiting never start, answers still due are dropped, the wake-up pipe goes."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            dropped = len(self._running) + len(self._waiting)
-            self._running.clear()
+            cancelled, running = len(self._waiting), len(self._running)
             self._waiting.clear()
             self._waiting_bytes = 0
             self._wakeup.close()
-        if dropped:
-            logger.info("the cell ended with %d host calls unanswered; their results will be dropped", dropped)
+        if cancelled:
+            self._pool.release(cancelled)
+        if cancelled or running:
+            logger.info(
+                "the cell ended with %d host calls not started (cancelled) and %d running (their results will be "
+                "dropped)",
+                cancelled,
+                running,
+            )
 
     def _start_waiting(self) -> None:
         with self._lock:
@@ -220,9 +307,15 @@ class CallDesk:
                 self._running[call] = (name, expiry)
                 starting.append((call, name, body))
         for call, name, body in starting:
-            self._executor.submit(self._run, call, name, body)
+            if not self._pool.run(functools.partial(self._run, call, name, body)):
+                self._finish(call, name, answer_error(call, f"host call {name!r}: the session is closing"))
 
     def _run(self, call: int, name: str, body: bytearray) -> None:
+        with self._lock:
+            started = not self._closed  # a cell that ended before a thread took the call: its handler never starts
+        if not started:
+            self._finish(call, name, None)
+            return
         try:
             with serving_as(self._owner):
                 result = self._calls.handlers[name](json.loads(body.decode("utf-8", errors="surrogatepass")))
@@ -232,14 +325,19 @@ class CallDesk:
         except Exception as exc:  # a handler's failure is the sandbox's error, never the controller's
             logger.info("host call %r failed: %s", name, exc, exc_info=True)
             answer = answer_error(call, f"host call {name!r} failed: {type(exc).__name__}: {exc}")
+        self._finish(call, name, answer)
+
+    def _finish(self, call: int, name: str, answer: Answer | None) -> None:
+        """The call holds nothing any more: its slot and its session reservation go; the answer, if still due."""
         with self._lock:
             self._running.pop(call, None)
-            if self._closed or call in self._expired:
+            if answer is None or self._closed or call in self._expired:
                 self._expired.discard(call)
-                logger.debug("host call %r finished after its cell ended (or its time limit); dropped", name)
+                logger.debug("host call %r ended after its cell ended (or its time limit); its answer is dropped", name)
             else:
                 self._answers.append(answer)
                 self._wakeup.notify()
+        self._pool.release()
         self._start_waiting()
 
     def _answer(self, call: int, error: str) -> None:

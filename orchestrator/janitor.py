@@ -28,6 +28,7 @@ from .errors import ConfigError
 from .images import write_janitor_context
 from .manager import Orchestrator
 from .prune import PruneAction, PruneReport
+from .safe_text import log_to_stderr
 from .units import describe_duration, optional_duration_argument, positive_duration_argument
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ DEFAULT_INTERVAL = 60.0
 DEFAULT_HEARTBEAT = Path("/tmp/orchestrator-janitor.heartbeat")
 HEALTHY_WITHIN = 3
 """Intervals the heartbeat may be old before ``--health`` calls the janitor unhealthy."""
-_PAST = {"remove": "removed", "hibernate": "hibernated", "skip": "skipped"}
+_PAST = {"remove": "removed", "hibernate": "hibernated", "skip": "skipped", "quarantine": "quarantined"}
 
 
 class Janitor:
@@ -291,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"orchestrator: ConfigError: {exc}", file=sys.stderr)
         return 2
     # The janitor logs one line per action itself; prune's own lines would repeat them.
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr(logging.WARNING)
     logger.setLevel(logging.DEBUG if getattr(args, "verbose", False) else logging.INFO)
     logging.getLogger("orchestrator.prune").setLevel(logging.ERROR)
     stop = threading.Event()

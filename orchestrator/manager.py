@@ -28,6 +28,7 @@ from .errors import (
     SessionAttachedElsewhere,
     SessionBusy,
     SessionNotFound,
+    SessionsNotClosed,
 )
 from .evaluation import EvalOptions, EvalReport, Evaluator, ResultsFile, Submission, read_submissions, submissions_from
 from .evaluation.evaluator import OnResult
@@ -330,8 +331,11 @@ class Orchestrator:
         seconds, created ``older_than`` seconds ago. With neither, no session is stale. A
         session in a call is skipped; one used while the prune ran is decided again. Always
         cleaned: containers of this store with no record, records whose container and
-        checkpoint are gone, blobs no manifest names, channel directories of gone sandboxes.
-        Failures are in the report (``failed``), not raised; everything else goes on.
+        checkpoint are gone, blobs no manifest names, channel directories of gone sandboxes,
+        containers created but never started. A record that cannot be read is never removed:
+        it is quarantined (moved aside whole, reported as ``quarantine-record``) and its
+        containers are left alone. Failures are in the report (``failed``), not raised;
+        everything else goes on.
 
         Args:
             hibernate_only: hibernate stale sessions instead of removing them (and remove no record).
@@ -452,18 +456,31 @@ class Orchestrator:
         return list(self.store.ids())
 
     def close(self) -> None:
-        """Close the sessions this orchestrator still holds (detached ones are left alone), then the engine client."""
+        """Close the sessions this orchestrator still holds (detached ones are left alone), then the engine client.
+
+        Every session is tried, even when some fail, and the pool and the engine client are closed all the same.
+
+        Raises:
+            SessionsNotClosed: some sessions could not be closed (an unreadable record, the engine failing); it
+                names each with its error. Raised after everything else was done.
+        """
         self._closing.set()
         if self._idle_watch is not None:
             self._idle_watch.join()
         with self._lock:
             held = list(self._sessions.values())
+        failures: dict[str, Exception] = {}
         try:
             for session in held:
-                if session.state is SessionState.READY:
-                    with contextlib.suppress(SessionAttachedElsewhere):
-                        session.close()
-                self._forget(session)
+                try:
+                    if session.state is SessionState.READY:
+                        with contextlib.suppress(SessionAttachedElsewhere):
+                            session.close()
+                except Exception as exc:  # every session gets its turn; all failures are reported
+                    logger.warning("closing session %s failed: %s: %s", session.id, type(exc).__name__, exc)
+                    failures[session.id] = exc
+                finally:
+                    self._forget(session)
         finally:
             with self._lock:
                 pool, self._pool = self._pool, None
@@ -473,9 +490,16 @@ class Orchestrator:
             finally:
                 if self._owns_backend:
                     self.backend.close()
+        if failures:
+            raise SessionsNotClosed(failures)
 
     def __enter__(self) -> Orchestrator:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        try:
+            self.close()
+        except SessionsNotClosed:
+            if exc_type is None:
+                raise
+            # The block's own exception goes on (the close failures were logged, one line per session).

@@ -83,6 +83,23 @@ class NetworkSlots:
             if holder in self._all and not self._closed:
                 self._free.append(holder)
 
+    def give_back_failed(self, holder: str) -> None:
+        """A sandbox could not start in ``holder``'s slot: lend it again if its container runs, else drop it (a
+        slot whose holder died would fail every sandbox lent it)."""
+        try:
+            state = self._backend.inspect(holder)
+        except OrchestratorError:
+            state = None
+        if state is not None and state.running:
+            self.give_back(holder)
+            return
+        with self._lock:
+            if holder in self._all:
+                self._all.remove(holder)
+        with contextlib.suppress(OrchestratorError):
+            self._backend.remove(holder)
+        logger.warning("network slot %s is not running; dropped it", holder[:12])
+
     def close(self) -> None:
         """Remove every slot's container (the sandboxes that used them must be removed first)."""
         with self._lock:
@@ -192,7 +209,7 @@ class SandboxPool:
             )
         except BaseException:
             if slot is not None and self._slots is not None:
-                self._slots.give_back(slot)
+                self._slots.give_back_failed(slot)
             raise
         if slot is not None:
             with self._lock:

@@ -5,6 +5,10 @@ held exclusively (``activity.quiet``): that fails while a call runs, so a busy s
 skipped, and no call can begin (nor be acknowledged) until the session is gone. Staleness is
 decided again under that lock. Blobs are judged under the session's store lock, where no commit
 is half done. Everything removed may already be gone (another prune, the owner): that is success.
+
+Careful with what it cannot read: a session whose record is unreadable is never removed (its container may
+serve a live controller); its directory is moved aside, whole, to ``<state_dir>/quarantine/`` and reported,
+and its containers are left alone, now and by later prunes.
 """
 
 from __future__ import annotations
@@ -20,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from . import activity, lifecycle
-from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend
+from .backend import SANDBOX_ID, SESSION_ID, STORE_ID, Backend, ContainerState
 from .config import Settings
-from .controllers import controller_gone, discard_left_behind, left_behind
+from .controllers import CONTROLLER_RUNTIME_DIR, controller_gone, discard_left_behind, left_behind
 from .endpoint import discard_sandbox_dir, leftover_dir_grace
 from .errors import CheckpointError, OrchestratorError, SessionNotFound
 from .evaluation.evaluator import EVAL_RUN
-from .store import SessionStore
+from .store import QUARANTINE_DIR, SessionStore
 from .survey import SessionInfo, SessionStatus, survey
 from .units import describe_bytes, describe_duration
 
@@ -42,8 +46,9 @@ class PruneAction:
     """One thing a prune did (or, in a dry run, would do)."""
 
     action: str
-    """"remove" | "hibernate" | "skip" (busy: left alone) | "remove-orphan-container" | "remove-orphan-record"
-    | "remove-orphan-blobs" | "remove-orphan-sandbox-dir"."""
+    """"remove" | "hibernate" | "skip" (busy: left alone) | "quarantine-record" (unreadable: moved aside, kept, its
+    containers left alone) | "remove-orphan-container" | "remove-unstarted-container" (created, never started)
+    | "remove-orphan-record" | "remove-orphan-blobs" | "remove-orphan-sandbox-dir"."""
     target: str
     """A session id, a container name, or a path."""
     reason: str
@@ -95,11 +100,15 @@ class Pruner:
         self.dry_run = dry_run
         self.now = now
         self.actions: list[PruneAction] = []
+        self._removed_containers: set[str] = set()
 
     def run(self, idle_for: float | None, older_than: float | None, hibernate_only: bool) -> PruneReport:
         for info in survey(self.store, self.backend, now=self.now):
             stale = _stale(info, idle_for, older_than)
-            if _orphan(info):
+            if info.record_unreadable:
+                if not hibernate_only:
+                    self._quarantine(info)
+            elif _orphan(info):
                 if not hibernate_only:
                     self._session(info, "remove-orphan-record", info.problem or "", _orphan)
             elif stale is not None and hibernate_only:
@@ -108,9 +117,10 @@ class Pruner:
             elif stale is not None:
                 self._session(info, "remove", stale, lambda f: _stale(f, idle_for, older_than) is not None)
         self._orphan_containers()
+        self._dead_eval_runs()
+        self._unstarted_containers()
         self._orphan_blobs()
         self._orphan_record_dirs()
-        self._dead_eval_runs()
         self._orphan_sandbox_dirs()
         return PruneReport(self.actions, self.dry_run)
 
@@ -142,16 +152,54 @@ class Pruner:
         except OrchestratorError as exc:
             self.actions.append(PruneAction(action, info.id, reason, ok=False, error=str(exc)))
 
+    def _quarantine(self, info: SessionInfo) -> None:
+        """Move an unreadable record aside instead of removing anything: its container may serve a live session.
+
+        Nothing of it is deleted and none of its containers is touched (a running one goes on running; later
+        prunes leave them alone too): what to do with them is a person's decision.
+        """
+        action = "quarantine-record"
+        try:
+            with activity.quiet(self.store.activity_path(info.id)) as still:
+                if not still:
+                    self.actions.append(PruneAction("skip", info.id, "in a call now"))
+                    return
+                with self.store.locked(info.id):
+                    try:
+                        self.store.load(info.id)
+                    except CheckpointError as exc:
+                        problem = str(exc)
+                    else:
+                        self.actions.append(PruneAction("skip", info.id, "its record is readable again"))
+                        return
+                    containers = self.backend.find(lifecycle.session_labels(self.store, info.id))
+                    running = [c.name for c in containers if c.running]
+                    left = (
+                        f"its running container {', '.join(running)} was left alone"
+                        if running
+                        else "no container of it runs"
+                    )
+                    reason = f"{problem}; kept whole under {self.store.base / QUARANTINE_DIR}, not deleted; {left}"
+                    self._record(action, info.id, reason, lambda: self.store.quarantine(info.id, reason))
+        except SessionNotFound:
+            return
+        except OrchestratorError as exc:
+            self.actions.append(PruneAction(action, info.id, info.problem or "", ok=False, error=str(exc)))
+
     # ---------------------------------------------------------------- orphans
 
     def _orphan_containers(self) -> None:
         """Our store's containers whose session has no record (a controller died between removing them), and warm
         pools' spares whose controller is gone (a container from a pool is a session's once a record names it)."""
         recorded: dict[str, str] | None = None
+        quarantined = self.store.quarantined()
         for container in self.backend.find({STORE_ID: self.store.store_id}):
             session_id = container.labels.get(SESSION_ID, "")
+            if session_id in quarantined:
+                continue  # its record is unreadable and kept aside: a person decides
             if session_id:
                 if not self.store.exists(session_id):
+                    self._removed_containers.add(container.id)
                     self._record(
                         "remove-orphan-container",
                         container.name,
@@ -166,12 +214,50 @@ class Pruner:
             recorded = self.store.recorded_containers() if recorded is None else recorded
             # Read again before removing: its controller may have recorded it just before it died.
             if container.id not in recorded and container.id not in self.store.recorded_containers():
+                self._removed_containers.add(container.id)
                 self._record(
                     "remove-orphan-container",
                     container.name,
                     "a warm pool's spare whose controller is gone",
                     lambda c=container: discard_left_behind(self.backend, c),
                 )
+
+    def _unstarted_containers(self) -> None:
+        """Containers of this store, or of this host's controllers with our runtime dir (a pool's, an eval run's),
+        created but never started for longer than a start may take, that no record names.
+
+        Their creator removes them when the start fails (``Backend.run_sandbox``); one killed between create and
+        start cannot, and an engine that failed the removal too leaves them here.
+        """
+        grace = leftover_dir_grace(self.settings.start_timeout)
+        found = {c.id: c for c in self.backend.find({STORE_ID: self.store.store_id})}
+        found.update((c.id, c) for c in self.backend.find({CONTROLLER_RUNTIME_DIR: str(self.settings.runtime_dir)}))
+        quarantined = self.store.quarantined()
+        ages = {
+            c.id: time.time() - c.created_at
+            for c in found.values()
+            if c.status == "created" and c.created_at is not None and c.labels.get(SESSION_ID, "") not in quarantined
+        }
+        candidates = [c for c in found.values() if ages.get(c.id, 0.0) > grace and c.id not in self._removed_containers]
+        recorded = self.store.recorded_containers() if candidates else {}
+        for container in candidates:
+            if container.id in recorded:
+                continue  # named by a record: that session's next call deals with it
+            self._record(
+                "remove-unstarted-container",
+                container.name,
+                f"created {describe_duration(ages[container.id])} ago and never started",
+                lambda c=container: self._discard(c),
+            )
+
+    def _discard(self, container: ContainerState) -> None:
+        """Remove a container with its channel directory (in the runtime dir its controller label names, or ours)."""
+        if container.labels.get(CONTROLLER_RUNTIME_DIR):
+            discard_left_behind(self.backend, container)
+        else:
+            lifecycle.discard_sandbox(
+                self.backend, self.settings.runtime_dir, container.labels.get(SANDBOX_ID), container.id
+            )
 
     def _orphan_blobs(self) -> None:
         """Blobs no manifest names and unfinished temp files, judged under each session's store lock."""
@@ -211,6 +297,7 @@ class Pruner:
     def _dead_eval_runs(self) -> None:
         """Sandboxes of ``orchestrator eval`` runs on this host whose process is gone (killed before cleaning up)."""
         for container in left_behind(self.backend, "eval"):
+            self._removed_containers.add(container.id)
             self._record(
                 "remove-orphan-container",
                 container.name,

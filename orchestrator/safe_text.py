@@ -5,8 +5,9 @@ exception message or an output preview may carry escape sequences that set the c
 clear the screen, move the cursor, or end a line early with a carriage return so the rest of it
 forges a line that looks like ours. ``visible`` renders such text inert: every control character
 (C0, DEL, C1), every bidirectional override and every other format character becomes a visible
-escape (``\\x1b``, ``\\u202e``). A backslash stays as it is (reprs are full of them): text that merely
-looks like an escape is harmless, the terminal prints it.
+escape (``\\x1b``, ``\\u202e``; ``\\r``, ``\\n`` and ``\\t`` in their short forms). A backslash
+stays as it is (reprs are full of them): text that merely looks like an escape is harmless, the
+terminal prints it.
 Newlines (and tabs, where the caller allows them) stay as they are in multi-line text; one-line
 fields (names, a summary in a table) pass ``multiline=False`` and get ``\\n`` instead.
 
@@ -16,12 +17,16 @@ when the output is not a terminal and the command documents that it passes bytes
 
 from __future__ import annotations
 
+import logging
 import unicodedata
 
 _KEPT_MULTILINE = frozenset("\n\t")
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _escape(char: str) -> str:
+    if char in _SHORT:
+        return _SHORT[char]
     code = ord(char)
     if code <= 0xFF:
         return f"\\x{code:02x}"
@@ -55,3 +60,19 @@ def visible(text: str, *, multiline: bool = True) -> str:
         else:
             out.append(_escape(char))
     return "".join(out)
+
+
+class VisibleFormatter(logging.Formatter):
+    """Log records for a person's terminal (the CLI's ``-v``, the janitor): a message may quote the sandbox (a
+    reason, a name, an error), so control characters are made visible, and the lines after the first (a
+    traceback, a message with line breaks) are indented: no text in a record can start a line of its own."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record)).replace("\n", "\n    ")
+
+
+def log_to_stderr(level: int, fmt: str = "%(levelname)s %(name)s: %(message)s") -> None:
+    """Configure the root logger (only commands do this, never the library) with a ``VisibleFormatter``."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(VisibleFormatter(fmt))
+    logging.basicConfig(level=level, handlers=[handler])

@@ -19,7 +19,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -59,7 +58,7 @@ from .errors import (
     SessionNotFound,
 )
 from .events import Event, LiveCall, OnOutput
-from .hostcalls import CallDesk, HostCalls, serving
+from .hostcalls import CallDesk, HandlerPool, HostCalls, serving
 from .ledger import CheckpointLedger, StagedBlob
 from .messages import ExecReply, WorkerFailure, parse_exec_reply, parse_install_reply, parse_state_reply, worker_failure
 from .output import StreamRecorder, keep_newest
@@ -181,7 +180,7 @@ class Session:
         self._sandbox: Sandbox | None = None
         self._unreported_failures: dict[str, str] = {}
         self._scaffold: tuple[str, list[str]] | None = None
-        self._host_executor: ThreadPoolExecutor | None = None
+        self._host_calls: HandlerPool | None = None
         self._live: LiveCall | None = None  # the running exec's output, input and interrupt (read by other threads)
         self._call_wakeup: Wakeup | None = None  # wakes a running call's connection from other threads
         self.state = SessionState.READY
@@ -294,7 +293,13 @@ class Session:
         slack = self._settings.interrupt_grace + self._settings.reply_margin
         with self._turn():
             self._name_context(header, context)
-            desk = None if host_calls is None else CallDesk(host_calls, self._executor(), owner=self)
+            desk = (
+                None
+                if host_calls is None
+                else CallDesk(
+                    host_calls, self._handler_pool(), max_held=self._settings.max_host_calls_per_cell, owner=self
+                )
+            )
             live = self._live = LiveCall(
                 self._new_recorder, on_output, self._settings.input_timeout, owner=self, wakeup=self._wakeup()
             )
@@ -555,11 +560,11 @@ class Session:
         with self._lock, self._activity if call else contextlib.nullcontext():
             yield
 
-    def _executor(self) -> ThreadPoolExecutor:
-        """Threads for host-call handlers (made on first use; each cell bounds its own share)."""
-        if self._host_executor is None:
-            self._host_executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix=f"host-calls-{self.id}")
-        return self._host_executor
+    def _handler_pool(self) -> HandlerPool:
+        """The session's host-call handlers (made on first use): bounded across its cells; each cell bounds its own."""
+        if self._host_calls is None:
+            self._host_calls = HandlerPool(self._settings.max_host_calls_per_session, name=f"host-calls-{self.id}")
+        return self._host_calls
 
     def close(self) -> None:
         """Remove the container and the stored state. Closing twice is fine.
@@ -582,6 +587,7 @@ class Session:
             except SessionNotFound:
                 self._release_sandbox()
             finally:
+                self._drop_sandbox()  # when the close failed (an unreadable record): no channel stays open
                 self._stop_host_calls()
                 self._activity.close()
                 if self.state is not SessionState.DETACHED:
@@ -712,9 +718,9 @@ class Session:
 
     def _stop_host_calls(self) -> None:
         """No more calls on this handle: the host-call threads and the call wake-up go."""
-        if self._host_executor is not None:
-            self._host_executor.shutdown(wait=False)  # a handler still running is left to finish on its own
-            self._host_executor = None
+        if self._host_calls is not None:
+            self._host_calls.close()  # nothing waiting starts; a handler still running finishes on its own
+            self._host_calls = None
         if self._call_wakeup is not None:
             self._call_wakeup.close()
             self._call_wakeup = None

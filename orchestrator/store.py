@@ -34,6 +34,7 @@ import re
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -52,6 +53,9 @@ BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
 _STORE_ID = re.compile(r"^[0-9a-f]{12}$")
 _CONTAINER_ID = re.compile(r"^[0-9a-z]{12,64}$")  # a container id (hex) or a Swarm service id (base 36)
 _REMOVED_PREFIX = ".removed-"
+QUARANTINE_DIR = "quarantine"
+"""Under the state dir (beside ``sessions/``): session directories whose record could not be read, kept aside."""
+QUARANTINE_NOTE = "QUARANTINED"
 
 
 def validate_session_id(session_id: str) -> str:
@@ -518,6 +522,37 @@ class SessionStore:
         except FileNotFoundError:
             return
         shutil.rmtree(doomed, ignore_errors=True)
+
+    def quarantine(self, session_id: str, reason: str) -> Path:
+        """Move a session's directory aside, whole, under ``<state_dir>/quarantine/`` (call inside ``locked``).
+
+        For a record that cannot be read: prune keeps it for a person to look at instead of deleting it,
+        and leaves its containers alone. ``reason`` is written beside it (``QUARANTINED``). Returns the new path.
+
+        Raises:
+            SessionNotFound: the session's directory does not exist.
+            CheckpointError: the quarantine directory cannot be made or the move failed.
+        """
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = self.base / QUARANTINE_DIR / f"{validate_session_id(session_id)}.{stamp}.{secrets.token_hex(3)}"
+        try:
+            target.parent.mkdir(mode=0o700, exist_ok=True)
+            os.rename(self._dir(session_id), target)
+        except FileNotFoundError:
+            raise SessionNotFound(f"no session {session_id!r} in {self.root}") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot move session {session_id} to {target.parent}: {exc}") from exc
+        with contextlib.suppress(OSError):
+            (target / QUARANTINE_NOTE).write_text(reason + "\n")
+        return target
+
+    def quarantined(self) -> set[str]:
+        """Ids of the sessions whose directory was quarantined (prune leaves their containers alone)."""
+        try:
+            entries = list(os.scandir(self.base / QUARANTINE_DIR))
+        except FileNotFoundError:
+            return set()
+        return {entry.name.partition(".")[0] for entry in entries if entry.is_dir(follow_symlinks=False)}
 
     def unfinished_removals(self) -> Iterator[Path]:
         """Directories a ``delete`` renamed away but did not finish removing (its process died meanwhile)."""

@@ -58,6 +58,8 @@ class SessionInfo:
     """Why the session is broken (or None)."""
     checkpoint_damaged: bool = False
     """Its record is unreadable or blobs its manifest names are missing: it cannot be restored whole."""
+    record_unreadable: bool = False
+    """Its record itself cannot be read (prune quarantines it rather than remove anything)."""
     labels: dict[str, str] = field(default_factory=dict)
     node: str | None = None
     """The machine its container runs (or last ran) on, when the backend spreads sandboxes (Swarm); else None."""
@@ -181,4 +183,5 @@ def _unreadable(session_id: str, error: CheckpointError, active: float, now: flo
         hibernated_at=None,
         problem=str(error),
         checkpoint_damaged=True,
+        record_unreadable=True,
     )

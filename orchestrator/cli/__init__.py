@@ -18,6 +18,7 @@ from .. import __version__, janitor
 from ..config import Settings
 from ..errors import OrchestratorError
 from ..manager import Orchestrator
+from ..safe_text import log_to_stderr
 from ..units import duration_argument, positive_duration_argument
 from . import commands, evaluate, shell
 from .render import EXIT_HELP, Exit, Output
@@ -42,6 +43,26 @@ def _tail(text: str) -> int | None:
     if lines < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines (1 or more) or 'all'")
     return lines
+
+
+def _sandbox_text_options(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--raw`` / ``--escape``: how text the sandbox made reaches the terminal (docs/cli.md, "Text from a sandbox")."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--raw",
+        dest="sandbox_text",
+        action="store_const",
+        const="raw",
+        help="write what the sandbox made as it is, control characters and escape sequences included",
+    )
+    group.add_argument(
+        "--escape",
+        dest="sandbox_text",
+        action="store_const",
+        const="escape",
+        help="show control characters of what the sandbox made as escapes, even to a pipe or a file",
+    )
+    parser.set_defaults(sandbox_text=default)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     exec_.add_argument(
         "--timeout", type=positive_duration_argument, metavar="S", help="seconds (or 90s, 5m) the cell may run"
     )
+    _sandbox_text_options(exec_, "auto")
     exec_.set_defaults(func=commands.exec_code)
 
     sh = command(
@@ -98,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument(
         "--timeout", type=positive_duration_argument, metavar="S", help="seconds (or 90s, 5m) each input may run"
     )
+    _sandbox_text_options(sh, "auto")
     sh.set_defaults(func=shell.shell)
 
     for name, func, what in (
@@ -112,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     logs = command("logs", "print a session's container log (the agent's stderr)")
     logs.add_argument("session_id", metavar="ID")
     logs.add_argument("--tail", type=_tail, default=200, metavar="N", help="last N lines, or 'all' (default 200)")
+    _sandbox_text_options(logs, "escape")
     logs.set_defaults(func=commands.logs)
 
     prune = command("prune", "remove (or hibernate) stale sessions and what crashed controllers left behind")
@@ -177,10 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version, a usage error
         return exc.code if isinstance(exc.code, int) else Exit.USAGE
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
-    out = Output(json_mode=args.json)
+    log_to_stderr(logging.INFO if args.verbose else logging.WARNING)
+    out = Output(json_mode=args.json, sandbox_text=getattr(args, "sandbox_text", "auto"))
     try:
         if not getattr(args, "needs_orchestrator", True):
             return int(args.func(args))

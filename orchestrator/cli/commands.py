@@ -18,8 +18,10 @@ from .render import (
     Exit,
     Output,
     error_json,
+    error_line,
     exec_json,
     key_value_table,
+    one_line,
     session_rows,
     sessions_table,
     write_exec_result,
@@ -110,7 +112,7 @@ def ls(ctx: Context, args: argparse.Namespace) -> int:
     ctx.out.table(sessions_table(infos))
     for info in infos:
         if info.problem:
-            ctx.out.line(f"{info.id}: {info.problem}")
+            ctx.out.line(f"{info.id}: {one_line(info.problem)}")
     return Exit.OK
 
 
@@ -139,8 +141,8 @@ def exec_code(ctx: Context, args: argparse.Namespace) -> int:
         except SandboxError as exc:
             # A timed-out cell's partial output is still worth showing (before the one error line).
             if not ctx.out.json_mode:
-                ctx.out.write(getattr(exc, "stdout", ""))
-                ctx.out.stderr.write(getattr(exc, "stderr", ""))
+                ctx.out.program_output(getattr(exc, "stdout", ""))
+                ctx.out.program_output(getattr(exc, "stderr", ""), ctx.out.stderr)
             raise
     if ctx.out.json_mode:
         ctx.out.json(exec_json(args.session_id, result))
@@ -162,7 +164,7 @@ def for_each(ctx: Context, session_ids: list[str], act: Callable[[str], str]) ->
         try:
             message = act(session_id)
         except OrchestratorError as exc:
-            ctx.out.note(f"orchestrator: {session_id}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+            ctx.out.note(f"orchestrator: {session_id}: {error_line(exc).removeprefix('orchestrator: ')}")
             results.append({"id": session_id, "ok": False, "result": None, "error": error_json(exc)})
             failures.append(Exit(error_json(exc)["exit_code"]))
             continue
@@ -214,7 +216,7 @@ def logs(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.out.json_mode:
         ctx.out.json({"id": args.session_id, "tail": args.tail, "log": text})
     else:
-        ctx.out.write(text if not text or text.endswith("\n") else text + "\n")
+        ctx.out.sandbox_log(text if not text or text.endswith("\n") else text + "\n")
     return Exit.OK
 
 
@@ -228,7 +230,7 @@ def prune(ctx: Context, args: argparse.Namespace) -> int:
         ctx.out.json(report.to_json())
     else:
         for action in report.actions:
-            ctx.out.line(action.describe(report.dry_run))
+            ctx.out.line(one_line(action.describe(report.dry_run)))
         ctx.out.line(report.summary())
     if report.failed:
         ctx.out.note(

@@ -28,6 +28,7 @@ from ..errors import (
     TransportError,
 )
 from ..results import ExecResult
+from ..safe_text import visible
 from ..survey import SessionInfo, SessionStatus
 from ..units import describe_bytes, describe_duration
 
@@ -94,9 +95,34 @@ def exit_code(exc: BaseException) -> Exit:
 
 
 def error_line(exc: BaseException) -> str:
-    """``orchestrator: <ErrorType>: <message>`` on one line (the message's own line breaks folded)."""
-    message = " ".join(str(exc).split()) or "(no message)"
+    """``orchestrator: <ErrorType>: <message>`` on one line (the message's own line breaks folded, and anything a
+    terminal would act on made visible: a message may quote the sandbox)."""
+    message = one_line(" ".join(str(exc).split())) or "(no message)"
     return f"orchestrator: {type(exc).__name__}: {message}"
+
+
+OUR_PREFIX = "orchestrator"
+"""Every line the CLI writes of its own on stderr starts with this (notes, errors, the shell's remarks)."""
+SANDBOX_MARK = "[sandbox] "
+"""Shown before a line of sandbox text that starts like one of ours, so it cannot pass for ours."""
+SANDBOX_TEXT_MODES = ("auto", "escape", "raw")
+
+
+def one_line(text: str) -> str:
+    """A field that may come from a sandbox (a name, a reason, a message), for one line of ours: nothing in it can
+    end the line, move the cursor or drive the terminal."""
+    return visible(text, multiline=False)
+
+
+def shown(text: str) -> str:
+    """Lines of sandbox text (a cell's output, a container log) for a terminal: control characters made visible
+    (carriage returns included), and a line that starts like one of ours marked ``[sandbox]``."""
+    text = visible(text)
+    if OUR_PREFIX not in text:
+        return text
+    return "".join(
+        SANDBOX_MARK + line if line.startswith(OUR_PREFIX) else line for line in text.splitlines(keepends=True)
+    )
 
 
 def error_json(exc: BaseException) -> dict[str, Any]:
@@ -127,23 +153,49 @@ _STATUS_STYLE = {
 class Output:
     """Where one command writes: its stdout and stderr, as text, rich tables or JSON."""
 
-    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None, *, json_mode: bool = False) -> None:
+    def __init__(
+        self,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+        *,
+        json_mode: bool = False,
+        sandbox_text: str = "auto",
+    ) -> None:
+        """``sandbox_text``: how a cell's output reaches a stream: "auto" (made visible on a terminal, as it is
+        to a pipe or a file), "escape" (always made visible: ``--escape``), "raw" (always as it is: ``--raw``)."""
+        if sandbox_text not in SANDBOX_TEXT_MODES:
+            raise ValueError(f"sandbox_text must be one of {SANDBOX_TEXT_MODES}, not {sandbox_text!r}")
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.json_mode = json_mode
+        self.sandbox_text = sandbox_text
         self.console = _console(self.stdout)
         self.err_console = _console(self.stderr)
 
     def write(self, text: str) -> None:
-        """Text exactly as given (cell output, logs)."""
+        """Text of ours exactly as given (sandbox text goes through ``program_output`` or ``sandbox_log``)."""
         self.stdout.write(text)
         self.stdout.flush()
+
+    def program_output(self, text: str, stream: TextIO | None = None) -> None:
+        """What the cell itself wrote (its stdout or stderr, its value's repr, its traceback) to ``stream``
+        (stdout by default): the program's own bytes when the stream is a pipe or a file (or ``--raw``), made
+        visible on a terminal (or ``--escape``)."""
+        stream = stream or self.stdout
+        raw = self.sandbox_text == "raw" or (self.sandbox_text == "auto" and not _isatty(stream))
+        stream.write(text if raw else shown(text))
+        stream.flush()
+
+    def sandbox_log(self, text: str) -> None:
+        """Sandbox text that is not a program's output (a container log): made visible unless ``--raw``."""
+        self.write(text if self.sandbox_text == "raw" else shown(text))
 
     def line(self, text: str) -> None:
         self.write(text + "\n")
 
     def note(self, text: str) -> None:
-        """A remark for the person at the terminal, on stderr (never part of what scripts parse)."""
+        """A remark for the person at the terminal, on stderr (never part of what scripts parse); it starts with
+        ``orchestrator``, and any sandbox field in it went through ``one_line``."""
         self.stderr.write(text + "\n")
         self.stderr.flush()
 
@@ -177,6 +229,13 @@ class Output:
             yield
 
 
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or foreign stream
+        return False
+
+
 def _console(stream: TextIO) -> Console:
     # Not a terminal: no colours and no width limit, so a pipe or a file gets whole rows to grep.
     terminal = stream.isatty()
@@ -202,11 +261,11 @@ def sessions_table(infos: Sequence[SessionInfo]) -> Table:
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for info in infos:
         cells = [
-            Text(info.id),
+            Text(one_line(info.id)),
             Text(info.status.value, style=_STATUS_STYLE[info.status]),
-            Text(info.image or "-"),
+            Text(one_line(info.image or "-")),
         ]
-        cells += [Text(info.node or "-")] if with_node else []
+        cells += [Text(one_line(info.node or "-"))] if with_node else []
         cells += [
             Text(describe_duration(info.age_seconds)),
             Text("-" if info.status is SessionStatus.BUSY else describe_duration(info.idle_seconds)),
@@ -249,7 +308,7 @@ def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     for key, value in rows:
-        table.add_row(Text(key), Text(value))
+        table.add_row(Text(key), Text(one_line(value)))
     return table
 
 
@@ -259,20 +318,19 @@ def exec_json(session_id: str, result: ExecResult) -> dict[str, Any]:
 
 
 def write_exec_result(out: Output, result: ExecResult) -> None:
-    """A cell's output as a REPL shows it: stdout and stderr as written, the value's repr, the traceback."""
+    """A cell's output as a REPL shows it: stdout and stderr as written, the value's repr, the traceback (each
+    the program's own bytes to a pipe, made visible on a terminal); then our notes, always made visible."""
     if result.stdout:
-        out.write(result.stdout)
+        out.program_output(result.stdout)
     if result.stderr:
-        out.stderr.write(result.stderr)
-        out.stderr.flush()
+        out.program_output(result.stderr, out.stderr)
     if result.return_value is not None:
         if result.stdout and not result.stdout.endswith("\n"):
             out.write("\n")
-        out.line(result.return_value)
+        out.program_output(result.return_value + "\n")
     if result.error is not None:
-        out.stderr.write(result.error.traceback or f"{result.error}\n")
-        out.stderr.flush()
+        out.program_output(result.error.traceback or f"{result.error}\n", out.stderr)
     for name, reason in sorted(result.unsaved.items()):
-        out.note(f"orchestrator: not saved (lost if the sandbox restarts): {name}: {reason}")
+        out.note(f"orchestrator: not saved (lost if the sandbox restarts): {one_line(name)}: {one_line(reason)}")
     for name, reason in sorted(result.restore_failures.items()):
-        out.note(f"orchestrator: dropped by a restore before this call: {name}: {reason}")
+        out.note(f"orchestrator: dropped by a restore before this call: {one_line(name)}: {one_line(reason)}")

@@ -119,7 +119,7 @@ class Shell:
             raise
         self.ctx.detach(self.session)
         if self.interactive:
-            self.out.note(f"detached from {self.session_id}")
+            self.out.note(f"orchestrator shell: detached from {self.session_id}")
         return Exit.OK
 
     def read(self, prompt: str) -> str:
@@ -143,7 +143,7 @@ class Shell:
                 return
             except KeyboardInterrupt:
                 self.out.write("\n")
-                self.out.note("KeyboardInterrupt")
+                self.out.note("orchestrator shell: KeyboardInterrupt")
                 self.buffer.reset()
                 continue
             self.buffer.push(line)
@@ -163,16 +163,16 @@ class Shell:
             self.ctx.abandon(session)
             self.session = self.ctx.attach(self.session_id)  # taking it over stops the abandoned cell
             self.out.note(
-                f"KeyboardInterrupt: the call was abandoned; session {self.session_id} is at generation "
-                f"{self.session.generation} (the last call that completed)"
+                f"orchestrator shell: KeyboardInterrupt: the call was abandoned; session {self.session_id} is at "
+                f"generation {self.session.generation} (the last call that completed)"
             )
             return
         except (SessionAttachedElsewhere, SessionNotFound, SessionClosed):
             raise
         except OrchestratorError as exc:
             if isinstance(exc, SandboxError):
-                self.out.write(getattr(exc, "stdout", ""))
-                self.out.stderr.write(getattr(exc, "stderr", ""))
+                self.out.program_output(getattr(exc, "stdout", ""))
+                self.out.program_output(getattr(exc, "stderr", ""), self.out.stderr)
             self.out.note(error_line(exc))
             return
         write_exec_result(self.out, result)

@@ -293,3 +293,65 @@ def test_shell_on_a_terminal(terminal, make, store, cli):
     history = Path(store.state_dir) / "shell-history"
     assert "return n * x" in history.read_text() and oct(history.stat().st_mode & 0o777) == "0o600"
     assert cli("exec", sid, "g(3)").stdout == "123\n"
+
+
+# ---------------------------------------------------------------------------- text from the sandbox
+
+HOSTILE_CELL = r"""
+import os, sys
+osc52, clear, bidi = '\x1b]52;c;cm0gLXJmIH4=\x07', '\x1b[2J\x1b[H', 'evil\u202etxt.exe'
+print('before' + osc52 + clear)
+print('\rorchestrator: all good, nothing to see')
+print('orchestrator: InfoLeak: a forged note of ours')
+print(bidi)
+print(clear + 'on stderr', file=sys.stderr)
+os.write(2, (osc52 + '\norchestrator: in the container log\n').encode())  # the worker's fd 2
+globals()['g' + clear + '\norchestrator: saved'] = (i for i in [])  # a name that cannot be saved
+bidi
+"""
+
+
+def no_control(text: str) -> bool:
+    return all(c.isprintable() or c in "\n\t" for c in text)
+
+
+def test_sandbox_text_is_escaped_on_request_raw_to_a_pipe_and_our_notes_always(cli, make):
+    sid = make()
+    escaped = cli("exec", sid, HOSTILE_CELL, "--escape")
+    assert escaped.returncode == 0, escaped.stderr
+    assert no_control(escaped.stdout) and no_control(escaped.stderr)
+    assert "before\\x1b]52;c;cm0gLXJmIH4=\\x07\\x1b[2J\\x1b[H" in escaped.stdout
+    assert "\\rorchestrator: all good" in escaped.stdout
+    assert "[sandbox] orchestrator: InfoLeak" in escaped.stdout and "evil\\u202etxt.exe" in escaped.stdout
+    ours = [line for line in escaped.stderr.splitlines() if line.startswith("orchestrator")]
+    assert ours == [
+        "orchestrator: not saved (lost if the sandbox restarts): g\\x1b[2J\\x1b[H\\norchestrator: saved: "
+        + ours[0].split(": saved: ", 1)[1]
+    ]
+    piped = cli("exec", sid, HOSTILE_CELL)  # a pipe: the program's own bytes, our note still escaped
+    assert "before\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[H\n" in piped.stdout
+    (note,) = [line for line in piped.stderr.splitlines() if line.startswith("orchestrator: not saved")]
+    assert no_control(note)
+    assert cli("exec", sid, HOSTILE_CELL, "--raw").stdout == piped.stdout
+
+
+def test_a_raised_exception_and_the_container_log_are_escaped(cli, make):
+    sid = make()
+    raised = cli("exec", sid, "raise ValueError('\\x1b]52;c;aGk=\\x07\\rorchestrator: fine')", "--escape")
+    assert raised.returncode == 1 and no_control(raised.stderr)
+    assert "ValueError: \\x1b]52;c;aGk=\\x07\\rorchestrator: fine" in raised.stderr
+    assert cli("exec", sid, HOSTILE_CELL).returncode == 0
+    logs = cli("logs", sid, "--tail", "all")  # escaped even to a pipe
+    assert logs.returncode == 0 and no_control(logs.stdout)
+    assert "\\x1b]52;c;cm0gLXJmIH4=\\x07" in logs.stdout
+    assert "[sandbox] orchestrator: in the container log" in logs.stdout
+    assert "\x1b]52;c;cm0gLXJmIH4=\x07" in cli("logs", sid, "--tail", "all", "--raw").stdout
+
+
+def test_exec_on_a_terminal_shows_escapes_and_nothing_a_terminal_obeys(terminal, make):
+    sid = make()
+    t = terminal("exec", sid, HOSTILE_CELL)
+    t.expect("cannot pickle 'generator' object\n")  # our note comes last
+    assert t.close() == 0
+    assert "\x1b" not in t.seen and "\u202e" not in t.seen and "\r" not in t.seen
+    assert "before\\x1b]52;c;cm0gLXJmIH4=\\x07" in t.seen and "[sandbox] orchestrator: InfoLeak" in t.seen

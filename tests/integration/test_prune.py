@@ -316,19 +316,25 @@ def test_a_dry_run_changes_nothing_then_every_orphan_is_removed(settings_for, ma
     assert keeper.restore_failures == {}
 
 
-def test_an_unreadable_record_is_pruned_without_a_failure(settings_for, make_orch) -> None:
-    """A record that cannot be read is a damaged checkpoint: ``list_sessions`` says broken, the dry run says it
-    would be removed as an orphan record, and the prune removes it. It must not fail every prune from then on
-    (``orchestrator prune`` and the janitor would exit non-zero for ever)."""
+def test_an_unreadable_record_is_quarantined_without_a_failure(settings_for, make_orch) -> None:
+    """A record that cannot be read: ``list_sessions`` says broken, the dry run says it would be quarantined, and
+    the prune moves it aside whole (kept, not deleted). It must not fail every prune from then on (``orchestrator
+    prune`` and the janitor would exit non-zero for ever), and it is acted on once."""
     orch = make_orch(settings_for())
     directory = orch.settings.state_dir / "sessions" / "bad-record"
     (directory / "blobs").mkdir(parents=True)
     (directory / "meta.json").write_text("{not json")
-    assert _acted(orch.prune(dry_run=True)) == {("remove-orphan-record", "bad-record")}
+    assert [s.status for s in orch.list_sessions()] == [SessionStatus.BROKEN]
+    assert _acted(orch.prune(dry_run=True)) == {("quarantine-record", "bad-record")}
     report = orch.prune()
     assert report.failed == [], report.to_json()
-    assert ("remove-orphan-record", "bad-record") in _acted(report)
+    assert _acted(report) == {("quarantine-record", "bad-record")}
+    assert "no container of it runs" in report.actions[0].reason
     assert not directory.exists()
+    (kept,) = (orch.settings.state_dir / "quarantine").iterdir()
+    assert (kept / "meta.json").read_text() == "{not json"
+    assert orch.list_sessions() == []
+    assert _acted(orch.prune()) == set()
 
 
 def test_observing_a_session_does_not_reset_its_idle_time(settings_for, make_orch, new_session) -> None:

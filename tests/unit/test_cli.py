@@ -676,3 +676,106 @@ def test_exec_json_of_an_error_result():
     error = ExecError("ValueError", "bad", 2, "raise ValueError('bad')", "Traceback ...\n")
     document = render.exec_json("s1", replace(ExecResult(), error=error))
     assert document["ok"] is False and document["error"]["type"] == "ValueError" and document["error"]["line"] == 2
+
+
+# ---------------------------------------------------------------------------- text from the sandbox
+
+CLIPBOARD = "\x1b]52;c;cm0gLXJmIH4=\x07"  # OSC 52: set the clipboard
+CLEAR = "\x1b[2J\x1b[H"
+FORGED = "\rorchestrator: all good, nothing to see\n"  # a carriage return to overwrite the line, then ours
+BIDI = "evil\u202etxt.exe"
+HOSTILE = f"out{CLIPBOARD}{CLEAR}\n{FORGED}orchestrator: InfoLeak: fake note\n{BIDI}\n"
+
+
+def no_control(text: str) -> bool:
+    """Nothing a terminal would act on: only printable characters, newlines and tabs."""
+    return all(c.isprintable() or c in "\n\t" for c in text)
+
+
+def test_exec_output_on_a_terminal_or_with_escape_shows_control_characters_escaped(fake, capsys):
+    name = f"x{CLEAR}\norchestrator: saved"
+    fake.results.append(
+        ExecResult(stdout=HOSTILE, stderr=HOSTILE, return_value=repr(BIDI), unsaved={name: f"gen{CLIPBOARD}\r!"})
+    )
+    code, out, err = run(capsys, "exec", "s1", "1", "--escape")
+    assert code == 0 and no_control(out) and no_control(err)
+    assert "\\x1b]52;c;cm0gLXJmIH4=\\x07" in out and "\\x1b[2J" in out and "\\u202e" in out
+    for stream in (out, err):  # no line the sandbox wrote passes for ours
+        forged = [line for line in stream.splitlines() if line.startswith("orchestrator")]
+        assert forged == [line for line in forged if line.startswith("orchestrator: not saved")]
+    assert "[sandbox] orchestrator: InfoLeak: fake note" in out
+    assert "\\rorchestrator: all good" in out, "a carriage return cannot take a line back"
+    (note,) = [line for line in err.splitlines() if line.startswith("orchestrator: not saved")]
+    assert note == (
+        "orchestrator: not saved (lost if the sandbox restarts): x\\x1b[2J\\x1b[H\\norchestrator: saved: "
+        "gen\\x1b]52;c;cm0gLXJmIH4=\\x07\\r!"
+    )
+
+
+def test_exec_output_to_a_pipe_is_the_programs_own_bytes_and_raw_passes_them(fake, capsys):
+    fake.results.append(ExecResult(stdout=HOSTILE, unsaved={f"n{CLEAR}": "r"}))
+    _code, out, err = run(capsys, "exec", "s1", "1")  # captured: not a terminal
+    assert out == HOSTILE
+    assert err == "orchestrator: not saved (lost if the sandbox restarts): n\\x1b[2J\\x1b[H: r\n", "notes: escaped"
+    fake.results.append(ExecResult(stdout=HOSTILE))
+    assert run(capsys, "exec", "s1", "1", "--raw")[1] == HOSTILE
+
+
+def test_exec_on_a_terminal_escapes_and_raw_does_not(fake):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for mode, expected_raw in (("auto", False), ("raw", True)):
+        out, err = Terminal(), Terminal()
+        fake.results.append(ExecResult(stdout=HOSTILE, stderr=HOSTILE))
+        render.write_exec_result(render.Output(out, err, sandbox_text=mode), fake.attach("s1").execute("1"))
+        assert (out.getvalue() == HOSTILE) is expected_raw and (err.getvalue() == HOSTILE) is expected_raw
+        assert no_control(out.getvalue()) is not expected_raw
+
+
+def test_logs_are_escaped_even_to_a_pipe_unless_raw(fake, capsys):
+    fake.log = HOSTILE
+    code, out, _ = run(capsys, "logs", "s1")
+    assert code == 0 and no_control(out) and "[sandbox] orchestrator: InfoLeak" in out
+    assert run(capsys, "logs", "s1", "--raw")[1] == HOSTILE
+    code, out, _ = run(capsys, "logs", "s1", "--json")
+    assert no_control(out) and json.loads(out)["log"] == HOSTILE
+
+
+def test_raw_and_escape_exclude_each_other(capsys):
+    code, _, err = run(capsys, "exec", "s1", "1", "--raw", "--escape")
+    assert code == Exit.USAGE and "not allowed with" in err
+
+
+def test_errors_tables_and_prune_lines_show_sandbox_text_on_one_line(fake, capsys):
+    fake.errors[("attach", "s1")] = ProtocolError(f"the agent said {CLEAR}\rorchestrator: fine{BIDI}")
+    code, _, err = run(capsys, "exec", "s1", "1")
+    assert code == Exit.SANDBOX and err.count("\n") == 1 and no_control(err)
+    fake.infos = [info("s1", status=SessionStatus.BROKEN, image=f"img{CLIPBOARD}", problem=f"bad name {FORGED}")]
+    for argv in (("ls",), ("inspect", "s1")):
+        code, out, _ = run(capsys, *argv)
+        assert code == 0 and no_control(out), argv
+        assert not any(line.startswith("orchestrator") for line in out.splitlines()), argv
+    fake.report = PruneReport([PruneAction("quarantine-record", "s1", f"unreadable: {FORGED}{CLIPBOARD}")], False)
+    code, out, _ = run(capsys, "prune")
+    assert code == 0 and no_control(out) and len(out.splitlines()) == 2
+
+
+def test_shell_notes_start_like_ours_and_its_output_follows_the_same_rules(fake):
+    fake.results += [ExecResult(stdout=HOSTILE, return_value=repr(CLEAR))]
+    sh, out, _err = make_shell(fake, "1\n")
+    sh.out.sandbox_text = "escape"
+    assert sh.main() == 0
+    assert no_control(out.getvalue()) and "[sandbox] orchestrator: InfoLeak" in out.getvalue()
+
+
+def test_log_records_quoting_the_sandbox_cannot_start_a_line(capsys):
+    import logging
+
+    from orchestrator.safe_text import VisibleFormatter
+
+    record = logging.LogRecord("orchestrator.x", logging.INFO, __file__, 1, "got %s", (FORGED + CLEAR,), None)
+    text = VisibleFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert no_control(text)
+    assert all(line.startswith("    ") for line in text.splitlines()[1:])

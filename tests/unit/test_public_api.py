@@ -15,7 +15,7 @@ EXPECTED = {
     "ImageMissing", "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent",
     "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed", "SandboxError",
     "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError",
-    "SessionInfo", "SessionNotFound", "SessionStatus", "Settings", "TransportError", "__version__",
+    "SessionInfo", "SessionNotFound", "SessionsNotClosed", "SessionStatus", "Settings", "TransportError", "__version__",
 }  # fmt: skip
 
 

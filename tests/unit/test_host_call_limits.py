@@ -1,0 +1,109 @@
+"""Host calls are bounded per cell and per session, and nothing of a cell starts after it ended (no engine)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+
+from orchestrator.agent import protocol
+from orchestrator.errors import ConfigError
+from orchestrator.hostcalls import CallDesk, HandlerPool, HostCalls
+
+
+class Gate:
+    """A handler that counts its invocations and blocks until released."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.invoked = 0
+        self.returned = 0
+        self.release = threading.Event()
+        self.all_returned = threading.Event()
+        self.expected_returns = 0
+
+    def __call__(self, payload: Any) -> Any:
+        with self.lock:
+            self.invoked += 1
+        self.release.wait(30)
+        with self.lock:
+            self.returned += 1
+            if self.returned == self.expected_returns:
+                self.all_returned.set()
+        return payload
+
+
+def errors(desk: CallDesk) -> list[str]:
+    return [header["error"] for header, _ in desk.answers() if header["status"] == protocol.STATUS_ERROR]
+
+
+def test_a_flood_is_refused_past_the_cells_bound_and_nothing_waiting_starts_after_the_cell_ended() -> None:
+    gate = Gate()
+    pool = HandlerPool(150, name="t")
+    desk = CallDesk(HostCalls({"llm_query": gate}, max_concurrent=4), pool, max_held=100)
+    try:
+        for call in range(5000):
+            desk.submit(call, "llm_query", bytearray(json.dumps(call).encode()))
+        refused = errors(desk)
+        assert len(refused) == 4900
+        assert all("Settings.max_host_calls_per_cell" in message for message in refused)
+        assert pool.held == 100
+        desk.close()  # the cell ended: 96 waiting calls are cancelled, 4 handlers run on
+        assert pool.held == 4
+        gate.expected_returns = 4
+        gate.release.set()
+        assert gate.all_returned.wait(10)
+    finally:
+        gate.release.set()
+        pool.close()
+    assert gate.invoked == 4, "a call waiting when its cell ended was started"
+    assert pool.held == 0
+
+
+def test_handlers_left_running_by_ended_cells_count_against_the_sessions_bound() -> None:
+    gate = Gate()
+    pool = HandlerPool(10, name="t")
+    calls = HostCalls({"llm_query": gate}, max_concurrent=4)
+    try:
+        for _ in range(2):  # each cell leaves 4 handlers running
+            desk = CallDesk(calls, pool, max_held=8)
+            for call in range(4):
+                desk.submit(call, "llm_query", bytearray(b"1"))
+            assert errors(desk) == []
+            desk.close()
+        assert pool.held == 8
+        desk = CallDesk(calls, pool, max_held=8)
+        for call in range(4):
+            desk.submit(call, "llm_query", bytearray(b"1"))
+        refused = errors(desk)
+        assert len(refused) == 2 and all("Settings.max_host_calls_per_session" in m for m in refused)
+        desk.close()
+        gate.expected_returns = 10
+        gate.release.set()
+        assert gate.all_returned.wait(10)
+        assert pool.held == 0
+        desk = CallDesk(calls, pool, max_held=8)  # room again once they returned
+        desk.submit(0, "llm_query", bytearray(b"1"))
+        desk.close()
+    finally:
+        gate.release.set()
+        pool.close()
+
+
+def test_a_closed_pool_starts_nothing_and_refuses_every_call() -> None:
+    gate = Gate()
+    pool = HandlerPool(8, name="t")
+    desk = CallDesk(HostCalls({"llm_query": gate}), pool, max_held=8)
+    pool.close()
+    desk.submit(0, "llm_query", bytearray(b"1"))
+    (refused,) = errors(desk)
+    assert "its session is closing" in refused
+    desk.close()
+    assert gate.invoked == 0 and pool.held == 0
+
+
+def test_the_bound_must_be_positive() -> None:
+    with pytest.raises(ConfigError):
+        HandlerPool(0, name="t")
