@@ -243,6 +243,20 @@ class Terminal:
     def type(self, text: str) -> None:
         os.write(self.master, text.encode())
 
+    def interrupt_line(self) -> str:
+        """Ctrl-C while a line is being typed at the prompt; return what came before the next prompt.
+
+        A SIGINT that lands while readline is inside a keystroke is raised by CPython only at the next key
+        (the interpreter's own REPL does the same), so when none came within a few seconds, Ctrl-E (end of
+        line: changes nothing) is that key.
+        """
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.expect(">>> ", timeout=5.0)
+        except AssertionError:
+            self.type("\x05")
+            return self.expect(">>> ")
+
     def close(self) -> int:
         try:
             return self.proc.wait(timeout=60)
@@ -279,8 +293,7 @@ def test_shell_on_a_terminal(terminal, make, store, cli):
     assert t.expect(">>> ").endswith("82\n")
     t.type("half typed")
     t.expect("half typed")
-    t.proc.send_signal(signal.SIGINT)  # Ctrl-C drops the line being typed
-    assert "KeyboardInterrupt" in t.expect(">>> ")
+    assert "KeyboardInterrupt" in t.interrupt_line()  # Ctrl-C drops the line being typed
     t.type("import time; time.sleep(30); w = 1\n")
     time.sleep(1.5)
     t.proc.send_signal(signal.SIGINT)  # ... and abandons a running call
@@ -351,7 +364,7 @@ def test_a_raised_exception_and_the_container_log_are_escaped(cli, make):
 def test_exec_on_a_terminal_shows_escapes_and_nothing_a_terminal_obeys(terminal, make):
     sid = make()
     t = terminal("exec", sid, HOSTILE_CELL)
-    t.expect("cannot pickle 'generator' object\n")  # our note comes last
+    t.expect("the name is not a Python identifier\n")  # our note comes last
     assert t.close() == 0
     assert "\x1b" not in t.seen and "\u202e" not in t.seen and "\r" not in t.seen
     assert "before\\x1b]52;c;cm0gLXJmIH4=\\x07" in t.seen and "[sandbox] orchestrator: InfoLeak" in t.seen
