@@ -318,7 +318,7 @@ class CallDesk:
             return
         try:
             with serving_as(self._owner):
-                result = self._calls.handlers[name](json.loads(body.decode("utf-8", errors="surrogatepass")))
+                result = self._calls.handlers[name](protocol.decode_json(body, "host call payload", surrogates=True))
             answer = answer_ok(call, encode(result, self._calls.max_bytes))
         except HostCallError as exc:
             answer = answer_error(call, str(exc))

@@ -54,7 +54,7 @@ class HostCallClient(object):
         if not isinstance(name, str) or not name:
             raise HostCallError("a host call needs a handler name (a non-empty str)")
         try:
-            raw = json.dumps(payload, ensure_ascii=False).encode("utf-8", "surrogatepass")
+            raw = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass")
         except (TypeError, ValueError) as exc:
             raise HostCallError("the payload of host call %r is not JSON-serializable: %s" % (name, exc)) from None
         if len(raw) > self._max_bytes:

@@ -270,18 +270,21 @@ _STRICT_JSON = json.JSONDecoder(
 )
 
 
-def decode_json(raw: Union[bytes, bytearray, memoryview], what: str = "frame header") -> Any:
+def decode_json(
+    raw: Union[bytes, bytearray, memoryview], what: str = "frame header", *, surrogates: bool = False
+) -> Any:
     """Parse UTF-8 strict JSON nested at most MAX_HEADER_DEPTH deep: what a peer sends is never trusted further.
 
     Strict: no NaN or Infinity, no key twice in one object, no integer of more than MAX_INT_DIGITS
-    digits, no number whose float is not finite.
+    digits, no number whose float is not finite. ``surrogates``: lone surrogates may come as their
+    UTF-8 bytes (a host call's payload holds a str of user code as it is, ``surrogatepass``).
 
     Raises:
         ProtocolViolation: for every way the bytes can fail to be such JSON, naming ``what`` they were.
     """
     try:
         raw = bytes(raw)
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8", "surrogatepass" if surrogates else "strict")
         if raw.count(b"[") + raw.count(b"{") > MAX_HEADER_DEPTH and _too_deep(raw):
             raise ProtocolViolation("%s is nested deeper than %d levels" % (what, MAX_HEADER_DEPTH))
         return _STRICT_JSON.decode(text)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ..agent import protocol
 from ..config import Settings
 from ..errors import (
     ConfigError,
@@ -355,8 +356,10 @@ class DockerREPL(NonIsolatedEnv):
         """The compaction list a resumed session holds, read back as JSON (empty when it cannot be read)."""
         result = session.execute(f"print(__import__('json').dumps({COMPACTION_NAME}))")
         try:
-            stored = json.loads(result.stdout) if result.error is None else None
-        except ValueError:
+            stored = (
+                protocol.decode_json(result.stdout.encode(), "compaction history") if result.error is None else None
+            )
+        except protocol.ProtocolViolation:  # the sandbox's text: strict, bounded JSON or nothing
             stored = None
         if not isinstance(stored, list):
             logger.warning("DockerREPL session %s: its compaction history could not be read back", session.id)

@@ -228,3 +228,37 @@ def test_nothing_starts_after_the_session_closed(bounded: Callable[..., Session]
     llm.wait_returned()
     assert llm.invoked == 2, "a queued call started after its cell ended or the session closed"
     assert pool.held == 0
+
+
+FORGED_PAYLOADS = """
+import json, types
+import orchestrator_agent.hostcall as link
+errors = []
+try:
+    call('llm_query', float('nan'))  # an honest cell: refused in the sandbox, nothing sent
+except Exception as e:
+    errors.append(type(e).__name__)
+for forged in ('{"p": NaN}', '{"p": 1, "p": 2}', '[' * 100 + ']' * 100, '{"n": ' + '9' * 5000 + '}'):
+    link.json = types.SimpleNamespace(dumps=lambda *a, _f=forged, **k: _f, loads=json.loads)  # the agent patched
+    try:
+        call('llm_query', 'x')
+    except Exception as e:
+        errors.append(type(e).__name__ + ': ' + str(e)[:80])
+link.json = json
+errors
+"""
+
+
+def test_a_payload_that_is_not_strict_json_never_reaches_a_handler(
+    bounded: Callable[..., Session], llm: Handler
+) -> None:
+    session = bounded(per_cell=32, per_session=48)
+    llm.release.set()
+    calls = HostCalls({"llm_query": llm})
+    errors = value(session, FORGED_PAYLOADS, calls)
+    assert errors[0] == "HostCallError" and len(errors) == 5
+    assert all(e.startswith("HostCallError: host call 'llm_query' failed: ProtocolViolation") for e in errors[1:]), (
+        errors
+    )
+    assert llm.invoked == 0
+    assert value(session, "call('llm_query', 'fine')", calls) == "answer" and llm.invoked == 1
