@@ -9,6 +9,7 @@ record counts.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -117,7 +118,11 @@ class ResultsFile:
         self._file.write(json.dumps(result.to_json(), ensure_ascii=False, allow_nan=False) + "\n")
         self._file.flush()
         if self._fsync:
-            os.fsync(self._file.fileno())
+            try:
+                os.fsync(self._file.fileno())
+            except OSError as exc:  # EINVAL: a file that cannot be synced (/dev/null, a pipe): nothing to make durable
+                if exc.errno != errno.EINVAL:
+                    raise
 
     def close(self) -> None:
         self._file.close()
