@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -239,3 +240,37 @@ def test_a_graded_stream_is_kept_in_memory_up_to_its_limit(tmp_path: Path) -> No
         recorder.write(b"0123456789abc")
     assert recorder.text() == "0123456789" and recorder.received == 13000
     assert not recorder.spilled and list(tmp_path.iterdir()) == []
+
+
+def test_the_grading_mode_is_a_field_of_its_own() -> None:
+    items = list(read_submissions(_lines({"id": "s", "code": "", "grading": "strict"}, {"id": "d", "code": ""})))
+    assert [item.grading for item in items if isinstance(item, Submission)] == ["strict", None]
+    (bad,) = read_submissions(_lines({"id": "x", "code": "", "grading": "lenient"}))
+    assert isinstance(bad, InvalidLine) and "'grading' must be one of 'default', 'strict'" in bad.message
+    assert EvalOptions(strict=True).strict and not EvalOptions().strict
+
+
+def test_junit_shows_control_characters_as_escapes(tmp_path: Path) -> None:
+    path = tmp_path / "report.xml"
+    forged = "\x1b[2K\x1b[1Gok: passed\r\n\x9b31m"
+    result = EvalResult(id="x", status=Status.ERROR, message=forged, stdout=forged)
+    write_junit(path, [result], [], name="eval", seconds=0)
+    raw = path.read_text(encoding="utf-8")
+    assert "\x1b" not in raw and "\x9b" not in raw and "\r" not in raw.replace("&#13;", "")
+    (case,) = ElementTree.parse(path).getroot().iter("testcase")
+    assert case.find("error").get("message") == "\\x1b[2K\\x1b[1Gok: passed\\x0d\\x0a\\x9b31m"  # type: ignore[union-attr]
+    assert case.find("system-out").text == "\\x1b[2K\\x1b[1Gok: passed\\x0d\n\\x9b31m"  # type: ignore[union-attr]
+
+
+def test_the_results_file_holds_strict_json_only(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    with ResultsFile(path, resume=False, fsync=False) as results, pytest.raises(ValueError):
+        results.append(EvalResult(id="nan", status=Status.PASSED, message="m", durations={"total": float("nan")}))
+    path.write_text('{"id": "a", "status": "passed", "durations": {"total": NaN}}\n')
+    with pytest.raises(ConfigError, match="not a result record"):
+        ResultsFile(path, resume=True)
+
+
+def test_a_results_file_on_dev_null_is_fine() -> None:
+    with ResultsFile(Path(os.devnull), resume=False) as results:
+        results.append(_result("x"))
