@@ -807,8 +807,9 @@ def test_the_tests_budget_comes_from_the_hosts_clock(forged: Run) -> None:
 
 
 def test_control_characters_of_a_submission_never_reach_the_terminal_raw(
-    forged: Run, settings_for: Callable[..., Settings]
+    forged: Run, settings_for: Callable[..., Settings], tmp_path: Path
 ) -> None:
+    """The CLI's line per result shows a message's control characters as escapes (and --strict reaches the run)."""
     import subprocess
     import sys
 
@@ -818,7 +819,7 @@ def test_control_characters_of_a_submission_never_reach_the_terminal_raw(
     assert "\x1b" not in suite and "\\x1b" in suite
     line = json.dumps({"id": "noisy", "code": CONTROL_CHARS, "tests": ADD_TESTS})
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "eval", "-", "--out", os.devnull],
+        [sys.executable, "-m", "orchestrator", "eval", "-", "--out", str(tmp_path / "out.jsonl"), "--strict"],
         input=line + "\n",
         capture_output=True,
         text=True,
@@ -831,3 +832,5 @@ def test_control_characters_of_a_submission_never_reach_the_terminal_raw(
     assert [line for line in done.stderr.splitlines() if line.startswith("honest")] == [], done.stderr
     (note,) = [line for line in done.stderr.splitlines() if line.startswith("noisy: error: ")]
     assert "\\x1b[2K\\x1b[1Ghonest: passed" in note, note
+    (record,) = [json.loads(raw) for raw in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert record["grading"] == "strict" and record["status"] == "error"
