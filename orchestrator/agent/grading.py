@@ -92,19 +92,13 @@ def _make_undumpable() -> None:
 
 
 def _memfd(text: str) -> int:
-    fd = os.memfd_create("grading", 0) if hasattr(os, "memfd_create") else _tmpfile()
+    fd = os.memfd_create("grading", 0)
     data = text.encode("utf-8", "surrogatepass")
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
-
-
-def _tmpfile() -> int:
-    import tempfile
-
-    return os.dup(tempfile.TemporaryFile().fileno())
 
 
 def _read_fd(fd: int) -> str:
