@@ -95,13 +95,15 @@ def variants(problem: dict[str, str]) -> Iterator[tuple[str, str]]:
 
 
 def submissions(found: list[dict[str, str]], mode: str, *, hacks: bool = True) -> list[dict[str, Any]]:
-    """One submission per problem and variant, graded in ``mode``; ids are ``<task_id>/<variant>``."""
+    """One submission per problem and variant, graded in ``mode``; ids are ``<mode>/<task_id>/<variant>``."""
     items = []
     for problem in found:
         tests = problem["test"] + f"\ncheck({problem['entry_point']})\n"
         for variant, code in variants(problem):
             if hacks or variant == "canonical":
-                items.append({"id": f"{problem['task_id']}/{variant}", "code": code, "tests": tests, "grading": mode})
+                items.append(
+                    {"id": f"{mode}/{problem['task_id']}/{variant}", "code": code, "tests": tests, "grading": mode}
+                )
     return items
 
 
