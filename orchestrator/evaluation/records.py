@@ -105,7 +105,8 @@ class ResultsFile:
         try:
             if resume and path.exists():
                 self.previous = _read_records(path)
-            self._file: IO[str] = open(path, "a" if resume else "w", encoding="utf-8")  # noqa: SIM115
+            # errors="replace": a lone surrogate (valid in the JSON a sandbox sends) must not stop the run's writes
+            self._file: IO[str] = open(path, "a" if resume else "w", encoding="utf-8", errors="replace")  # noqa: SIM115
         except OSError as exc:
             raise ConfigError(f"cannot open the results file {path}: {exc}") from None
 

@@ -271,6 +271,13 @@ def test_the_results_file_holds_strict_json_only(tmp_path: Path) -> None:
         ResultsFile(path, resume=True)
 
 
+def test_a_lone_surrogate_from_a_sandbox_does_not_stop_the_results_file(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    with ResultsFile(path, resume=False, fsync=False) as results:
+        results.append(EvalResult(id="s", status=Status.FAILED, message="m", stdout="half \ud800 of a pair"))
+    assert json.loads(path.read_text(encoding="utf-8"))["stdout"] == "half ? of a pair"
+
+
 def test_a_results_file_on_dev_null_is_fine() -> None:
     with ResultsFile(Path(os.devnull), resume=False) as results:
         results.append(_result("x"))
