@@ -343,6 +343,12 @@ class _Stub(object):
         return "<function %s (the submission's, called through strict grading)>" % self.__name__
 
 
+def _given(name: Any) -> bool:
+    """Whether the tests get a name of the code's: an identifier that is not a builtin's (a top-level ``abs`` of the
+    code's must not replace the tests' own: that would be a monkeypatched test helper)."""
+    return type(name) is str and bool(_NAME.match(name)) and not hasattr(builtins, name)
+
+
 def _namespace_of(link: _Link) -> Dict[str, Any]:
     """T's namespace: a stub per callable of the submission, its plain-data globals, its modules imported anew."""
     namespace = _fresh_main()
@@ -352,17 +358,17 @@ def _namespace_of(link: _Link) -> Dict[str, Any]:
     callables, modules, data = exposed
     if type(callables) is list:
         for name in callables[:_MAX_NAMES]:
-            if type(name) is str and _NAME.match(name):
+            if _given(name):
                 namespace[name] = _Stub(name, link)
     if type(data) is dict:
         for name, value in list(data.items())[:_MAX_NAMES]:
-            if type(name) is str and _NAME.match(name):
+            if _given(name):
                 namespace[name] = value
     if type(modules) is dict:
         import importlib
 
         for name, module in list(modules.items())[:200]:
-            if type(name) is str and _NAME.match(name) and type(module) is str and _MODULE.match(module):
+            if _given(name) and type(module) is str and _MODULE.match(module):
                 with contextlib.suppress(Exception):
                     namespace[name] = importlib.import_module(module)
     return namespace

@@ -573,6 +573,7 @@ PATCH_ISCLOSE = WRONG + "import math\nmath.isclose = lambda *args, **kwargs: Tru
 ISCLOSE_TESTS = "import math\nassert math.isclose(add(0.5, 0.25), 0.75)\n"
 PATCH_BUILTINS = WRONG + "import builtins\nbuiltins.abs = lambda x: 0\n"
 BUILTINS_TESTS = "assert abs(add(2, 2) - 4) < 1e-9\n"
+SHADOW_BUILTIN = WRONG + "def abs(x):\n    return 0\n"
 
 PTRACE = (
     WRONG
@@ -689,6 +690,7 @@ HACKS: dict[str, dict[str, Any]] = {
     "patch-unittest": {"code": PATCH_UNITTEST, "tests": UNITTEST_TESTS},
     "patch-isclose": {"code": PATCH_ISCLOSE, "tests": ISCLOSE_TESTS},
     "patch-builtins": {"code": PATCH_BUILTINS, "tests": BUILTINS_TESTS},
+    "shadow-builtin": {"code": SHADOW_BUILTIN, "tests": BUILTINS_TESTS},
     "ptrace": {"code": PTRACE, "tests": ADD_TESTS},
     "signal-harness": {"code": SIGNAL_HARNESS, "tests": ADD_TESTS},
     "kill-siblings": {"code": KILL_SIBLINGS + WRONG, "tests": ADD_TESTS},
@@ -715,6 +717,7 @@ FORGED_EXPECTED: dict[str, tuple[Status, Status]] = {
     "patch-unittest": (P, F),
     "patch-isclose": (P, F),
     "patch-builtins": (P, F),
+    "shadow-builtin": (P, F),  # strict: a top-level name of the code's never replaces a builtin of the tests'
     "ptrace": (F, F),  # the harness (and T) are not dumpable: no ptrace, no /proc/<pid>/mem
     "signal-harness": (C, C),  # an interrupt that the harness did not expect is not a pass
     "kill-siblings": (F, C),  # strict: T killed before it reported
