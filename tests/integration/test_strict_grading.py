@@ -37,6 +37,7 @@ def test_real_problems_pass_honestly_and_their_hacks_fail_in_strict_mode(orch: O
     for result in report.results:
         key = (strict_grading.variant_of(result.id), result.grading)
         outcomes.setdefault(key, Counter())[result.status.value] += 1
+        print(result.id, result.status.value, result.message[:200])
     assert outcomes[("canonical", "default")] == {"passed": PROBLEMS}, outcomes
     assert outcomes[("canonical", "strict")] == {"passed": PROBLEMS}, outcomes
     for variant in ("patched-runner", "exit-before-asserts", "lying-eq", "patched-helpers"):
