@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import gc
 import io
 import json
 import os
@@ -131,7 +132,12 @@ def _only_fds(keep: List[int]) -> None:
 
 
 def _fork(keep: List[int], body: Callable[[], None]) -> int:
-    """A child running ``body`` with only ``keep`` open (as fds 0, 1, ...); the child never returns from here."""
+    """A child running ``body`` with only ``keep`` open (as fds 0, 1, ...); the child never returns from here.
+
+    The worker's objects are frozen out of the garbage collector first: a collection in the child would
+    otherwise write to every one of them, copying most of the worker's memory page by page.
+    """
+    gc.freeze()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "this process is multi-threaded": the child touches no lock of another
         pid = os.fork()
