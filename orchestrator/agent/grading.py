@@ -48,6 +48,7 @@ _CHUNKS_AT_ONCE = 16  # then the clock is looked at again: a flood of output can
 _TICK = 0.02  # how often a child's death is looked for when the kernel has no pidfd
 _REPORT_CHARS = 60000  # the report must fit the cell's return value (64 Ki characters)
 _MAX_NAMES = 10000
+_DATA_GLOBALS_BYTES = 16 << 20  # the code's plain-data globals the tests get, encoded; past it, the rest are not given
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}\Z")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,9}\Z")
 _CRASH_EXIT = 70
@@ -244,6 +245,7 @@ def _exposed(namespace: Dict[str, Any]) -> Tuple[List[str], Dict[str, str], Dict
     callables: List[str] = []
     modules: Dict[str, str] = {}
     data: Dict[str, Any] = {}
+    room = _DATA_GLOBALS_BYTES
     for name, value in list(namespace.items())[:_MAX_NAMES]:
         if type(name) is not str or name.startswith("__"):
             continue
@@ -253,10 +255,11 @@ def _exposed(namespace: Dict[str, Any]) -> Tuple[List[str], Dict[str, str], Dict
             callables.append(name)
         else:
             try:
-                boundary.encode(value)
+                room -= len(boundary.encode(value))
             except boundary.NotData:
                 continue
-            data[name] = value
+            if room >= 0:
+                data[name] = value
     return callables, modules, data
 
 
