@@ -224,3 +224,29 @@ def test_a_report_is_read_field_by_field() -> None:
 def test_anything_else_is_a_protocol_error(value: str | None) -> None:
     with pytest.raises(ProtocolError):
         harness_report(value)
+
+
+# -- what S offers the tests in strict mode, and what T takes
+
+
+def test_the_code_namespace_is_offered_as_stubs_modules_and_data() -> None:
+    namespace = {
+        "__builtins__": {},
+        "math": math,
+        "add": lambda a, b: a + b,
+        "Point": type("Point", (), {}),
+        "LIMIT": 10,
+        "table": {"a": (1, 2)},
+        "handle": object(),
+        "abs": lambda x: 0,
+    }
+    callables, modules, data = grading._exposed(namespace)
+    assert sorted(callables) == ["Point", "abs", "add"]
+    assert modules == {"math": "math"}
+    assert data == {"LIMIT": 10, "table": {"a": (1, 2)}}
+
+
+def test_the_tests_never_take_a_name_that_shadows_a_builtin() -> None:
+    assert grading._given("add") and grading._given("_helper")
+    for name in ("abs", "len", "isinstance", "AssertionError", "__import__", "not an identifier", 3, "x" * 300):
+        assert not grading._given(name), name
