@@ -66,6 +66,8 @@ class EvalOptions:
             object.__setattr__(self, "memory", parse_memory(self.memory))
         if self.pool_size is not None and (not isinstance(self.pool_size, int) or self.pool_size < 0):
             raise ConfigError(f"pool_size must be a non-negative integer, got {self.pool_size!r}")
+        if not isinstance(self.strict, bool):
+            raise ConfigError(f"strict must be True or False, got {self.strict!r}")
 
 
 @dataclass

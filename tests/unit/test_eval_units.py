@@ -227,7 +227,15 @@ def test_exit_codes() -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [{"jobs": 0}, {"jobs": True}, {"timeout": 0}, {"output_limit": 10}, {"memory": "x"}, {"pool_size": -1}],
+    [
+        {"jobs": 0},
+        {"jobs": True},
+        {"timeout": 0},
+        {"output_limit": 10},
+        {"memory": "x"},
+        {"pool_size": -1},
+        {"strict": "yes"},
+    ],
 )
 def test_options_are_checked(fields: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
