@@ -9,6 +9,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from orchestrator.config import Settings
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation import (
     EvalResult,
@@ -22,7 +23,7 @@ from orchestrator.evaluation import (
 )
 from orchestrator.evaluation.evaluator import EvalOptions, EvalReport
 from orchestrator.evaluation.grading import CellRun, grade, stdout_diff, stdout_matches
-from orchestrator.evaluation.runner import HeadRecorder
+from orchestrator.evaluation.runner import HeadRecorder, SubmissionRunner
 from orchestrator.results import ExecError
 
 
@@ -289,3 +290,64 @@ def test_a_lone_surrogate_from_a_sandbox_does_not_stop_the_results_file(tmp_path
 def test_a_results_file_on_dev_null_is_fine() -> None:
     with ResultsFile(Path(os.devnull), resume=False) as results:
         results.append(_result("x"))
+
+
+# ---------------------------------------------------------------- replies that lie (a fake sandbox)
+
+
+class LyingSandbox:
+    """Answers every request with the next crafted reply: what a broken or hostile agent could send."""
+
+    def __init__(self, *replies: dict[str, object]) -> None:
+        self.replies = list(replies)
+        self.requests: list[dict[str, object]] = []
+
+    def request(self, header: dict[str, object], **_: object) -> tuple[dict[str, object], bytearray]:
+        self.requests.append(header)
+        return self.replies.pop(0), bytearray()
+
+
+def exec_reply(**fields: object) -> dict[str, object]:
+    delta = {"generation": 0, "blobs": [], "vars": {}, "deleted": [], "unsaved": {}}
+    report = '{"ended": "ok", "reason": "", "error": null}'
+    reply: dict[str, object] = {"type": "exec_reply", "status": "ok", "stdout": "", "stderr": "", "stdout_bytes": 0}
+    reply.update(stderr_bytes=0, return_value=report, error=None, duration=0.0, checkpoint_duration=0.0)
+    reply["checkpoint"] = delta
+    reply.update(fields)
+    return reply
+
+
+def graded(*replies: dict[str, object], tests: str | None = "assert f()") -> tuple[object, ...]:
+    runner = SubmissionRunner(Settings(), output_limit=1 << 20)
+    sandbox = LyingSandbox(*replies)
+    verdict, code, tests_run = runner.run(sandbox, Submission(id="x", code="f = 1", tests=tests), 5.0)  # type: ignore[arg-type]
+    return verdict, code, tests_run, sandbox
+
+
+def test_the_tests_budget_and_the_durations_are_the_hosts_own() -> None:
+    verdict, code, tests_run, sandbox = graded(exec_reply(duration=-1e9), exec_reply(duration=1e300))
+    assert verdict.status is Status.PASSED  # type: ignore[attr-defined]
+    assert 0 <= code.duration < 5 and 0 <= tests_run.duration < 5  # type: ignore[attr-defined]
+    budget = sandbox.requests[1]["timeout"]  # type: ignore[attr-defined]
+    assert isinstance(budget, float) and budget <= 5.0 + 1.0, "the tests' cell got more than the timeout"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        exec_reply(duration=10**400),
+        exec_reply(duration="soon"),
+        exec_reply(return_value=None),
+        exec_reply(return_value='{"ended": "passed", "reason": "", "error": null}'),
+        exec_reply(return_value='{"ended": "ok", "reason": NaN, "error": null}'),
+        exec_reply(return_value='{"ended": "ok", "reason": "", "error": {"ename": "E"}}'),
+        exec_reply(status="error", error={"ename": "KeyboardInterrupt", "evalue": "", "snippet": "", "traceback": ""}),
+        exec_reply(status="error", error={"ename": 1}),
+        exec_reply(checkpoint=None),
+        {"type": "exec_reply", "status": "mystery"},
+    ],
+)
+def test_a_reply_that_lies_is_the_submissions_crash_never_a_pass_or_the_runs_error(reply: dict[str, object]) -> None:
+    verdict, code, _, _ = graded(reply)
+    assert verdict.status is Status.CRASHED, (verdict, code)  # type: ignore[attr-defined]
+    assert verdict.phase == "code"  # type: ignore[attr-defined]
