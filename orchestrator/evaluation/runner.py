@@ -97,18 +97,18 @@ class SubmissionRunner:
         has_tests = submission.tests is not None
         strict = strict and has_tests
         call = f"run_code({strict!r}, {float(timeout)!r}, {has_tests!r})"
-        code_run = self.graded_cell(sandbox, call, timeout, submission.code)
+        code_run = self._phase(sandbox, call, timeout, submission.code)
         tests_run = None
         if code_run.ended == "ok" and submission.tests is not None:
             left = max(timeout - code_run.duration, min(_MIN_TESTS_SECONDS, timeout))
-            tests_run = self.graded_cell(sandbox, f"run_tests({float(left)!r})", left, submission.tests)
+            tests_run = self._phase(sandbox, f"run_tests({float(left)!r})", left, submission.tests)
         return grade(code_run, tests_run, submission.expected_stdout), code_run, tests_run
 
-    def graded_cell(self, sandbox: Sandbox, call: str, seconds: float, stdin: str) -> CellRun:
+    def _phase(self, sandbox: Sandbox, call: str, seconds: float, stdin: str) -> CellRun:
         """One phase of the submission, as the grading harness reports it; the duration is this host's clock."""
         run, value = self._cell(sandbox, _HARNESS + call, seconds + _HARNESS_MARGIN, stdin)
         if run.ended != "ok":
-            if run.ended == "error":  # the harness itself raised: nothing of the submission decides that
+            if run.ended == "error":  # the harness itself raised (a signal it did not expect): no verdict on the code
                 summary = run.error.summary if run.error is not None else "no details"
                 return CellRun("crashed", run.stdout, run.stderr, None, run.duration, f"broke its grading ({summary})")
             return run
