@@ -1,5 +1,8 @@
 """``orchestrator eval``: grade a JSONL file of submissions; a progress bar on a terminal, a summary at the end.
 
+Sandbox-made text (a result's message: exception text, reasons) is printed one line per result through
+``safe_text.visible``, so no message can move the cursor, set the clipboard or start a line of its own.
+
 Its exit status is the evaluation's own (docs/eval.md): 0 every submission passed, 1 any did
 not (or an input line was invalid), 2 an infrastructure error (a submission's, or the run's:
 no engine, no image, an unreadable file or bad arguments).
@@ -31,6 +34,7 @@ from ..evaluation import (
 )
 from ..evaluation.evaluator import Evaluator, OnResult
 from ..manager import Orchestrator
+from ..safe_text import visible
 from ..units import positive_duration_argument
 from .render import Output, error_line
 
@@ -81,6 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="most bytes a submission may print, stdout and stderr together (default 1m)",
     )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="strict grading: tests run in an interpreter of their own and reach the code through plain data only "
+        "(a submission's own 'grading' field wins; docs/eval.md)",
+    )
     parser.add_argument("--resume", action="store_true", help="keep --out and skip the ids it already holds")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no per-problem lines")
 
@@ -89,7 +99,13 @@ def run(args: argparse.Namespace) -> int:
     """The command; returns the exit status."""
     out = Output(json_mode=args.json)
     try:
-        options = EvalOptions(jobs=args.jobs, timeout=args.timeout, memory=args.memory, output_limit=args.max_output)
+        options = EvalOptions(
+            jobs=args.jobs,
+            timeout=args.timeout,
+            memory=args.memory,
+            output_limit=args.max_output,
+            strict=args.strict,
+        )
         items = list(_read(args.submissions))
         orch = Orchestrator(Settings.from_env())
     except OrchestratorError as exc:
@@ -97,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         return INFRA
     try:
         for line in (item for item in items if isinstance(item, InvalidLine)):
-            out.note(f"orchestrator eval: invalid input: {line.describe()}")
+            out.note(f"orchestrator eval: invalid input: {visible(line.describe(), multiline=False)}")
         results = ResultsFile(args.out, resume=args.resume)
         try:
             evaluator = Evaluator(orch.backend, orch.settings, options, image=orch.default_image)
@@ -139,7 +155,8 @@ def _progress(out: Output, total: int, quiet: bool) -> Iterator[OnResult | None]
 
         def note(result: EvalResult) -> None:
             if not result.passed:
-                out.note(f"{result.id}: {result.status.value}: {result.message}")
+                shown = (visible(result.id, multiline=False), visible(result.message, multiline=False))
+                out.note(f"{shown[0]}: {result.status.value}: {shown[1]}")
 
         yield note
         return

@@ -51,6 +51,9 @@ class EvalOptions:
     """Sandboxes started ahead (None: ``jobs``)."""
     share_network: bool = True
     """Lend loopback-only network namespaces between sandboxes one at a time (``pool.NetworkSlots``)."""
+    strict: bool = False
+    """Grade in strict mode unless a submission sets ``grading``: its tests run in an interpreter of their own and
+    reach its functions through plain data only (docs/eval.md, "Strict mode")."""
 
     def __post_init__(self) -> None:
         if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or not 1 <= self.jobs <= 256:
@@ -63,6 +66,8 @@ class EvalOptions:
             object.__setattr__(self, "memory", parse_memory(self.memory))
         if self.pool_size is not None and (not isinstance(self.pool_size, int) or self.pool_size < 0):
             raise ConfigError(f"pool_size must be a non-negative integer, got {self.pool_size!r}")
+        if not isinstance(self.strict, bool):
+            raise ConfigError(f"strict must be True or False, got {self.strict!r}")
 
 
 @dataclass
@@ -210,6 +215,7 @@ class Evaluator:
         started = time.monotonic()
         timeout = submission.timeout or self._options.timeout
         memory = submission.memory or self._default_memory
+        strict = submission.grading == "strict" or (submission.grading is None and self._options.strict)
         limits = self._limits(timeout, memory)
         common: dict[str, Any] = {
             "id": submission.id,
@@ -217,6 +223,7 @@ class Evaluator:
             "limits": limits,
             "image": image,
             "image_id": image_id,
+            "grading": "strict" if strict else "default",
         }
         try:
             if memory == self._default_memory:
@@ -231,7 +238,7 @@ class Evaluator:
         try:
             waited = time.monotonic() - started
             try:
-                verdict, code, tests = runner.run(sandbox, submission, timeout)
+                verdict, code, tests = runner.run(sandbox, submission, timeout, strict=strict)
             except Exception as exc:  # a fault of the controller's: this submission's infra_error, the run goes on
                 logger.exception("eval: grading %s failed", submission.id)
                 finish(_infra_error(common, started, f"grading it failed: {type(exc).__name__}: {exc}"))

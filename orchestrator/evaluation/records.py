@@ -9,6 +9,7 @@ record counts.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from typing import IO, Any
 from xml.etree import ElementTree
 
 from ..errors import ConfigError
+from ..safe_text import visible
 from .grading import Status
 from .submissions import InvalidLine
 
@@ -41,6 +43,7 @@ class EvalResult:
             for a started sandbox), ``code`` and ``tests`` (inside the sandbox).
         limits: what the sandbox ran under: timeout, memory, cpus, pids, output, network.
         image, image_id: the sandbox image's tag and id.
+        grading: "default" or "strict": how its tests reached its code (docs/eval.md).
     """
 
     id: str
@@ -59,6 +62,7 @@ class EvalResult:
     image_id: str | None = None
     sandbox_id: str | None = None
     finished_at: float = 0.0
+    grading: str = "default"
 
     @property
     def passed(self) -> bool:
@@ -101,7 +105,8 @@ class ResultsFile:
         try:
             if resume and path.exists():
                 self.previous = _read_records(path)
-            self._file: IO[str] = open(path, "a" if resume else "w", encoding="utf-8")  # noqa: SIM115
+            # errors="replace": a lone surrogate (valid in the JSON a sandbox sends) must not stop the run's writes
+            self._file: IO[str] = open(path, "a" if resume else "w", encoding="utf-8", errors="replace")  # noqa: SIM115
         except OSError as exc:
             raise ConfigError(f"cannot open the results file {path}: {exc}") from None
 
@@ -111,10 +116,14 @@ class ResultsFile:
 
     def append(self, result: EvalResult) -> None:
         """Write one record and make it durable before returning."""
-        self._file.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+        self._file.write(json.dumps(result.to_json(), ensure_ascii=False, allow_nan=False) + "\n")
         self._file.flush()
         if self._fsync:
-            os.fsync(self._file.fileno())
+            try:
+                os.fsync(self._file.fileno())
+            except OSError as exc:  # EINVAL: a file that cannot be synced (/dev/null, a pipe): nothing to make durable
+                if exc.errno != errno.EINVAL:
+                    raise
 
     def close(self) -> None:
         self._file.close()
@@ -138,13 +147,17 @@ def _read_records(path: Path) -> dict[str, EvalResult]:
         if not line.strip():
             continue
         try:
-            record = EvalResult.from_json(json.loads(line))
+            record = EvalResult.from_json(json.loads(line, parse_constant=_not_json))
         except (ValueError, TypeError, ConfigError) as exc:
             raise ConfigError(
                 f"{path} line {number} is not a result record ({exc}); is it the results file of an earlier run?"
             ) from None
         records[record.id] = record
     return records
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def status_counts(results: Iterable[EvalResult]) -> dict[Status, int]:
@@ -154,9 +167,11 @@ def status_counts(results: Iterable[EvalResult]) -> dict[Status, int]:
     return counts
 
 
-def _xml_text(text: str, limit: int = _JUNIT_OUTPUT_CHARS) -> str:
+def _xml_text(text: str, limit: int = _JUNIT_OUTPUT_CHARS, *, multiline: bool = True) -> str:
+    """Sandbox-made text as JUnit holds it: control and format characters shown as escapes (a report printed
+    on a terminal obeys none), what XML cannot hold replaced."""
     text = text if len(text) <= limit else text[:limit] + "\n[... cut for the report ...]"
-    return _NOT_XML.sub("\ufffd", text)
+    return _NOT_XML.sub("\ufffd", visible(text, multiline=multiline))
 
 
 def write_junit(
@@ -180,14 +195,19 @@ def write_junit(
     )
     for result in results:
         case = ElementTree.SubElement(
-            suite, "testcase", classname=name, name=_xml_text(result.id), time=f"{result.durations.get('total', 0):.3f}"
+            suite,
+            "testcase",
+            classname=name,
+            name=_xml_text(result.id, multiline=False),
+            time=f"{result.durations.get('total', 0):.3f}",
         )
         if not result.passed:
             kind = "failure" if result.status is Status.FAILED else "error"
             detail = "\n\n".join(
                 part for part in (result.diff, (result.error or {}).get("traceback")) if isinstance(part, str) and part
             )
-            element = ElementTree.SubElement(case, kind, type=result.status.value, message=_xml_text(result.message))
+            message = _xml_text(result.message, multiline=False)
+            element = ElementTree.SubElement(case, kind, type=result.status.value, message=message)
             element.text = _xml_text(detail)
         if result.stdout:
             ElementTree.SubElement(case, "system-out").text = _xml_text(result.stdout)

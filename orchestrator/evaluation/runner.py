@@ -1,14 +1,20 @@
-"""One submission in one fresh sandbox: place its files, run its code (with its stdin), then its tests.
+"""One submission in one fresh sandbox: its files, then its code and its tests, graded by a harness it cannot reach.
 
-Each part is one ``exec`` request with no checkpoint (nothing of a submission is kept), a hard
-cap on what it may print (past it the cell is stopped: ``output_limit``) and its output
-streamed to the host as it comes, so a cell killed at its timeout still leaves its partial
-output. Whatever the sandbox does (dies, hangs, forges frames) ends as a ``CellRun`` with
-its outcome; only a sandbox that could not be started is an infrastructure error.
+The sandbox's worker has run nothing when the submission arrives, and never runs a line of it:
+each part is an ``exec`` request whose cell calls the agent's grading harness
+(``orchestrator_agent.grading``), which runs the code in a child process and decides what each
+phase did from what the kernel says (docs/eval.md, "How a verdict is made"). The harness cell's
+value is a small JSON report; stdout and stderr are what the harness copied from the children,
+under the worker's output cap, streamed to the host as they come (a cell killed at its timeout
+still leaves its partial output). Every number that decides anything is the host's own: the
+code's duration is this host's clock around its cell, and the tests' budget is the timeout less
+that. Whatever the sandbox does (dies, hangs, forges frames or reports) ends as a ``CellRun``
+with its outcome; only a sandbox that could not be started is an infrastructure error.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +32,14 @@ from .grading import CellRun, Verdict, grade
 from .submissions import Submission, files_payload
 
 _MIN_TESTS_SECONDS = 1.0
+_HARNESS_MARGIN = 1.0
+"""Seconds the harness cell gets past the submission's own budget: the harness stops the submission at its budget
+and still has time to report; the worker's kill ladder stands behind it."""
+_STDIN_CELL_SECONDS = 30.0
+_HARNESS = "import orchestrator_agent.grading as __grading\n__grading."
+_ENDINGS = frozenset({"ok", "error", "timeout", "oom", "crashed", "output_limit"})
+_MAX_REPORT_CHARS = 1 << 17
+_MAX_REASON_CHARS = 1000
 _PLACE_FILES = """\
 def __orchestrator_place_files():
     import json, os, sys
@@ -61,23 +75,52 @@ class SubmissionRunner:
         self._settings = settings
         self._output_limit = output_limit
 
-    def run(self, sandbox: Sandbox, submission: Submission, timeout: float) -> tuple[Verdict, CellRun, CellRun | None]:
-        """The verdict and the cells that led to it; ``timeout`` covers the code and its tests together."""
-        if submission.files:
-            placed = self.run_cell(sandbox, _PLACE_FILES, timeout, stdin=files_payload(submission.files))
-            if placed.ended != "ok":
-                failed = CellRun("error" if placed.error else placed.ended, error=placed.error, reason=placed.reason)
-                verdict = grade(failed, None, None)
-                return Verdict(verdict.status, f"placing its files failed: {verdict.message}", "setup"), failed, None
-        code = self.run_cell(sandbox, submission.code, timeout, stdin=submission.stdin or "")
-        tests = None
-        if code.ended == "ok" and submission.tests is not None:
-            left = max(timeout - code.duration, min(_MIN_TESTS_SECONDS, timeout))
-            tests = self.run_cell(sandbox, submission.tests, left)
-        return grade(code, tests, submission.expected_stdout), code, tests
+    def run(
+        self, sandbox: Sandbox, submission: Submission, timeout: float, *, strict: bool = False
+    ) -> tuple[Verdict, CellRun, CellRun | None]:
+        """The verdict and the phases that led to it; ``timeout`` covers the code and its tests together.
 
-    def run_cell(self, sandbox: Sandbox, code: str, seconds: float, *, stdin: str = "") -> CellRun:
-        """One cell, whatever it does; never raises for what the sandbox did. Its ``input()`` reads ``stdin``."""
+        ``strict``: the tests run in an interpreter of their own that reaches the code's functions through
+        plain data only (docs/eval.md, "Strict mode"); without tests there is nothing to be strict about.
+        """
+        setup = []
+        if submission.files:
+            setup.append((_PLACE_FILES, files_payload(submission.files), "placing its files", timeout))
+        if submission.stdin is not None:
+            setup.append((_HARNESS + "receive_stdin()", submission.stdin, "passing its stdin", _STDIN_CELL_SECONDS))
+        for code, stdin, what, seconds in setup:
+            run, _ = self._cell(sandbox, code, seconds, stdin)
+            if run.ended != "ok":
+                failed = CellRun("error" if run.error else run.ended, error=run.error, reason=run.reason)
+                verdict = grade(failed, None, None)
+                return Verdict(verdict.status, f"{what} failed: {verdict.message}", "setup"), failed, None
+        has_tests = submission.tests is not None
+        strict = strict and has_tests
+        call = f"run_code({strict!r}, {float(timeout)!r}, {has_tests!r})"
+        code_run = self._phase(sandbox, call, timeout, submission.code)
+        tests_run = None
+        if code_run.ended == "ok" and submission.tests is not None:
+            left = max(timeout - code_run.duration, min(_MIN_TESTS_SECONDS, timeout))
+            tests_run = self._phase(sandbox, f"run_tests({float(left)!r})", left, submission.tests)
+        return grade(code_run, tests_run, submission.expected_stdout), code_run, tests_run
+
+    def _phase(self, sandbox: Sandbox, call: str, seconds: float, stdin: str) -> CellRun:
+        """One phase of the submission, as the grading harness reports it; the duration is this host's clock."""
+        run, value = self._cell(sandbox, _HARNESS + call, seconds + _HARNESS_MARGIN, stdin)
+        if run.ended != "ok":
+            if run.ended == "error":  # the harness itself raised (a signal it did not expect): no verdict on the code
+                summary = run.error.summary if run.error is not None else "no details"
+                return CellRun("crashed", run.stdout, run.stderr, None, run.duration, f"broke its grading ({summary})")
+            return run
+        try:
+            ended, reason, error = harness_report(value)
+        except ProtocolError as exc:
+            return CellRun("crashed", run.stdout, run.stderr, None, run.duration, f"broke its grading: {exc}")
+        return CellRun(ended, run.stdout, run.stderr, error, run.duration, reason)
+
+    def _cell(self, sandbox: Sandbox, code: str, seconds: float, stdin: str) -> tuple[CellRun, str | None]:
+        """One cell, whatever it does, and its value (the repr of its last expression, as the worker sent it);
+        never raises for what the sandbox did. Its ``input()`` reads ``stdin``."""
         header: dict[str, Any] = {
             "type": protocol.EXEC,
             "code": code,
@@ -98,15 +141,17 @@ class SubmissionRunner:
         except ChannelLost as exc:
             death = sandbox.settled_state()
             if death is not None and death.oom_killed:
-                return self._partial(live, "oom", f"ran out of memory: {death.describe()}", started)
+                return self._partial(live, "oom", f"ran out of memory: {death.describe()}", started), None
             how = death.describe() if death is not None else "its container is gone"
-            return self._partial(live, "crashed", f"ended with its sandbox: {how} ({exc})", started)
+            return self._partial(live, "crashed", f"ended with its sandbox: {how} ({exc})", started), None
         except AgentTimeoutError:
-            return self._partial(live, "timeout", f"ran past its {seconds:g} s timeout and its sandbox hung", started)
-        except ProtocolError as exc:
-            return self._partial(live, "crashed", f"broke the sandbox's protocol: {exc}", started)
+            return self._partial(
+                live, "timeout", f"ran past its {seconds:g} s timeout and its sandbox hung", started
+            ), None
+        except (ProtocolError, ValueError, TypeError, OverflowError) as exc:  # a reply whose fields do not parse
+            return self._partial(live, "crashed", f"broke the sandbox's protocol: {exc}", started), None
         except TransportError as exc:
-            return self._partial(live, "crashed", f"lost its sandbox: {exc}", started)
+            return self._partial(live, "crashed", f"lost its sandbox: {exc}", started), None
         finally:
             live.finish_output()
             live.close()
@@ -115,7 +160,7 @@ class SubmissionRunner:
     def _recorder(self, stream: str) -> StreamRecorder:
         return HeadRecorder(Path(), stream, self._output_limit)
 
-    def _cell_run(self, reply: dict[str, Any], live: LiveCall, started: float) -> CellRun:
+    def _cell_run(self, reply: dict[str, Any], live: LiveCall, started: float) -> tuple[CellRun, str | None]:
         failure = worker_failure(reply)
         if failure is not None:
             if failure["status"] == protocol.STATUS_TIMEOUT:
@@ -126,7 +171,7 @@ class SubmissionRunner:
                 ended, reason = "crashed", f"ended its interpreter: {failure['reason']}"
             else:
                 ended, reason = "crashed", f"broke the sandbox's protocol: {failure['reason']}"
-            return self._partial(live, ended, reason, started)
+            return self._partial(live, ended, reason, started), None
         parsed = parse_exec_reply(reply)
         error = None if parsed["error"] is None else ExecError.from_reply(parsed["error"])
         if parsed["output_limited"]:
@@ -135,7 +180,8 @@ class SubmissionRunner:
             ended, reason = "timeout", "ran past its timeout and was interrupted"
         else:
             ended, reason = ("error" if error is not None else "ok"), ""
-        return CellRun(ended, parsed["stdout"], parsed["stderr"], error, parsed["duration"], reason)
+        took = time.monotonic() - started
+        return CellRun(ended, parsed["stdout"], parsed["stderr"], error, took, reason), parsed["return_value"]
 
     def _partial(self, live: LiveCall, ended: str, reason: str, started: float) -> CellRun:
         """A cell whose reply never came: the output it had streamed is what is left of it."""
@@ -144,3 +190,50 @@ class SubmissionRunner:
             ended, reason = "output_limit", f"printed more than {self._output_limit} bytes and ignored being stopped"
         duration = time.monotonic() - started
         return CellRun(ended, streams.get("stdout", ""), streams.get("stderr", ""), None, duration, reason)
+
+
+def harness_report(value: str | None) -> tuple[str, str, ExecError | None]:
+    """What the grading harness said about a phase: ``(ended, reason, error)``, checked field by field.
+
+    The harness runs where the submission never did, but its report still crossed from the sandbox: it is read
+    as strict, bounded JSON (no NaN, no Infinity) and every field is checked.
+
+    Raises:
+        ProtocolError: it is not a report.
+    """
+    if not isinstance(value, str) or len(value) > _MAX_REPORT_CHARS:
+        raise ProtocolError("the grading harness sent no report")
+    try:
+        data = json.loads(value, parse_constant=_not_json)
+    except (ValueError, RecursionError):
+        raise ProtocolError("the grading harness's report is not JSON") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("the grading harness's report is not an object")
+    ended, reason, raw_error = data.get("ended"), data.get("reason"), data.get("error")
+    if ended not in _ENDINGS or not isinstance(reason, str):
+        raise ProtocolError("the grading harness's report has no valid 'ended' and 'reason'")
+    error = None if raw_error is None else _report_error(raw_error)
+    if (ended == "error") != (error is not None):
+        raise ProtocolError("the grading harness's report has an error exactly when it did not end in one")
+    return str(ended), reason[:_MAX_REASON_CHARS], error
+
+
+def _report_error(raw: Any) -> ExecError:
+    if not isinstance(raw, dict):
+        raise ProtocolError("the grading harness's report has an 'error' that is not an object")
+    fields: dict[str, Any] = {}
+    for key in ("ename", "evalue", "snippet", "traceback"):
+        value = raw.get(key)
+        if not isinstance(value, str):
+            raise ProtocolError(f"the grading harness's report has no text '{key}'")
+        fields[key] = value
+    for key in ("line", "column", "end_column"):
+        value = raw.get(key)
+        fields[key] = value if type(value) is int and 0 < value < 10**9 else None
+    if not fields["ename"] or len(fields["ename"]) > 200:
+        raise ProtocolError("the grading harness's report names no exception type")
+    return ExecError.from_reply(fields)
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")

@@ -21,7 +21,9 @@ MAX_FIELD_BYTES = 4 << 20
 """Most bytes each of ``code``, ``tests``, ``stdin`` and ``files`` may take as they travel to the sandbox (JSON text:
 an escaped character takes 2 to 6 bytes). Each request to the agent stays well within its 16 MiB header limit."""
 MIN_MEMORY = 32 << 20
-FIELDS = ("id", "code", "tests", "stdin", "expected_stdout", "timeout", "memory", "files")
+FIELDS = ("id", "code", "tests", "stdin", "expected_stdout", "timeout", "memory", "files", "grading")
+GRADING_MODES = ("default", "strict")
+"""How a submission's tests reach its code (docs/eval.md, "How a verdict is made")."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Submission:
         timeout: seconds for ``code`` and ``tests`` together (None: the run's default).
         memory: the sandbox's memory limit in bytes (None: the run's default).
         files: relative path -> text, written in the workspace before ``code`` runs.
+        grading: "strict" (the tests run in an interpreter of their own and reach the code's functions through
+            plain data only) or "default"; None: the run's (``EvalOptions.strict``).
 
     ``code``, ``tests``, ``stdin`` and ``files`` may each take ``MAX_FIELD_BYTES`` as JSON.
         line: the line of the file it came from (1-based; 0 when built in Python).
@@ -50,6 +54,7 @@ class Submission:
     timeout: float | None = None
     memory: int | None = None
     files: dict[str, str] = field(default_factory=dict)
+    grading: str | None = None
     line: int = 0
 
     def __post_init__(self) -> None:
@@ -158,6 +163,7 @@ def submission_from_json(data: dict[str, Any], line: int = 0) -> Submission:
         timeout=None if timeout is None else float(timeout),
         memory=memory,
         files=data.get("files") or {},
+        grading=data.get("grading"),
         line=line,
     )
 
@@ -179,6 +185,8 @@ def _check_submission(submission: Submission) -> None:
     if submission.memory is not None and submission.memory < MIN_MEMORY:
         raise ConfigError(f"'memory' must be at least {MIN_MEMORY >> 20} MiB, got {submission.memory} bytes")
     _check_files(submission.files)
+    if submission.grading is not None and submission.grading not in GRADING_MODES:
+        raise ConfigError(f"'grading' must be one of {', '.join(map(repr, GRADING_MODES))}, got {submission.grading!r}")
 
 
 def _check_files(files: Any) -> None:

@@ -466,3 +466,376 @@ def test_no_file_of_the_run_is_left(hostile: Run) -> None:
     assert [name for name in left if name in sandbox_ids or name.startswith("sb-")] == [], left
 
     assert hostile.scratch_dirs == [], "a run makes no temp directory (output stays in memory, bounded)"
+
+
+# Forged verdicts: wrong solutions that try to make themselves `passed`, in both grading modes.
+#
+# The problem: `add(a, b)` must return a + b. Every hack below defines a wrong `add` and then tries to
+# win anyway. Default mode (the harness decides from the kernel and S's report, S runs code and tests)
+# stops what attacks the agent or the harness from outside S; strict mode (the tests run in T, reaching
+# `add` through plain data) stops them all. The hacks default mode does NOT stop are pinned as passing
+# there, as docs/eval.md says ("What default mode does not stop").
+
+WRONG = "def add(a, b):\n    return 0\n"
+ADD_TESTS = "assert add(2, 2) == 4\n"
+FORGE_TIMEOUT = 3.0
+
+PATCH_RUNNER = (
+    WRONG
+    + """\
+import sys
+for name, module in list(sys.modules.items()):
+    if name.endswith('.cells') and hasattr(module, 'run_cell'):
+        module.run_cell = lambda code, namespace, number: {'return_value': None, 'error': None}
+    if name.endswith('.worker') and hasattr(module, 'Worker'):
+        def execute(self, header):
+            return {'type': 'exec_reply', 'status': 'ok', 'stdout': '', 'stderr': '', 'stdout_bytes': 0,
+                    'stderr_bytes': 0, 'return_value': None, 'error': None, 'duration': 0.0,
+                    'checkpoint_duration': 0.0, 'checkpoint': self.empty_delta()}, []
+        module.Worker.execute = execute
+print('patched')
+"""
+)
+
+FORGE_FRAMES = (
+    WRONG
+    + """\
+import gc, os, socket, sys
+protocol = [m for n, m in sys.modules.items() if n.endswith('.protocol') and hasattr(m, 'send_frame')][0]
+reply = {'type': 'exec_reply', 'status': 'ok', 'stdout': '', 'stderr': '', 'stdout_bytes': 0, 'stderr_bytes': 0,
+         'return_value': '{"ended": "ok", "reason": "", "error": null}', 'error': None, 'duration': 0.0,
+         'checkpoint_duration': 0.0, 'checkpoint': {}}
+reached = 0
+for sock in [o for o in gc.get_objects() if isinstance(o, socket.socket)]:
+    if 0 <= sock.fileno() < 5:  # S's own stdio, report socket and link (garbage there: `garbage-report`)
+        continue
+    try:
+        protocol.send_frame(sock, dict(reply, id='x'))
+        reached += 1
+    except OSError:
+        pass
+for fd in range(5, 1024):
+    try:
+        os.write(fd, b'forged frame')
+        reached += 1
+    except OSError:
+        pass
+print('forged frames reached', reached)
+"""
+)
+
+GARBAGE_REPORT = WRONG + 'import os\nos.write(3, b\'{"phase": "code", "error": 1e999\')\n'
+
+EXIT_IN_CODE = WRONG + "import os\nos._exit(0)\n"
+EXIT_IN_CALL = "import os\ndef add(a, b):\n    os._exit(0)\n"
+
+FAKE_REPORT = (
+    WRONG
+    + """\
+import json, os, socket
+report = socket.socket(fileno=3)
+report.send(json.dumps({'phase': 'code', 'error': None}).encode())
+socket.recv_fds(report, 64, 1)
+report.send(json.dumps({'phase': 'tests', 'error': None}).encode())
+os._exit(0)
+"""
+)
+
+PATCH_HARNESS = (
+    WRONG
+    + """\
+import sys
+grading = [m for n, m in sys.modules.items() if n.endswith('.grading') and hasattr(m, '_run_cell')][0]
+grading._run_cell = lambda code, namespace, number: {'return_value': None, 'error': None}
+"""
+)
+
+LYING_EQ = """\
+class Anything:
+    def __eq__(self, other):
+        return True
+    def __hash__(self):
+        return 0
+def add(a, b):
+    return Anything()
+"""
+
+LYING_INT = """\
+class Four(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+def add(a, b):
+    return Four(0)
+"""
+
+PATCH_UNITTEST = WRONG + "import unittest\nunittest.TestCase.assertEqual = lambda *args, **kwargs: None\n"
+UNITTEST_TESTS = "import unittest\nunittest.TestCase().assertEqual(add(2, 2), 4)\n"
+PATCH_ISCLOSE = WRONG + "import math\nmath.isclose = lambda *args, **kwargs: True\n"
+ISCLOSE_TESTS = "import math\nassert math.isclose(add(0.5, 0.25), 0.75)\n"
+PATCH_BUILTINS = WRONG + "import builtins\nbuiltins.abs = lambda x: 0\n"
+BUILTINS_TESTS = "assert abs(add(2, 2) - 4) < 1e-9\n"
+SHADOW_BUILTIN = WRONG + "def abs(x):\n    return 0\n"
+
+PTRACE = (
+    WRONG
+    + """\
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def attach(pid):
+    if libc.ptrace(16, pid, None, None) == 0:
+        libc.ptrace(17, pid, None, None)
+        return 'attached'
+    return 'denied ' + os.strerror(ctypes.get_errno())
+def memory(pid):
+    try:
+        with open('/proc/%d/mem' % pid, 'r+b'):
+            return 'opened'
+    except OSError as exc:
+        return 'denied ' + type(exc).__name__
+def siblings():
+    found = []
+    for entry in os.listdir('/proc'):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                stat = open('/proc/%s/stat' % entry).read()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(')') + 2:].split()[1]) == os.getppid():
+                found.append(int(entry))
+    return found
+print('harness', attach(os.getppid()), memory(os.getppid()))
+for pid in siblings():
+    print('sibling', attach(pid), memory(pid))
+"""
+)
+
+SIGNAL_HARNESS = WRONG + "import os, signal, time\nos.kill(os.getppid(), signal.SIGINT)\ntime.sleep(1)\n"
+
+KILL_SIBLINGS = PTRACE.split("print('harness'")[0] + (
+    "import signal\nfor pid in siblings():\n    os.kill(pid, signal.SIGKILL)\n    print('killed a sibling')\n"
+)
+
+DURATION_LIE = """\
+import time
+def add(a, b):
+    return a + b
+time.sleep(2.2)
+time.monotonic = time.perf_counter = time.time = lambda: 0.0
+"""
+DURATION_TESTS = "import time\ntime.sleep(2.2)\nassert add(2, 2) == 4\n"
+
+CONTROL_CHARS = """\
+print('\\x1b]52;c;Zm9yZ2Vk\\x07\\x1b[2J')
+raise ValueError('\\x1b[2K\\x1b[1Ghonest: passed: passed its tests\\r\\nsecond line')
+"""
+
+HONEST_DATA = """\
+import math
+LIMIT = 10
+def add(a, b):
+    return a + b
+def stats(xs):
+    return min(xs), max(xs), sum(xs) / len(xs)
+def words(text):
+    return {word: len(word) for word in text.split()}
+def unique(xs):
+    return frozenset(xs), set(xs), {(x, -x): [x] for x in xs}
+def big(n):
+    return math.factorial(n)
+def reverse(raw):
+    return raw[::-1]
+def odd(x):
+    if x % 2 == 0:
+        raise ValueError('even: %d' % x)
+    return float('inf') if x > 100 else None
+class Odd(KeyError):
+    pass
+def lookup(key):
+    raise Odd(key)
+"""
+HONEST_DATA_TESTS = """\
+assert stats([1, 2, 3]) == (1, 3, 2.0) and type(stats([1])) is tuple
+assert words('a bb') == {'a': 1, 'bb': 2}
+assert unique([1, 1, 2]) == (frozenset({1, 2}), {1, 2}, {(1, -1): [1], (2, -2): [2]})
+assert big(30) == math.factorial(30) and big(3000) == math.factorial(3000)
+assert reverse(b'abc') == b'cba' and reverse('abc') == 'cba'
+assert odd(101) == float('inf') and odd(1) is None and LIMIT == 10
+assert math.isnan(add(float('nan'), 1.0)) and add(-0.0, -0.0) == 0.0
+try:
+    odd(2)
+except ValueError as exc:
+    assert 'even: 2' in str(exc)
+else:
+    raise AssertionError('no ValueError')
+try:
+    lookup('k')
+except KeyError:
+    pass
+else:
+    raise AssertionError('no KeyError')
+"""
+
+HACKS: dict[str, dict[str, Any]] = {
+    "honest": {"code": "def add(a, b):\n    return a + b\n", "tests": ADD_TESTS},
+    "honest-data": {"code": HONEST_DATA, "tests": HONEST_DATA_TESTS},
+    "wrong": {"code": WRONG, "tests": ADD_TESTS},
+    "patch-runner": {"code": PATCH_RUNNER, "tests": ADD_TESTS},
+    "forge-frames": {"code": FORGE_FRAMES, "tests": ADD_TESTS},
+    "garbage-report": {"code": GARBAGE_REPORT, "tests": ADD_TESTS},
+    "exit-in-code": {"code": EXIT_IN_CODE, "tests": ADD_TESTS},
+    "exit-in-call": {"code": EXIT_IN_CALL, "tests": ADD_TESTS},
+    "fake-report": {"code": FAKE_REPORT, "tests": ADD_TESTS, "timeout": FORGE_TIMEOUT},
+    "patch-harness": {"code": PATCH_HARNESS, "tests": ADD_TESTS},
+    "lying-eq": {"code": LYING_EQ, "tests": ADD_TESTS},
+    "lying-int": {"code": LYING_INT, "tests": ADD_TESTS},
+    "patch-unittest": {"code": PATCH_UNITTEST, "tests": UNITTEST_TESTS},
+    "patch-isclose": {"code": PATCH_ISCLOSE, "tests": ISCLOSE_TESTS},
+    "patch-builtins": {"code": PATCH_BUILTINS, "tests": BUILTINS_TESTS},
+    "shadow-builtin": {"code": SHADOW_BUILTIN, "tests": BUILTINS_TESTS},
+    "ptrace": {"code": PTRACE, "tests": ADD_TESTS},
+    "signal-harness": {"code": SIGNAL_HARNESS, "tests": ADD_TESTS},
+    "kill-siblings": {"code": KILL_SIBLINGS + WRONG, "tests": ADD_TESTS},
+    "duration-lie": {"code": DURATION_LIE, "tests": DURATION_TESTS, "timeout": FORGE_TIMEOUT},
+    "control-chars": {"code": CONTROL_CHARS, "tests": ADD_TESTS},
+}
+
+P, F, E, C, T = Status.PASSED, Status.FAILED, Status.ERROR, Status.CRASHED, Status.TIMEOUT
+FORGED_EXPECTED: dict[str, tuple[Status, Status]] = {
+    # hack: (default mode, strict mode)
+    "honest": (P, P),
+    "honest-data": (P, P),
+    "wrong": (F, F),
+    "patch-runner": (F, F),  # S's runner was bound before the code ran; the worker never ran the code
+    "forge-frames": (F, F),  # S holds no descriptor of the worker's or the supervisor's
+    "garbage-report": (C, C),  # a report that is not one: the submission broke its grading
+    "exit-in-code": (C, C),  # the kernel says S exited before its report
+    "exit-in-call": (C, F),  # strict: the stub's call fails in T, an assertion failure
+    # The limits of default mode (docs/eval.md): S answers for its own tests there.
+    "fake-report": (P, T),  # strict: T's call to S is never answered
+    "patch-harness": (P, F),
+    "lying-eq": (P, F),
+    "lying-int": (P, F),
+    "patch-unittest": (P, F),
+    "patch-isclose": (P, F),
+    "patch-builtins": (P, F),
+    "shadow-builtin": (P, F),  # strict: a top-level name of the code's never replaces a builtin of the tests'
+    "ptrace": (F, F),  # the harness (and T) are not dumpable: no ptrace, no /proc/<pid>/mem
+    "signal-harness": (C, C),  # an interrupt that the harness did not expect is not a pass
+    "kill-siblings": (F, C),  # strict: T killed before it reported
+    "duration-lie": (T, T),  # the tests' budget is the timeout less the host's clock of the code
+    "control-chars": (E, E),
+}
+
+
+def forged_submissions() -> list[dict[str, Any]]:
+    return [
+        {"id": f"{key}/{mode}", "grading": mode, **fields}
+        for key, fields in HACKS.items()
+        for mode in ("default", "strict")
+    ]
+
+
+@pytest.fixture(scope="module")
+def forged(private_orch: Orchestrator, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    folder = tmp_path_factory.mktemp("eval-forged")
+    run = Run(
+        report=EvalReport(),
+        settings=private_orch.settings,
+        junit=folder / "report.xml",
+        out=folder / "out.jsonl",
+        secret="",
+    )
+    run.report = private_orch.evaluate(
+        forged_submissions(), out=run.out, junit=run.junit, options=EvalOptions(jobs=2, timeout=10)
+    )
+    return run
+
+
+def test_forged_verdicts_are_not_passed_and_the_known_hacks_fail_in_strict_mode(forged: Run) -> None:
+    got = {r.id: r.status for r in forged.report.results}
+    expected = {
+        f"{key}/{mode}": pair[index]
+        for key, pair in FORGED_EXPECTED.items()
+        for index, mode in enumerate(("default", "strict"))
+    }
+    assert got == expected, {r.id: r.message for r in forged.report.results if got[r.id] != expected[r.id]}
+    assert {r.id: r.grading for r in forged.report.results} == {key: key.split("/")[1] for key in expected}
+
+
+def test_strict_mode_passes_honest_solutions_with_every_plain_type(forged: Run) -> None:
+    for mode in ("default", "strict"):
+        result = forged.result(f"honest-data/{mode}")
+        assert result.passed, (mode, result.message, result.error)
+
+
+def test_a_patched_runner_changes_nothing(forged: Run) -> None:
+    for mode in ("default", "strict"):
+        result = forged.result(f"patch-runner/{mode}")
+        assert result.stdout == "patched\n" and result.phase == "tests", result.message
+        assert "assert add(2, 2) == 4" in result.message, result.message
+
+
+def test_forged_frames_reach_nothing_of_the_worker_or_the_supervisor(forged: Run) -> None:
+    for mode in ("default", "strict"):
+        result = forged.result(f"forge-frames/{mode}")
+        assert result.stdout == "forged frames reached 0\n", (mode, result.stdout)
+        assert forged.result(f"garbage-report/{mode}").message.startswith("the code broke the grading protocol"), mode
+
+
+def test_an_exit_before_the_asserts_is_not_a_pass(forged: Run) -> None:
+    assert "exited with status 0" in forged.result("exit-in-code/default").message
+    assert "exited with status 0" in forged.result("exit-in-call/default").message
+    strict = forged.result("exit-in-call/strict")
+    assert strict.phase == "tests" and "ended during a call" in strict.message, strict.message
+
+
+def test_values_that_lie_are_refused_at_the_boundary(forged: Run) -> None:
+    for key, name in (("lying-eq", "Anything"), ("lying-int", "Four")):
+        result = forged.result(f"{key}/strict")
+        assert f"a {name} is not plain data" in result.message, result.message
+
+
+def test_the_harness_and_the_tests_interpreter_cannot_be_traced(forged: Run) -> None:
+    for mode in ("default", "strict"):
+        lines = forged.result(f"ptrace/{mode}").stdout.splitlines()
+        assert lines[0].startswith("harness denied") and "opened" not in lines[0], lines
+        siblings = [line for line in lines if line.startswith("sibling")]
+        assert len(siblings) == (1 if mode == "strict" else 0), lines
+        assert all("attached" not in line and "opened" not in line for line in siblings), lines
+
+
+def test_the_tests_budget_comes_from_the_hosts_clock(forged: Run) -> None:
+    for mode in ("default", "strict"):
+        result = forged.result(f"duration-lie/{mode}")
+        assert result.phase == "tests" and result.durations["code"] >= 2.2, (result.message, result.durations)
+
+
+def test_control_characters_of_a_submission_never_reach_the_terminal_raw(
+    forged: Run, settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """The CLI's line per result shows a message's control characters as escapes (and --strict reaches the run)."""
+    import subprocess
+    import sys
+
+    from support import cli_env
+
+    suite = forged.junit.read_text(encoding="utf-8")
+    assert "\x1b" not in suite and "\\x1b" in suite
+    line = json.dumps({"id": "noisy", "code": CONTROL_CHARS, "tests": ADD_TESTS})
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "eval", "-", "--out", str(tmp_path / "out.jsonl"), "--strict"],
+        input=line + "\n",
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=cli_env(settings_for()),
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "\x1b" not in done.stderr and "\r" not in done.stderr, repr(done.stderr)
+    assert [line for line in done.stderr.splitlines() if line.startswith("honest")] == [], done.stderr
+    (note,) = [line for line in done.stderr.splitlines() if line.startswith("noisy: error: ")]
+    assert "\\x1b[2K\\x1b[1Ghonest: passed" in note, note
+    (record,) = [json.loads(raw) for raw in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert record["grading"] == "strict" and record["status"] == "error"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
 
+from orchestrator.config import Settings
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation import (
     EvalResult,
@@ -21,7 +23,7 @@ from orchestrator.evaluation import (
 )
 from orchestrator.evaluation.evaluator import EvalOptions, EvalReport
 from orchestrator.evaluation.grading import CellRun, grade, stdout_diff, stdout_matches
-from orchestrator.evaluation.runner import HeadRecorder
+from orchestrator.evaluation.runner import HeadRecorder, SubmissionRunner
 from orchestrator.results import ExecError
 
 
@@ -226,7 +228,15 @@ def test_exit_codes() -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [{"jobs": 0}, {"jobs": True}, {"timeout": 0}, {"output_limit": 10}, {"memory": "x"}, {"pool_size": -1}],
+    [
+        {"jobs": 0},
+        {"jobs": True},
+        {"timeout": 0},
+        {"output_limit": 10},
+        {"memory": "x"},
+        {"pool_size": -1},
+        {"strict": "yes"},
+    ],
 )
 def test_options_are_checked(fields: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
@@ -239,3 +249,105 @@ def test_a_graded_stream_is_kept_in_memory_up_to_its_limit(tmp_path: Path) -> No
         recorder.write(b"0123456789abc")
     assert recorder.text() == "0123456789" and recorder.received == 13000
     assert not recorder.spilled and list(tmp_path.iterdir()) == []
+
+
+def test_the_grading_mode_is_a_field_of_its_own() -> None:
+    items = list(read_submissions(_lines({"id": "s", "code": "", "grading": "strict"}, {"id": "d", "code": ""})))
+    assert [item.grading for item in items if isinstance(item, Submission)] == ["strict", None]
+    (bad,) = read_submissions(_lines({"id": "x", "code": "", "grading": "lenient"}))
+    assert isinstance(bad, InvalidLine) and "'grading' must be one of 'default', 'strict'" in bad.message
+    assert EvalOptions(strict=True).strict and not EvalOptions().strict
+
+
+def test_junit_shows_control_characters_as_escapes(tmp_path: Path) -> None:
+    path = tmp_path / "report.xml"
+    forged = "\x1b[2K\x1b[1Gok: passed\r\n\x9b31m"
+    result = EvalResult(id="x", status=Status.ERROR, message=forged, stdout=forged)
+    write_junit(path, [result], [], name="eval", seconds=0)
+    raw = path.read_text(encoding="utf-8")
+    assert "\x1b" not in raw and "\x9b" not in raw and "\r" not in raw.replace("&#13;", "")
+    (case,) = ElementTree.parse(path).getroot().iter("testcase")
+    assert case.find("error").get("message") == "\\x1b[2K\\x1b[1Gok: passed\\x0d\\x0a\\x9b31m"  # type: ignore[union-attr]
+    assert case.find("system-out").text == "\\x1b[2K\\x1b[1Gok: passed\\x0d\n\\x9b31m"  # type: ignore[union-attr]
+
+
+def test_the_results_file_holds_strict_json_only(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    with ResultsFile(path, resume=False, fsync=False) as results, pytest.raises(ValueError):
+        results.append(EvalResult(id="nan", status=Status.PASSED, message="m", durations={"total": float("nan")}))
+    path.write_text('{"id": "a", "status": "passed", "durations": {"total": NaN}}\n')
+    with pytest.raises(ConfigError, match="not a result record"):
+        ResultsFile(path, resume=True)
+
+
+def test_a_lone_surrogate_from_a_sandbox_does_not_stop_the_results_file(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    with ResultsFile(path, resume=False, fsync=False) as results:
+        results.append(EvalResult(id="s", status=Status.FAILED, message="m", stdout="half \ud800 of a pair"))
+    assert json.loads(path.read_text(encoding="utf-8"))["stdout"] == "half ? of a pair"
+
+
+def test_a_results_file_on_dev_null_is_fine() -> None:
+    with ResultsFile(Path(os.devnull), resume=False) as results:
+        results.append(_result("x"))
+
+
+# ---------------------------------------------------------------- replies that lie (a fake sandbox)
+
+
+class LyingSandbox:
+    """Answers every request with the next crafted reply: what a broken or hostile agent could send."""
+
+    def __init__(self, *replies: dict[str, object]) -> None:
+        self.replies = list(replies)
+        self.requests: list[dict[str, object]] = []
+
+    def request(self, header: dict[str, object], **_: object) -> tuple[dict[str, object], bytearray]:
+        self.requests.append(header)
+        return self.replies.pop(0), bytearray()
+
+
+def exec_reply(**fields: object) -> dict[str, object]:
+    delta = {"generation": 0, "blobs": [], "vars": {}, "deleted": [], "unsaved": {}}
+    report = '{"ended": "ok", "reason": "", "error": null}'
+    reply: dict[str, object] = {"type": "exec_reply", "status": "ok", "stdout": "", "stderr": "", "stdout_bytes": 0}
+    reply.update(stderr_bytes=0, return_value=report, error=None, duration=0.0, checkpoint_duration=0.0)
+    reply["checkpoint"] = delta
+    reply.update(fields)
+    return reply
+
+
+def graded(*replies: dict[str, object], tests: str | None = "assert f()") -> tuple[object, ...]:
+    runner = SubmissionRunner(Settings(), output_limit=1 << 20)
+    sandbox = LyingSandbox(*replies)
+    verdict, code, tests_run = runner.run(sandbox, Submission(id="x", code="f = 1", tests=tests), 5.0)  # type: ignore[arg-type]
+    return verdict, code, tests_run, sandbox
+
+
+def test_the_tests_budget_and_the_durations_are_the_hosts_own() -> None:
+    verdict, code, tests_run, sandbox = graded(exec_reply(duration=-1e9), exec_reply(duration=1e300))
+    assert verdict.status is Status.PASSED  # type: ignore[attr-defined]
+    assert 0 <= code.duration < 5 and 0 <= tests_run.duration < 5  # type: ignore[attr-defined]
+    budget = sandbox.requests[1]["timeout"]  # type: ignore[attr-defined]
+    assert isinstance(budget, float) and budget <= 5.0 + 1.0, "the tests' cell got more than the timeout"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        exec_reply(duration=10**400),
+        exec_reply(duration="soon"),
+        exec_reply(return_value=None),
+        exec_reply(return_value='{"ended": "passed", "reason": "", "error": null}'),
+        exec_reply(return_value='{"ended": "ok", "reason": NaN, "error": null}'),
+        exec_reply(return_value='{"ended": "ok", "reason": "", "error": {"ename": "E"}}'),
+        exec_reply(status="error", error={"ename": "KeyboardInterrupt", "evalue": "", "snippet": "", "traceback": ""}),
+        exec_reply(status="error", error={"ename": 1}),
+        exec_reply(checkpoint=None),
+        {"type": "exec_reply", "status": "mystery"},
+    ],
+)
+def test_a_reply_that_lies_is_the_submissions_crash_never_a_pass_or_the_runs_error(reply: dict[str, object]) -> None:
+    verdict, code, _, _ = graded(reply)
+    assert verdict.status is Status.CRASHED, (verdict, code)  # type: ignore[attr-defined]
+    assert verdict.phase == "code"  # type: ignore[attr-defined]
