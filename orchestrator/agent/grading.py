@@ -227,6 +227,9 @@ def _subject(code: str, mode: str, real_input: Any) -> Callable[[], None]:
 
     def body() -> None:
         builtins.input = real_input
+        # S is the submission's own interpreter, as `python solution.py` in its workspace: the modules it placed
+        # there import. (A worker never has its working directory on its path; T never gets it either.)
+        sys.path.insert(0, os.getcwd())
         report = socket.socket(fileno=3)
         namespace = _fresh_main()
         _send_record(report, "code", _run_cell(code, namespace, 1))

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.docker
 OUTPUT_LIMIT = 64 << 10
 HUNDRED_MB = "block = bytearray(100 * 2**20)\nblock[::4096] = b'x' * len(block[::4096])\nprint('allocated', len(block))"
 
+HELPER = "def double(n):\n    return n * 2\n"
 OUTCOMES: list[dict[str, Any]] = [
     {
         "id": "passed",
@@ -81,11 +82,15 @@ OUTCOMES: list[dict[str, Any]] = [
         "id": "files",
         "code": (
             "import json, os\n"
+            "import helper\n"  # a module it placed: the workspace is on the submission's import path
             "config = json.load(open('conf/deep/settings.json'))\n"
-            "print(config['n'] * 2, open('notes.txt').read().strip(), os.getcwd())"
+            "print(helper.double(config['n']), open('notes.txt').read().strip(), os.getcwd())"
         ),
-        "files": {"conf/deep/settings.json": '{"n": 21}', "notes.txt": "hello\n"},
-        "tests": "import os\nassert sorted(os.listdir('conf')) == ['deep']\nassert os.path.isfile('notes.txt')",
+        "files": {"conf/deep/settings.json": '{"n": 21}', "notes.txt": "hello\n", "helper.py": HELPER},
+        "tests": (
+            "import os\nimport helper\nassert sorted(os.listdir('conf')) == ['deep']\n"
+            "assert os.path.isfile('notes.txt') and helper.double(2) == 4"
+        ),
     },
 ]
 

@@ -159,7 +159,9 @@ EXPECTED = {
     # init and the agent's supervisor are another uid (root): out of the code's reach.
     "kill-sandbox-init": Status.ERROR,
     # kill(-1) reaches every other process of the worker's uid: there is none; the supervisor is out of reach.
-    "kill-everything": Status.PASSED,
+    # kill(-1) reaches the submission's own uid only: its interpreter S and the grading harness it was forked
+    # from (the worker); the supervisor and init are another uid, so the agent says what happened.
+    "kill-everything": Status.CRASHED,
     "background-process": Status.PASSED,
     "host-path": Status.ERROR,
     "input-without-stdin": Status.ERROR,
@@ -411,7 +413,8 @@ def test_killing_the_sandbox_init_does_nothing(hostile: Run) -> None:
 
 def test_killing_every_process_of_the_sandbox_leaves_the_agent(hostile: Run) -> None:
     result = hostile.result("kill-everything")
-    assert result.stdout == "going\n" and result.status is Status.PASSED, result.message
+    assert result.stdout == "going\n" and result.status is Status.CRASHED, result.message
+    assert "killed by SIGKILL" in result.message  # the supervisor, still there, reported its worker's end
 
 
 def test_a_process_left_running_in_the_background_does_not_hold_the_result(hostile: Run) -> None:

@@ -267,8 +267,8 @@ def test_junit_shows_control_characters_as_escapes(tmp_path: Path) -> None:
     raw = path.read_text(encoding="utf-8")
     assert "\x1b" not in raw and "\x9b" not in raw and "\r" not in raw.replace("&#13;", "")
     (case,) = ElementTree.parse(path).getroot().iter("testcase")
-    assert case.find("error").get("message") == "\\x1b[2K\\x1b[1Gok: passed\\x0d\\x0a\\x9b31m"  # type: ignore[union-attr]
-    assert case.find("system-out").text == "\\x1b[2K\\x1b[1Gok: passed\\x0d\n\\x9b31m"  # type: ignore[union-attr]
+    assert case.find("error").get("message") == "\\x1b[2K\\x1b[1Gok: passed\\r\\n\\x9b31m"  # type: ignore[union-attr]
+    assert case.find("system-out").text == "\\x1b[2K\\x1b[1Gok: passed\\r\n\\x9b31m"  # type: ignore[union-attr]
 
 
 def test_the_results_file_holds_strict_json_only(tmp_path: Path) -> None:
@@ -325,11 +325,11 @@ def graded(*replies: dict[str, object], tests: str | None = "assert f()") -> tup
 
 
 def test_the_tests_budget_and_the_durations_are_the_hosts_own() -> None:
-    verdict, code, tests_run, sandbox = graded(exec_reply(duration=-1e9), exec_reply(duration=1e300))
+    verdict, code, tests_run, sandbox = graded(exec_reply(duration=9e6), exec_reply(duration=9e6))  # in bounds, lies
     assert verdict.status is Status.PASSED  # type: ignore[attr-defined]
     assert 0 <= code.duration < 5 and 0 <= tests_run.duration < 5  # type: ignore[attr-defined]
     budget = sandbox.requests[1]["timeout"]  # type: ignore[attr-defined]
-    assert isinstance(budget, float) and budget <= 5.0 + 1.0, "the tests' cell got more than the timeout"
+    assert isinstance(budget, float) and 4.0 <= budget <= 5.0 + 1.0, "the tests' budget is not the host's"
 
 
 @pytest.mark.parametrize(
