@@ -6,7 +6,7 @@ user keyrings) are per sandbox: one sandbox cannot use up another's. The uid is 
 filtered listing): two live sandboxes never share one while their controllers start them one after
 the other. Two controllers that start sandboxes on one engine in the same instant could draw the same
 uid between their check and their start, once in about ``size of the range`` draws for each such pair;
-with the default million uids that is rare, and the cost is only two sandboxes sharing per-uid limits
+with the default hundred million uids that is rare, and the cost is only two sandboxes sharing per-uid limits
 (the uid does not guard their channels or state: each has its own secret and container).
 """
 

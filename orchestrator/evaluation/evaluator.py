@@ -283,6 +283,8 @@ class Evaluator:
             "network": "loopback only" if settings.network_mode == "none" else settings.network_mode,
             "read_only": settings.read_only,
             "user": settings.user,
+            # the submission's own uid, one per sandbox from this range (the user above is its supervisor's)
+            "worker_uids": "{}-{}".format(*settings.worker_uids) if settings.separate_worker else None,
             "tmpfs": dict(settings.tmpfs),
         }
 

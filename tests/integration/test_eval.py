@@ -215,6 +215,8 @@ def test_a_timeout_keeps_the_output_printed_before_it(outcomes: Run) -> None:
     assert result.stdout.startswith("partial line\n"), result.stdout
     assert result.limits["timeout"] == 1.5 and outcomes.result("passed").limits["timeout"] == 10
     assert 1.5 * 0.9 <= result.durations["code"] < 1.5 + 5, result.durations
+    low, high = (int(uid) for uid in result.limits["worker_uids"].split("-"))  # the submission ran as its own uid
+    assert 0 < low <= high and result.limits["user"] == "0:0"
 
 
 def test_memory_is_per_submission(outcomes: Run) -> None:
