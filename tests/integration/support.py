@@ -57,6 +57,28 @@ def kill_and_wait(orch: Orchestrator, container_id: str | None) -> None:
     wait_gone(orch, container_id)
 
 
+ATTEMPT_SOURCE = """\
+def attempt(action, *args):
+    try:
+        action(*args)
+        return 'allowed'
+    except OSError as exc:
+        return type(exc).__name__
+"""
+"""Source for a cell (or a probe) of ``attempt(action, *args)``: 'allowed', or the name of the OSError it raised."""
+
+CONNECT_SOURCE = """\
+import socket
+def connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+    finally:
+        s.close()
+"""
+"""Source for a cell (or a probe) of ``connect(path)``: connect to the Unix socket at ``path``, then close it."""
+
+
 PORT = 8080
 
 LISTENER = (

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import kill_and_wait
+from support import ATTEMPT_SOURCE, CONNECT_SOURCE, kill_and_wait
 
 from orchestrator import ConfigError, Orchestrator, Session, Settings
 
@@ -88,10 +88,7 @@ def test_runtime_and_sandbox_paths_are_private(session: Session, settings: Setti
 
     # The supervisor reads the secret from the mount; a cell (the worker, another uid) can neither list the mount
     # nor read the secret, and the secret is not in its environment or the container's config.
-    attempt = (
-        "def attempt(f):\n    try:\n        return f()\n    except OSError as exc:\n        return type(exc).__name__\n"
-    )
-    listing = attempt + "import os\nattempt(lambda: os.listdir('/run/orchestrator'))"
+    listing = ATTEMPT_SOURCE + "import os\nattempt(lambda: os.listdir('/run/orchestrator'))"
     assert value(session, listing) == "'PermissionError'"
     assert value(session, "attempt(lambda: open('/run/orchestrator/secret').read())") == "'PermissionError'"
     assert value(session, f"any({text!r} in v for v in os.environ.values())") == "False"
@@ -102,23 +99,16 @@ def test_runtime_and_sandbox_paths_are_private(session: Session, settings: Setti
 OTHER_USER = 12345
 # The test's own interpreter may live where another user cannot run it (/root/.pyenv/...).
 PYTHON_FOR_OTHERS = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
-PROBE = """\
-import json, socket, sys
-def attempt(action):
-    try:
-        action()
-        return 'allowed'
-    except OSError as exc:
-        return type(exc).__name__
-def connect():
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(sys.argv[1] + '/channel.sock')
-    finally:
-        s.close()
-print(json.dumps([attempt(connect), attempt(lambda: open(sys.argv[1] + '/secret').read()),
+PROBE = (
+    "import json, sys\n"
+    + ATTEMPT_SOURCE
+    + CONNECT_SOURCE
+    + """\
+print(json.dumps([attempt(lambda: connect(sys.argv[1] + '/channel.sock')),
+                  attempt(lambda: open(sys.argv[1] + '/secret').read()),
                   attempt(lambda: __import__('os').listdir(sys.argv[1]))]))
 """
+)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a probe as another user")

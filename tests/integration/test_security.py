@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from support import PORT, listener_on_a_bridge
+from support import ATTEMPT_SOURCE, PORT, listener_on_a_bridge
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.backend import SUPERVISOR_CAPABILITIES, WORKER_UID
@@ -121,13 +121,8 @@ def test_privileged_operations_fail(shared_session: Session) -> None:
     code = (
         "import os, socket\n"
         "open('/tmp/owned', 'w').close()\n"
-        "def attempt(f, *a):\n"
-        "    try:\n"
-        "        f(*a)\n"
-        "        return 'allowed'\n"
-        "    except OSError as exc:\n"
-        "        return type(exc).__name__\n"
-        "(attempt(os.setuid, 0), attempt(os.chroot, '/tmp'), attempt(os.chown, '/tmp/owned', 0, 0),\n"
+        + ATTEMPT_SOURCE
+        + "(attempt(os.setuid, 0), attempt(os.chroot, '/tmp'), attempt(os.chown, '/tmp/owned', 0, 0),\n"
         " attempt(socket.socket, socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))"
     )
     assert value(shared_session, code) == "('PermissionError', 'PermissionError', 'PermissionError', 'PermissionError')"
@@ -137,13 +132,8 @@ def test_channel_mount_is_read_only(orch: Orchestrator, shared_session: Session)
     """Mounted read-only, and closed to the cell: only the supervisor (root, or the controller's group) opens it."""
     code = (
         "import os\n"
-        "def attempt(f, *a):\n"
-        "    try:\n"
-        "        f(*a)\n"
-        "        return 'allowed'\n"
-        "    except OSError as exc:\n"
-        "        return type(exc).__name__\n"
-        "attempt(lambda: open('/run/orchestrator/planted', 'w')), attempt(os.listdir, '/run/orchestrator')"
+        + ATTEMPT_SOURCE
+        + "attempt(lambda: open('/run/orchestrator/planted', 'w')), attempt(os.listdir, '/run/orchestrator')"
     )
     assert value(shared_session, code) == "('PermissionError', 'PermissionError')"
     mounts = orch.backend.client.containers.get(shared_session.container_id).attrs["Mounts"]

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from support import ATTEMPT_SOURCE, CONNECT_SOURCE
 
 from orchestrator import ExecutionTimeout, Orchestrator, SandboxCrashed, Session, Settings
 from orchestrator.backend import SUPERVISOR_CAPABILITIES, WORKER_UID
@@ -52,14 +53,10 @@ def worker_uid(orch: Orchestrator, session: Session) -> int:
     return int(state.labels[WORKER_UID])
 
 
-ATTEMPT = """\
-import ctypes, errno, os, signal, socket, subprocess
-def attempt(action):
-    try:
-        action()
-        return 'allowed'
-    except OSError as exc:
-        return type(exc).__name__
+ATTEMPT = (
+    "import ctypes, errno, os, signal, socket, subprocess\n"
+    + ATTEMPT_SOURCE
+    + """\
 libc = ctypes.CDLL(None, use_errno=True)
 libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 libc.ptrace.restype = ctypes.c_long
@@ -73,6 +70,7 @@ def proc_file(pid, name, mode):
     return lambda: open('/proc/%d/%s' % (pid, name), mode).close()  # the access check is the open's
 supervisor = os.getppid()
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -159,17 +157,12 @@ def test_signals_to_the_supervisor_and_init_are_refused(victim: Session, signal_
 def test_the_secret_the_directory_and_the_channel_socket_are_closed_to_a_cell(victim: Session) -> None:
     outcome = value(
         victim,
-        "def dial():\n"
-        "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
-        "    try:\n"
-        "        s.connect('/run/orchestrator/channel.sock')\n"
-        "    finally:\n"
-        "        s.close()\n"
-        "[attempt(lambda: open('/run/orchestrator/secret', 'rb').read()),"
-        " attempt(lambda: os.listdir('/run/orchestrator')), attempt(dial)]",
+        CONNECT_SOURCE + "[attempt(lambda: open('/run/orchestrator/secret', 'rb').read()),"
+        " attempt(lambda: os.listdir('/run/orchestrator')),"
+        " attempt(lambda: connect('/run/orchestrator/channel.sock'))]",
     )
     assert outcome == ["PermissionError"] * 3
-    value(victim, "del dial\n1")
+    value(victim, "del connect\n1")
     assert_usable(victim)
 
 
@@ -328,29 +321,22 @@ def test_each_sandbox_has_a_uid_of_its_own_and_its_own_per_uid_limits(orch: Orch
 
 
 CONTROLLER_USER = 12345
+NOT_ROOT_CELL = (
+    "import os\n"
+    + ATTEMPT_SOURCE
+    + CONNECT_SOURCE
+    + """\
+[os.getuid(), attempt(lambda: open('/run/orchestrator/secret').read()),
+ attempt(lambda: os.listdir('/run/orchestrator')), attempt(lambda: connect('/run/orchestrator/channel.sock'))]
+"""
+)
 NOT_ROOT_CONTROLLER = """\
 import json, os, shutil, stat, sys, tempfile
 from orchestrator import Orchestrator, SandboxCrashed, Settings
 from orchestrator.backend import WORKER_UID
 
 labels = {%(label)r: %(run)r}
-CELL = '''
-import os, socket
-def attempt(action):
-    try:
-        action()
-        return 'allowed'
-    except OSError as exc:
-        return type(exc).__name__
-def dial():
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect('/run/orchestrator/channel.sock')
-    finally:
-        s.close()
-[os.getuid(), attempt(lambda: open('/run/orchestrator/secret').read()),
- attempt(lambda: os.listdir('/run/orchestrator')), attempt(dial)]
-'''
+CELL = %(cell)r
 
 
 def session_round(settings):
@@ -412,7 +398,7 @@ def test_a_controller_that_is_not_root_keeps_the_cell_out_of_the_channel(run_id:
     group = docker_socket_group()
     if os.geteuid() != 0 or group is None or "DOCKER_HOST" in os.environ:
         pytest.skip("needs root (to become another user) and the local engine socket open to its group")
-    script = NOT_ROOT_CONTROLLER % {"label": TEST_LABEL, "run": run_id, "user": CONTROLLER_USER}
+    script = NOT_ROOT_CONTROLLER % {"label": TEST_LABEL, "run": run_id, "user": CONTROLLER_USER, "cell": NOT_ROOT_CELL}
     done = subprocess.run(
         [sys.executable, "-c", script, str(group), image], capture_output=True, text=True, timeout=300, cwd="/"
     )

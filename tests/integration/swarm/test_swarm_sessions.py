@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from support import ATTEMPT_SOURCE
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.backend import SUPERVISOR_CAPABILITIES, WORKER_UID, Placement
@@ -231,18 +232,15 @@ def test_a_sandbox_has_no_network_on_any_node(orch: Orchestrator, swarm_cluster)
             session.close()
 
 
-IDENTITY_PROBE = """\
-import os
-def attempt(action):
-    try:
-        action()
-        return 'allowed'
-    except OSError as exc:
-        return type(exc).__name__
+IDENTITY_PROBE = (
+    "import os\n"
+    + ATTEMPT_SOURCE
+    + """\
 caps = [line.split()[1] for line in open('/proc/self/status') if line.startswith(('CapEff', 'CapBnd'))]
 (os.getuid(), os.getgid(), os.getgroups(), caps, attempt(lambda: os.kill(os.getppid(), 10)),
  attempt(lambda: open('/run/orchestrator/secret').read()))
 """
+)
 
 
 def test_each_sandbox_runs_its_cells_as_a_uid_of_its_own_out_of_the_supervisors_reach(
