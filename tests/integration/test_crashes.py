@@ -74,21 +74,9 @@ def test_a_cell_cannot_kill_the_agent_and_a_dead_agent_is_a_crash_with_restore(s
     assert stateful.execute(CHECK).return_value == EXPECTED
     supervisor = int(stateful.execute("os.getppid()").return_value or "0")
     assert supervisor > 1
-    client = docker.from_env()
-    try:
-        container = client.containers.get(old)
-        kill = ["python3", "-c", f"import os; os.kill({supervisor}, 9)"]
-        results: list[Any] = []
-        timer = _in_background(lambda: results.append(container.exec_run(kill, user="0:0")), 1.0)
-        try:
-            with pytest.raises(SandboxCrashed) as info:
-                stateful.execute("import time\ntime.sleep(10)", timeout=30)
-        finally:
-            timer.join()
-    finally:
-        client.close()
-    assert results[0].exit_code in (0, 137), results[0].output  # 137: the container ended with its supervisor first
-    assert info.value.restored is True
+    killed, crash = _kill_during_a_call(stateful, supervisor, as_worker=False)
+    assert killed.exit_code in (0, 137), killed.output  # 137: the container ended with its supervisor first
+    assert crash.restored is True
     assert stateful.container_id != old
     assert_state_back(stateful)
 
@@ -162,6 +150,26 @@ def _in_background(action: Callable[[], None], delay: float) -> threading.Thread
     return thread
 
 
+def _kill_during_a_call(session: Session, pid: int, *, as_worker: bool) -> tuple[Any, SandboxCrashed]:
+    """SIGKILL ``pid`` from a process exec'd in the session's container (as root, or as the worker's uid, outside
+    the agent) a second into a ten-second cell: the exec's result and the SandboxCrashed that the cell raised."""
+    client = docker.from_env()
+    try:
+        container = client.containers.get(session.container_id)
+        uid = container.labels[WORKER_UID] if as_worker else "0"
+        kill = ["python3", "-c", f"import os; os.kill({pid}, 9)"]
+        results: list[Any] = []
+        timer = _in_background(lambda: results.append(container.exec_run(kill, user=f"{uid}:{uid}")), 1.0)
+        try:
+            with pytest.raises(SandboxCrashed) as info:
+                session.execute("import time\ntime.sleep(10)", timeout=30)
+        finally:
+            timer.join()
+    finally:
+        client.close()
+    return results[0], info.value
+
+
 @pytest.mark.parametrize("how", ["kill", "remove"])
 def test_container_dies_during_a_call(orch: Orchestrator, stateful: Session, how: str) -> None:
     old = stateful.container_id
@@ -191,23 +199,10 @@ def test_worker_killed_from_outside_during_a_call(orch: Orchestrator, stateful: 
     stateful.execute("import os\nworker_pid = os.getpid()")
     pid = int(stateful.execute("worker_pid").return_value or "0")
     assert pid > 1
-    client = docker.from_env()
-    try:
-        container = client.containers.get(stateful.container_id)
-        results: list[Any] = []
-        kill = ["python3", "-c", f"import os; os.kill({pid}, 9)"]
-        uid = container.labels[WORKER_UID]  # a process of the worker's own uid, outside the agent
-        timer = _in_background(lambda: results.append(container.exec_run(kill, user=f"{uid}:{uid}")), 1.0)
-        try:
-            with pytest.raises(SandboxCrashed) as info:
-                stateful.execute("import time\ntime.sleep(10)", timeout=30)
-        finally:
-            timer.join()
-    finally:
-        client.close()
-    assert results[0].exit_code == 0, results[0].output
-    assert info.value.restored is True
-    assert "SIGKILL" in str(info.value)
+    killed, crash = _kill_during_a_call(stateful, pid, as_worker=True)  # a process of the worker's own uid
+    assert killed.exit_code == 0, killed.output
+    assert crash.restored is True
+    assert "SIGKILL" in str(crash)
     assert_state_back(stateful)
 
 
