@@ -679,62 +679,53 @@ else:
     raise AssertionError('no KeyError')
 """
 
-HACKS: dict[str, dict[str, Any]] = {
-    "honest": {"code": "def add(a, b):\n    return a + b\n", "tests": ADD_TESTS},
-    "honest-data": {"code": HONEST_DATA, "tests": HONEST_DATA_TESTS},
-    "wrong": {"code": WRONG, "tests": ADD_TESTS},
-    "patch-runner": {"code": PATCH_RUNNER, "tests": ADD_TESTS},
-    "forge-frames": {"code": FORGE_FRAMES, "tests": ADD_TESTS},
-    "garbage-report": {"code": GARBAGE_REPORT, "tests": ADD_TESTS},
-    "exit-in-code": {"code": EXIT_IN_CODE, "tests": ADD_TESTS},
-    "exit-in-call": {"code": EXIT_IN_CALL, "tests": ADD_TESTS},
-    "fake-report": {"code": FAKE_REPORT, "tests": ADD_TESTS, "timeout": FORGE_TIMEOUT},
-    "patch-harness": {"code": PATCH_HARNESS, "tests": ADD_TESTS},
-    "lying-eq": {"code": LYING_EQ, "tests": ADD_TESTS},
-    "lying-int": {"code": LYING_INT, "tests": ADD_TESTS},
-    "patch-unittest": {"code": PATCH_UNITTEST, "tests": UNITTEST_TESTS},
-    "patch-isclose": {"code": PATCH_ISCLOSE, "tests": ISCLOSE_TESTS},
-    "patch-builtins": {"code": PATCH_BUILTINS, "tests": BUILTINS_TESTS},
-    "shadow-builtin": {"code": SHADOW_BUILTIN, "tests": BUILTINS_TESTS},
-    "ptrace": {"code": PTRACE, "tests": ADD_TESTS},
-    "signal-harness": {"code": SIGNAL_HARNESS, "tests": ADD_TESTS},
-    "kill-siblings": {"code": KILL_SIBLINGS + WRONG, "tests": ADD_TESTS},
-    "duration-lie": {"code": DURATION_LIE, "tests": DURATION_TESTS, "timeout": FORGE_TIMEOUT},
-    "control-chars": {"code": CONTROL_CHARS, "tests": ADD_TESTS},
-}
-
 P, F, E, C, T = Status.PASSED, Status.FAILED, Status.ERROR, Status.CRASHED, Status.TIMEOUT
-FORGED_EXPECTED: dict[str, tuple[Status, Status]] = {
-    # hack: (default mode, strict mode)
-    "honest": (P, P),
-    "honest-data": (P, P),
-    "wrong": (F, F),
-    "patch-runner": (F, F),  # S's runner was bound before the code ran; the worker never ran the code
-    "forge-frames": (F, F),  # S holds no descriptor of the worker's or the supervisor's
-    "garbage-report": (C, C),  # a report that is not one: the submission broke its grading
-    "exit-in-code": (C, C),  # the kernel says S exited before its report
-    "exit-in-call": (C, F),  # strict: the stub's call fails in T, an assertion failure
+
+
+@dataclass(frozen=True)
+class Hack:
+    """A forged submission (its code, its tests, a timeout of its own if any) and the verdicts it must get."""
+
+    code: str
+    expected: tuple[Status, Status]  # (default mode, strict mode)
+    tests: str = ADD_TESTS
+    timeout: float | None = None
+
+
+HACKS: dict[str, Hack] = {
+    "honest": Hack("def add(a, b):\n    return a + b\n", (P, P)),
+    "honest-data": Hack(HONEST_DATA, (P, P), tests=HONEST_DATA_TESTS),
+    "wrong": Hack(WRONG, (F, F)),
+    # S's runner was bound before the code ran; the worker never ran the code
+    "patch-runner": Hack(PATCH_RUNNER, (F, F)),
+    "forge-frames": Hack(FORGE_FRAMES, (F, F)),  # S holds no descriptor of the worker's or the supervisor's
+    "garbage-report": Hack(GARBAGE_REPORT, (C, C)),  # a report that is not one: the submission broke its grading
+    "exit-in-code": Hack(EXIT_IN_CODE, (C, C)),  # the kernel says S exited before its report
+    "exit-in-call": Hack(EXIT_IN_CALL, (C, F)),  # strict: the stub's call fails in T, an assertion failure
     # The limits of default mode (docs/eval.md): S answers for its own tests there.
-    "fake-report": (P, T),  # strict: T's call to S is never answered
-    "patch-harness": (P, F),
-    "lying-eq": (P, F),
-    "lying-int": (P, F),
-    "patch-unittest": (P, F),
-    "patch-isclose": (P, F),
-    "patch-builtins": (P, F),
-    "shadow-builtin": (P, F),  # strict: a top-level name of the code's never replaces a builtin of the tests'
-    "ptrace": (F, F),  # the harness (and T) are not dumpable: no ptrace, no /proc/<pid>/mem
-    "signal-harness": (C, C),  # an interrupt that the harness did not expect is not a pass
-    "kill-siblings": (F, C),  # strict: T killed before it reported
-    "duration-lie": (T, T),  # the tests' budget is the timeout less the host's clock of the code
-    "control-chars": (E, E),
+    "fake-report": Hack(FAKE_REPORT, (P, T), timeout=FORGE_TIMEOUT),  # strict: T's call to S is never answered
+    "patch-harness": Hack(PATCH_HARNESS, (P, F)),
+    "lying-eq": Hack(LYING_EQ, (P, F)),
+    "lying-int": Hack(LYING_INT, (P, F)),
+    "patch-unittest": Hack(PATCH_UNITTEST, (P, F), tests=UNITTEST_TESTS),
+    "patch-isclose": Hack(PATCH_ISCLOSE, (P, F), tests=ISCLOSE_TESTS),
+    "patch-builtins": Hack(PATCH_BUILTINS, (P, F), tests=BUILTINS_TESTS),
+    # strict: a top-level name of the code's never replaces a builtin of the tests'
+    "shadow-builtin": Hack(SHADOW_BUILTIN, (P, F), tests=BUILTINS_TESTS),
+    "ptrace": Hack(PTRACE, (F, F)),  # the harness (and T) are not dumpable: no ptrace, no /proc/<pid>/mem
+    "signal-harness": Hack(SIGNAL_HARNESS, (C, C)),  # an interrupt that the harness did not expect is not a pass
+    "kill-siblings": Hack(KILL_SIBLINGS + WRONG, (F, C)),  # strict: T killed before it reported
+    # the tests' budget is the timeout less the host's clock of the code
+    "duration-lie": Hack(DURATION_LIE, (T, T), tests=DURATION_TESTS, timeout=FORGE_TIMEOUT),
+    "control-chars": Hack(CONTROL_CHARS, (E, E)),
 }
 
 
 def forged_submissions() -> list[dict[str, Any]]:
     return [
-        {"id": f"{key}/{mode}", "grading": mode, **fields}
-        for key, fields in HACKS.items()
+        {"id": f"{key}/{mode}", "grading": mode, "code": hack.code, "tests": hack.tests}
+        | ({} if hack.timeout is None else {"timeout": hack.timeout})
+        for key, hack in HACKS.items()
         for mode in ("default", "strict")
     ]
 
@@ -758,8 +749,8 @@ def forged(private_orch: Orchestrator, tmp_path_factory: pytest.TempPathFactory)
 def test_forged_verdicts_are_not_passed_and_the_known_hacks_fail_in_strict_mode(forged: Run) -> None:
     got = {r.id: r.status for r in forged.report.results}
     expected = {
-        f"{key}/{mode}": pair[index]
-        for key, pair in FORGED_EXPECTED.items()
+        f"{key}/{mode}": hack.expected[index]
+        for key, hack in HACKS.items()
         for index, mode in enumerate(("default", "strict"))
     }
     assert got == expected, {r.id: r.message for r in forged.report.results if got[r.id] != expected[r.id]}
