@@ -15,6 +15,7 @@ import time
 import pytest
 import test_agent
 from test_agent import SLOW_REDUCE, Agent
+from test_reply_fields import exec_reply
 
 from orchestrator import ExecResult, ProtocolError
 from orchestrator.agent import capture, cells, protocol
@@ -194,19 +195,7 @@ def test_a_stream_the_cell_wraps_does_not_make_the_final_flush_raise(monkeypatch
 
 # --- the reply's output_limited, parsed by the controller ---------------------------------------------------
 
-REPLY = {
-    "type": "exec_reply",
-    "status": "ok",
-    "stdout": "",
-    "stderr": "",
-    "stdout_bytes": 0,
-    "stderr_bytes": 0,
-    "return_value": None,
-    "error": None,
-    "duration": 0.01,
-    "checkpoint_duration": 0,
-    "checkpoint": EMPTY_DELTA,
-}
+REPLY = exec_reply(duration=0.01, checkpoint_duration=0, checkpoint=EMPTY_DELTA)
 
 
 def test_output_limited_is_optional_and_must_be_a_bool() -> None:
