@@ -126,19 +126,21 @@ class HandlerPool:
     A call is *held* from the moment a cell's desk queues it until it is answered without running, or its handler
     returns. At most ``limit`` are held at once (a handler still running after its cell ended counts until it
     returns), and handlers run on at most ``limit`` threads, so a held call always finds a thread and nothing
-    queues unseen inside an executor. A thread cannot be stopped: a handler still running when its cell ends or
-    the session closes goes on until it returns (an LM call until its own timeout), and its result is dropped.
-    After ``close`` nothing starts any more.
+    queues unseen inside an executor. The threads' executor is made when the first handler starts: a session whose
+    cells never call the host pays nothing for it. A thread cannot be stopped: a handler still running when its
+    cell ends or the session closes goes on until it returns (an LM call until its own timeout), and its result is
+    dropped. After ``close`` nothing starts any more.
     """
 
     def __init__(self, limit: int, name: str) -> None:
         if not (isinstance(limit, int) and limit >= 1):
             raise ConfigError(f"the host-call bound of a session must be an int >= 1, got {limit!r}")
         self.limit = limit
+        self._name = name
         self._lock = threading.Lock()
         self._held = 0
         self._closed = False
-        self._executor = ThreadPoolExecutor(max_workers=limit, thread_name_prefix=name)
+        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def held(self) -> int:
@@ -166,6 +168,8 @@ class HandlerPool:
         with self._lock:
             if self._closed:
                 return False
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=self.limit, thread_name_prefix=self._name)
             self._executor.submit(job)
             return True
 
@@ -173,7 +177,9 @@ class HandlerPool:
         """Start nothing more; a handler still running finishes on its own thread (its result is dropped)."""
         with self._lock:
             self._closed = True
-        self._executor.shutdown(wait=False, cancel_futures=True)
+            executor = self._executor
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
 
 class CallDesk:
@@ -196,9 +202,8 @@ class CallDesk:
         self._lock = threading.Lock()
         self._wakeup = Wakeup()
         self._waiting: deque[tuple[int, str, bytearray, float]] = deque()
-        self._waiting_bytes = 0
-        self._running: dict[int, tuple[str, float]] = {}  # call -> (handler name, expiry)
-        self._expired: set[int] = set()  # running calls already answered with "took longer": they keep their slot
+        # call -> (handler name, expiry); expiry None: already answered "took longer", the call keeps its slot
+        self._running: dict[int, tuple[str, float | None]] = {}
         self._answers: list[Answer] = []
         self._closed = False
 
@@ -233,8 +238,9 @@ class CallDesk:
                     f"{held} calls of this cell already wait or run, the most a cell may have "
                     "(Settings.max_host_calls_per_cell)"
                 )
-            if self._waiting and self._waiting_bytes + len(body) > 2 * self._calls.max_bytes:
-                return f"the calls waiting for a handler slot already hold {self._waiting_bytes} bytes of payload"
+            waiting_bytes = sum(len(item[2]) for item in self._waiting)
+            if waiting_bytes + len(body) > 2 * self._calls.max_bytes:  # one payload alone is within max_bytes
+                return f"the calls waiting for a handler slot already hold {waiting_bytes} bytes of payload"
             if not self._pool.reserve():
                 if self._pool.closed:
                     return "its session is closing"
@@ -244,7 +250,6 @@ class CallDesk:
                     "(Settings.max_host_calls_per_session)"
                 )
             self._waiting.append((call, name, body, expiry))
-            self._waiting_bytes += len(body)
             return None
 
     def answers(self) -> list[Answer]:
@@ -253,16 +258,14 @@ class CallDesk:
         now = time.monotonic()
         with self._lock:
             for call, (name, expiry) in list(self._running.items()):
-                if expiry <= now:
-                    self._running[call] = (name, math.inf)  # the slot stays taken until the handler returns
-                    self._expired.add(call)
+                if expiry is not None and expiry <= now:
+                    self._running[call] = (name, None)  # the slot stays taken until the handler returns
                     self._answers.append(
                         answer_error(call, f"host call {name!r} took longer than {self._calls.timeout:g} s")
                     )
             expired = [item for item in self._waiting if item[3] <= now]
             for item in expired:
                 self._waiting.remove(item)
-                self._waiting_bytes -= len(item[2])
                 self._answers.append(
                     answer_error(item[0], f"host call {item[1]!r} waited longer than {self._calls.timeout:g} s")
                 )
@@ -275,7 +278,8 @@ class CallDesk:
     def next_expiry(self) -> float:
         """When the next call runs out of time (``math.inf``: none can)."""
         with self._lock:
-            expiries = [expiry for _, expiry in self._running.values()] + [item[3] for item in self._waiting]
+            expiries = [expiry for _, expiry in self._running.values() if expiry is not None]
+            expiries += [item[3] for item in self._waiting]
         return min(expiries, default=math.inf)
 
     def close(self) -> None:
@@ -286,7 +290,6 @@ class CallDesk:
             self._closed = True
             cancelled, running = len(self._waiting), len(self._running)
             self._waiting.clear()
-            self._waiting_bytes = 0
             self._wakeup.close()
         if cancelled:
             self._pool.release(cancelled)
@@ -303,7 +306,6 @@ class CallDesk:
             starting = []
             while self._waiting and len(self._running) < self._calls.max_concurrent and not self._closed:
                 call, name, body, expiry = self._waiting.popleft()
-                self._waiting_bytes -= len(body)
                 self._running[call] = (name, expiry)
                 starting.append((call, name, body))
         for call, name, body in starting:
@@ -330,9 +332,8 @@ class CallDesk:
     def _finish(self, call: int, name: str, answer: Answer | None) -> None:
         """The call holds nothing any more: its slot and its session reservation go; the answer, if still due."""
         with self._lock:
-            self._running.pop(call, None)
-            if answer is None or self._closed or call in self._expired:
-                self._expired.discard(call)
+            _, expiry = self._running.pop(call)
+            if answer is None or self._closed or expiry is None:
                 logger.debug("host call %r ended after its cell ended (or its time limit); its answer is dropped", name)
             else:
                 self._answers.append(answer)
