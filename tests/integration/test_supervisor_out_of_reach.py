@@ -27,15 +27,13 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from conftest import TEST_LABEL
 from support import ATTEMPT_SOURCE, CONNECT_SOURCE
 
 from orchestrator import ExecutionTimeout, Orchestrator, SandboxCrashed, Session, Settings
 from orchestrator.backend import SUPERVISOR_CAPABILITIES, WORKER_UID
 
 pytestmark = pytest.mark.docker
-
-TEST_LABEL = "orchestrator.test.run"
-EPERM_OR_EACCES = {"PermissionError", "EPERM", "EACCES"}
 
 
 def value(session: Session, code: str) -> object:
