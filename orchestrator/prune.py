@@ -100,7 +100,6 @@ class Pruner:
         self.dry_run = dry_run
         self.now = now
         self.actions: list[PruneAction] = []
-        self._removed_containers: set[str] = set()
 
     def run(self, idle_for: float | None, older_than: float | None, hibernate_only: bool) -> PruneReport:
         for info in survey(self.store, self.backend, now=self.now):
@@ -199,7 +198,6 @@ class Pruner:
                 continue  # its record is unreadable and kept aside: a person decides
             if session_id:
                 if not self.store.exists(session_id):
-                    self._removed_containers.add(container.id)
                     self._record(
                         "remove-orphan-container",
                         container.name,
@@ -214,7 +212,6 @@ class Pruner:
             recorded = self.store.recorded_containers() if recorded is None else recorded
             # Read again before removing: its controller may have recorded it just before it died.
             if container.id not in recorded and container.id not in self.store.recorded_containers():
-                self._removed_containers.add(container.id)
                 self._record(
                     "remove-orphan-container",
                     container.name,
@@ -233,20 +230,25 @@ class Pruner:
         found = {c.id: c for c in self.backend.find({STORE_ID: self.store.store_id})}
         found.update((c.id, c) for c in self.backend.find({CONTROLLER_RUNTIME_DIR: str(self.settings.runtime_dir)}))
         quarantined = self.store.quarantined()
-        ages = {
-            c.id: time.time() - c.created_at
+        done = {a.target for a in self.actions if a.action == "remove-orphan-container"}  # by an earlier sweep
+        now = time.time()
+        unstarted = [
+            (c, now - c.created_at)
             for c in found.values()
-            if c.status == "created" and c.created_at is not None and c.labels.get(SESSION_ID, "") not in quarantined
-        }
-        candidates = [c for c in found.values() if ages.get(c.id, 0.0) > grace and c.id not in self._removed_containers]
-        recorded = self.store.recorded_containers() if candidates else {}
-        for container in candidates:
+            if c.status == "created"
+            and c.created_at is not None
+            and now - c.created_at > grace
+            and c.name not in done
+            and c.labels.get(SESSION_ID, "") not in quarantined
+        ]
+        recorded = self.store.recorded_containers() if unstarted else {}
+        for container, age in unstarted:
             if container.id in recorded:
                 continue  # named by a record: that session's next call deals with it
             self._record(
                 "remove-unstarted-container",
                 container.name,
-                f"created {describe_duration(ages[container.id])} ago and never started",
+                f"created {describe_duration(age)} ago and never started",
                 lambda c=container: self._discard(c),
             )
 
@@ -297,7 +299,6 @@ class Pruner:
     def _dead_eval_runs(self) -> None:
         """Sandboxes of ``orchestrator eval`` runs on this host whose process is gone (killed before cleaning up)."""
         for container in left_behind(self.backend, "eval"):
-            self._removed_containers.add(container.id)
             self._record(
                 "remove-orphan-container",
                 container.name,
