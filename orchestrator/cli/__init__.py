@@ -18,7 +18,7 @@ from .. import __version__, janitor
 from ..config import Settings
 from ..errors import OrchestratorError
 from ..manager import Orchestrator
-from ..safe_text import log_to_stderr
+from ..safe_text import log_to_stderr, visible
 from ..units import duration_argument, positive_duration_argument
 from . import commands, evaluate, shell
 from .render import EXIT_HELP, Exit, Output
@@ -233,8 +233,8 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     except (KeyboardInterrupt, BrokenPipeError):
         raise
     except Exception as exc:  # a bug: still one line, the traceback with -v
-        if args.verbose:
-            traceback.print_exc()
+        if args.verbose:  # its messages may quote the sandbox
+            out.stderr.write(visible(traceback.format_exc()))
         return out.error(exc, hint="" if args.verbose else " (unexpected: run with -v for the traceback)")
     finally:
         ctx.close()

@@ -251,19 +251,19 @@ def demo(ctx: Context, args: argparse.Namespace) -> int:
         session.execute(
             "import math\ndocs = {'intro': 'hello world'}\ndef area(r):\n    return math.pi * r * r\nx = 41"
         )
-        line(f">>> x + 1  ->  {session.execute('x + 1').return_value}")
+        line(f">>> x + 1  ->  {one_line(str(session.execute('x + 1').return_value))}")
         line(f"checkpoint generation {session.generation}, variables {session.variables}")
         old = session.container_id or ""
         line(f"killing container {old[:12]} with the Docker API ...")
         orch.backend.kill(old)
         started = time.monotonic()
-        value = session.execute("area(2), docs['intro'], x").return_value
+        value = one_line(str(session.execute("area(2), docs['intro'], x").return_value))
         line(f">>> area(2), docs['intro'], x  ->  {value}  (restored in {time.monotonic() - started:.2f} s)")
         line(f"new container {(session.container_id or '')[:12]}")
         try:
             session.execute("import os; os._exit(1)")
         except SandboxError as exc:
-            line(f"os._exit(1) -> {type(exc).__name__}: {exc}")
-        line(f">>> x  ->  {session.execute('x').return_value}")
+            line(f"os._exit(1) -> {type(exc).__name__}: {one_line(str(exc))}")
+        line(f">>> x  ->  {one_line(str(session.execute('x').return_value))}")
     line("session closed; container and checkpoint removed")
     return Exit.OK

@@ -238,7 +238,7 @@ def _isatty(stream: TextIO) -> bool:
 
 def _console(stream: TextIO) -> Console:
     # Not a terminal: no colours and no width limit, so a pipe or a file gets whole rows to grep.
-    terminal = stream.isatty()
+    terminal = _isatty(stream)
     return Console(
         file=stream,
         width=None if terminal else int(os.environ.get("COLUMNS", "0") or 0) or 1000,
