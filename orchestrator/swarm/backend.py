@@ -407,7 +407,8 @@ class SwarmBackend:
                 self.client.api.remove_network(network)
 
     def find(self, labels: Mapping[str, str]) -> list[ContainerState]:
-        """Our sandbox services carrying all of ``labels``, with their tasks' states (three engine calls)."""
+        """Our sandbox services carrying all of ``labels``, with their tasks' states (three engine calls, one when none
+        matches)."""
         wanted = {MANAGED: "true", **labels}
         with engine_errors("listing sandbox services"):
             services = [
@@ -415,7 +416,9 @@ class SwarmBackend:
                 for s in self.client.api.services(filters={"label": _label_filter(wanted)})
                 if (s["Spec"].get("Labels") or {}).get(ROLE) != "relay"
             ]
-            tasks = self.client.api.tasks(filters={"service": [s["ID"] for s in services]}) if services else []
+            if not services:  # the usual answer of a check such as identity's: no task or node listing for it
+                return []
+            tasks = self.client.api.tasks(filters={"service": [s["ID"] for s in services]})
         by_service: dict[str, list[dict[str, Any]]] = {}
         for task in tasks:
             by_service.setdefault(task["ServiceID"], []).append(task)
