@@ -92,17 +92,16 @@ class Sandbox:
         """
         sandbox_id = new_sandbox_id()
         placement = placement or Placement()
-        identity: dict[str, str] = {}
-        if settings.separate_worker:
-            identity[WORKER_UID] = str(choose_worker_uid(backend, settings))
+        own_labels = {**labels, SANDBOX_ID: sandbox_id}
+        worker_uid = choose_worker_uid(backend, settings) if settings.separate_worker else None
         endpoint = backend.create_endpoint(sandbox_id, settings, placement)
         environment = agent_environment(endpoint, settings)
-        if identity:
-            environment["ORCH_WORKER_UID"] = identity[WORKER_UID]
+        if worker_uid is not None:
+            own_labels[WORKER_UID] = environment["ORCH_WORKER_UID"] = str(worker_uid)
         spec = SandboxSpec(
             name=f"orch-{scope}-{sandbox_id}",
             image=image,
-            labels={**labels, SANDBOX_ID: sandbox_id, **identity},
+            labels=own_labels,
             environment=environment,
             mounts=endpoint.mounts(),
             command=settings.agent_command,
