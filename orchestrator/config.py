@@ -257,6 +257,7 @@ class Settings:
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"Settings.{name} must be a positive integer, got {getattr(self, name)!r}")
         self._check_worker_uids()
+        self._check_user()
         if self.checkpoint_quota is not None and int(self.checkpoint_quota) <= 0:
             raise ConfigError(
                 f"Settings.checkpoint_quota must be a positive number of bytes, got {self.checkpoint_quota!r}"
@@ -294,6 +295,16 @@ class Settings:
         object.__setattr__(self, "swarm_node_dir", Path(self.swarm_node_dir))
         if not self.swarm_node_dir.is_absolute():
             raise ConfigError(f"Settings.swarm_node_dir must be an absolute path, got {str(self.swarm_node_dir)!r}")
+
+    def _check_user(self) -> None:
+        """A non-root container user must be numeric: the sandbox's channel files are handed to its uid (or, under a
+        non-root controller, opened through our group), and a user name's uid is known only to the image."""
+        user = self.user.partition(":")[0]
+        if user != "root" and not user.isdigit():
+            raise ConfigError(
+                f"Settings.user must be 'root', '0:0' or a numeric 'uid:gid', got {self.user!r}: the sandbox's "
+                "secret and socket are handed to that uid, which a name does not give (ORCH_USER)"
+            )
 
     def _check_worker_uids(self) -> None:
         uids = tuple(self.worker_uids)

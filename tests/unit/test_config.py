@@ -87,7 +87,9 @@ def test_the_backend_and_its_swarm_settings() -> None:
     assert settings.swarm_constraints == ("node.role==worker", "node.labels.zone==eu")
     assert (settings.swarm_relay_port, str(settings.swarm_node_dir)) == (9443, "/srv/relay")
     assert Settings(user="1000:2000").sandbox_uid_gid == (1000, 2000)
-    assert Settings(user="nobody").sandbox_uid_gid == (None, None)
+    assert Settings(user="root").sandbox_uid_gid == (None, None)
+    with pytest.raises(ConfigError, match="numeric"):  # its uid is the image's: the channel files cannot be its
+        Settings(user="nobody")
     for bad in ({"backend": "k8s"}, {"swarm_relay_port": 0}, {"swarm_node_dir": "relative"}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             Settings(**bad)  # type: ignore[arg-type]
