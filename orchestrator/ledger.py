@@ -272,14 +272,19 @@ class CheckpointLedger:
                 ``MAX_CHECKPOINT_NAME_BYTES`` bytes of names.
         """
         before = self.record
-        limits = [("bytes", sum(blob_sizes.values()), before.checkpoint_bytes, self.quota)]
+        limits = [("bytes", sum(blob_sizes.values()), self.quota)]
         if any(key not in before.variables for key in variables):  # only added names grow the manifest
-            limits.append(("names", len(variables), len(before.variables), protocol.MAX_CHECKPOINT_NAMES))
-            limits.append(
-                ("name bytes", _key_bytes(variables), _key_bytes(before.variables), protocol.MAX_CHECKPOINT_NAME_BYTES)
-            )
-        for unit, held, had, limit in limits:
+            limits.append(("names", len(variables), protocol.MAX_CHECKPOINT_NAMES))
+            limits.append(("name bytes", _key_bytes(variables), protocol.MAX_CHECKPOINT_NAME_BYTES))
+        for unit, held, limit in limits:
             if held > limit:
+                had = (  # counted only here: a commit within its limits does not pay for the record's name bytes
+                    before.checkpoint_bytes
+                    if unit == "bytes"
+                    else len(before.variables)
+                    if unit == "names"
+                    else _key_bytes(before.variables)
+                )
                 raise CheckpointLimitExceeded(
                     f"the agent's checkpoint would hold {held} {unit}, over the session's "
                     f"{'checkpoint quota' if unit == 'bytes' else 'checkpoint manifest limit'} of {limit} {unit} "

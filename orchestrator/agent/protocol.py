@@ -213,13 +213,14 @@ def encode_header(header: Header) -> bytes:
         return _SURROGATES.sub("\ufffd", text).encode("utf-8")
 
 
-# The nesting check runs before json.loads, so the parser never recurses deeper than
-# MAX_HEADER_DEPTH whatever the recursion limit. Escapes go first (a backslash pairs with the
-# next byte), then strings (no quote is left inside one), then everything but brackets; each
-# pass of removing "()" then strips exactly one level. UTF-8 continuation bytes are never ASCII,
-# so working on the raw bytes is exact for valid input; invalid input may be misjudged, but
-# the parser rejects it anyway.
-_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+# The nesting check runs before the parser, so it never recurses deeper than MAX_HEADER_DEPTH
+# whatever the recursion limit. The escapes that can hide a string's end go first (``\\`` and
+# ``\"``, paired from the left as the parser pairs them; the others, ``\n`` and the like, hold no
+# quote and are left for the string they are in), then strings (no quote is left inside one), then
+# everything but brackets; each pass of removing "()" then strips exactly one level. UTF-8
+# continuation bytes are never ASCII, so working on the raw bytes is exact for valid input; invalid
+# input may be misjudged, but the parser rejects it anyway.
+_ESCAPE = re.compile(rb'\\[\\"]')
 _STRING = re.compile(rb'"[^"]*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _BRACKETS = bytes.maketrans(b"[{]}", b"(())")
@@ -247,8 +248,9 @@ def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
 
 
 def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise _NotStrict("an integer of %d digits (at most %d)" % (len(text), MAX_INT_DIGITS))
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise _NotStrict("an integer of %d digits (at most %d)" % (digits, MAX_INT_DIGITS))
     return int(text)
 
 

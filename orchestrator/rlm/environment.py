@@ -355,10 +355,9 @@ class DockerREPL(NonIsolatedEnv):
     def _stored_compaction_history(self, session: Session) -> list[Any]:
         """The compaction list a resumed session holds, read back as JSON (empty when it cannot be read)."""
         result = session.execute(f"print(__import__('json').dumps({COMPACTION_NAME}))")
+        raw = result.stdout.encode("utf-8", "surrogatepass")  # a lying reply's lone surrogate: not UTF-8, refused
         try:
-            stored = (
-                protocol.decode_json(result.stdout.encode(), "compaction history") if result.error is None else None
-            )
+            stored = protocol.decode_json(raw, "compaction history") if result.error is None else None
         except protocol.ProtocolViolation:  # the sandbox's text: strict, bounded JSON or nothing
             stored = None
         if not isinstance(stored, list):
