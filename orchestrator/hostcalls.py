@@ -302,15 +302,21 @@ class CallDesk:
             )
 
     def _start_waiting(self) -> None:
-        with self._lock:
-            starting = []
-            while self._waiting and len(self._running) < self._calls.max_concurrent and not self._closed:
-                call, name, body, expiry = self._waiting.popleft()
-                self._running[call] = (name, expiry)
-                starting.append((call, name, body))
-        for call, name, body in starting:
-            if not self._pool.run(functools.partial(self._run, call, name, body)):
-                self._finish(call, name, answer_error(call, f"host call {name!r}: the session is closing"))
+        """Start waiting calls while the cell has handler slots free; a call the closed pool refuses is answered and
+        frees its slot for the next (in this loop: one waiting call after another, never one stack frame each)."""
+        refused = True
+        while refused:
+            with self._lock:
+                starting = []
+                while self._waiting and len(self._running) < self._calls.max_concurrent and not self._closed:
+                    call, name, body, expiry = self._waiting.popleft()
+                    self._running[call] = (name, expiry)
+                    starting.append((call, name, body))
+            refused = False
+            for call, name, body in starting:
+                if not self._pool.run(functools.partial(self._run, call, name, body)):
+                    self._settle(call, name, answer_error(call, f"host call {name!r}: the session is closing"))
+                    refused = True
 
     def _run(self, call: int, name: str, body: bytearray) -> None:
         with self._lock:
@@ -330,6 +336,11 @@ class CallDesk:
         self._finish(call, name, answer)
 
     def _finish(self, call: int, name: str, answer: Answer | None) -> None:
+        """A handler returned (or never started): settle its call, and start the next waiting ones."""
+        self._settle(call, name, answer)
+        self._start_waiting()
+
+    def _settle(self, call: int, name: str, answer: Answer | None) -> None:
         """The call holds nothing any more: its slot and its session reservation go; the answer, if still due."""
         with self._lock:
             _, expiry = self._running.pop(call)
@@ -339,7 +350,6 @@ class CallDesk:
                 self._answers.append(answer)
                 self._wakeup.notify()
         self._pool.release()
-        self._start_waiting()
 
     def _answer(self, call: int, error: str) -> None:
         with self._lock:

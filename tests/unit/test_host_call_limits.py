@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -102,6 +103,28 @@ def test_a_closed_pool_starts_nothing_and_refuses_every_call() -> None:
     assert "its session is closing" in refused
     desk.close()
     assert gate.invoked == 0 and pool.held == 0
+
+
+def test_calls_waiting_when_the_pool_closes_are_refused_one_after_another_not_one_stack_frame_each() -> None:
+    gate = Gate()
+    pool = HandlerPool(5000, name="t")
+    desk = CallDesk(HostCalls({"llm_query": gate}, max_concurrent=1), pool, max_held=5000)
+    try:
+        for call in range(3000):  # one runs, 2,999 wait: more than the interpreter's recursion limit
+            desk.submit(call, "llm_query", bytearray(b"1"))
+        pool.close()
+        gate.expected_returns = 1
+        gate.release.set()
+        assert gate.all_returned.wait(10)
+        deadline = time.monotonic() + 10
+        while pool.held and time.monotonic() < deadline:  # the returned handler's thread refuses the waiting ones
+            time.sleep(0.01)
+        refused = errors(desk)
+        assert len(refused) == 2999 and all("the session is closing" in message for message in refused)
+        assert gate.invoked == 1 and pool.held == 0
+    finally:
+        gate.release.set()
+        desk.close()
 
 
 def test_the_bound_must_be_positive() -> None:
