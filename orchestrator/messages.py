@@ -81,7 +81,7 @@ def _label(header: dict[str, Any], key: str, default: str = "") -> str:
     return visible(value[:_MAX_TEXT], multiline=False) if isinstance(value, str) else default
 
 
-def _reason(header: dict[str, Any], default: str) -> str:
+def reply_reason(header: dict[str, Any], default: str) -> str:
     """Why the agent says something failed: its text, clipped (anything but a str is the default)."""
     value = header.get("reason", default)
     return value[:_MAX_REASON] if isinstance(value, str) else default
@@ -221,7 +221,7 @@ def worker_failure(header: dict[str, Any]) -> WorkerFailure | None:
         return None
     return WorkerFailure(
         status=status,
-        reason=_reason(header, "the worker died"),
+        reason=reply_reason(header, "the worker died"),
         oom=header.get("oom") is True,
         ran=header.get("ran") is not False,
         worker_restarted=restarted,
@@ -286,12 +286,12 @@ class LoadReply(TypedDict):
 
 def parse_load_reply(header: dict[str, Any]) -> LoadReply:
     _expect_type(header, protocol.LOAD_REPLY, protocol.EXEC_REPLY)
-    return LoadReply(status=parse_status(header), reason=_reason(header, ""))
+    return LoadReply(status=parse_status(header), reason=reply_reason(header, ""))
 
 
 def parse_restore_reply(header: dict[str, Any]) -> int | None:
     """The generation a ``restore_end`` set (None for ``restore_begin``)."""
     _expect_type(header, protocol.RESTORE_REPLY)
     if parse_status(header) != protocol.STATUS_OK:
-        raise ProtocolError(f"restore failed in the agent: {_reason(header, '')}")
+        raise ProtocolError(f"restore failed in the agent: {reply_reason(header, '')}")
     return expect_count(header, "generation", optional=True)

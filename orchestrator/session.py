@@ -60,7 +60,15 @@ from .errors import (
 from .events import Event, LiveCall, OnOutput
 from .hostcalls import CallDesk, HandlerPool, HostCalls, serving
 from .ledger import CheckpointLedger, StagedBlob
-from .messages import ExecReply, WorkerFailure, parse_exec_reply, parse_install_reply, parse_state_reply, worker_failure
+from .messages import (
+    ExecReply,
+    WorkerFailure,
+    parse_exec_reply,
+    parse_install_reply,
+    parse_state_reply,
+    reply_reason,
+    worker_failure,
+)
 from .output import StreamRecorder, keep_newest
 from .results import ExecError, ExecResult
 from .sandbox import Sandbox
@@ -1054,7 +1062,7 @@ class Session:
     def _commit_context(self, reply: dict[str, Any], body: bytearray, context_id: str, spec: Any) -> None:
         """Store a created (``spec``) or destroyed (None) context with the delta its request caused."""
         if reply.get("status") == protocol.STATUS_ERROR:
-            reason = str(reply.get("reason", ""))[:2000]
+            reason = reply_reason(reply, "")
             raise ConfigError(f"the sandbox of session {self.id} could not create context {context_id}: {reason}")
         contexts = {k: v for k, v in self._ledger.record.contexts.items() if k != context_id}
         if spec is not None:
