@@ -322,7 +322,7 @@ class CallDesk:
         with self._lock:
             started = not self._closed  # a cell that ended before a thread took the call: its handler never starts
         if not started:
-            self._finish(call, name, None)
+            self._settle(call, name, None)  # nothing waits in a closed desk: no next call to start
             return
         try:
             with serving_as(self._owner):
