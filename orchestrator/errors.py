@@ -17,7 +17,7 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     │   ├── SessionAttachedElsewhere         another controller owns the session now (epoch moved on)
     │   ├── SessionBusy (TimeoutError)       another process held the session's store lock too long
     │   ├── CapacityExceeded                 Settings.max_running sessions run and none could make room
-    │   ├── CheckpointQuotaExceeded          a value would take the checkpoint past its quota; nothing stored
+    │   ├── CheckpointQuotaExceeded          a value would take the checkpoint past its quota or bounds; nothing stored
     │   ├── SessionsNotClosed                Orchestrator.close could not close some sessions (all were tried)
     │   └── CheckpointError (OSError)        the checkpoint could not be stored or restored
     ├── SandboxError                         the call failed because of the sandbox; see .restored
@@ -90,11 +90,12 @@ class CapacityExceeded(SessionError):
 
 class CheckpointQuotaExceeded(SessionError):
     """A value handed to the session (``add_context``, ``set_value``) would take its stored checkpoint past
-    ``Settings.checkpoint_quota``; it was refused before it was sent, and nothing was stored.
+    ``Settings.checkpoint_quota``, or past the manifest's bounds (``protocol.MAX_CHECKPOINT_NAMES`` names,
+    ``protocol.MAX_CHECKPOINT_NAME_BYTES`` bytes of names); it was refused before it was sent, and nothing was stored.
 
     Attributes:
         size: bytes the value's checkpoint blob takes.
-        held: bytes the checkpoint would hold with it.
+        held: bytes the checkpoint would hold with it (counted in bytes whichever bound it passed).
         quota: the session's checkpoint quota in bytes.
     """
 
