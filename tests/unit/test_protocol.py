@@ -166,7 +166,7 @@ def _depth(value) -> int:
     return 0
 
 
-_SCALARS = [1, -2.5, True, None, "", "\\", '"', "[", "]{", '\\"}', "é[", "\u2028", "\\\\[", "a\\u005b"]
+_SCALARS = [1, -2.5, True, None, "", "\\", '"', "[", "]{", '\\"}', "é[", "\u2028", "\\\\[", "a\\u005b", "\n[", '\t\\"{']
 
 
 def _random_value(rng, depth):
