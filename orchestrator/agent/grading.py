@@ -40,7 +40,8 @@ import types
 import warnings
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
-from . import boundary, capture, cells
+from . import boundary, capture, cells, confinement, protocol
+from .supervisor import oom_kill_count  # the counter the supervisor reads for the worker
 
 _RECORD_BYTES = 256 << 10
 _CHUNK = 64 << 10
@@ -52,7 +53,6 @@ _DATA_GLOBALS_BYTES = 16 << 20  # the code's plain-data globals the tests get, e
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}\Z")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,9}\Z")
 _CRASH_EXIT = 70
-_PR_SET_DUMPABLE = 4
 # Bound now, in the clean worker: code that patches ``cells.run_cell`` in S (as it could patch the worker's own
 # cell runner) does not change how S runs the tests. Patching this module's names in S is not stopped (docs/eval.md).
 _run_cell = cells.run_cell
@@ -86,7 +86,7 @@ def _make_undumpable() -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    if libc.prctl(confinement.PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
@@ -222,7 +222,7 @@ def _receive_text(sock: socket.socket) -> Optional[str]:
     return _read_fd(fds[0])
 
 
-def _subject(code: str, mode: str, real_input: Any) -> Callable[[], None]:
+def _subject(code: str, strict: bool, real_input: Any) -> Callable[[], None]:
     """S: run the code; then (default) the tests it is sent, or (strict) answer T's calls."""
 
     def body() -> None:
@@ -233,12 +233,12 @@ def _subject(code: str, mode: str, real_input: Any) -> Callable[[], None]:
         report = socket.socket(fileno=3)
         namespace = _fresh_main()
         _send_record(report, "code", _run_cell(code, namespace, 1))
-        if mode == "default":
+        if strict:
+            _serve(socket.socket(fileno=4), namespace)
+        else:
             tests = _receive_text(report)
             if tests is not None:
                 _send_record(report, "tests", _run_cell(tests, namespace, 2))
-        elif mode == "strict":
-            _serve(socket.socket(fileno=4), namespace)
 
     return body
 
@@ -408,8 +408,8 @@ def _examiner() -> None:
 def _parse_record(raw: bytes, phase: str) -> Optional[Dict[str, Any]]:
     """A child's record (``{"phase", "error"}``) made safe, or None when it is not one."""
     try:
-        record = json.loads(raw.decode("utf-8"), parse_constant=_refuse)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        record = protocol.decode_json(raw, "a child's record")
+    except protocol.ProtocolViolation:
         return None
     if type(record) is not dict or record.get("phase") != phase:
         return None
@@ -434,10 +434,6 @@ def _parse_record(raw: bytes, phase: str) -> Optional[Dict[str, Any]]:
 
 def _readable(sock: socket.socket) -> bool:
     return bool(select.select([sock], [], [], 0)[0])
-
-
-def _refuse(name: str) -> Any:
-    raise ValueError(name)
 
 
 def _describe_status(status: int) -> str:
@@ -507,7 +503,6 @@ class Grading(object):
 
     def __init__(self, code: str, strict: bool, stdin: str) -> None:
         _make_undumpable()
-        self.strict = strict
         self.children: List[_Child] = []
         self.examiner: Optional[_Child] = None
         link_s = None
@@ -519,9 +514,8 @@ class Grading(object):
                     self.examiner = self._start("tests", [link_t.fileno()], _examiner)
                 finally:
                     link_t.close()
-            mode = "strict" if strict else "default"
             extra = [link_s.fileno()] if link_s is not None else []
-            self.subject = self._start("code", extra, _subject(code, mode, builtins.input), stdin_fd)
+            self.subject = self._start("code", extra, _subject(code, strict, builtins.input), stdin_fd)
         except BaseException:
             self.close()
             raise
@@ -534,14 +528,14 @@ class Grading(object):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        empty = _memfd("") if stdin_fd is None else None
+        stdin = _memfd("") if stdin_fd is None else stdin_fd
         try:
-            stdin = stdin_fd if stdin_fd is not None else empty
-            assert stdin is not None
             pid = _fork([stdin, out_w, err_w, theirs.fileno(), *extra], body)
         finally:
-            for fd in (out_w, err_w) + ((empty,) if empty is not None else ()):
-                os.close(fd)
+            os.close(out_w)
+            os.close(err_w)
+            if stdin_fd is None:
+                os.close(stdin)
             theirs.close()
         child = _Child(role, pid, {out_r: 1, err_r: 2}, ours)
         self.children.append(child)
@@ -551,13 +545,13 @@ class Grading(object):
         for child in self.children:
             child.kill()
 
-    @staticmethod
-    def oom_kills() -> int:
-        from .supervisor import oom_kill_count  # the counter the supervisor reads for the worker
-
-        return oom_kill_count()
-
     # -- watching
+
+    def _pump(self, child: _Child, fd: int, stream: int) -> None:
+        """Copy what waits in one of ``child``'s pipes to the cell's stream; at the pipe's end, close it."""
+        if not self._copy(fd, stream):
+            del child.outputs[fd]
+            os.close(fd)
 
     def _copy(self, fd: int, stream: int) -> bool:
         """Copy what waits in a child's pipe to the cell's stream; False at its end."""
@@ -580,9 +574,7 @@ class Grading(object):
     def _drain_all(self) -> None:
         for each in self.children:
             for fd, stream in list(each.outputs.items()):
-                if not self._copy(fd, stream):
-                    del each.outputs[fd]
-                    os.close(fd)
+                self._pump(each, fd, stream)
 
     def watch(self, child: _Child, phase: str, deadline: float) -> Tuple[Optional[Dict[str, Any]], bool]:
         """Copy every child's output until ``child`` sends its ``phase`` record or ends.
@@ -614,9 +606,8 @@ class Grading(object):
             wait = left if child.pidfd is not None else min(left, _TICK)
             for fd, _ in poller.poll(max(1, int(wait * 1000) + 1)):
                 kind, owner, stream = watched[fd]
-                if kind == "output" and fd in owner.outputs and not self._copy(fd, stream):
-                    del owner.outputs[fd]
-                    os.close(fd)
+                if kind == "output" and fd in owner.outputs:
+                    self._pump(owner, fd, stream)
                 elif kind == "ended":
                     owner.reap()
                 elif kind == "record":
@@ -656,7 +647,7 @@ class Grading(object):
             return Report("error" if error is not None else "ok", "", error)
         child.reap(block=True)
         assert child.status is not None
-        if self.oom_kills() > oom_before:
+        if oom_kill_count() > oom_before:
             return Report("oom", "ran out of its memory limit (the kernel's out-of-memory killer stopped it)")
         return Report("crashed", "ended %s before it finished: it %s" % (who, _describe_status(child.status)))
 
@@ -679,8 +670,8 @@ def run_code(strict: bool, seconds: float, tests: bool) -> Report:
     grading: Optional[Grading] = None
     keep = False
     try:
+        oom_before = oom_kill_count()  # before S exists: an OOM kill right after its fork counts
         grading = Grading(code, strict, _stdin)
-        oom_before = grading.oom_kills()
         record, invalid = grading.watch(grading.subject, "code", deadline)
         report = grading.verdict(grading.subject, record, invalid, oom_before)
         keep = tests and report.data["ended"] == "ok"
@@ -705,7 +696,7 @@ def run_tests(seconds: float) -> Report:
     if grading is None:
         return Report("crashed", "had no code run to test (the grading harness was not started)")
     try:
-        oom_before = grading.oom_kills()
+        oom_before = oom_kill_count()
         child = grading.examiner if grading.examiner is not None else grading.subject
         if not grading.send_text(child, tests):
             return grading.verdict(child, None, False, oom_before)
