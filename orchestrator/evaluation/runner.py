@@ -14,7 +14,6 @@ with its outcome; only a sandbox that could not be started is an infrastructure 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -196,7 +195,7 @@ def harness_report(value: str | None) -> tuple[str, str, ExecError | None]:
     """What the grading harness said about a phase: ``(ended, reason, error)``, checked field by field.
 
     The harness runs where the submission never did, but its report still crossed from the sandbox: it is read
-    as strict, bounded JSON (no NaN, no Infinity) and every field is checked.
+    as strict, bounded JSON (``protocol.decode_json``) and every field is checked.
 
     Raises:
         ProtocolError: it is not a report.
@@ -204,9 +203,11 @@ def harness_report(value: str | None) -> tuple[str, str, ExecError | None]:
     if not isinstance(value, str) or len(value) > _MAX_REPORT_CHARS:
         raise ProtocolError("the grading harness sent no report")
     try:
-        data = json.loads(value, parse_constant=_not_json)
-    except (ValueError, RecursionError):
-        raise ProtocolError("the grading harness's report is not JSON") from None
+        data = protocol.decode_json(
+            value.encode("utf-8", "surrogatepass"), "the grading harness's report", surrogates=True
+        )
+    except protocol.ProtocolViolation as exc:
+        raise ProtocolError(str(exc)) from None
     if not isinstance(data, dict):
         raise ProtocolError("the grading harness's report is not an object")
     ended, reason, raw_error = data.get("ended"), data.get("reason"), data.get("error")
@@ -221,19 +222,11 @@ def harness_report(value: str | None) -> tuple[str, str, ExecError | None]:
 def _report_error(raw: Any) -> ExecError:
     if not isinstance(raw, dict):
         raise ProtocolError("the grading harness's report has an 'error' that is not an object")
-    fields: dict[str, Any] = {}
-    for key in ("ename", "evalue", "snippet", "traceback"):
-        value = raw.get(key)
-        if not isinstance(value, str):
-            raise ProtocolError(f"the grading harness's report has no text '{key}'")
-        fields[key] = value
-    for key in ("line", "column", "end_column"):
+    fields = dict(raw)
+    for key in ("line", "column", "end_column"):  # out of range: unknown, as the harness clears a child's
         value = raw.get(key)
         fields[key] = value if type(value) is int and 0 < value < 10**9 else None
-    if not fields["ename"] or len(fields["ename"]) > 200:
+    error = ExecError.from_reply(fields)  # the texts: typed here
+    if not error.type or len(error.type) > 200:
         raise ProtocolError("the grading harness's report names no exception type")
-    return ExecError.from_reply(fields)
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    return error
