@@ -34,6 +34,7 @@ from typing import Any
 
 from orchestrator import Orchestrator, OrchestratorError, Settings
 from orchestrator.evaluation import EvalOptions, EvalReport, Status
+from orchestrator.safe_text import visible
 
 MODES = ("default", "strict")
 WRONG_BODY = "    return None\n"
@@ -94,16 +95,15 @@ def variants(problem: dict[str, str]) -> Iterator[tuple[str, str]]:
     yield "patched-helpers", prompt + WRONG_BODY + PATCH_HELPERS
 
 
-def submissions(found: list[dict[str, str]], mode: str, *, hacks: bool = True) -> list[dict[str, Any]]:
+def submissions(found: list[dict[str, str]], mode: str) -> list[dict[str, Any]]:
     """One submission per problem and variant, graded in ``mode``; ids are ``<mode>/<task_id>/<variant>``."""
     items = []
     for problem in found:
         tests = problem["test"] + f"\ncheck({problem['entry_point']})\n"
         for variant, code in variants(problem):
-            if hacks or variant == "canonical":
-                items.append(
-                    {"id": f"{mode}/{problem['task_id']}/{variant}", "code": code, "tests": tests, "grading": mode}
-                )
+            items.append(
+                {"id": f"{mode}/{problem['task_id']}/{variant}", "code": code, "tests": tests, "grading": mode}
+            )
     return items
 
 
@@ -167,7 +167,7 @@ def report(reports: dict[str, EvalReport], seconds: dict[str, float], json_path:
     for mode in MODES:
         for result in reports[mode].results:
             if variant_of(result.id) == "canonical" and not result.passed:
-                print(f"  {mode}: {result.id}: {result.status.value}: {result.message}")
+                print(f"  {mode}: {result.id}: {result.status.value}: {visible(result.message, multiline=False)}")
     if json_path is not None:
         document = {
             "counts": {variant: {mode: dict(c) for mode, c in by_mode.items()} for variant, by_mode in counts.items()},
