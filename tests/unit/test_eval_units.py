@@ -8,6 +8,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
+import test_reply_fields as reply_fields
 
 from orchestrator.config import Settings
 from orchestrator.errors import ConfigError
@@ -308,13 +309,8 @@ class LyingSandbox:
 
 
 def exec_reply(**fields: object) -> dict[str, object]:
-    delta = {"generation": 0, "blobs": [], "vars": {}, "deleted": [], "unsaved": {}}
-    report = '{"ended": "ok", "reason": "", "error": null}'
-    reply: dict[str, object] = {"type": "exec_reply", "status": "ok", "stdout": "", "stderr": "", "stdout_bytes": 0}
-    reply.update(stderr_bytes=0, return_value=report, error=None, duration=0.0, checkpoint_duration=0.0)
-    reply["checkpoint"] = delta
-    reply.update(fields)
-    return reply
+    """A well-formed reply to a harness cell (its value: a report that the phase ended ``ok``), ``fields`` changed."""
+    return reply_fields.exec_reply(**{"return_value": '{"ended": "ok", "reason": "", "error": null}', **fields})
 
 
 def graded(*replies: dict[str, object], tests: str | None = "assert f()") -> tuple[object, ...]:
