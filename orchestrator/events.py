@@ -136,7 +136,7 @@ class LiveCall:
                 self._wakeup.notify()
             return
         try:
-            prompt = protocol.decode_json(body, "an input() prompt").get("prompt", "")
+            prompt = protocol.decode_json(body, "an input() prompt", surrogates=True).get("prompt", "")
         except (protocol.ProtocolViolation, AttributeError):
             prompt = ""
         if not isinstance(prompt, str):

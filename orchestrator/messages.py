@@ -53,10 +53,19 @@ def expect_count(header: dict[str, Any], key: str, limit: int = _MAX_COUNT, *, o
 
 def expect_seconds(header: dict[str, Any], key: str) -> float:
     """A duration: a finite number of seconds from 0 to _MAX_SECONDS, else ProtocolError (strict JSON has no NaN)."""
-    value = float(expect(header, key, (int, float)))
-    if not 0.0 <= value <= _MAX_SECONDS:  # False for NaN too
-        raise ProtocolError(f"agent message field {key!r} should be from 0 to {_MAX_SECONDS:g} seconds, got {value}")
-    return value
+    value = expect(header, key, (int, float))
+    if not 0 <= value <= _MAX_SECONDS:  # False for NaN too; an int is compared before float() could overflow
+        raise ProtocolError(
+            f"agent message field {key!r} should be from 0 to {_MAX_SECONDS:g} seconds, got {_shown(value)}"
+        )
+    return float(value)
+
+
+def _shown(value: float) -> str:
+    """A number for an error message: an int too large for a float (or for ``str``) by its size."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return f"{value:.6g}"
 
 
 def expect_str_map(

@@ -147,7 +147,7 @@ class SubmissionRunner:
             return self._partial(
                 live, "timeout", f"ran past its {seconds:g} s timeout and its sandbox hung", started
             ), None
-        except (ProtocolError, ValueError, TypeError, OverflowError) as exc:  # a reply whose fields do not parse
+        except ProtocolError as exc:  # a reply whose fields do not parse
             return self._partial(live, "crashed", f"broke the sandbox's protocol: {exc}", started), None
         except TransportError as exc:
             return self._partial(live, "crashed", f"lost its sandbox: {exc}", started), None
