@@ -53,7 +53,7 @@ def expect_count(header: dict[str, Any], key: str, limit: int = _MAX_COUNT, *, o
 
 def expect_seconds(header: dict[str, Any], key: str) -> float:
     """A duration: a finite number of seconds from 0 to _MAX_SECONDS, else ProtocolError (strict JSON has no NaN)."""
-    value = expect(header, key, (int, float))
+    value: float = expect(header, key, (int, float))
     if not 0 <= value <= _MAX_SECONDS:  # False for NaN too; an int is compared before float() could overflow
         raise ProtocolError(
             f"agent message field {key!r} should be from 0 to {_MAX_SECONDS:g} seconds, got {_shown(value)}"
