@@ -41,7 +41,7 @@ import warnings
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 from . import boundary, capture, cells, confinement, protocol
-from .supervisor import oom_kill_count  # the counter the supervisor reads for the worker
+from .cgroup import oom_kill_count  # the counter the supervisor reads for the worker
 
 _RECORD_BYTES = 256 << 10
 _CHUNK = 64 << 10

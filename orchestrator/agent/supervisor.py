@@ -45,6 +45,7 @@ import traceback
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import confinement, protocol
+from .cgroup import oom_kill_count
 
 CHUNK_BYTES = 1 << 20
 READ_AHEAD = 64 << 10  # one read from a socket takes up to this much: a small frame and whatever came after it
@@ -59,7 +60,6 @@ _WORKER_START_SECONDS = 60.0
 _WORKER_START_ATTEMPTS = 3
 _HANDSHAKE_HEADER_BYTES = 64 << 10
 _MAX_NONCE_CHARS = 256
-_OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 # The worker's first Python code: no entry that is not an absolute path (the working directory, '') stays on its
 # import path, before anything is imported from it. ``-s`` (no user site) runs before it.
 _WORKER_BOOTSTRAP = (
@@ -90,20 +90,6 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
 
 def log(message: str) -> None:
     print("orchestrator agent: %s" % message, file=sys.stderr, flush=True)
-
-
-def oom_kill_count() -> int:
-    """How many processes the kernel OOM-killed in this container's cgroup (cgroup v1 or v2)."""
-    for path in _OOM_COUNTERS:
-        try:
-            with open(path) as fh:
-                for line in fh:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            continue
-    return 0
 
 
 # --- Time limits in requests -------------------------------------------------------------------------------
