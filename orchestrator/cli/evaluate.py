@@ -34,9 +34,8 @@ from ..evaluation import (
 )
 from ..evaluation.evaluator import Evaluator, OnResult
 from ..manager import Orchestrator
-from ..safe_text import visible
 from ..units import positive_duration_argument
-from .render import Output, error_line
+from .render import Output, error_line, one_line
 
 INFRA = 2
 _STYLE = {Status.PASSED: "green", Status.FAILED: "red", Status.INFRA_ERROR: "bold magenta"}
@@ -113,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         return INFRA
     try:
         for line in (item for item in items if isinstance(item, InvalidLine)):
-            out.note(f"orchestrator eval: invalid input: {visible(line.describe(), multiline=False)}")
+            out.note(f"orchestrator eval: invalid input: {one_line(line.describe())}")
         results = ResultsFile(args.out, resume=args.resume)
         try:
             evaluator = Evaluator(orch.backend, orch.settings, options, image=orch.default_image)
@@ -155,7 +154,7 @@ def _progress(out: Output, total: int, quiet: bool) -> Iterator[OnResult | None]
 
         def note(result: EvalResult) -> None:
             if not result.passed:
-                shown = (visible(result.id, multiline=False), visible(result.message, multiline=False))
+                shown = (one_line(result.id), one_line(result.message))
                 out.note(f"{shown[0]}: {result.status.value}: {shown[1]}")
 
         yield note
