@@ -52,10 +52,10 @@ from typing import Any
 import docker
 
 from orchestrator import Orchestrator, OrchestratorError, Settings
-from orchestrator.backend import SandboxSpec
-from orchestrator.docker_backend import DockerBackend
+from orchestrator.backends.base import SandboxSpec
+from orchestrator.backends.docker import DockerBackend
 from orchestrator.evaluation import EvalOptions, EvalResult, Status
-from orchestrator.pool import NetworkSlots
+from orchestrator.ops.pool import NetworkSlots
 
 RUN_LABEL = "orchestrator.bench.eval-run"
 EVAL_PID = "orchestrator.controller-pid"  # labels orchestrator eval puts on its containers (evaluation/evaluator.py)

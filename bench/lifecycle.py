@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import Orchestrator, Settings
-from orchestrator.ledger import new_owner_token
-from orchestrator.store import SessionRecord
+from orchestrator.state.ledger import new_owner_token
+from orchestrator.state.store import SessionRecord
 
 LS_SESSIONS = 500
 PRUNE_SESSIONS = 200

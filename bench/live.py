@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import Orchestrator, OrchestratorError, Session, Settings
-from orchestrator.aio import AsyncOrchestrator, AsyncSession
-from orchestrator.events import Event, OutputEvent
+from orchestrator.api.aio import AsyncOrchestrator, AsyncSession
+from orchestrator.api.events import Event, OutputEvent
 
 RUN_LABEL = "orchestrator.bench.live-run"
 TRIVIAL = "1"

@@ -25,7 +25,7 @@ import docker.errors
 
 import orchestrator
 from orchestrator import Orchestrator, Session, Settings
-from orchestrator.backend import STORE_ID
+from orchestrator.backends.base import STORE_ID
 
 OURS = "ours"
 PEER = "peer"

@@ -59,7 +59,7 @@ from rows import Side, fmt, fmt_ratio
 from runners import OrchestratorRunner, PeerRunner, Runner, session, shut_down
 
 from orchestrator import Session
-from orchestrator.backend import STORE_ID
+from orchestrator.backends.base import STORE_ID
 
 REPO = Path(__file__).resolve().parents[1]
 RELAY_PORT = 7443

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .api.contexts import Context
+from .api.events import InputRequest, OutputEvent
+from .api.manager import Orchestrator
+from .api.results import ExecError, ExecResult
+from .api.session import Session
+from .api.tools import PythonTool
+from .backends.base import Placement
 from .config import Settings
-from .contexts import Context
 from .errors import (
     AgentStartTimeout,
     AgentTimeoutError,
@@ -35,13 +41,9 @@ from .errors import (
     SessionsNotClosed,
     TransportError,
 )
-from .events import InputRequest, OutputEvent
-from .manager import Orchestrator
-from .prune import PruneAction, PruneReport
-from .results import ExecError, ExecResult
-from .session import Session
-from .survey import SessionInfo, SessionStatus
-from .tools import PythonTool
+from .ops.prune import PruneAction, PruneReport
+from .ops.survey import SessionInfo, SessionStatus
+from .runtime.hostcalls import HostCallError, HostCalls
 
 __all__ = [
     "AgentStartTimeout",
@@ -59,12 +61,15 @@ __all__ = [
     "ExecError",
     "ExecResult",
     "ExecutionTimeout",
+    "HostCallError",
+    "HostCalls",
     "ImageMissing",
     "InputRequest",
     "InputRequestNotFound",
     "Orchestrator",
     "OrchestratorError",
     "OutputEvent",
+    "Placement",
     "ProtocolError",
     "PruneAction",
     "PruneReport",

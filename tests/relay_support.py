@@ -12,14 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.swarm.relay_client import RelayClient
-from orchestrator.swarm.tls import Credentials, client_context
+from orchestrator.backends.swarm.relay_client import RelayClient
+from orchestrator.backends.swarm.tls import Credentials, client_context
 
 _LISTENING = re.compile(rb"listening on 127\.0\.0\.1:(\d+)")
 
 
 class RelayProcess:
-    """``python3 -m orchestrator.agent.relay`` serving ``node_dir`` with ``credentials``; its log goes to a file."""
+    """``python3 -m orchestrator.agent.node_relay`` serving ``node_dir`` with ``credentials``; logs go to a file."""
 
     def __init__(self, node_dir: Path, credentials: Credentials, log: Path, **environment: str) -> None:
         self.node_dir = node_dir
@@ -43,7 +43,7 @@ class RelayProcess:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.agent.relay"], env=env, stdout=log, stderr=log
+                [sys.executable, "-m", "orchestrator.agent.node_relay"], env=env, stdout=log, stderr=log
             )
         ends = time.monotonic() + timeout
         while time.monotonic() < ends:

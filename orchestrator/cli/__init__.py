@@ -14,10 +14,11 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from .. import __version__, janitor
+from .. import __version__
+from ..api.manager import Orchestrator
 from ..config import Settings
 from ..errors import OrchestratorError
-from ..manager import Orchestrator
+from ..ops import janitor
 from ..safe_text import log_to_stderr, visible
 from ..units import duration_argument, positive_duration_argument
 from . import commands, evaluate, shell

@@ -9,11 +9,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..api.manager import Orchestrator
+from ..api.session import Session, SessionState
 from ..config import save_default_base_image
 from ..errors import OrchestratorError, SandboxError
-from ..manager import Orchestrator
-from ..session import Session, SessionState
-from ..survey import SessionStatus
+from ..ops.survey import SessionStatus
 from .render import (
     Exit,
     Output,

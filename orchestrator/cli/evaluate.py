@@ -20,6 +20,7 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..api.manager import Orchestrator
 from ..config import Settings, parse_memory
 from ..errors import ConfigError, OrchestratorError
 from ..evaluation import (
@@ -33,7 +34,6 @@ from ..evaluation import (
     read_submissions,
 )
 from ..evaluation.evaluator import Evaluator, OnResult
-from ..manager import Orchestrator
 from ..units import positive_duration_argument
 from .render import Output, error_line, one_line
 

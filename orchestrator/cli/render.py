@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..api.results import ExecResult
 from ..errors import (
     CapacityExceeded,
     ConfigError,
@@ -27,9 +28,8 @@ from ..errors import (
     SessionNotFound,
     TransportError,
 )
-from ..results import ExecResult
+from ..ops.survey import SessionInfo, SessionStatus
 from ..safe_text import visible
-from ..survey import SessionInfo, SessionStatus
 from ..units import describe_bytes, describe_duration
 
 

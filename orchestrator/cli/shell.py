@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+from ..api.session import Session
 from ..errors import OrchestratorError, SandboxError, SessionAttachedElsewhere, SessionClosed, SessionNotFound
-from ..session import Session
 from .commands import Context
 from .render import Exit, error_line, write_exec_result
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backend import Backend
+from ..backends.base import Backend
 from ..config import Settings, parse_memory
-from ..controllers import controller_labels, discard_left_behind, left_behind
 from ..errors import ConfigError, ImageMissing, OrchestratorError
-from ..pool import SandboxPool
-from ..sandbox import Sandbox
+from ..ops.pool import SandboxPool
+from ..runtime.sandbox import Sandbox
+from ..state.controllers import controller_labels, discard_left_behind, left_behind
 from .grading import Status, error_json
 from .records import EvalResult, ResultsFile, status_counts, write_junit
 from .runner import SubmissionRunner

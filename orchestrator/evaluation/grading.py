@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from ..results import ExecError
+from ..api.results import ExecError
 
 MAX_DIFF_LINES = 60
 

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from ..agent import protocol
+from ..api.events import LiveCall
+from ..api.results import ExecError
 from ..config import Settings
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
-from ..events import LiveCall
-from ..messages import parse_exec_reply, worker_failure
-from ..output import StreamRecorder
-from ..results import ExecError
-from ..sandbox import Sandbox
-from ..wakeup import Wakeup
+from ..runtime.output import StreamRecorder
+from ..runtime.sandbox import Sandbox
+from ..wire.replies import parse_exec_reply, worker_failure
+from ..wire.wakeup import Wakeup
 from .grading import CellRun, Verdict, grade
 from .submissions import Submission, files_payload
 

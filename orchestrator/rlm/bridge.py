@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..hostcalls import HostCallError, HostCallHandler
+from ..runtime.hostcalls import HostCallError, HostCallHandler
 from ._upstream import LMRequest, RLMChatCompletion, send_lm_request, send_lm_request_batched
 from .calls import CellCalls
 

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..agent import protocol
+from ..api.manager import Orchestrator
+from ..api.session import Session
 from ..config import Settings
 from ..errors import (
     ConfigError,
@@ -28,9 +30,7 @@ from ..errors import (
     SessionClosed,
     SessionNotFound,
 )
-from ..hostcalls import HostCalls
-from ..manager import Orchestrator
-from ..session import Session
+from ..runtime.hostcalls import HostCalls
 from . import outcome
 from ._upstream import NonIsolatedEnv, RLMChatCompletion, validate_custom_tools
 from .bridge import Address, LMBridge, SubcallFn

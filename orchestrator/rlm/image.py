@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 
+from ..api.manager import Orchestrator
 from ..config import Settings
 from ..errors import ConfigError, EngineError, ImageMissing
-from ..manager import Orchestrator
 
 # What a build step says when the base has no python3 (or no shell to look for it with).
 _NO_PYTHON = re.compile(

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..api.results import ExecResult
 from ..errors import ExecutionTimeout, ProtocolError, SandboxError, SandboxOutOfMemory
-from ..results import ExecResult
 from ._upstream import REPLResult, RLMChatCompletion
 
 _ROLLED_BACK = "Variables are as they were after the last cell that completed; what this cell changed is lost."

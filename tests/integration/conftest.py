@@ -21,8 +21,8 @@ import pytest
 from support import close_quietly, closing_orch, kill_and_wait
 
 from orchestrator import Orchestrator, Session, Settings
-from orchestrator.backend import MANAGED, SESSION_ID
-from orchestrator.controllers import CONTROLLER_PID
+from orchestrator.backends.base import MANAGED, SESSION_ID
+from orchestrator.state.controllers import CONTROLLER_PID
 
 RUN_ID = secrets.token_hex(6)
 TEST_LABEL = "orchestrator.test.run"

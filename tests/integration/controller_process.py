@@ -29,7 +29,7 @@ from collections import Counter
 from typing import Any
 
 from orchestrator import Orchestrator, OrchestratorError, Session, SessionAttachedElsewhere, Settings
-from orchestrator.session import SessionState
+from orchestrator.api.session import SessionState
 
 
 def describe(session: Session) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from orchestrator import (
     SessionNotFound,
     Settings,
 )
-from orchestrator.session import SessionState
+from orchestrator.api.session import SessionState
 
 pytestmark = pytest.mark.docker
 

@@ -17,12 +17,12 @@ import requests.exceptions
 from conftest import RUN_ID, TEST_LABEL
 
 from orchestrator import EngineError, EngineUnavailable, Orchestrator, Session, SessionsNotClosed, Settings
-from orchestrator.backend import MANAGED, SANDBOX_ID, SESSION_ID, STORE_ID, SandboxSpec
-from orchestrator.controllers import ROLE
-from orchestrator.docker_backend import DockerBackend
-from orchestrator.pool import SandboxPool
-from orchestrator.prune import PruneReport
-from orchestrator.store import QUARANTINE_DIR, QUARANTINE_NOTE, new_sandbox_id
+from orchestrator.backends.base import MANAGED, SANDBOX_ID, SESSION_ID, STORE_ID, SandboxSpec
+from orchestrator.backends.docker import DockerBackend
+from orchestrator.ops.pool import SandboxPool
+from orchestrator.ops.prune import PruneReport
+from orchestrator.state.controllers import ROLE
+from orchestrator.state.store import QUARANTINE_DIR, QUARANTINE_NOTE, new_sandbox_id
 
 pytestmark = pytest.mark.docker
 

@@ -17,7 +17,7 @@ import pytest
 from conftest import RUN_ID, TEST_LABEL
 from lifecycle_support import ScriptProcess, run_script, script_processes
 
-from orchestrator.backend import SESSION_ID
+from orchestrator.backends.base import SESSION_ID
 
 pytestmark = pytest.mark.docker
 

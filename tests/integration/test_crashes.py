@@ -19,7 +19,7 @@ from orchestrator import (
     Session,
     Settings,
 )
-from orchestrator.backend import WORKER_UID
+from orchestrator.backends.base import WORKER_UID
 
 pytestmark = pytest.mark.docker
 

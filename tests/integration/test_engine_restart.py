@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.survey import SessionStatus
+from orchestrator.ops.survey import SessionStatus
 
 pytestmark = pytest.mark.docker
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import Orchestrator, Settings
-from orchestrator.controllers import CONTROLLER_PID, ROLE
 from orchestrator.evaluation import EvalOptions, Status
+from orchestrator.state.controllers import CONTROLLER_PID, ROLE
 
 pytestmark = pytest.mark.docker
 

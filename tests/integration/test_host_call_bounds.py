@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from orchestrator import ExecutionTimeout, Orchestrator, Session, Settings
-from orchestrator.hostcalls import HostCalls
+from orchestrator.runtime.hostcalls import HostCalls
 
 pytestmark = pytest.mark.docker
 

@@ -32,7 +32,7 @@ from orchestrator import (
     Settings,
 )
 from orchestrator.agent import protocol
-from orchestrator.hostcalls import HostCallError, HostCalls
+from orchestrator.runtime.hostcalls import HostCallError, HostCalls
 
 pytestmark = pytest.mark.docker
 

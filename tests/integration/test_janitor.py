@@ -19,8 +19,8 @@ import pytest
 from pytest_docker.plugin import DockerComposeExecutor, Services, get_docker_services
 
 from orchestrator import ExecResult, Orchestrator, Session, Settings
-from orchestrator.images import write_janitor_context
-from orchestrator.janitor import compose_environment
+from orchestrator.ops.images import write_janitor_context
+from orchestrator.ops.janitor import compose_environment
 
 pytestmark = pytest.mark.docker
 

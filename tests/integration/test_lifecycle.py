@@ -16,7 +16,7 @@ from support import kill_and_wait
 
 from orchestrator import ConfigError, SessionAttachedElsewhere, SessionBusy, SessionNotFound
 from orchestrator.errors import CapacityExceeded
-from orchestrator.survey import SessionStatus
+from orchestrator.ops.survey import SessionStatus
 
 pytestmark = pytest.mark.docker
 

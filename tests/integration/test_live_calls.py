@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from orchestrator import ConfigError, ExecResult, ExecutionTimeout, InputRequestNotFound, Session
-from orchestrator.aio import AsyncOrchestrator
-from orchestrator.events import InputRequest, OutputEvent
+from orchestrator.api.aio import AsyncOrchestrator
+from orchestrator.api.events import InputRequest, OutputEvent
 
 pytestmark = pytest.mark.docker
 

@@ -30,12 +30,12 @@ from lifecycle_support import settings_env
 from support import kill_and_wait, tree_snapshot
 
 from orchestrator import SessionAttachedElsewhere, SessionNotFound, Settings
-from orchestrator.session import SessionState
+from orchestrator.api.session import SessionState
 
 pytestmark = pytest.mark.docker
 
 HELPER = Path(__file__).with_name("controller_process.py")
-STORE_LABEL = "orchestrator.store"
+STORE_LABEL = "orchestrator.state.store"
 
 
 class ControllerProcess:

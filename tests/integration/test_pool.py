@@ -9,8 +9,8 @@ import pytest
 
 from orchestrator import Orchestrator, Settings
 from orchestrator.agent import protocol
-from orchestrator.pool import SandboxPool
-from orchestrator.sandbox import Sandbox
+from orchestrator.ops.pool import SandboxPool
+from orchestrator.runtime.sandbox import Sandbox
 
 pytestmark = pytest.mark.docker
 

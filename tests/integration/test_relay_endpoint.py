@@ -30,15 +30,15 @@ from relay_support import RelayProcess
 
 from orchestrator import ChannelLost, Orchestrator, Settings
 from orchestrator.agent import protocol
-from orchestrator.backend import SANDBOX_ID, SandboxSpec
-from orchestrator.connection import AgentConnection
-from orchestrator.docker_backend import DockerBackend
-from orchestrator.endpoint import Endpoint, UnixSocketEndpoint
-from orchestrator.sandbox import agent_environment
-from orchestrator.swarm.backend import stale_sandbox_dirs
-from orchestrator.swarm.relay_client import RelayClient, RelayEndpoint
-from orchestrator.swarm.tls import Credentials, client_context, ensure_credentials
-from orchestrator.transport import Channel
+from orchestrator.backends.base import SANDBOX_ID, SandboxSpec
+from orchestrator.backends.docker import DockerBackend
+from orchestrator.backends.swarm.backend import stale_sandbox_dirs
+from orchestrator.backends.swarm.relay_client import RelayClient, RelayEndpoint
+from orchestrator.backends.swarm.tls import Credentials, client_context, ensure_credentials
+from orchestrator.runtime.sandbox import agent_environment
+from orchestrator.wire.connection import AgentConnection
+from orchestrator.wire.endpoint import Endpoint, UnixSocketEndpoint
+from orchestrator.wire.transport import Channel
 
 pytestmark = pytest.mark.docker
 

@@ -6,7 +6,7 @@ import pytest
 from support import ATTEMPT_SOURCE, PORT, listener_on_a_bridge
 
 from orchestrator import Orchestrator, Session, Settings
-from orchestrator.backend import SUPERVISOR_CAPABILITIES, WORKER_UID
+from orchestrator.backends.base import SUPERVISOR_CAPABILITIES, WORKER_UID
 
 pytestmark = pytest.mark.docker
 

@@ -16,8 +16,8 @@ from lifecycle_support import settings_env
 from support import closing_orch, kill_and_wait
 
 from orchestrator import CapacityExceeded, Orchestrator, Settings
-from orchestrator.backend import SESSION_ID, STORE_ID
-from orchestrator.controllers import CONTROLLER_PID, ROLE
+from orchestrator.backends.base import SESSION_ID, STORE_ID
+from orchestrator.state.controllers import CONTROLLER_PID, ROLE
 
 pytestmark = pytest.mark.docker
 

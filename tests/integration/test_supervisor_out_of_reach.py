@@ -31,7 +31,7 @@ from conftest import TEST_LABEL
 from support import ATTEMPT_SOURCE, CONNECT_SOURCE
 
 from orchestrator import ExecutionTimeout, Orchestrator, SandboxCrashed, Session, Settings
-from orchestrator.backend import SUPERVISOR_CAPABILITIES, WORKER_UID
+from orchestrator.backends.base import SUPERVISOR_CAPABILITIES, WORKER_UID
 
 pytestmark = pytest.mark.docker
 
@@ -331,7 +331,7 @@ NOT_ROOT_CELL = (
 NOT_ROOT_CONTROLLER = """\
 import json, os, shutil, stat, sys, tempfile
 from orchestrator import Orchestrator, SandboxCrashed, Settings
-from orchestrator.backend import WORKER_UID
+from orchestrator.backends.base import WORKER_UID
 
 labels = {%(label)r: %(run)r}
 CELL = %(cell)r

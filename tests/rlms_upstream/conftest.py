@@ -87,7 +87,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def _sweep(state_dir: Path) -> None:
     """Remove the containers of every session stored in this run's state directory (a test that failed left them)."""
-    from orchestrator.backend import MANAGED, SESSION_ID
+    from orchestrator.backends.base import MANAGED, SESSION_ID
 
     session_ids = [p.name for p in (state_dir / "sessions").glob("*")]
     client = docker.from_env()

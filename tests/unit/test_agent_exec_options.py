@@ -19,7 +19,7 @@ from test_reply_fields import exec_reply
 
 from orchestrator import ExecResult, ProtocolError
 from orchestrator.agent import capture, cells, protocol
-from orchestrator.messages import parse_exec_reply
+from orchestrator.wire.replies import parse_exec_reply
 
 make_agent = test_agent.make_agent  # the fixtures
 agent = test_agent.agent

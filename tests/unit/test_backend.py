@@ -9,7 +9,7 @@ import docker.errors
 import pytest
 
 from orchestrator import EngineError, EngineUnavailable, ImageMissing
-from orchestrator.docker_backend import DockerBackend, engine_errors
+from orchestrator.backends.docker import DockerBackend, engine_errors
 
 
 def test_unreachable_engine_says_how_to_start_one(monkeypatch, tmp_path):

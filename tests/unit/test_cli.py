@@ -24,13 +24,13 @@ from orchestrator import (
     Settings,
     units,
 )
+from orchestrator.api.session import SessionState
 from orchestrator.cli import commands, render, shell
 from orchestrator.cli.render import Exit
 from orchestrator.config import DEFAULTS_FILE
 from orchestrator.errors import CapacityExceeded, CheckpointError, ProtocolError
-from orchestrator.prune import PruneAction, PruneReport
-from orchestrator.session import SessionState
-from orchestrator.survey import SessionInfo, SessionStatus
+from orchestrator.ops.prune import PruneAction, PruneReport
+from orchestrator.ops.survey import SessionInfo, SessionStatus
 
 NOW = 1_700_000_000.0
 

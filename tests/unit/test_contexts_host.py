@@ -7,8 +7,7 @@ import json
 import pytest
 import test_store
 
-from orchestrator.config import Settings
-from orchestrator.contexts import (
+from orchestrator.api.contexts import (
     checkpoint_key,
     local_names,
     names_of,
@@ -18,8 +17,9 @@ from orchestrator.contexts import (
     validate_env,
     workspace,
 )
+from orchestrator.config import Settings
 from orchestrator.errors import CheckpointError, ConfigError, ProtocolError
-from orchestrator.store import SessionRecord
+from orchestrator.state.store import SessionRecord
 
 D1 = "1" * 32
 SPEC = {"cwd": "/tmp/contexts/a", "env": {"K": "v"}, "context_count": 0, "history_count": 0}

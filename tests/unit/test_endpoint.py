@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import endpoint as endpoint_module
 from orchestrator.agent import protocol
-from orchestrator.endpoint import (
+from orchestrator.errors import AgentTimeoutError, ChannelLost, ConfigError
+from orchestrator.wire import endpoint as endpoint_module
+from orchestrator.wire.endpoint import (
     CHANNEL_MOUNT,
     SECRET_NAME,
     SOCKET_NAME,
@@ -26,7 +27,6 @@ from orchestrator.endpoint import (
     discard_sandbox_dir,
     ensure_private_dir,
 )
-from orchestrator.errors import AgentTimeoutError, ChannelLost, ConfigError
 
 SID = "sb-0123456789ab"
 NOBODY = 65534
@@ -291,7 +291,7 @@ def test_a_connection_from_another_uid_is_refused_and_accept_keeps_waiting(runti
     thread = threading.Thread(target=then_connect_as_ourselves)
     thread.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="orchestrator.endpoint"):
+        with caplog.at_level(logging.WARNING, logger="orchestrator.wire.endpoint"):
             channel = endpoint.accept(time.monotonic() + 20)
         peer = channel.peer_credentials()
         channel.close()

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator import ProtocolError
 from orchestrator.agent import cells
-from orchestrator.results import ExecError
+from orchestrator.api.results import ExecError
 
 COLUMNS_AT_RUN_TIME = sys.version_info >= (3, 11)  # traceback.FrameSummary.colno
 

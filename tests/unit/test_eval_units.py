@@ -10,6 +10,7 @@ from xml.etree import ElementTree
 import pytest
 import test_reply_fields as reply_fields
 
+from orchestrator.api.results import ExecError
 from orchestrator.config import Settings
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation import (
@@ -25,7 +26,6 @@ from orchestrator.evaluation import (
 from orchestrator.evaluation.evaluator import EvalOptions, EvalReport
 from orchestrator.evaluation.grading import CellRun, grade, stdout_diff, stdout_matches
 from orchestrator.evaluation.runner import HeadRecorder, SubmissionRunner
-from orchestrator.results import ExecError
 
 
 def _lines(*records: object) -> list[str]:

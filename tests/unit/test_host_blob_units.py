@@ -14,8 +14,8 @@ import test_store
 
 from orchestrator.agent import checkpoint, protocol
 from orchestrator.errors import CheckpointError, CheckpointQuotaExceeded, ProtocolError, SessionAttachedElsewhere
-from orchestrator.ledger import CheckpointLedger, new_owner_token
-from orchestrator.store import BLOB_ID, DIGEST, SessionRecord, new_host_blob_id
+from orchestrator.state.ledger import CheckpointLedger, new_owner_token
+from orchestrator.state.store import BLOB_ID, DIGEST, SessionRecord, new_host_blob_id
 
 store = test_store.store  # fixtures: a store, and the ledger of its session s-test (quota test_store.QUOTA)
 ledger = test_store.ledger

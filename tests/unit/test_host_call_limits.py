@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.agent import protocol
 from orchestrator.errors import ConfigError
-from orchestrator.hostcalls import CallDesk, HandlerPool, HostCalls
+from orchestrator.runtime.hostcalls import CallDesk, HandlerPool, HostCalls
 
 
 class Gate:

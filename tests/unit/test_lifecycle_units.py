@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator import ConfigError, SessionBusy, SessionNotFound, Settings
-from orchestrator.activity import Activity, is_busy, last_active, quiet
 from orchestrator.config import DEFAULT_BASE_IMAGE, DEFAULTS_FILE, parse_duration, save_default_base_image
-from orchestrator.prune import PruneAction, PruneReport, _stale
-from orchestrator.survey import SessionInfo, SessionStatus
+from orchestrator.ops.prune import PruneAction, PruneReport, _stale
+from orchestrator.ops.survey import SessionInfo, SessionStatus
+from orchestrator.state.activity import Activity, is_busy, last_active, quiet
 from orchestrator.units import describe_duration as describe_age
 
 # ---------------------------------------------------------------- parse_duration

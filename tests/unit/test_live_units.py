@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent import capture, protocol
+from orchestrator.api.events import InputRequest, LiveCall, OutputEvent
 from orchestrator.errors import ConfigError, InputRequestNotFound
-from orchestrator.events import InputRequest, LiveCall, OutputEvent
-from orchestrator.output import StreamRecorder, keep_newest
-from orchestrator.wakeup import Wakeup
+from orchestrator.runtime.output import StreamRecorder, keep_newest
+from orchestrator.wire.wakeup import Wakeup
 
 
 def _sink(limit: int, stream: bool, send_limit: int) -> tuple[capture.CellOutput, list[bytes]]:

@@ -11,9 +11,9 @@ EXPECTED = {
     "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError",
     "CheckpointLimitExceeded", "CheckpointQuotaExceeded", "ConfigError", "Context", "ContextNotFound", "EngineError",
     "EngineUnavailable",
-    "ExecError", "ExecResult", "ExecutionTimeout",
+    "ExecError", "ExecResult", "ExecutionTimeout", "HostCallError", "HostCalls",
     "ImageMissing", "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent",
-    "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed", "SandboxError",
+    "Placement", "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed", "SandboxError",
     "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError",
     "SessionInfo", "SessionNotFound", "SessionsNotClosed", "SessionStatus", "Settings", "TransportError", "__version__",
 }  # fmt: skip

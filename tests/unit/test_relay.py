@@ -33,15 +33,15 @@ from relay_support import RelayProcess, connect_agent
 
 from orchestrator import Settings
 from orchestrator.agent import protocol
-from orchestrator.agent.relay import MAX_REQUEST, BadRequest, parse_request
-from orchestrator.backend import MANAGED, SANDBOX_ID, STORE_ID, Placement
-from orchestrator.endpoint import CHANNEL_MOUNT, SECRET_NAME, SOCKET_NAME
+from orchestrator.agent.node_relay import MAX_REQUEST, BadRequest, parse_request
+from orchestrator.backends.base import MANAGED, SANDBOX_ID, STORE_ID, Placement
+from orchestrator.backends.swarm.backend import SwarmBackend
+from orchestrator.backends.swarm.nodes import Node
+from orchestrator.backends.swarm.relay_client import RelayClient, RelayEndpoint
+from orchestrator.backends.swarm.tls import RELAY_NAME, Credentials, client_context, ensure_credentials
 from orchestrator.errors import AgentTimeoutError, ChannelLost, ConfigError, RelayUnavailable
-from orchestrator.swarm.backend import SwarmBackend
-from orchestrator.swarm.nodes import Node
-from orchestrator.swarm.relay_client import RelayClient, RelayEndpoint
-from orchestrator.swarm.tls import RELAY_NAME, Credentials, client_context, ensure_credentials
-from orchestrator.transport import Channel
+from orchestrator.wire.endpoint import CHANNEL_MOUNT, SECRET_NAME, SOCKET_NAME
+from orchestrator.wire.transport import Channel
 
 SID = "sb-0123456789ab"
 NOBODY = 65534

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import endpoint as endpoint_module
-from orchestrator.agent import bridge, protocol, relay, rendezvous
-from orchestrator.endpoint import Endpoint, UnixSocketEndpoint
+from orchestrator.agent import bridge, protocol, rendezvous
+from orchestrator.agent import node_relay as relay
+from orchestrator.backends.swarm.relay_client import RelayEndpoint
 from orchestrator.errors import ConfigError
-from orchestrator.swarm.relay_client import RelayEndpoint
+from orchestrator.wire import endpoint as endpoint_module
+from orchestrator.wire.endpoint import Endpoint, UnixSocketEndpoint
 
 SID = "sb-0123456789ab"
 SETTING = "ORCH_TEST_DIR"

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from orchestrator.agent import protocol
+from orchestrator.api.results import ExecResult
 from orchestrator.errors import ProtocolError
-from orchestrator.messages import (
+from orchestrator.wire.replies import (
     parse_exec_reply,
     parse_goodbye,
     parse_hello,
@@ -16,7 +17,6 @@ from orchestrator.messages import (
     parse_restore_reply,
     worker_failure,
 )
-from orchestrator.results import ExecResult
 
 D1 = "1" * 32
 

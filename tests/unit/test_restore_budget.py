@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.agent import protocol
 from orchestrator.config import Settings
-from orchestrator.sandbox import _RESTORE_LOADS_PER_VALUE, _RESTORE_LOADS_SLACK, Sandbox
+from orchestrator.runtime.sandbox import _RESTORE_LOADS_PER_VALUE, _RESTORE_LOADS_SLACK, Sandbox
 
 
 class _ScriptedSandbox(Sandbox):

@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator import ExecResult, ProtocolError
 from orchestrator.agent import protocol
-from orchestrator.messages import parse_exec_reply, parse_goodbye, parse_hello, worker_failure
+from orchestrator.wire.replies import parse_exec_reply, parse_goodbye, parse_hello, worker_failure
 
 DELTA = {"generation": 0, "blobs": [], "vars": {}, "deleted": [], "unsaved": {}}
 GOOD = {

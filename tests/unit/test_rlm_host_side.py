@@ -21,12 +21,12 @@ from rlm.core.lm_handler import LMHandler
 from rlm.core.types import ModelUsageSummary, RLMChatCompletion, UsageSummary
 
 from orchestrator import ExecutionTimeout, SandboxCrashed, SandboxOutOfMemory
-from orchestrator.hostcalls import HostCallError
-from orchestrator.results import ExecError, ExecResult
+from orchestrator.api.results import ExecError, ExecResult
 from orchestrator.rlm import RLMSession, outcome, routing
 from orchestrator.rlm.bridge import LMBridge
 from orchestrator.rlm.calls import CellCalls
 from orchestrator.rlm.tools import plan_tools
+from orchestrator.runtime.hostcalls import HostCallError
 
 
 class EchoLM(BaseLM):

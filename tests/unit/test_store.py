@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from orchestrator import activity
 from orchestrator.agent import protocol
 from orchestrator.errors import (
     CheckpointError,
@@ -22,9 +21,10 @@ from orchestrator.errors import (
     SessionBusy,
     SessionNotFound,
 )
-from orchestrator.ledger import CheckpointLedger, new_owner_token
-from orchestrator.messages import CheckpointDelta
-from orchestrator.store import SessionRecord, SessionStore
+from orchestrator.state import activity
+from orchestrator.state.ledger import CheckpointLedger, new_owner_token
+from orchestrator.state.store import SessionRecord, SessionStore
+from orchestrator.wire.replies import CheckpointDelta
 
 D1, D2, D3 = "1" * 32, "2" * 32, "3" * 32
 QUOTA = 1000

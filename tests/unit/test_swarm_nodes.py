@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.backend import Placement
+from orchestrator.backends.base import Placement
+from orchestrator.backends.swarm.backend import stale_sandbox_dirs
+from orchestrator.backends.swarm.nodes import Node, choose, parse_constraint, satisfies
 from orchestrator.errors import ConfigError
-from orchestrator.swarm.backend import stale_sandbox_dirs
-from orchestrator.swarm.nodes import Node, choose, parse_constraint, satisfies
 
 
 def node(node_id: str, **changes: object) -> Node:

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.agent import protocol
 from orchestrator.errors import AgentTimeoutError, ChannelLost, ProtocolError
-from orchestrator.transport import Channel, PeerCredentials, peer_credentials
+from orchestrator.wire.transport import Channel, PeerCredentials, peer_credentials
 
 MAX_HEADER = 8 << 20
 MAX_BODY = 1 << 30

@@ -19,7 +19,7 @@ import pytest
 from support import ATTEMPT_SOURCE
 
 from orchestrator import Orchestrator, Session, Settings
-from orchestrator.backend import SUPERVISOR_CAPABILITIES, WORKER_UID, Placement
+from orchestrator.backends.base import SUPERVISOR_CAPABILITIES, WORKER_UID, Placement
 from orchestrator.errors import SandboxCrashed
 
 pytestmark = pytest.mark.docker
@@ -41,7 +41,9 @@ def orch(swarm_cluster, swarm_settings: Settings) -> Iterator[Orchestrator]:  # 
                 yield orchestrator
             finally:  # relays are the Swarm's, not a session's: this store's goes with the test module
                 manager = swarm_cluster.manager_client()
-                for service in manager.services.list(filters={"name": f"orch-relay-{orchestrator.store.store_id}"}):
+                for service in manager.services.list(
+                    filters={"name": f"orch-relay-{orchestrator.state.store.store_id}"}
+                ):
                     service.remove()
 
 

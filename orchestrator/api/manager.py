@@ -1,0 +1,505 @@
+"""The entry point of the Python API: creates, attaches and lists sessions on one Docker engine."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..agent import protocol
+from ..backends.base import LABEL_PREFIX, SESSION_ID, STORE_ID, Backend, ContainerState, Placement
+from ..backends.docker import DockerBackend
+from ..config import Settings
+from ..errors import (
+    CheckpointError,
+    ConfigError,
+    ImageMissing,
+    OrchestratorError,
+    SessionAttachedElsewhere,
+    SessionBusy,
+    SessionNotFound,
+    SessionsNotClosed,
+)
+from ..evaluation import EvalOptions, EvalReport, Evaluator, ResultsFile, Submission, read_submissions, submissions_from
+from ..evaluation.evaluator import OnResult
+from ..ops import capacity, images, lifecycle
+from ..ops.pool import SandboxPool
+from ..ops.prune import Pruner, PruneReport
+from ..ops.survey import SessionInfo, survey
+from ..runtime.sandbox import Sandbox
+from ..state.activity import Activity
+from ..state.controllers import controller_labels
+from ..state.ledger import CheckpointLedger, new_owner_token
+from ..state.store import SessionRecord, SessionStore, validate_session_id
+from ..wire.endpoint import ensure_private_dir
+from .session import Session, SessionState
+
+logger = logging.getLogger(__name__)
+
+
+def _connect(settings: Settings, scope: str) -> Backend:
+    """The engine ``Settings.backend`` names, reached through DOCKER_HOST (or the local socket)."""
+    if settings.backend == "swarm":
+        from ..backends.swarm.backend import SwarmBackend  # only Swarm users load it
+
+        return SwarmBackend(settings, scope=scope)
+    return DockerBackend()
+
+
+class Orchestrator:
+    """Runs one long-lived sandbox container per persistent session.
+
+    Closing the orchestrator (or leaving its ``with`` block) closes every session it still
+    holds; ``Session.detach()`` keeps a session's container and checkpoint for a later
+    ``attach`` instead.
+    """
+
+    def __init__(self, settings: Settings | None = None, *, backend: Backend | None = None) -> None:
+        """Connect to the engine (DOCKER_HOST; a Swarm manager when ``settings.backend`` is "swarm") with ``settings``
+        (default: ``Settings.from_env()``).
+
+        Raises:
+            ConfigError: the runtime directory is not private (a symlink, not ours, or open to others).
+            EngineUnavailable: no Docker engine answers; the message says how to start one.
+        """
+        self.settings = settings or Settings.from_env()
+        ensure_private_dir(self.settings.runtime_dir)
+        self.store = SessionStore(
+            self.settings.state_dir, fsync=self.settings.fsync, lock_timeout=self.settings.lock_timeout
+        )
+        self._owns_backend = backend is None
+        self.backend: Backend = backend or _connect(self.settings, self.store.store_id)
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._idle_watch: threading.Thread | None = None
+        self._pool: SandboxPool | None = None
+        if self.settings.hibernate_after is not None:
+            self._idle_watch = threading.Thread(
+                target=self._hibernate_idle_sessions, args=(self.settings.hibernate_after,), daemon=True
+            )
+            self._idle_watch.start()
+
+    @property
+    def default_image(self) -> str:
+        """The image sessions use unless told otherwise."""
+        return self.settings.image or images.image_tag(self.settings.base_image)
+
+    def build_image(self, *, rebuild: bool = False) -> str:
+        """Build (or reuse) the default sandbox image on ``settings.base_image``; return its tag."""
+        return images.build_image(self.backend, self.settings.base_image, rebuild=rebuild)
+
+    def create_session(
+        self,
+        *,
+        session_id: str | None = None,
+        image: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        placement: Placement | None = None,
+    ) -> Session:
+        """Start a new session in its own container.
+
+        Args:
+            session_id: an id of your choosing (3-63 lowercase letters, digits, dashes).
+            image: an image with the agent in it (default: ``default_image``).
+            labels: extra container labels; keys must start with ``orchestrator.``.
+            placement: where its sandboxes may run and what they reserve (Swarm backend); kept for its restarts.
+
+        Raises:
+            ConfigError: the id is invalid or taken, a label is outside our namespace, or a placement is given to
+                the docker backend.
+            ImageMissing: the image is not built; the message says how to build it.
+            EngineError: the engine refused to start the container.
+            AgentStartTimeout: the container started but its agent never connected.
+        """
+        session_id = validate_session_id(session_id) if session_id else f"s{secrets.token_hex(6)}"
+        for key in labels or {}:
+            if not key.startswith(LABEL_PREFIX) or key.count(".") < 2:
+                raise ConfigError(f"label {key!r} must be namespaced like 'orchestrator.<you>.<name>'")
+        placement = placement or Placement()
+        if not placement.is_empty() and self.settings.backend != "swarm":
+            raise ConfigError(
+                "a session placement (constraints, reservations) needs Settings.backend='swarm' (ORCH_BACKEND=swarm); "
+                "the docker backend runs every sandbox on one engine"
+            )
+        image = image or self.default_image
+        if not self.backend.image_exists(image):
+            raise ImageMissing(
+                f"sandbox image {image!r} does not exist; build it with `orchestrator image build`"
+                + (f" (base image {self.settings.base_image})" if image == self.default_image else "")
+            )
+        now = time.time()
+        record = SessionRecord(
+            session_id=session_id,
+            image=image,
+            created_at=now,
+            last_used_at=now,
+            labels=dict(labels or {}),
+            placement=placement.to_json(),
+            owner=new_owner_token(),
+            epoch=1,
+        )
+        self.store.create(record)
+        session = self._session(CheckpointLedger(self.store, record, self.settings.checkpoint_quota_bytes))
+        try:
+            session.start()
+        except BaseException:
+            with contextlib.suppress(OrchestratorError):
+                session.close()
+            raise
+        logger.info("created session %s on %s", session_id, image)
+        return session
+
+    def attach(self, session_id: str) -> Session:
+        """Take a session over: from now on this handle owns it and every earlier handle is stale.
+
+        A live container is taken over in band (a call it was running for the previous owner is
+        stopped and not kept); otherwise a new container starts and the checkpoint is restored.
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+            SessionBusy: another process held the session's lock too long.
+            SessionAttachedElsewhere: another controller attached it meanwhile (it won).
+        """
+        ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.checkpoint_quota_bytes)
+        session = self._session(ledger)
+        try:
+            self._serve(session, ledger)
+        except BaseException:
+            self._forget(session)
+            raise
+        return session
+
+    def _serve(self, session: Session, ledger: CheckpointLedger) -> None:
+        """Give a newly owned session a sandbox: take its live one over, else start one and restore.
+
+        A hibernated session stays so until its first call (attaching is not using).
+        """
+        record = ledger.record
+        session.remove_strays()
+        if record.container_id is None and record.hibernated_at is not None:
+            return
+        sandbox = None
+        if record.sandbox_id and record.container_id:
+            state = self.backend.inspect(record.container_id)
+            if state is not None and state.running:
+                try:
+                    sandbox = Sandbox.take_over(
+                        self.backend,
+                        self.settings,
+                        sandbox_id=record.sandbox_id,
+                        container_id=record.container_id,
+                        claim=ledger.owned,
+                    )
+                except SessionAttachedElsewhere:
+                    raise
+                except OrchestratorError as exc:
+                    logger.warning("session %s: taking over %s failed (%s); starting anew", session.id, state.name, exc)
+        if sandbox is not None:
+            session.adopt(sandbox)
+        else:
+            session.start()
+
+    def evaluate(
+        self,
+        submissions: Iterable[Submission | Mapping[str, Any]] | str | os.PathLike[str],
+        *,
+        out: str | os.PathLike[str] | None = None,
+        junit: str | os.PathLike[str] | None = None,
+        resume: bool = False,
+        on_result: OnResult | None = None,
+        options: EvalOptions | None = None,
+    ) -> EvalReport:
+        """Grade untrusted submissions, each in a fresh sandbox (``orchestrator eval``; docs/eval.md).
+
+        Args:
+            submissions: a JSONL file's path, or ``Submission``s / dicts with the same fields.
+            out: the results file (JSON lines, one record per submission, written as each ends).
+            junit: where to write a JUnit XML report at the end.
+            resume: keep ``out`` and skip the ids it holds (an ``infra_error`` runs again).
+            on_result: called with each ``EvalResult`` as it is written (on a worker thread).
+            options: jobs, default timeout and memory, output limit (``EvalOptions``).
+
+        Returns:
+            The ``EvalReport``: results in input order, invalid lines, ``exit_code`` (0 / 1 / 2).
+
+        Raises:
+            ConfigError: the submissions file or the results file cannot be read or written.
+            ImageMissing: the sandbox image is not built.
+        """
+        if isinstance(submissions, (str, os.PathLike)):
+            try:
+                with open(submissions, "rb") as handle:
+                    items = list(read_submissions(handle))
+            except OSError as exc:
+                raise ConfigError(f"cannot read the submissions file {submissions}: {exc}") from None
+        else:
+            items = list(submissions_from(submissions))
+        if resume and out is None:
+            raise ConfigError("resume needs the results file (out) of the earlier run")
+        results = None if out is None else ResultsFile(Path(out), resume=resume, fsync=True)
+        try:
+            evaluator = Evaluator(self.backend, self.settings, options, image=self.default_image)
+            return evaluator.run(
+                items, results_file=results, junit=None if junit is None else Path(junit), on_result=on_result
+            )
+        finally:
+            if results is not None:
+                results.close()
+
+    def list_sessions(self, *, now: float | None = None) -> list[SessionInfo]:
+        """Every stored session, whoever holds it, with its status, ages and sizes (sorted by id).
+
+        Reads only: no session is taken over, started or waited for. ``now`` replaces the clock.
+        """
+        return survey(self.store, self.backend, now=time.time() if now is None else now)
+
+    def describe(self, session_id: str, *, now: float | None = None) -> SessionInfo:
+        """One session as ``list_sessions`` shows it.
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+        """
+        if not self.store.exists(validate_session_id(session_id)):
+            self.store.load(session_id)  # raises SessionNotFound with the store's path
+        return survey(self.store, self.backend, now=time.time() if now is None else now, session_ids=[session_id])[0]
+
+    def hibernate(self, session_id: str) -> bool:
+        """Remove a session's container and keep its checkpoint; its next call (from any owner) resumes it.
+
+        Its owner, here or in another process, keeps owning it. Returns False if it was hibernated already.
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+            SessionBusy: a call runs on it now; try again when it has ended.
+        """
+        done = lifecycle.hibernate_idle(self.store, self.backend, self.settings.runtime_dir, session_id)
+        if done is None:
+            raise SessionBusy(f"session {session_id} is in a call; hibernate it when the call has ended")
+        with self._lock:
+            local = self._sessions.get(session_id)
+        if local is not None:
+            local.forget_sandbox()
+        return done
+
+    def resume(self, session_id: str) -> None:
+        """Start a hibernated (or broken) session's sandbox now and restore it, then let go of it (detached).
+
+        This attaches the session: a handle that held it (here or in another process) is stale afterwards.
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+            SandboxError, EngineError: the sandbox could not be started.
+        """
+        session = self.attach(session_id)
+        try:
+            if session.container_id is None:
+                session.start()
+        finally:
+            session.detach()
+
+    def logs(self, session_id: str, tail: int | None = 200) -> str:
+        """The log of the session's container (the agent's messages), its last ``tail`` lines or all.
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+            ConfigError: the session has no container now (hibernated, or never started).
+        """
+        record = self.store.load(session_id)
+        if record.container_id is None or self.backend.inspect(record.container_id) is None:
+            raise ConfigError(f"session {session_id} has no container now (hibernated or gone); its log went with it")
+        return self.backend.logs(record.container_id, tail)
+
+    def prune(
+        self,
+        *,
+        idle_for: float | None = None,
+        older_than: float | None = None,
+        hibernate_only: bool = False,
+        dry_run: bool = False,
+        now: float | None = None,
+    ) -> PruneReport:
+        """Remove (or hibernate) stale sessions and clean up what crashed controllers left behind.
+
+        A session is stale when it meets every given criterion: no call for ``idle_for``
+        seconds, created ``older_than`` seconds ago. With neither, no session is stale. A
+        session in a call is skipped; one used while the prune ran is decided again. Always
+        cleaned: containers of this store with no record, records whose container and
+        checkpoint are gone, blobs no manifest names, channel directories of gone sandboxes,
+        containers created but never started. A record that cannot be read is never removed:
+        it is quarantined (moved aside whole, reported as ``quarantine-record``) and its
+        containers are left alone. Failures are in the report (``failed``), not raised;
+        everything else goes on.
+
+        Args:
+            hibernate_only: hibernate stale sessions instead of removing them (and remove no record).
+            dry_run: report what would be done and change nothing.
+            now: the clock's value to judge by (default now).
+        """
+        pruner = Pruner(
+            self.store, self.backend, self.settings, dry_run=dry_run, now=time.time() if now is None else now
+        )
+        return pruner.run(idle_for, older_than, hibernate_only)
+
+    def remove(self, session_id: str) -> None:
+        """Remove a session whoever holds it: its containers, channel directories and stored state.
+
+        Its handles elsewhere become stale (``SessionAttachedElsewhere``).
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+        """
+        ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.checkpoint_quota_bytes)
+        self._session(ledger).close()
+
+    def _session(self, ledger: CheckpointLedger) -> Session:
+        record = ledger.record
+        labels = {
+            STORE_ID: self.store.store_id,
+            SESSION_ID: record.session_id,
+            LABEL_PREFIX + "created-at": str(int(record.created_at)),
+            LABEL_PREFIX + "protocol": str(protocol.PROTOCOL_VERSION),
+            **record.labels,
+        }
+        session = Session(
+            ledger,
+            backend=self.backend,
+            settings=self.settings,
+            scope=self.store.store_id,
+            labels=labels,
+            activity=Activity(self.store.activity_path(record.session_id), wait=self.settings.lock_timeout),
+            make_room=lambda session_id: capacity.room_for(self.store, self.backend, self.settings, session_id),
+            # A pooled container has only the pool's labels and runs anywhere: a session with labels or a placement
+            # of its own starts its own.
+            take_pooled=(lambda image: None) if record.labels or record.placement else self._pooled_sandbox,
+            on_close=self._forget,
+        )
+        return self._track(session)
+
+    def _pooled_sandbox(self, image: str) -> Sandbox | None:
+        """A started sandbox from the warm pool (``Settings.pool_size``), or None: no pool, another image, or the pool
+        could not give one (the caller then starts one itself, which reports the engine's error if it fails too).
+
+        The pool starts with the first call. Its containers carry no session label (labels cannot change): a
+        session's record names the one it took, and prune removes spares whose controller is gone.
+        """
+        if self.settings.pool_size == 0 or image != self.default_image:
+            return None
+        with self._lock:
+            if self._closing.is_set():
+                return None
+            if self._pool is None:
+                labels = {
+                    STORE_ID: self.store.store_id,
+                    LABEL_PREFIX + "protocol": str(protocol.PROTOCOL_VERSION),
+                    **controller_labels("pool", self.settings.runtime_dir),
+                }
+                self._pool = SandboxPool(
+                    self.backend,
+                    self.settings,
+                    image=image,
+                    scope=self.store.store_id,
+                    labels=labels,
+                    size=self.settings.pool_size,
+                    share_network=False,  # a session keeps its sandbox for long: a namespace of its own
+                    prepare=Sandbox.warm_up,  # its first checkpoint or restore then needs no import
+                )
+            pool = self._pool
+        try:
+            return pool.take()
+        except OrchestratorError as exc:
+            logger.warning(
+                "warm pool of store %s gave no sandbox (%s); starting one directly", self.store.store_id, exc
+            )
+            return None
+
+    def _hibernate_idle_sessions(self, idle_for: float) -> None:
+        """The idle policy for the sessions this orchestrator holds (the janitor applies it to the others)."""
+        while not self._closing.wait(min(max(idle_for / 4, 0.2), 30.0)):
+            with self._lock:
+                held = list(self._sessions.values())
+            for session in held:
+                session.hibernate_if_idle(idle_for)
+
+    def _track(self, session: Session) -> Session:
+        with self._lock:
+            self._sessions[session.id] = session
+        return session
+
+    def _forget(self, session: Session) -> None:
+        with self._lock:
+            if self._sessions.get(session.id) is session:
+                del self._sessions[session.id]
+
+    def containers(self, session_id: str | None = None) -> list[ContainerState]:
+        """Containers of this store, running or not: all (warm pools' spares too), or one session's (found by label,
+        and the one its record names, which has no session label when it came from a warm pool)."""
+        labels = {STORE_ID: self.store.store_id}
+        if session_id is None:
+            return self.backend.find(labels)
+        found = self.backend.find({**labels, SESSION_ID: validate_session_id(session_id)})
+        recorded = None
+        with contextlib.suppress(SessionNotFound, CheckpointError):
+            recorded = self.store.load(session_id).container_id
+        if recorded and all(c.id != recorded for c in found):
+            found += [c for c in self.backend.find(labels) if c.id == recorded]
+        return found
+
+    def sessions(self) -> list[str]:
+        """Ids of every stored session (this controller's or not)."""
+        return list(self.store.ids())
+
+    def close(self) -> None:
+        """Close the sessions this orchestrator still holds (detached ones are left alone), then the engine client.
+
+        Every session is tried, even when some fail, and the pool and the engine client are closed all the same.
+
+        Raises:
+            SessionsNotClosed: some sessions could not be closed (an unreadable record, the engine failing); it
+                names each with its error. Raised after everything else was done.
+        """
+        self._closing.set()
+        if self._idle_watch is not None:
+            self._idle_watch.join()
+        with self._lock:
+            held = list(self._sessions.values())
+        failures: dict[str, Exception] = {}
+        try:
+            for session in held:
+                try:
+                    if session.state is SessionState.READY:
+                        with contextlib.suppress(SessionAttachedElsewhere):
+                            session.close()
+                except Exception as exc:  # every session gets its turn; all failures are reported
+                    logger.warning("closing session %s failed: %s: %s", session.id, type(exc).__name__, exc)
+                    failures[session.id] = exc
+                finally:
+                    self._forget(session)
+        finally:
+            with self._lock:
+                pool, self._pool = self._pool, None
+            try:
+                if pool is not None:
+                    pool.close()
+            finally:
+                if self._owns_backend:
+                    self.backend.close()
+        if failures:
+            raise SessionsNotClosed(failures)
+
+    def __enter__(self) -> Orchestrator:
+        return self
+
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        try:
+            self.close()
+        except SessionsNotClosed:
+            if exc_type is None:
+                raise
+            # The block's own exception goes on (the close failures were logged, one line per session).

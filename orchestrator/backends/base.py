@@ -1,0 +1,181 @@
+"""What the controller needs from a container engine, as a protocol: ``DockerBackend`` is the first one.
+
+Everything above this line (sandboxes, sessions, the manager) speaks only these types, so a
+Swarm or Kubernetes backend can stand in without touching them. Labels are the engine's only
+memory of what we created: every container carries ``orchestrator.managed``, the id of the
+store that owns it (``orchestrator.state.store``), its sandbox id and, when it serves one, its session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..config import Settings, parse_memory
+from ..errors import ConfigError
+from ..wire.endpoint import Endpoint
+from .swarm.nodes import parse_constraint
+
+LABEL_PREFIX = "orchestrator."
+MANAGED = LABEL_PREFIX + "managed"
+STORE_ID = LABEL_PREFIX + "store"
+SANDBOX_ID = LABEL_PREFIX + "sandbox-id"
+SESSION_ID = LABEL_PREFIX + "session-id"
+WORKER_UID = LABEL_PREFIX + "worker-uid"
+"""The uid (and gid) the sandbox's worker runs as, one per live sandbox (``identity.py``)."""
+SUPERVISOR_CAPABILITIES = ("SETUID", "SETGID", "SETPCAP", "KILL")
+"""What the supervisor keeps when every other capability is dropped: SETUID and SETGID to start each worker as the
+sandbox's uid with no groups, KILL to signal and kill that worker's process group, SETPCAP to empty the bounding
+set that the worker inherits. The worker, another uid, holds none of them."""
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """What the engine says about one sandbox container."""
+
+    id: str
+    name: str
+    status: str
+    running: bool
+    exit_code: int | None
+    oom_killed: bool
+    labels: Mapping[str, str]
+    node: str | None = None
+    """The machine it runs on, for a backend that spreads sandboxes over several (the Swarm node's hostname)."""
+    created_at: float | None = None
+    """When the engine created it (Unix time), where the listing says; prune's grace for containers never started."""
+
+    def describe(self) -> str:
+        """A sentence for error messages: how the container ended."""
+        if self.oom_killed:
+            return f"container {self.name} was killed for exceeding its memory limit"
+        if self.running:
+            return f"container {self.name} is still running"
+        where = f" on node {self.node}" if self.node else ""
+        return f"container {self.name}{where} is {self.status} (exit code {self.exit_code})"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a session's sandboxes may run and what they reserve there; only a multi-node backend (Swarm) uses it.
+
+    Constraints are Swarm's (``node.labels.zone==eu``, ``node.role!=manager``, ``node.hostname==n1``, ...).
+    """
+
+    constraints: tuple[str, ...] = ()
+    reserve_cpus: float | None = None
+    """CPUs the node must have free for the sandbox (the scheduler counts reservations, not use)."""
+    reserve_memory: str | None = None
+    """Memory the node must have free ("512m")."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "constraints", tuple(self.constraints))
+        for constraint in self.constraints:
+            if not isinstance(constraint, str):
+                raise ConfigError(f"a placement constraint must be a string, got {constraint!r}")
+            parse_constraint(constraint)
+        if self.reserve_cpus is not None and not (
+            isinstance(self.reserve_cpus, (int, float)) and not isinstance(self.reserve_cpus, bool)
+        ):
+            raise ConfigError(f"Placement.reserve_cpus must be a number of CPUs, got {self.reserve_cpus!r}")
+        if self.reserve_cpus is not None and not self.reserve_cpus > 0:
+            raise ConfigError(f"Placement.reserve_cpus must be > 0, got {self.reserve_cpus!r}")
+        if self.reserve_memory is not None:
+            parse_memory(self.reserve_memory)
+
+    def is_empty(self) -> bool:
+        return not self.constraints and self.reserve_cpus is None and self.reserve_memory is None
+
+    def to_json(self) -> dict[str, Any]:
+        """What a session record keeps (``SessionRecord.placement``); empty for anywhere."""
+        if self.is_empty():
+            return {}
+        return {
+            "constraints": list(self.constraints),
+            "reserve_cpus": self.reserve_cpus,
+            "reserve_memory": self.reserve_memory,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Placement:
+        return cls(tuple(data.get("constraints", ())), data.get("reserve_cpus"), data.get("reserve_memory"))
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything a backend needs to start one sandbox container; the security settings come from ``Settings``."""
+
+    name: str
+    image: str
+    labels: Mapping[str, str]
+    environment: Mapping[str, str] = field(default_factory=dict)
+    mounts: Mapping[str, str] = field(default_factory=dict)
+    """Host path -> container path, always mounted read-only."""
+    command: tuple[str, ...] | None = None
+    network_of: str | None = None
+    """Join this container's network namespace (a loopback-only one, ``pool.NetworkSlots``) instead of a new one."""
+    placement: Placement = field(default_factory=Placement)
+    """The session's placement, plus the endpoint's own constraints (a relay's node)."""
+    groups: tuple[int, ...] = ()
+    """Supplementary groups of the container's user (the supervisor): the endpoint's ``groups()``."""
+
+
+class Backend(Protocol):
+    """A container engine, reduced to what sandboxes need."""
+
+    def image_exists(self, tag: str) -> bool: ...
+
+    def image_id(self, tag: str) -> str | None:
+        """The image's id (``sha256:...``), or None when it does not exist."""
+        ...
+
+    def build_image(
+        self, context_tar: bytes, tag: str, buildargs: Mapping[str, str], labels: Mapping[str, str]
+    ) -> None: ...
+
+    def create_endpoint(self, sandbox_id: str, settings: Settings, placement: Placement) -> Endpoint:
+        """Make a new sandbox's channel endpoint (its directory, secret and listening socket) where it can reach it.
+
+        A multi-node backend picks the node here, among those ``placement`` allows; the endpoint's
+        ``constraints()`` then pin the sandbox there.
+        """
+        ...
+
+    def open_endpoint(self, sandbox_id: str, container_id: str, settings: Settings) -> Endpoint:
+        """Take over a live sandbox's endpoint; the agent is made to reconnect to it (``Sandbox.take_over``)."""
+        ...
+
+    def run_sandbox(self, spec: SandboxSpec, settings: Settings) -> str:
+        """Start a hardened container for ``spec``; return its id."""
+        ...
+
+    def inspect(self, container_id: str) -> ContainerState | None:
+        """The container's state, or None when it no longer exists."""
+        ...
+
+    def kill(self, container_id: str, signal: str = "SIGKILL") -> None:
+        """Send the sandbox's init a signal; SIGKILL stops the sandbox. SIGUSR1 asks its agent to reconnect (takeover);
+        a backend whose endpoint already cut the agent's connection when it was opened may ignore it."""
+        ...
+
+    def remove(self, container_id: str) -> None:
+        """Remove the container, running or not; a missing one is fine."""
+        ...
+
+    def find(self, labels: Mapping[str, str]) -> list[ContainerState]:
+        """Our containers carrying all of ``labels``, running or not, in one engine call.
+
+        ``oom_killed`` is not known from a listing (False); ``inspect`` one container for it.
+        """
+        ...
+
+    def memory_usage(self, container_ids: Iterable[str]) -> dict[str, int]:
+        """Bytes of memory each running container uses now, for those the engine can tell quickly."""
+        ...
+
+    def logs(self, container_id: str, tail: int | None) -> str:
+        """The container's output (the agent's log), its last ``tail`` lines or all."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,276 @@
+"""The Docker engine as a ``Backend``: the only module that imports ``docker``.
+
+Every ``docker.errors`` exception is translated here into the ``EngineError`` family, so no
+caller ever sees a Docker SDK exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import LogConfig
+
+from ..config import Settings
+from ..errors import EngineError, EngineUnavailable, ImageMissing
+from ..wire.endpoint import UnixSocketEndpoint
+from .base import MANAGED, SUPERVISOR_CAPABILITIES, ContainerState, Placement, SandboxSpec
+
+logger = logging.getLogger(__name__)
+
+_START_ENGINE_HINT = (
+    "start one with `scripts/setup-engine` (installs and starts Debian's docker.io as root) "
+    "or `sudo systemctl start docker`, and check that DOCKER_HOST points at it"
+)
+
+
+@contextmanager
+def engine_errors(action: str) -> Iterator[None]:
+    """Translate Docker SDK and HTTP errors raised while doing ``action``."""
+    try:
+        yield
+    except docker.errors.ImageNotFound as exc:
+        raise ImageMissing(
+            f"{action}: image not found ({exc.explanation}); build it with `orchestrator image build`"
+        ) from exc
+    except (requests.exceptions.RequestException, docker.errors.DockerException) as exc:  # a timeout included
+        if isinstance(exc, docker.errors.APIError):
+            raise EngineError(f"{action}: the Docker engine refused: {exc.explanation or exc}") from exc
+        raise EngineUnavailable(f"{action}: no Docker engine answers ({exc}); {_START_ENGINE_HINT}") from exc
+
+
+class DockerBackend:
+    """Sandbox containers and images on one Docker engine."""
+
+    def __init__(self, client: docker.DockerClient | None = None) -> None:
+        """Connect to the engine from the environment (DOCKER_HOST or the local socket).
+
+        Raises:
+            EngineUnavailable: no engine answers, with how to start one.
+        """
+        with engine_errors("connecting to the Docker engine"):
+            self.client = client or docker.from_env()
+            self.client.ping()
+
+    def close(self) -> None:
+        """Close the connection pool to the engine."""
+        self.client.close()
+
+    def image_exists(self, tag: str) -> bool:
+        return self.image_id(tag) is not None
+
+    def image_id(self, tag: str) -> str | None:
+        with engine_errors(f"inspecting image {tag}"):
+            try:
+                return str(self.client.images.get(tag).id)
+            except docker.errors.ImageNotFound:
+                return None
+
+    def build_image(
+        self, context_tar: bytes, tag: str, buildargs: Mapping[str, str], labels: Mapping[str, str]
+    ) -> None:
+        """Build ``tag`` from an in-memory build context.
+
+        Raises:
+            EngineError: the build failed; the message carries the end of the build log.
+        """
+        with engine_errors(f"building image {tag}"):
+            try:
+                self.client.images.build(
+                    fileobj=io.BytesIO(context_tar),
+                    custom_context=True,
+                    tag=tag,
+                    buildargs=dict(buildargs),
+                    labels=dict(labels),
+                    rm=True,
+                    forcerm=True,
+                    pull=False,
+                )
+            except docker.errors.BuildError as exc:
+                tail = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in list(exc.build_log)[-15:])
+                raise EngineError(f"building image {tag} failed: {exc.msg}\n{tail}") from exc
+
+    def create_endpoint(self, sandbox_id: str, settings: Settings, placement: Placement) -> UnixSocketEndpoint:
+        """The controller listens in ``<runtime_dir>/<sandbox_id>/`` on this host (one machine: placement is moot)."""
+        return UnixSocketEndpoint.create(settings.runtime_dir, sandbox_id, **endpoint_options(settings))
+
+    def open_endpoint(self, sandbox_id: str, container_id: str, settings: Settings) -> UnixSocketEndpoint:
+        return UnixSocketEndpoint.open(settings.runtime_dir, sandbox_id, **endpoint_options(settings))
+
+    def run_sandbox(self, spec: SandboxSpec, settings: Settings) -> str:
+        """Start one sandbox container with the security settings; return its id.
+
+        Raises:
+            ImageMissing: ``spec.image`` does not exist.
+            EngineError: the engine refused to create or start it (a container it created is removed again).
+        """
+        kwargs: dict[str, Any] = {
+            "image": spec.image,
+            "name": spec.name,
+            "detach": True,
+            "init": True,
+            "labels": {MANAGED: "true", **spec.labels},
+            "environment": dict(spec.environment),
+            "volumes": {host: {"bind": inside, "mode": "ro"} for host, inside in spec.mounts.items()},
+            "working_dir": "/tmp",
+            "network_mode": f"container:{spec.network_of}" if spec.network_of else settings.network_mode,
+            "user": settings.user,
+            "read_only": settings.read_only,
+            "tmpfs": dict(settings.tmpfs),
+            "mem_limit": settings.mem_limit,
+            "memswap_limit": settings.mem_limit,
+            "nano_cpus": settings.nano_cpus,
+            "pids_limit": settings.pids_limit,
+            "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+        }
+        if spec.command is not None:
+            kwargs["command"] = list(spec.command)
+        if spec.groups:
+            kwargs["group_add"] = [str(gid) for gid in spec.groups]
+        if settings.cap_drop_all:
+            kwargs["cap_drop"] = ["ALL"]
+            if settings.separate_worker:
+                kwargs["cap_add"] = list(SUPERVISOR_CAPABILITIES)
+        if settings.no_new_privileges:
+            kwargs["security_opt"] = ["no-new-privileges:true"]
+        container_id = None
+        try:
+            with engine_errors(f"creating sandbox container {spec.name}"):
+                container_id = str(self.client.containers.create(**kwargs).id)
+            with engine_errors(f"starting sandbox container {spec.name}"):
+                self.client.api.start(container_id)
+        except BaseException:
+            # Whatever came between create and start (an engine error, a timeout, KeyboardInterrupt), the container
+            # must not outlive this call in state "created": nobody else knows it.
+            self._remove_unstarted(container_id, spec)
+            raise
+        logger.info("started container %s (%s)", spec.name, container_id[:12])
+        return container_id
+
+    def _remove_unstarted(self, container_id: str | None, spec: SandboxSpec) -> None:
+        """Remove a container whose start failed, or that create made though its answer was lost (found by its
+        name and labels, never another's); a removal that fails too is logged (prune finds it later)."""
+        try:
+            if container_id is None:
+                found = [c.id for c in self.find(spec.labels) if c.name == spec.name]
+            else:
+                found = [container_id]
+            for container in found:
+                self.remove(container)
+        except EngineError as exc:
+            logger.warning("could not remove container %s after its start failed (prune will): %s", spec.name, exc)
+
+    def inspect(self, container_id: str) -> ContainerState | None:
+        """The container's state, or None if it no longer exists."""
+        with engine_errors(f"inspecting container {container_id[:12]}"):
+            try:
+                container = self.client.containers.get(container_id)
+            except docker.errors.NotFound:
+                return None
+        return _state(container.attrs)
+
+    def kill(self, container_id: str, signal: str = "SIGKILL") -> None:
+        """Send a signal to the container's init process (SIGKILL stops the container)."""
+        with engine_errors(f"signalling container {container_id[:12]}"):
+            try:
+                self.client.containers.get(container_id).kill(signal=signal)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: not running, nothing to signal
+                    raise
+
+    def remove(self, container: str) -> None:
+        """Remove a container (by id or name), running or not; missing or already being removed is fine."""
+        with engine_errors(f"removing container {container[:12]}"):
+            try:
+                self.client.api.remove_container(container, force=True, v=True)  # no inspect first
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if not (exc.status_code == 409 and "in progress" in str(exc.explanation)):
+                    raise
+
+    def find(self, labels: Mapping[str, str]) -> list[ContainerState]:
+        """Our containers carrying all of ``labels``, found by label, running or not (one listing, no inspects)."""
+        wanted = [f"{MANAGED}=true"] + [f"{key}={value}" for key, value in labels.items()]
+        with engine_errors("listing sandbox containers"):
+            containers = self.client.containers.list(all=True, filters={"label": wanted}, sparse=True)
+            return [_listed_state(c.attrs) for c in containers]
+
+    def memory_usage(self, container_ids: Iterable[str]) -> dict[str, int]:
+        """Read from the containers' memory cgroups (cgroup v1 or v2) when the engine runs on this host.
+
+        The stats API takes about a second per container, too slow for a listing; an engine on
+        another host (or a cgroup layout we do not know) gives no numbers.
+        """
+        usage = {}
+        for container_id in container_ids:
+            for template in _MEMORY_FILES:
+                with contextlib.suppress(OSError, ValueError):
+                    usage[container_id] = int(Path(template.format(id=container_id)).read_text())
+                    break
+        return usage
+
+    def logs(self, container_id: str, tail: int | None) -> str:
+        with engine_errors(f"reading the log of container {container_id[:12]}"):
+            raw = self.client.containers.get(container_id).logs(tail="all" if tail is None else tail)
+        return bytes(raw).decode("utf-8", errors="replace")
+
+
+def endpoint_options(settings: Settings) -> dict[str, Any]:
+    """What an endpoint needs to know of the sandbox: its uid and gid, and the frame limits."""
+    uid, gid = settings.sandbox_uid_gid
+    return {
+        "sandbox_uid": uid,
+        "sandbox_gid": gid,
+        "max_header": settings.max_header_bytes,
+        "max_body": settings.max_body_bytes,
+    }
+
+
+_MEMORY_FILES = (
+    "/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes",
+    "/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.current",
+    "/sys/fs/cgroup/docker/{id}/memory.current",
+)
+_EXITED = re.compile(r"^Exited \((-?\d+)\)")
+
+
+def _listed_state(attrs: dict[str, Any]) -> ContainerState:
+    """A container as the listing shows it: its status word, and the exit code parsed from "Exited (137) ..."."""
+    status = str(attrs.get("State", "unknown"))
+    exited = _EXITED.match(str(attrs.get("Status", "")))
+    names = attrs.get("Names") or [""]
+    return ContainerState(
+        id=attrs["Id"],
+        name=str(names[0]).lstrip("/"),
+        status=status,
+        running=status == "running",
+        exit_code=int(exited.group(1)) if exited else None,
+        oom_killed=False,
+        labels=attrs.get("Labels") or {},
+        created_at=float(created) if isinstance(created := attrs.get("Created"), int) else None,
+    )
+
+
+def _state(attrs: dict[str, Any]) -> ContainerState:
+    state = attrs.get("State", {})
+    return ContainerState(
+        id=attrs["Id"],
+        name=attrs.get("Name", "").lstrip("/"),
+        status=state.get("Status", "unknown"),
+        running=bool(state.get("Running")),
+        exit_code=state.get("ExitCode"),
+        oom_killed=bool(state.get("OOMKilled")),
+        labels=attrs.get("Config", {}).get("Labels") or {},
+    )

@@ -1,0 +1,368 @@
+"""One sandbox: a running container, its agent and the channel to it, under its own id, apart from any session.
+
+A sandbox is started (new container, private channel directory, authenticated agent), taken
+over from another controller (new socket, SIGUSR1, handshake), asked to restore a checkpoint
+value by value, asked how it died, and removed. It knows nothing of session records or
+owners, so a pool can hold sandboxes that serve no session yet and a session can exist with
+no sandbox (hibernated) or move to another one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..agent import protocol
+from ..api.events import LiveCall
+from ..backends.base import SANDBOX_ID, WORKER_UID, Backend, ContainerState, Placement, SandboxSpec
+from ..config import Settings
+from ..errors import AgentStartTimeout, AgentTimeoutError, OrchestratorError, ProtocolError
+from ..state.store import new_sandbox_id
+from ..wire.connection import AgentConnection, Body, Header
+from ..wire.endpoint import Endpoint
+from ..wire.replies import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
+from . import background
+from .hostcalls import CallDesk
+from .identity import choose_worker_uid
+
+logger = logging.getLogger(__name__)
+
+_DEATH_SETTLE_SECONDS = 3.0
+_CONTROL_SECONDS = 10.0
+_CHECK_BESIDE_BYTES = 1 << 20
+_RESTORE_LOADS_PER_VALUE = 4
+_RESTORE_LOADS_SLACK = 64
+"""A restore sends at most 4 loads per stored value plus 64: an honest one needs a few passes (an instance
+retried after its class) and a start-over per value that kills the worker; an agent that fails every load
+on purpose would otherwise hold the controller for about N * N / 2 loads."""
+
+
+class Sandbox:
+    """A running container with an authenticated connection to its agent."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        settings: Settings,
+        container_id: str,
+        endpoint: Endpoint,
+        connection: AgentConnection,
+    ) -> None:
+        self._backend = backend
+        self._settings = settings
+        self.sandbox_id = endpoint.sandbox_id
+        self.container_id = container_id
+        self._endpoint = endpoint
+        self.connection = connection
+
+    @property
+    def generation(self) -> int:
+        """The checkpoint generation the agent's memory held when it connected."""
+        return self.connection.hello["generation"]
+
+    @classmethod
+    def start(
+        cls,
+        backend: Backend,
+        settings: Settings,
+        *,
+        image: str,
+        scope: str,
+        labels: Mapping[str, str],
+        network_of: str | None = None,
+        placement: Placement | None = None,
+    ) -> Sandbox:
+        """Start a new container and wait for its agent.
+
+        Args:
+            scope: the store id; it goes into the container's name so stores never collide.
+            labels: extra container labels (store, session, ...).
+            network_of: a container whose (loopback-only) network namespace this one joins.
+            placement: where it may run (a multi-node backend; ``Settings.swarm_constraints`` come on top).
+
+        Raises:
+            ImageMissing, EngineError: the engine could not start it.
+            AgentStartTimeout: the container started but its agent never connected.
+        """
+        sandbox_id = new_sandbox_id()
+        placement = placement or Placement()
+        own_labels = {**labels, SANDBOX_ID: sandbox_id}
+        worker_uid = choose_worker_uid(backend, settings) if settings.separate_worker else None
+        endpoint = backend.create_endpoint(sandbox_id, settings, placement)
+        environment = agent_environment(endpoint, settings)
+        if worker_uid is not None:
+            own_labels[WORKER_UID] = environment["ORCH_WORKER_UID"] = str(worker_uid)
+        spec = SandboxSpec(
+            name=f"orch-{scope}-{sandbox_id}",
+            image=image,
+            labels=own_labels,
+            environment=environment,
+            mounts=endpoint.mounts(),
+            command=settings.agent_command,
+            network_of=network_of,
+            placement=dataclasses.replace(placement, constraints=(*placement.constraints, *endpoint.constraints())),
+            groups=tuple(endpoint.groups()),
+        )
+        try:
+            container_id = backend.run_sandbox(spec, settings)
+        except BaseException:
+            endpoint.remove()
+            raise
+        try:
+            connection = AgentConnection.open(
+                endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + settings.start_timeout
+            )
+        except BaseException as exc:
+            state = _quietly(lambda: backend.inspect(container_id))
+            _quietly(lambda: backend.remove(container_id))
+            endpoint.remove()
+            if isinstance(exc, AgentTimeoutError):
+                how = state.describe() if state is not None else "the container is gone"
+                raise AgentStartTimeout(
+                    f"the agent of sandbox {sandbox_id} did not connect within {settings.start_timeout:g} s ({how}); "
+                    "check that the image runs `python3 -m orchestrator_agent.supervisor` (see `docker logs`)"
+                ) from None
+            raise
+        return cls(backend, settings, container_id, endpoint, connection)
+
+    @classmethod
+    def take_over(
+        cls,
+        backend: Backend,
+        settings: Settings,
+        *,
+        sandbox_id: str,
+        container_id: str,
+        claim: Callable[[], AbstractContextManager[object]],
+    ) -> Sandbox:
+        """Move a live sandbox's agent to this controller: new socket file, SIGUSR1, handshake.
+
+        The agent stops whatever it was doing for the previous controller (docs/protocol.md).
+
+        Args:
+            claim: held while the socket file is replaced and the agent signalled; the session's
+                ownership check (store lock and epoch), so a controller that no longer owns the
+                session can never pull the agent away from the one that does.
+
+        Raises:
+            SessionAttachedElsewhere: (from ``claim``) the caller no longer owns the session.
+            OrchestratorError: the sandbox cannot be taken over (its directory, container or agent is gone).
+        """
+        with claim():
+            endpoint = backend.open_endpoint(sandbox_id, container_id, settings)
+            try:
+                backend.kill(container_id, signal="SIGUSR1")
+            except BaseException:
+                endpoint.close()
+                raise
+        try:
+            wait = settings.start_timeout + settings.interrupt_grace + settings.frame_timeout
+            connection = AgentConnection.open(endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + wait)
+        except BaseException:
+            endpoint.close()
+            raise
+        return cls(backend, settings, container_id, endpoint, connection)
+
+    def request(
+        self,
+        header: Header,
+        body: Body = b"",
+        *,
+        seconds: float,
+        checkpoint_seconds: float | None = None,
+        desk: CallDesk | None = None,
+        live: LiveCall | None = None,
+    ) -> tuple[Header, bytearray]:
+        """One request to the agent within ``seconds`` (and ``checkpoint_seconds`` once the cell ended).
+
+        Host calls the cell makes meanwhile go to ``desk``; its output and ``input()`` requests to ``live``.
+        """
+        return self.connection.request(
+            header,
+            body,
+            deadline=time.monotonic() + seconds,
+            checkpoint_seconds=checkpoint_seconds,
+            desk=desk,
+            live=live,
+        )
+
+    def restore(
+        self,
+        manifest: Mapping[str, str],
+        generation: int,
+        open_blob: Callable[[str], AbstractContextManager[memoryview]],
+        contexts: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> dict[str, str]:
+        """Load a checkpoint into the agent value by value; return the names that could not be loaded, with why.
+
+        A value that raises is tried again after the others (an instance may need its class
+        first). A value that hangs or kills the worker leaves an empty worker behind, so the
+        restore starts over without it. Every value is under ``restore_value_timeout``.
+        ``contexts`` (id -> ``{cwd, env}``) are created first; ``<id>/<name>`` keys load into theirs.
+        The whole restore sends at most ``_RESTORE_LOADS_PER_VALUE`` loads per value (plus a slack); the
+        values still not loaded when that runs out are named as failed, so the work stays linear.
+        """
+        failed: dict[str, str] = {}
+        budget = _LoadBudget(_RESTORE_LOADS_PER_VALUE * len(manifest) + _RESTORE_LOADS_SLACK)
+        while not self._restore_pass(manifest, generation, open_blob, failed, contexts or {}, budget):
+            pass
+        self._control({"type": protocol.RESTORE_END, "generation": generation})
+        return failed
+
+    def _restore_pass(
+        self,
+        manifest: Mapping[str, str],
+        generation: int,
+        open_blob: Callable[[str], AbstractContextManager[memoryview]],
+        failed: dict[str, str],
+        contexts: Mapping[str, Mapping[str, Any]],
+        budget: _LoadBudget,
+    ) -> bool:
+        """One attempt from an empty namespace; False when a value took the worker down (start over)."""
+        self._control({"type": protocol.RESTORE_BEGIN, "generation": generation})
+        for context_id, spec in sorted(contexts.items()):
+            self._create_context(context_id, spec)
+        pending = [name for name in sorted(manifest) if name not in failed]
+        errors: dict[str, str] = {}
+        limit = self._settings.restore_value_timeout
+        seconds = limit + self._settings.interrupt_grace + self._settings.reply_margin
+        while pending:
+            retry: list[str] = []
+            for index, name in enumerate(pending):
+                if not budget.take():
+                    given_up = f"not restored: the restore gave up after {budget.total} loads (values kept failing)"
+                    failed.update({left: errors.get(left, given_up) for left in (*retry, *pending[index:])})
+                    logger.error("sandbox %s: restore gave up after %d loads", self.sandbox_id, budget.total)
+                    return True
+                header = {"type": protocol.LOAD, "name": name, "digest": manifest[name], "timeout": limit}
+                context_id, separator, local = name.partition(protocol.CONTEXT_SEPARATOR)
+                if separator:
+                    header.update(name=local, context=context_id)
+                with open_blob(manifest[name]) as blob:
+                    checked = _check_digest(header, blob)
+                    try:
+                        reply = parse_load_reply(self.request(header, blob, seconds=seconds)[0])
+                    finally:
+                        intact = checked is None or checked.result()  # the mapping must outlive the check
+                    if not intact:
+                        failed[name] = "its stored blob does not match its digest: the checkpoint file is damaged"
+                        logger.error("sandbox %s: the blob of %r does not match its digest", self.sandbox_id, name)
+                        return False  # it was loaded already: start over without it
+                if reply["status"] == protocol.STATUS_OK:
+                    errors.pop(name, None)
+                elif reply["status"] == protocol.STATUS_ERROR:
+                    errors[name] = reply["reason"]
+                    retry.append(name)
+                else:
+                    failed[name] = reply["reason"] or f"restoring it ended with {reply['status']}"
+                    logger.warning("sandbox %s: value %r took the worker down while restoring", self.sandbox_id, name)
+                    return False
+            if len(retry) == len(pending):
+                failed.update(errors)
+                break
+            pending = retry
+        return True
+
+    def warm_up(self) -> None:
+        """Have the agent load what checkpoints and restores need (dill) now, while nobody waits: an empty restore."""
+        self.restore({}, 0, _no_blobs)
+
+    def _create_context(self, context_id: str, spec: Mapping[str, Any]) -> None:
+        """Make an empty context in the (restoring) worker, as ``Session.create_context`` did."""
+        header = {"type": protocol.CONTEXT_CREATE, "context": context_id, "cwd": spec["cwd"], "env": spec["env"]}
+        reply, _ = self.request(header, seconds=_CONTROL_SECONDS + self._settings.interrupt_grace)
+        failure = worker_failure(reply)
+        if failure is not None:
+            raise ProtocolError(f"creating context {context_id} while restoring failed: {failure['reason']}")
+        if reply.get("status") != protocol.STATUS_OK:
+            raise ProtocolError(f"creating context {context_id} while restoring failed: {reply.get('reason')!r:.200}")
+        parse_state_reply(reply)
+
+    def _control(self, header: dict[str, Any]) -> None:
+        parse_restore_reply(self.request(header, seconds=_CONTROL_SECONDS + self._settings.interrupt_grace)[0])
+
+    def settled_state(self) -> ContainerState | None:
+        """The container's state once it has finished dying (a closed channel precedes the engine's view)."""
+        ends = time.monotonic() + _DEATH_SETTLE_SECONDS
+        while True:
+            state = self._backend.inspect(self.container_id)
+            settled = state is None or (not state.running and state.status != "removing")
+            if settled or time.monotonic() > ends:
+                return state
+            time.sleep(0.05)
+
+    def release(self) -> None:
+        """Let go of the agent but leave the container running (another controller may take it over)."""
+        self.connection.close()
+        self._endpoint.close()
+
+    def remove(self) -> None:
+        """Remove the container and the channel directory."""
+        self.connection.close()
+        try:
+            self._backend.remove(self.container_id)
+        finally:
+            self._endpoint.remove()
+
+
+def agent_environment(endpoint: Endpoint, settings: Settings) -> dict[str, str]:
+    """What the agent in a new sandbox reads at start: where its channel is, and the limits it enforces."""
+    return {
+        **endpoint.environment(),
+        "ORCH_SANDBOX_ID": endpoint.sandbox_id,
+        "ORCH_OUTPUT_LIMIT": str(settings.max_output_bytes),
+        "ORCH_INTERRUPT_GRACE": str(settings.interrupt_grace),
+        "ORCH_FRAME_TIMEOUT": str(settings.frame_timeout),
+        "ORCH_MAX_BODY": str(settings.max_body_bytes),
+        "ORCH_CHECKPOINT_QUOTA": str(settings.checkpoint_quota_bytes),
+    }
+
+
+def _check_digest(header: dict[str, Any], blob: memoryview) -> Future[bool] | None:
+    """Check a stored blob against its content digest on a host thread while it is sent, and tell the agent so.
+
+    The sandbox has one CPU and a big value's restore is bound by it; the digest (~1.2 ms per MB)
+    costs the host a core it has free meanwhile. A host-made blob has no content digest (the agent
+    checks its frame). Small blobs are checked at once.
+    """
+    digest = header["digest"]
+    if protocol.is_host_blob(digest):
+        return None
+    header["verified"] = True
+    if len(blob) < _CHECK_BESIDE_BYTES:
+        done: Future[bool] = Future()
+        done.set_result(protocol.blob_digest(blob) == digest)
+        return done
+    return background.beside().submit(lambda: protocol.blob_digest(blob) == digest)
+
+
+def _no_blobs(blob_digest: str) -> AbstractContextManager[memoryview]:
+    raise AssertionError(f"an empty restore read blob {blob_digest}")
+
+
+def _quietly(call: Callable[[], Any]) -> Any:
+    """Best effort while already failing: the first error is the one to report."""
+    with contextlib.suppress(OrchestratorError):
+        return call()
+    return None
+
+
+class _LoadBudget:
+    """How many more loads a restore may send (see ``_RESTORE_LOADS_PER_VALUE``)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._left = total
+
+    def take(self) -> bool:
+        """Spend one load; False when none is left."""
+        if self._left <= 0:
+            return False
+        self._left -= 1
+        return True

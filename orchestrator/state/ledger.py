@@ -1,0 +1,331 @@
+"""The checkpoint ledger of one session as its owner sees it: manifest, quota, unsaved names, ownership.
+
+Every change goes through the store's per-session transaction and starts by checking that this
+handle still owns the session (same owner token and epoch): a handle that another controller
+took the session from can no longer commit, delete, or touch the sandbox fields, and learns
+it through ``SessionAttachedElsewhere``. A commit validates the agent's delta completely
+before it writes anything, and stores blobs, manifest and counters in one switch of the
+manifest, so what a caller is told was stored is exactly what any later owner sees.
+
+A str or bytes value the controller makes itself (``set_value``, ``add_context``) gets a blob
+the controller writes (a host-made blob, ``stage``): it is checked against the quota before its
+request is sent, written to a temp file on a thread while the request is in flight, and named
+by the commit that stores the agent's reply, in the same switch of the manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import secrets
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from ..agent import protocol
+from ..errors import (
+    CheckpointError,
+    CheckpointLimitExceeded,
+    CheckpointQuotaExceeded,
+    ProtocolError,
+    SessionAttachedElsewhere,
+)
+from ..ops.lifecycle import mark_hibernated
+from ..runtime import background
+from ..units import describe_bytes
+from ..wire.replies import CheckpointDelta
+from .store import SessionRecord, SessionStore, new_host_blob_id
+
+
+def new_owner_token() -> str:
+    return secrets.token_hex(8)
+
+
+class StagedBlob:
+    """A host-made blob on its way into the store: written to a temp file on a thread while its request is in flight.
+
+    The commit that stores the reply naming it gives it its name (``place``, under the store
+    lock, before the manifest is saved); ``discard`` removes what is left of it, so a call that
+    failed leaves no file behind (and one whose controller died leaves a file prune removes).
+    """
+
+    def __init__(self, store: SessionStore, session_id: str, parts: Sequence[protocol.Body]) -> None:
+        self.blob_id = new_host_blob_id()
+        self.size = sum(memoryview(part).nbytes for part in parts)
+        self._store = store
+        self._session_id = session_id
+        self._parts = parts
+        self._written: Future[Path | None] | None = background.beside().submit(self._write)
+
+    def _write(self) -> Path | None:
+        try:
+            return self._store.stage_blob(self._session_id, self._parts)
+        except CheckpointError:
+            return None  # ``place`` writes it again, under the lock, and raises why it cannot
+
+    def _temp(self) -> Path | None:
+        written, self._written = self._written, None
+        return None if written is None else written.result()
+
+    def place(self) -> None:
+        """Name the blob (inside the store transaction); written here if staging failed or a prune removed it."""
+        self._store.place_blob(self._session_id, self._temp(), self.blob_id, self._parts)
+
+    def discard(self) -> None:
+        """Remove the temp file if it was not placed (after the call, whatever its outcome)."""
+        temp = self._temp()
+        if temp is not None:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+
+
+def _key_bytes(variables: dict[str, str]) -> int:
+    return sum(protocol.key_bytes(key) for key in variables)
+
+
+def _amount(size: int) -> str:
+    return f"{size} bytes" if size < 1024 else f"{size} bytes ({describe_bytes(size)})"
+
+
+class CheckpointLedger:
+    """The stored record of one session, changed only by its owner."""
+
+    def __init__(self, store: SessionStore, record: SessionRecord, quota: int) -> None:
+        self._store = store
+        self.record = record
+        self.quota = quota
+        self._held: SessionRecord | None = None
+
+    @property
+    def store(self) -> SessionStore:
+        """The store the session lives in (its directory also holds the calls' output files)."""
+        return self._store
+
+    @classmethod
+    def take_ownership(cls, store: SessionStore, session_id: str, quota: int) -> CheckpointLedger:
+        """Become the session's owner: a new token and the next epoch, which makes every other handle stale."""
+        with store.transaction(session_id) as record:
+            record.owner = new_owner_token()
+            record.epoch += 1
+            store.save(record)
+        return cls(store, record, quota)
+
+    @property
+    def session_id(self) -> str:
+        return self.record.session_id
+
+    @contextlib.contextmanager
+    def owned(self) -> Iterator[SessionRecord]:
+        """The store transaction, entered only while we still own the session (re-entrant).
+
+        Raises:
+            SessionAttachedElsewhere: another handle took ownership since.
+            SessionNotFound: the session was deleted.
+        """
+        if self._held is not None:
+            yield self._held
+            return
+        with self._store.transaction(self.session_id) as current:
+            if (current.owner, current.epoch) != (self.record.owner, self.record.epoch):
+                raise SessionAttachedElsewhere(
+                    f"session {self.session_id} was attached by another controller (epoch {current.epoch}, "
+                    f"this handle has {self.record.epoch}); attach it again to use it"
+                )
+            self._held = current
+            try:
+                yield current
+            finally:
+                self._held = None
+
+    def check_owner(self) -> None:
+        with self.owned():
+            pass
+
+    def set_sandbox(self, sandbox_id: str, container_id: str) -> None:
+        with self.owned() as current:
+            current.sandbox_id, current.container_id = sandbox_id, container_id
+            current.hibernated_at = None
+            self._save(current)
+
+    def hibernate(self, discard: Callable[[SessionRecord], None]) -> None:
+        """Let ``discard`` remove the sandbox the record names, then record the session as hibernated."""
+        with self.owned() as current:
+            discard(current)
+            mark_hibernated(current)
+            self._save(current)
+
+    def check_room(self, keys: Collection[str], size: int, what: str) -> None:
+        """Refuse a host-made value of ``size`` bytes under ``keys`` (checkpoint keys) that would not fit the quota
+        or the manifest's bounds (so the agent, which adopts it without a check, is never the one over them).
+
+        Raises:
+            CheckpointQuotaExceeded: with it, the checkpoint would hold more than the quota, or more names
+                (or bytes of names) than the manifest's bounds.
+        """
+        record = self.record
+        held = size + sum(record.blob_sizes[d] for d in {d for k, d in record.variables.items() if k not in keys})
+        if held > self.quota:
+            raise CheckpointQuotaExceeded(
+                f"{what} takes {_amount(size)} of checkpoint: with it session {self.session_id} would hold "
+                f"{_amount(held)}, over its checkpoint quota of {_amount(self.quota)}; nothing was sent or "
+                "stored. Raise Settings.checkpoint_quota (ORCH_CHECKPOINT_QUOTA; by default 4 x mem_limit), free "
+                "room first (del variables in a cell, reset()), or pass a smaller value",
+                size=size,
+                held=held,
+                quota=self.quota,
+            )
+        variables = dict.fromkeys([*record.variables, *keys], "")
+        if len(variables) > protocol.MAX_CHECKPOINT_NAMES or _key_bytes(variables) > protocol.MAX_CHECKPOINT_NAME_BYTES:
+            raise CheckpointQuotaExceeded(
+                f"{what}: with its names session {self.session_id} would hold {len(variables)} names "
+                f"({_key_bytes(variables)} bytes of names), over the checkpoint's bound of "
+                f"{protocol.MAX_CHECKPOINT_NAMES} names and {protocol.MAX_CHECKPOINT_NAME_BYTES} bytes of names; "
+                "nothing was sent or stored. Delete variables first (del in a cell, reset())",
+                size=size,
+                held=held,
+                quota=self.quota,
+            )
+
+    def stage(self, parts: Sequence[protocol.Body]) -> StagedBlob:
+        """Start writing a host-made blob (``protocol.host_blob_parts``) under a new id; ``commit`` names it."""
+        return StagedBlob(self._store, self.session_id, parts)
+
+    def commit(
+        self,
+        delta: CheckpointDelta,
+        body: bytearray,
+        *,
+        counters: dict[str, int] | None = None,
+        contexts: dict[str, dict[str, Any]] | None = None,
+        staged: Collection[StagedBlob] = (),
+    ) -> dict[str, str]:
+        """Validate a reply's checkpoint delta and store it; return the names that could not be saved.
+
+        ``contexts`` (when given) replaces the record's contexts in the same manifest write.
+        ``staged`` are host-made blobs the delta may name without sending them; those it names are
+        stored with it (the caller discards the others).
+
+        Raises:
+            ProtocolError: the delta is inconsistent (names an unknown blob, wrong sizes or
+                generation, a name the store would refuse); nothing was stored.
+            CheckpointLimitExceeded: the checkpoint would go past the quota or the manifest's
+                bounds (``_check_limits``); nothing was stored.
+            SessionAttachedElsewhere: we no longer own the session; nothing was stored.
+        """
+        changed, deleted = delta["vars"], delta["deleted"]
+        expected = self.record.generation + (1 if changed or deleted else 0)
+        if delta["generation"] != expected:
+            raise ProtocolError(f"checkpoint generation {delta['generation']} out of step (expected {expected})")
+        if not (changed or deleted or delta["blobs"] or counters or contexts is not None):
+            return delta["unsaved"]  # nothing to store; the activity file (not the record) says it was used
+        for key in changed:
+            problem = protocol.checkpoint_key_problem(key)
+            if problem is not None:  # the store would refuse the record: never commit what cannot be read back
+                shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
+                raise ProtocolError(f"checkpoint names a variable {shown} that cannot be stored: {problem}")
+        try:
+            parts = protocol.split_body(body, [entry["size"] for entry in delta["blobs"]])
+        except protocol.ProtocolViolation as exc:
+            raise ProtocolError(str(exc)) from None
+        blobs = {entry["digest"]: part for entry, part in zip(delta["blobs"], parts, strict=True)}
+        host = {blob.blob_id: blob for blob in staged}
+        if not set(changed.values()) <= set(blobs) | set(host) | set(self.record.blob_sizes):
+            raise ProtocolError("checkpoint names a blob that was neither sent nor stored")
+        gone = set(deleted)
+        variables = {k: v for k, v in self.record.variables.items() if k not in gone}
+        variables.update(changed)
+        known = self.record.contexts if contexts is None else contexts
+        if any(
+            protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known for k in changed
+        ):
+            raise ProtocolError("checkpoint names a variable of a context the session does not have")
+        if contexts is not None and any(
+            protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known
+            for k in variables
+        ):
+            raise ProtocolError("the agent kept variables of a context it was told to destroy")
+        sizes = {
+            **self.record.blob_sizes,
+            **{d: len(b) for d, b in blobs.items()},
+            **{d: blob.size for d, blob in host.items()},
+        }
+        blob_sizes = {d: sizes[d] for d in set(variables.values())}
+        self._check_limits(variables, blob_sizes)
+        with self.owned() as current:
+            self._store.write_blobs(self.session_id, {d: blobs[d] for d in blobs if d in blob_sizes})
+            for blob_id, blob in host.items():
+                if blob_id in blob_sizes:
+                    blob.place()
+            if contexts is not None:
+                current.contexts = contexts
+            self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **(counters or {}))
+        return delta["unsaved"]
+
+    def _check_limits(self, variables: dict[str, str], blob_sizes: dict[str, int]) -> None:
+        """Refuse a checkpoint past the session's limits, each counted on what the host holds (received bytes, keys).
+
+        Raises:
+            CheckpointLimitExceeded: over the quota in bytes, ``MAX_CHECKPOINT_NAMES`` names, or
+                ``MAX_CHECKPOINT_NAME_BYTES`` bytes of names.
+        """
+        before = self.record
+        limits = [("bytes", sum(blob_sizes.values()), self.quota)]
+        if any(key not in before.variables for key in variables):  # only added names grow the manifest
+            limits.append(("names", len(variables), protocol.MAX_CHECKPOINT_NAMES))
+            limits.append(("name bytes", _key_bytes(variables), protocol.MAX_CHECKPOINT_NAME_BYTES))
+        for unit, held, limit in limits:
+            if held > limit:
+                had = (  # counted only here: a commit within its limits does not pay for the record's name bytes
+                    before.checkpoint_bytes
+                    if unit == "bytes"
+                    else len(before.variables)
+                    if unit == "names"
+                    else _key_bytes(before.variables)
+                )
+                raise CheckpointLimitExceeded(
+                    f"the agent's checkpoint would hold {held} {unit}, over the session's "
+                    f"{'checkpoint quota' if unit == 'bytes' else 'checkpoint manifest limit'} of {limit} {unit} "
+                    f"(it held {had}); nothing of it was stored. An honest agent names what does not fit in unsaved, "
+                    "so the sandbox is not trusted any more",
+                    unit=unit,
+                    size=max(0, held - had),
+                    held=held,
+                    quota=limit,
+                )
+
+    def drop(self, names: dict[str, str]) -> None:
+        """Take values that could not be restored out of the checkpoint (the agent does not hold them either)."""
+        if not names:
+            return
+        with self.owned() as current:
+            variables = {k: v for k, v in current.variables.items() if k not in names}
+            live = set(variables.values())
+            self._replace_manifest(current, variables, {d: s for d, s in current.blob_sizes.items() if d in live})
+
+    def _replace_manifest(
+        self, current: SessionRecord, variables: dict[str, str], blob_sizes: dict[str, int], **fields: int
+    ) -> None:
+        """Switch to a new manifest in one rename, then delete the blobs that left it (under the store lock)."""
+        gone = set(current.blob_sizes) - set(blob_sizes)
+        current.variables, current.blob_sizes = variables, blob_sizes
+        for name, value in fields.items():
+            setattr(current, name, value)
+        self._save(current)
+        self._store.delete_blobs(self.session_id, gone)
+
+    def delete(self) -> None:
+        """Remove the record and every blob."""
+        with self.owned():
+            self._store.delete(self.session_id)
+
+    def mapped_blob(self, blob_digest: str) -> AbstractContextManager[memoryview]:
+        """One stored blob for the ``with`` block (``SessionStore.mapped_blob``)."""
+        return self._store.mapped_blob(self.session_id, blob_digest)
+
+    def _save(self, current: SessionRecord) -> None:
+        current.last_used_at = time.time()
+        self._store.save(current)
+        self.record = dataclasses.replace(current)

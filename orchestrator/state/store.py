@@ -1,0 +1,580 @@
+"""Host-side record of sessions: metadata and checkpoint blobs, changed only under a per-session lock.
+
+Layout under ``Settings.state_dir`` (created 0700)::
+
+    store-id                             random id of this store; scopes container names and labels
+    sessions/<session_id>/meta.json      SessionRecord as JSON (the checkpoint manifest included)
+    sessions/<session_id>/lock           flock(2) target of the session's transactions
+    sessions/<session_id>/activity       held by calls, touched when they run (``activity``): busy and idle time
+    sessions/<session_id>/blobs/<blob id> one pickle blob per distinct variable value, opaque bytes
+
+A blob id is either the content digest of the blob (32 lowercase hex: blobs the agent made) or,
+for a str or bytes value the controller made itself (``set_value``, ``add_context``), a fresh
+random ``h`` + 32 lowercase hex (``new_host_blob_id``; docs/protocol.md, "Host-made blobs"):
+hashing a 100 MB context would cost more than everything else its call does. Both live side
+by side in ``blobs/``; a host-made blob is written to a temp file first (``stage_blob``) and
+gets its name only inside the commit that names it (``place_blob``).
+
+Every change of a record goes through ``transaction()``: an exclusive ``flock`` held around
+read, check (owner and epoch, done by the caller) and write, so two controllers, in one process
+or two, never interleave their changes. Files are replaced by temp file + rename; with
+``fsync`` the files and their directories are flushed as well, so a commit also survives power
+loss. A record read back from disk is validated field by field: a crafted manifest cannot
+point outside the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import mmap
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR, checkpoint_key_problem
+from ..errors import CheckpointError, ConfigError, SessionNotFound
+from .activity import ACTIVITY_FILE, lock_within
+
+_SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
+_SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")
+DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
+"""A content digest: the id of a blob the agent made."""
+BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
+"""Any blob id: a content digest, or the ``h``-prefixed random id of a host-made blob (``protocol.HOST_BLOB_ID``)."""
+_STORE_ID = re.compile(r"^[0-9a-f]{12}$")
+_CONTAINER_ID = re.compile(r"^[0-9a-z]{12,64}$")  # a container id (hex) or a Swarm service id (base 36)
+_REMOVED_PREFIX = ".removed-"
+QUARANTINE_DIR = "quarantine"
+"""Under the state dir (beside ``sessions/``): session directories whose record could not be read, kept aside."""
+QUARANTINE_NOTE = "QUARANTINED"
+
+
+def validate_session_id(session_id: str) -> str:
+    """Session ids become paths and labels, so they are restricted.
+
+    Raises:
+        ConfigError: the id is not 3-63 characters of lowercase letters, digits and dashes.
+    """
+    if not isinstance(session_id, str) or not _SESSION_ID.match(session_id):
+        raise ConfigError(f"invalid session id {session_id!r}: use 3-63 lowercase letters, digits and dashes")
+    return session_id
+
+
+def new_host_blob_id() -> str:
+    """A fresh id for a host-made blob: ``h`` and 32 random lowercase hex, never a content digest."""
+    return "h" + secrets.token_hex(16)
+
+
+def new_sandbox_id() -> str:
+    """A fresh sandbox id: names the container, its runtime directory and its agent."""
+    return f"sb-{secrets.token_hex(6)}"
+
+
+@dataclass
+class SessionRecord:
+    """Everything the host knows about a session, enough to rebuild it from nothing."""
+
+    session_id: str
+    image: str
+    created_at: float
+    last_used_at: float
+    generation: int = 0
+    variables: dict[str, str] = field(default_factory=dict)
+    """Checkpoint manifest: variable name -> blob digest."""
+    blob_sizes: dict[str, int] = field(default_factory=dict)
+    context_count: int = 0
+    history_count: int = 0
+    owner: str = ""
+    """Token of the handle that owns the session; only it may change the record."""
+    epoch: int = 0
+    """Advances with every attach; a handle whose epoch is behind is stale."""
+    sandbox_id: str | None = None
+    container_id: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    hibernated_at: float | None = None
+    """Set when the session gave up its container on purpose; cleared when a sandbox serves it again."""
+    contexts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Contexts besides the default one: id -> {cwd, env, context_count, history_count} (``contexts.py``);
+    their variables are in ``variables`` as ``<id>/<name>``."""
+    placement: dict[str, Any] = field(default_factory=dict)
+    """Where its sandboxes may run (``backend.Placement`` as JSON: constraints, reserve_cpus, reserve_memory);
+    empty for anywhere."""
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        return sum(self.blob_sizes.values())
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: Any, session_id: str) -> SessionRecord:
+        """Parse and validate a stored record; anything off is a CheckpointError naming the field."""
+        if not isinstance(data, dict) or set(data) - {f.name for f in fields(cls)}:
+            raise ValueError("not a session record")
+        record = cls(**data)
+        checks = {
+            "session_id": record.session_id == session_id,
+            "image": isinstance(record.image, str),
+            "created_at": isinstance(record.created_at, (int, float)),
+            "last_used_at": isinstance(record.last_used_at, (int, float)),
+            "hibernated_at": record.hibernated_at is None or isinstance(record.hibernated_at, (int, float)),
+            "generation": _count(record.generation),
+            "context_count": _count(record.context_count),
+            "history_count": _count(record.history_count),
+            "epoch": _count(record.epoch),
+            "owner": isinstance(record.owner, str),
+            "sandbox_id": record.sandbox_id is None or bool(_SANDBOX_ID.match(str(record.sandbox_id))),
+            "container_id": record.container_id is None or bool(_CONTAINER_ID.match(str(record.container_id))),
+            "labels": _str_map(record.labels),
+            "placement": _placement(record.placement),
+            "variables": _str_map(record.variables)
+            and all(checkpoint_key_problem(k) is None and BLOB_ID.match(v) for k, v in record.variables.items()),
+            "blob_sizes": isinstance(record.blob_sizes, dict)
+            and all(isinstance(k, str) and BLOB_ID.match(k) and _count(v) for k, v in record.blob_sizes.items())
+            and set(record.variables.values()) <= set(record.blob_sizes),
+            "contexts": isinstance(record.contexts, dict)
+            and all(isinstance(k, str) and CONTEXT_ID.match(k) and _context_spec(v) for k, v in record.contexts.items())
+            and all(
+                key.partition(CONTEXT_SEPARATOR)[0] in record.contexts
+                for key in record.variables
+                if CONTEXT_SEPARATOR in key
+            ),
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid field(s): {', '.join(bad)}")
+        return record
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _placement(value: Any) -> bool:
+    if not isinstance(value, dict) or set(value) - {"constraints", "reserve_cpus", "reserve_memory"}:
+        return False
+    constraints = value.get("constraints", [])
+    cpus = value.get("reserve_cpus")
+    memory = value.get("reserve_memory")
+    return (
+        isinstance(constraints, list)
+        and all(isinstance(c, str) for c in constraints)
+        and (cpus is None or (isinstance(cpus, (int, float)) and not isinstance(cpus, bool)))
+        and (memory is None or isinstance(memory, str))
+    )
+
+
+def _str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _context_spec(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and set(value) == {"cwd", "env", "context_count", "history_count"}
+        and isinstance(value["cwd"], str)
+        and value["cwd"].startswith("/")
+        and _str_map(value["env"])
+        and _count(value["context_count"])
+        and _count(value["history_count"])
+    )
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomically(path: Path, chunks: Sequence[bytes | bytearray | memoryview], fsync: bool) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class SessionStore:
+    """Session records and checkpoint blobs on the local filesystem."""
+
+    def __init__(self, root: Path, *, fsync: bool = False, lock_timeout: float = 30.0) -> None:
+        """Open (creating, 0700) the store under ``root``.
+
+        Raises:
+            CheckpointError: the directory cannot be created or its store id is unreadable.
+        """
+        self.base = Path(root)
+        self.root = self.base / "sessions"
+        self.fsync = fsync
+        self.lock_timeout = lock_timeout
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create the state directory {self.root}: {exc}") from exc
+        self.store_id = self._store_id()
+
+    def _store_id(self) -> str:
+        path = self.base / "store-id"
+        with contextlib.suppress(FileExistsError):
+            _write_new(path, secrets.token_hex(6).encode())
+        try:
+            value = path.read_text().strip()
+        except OSError as exc:
+            raise CheckpointError(f"cannot read the store id {path}: {exc}") from exc
+        if not _STORE_ID.match(value):
+            raise CheckpointError(f"{path} does not hold a store id; remove it to make a new one")
+        return value
+
+    def _dir(self, session_id: str) -> Path:
+        return self.root / validate_session_id(session_id)
+
+    def blob_path(self, session_id: str, blob_id: str) -> Path:
+        if not isinstance(blob_id, str) or not BLOB_ID.match(blob_id):
+            raise CheckpointError(f"invalid blob id {blob_id!r}")
+        return self._dir(session_id) / "blobs" / blob_id
+
+    def create(self, record: SessionRecord) -> None:
+        """Write a new session's record; the id must be free.
+
+        Raises:
+            ConfigError: a session with that id exists.
+            CheckpointError: the state directory is not writable.
+        """
+        directory = self._dir(record.session_id)
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            raise ConfigError(
+                f"session {record.session_id!r} already exists; use Orchestrator.attach to reuse it"
+            ) from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot create session state in {self.root}: {exc}") from exc
+        (directory / "blobs").mkdir(mode=0o700)
+        self.save(record)
+
+    def save(self, record: SessionRecord) -> None:
+        """Replace the record atomically (call it inside ``transaction``)."""
+        directory = self._dir(record.session_id)
+        try:
+            _write_atomically(directory / "meta.json", [record.to_json()], self.fsync)
+            if self.fsync:
+                _fsync_dir(directory)
+        except OSError as exc:
+            raise CheckpointError(f"cannot write the record of session {record.session_id}: {exc}") from exc
+
+    def load(self, session_id: str) -> SessionRecord:
+        """Read and validate a session's record.
+
+        Raises:
+            SessionNotFound: no record for this id.
+            CheckpointError: the record is unreadable or invalid.
+        """
+        path = self._dir(session_id) / "meta.json"
+        try:
+            data = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            raise SessionNotFound(f"no session {session_id!r} in {self.root}") from None
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"the record of session {session_id} is unreadable: {exc}") from exc
+        try:
+            return SessionRecord.from_json(data, session_id)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"the record of session {session_id} ({path}) is invalid: {exc}") from None
+
+    def exists(self, session_id: str) -> bool:
+        return (self._dir(session_id) / "meta.json").exists()
+
+    def ids(self) -> Iterator[str]:
+        """Ids of every stored session."""
+        for entry in sorted(self.root.iterdir()):
+            if _SESSION_ID.match(entry.name) and (entry / "meta.json").exists():
+                yield entry.name
+
+    def recorded_containers(self) -> dict[str, str]:
+        """Container id -> session id of every readable record that names a container (a snapshot)."""
+        owners = {}
+        for session_id in self.ids():
+            with contextlib.suppress(SessionNotFound, CheckpointError):
+                container_id = self.load(session_id).container_id
+                if container_id:
+                    owners[container_id] = session_id
+        return owners
+
+    @contextlib.contextmanager
+    def transaction(self, session_id: str) -> Iterator[SessionRecord]:
+        """Hold the session's lock and yield its current record; ``save`` what changed before leaving.
+
+        Raises:
+            SessionNotFound: the session does not exist (or was deleted while we waited).
+            SessionBusy: another process held the lock for ``lock_timeout`` seconds.
+            CheckpointError: the record is unreadable.
+        """
+        with self.locked(session_id):
+            yield self.load(session_id)  # SessionNotFound if it was deleted while we waited
+
+    @contextlib.contextmanager
+    def locked(self, session_id: str) -> Iterator[None]:
+        """Hold the session's lock without reading its record (which may be unreadable: prune removes such).
+
+        Raises:
+            SessionNotFound: the session's directory does not exist.
+            SessionBusy: another process held the lock for ``lock_timeout`` seconds.
+        """
+        directory = self._dir(session_id)
+        try:
+            fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            raise SessionNotFound(f"no session {session_id!r} in {self.root}") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot open the lock of session {session_id}: {exc}") from exc
+        try:
+            lock_within(
+                fd,
+                fcntl.LOCK_EX,
+                self.lock_timeout,
+                f"session {session_id} stayed locked by another process for {self.lock_timeout:g} s",
+            )
+            yield
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def store_lock(self, name: str) -> Iterator[None]:
+        """An exclusive lock over the whole store (``<state_dir>/<name>.lock``), for decisions about many sessions.
+
+        Raises:
+            SessionBusy: another process held it for ``lock_timeout`` seconds.
+        """
+        fd = os.open(self.base / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            lock_within(
+                fd,
+                fcntl.LOCK_EX,
+                self.lock_timeout,
+                f"the store's {name} lock stayed taken for {self.lock_timeout:g} s",
+            )
+            yield
+        finally:
+            os.close(fd)
+
+    def outputs_dir(self, session_id: str) -> Path:
+        """Where whole outputs of the session's calls are kept (``outputs/``); removed with the session."""
+        return self._dir(session_id) / "outputs"
+
+    def activity_path(self, session_id: str) -> Path:
+        """The session's activity file (``activity``): busy while a call runs, its mtime the last use."""
+        return self._dir(session_id) / ACTIVITY_FILE
+
+    def session_dirs(self) -> Iterator[Path]:
+        """Every directory under ``sessions/`` named like a session, with or without a record (orphans too)."""
+        for entry in sorted(self.root.iterdir()):
+            if _SESSION_ID.match(entry.name) and entry.is_dir() and not entry.is_symlink():
+                yield entry
+
+    def stray_files(self, session_id: str, keep: Iterable[str]) -> dict[Path, int]:
+        """Blobs not in ``keep`` and unfinished temp files of a session, with their sizes (call inside
+        ``transaction``, where no commit is half done)."""
+        directory = self._dir(session_id)
+        wanted = set(keep)
+        temps = [entry for entry in _files(directory) if entry.name.startswith(".tmp-")]
+        unnamed = [entry for entry in _files(directory / "blobs") if entry.name not in wanted]
+        return {Path(entry.path): entry.stat(follow_symlinks=False).st_size for entry in temps + unnamed}
+
+    def missing_blobs(self, record: SessionRecord) -> set[str]:
+        """Digests the record's manifest names that are not on disk (a damaged checkpoint)."""
+        try:
+            present = set(os.listdir(self._dir(record.session_id) / "blobs"))
+        except OSError:
+            present = set()
+        return set(record.variables.values()) - present
+
+    def write_blobs(self, session_id: str, blobs: dict[str, bytes | bytearray | memoryview]) -> None:
+        """Write blobs that are not stored yet (content-addressed, so an existing file is already right)."""
+        try:
+            for blob_digest, data in blobs.items():
+                target = self.blob_path(session_id, blob_digest)
+                if not target.exists():
+                    _write_atomically(target, [data], self.fsync)
+            if blobs and self.fsync:
+                _fsync_dir(self._dir(session_id) / "blobs")
+        except OSError as exc:
+            raise CheckpointError(f"cannot store checkpoint blobs of session {session_id}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def mapped_blob(self, session_id: str, blob_digest: str) -> Iterator[memoryview]:
+        """One blob of the checkpoint, mapped read-only for the ``with`` block, to send back to an agent.
+
+        Mapped, not read: the bytes go from the page cache to the socket, so restoring a 100 MB value
+        costs the host no 100 MB copy. Blobs are never changed in place (written whole and renamed,
+        removed by unlink), so the mapping stays valid while it is used.
+
+        Raises:
+            CheckpointError: the blob is missing or unreadable.
+        """
+        try:
+            fd = os.open(self.blob_path(session_id, blob_digest), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint of session {session_id} is damaged: {exc}") from exc
+        try:
+            try:
+                size = os.fstat(fd).st_size
+                mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+            except OSError as exc:
+                raise CheckpointError(f"checkpoint of session {session_id} is damaged: {exc}") from exc
+        finally:
+            os.close(fd)  # the mapping keeps its own reference
+        if mapped is None:
+            yield memoryview(b"")
+            return
+        with mapped, memoryview(mapped) as view:
+            yield view
+
+    def stage_blob(self, session_id: str, parts: Sequence[bytes | bytearray | memoryview]) -> Path:
+        """Write a host-made blob to a new temp file in ``blobs/`` (flushed with ``fsync``), outside any lock.
+
+        The file is unnamed: ``place_blob`` names it inside the commit, and until then prune's rule
+        (files in ``blobs/`` that no manifest names) covers it, so a controller that dies leaves
+        nothing that prune would not remove.
+
+        Raises:
+            CheckpointError: it cannot be written (no temp file is left).
+        """
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self._dir(session_id) / "blobs", prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    for part in parts:
+                        fh.write(part)
+                    if self.fsync:
+                        fh.flush()
+                        os.fsync(fh.fileno())
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            raise CheckpointError(f"cannot store a checkpoint blob of session {session_id}: {exc}") from exc
+        return Path(tmp)
+
+    def place_blob(
+        self, session_id: str, staged: Path | None, blob_id: str, parts: Sequence[bytes | bytearray | memoryview]
+    ) -> None:
+        """Give a staged blob its name (call inside ``transaction``, before saving the manifest that names it).
+
+        When the temp file is missing (writing it failed, or a prune removed it as unnamed
+        meanwhile) the blob is written from ``parts`` here instead.
+
+        Raises:
+            CheckpointError: the blob cannot be written.
+        """
+        target = self.blob_path(session_id, blob_id)
+        try:
+            try:
+                if staged is None:
+                    raise FileNotFoundError(blob_id)
+                os.replace(staged, target)
+            except FileNotFoundError:
+                _write_atomically(target, parts, self.fsync)
+            if self.fsync:
+                _fsync_dir(target.parent)
+        except OSError as exc:
+            if staged is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(staged)
+            raise CheckpointError(f"cannot store checkpoint blobs of session {session_id}: {exc}") from exc
+
+    def delete_blobs(self, session_id: str, digests: Iterable[str]) -> None:
+        """Delete blobs no manifest references any more (call inside ``transaction``, after ``save``)."""
+        for blob_digest in digests:
+            with contextlib.suppress(OSError):
+                self.blob_path(session_id, blob_digest).unlink()
+
+    def delete(self, session_id: str) -> None:
+        """Remove a session's record and checkpoints (call inside ``transaction``; missing is fine).
+
+        The directory is first renamed out of the way in one step: a process opening the session's
+        lock or activity file meanwhile then gets ``SessionNotFound`` instead of creating the file
+        again inside a half-removed directory (which would outlive the removal).
+        """
+        doomed = self.root / f"{_REMOVED_PREFIX}{session_id}-{secrets.token_hex(4)}"
+        try:
+            os.rename(self._dir(session_id), doomed)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def quarantine(self, session_id: str, reason: str) -> Path:
+        """Move a session's directory aside, whole, under ``<state_dir>/quarantine/`` (call inside ``locked``).
+
+        For a record that cannot be read: prune keeps it for a person to look at instead of deleting it,
+        and leaves its containers alone. ``reason`` is written beside it (``QUARANTINED``). Returns the new path.
+
+        Raises:
+            SessionNotFound: the session's directory does not exist.
+            CheckpointError: the quarantine directory cannot be made or the move failed.
+        """
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = self.base / QUARANTINE_DIR / f"{validate_session_id(session_id)}.{stamp}.{secrets.token_hex(3)}"
+        try:
+            target.parent.mkdir(mode=0o700, exist_ok=True)
+            os.rename(self._dir(session_id), target)
+        except FileNotFoundError:
+            raise SessionNotFound(f"no session {session_id!r} in {self.root}") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot move session {session_id} to {target.parent}: {exc}") from exc
+        with contextlib.suppress(OSError):
+            (target / QUARANTINE_NOTE).write_text(reason + "\n")
+        return target
+
+    def quarantined(self) -> set[str]:
+        """Ids of the sessions whose directory was quarantined (prune leaves their containers alone)."""
+        try:
+            entries = list(os.scandir(self.base / QUARANTINE_DIR))
+        except FileNotFoundError:
+            return set()
+        return {entry.name.partition(".")[0] for entry in entries if entry.is_dir(follow_symlinks=False)}
+
+    def unfinished_removals(self) -> Iterator[Path]:
+        """Directories a ``delete`` renamed away but did not finish removing (its process died meanwhile)."""
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(_REMOVED_PREFIX) and entry.is_dir() and not entry.is_symlink():
+                yield entry
+
+
+def _files(folder: Path) -> list[os.DirEntry[str]]:
+    """The regular files directly in ``folder`` (none when it does not exist)."""
+    try:
+        return [entry for entry in os.scandir(folder) if entry.is_file(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Create ``path`` with ``data`` in one step (a hard link of a complete temp file); FileExistsError if it exists."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)

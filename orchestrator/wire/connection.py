@@ -1,0 +1,263 @@
+"""An authenticated connection to one agent: the handshake, then one request at a time under one deadline.
+
+Knows nothing of containers or sessions. ``open`` waits for the agent on an ``Endpoint`` and
+runs the handshake of docs/protocol.md (both sides prove they know the sandbox's secret);
+``request`` sends one request and returns the reply that echoes its id, with every byte of
+both directions under the caller's deadline. A ``goodbye`` (another controller took the
+sandbox over) ends the connection with ``TakenOver``. Host calls that arrive while a request
+waits for its reply go to the request's ``CallDesk``; the loop keeps reading while their
+answers are written, so neither side can block the other.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import secrets
+import select
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..agent import protocol
+from ..api.events import LiveCall
+from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
+from ..runtime.hostcalls import CallDesk, answer_error
+from .endpoint import Endpoint
+from .replies import Goodbye, Hello, parse_auth_ok, parse_goodbye, parse_hello
+from .transport import Channel
+
+logger = logging.getLogger(__name__)
+
+Header = dict[str, Any]
+Body = protocol.Body | Sequence[protocol.Body]
+_GOODBYE_WAIT = 1.0
+_HANDSHAKE_SECONDS = 5.0  # a real agent sends its hello as soon as it connects
+
+
+class TakenOver(TransportError):
+    """The agent said goodbye: another controller owns this sandbox now."""
+
+    def __init__(self, goodbye: Goodbye) -> None:
+        super().__init__(f"the agent moved to another controller ({goodbye['reason']})")
+        self.goodbye = goodbye
+
+
+def _handshake(channel: Channel, secret: bytes, sandbox_id: str, deadline: float) -> Hello:
+    """docs/protocol.md "Connection set-up": both ends prove they know the secret, bound to both nonces."""
+    hello = parse_hello(channel.recv(deadline=deadline)[0])
+    if hello["sandbox_id"] != sandbox_id:
+        raise ProtocolError(f"the agent of sandbox {hello['sandbox_id'][:64]!r} connected, not {sandbox_id!r}")
+    nonce = protocol.new_nonce()
+    proof = protocol.auth_proof(secret, "controller", hello["nonce"], nonce)
+    channel.send({"type": protocol.AUTH, "nonce": nonce, "proof": proof}, deadline=deadline)
+    expected = protocol.auth_proof(secret, "agent", hello["nonce"], nonce)
+    if not protocol.proof_matches(expected, parse_auth_ok(channel.recv(deadline=deadline)[0])):
+        raise ProtocolError(f"the peer on the channel of sandbox {sandbox_id} does not know its secret")
+    return hello
+
+
+_request_ids = itertools.count()
+_id_prefix = secrets.token_hex(8)
+
+
+def _new_id_prefix() -> None:
+    global _id_prefix
+    _id_prefix = secrets.token_hex(8)
+
+
+os.register_at_fork(after_in_child=_new_id_prefix)  # a forked child must not repeat its parent's ids
+
+
+def new_request_id() -> str:
+    """A request id unique to this process (a random prefix, then a counter): 32 hex digits, like a UUID's.
+
+    Cheaper than ``uuid.uuid4()`` (no system call), which the trivial cell notices.
+    """
+    return f"{_id_prefix}{next(_request_ids):016x}"
+
+
+class AgentConnection:
+    """One authenticated channel to an agent."""
+
+    def __init__(self, channel: Channel, hello: Hello) -> None:
+        self._channel = channel
+        self.hello = hello
+
+    @classmethod
+    def open(cls, endpoint: Endpoint, *, sandbox_id: str, deadline: float) -> AgentConnection:
+        """Wait for the agent of ``sandbox_id`` on ``endpoint`` and authenticate both ends.
+
+        A peer that fails the handshake (or stalls in it for ``_HANDSHAKE_SECONDS``) is dropped
+        and the wait goes on, so a process that knocks on the socket cannot stop the real agent.
+
+        Raises:
+            AgentTimeoutError: no agent completed the handshake by ``deadline``.
+            ProtocolError: by ``deadline``, only peers that are not this sandbox's agent came
+                (wrong version, id or proof); the last one's reason.
+        """
+        refused: TransportError | None = None
+        while True:
+            try:
+                channel = endpoint.accept(deadline)
+            except AgentTimeoutError:
+                if refused is not None:
+                    raise refused from None
+                raise
+            try:
+                hello = _handshake(
+                    channel, endpoint.secret, sandbox_id, min(deadline, time.monotonic() + _HANDSHAKE_SECONDS)
+                )
+            except TransportError as exc:
+                channel.close()
+                logger.warning("sandbox %s: dropped a peer on its channel: %s", sandbox_id, exc)
+                refused = exc
+                continue
+            except BaseException:
+                channel.close()
+                raise
+            logger.info(
+                "agent of sandbox %s connected (Python %s, dill %s)", sandbox_id, hello["python"], hello["dill"]
+            )
+            return cls(channel, hello)
+
+    def request(
+        self,
+        header: Header,
+        body: Body = b"",
+        *,
+        deadline: float,
+        checkpoint_seconds: float | None = None,
+        desk: CallDesk | None = None,
+        live: LiveCall | None = None,
+    ) -> tuple[Header, bytearray]:
+        """Send one request and return its reply; every byte both ways must move before ``deadline``.
+
+        With ``checkpoint_seconds``, the agent's ``checkpointing`` notice (the cell ended) moves
+        the deadline to that many seconds from its arrival, once. Host calls made meanwhile go
+        to ``desk`` (without one, each is answered with an error); the cell's output and its
+        ``input()`` requests go to ``live``, which may also ask for an interrupt. While an
+        ``input()`` waits for its answer the deadline stands still, as the agent's clock does.
+
+        Raises:
+            TakenOver: the agent said goodbye (the request was not kept).
+            AgentTimeoutError: the deadline passed.
+            ChannelLost: the agent's end closed.
+            ProtocolError: an invalid frame, or a reply to another request.
+        """
+        if "id" not in header:
+            header["id"] = new_request_id()
+        try:
+            self._channel.send(header, body, deadline=deadline)
+        except ChannelLost:
+            self._raise_if_goodbye()  # a takeover's goodbye may wait behind the pipe that just broke
+            raise
+        channel = self._channel
+        paused_at: float | None = None
+        # The reply cannot have come yet: wait before the first read, unless the deadline passed (what arrived is
+        # then read first, as always). The channel keeps no bytes past a frame, so readable means the socket.
+        read_first = time.monotonic() >= deadline
+        while True:
+            if live is not None:
+                if live.waiting_for_input and paused_at is None:
+                    paused_at = time.monotonic()
+                elif paused_at is not None and not live.waiting_for_input:
+                    deadline += time.monotonic() - paused_at
+                    paused_at = None
+            if not read_first:
+                read_first = True
+                self._wait(math.inf if paused_at is not None else deadline, desk, live, header["id"])
+                continue
+            frame = channel.poll_recv()
+            if frame is None:
+                self._wait(math.inf if paused_at is not None else deadline, desk, live, header["id"])
+                continue
+            reply, reply_body = frame
+            kind = reply.get("type")
+            if kind == protocol.OUTPUT and reply.get("id") == header["id"]:
+                if live is not None:
+                    live.output(str(reply.get("stream")), reply_body)
+                continue
+            if kind == protocol.HOST_CALL and reply.get("id") == header["id"]:
+                if reply.get("name") == protocol.INPUT_CALL and live is not None:
+                    live.input_request(_call_number(reply), reply_body)
+                else:
+                    self._host_call(reply, reply_body, desk)
+                continue
+            if kind == protocol.GOODBYE:
+                raise TakenOver(parse_goodbye(reply))
+            if reply.get("id") != header["id"]:
+                raise ProtocolError(f"a reply for {str(reply.get('id'))[:64]!r} while waiting for {header['id']!r}")
+            if kind == protocol.CHECKPOINTING and checkpoint_seconds is not None and not reply_body:
+                deadline, checkpoint_seconds = time.monotonic() + checkpoint_seconds, None
+                continue
+            if channel.has_queued:  # the agent drops these answers; a frame cut in half would not be dropped
+                channel.flush(deadline=deadline)
+            return reply, reply_body
+
+    def _wait(self, deadline: float, desk: CallDesk | None, live: LiveCall | None, request_id: str) -> None:
+        """Until the channel is readable (or writable with answers queued), an answer is ready, or a time limit."""
+        channel = self._channel
+        poller = select.poll()
+        poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
+        wake = deadline
+        for source in (desk, live):
+            if source is not None:
+                poller.register(source.wake_fd, select.POLLIN)
+                wake = min(wake, source.next_expiry())
+        remaining = wake - time.monotonic()
+        if remaining <= 0 and wake == deadline:
+            raise AgentTimeoutError("the agent sent no complete reply: the deadline passed")
+        ready = {fd for fd, _ in poller.poll(None if remaining == math.inf else max(0, math.ceil(remaining * 1000)))}
+        now = time.monotonic()
+        for source in (desk, live):
+            if source is not None and (source.wake_fd in ready or source.next_expiry() <= now):
+                for answer, answer_body in source.answers():
+                    channel.enqueue(answer, answer_body)
+        if live is not None and live.take_interrupt():
+            channel.enqueue({"type": protocol.INTERRUPT, "id": request_id})
+        if channel.has_queued:
+            channel.flush()
+
+    def _host_call(self, frame: Header, body: bytearray, desk: CallDesk | None) -> None:
+        """A host call of the running cell: to the desk, or refused at once."""
+        call, name = _call_number(frame), frame.get("name")
+        if not isinstance(name, str):
+            raise ProtocolError("a host_call frame without a handler name")
+        if desk is None:
+            error = f"host call {name[:64]!r}: this cell was run without host calls"
+            self._channel.enqueue(*answer_error(call, error))
+        else:
+            desk.submit(call, name, body)
+
+    def check_idle(self) -> None:
+        """Between calls the agent is silent; if it spoke, find out why.
+
+        Raises:
+            TakenOver: it said goodbye.
+            ChannelLost: it hung up or sent something unasked (the sandbox is not usable as is).
+        """
+        if self._channel.has_pending():
+            self._raise_if_goodbye()
+            raise ChannelLost("the agent hung up or spoke unasked between calls")
+
+    def _raise_if_goodbye(self) -> None:
+        """Read what the agent sent unasked; TakenOver if it is a goodbye, else return."""
+        try:
+            message, _ = self._channel.recv(deadline=time.monotonic() + _GOODBYE_WAIT)
+        except TransportError:
+            return
+        if message.get("type") == protocol.GOODBYE:
+            raise TakenOver(parse_goodbye(message))
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _call_number(frame: Header) -> int:
+    call = frame.get("call")
+    if type(call) is not int:
+        raise ProtocolError("a host_call frame without a call number")
+    return call

@@ -1,0 +1,294 @@
+"""One open connection to an agent: frames sent and received against absolute deadlines.
+
+A ``Channel`` wraps a connected stream socket in non-blocking mode and waits with
+``select.poll`` (no ``FD_SETSIZE`` limit), so one deadline covers a whole frame: a peer that
+trickles bytes or is stopped cannot stretch a call. Receive buffers grow with what arrives,
+never with what a prefix declares, and large bodies are sent from memoryviews, never copied.
+Foreign errors (OSError, bad frames) are translated here into the ``TransportError`` family.
+How the controller gets such a socket is ``orchestrator/endpoint.py``'s job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, NoReturn
+
+from ..agent import protocol
+from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
+
+logger = logging.getLogger(__name__)
+
+_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)  # EPIPE as an error, even where SIGPIPE is not ignored
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class PeerCredentials(NamedTuple):
+    """Who is at the other end of a Unix socket, as the kernel saw it when the peer connected."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_credentials(sock: socket.socket) -> PeerCredentials | None:
+    """The peer's process, user and group ids via ``SO_PEERCRED``; None where the OS does not tell (not Linux).
+
+    Ids are as seen from the caller's user namespace.
+    """
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None or sock.family != socket.AF_UNIX:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, option, _PEERCRED.size)
+    except OSError:
+        return None
+    return PeerCredentials(*_PEERCRED.unpack(raw))
+
+
+def wait_for(sock: socket.socket, events: int, deadline: float | None, what: Callable[[], str]) -> None:
+    """Block until ``sock`` reports one of the poll ``events`` (or an error / hang-up), at most until ``deadline``.
+
+    Args:
+        sock: the socket to watch.
+        events: ``select.POLLIN`` and/or ``select.POLLOUT``.
+        deadline: absolute ``time.monotonic()`` value; None waits for ever.
+        what: says what was awaited, for the timeout's message.
+
+    Raises:
+        AgentTimeoutError: the deadline passed first.
+    """
+    poller = select.poll()
+    poller.register(sock, events)
+    while True:
+        if deadline is None:
+            timeout_ms = None
+        else:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AgentTimeoutError(f"{what()}: the deadline passed")
+            timeout_ms = max(1, math.ceil(remaining * 1000))
+        if poller.poll(timeout_ms):
+            return
+
+
+class Channel:
+    """One open connection to an agent, with the host's frame limits.
+
+    After ``AgentTimeoutError`` from ``recv`` the part of a frame that arrived is kept and the
+    next ``recv`` goes on with it. A direction that failed otherwise (``ChannelLost``, a
+    ``ProtocolError`` from ``recv``, a ``send`` cut off in the middle of a frame) is out of step,
+    and every later call in that direction raises ``ChannelLost``; the other direction still
+    works (a reply or ``goodbye`` may wait behind a broken pipe). After ``close`` both fail.
+    """
+
+    def __init__(self, sock: socket.socket, max_header: int, max_body: int) -> None:
+        """Take over ``sock`` (a connected stream socket; it is made non-blocking).
+
+        Args:
+            sock: the connection; the channel owns and closes it.
+            max_header: largest frame header accepted from the peer, in bytes.
+            max_body: largest frame body accepted from the peer, in bytes.
+        """
+        sock.setblocking(False)
+        self._sock = sock
+        self._max_header = max_header
+        self._max_body = max_body
+        self._reader: protocol.FrameReader | None = None
+        self._send_broken: str | None = None
+        self._recv_broken: str | None = None
+        self._outbox: list[memoryview] = []  # queued frames (host-call answers), sent as the socket takes them
+
+    def send(
+        self,
+        header: protocol.Header,
+        body: protocol.Body | Sequence[protocol.Body] = b"",
+        *,
+        deadline: float | None,
+    ) -> None:
+        """Send one frame whose body is one buffer or several sent back to back (none is copied).
+
+        Args:
+            header: the JSON header; it must have a ``type``.
+            body: raw bytes after the header.
+            deadline: absolute ``time.monotonic()`` value by which the whole frame must be
+                handed to the kernel; None waits for ever.
+
+        Raises:
+            AgentTimeoutError: the agent did not take the frame in time (it stopped reading).
+            ChannelLost: the agent's end is closed, or the channel failed before.
+            ProtocolError: the frame is over the protocol's limits (nothing was sent).
+        """
+        if self._send_broken is not None:
+            raise ChannelLost(f"cannot send to the agent: {self._send_broken}")
+        try:
+            parts = protocol.frame_parts(header, body)
+        except protocol.ProtocolViolation as exc:
+            raise ProtocolError(f"refusing to send a {header.get('type')!r} frame: {exc}") from exc
+        total = sum(memoryview(part).nbytes for part in parts)
+        sent = 0
+        try:
+            for part in parts:
+                with memoryview(part) as raw, raw.cast("B") as view:
+                    offset = 0
+                    while offset < len(view):
+                        try:
+                            count = self._sock.send(view[offset:], _SEND_FLAGS)
+                        except BlockingIOError:
+                            wait_for(
+                                self._sock,
+                                select.POLLOUT,
+                                deadline,
+                                functools.partial(self._sending, header, sent, total),
+                            )
+                            continue
+                        offset += count
+                        sent += count
+        except TransportError as exc:
+            if sent:
+                self._send_broken = f"a frame was cut off after {sent} of {total} bytes ({exc})"
+            raise
+        except OSError as exc:
+            self._send_broken = f"sending failed: {exc}"
+            raise ChannelLost(f"sending to the agent failed: {exc}") from exc
+        logger.debug("sent a %r frame of %d bytes", header.get("type"), total)
+
+    def recv(self, *, deadline: float | None) -> tuple[protocol.Header, bytearray]:
+        """Receive one frame, all of it by ``deadline``.
+
+        Args:
+            deadline: absolute ``time.monotonic()`` value; None waits for ever. It is checked
+                whenever the channel would wait, so bytes that have already arrived are read
+                (and a complete frame returned) even after it.
+
+        Returns:
+            The header and the body (empty when the frame has none).
+
+        Raises:
+            AgentTimeoutError: no complete frame arrived in time; what did arrive is kept for the next call.
+            ChannelLost: the agent's end closed, or the channel failed before.
+            ProtocolError: the bytes were not a valid frame within the limits.
+        """
+        while True:
+            frame = self.poll_recv()
+            if frame is not None:
+                return frame
+            assert self._reader is not None
+            wait_for(self._sock, select.POLLIN, deadline, functools.partial(self._receiving, self._reader))
+
+    def poll_recv(self) -> tuple[protocol.Header, bytearray] | None:
+        """Read what has arrived without waiting: a complete frame, or None (the part that came is kept).
+
+        Raises:
+            ChannelLost, ProtocolError: as ``recv``.
+        """
+        if self._recv_broken is not None:
+            raise ChannelLost(f"cannot receive from the agent: {self._recv_broken}")
+        if self._reader is None:
+            self._reader = protocol.FrameReader(self._max_header, self._max_body)
+        reader = self._reader
+        try:
+            while not reader.recv_from(self._sock):
+                pass
+        except BlockingIOError:
+            return None
+        except protocol.ChannelClosed as exc:
+            self._fail(ChannelLost(f"the agent closed the channel ({exc})"), exc)
+        except protocol.ProtocolViolation as exc:
+            self._fail(ProtocolError(f"the agent sent an invalid frame: {exc}"), exc)
+        except MemoryError as exc:  # a body within max_body that this host cannot hold
+            self._fail(ProtocolError(f"the agent's frame does not fit in this controller's memory ({exc})"), exc)
+        except OSError as exc:
+            self._fail(ChannelLost(f"reading from the agent failed: {exc}"), exc)
+        self._reader = None
+        header, body = reader.frame()
+        logger.debug("received a %r frame with a body of %d bytes", header.get("type"), len(body))
+        return header, body
+
+    def enqueue(self, header: protocol.Header, body: protocol.Body = b"") -> None:
+        """Queue a frame for ``flush``, so a caller that must keep reading never blocks on a write.
+
+        Raises:
+            ProtocolError: the frame is over the protocol's limits (nothing was queued).
+        """
+        try:
+            parts = protocol.frame_parts(header, body)
+        except protocol.ProtocolViolation as exc:
+            raise ProtocolError(f"refusing to send a {header.get('type')!r} frame: {exc}") from exc
+        self._outbox.extend(memoryview(part).cast("B") for part in parts)
+
+    @property
+    def has_queued(self) -> bool:
+        return bool(self._outbox)
+
+    def flush(self, *, deadline: float | None = 0.0) -> None:
+        """Send queued frames: as much as the socket takes now (deadline 0.0), or all of them by ``deadline``.
+
+        Raises:
+            AgentTimeoutError: a deadline other than 0.0 passed with frames still queued.
+            ChannelLost: the agent's end is closed (the queue is dropped).
+        """
+        if self._send_broken is not None:
+            self._outbox.clear()
+            raise ChannelLost(f"cannot send to the agent: {self._send_broken}")
+        while self._outbox:
+            view = self._outbox[0]
+            try:
+                count = self._sock.send(view, _SEND_FLAGS)
+            except BlockingIOError:
+                if deadline == 0.0:
+                    return
+                wait_for(self._sock, select.POLLOUT, deadline, lambda: "the agent stopped reading host-call answers")
+                continue
+            except OSError as exc:
+                self._send_broken = f"sending failed: {exc}"
+                self._outbox.clear()
+                raise ChannelLost(f"sending to the agent failed: {exc}") from exc
+            if count == len(view):
+                self._outbox.pop(0)
+            else:
+                self._outbox[0] = view[count:]
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def has_pending(self) -> bool:
+        """True when the agent sent something or hung up, without blocking (between calls it should be silent)."""
+        if self._recv_broken is not None or (self._reader is not None and self._reader.started):
+            return True
+        try:
+            poller = select.poll()
+            poller.register(self._sock, select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True
+
+    def peer_credentials(self) -> PeerCredentials | None:
+        """The agent's pid, uid and gid as the kernel saw them at connect time; None where the OS does not tell."""
+        return peer_credentials(self._sock)
+
+    def close(self) -> None:
+        """Close the connection (idempotent); later calls raise ``ChannelLost``."""
+        self._send_broken = self._recv_broken = "the channel was closed"
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def _fail(self, error: TransportError, cause: BaseException) -> NoReturn:
+        self._recv_broken = str(error)
+        self._reader = None
+        raise error from cause
+
+    @staticmethod
+    def _receiving(reader: protocol.FrameReader) -> str:
+        return f"the agent sent no complete frame (got {reader.progress()})"
+
+    @staticmethod
+    def _sending(header: protocol.Header, sent: int, total: int) -> str:
+        return f"the agent did not take a {header.get('type')!r} frame ({sent} of {total} bytes sent)"
