@@ -1,4 +1,4 @@
-"""The asynchronous API, as coroutines: ``AsyncOrchestrator`` and ``AsyncSession`` (``orchestrator.api.aio``)."""
+"""The asynchronous API, as coroutines: ``AsyncOrchestrator`` and ``AsyncSession`` (implemented in ``orchestrator.api.aio``)."""
 
 from __future__ import annotations
 
