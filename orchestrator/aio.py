@@ -1,4 +1,4 @@
-"""The asynchronous API, as coroutines: ``AsyncOrchestrator`` and ``AsyncSession`` (implemented in ``orchestrator.api.aio``)."""
+"""The asynchronous API as coroutines: AsyncOrchestrator and AsyncSession (implemented in ``api/aio.py``)."""
 
 from __future__ import annotations
 
