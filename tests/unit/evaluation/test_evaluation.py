@@ -8,7 +8,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-import test_reply_fields as reply_fields
+import reply_support
 
 from orchestrator.api.results import ExecError
 from orchestrator.config import Settings
@@ -310,7 +310,7 @@ class LyingSandbox:
 
 def exec_reply(**fields: object) -> dict[str, object]:
     """A well-formed reply to a harness cell (its value: a report that the phase ended ``ok``), ``fields`` changed."""
-    return reply_fields.exec_reply(**{"return_value": '{"ended": "ok", "reason": "", "error": null}', **fields})
+    return reply_support.exec_reply(**{"return_value": '{"ended": "ok", "reason": "", "error": null}', **fields})
 
 
 def graded(*replies: dict[str, object], tests: str | None = "assert f()") -> tuple[object, ...]:
