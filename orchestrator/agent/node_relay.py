@@ -1,7 +1,7 @@
 """The node relay: the sandboxes' channel directories on one Swarm node, bridged to controllers over mutual TLS.
 
 On a Swarm a sandbox runs on some node, away from its controller. Each node runs one relay
-(``python3 -m orchestrator_agent.relay`` in our sandbox image; root; host network), which does
+(``python3 -m orchestrator_agent.node_relay`` in our sandbox image; root; host network), which does
 there what ``UnixSocketEndpoint`` does on the controller's host: ``<ORCH_RELAY_DIR>/<sandbox_id>/``
 with a fresh secret and a listening socket owned by the sandbox's uid (``rendezvous.py``), which
 the sandbox bind-mounts read-only. Controllers reach it over TLS only, with a client certificate

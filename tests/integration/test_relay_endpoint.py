@@ -315,7 +315,7 @@ def test_the_relay_runs_on_the_oldest_python(
     try:
         relay = client.containers.run(
             image,
-            ["python3", "-m", "orchestrator_agent.relay"],
+            ["python3", "-m", "orchestrator_agent.node_relay"],
             detach=True,
             name=f"orch-relaytest-relay-{os.urandom(4).hex()}",
             labels={TEST_LABEL: run_id},
