@@ -203,7 +203,7 @@ def run_ours(
 
 
 def docker_run_command(settings: Settings, image: str, name: str, labels: dict[str, str]) -> list[str]:
-    """``docker run --rm -i`` with the isolation and limits of our sandboxes (``DockerBackend.run_sandbox``)."""
+    """``docker run --rm -i`` with the isolation and limits of our sandboxes (docker_backend.run_sandbox)."""
     command = ["docker", "run", "--rm", "-i", "--name", name, "--init", "--network", settings.network_mode]
     for key, value in labels.items():
         command += ["--label", f"{key}={value}"]

@@ -3,9 +3,11 @@
 Every sandbox's worker gets its own uid, so per-uid kernel limits (inotify instances, RLIMIT_NPROC,
 user keyrings) are per sandbox: one sandbox cannot use up another's. The uid is drawn at random from
 ``Settings.worker_uids`` and checked against the ``WORKER_UID`` labels of the engine's sandboxes (one
-filtered listing). Two controllers starting sandboxes in the same instant may still draw one uid, about
-once in a hundred million draws with the default range; those two sandboxes then share per-uid limits,
-and nothing else: each has its own secret, channel and container.
+filtered listing): two live sandboxes never share one while their controllers start them one after
+the other. Two controllers that start sandboxes on one engine in the same instant could draw the same
+uid between their check and their start, once in about ``size of the range`` draws for each such pair;
+with the default hundred million uids that is rare, and the cost is only two sandboxes sharing per-uid limits
+(the uid does not guard their channels or state: each has its own secret and container).
 """
 
 from __future__ import annotations

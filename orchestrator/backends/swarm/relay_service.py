@@ -1,6 +1,6 @@
 """The relays: one per Swarm node (a global service), each the node-side end of its sandboxes' channels.
 
-A relay runs our sandbox image (``python3 -m orchestrator_agent.node_relay``) with the node's
+A relay runs our sandbox image (``python3 -m orchestrator_agent.relay``) with the node's
 ``Settings.swarm_node_dir`` mounted, on the node's own network, and serves this store's
 controllers over mutual TLS. Its certificate and key reach it as Swarm secrets; the CA and
 both certificates are made once per store (``tls.ensure_credentials``). Deploying is
