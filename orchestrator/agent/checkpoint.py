@@ -1,36 +1,25 @@
 """Incremental dill checkpoints of a namespace: pickle only what changed, name what cannot be saved.
 
-Runs in the sandbox worker (standard library plus dill). Each saved variable is one blob.
-A value that is the very object saved last time and is deeply immutable (a str, bytes,
-number, or tuple of those; a module) is skipped without pickling, so a 100 MB context
-costs nothing after its first checkpoint; a new name for such an object takes the blob the
-object is saved in already, without pickling it. Other values are pickled and sent only when
-their digest changed. A str or bytes value the controller made (``set_value``) is not pickled
-here at all: the controller stores its blob itself (a host-made blob, docs/protocol.md) and the
-tracker adopts it, so the next delta names it without sending it. A class of the session
-bound under its own name pickles by value as that variable, and everything else refers to it
-by name, so instances restored later are instances of the session's class (one restored
-before its class fails and is retried).
+Runs in the sandbox worker (standard library plus dill). Each saved variable is one blob, sent only
+when its digest changed. Pickling is what every call pays for, so it is avoided where it can be: a
+value that is the very object saved last time and deeply immutable (a str, bytes, number, tuple of
+those, a module) is skipped, so a 100 MB context costs nothing after its first checkpoint; a new name
+for such an object takes its blob; a str or bytes the controller made (``set_value``: a host-made
+blob, docs/protocol.md) is adopted without pickling; and plain data (builtin containers of builtin
+scalars) goes through the standard library's C pickler, about ten times faster than dill, because a
+mutable value is pickled again at every checkpoint to learn whether it changed.
 
-A value that could not be saved is tried again on every later checkpoint (it may have
-become saveable), after the others. A checkpoint can run out of time (the pickling
-function raises ``KeyboardInterrupt``): the value being pickled and every later one
-that would need pickling are named unsaved. With a quota, a changed value whose blob
-would take the checkpoint's distinct blobs over it is named unsaved too.
+A value that cannot be saved is named unsaved and tried again, after the others, at every later
+checkpoint: one that does not pickle, one whose blob would take the checkpoint past its quota, and,
+when the checkpoint runs out of time (the pickler raises ``KeyboardInterrupt``), the value being
+pickled and every later one that needs pickling. A class of the session bound under its own name
+pickles by value and everything else refers to it by name, so restored instances are instances of
+the session's class (one restored before its class fails and is retried). While a value is pickled
+or unpickled, ``sys.modules["__main__"]`` is the active context's module (dill's ``_main``), so a
+function of a context refers to that context's globals both ways.
 
-Plain data (builtin containers of builtin scalars: the dicts, lists and strings most cells
-make) is pickled by the standard library's C pickler, about ten times faster than dill, which
-matters because a mutable value is pickled again at every checkpoint to learn whether it
-changed. Anything else (functions, classes, instances, modules) goes through dill.
-
-The session module is whatever ``sys.modules["__main__"]`` is while a value is pickled or
-unpickled: the worker installs the active context's module there, and the pickler and unpickler
-take it as dill's ``_main``, so a function of a context refers to that context's globals (and an
-instance of a context's class finds that context's class) both ways.
-
-Blobs are kept as the parts the pickler wrote (a big str or bytes payload is referenced,
-not copied), and restored straight from the receive buffer, so neither direction holds
-a value's bytes more than once.
+Blobs are kept as the parts the pickler wrote (a big payload is referenced, not copied) and restored
+straight from the receive buffer, so neither direction holds a value's bytes more than once.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Keeping the supervisor out of the worker's reach: identities, capabilities and import paths.
 
 The supervisor starts as root holding only SETUID, SETGID, SETPCAP and KILL (the controller's
-``backend.SUPERVISOR_CAPABILITIES``); each worker runs as the sandbox's own uid (gid the same
+``backends.base.SUPERVISOR_CAPABILITIES``); each worker runs as the sandbox's own uid (gid the same
 number, no supplementary group), so the worker holds no capability and cannot ptrace, signal or
 read the supervisor, its secret or its socket. Here:
 

@@ -5,7 +5,7 @@ On a Swarm a sandbox runs on some node, away from its controller. Each node runs
 there what ``UnixSocketEndpoint`` does on the controller's host: ``<ORCH_RELAY_DIR>/<sandbox_id>/``
 with a fresh secret and a listening socket owned by the sandbox's uid (``rendezvous.py``), which
 the sandbox bind-mounts read-only. Controllers reach it over TLS only, with a client certificate
-from our CA (``orchestrator/swarm/tls.py``): there is no plaintext and no unauthenticated port.
+from our CA (``orchestrator/backends/swarm/tls.py``): there is no plaintext and no unauthenticated port.
 
 Each connection carries one JSON line from the controller (at most ``MAX_REQUEST`` bytes) and
 gets one back, ``{"ok": true, ...}`` or ``{"ok": false, "error": "<sentence>", "kind": "<word>"}``:

@@ -1,6 +1,6 @@
 """A sandbox's rendezvous on one machine: ``<base>/<sandbox_id>/`` with its secret and a listening socket.
 
-The controller (``orchestrator/endpoint.py``, on its own host) and the node relay (``relay.py``,
+The controller (``orchestrator/wire/endpoint.py``, on its own host) and the node relay (``node_relay.py``,
 on a Swarm node) both make these directories, take them over and delete them, with the same
 checks (docs/protocol.md, "The sandbox directory and the secret"): nothing here follows a
 symbolic link, every directory is checked with ``lstat`` before it is used, files are opened

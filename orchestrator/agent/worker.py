@@ -1,8 +1,8 @@
 """The sandbox worker: holds the session's globals and runs cells; the supervisor does everything else.
 
-Standard library plus dill. Started by the supervisor as ``python3 -c 'from
-orchestrator_agent.worker import main; main()' FD OUTPUT_LIMIT QUOTA CALL_FD CALL_MAX`` with
-one end of a socket pair on FD (requests) and of another on CALL_FD (host calls). It answers
+Standard library plus dill. Started by the supervisor as the sandbox's worker uid, as ``python3 -s -c
+'<drop relative sys.path entries>; from orchestrator_agent.worker import main; main()' FD OUTPUT_LIMIT QUOTA
+CALL_FD CALL_MAX`` with one end of a socket pair on FD (requests) and of another on CALL_FD (host calls). It answers
 one request at a time with a reply and the checkpoint delta that the request caused. The
 session's scaffold (``install``) runs in a module of its own; its ``before_cell`` and
 ``after_cell`` run around every cell, and the names it owns are never checkpointed. It

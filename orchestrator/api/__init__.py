@@ -1,1 +1,5 @@
-""""""
+"""The public API: ``Orchestrator``, ``Session``, ``Context``, results, live events and ``PythonTool``.
+
+Import them from ``orchestrator`` (and ``orchestrator.aio``), which re-export them. Builds on every internal layer
+(runtime, ops, state, wire, backends); docs/architecture.md draws them.
+"""

@@ -1,4 +1,4 @@
-"""Typed results of calls, built from agent replies that ``messages`` validated field by field."""
+"""Typed results of calls, built from agent replies that ``wire.replies`` validated field by field."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""What the controller needs from a container engine, as a protocol: ``DockerBackend`` is the first one.
+"""What the controller needs from a container engine, as a protocol: ``DockerBackend`` and ``SwarmBackend`` are two.
 
-Everything above this line (sandboxes, sessions, the manager) speaks only these types, so a
-Swarm or Kubernetes backend can stand in without touching them. Labels are the engine's only
-memory of what we created: every container carries ``orchestrator.managed``, the id of the
-store that owns it (``orchestrator.store``), its sandbox id and, when it serves one, its session.
+Everything above this layer (sandboxes, sessions, the manager) speaks only these types, so another
+engine (Kubernetes) can stand in without touching them. Labels are the engine's only memory of
+what we created: every container carries ``orchestrator.managed``, the id of the store that owns
+it (``orchestrator.store``), its sandbox id and, when it serves one, its session.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A ``Channel`` wraps a connected stream socket in non-blocking mode and waits wit
 trickles bytes or is stopped cannot stretch a call. Receive buffers grow with what arrives,
 never with what a prefix declares, and large bodies are sent from memoryviews, never copied.
 Foreign errors (OSError, bad frames) are translated here into the ``TransportError`` family.
-How the controller gets such a socket is ``orchestrator/endpoint.py``'s job.
+How the controller gets such a socket is ``endpoint.py``'s job.
 """
 
 from __future__ import annotations

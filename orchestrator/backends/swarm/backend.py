@@ -1,7 +1,7 @@
 """Docker Swarm as a ``Backend``: each sandbox is a one-replica service, placed on a node of the Swarm.
 
 The controller talks to a Swarm manager (DOCKER_HOST or the Docker context, as for the docker
-backend) and to the relay on each node (``relays.py``). A sandbox's "container id" is its
+backend) and to the relay on each node (``relay_service.py``). A sandbox's "container id" is its
 service's id. The same hardening as a local container is written into the service spec:
 nobody, no capabilities, read-only root, size-capped tmpfs, memory / CPU / pids limits, and
 no network: Swarm has no ``network_mode none``, so each sandbox gets an internal overlay
@@ -238,7 +238,7 @@ class SwarmBackend:
         )
         if settings.no_new_privileges:
             # Stored and enforced from API 1.45 on; Docker 20.10 drops it silently, which is why the sandbox
-            # image has no setuid or setgid files (orchestrator/sandbox.Dockerfile).
+            # image has no setuid or setgid files (orchestrator/ops/sandbox.Dockerfile).
             container["Privileges"] = {"NoNewPrivileges": True}
         placement = spec.placement
         resources = Resources(

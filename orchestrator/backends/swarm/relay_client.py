@@ -1,6 +1,6 @@
 """The controller's side of a node relay: its requests over mutual TLS, and the ``Endpoint`` it makes of a sandbox.
 
-``RelayClient`` speaks the relay's protocol (``orchestrator/agent/relay.py``): one TLS
+``RelayClient`` speaks the relay's protocol (``orchestrator/agent/node_relay.py``): one TLS
 connection per request, one JSON line each way. ``RelayEndpoint`` is a sandbox's endpoint
 on a Swarm node: the relay there holds the sandbox's directory and listening socket, and
 ``accept`` turns the relay's bridge to the agent into a ``Channel``. A ``Channel`` polls and

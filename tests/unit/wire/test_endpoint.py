@@ -438,6 +438,6 @@ def test_discard_sandbox_dir(base, runtime, opened):
 
 
 def test_endpoint_module_names_match_the_protocol_doc():
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()
     for name in (endpoint_module.SOCKET_NAME, endpoint_module.SECRET_NAME, endpoint_module.CHANNEL_MOUNT):
         assert f"`{name}`" in doc

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from reply_support import exec_reply
 
 from orchestrator.agent import protocol
 from orchestrator.api.results import ExecResult
@@ -19,35 +20,6 @@ from orchestrator.wire.replies import (
 )
 
 D1 = "1" * 32
-
-
-def exec_reply(**changes: Any) -> dict[str, Any]:
-    reply: dict[str, Any] = {
-        "type": protocol.EXEC_REPLY,
-        "status": "ok",
-        "stdout": "",
-        "stderr": "",
-        "stdout_bytes": 0,
-        "stderr_bytes": 0,
-        "return_value": None,
-        "error": None,
-        "duration": 0.25,
-        "checkpoint_duration": 0.0,
-        "checkpoint": {
-            "generation": 1,
-            "blobs": [{"digest": D1, "size": 3}],
-            "vars": {"x": D1},
-            "deleted": [],
-            "unsaved": {},
-        },
-    }
-    for path, value in changes.items():
-        target = reply
-        *parents, last = path.split("__")
-        for parent in parents:
-            target = target[parent]
-        target[last] = value
-    return reply
 
 
 def test_an_honest_reply_parses() -> None:

@@ -1,7 +1,7 @@
 """Contexts in the agent: namespaces of one worker, each with its cwd, env and checkpoint keys (docs/protocol.md).
 
-The agent runs as a host subprocess, driven frame by frame as in test_agent.py (whose helpers
-this module uses); the same behaviour against a real engine is in
+The agent runs as a host subprocess, driven frame by frame with the helpers of
+tests/agent_process.py; the same behaviour against a real engine is in
 tests/integration/test_contexts.py.
 """
 
@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import os
 
-import test_agent
-from test_agent import Agent, blobs_of, load
+from agent_process import Agent, blobs_of, load
 
 from orchestrator.agent import protocol
-
-make_agent = test_agent.make_agent  # the fixtures
-agent = test_agent.agent
 
 
 def create(agent: Agent, context: str, cwd: str, **env: str) -> dict:

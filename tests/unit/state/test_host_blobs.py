@@ -9,18 +9,12 @@ import re
 import time
 
 import pytest
-import test_agent
-import test_store
+from agent_process import load
 
 from orchestrator.agent import checkpoint, protocol
 from orchestrator.errors import CheckpointError, CheckpointQuotaExceeded, ProtocolError, SessionAttachedElsewhere
 from orchestrator.state.ledger import CheckpointLedger, new_owner_token
 from orchestrator.state.store import BLOB_ID, DIGEST, SessionRecord, new_host_blob_id
-
-store = test_store.store  # fixtures: a store, and the ledger of its session s-test (quota test_store.QUOTA)
-ledger = test_store.ledger
-make_agent = test_agent.make_agent
-agent = test_agent.agent
 
 H1, H2 = "h" + "1" * 32, "h" + "2" * 32
 D1 = "1" * 32
@@ -207,8 +201,8 @@ def test_set_value_with_a_host_blob_sends_no_blob_and_restores_from_it(agent):
     agent.run("import os; os._exit(1)")
     agent.request(protocol.RESTORE_BEGIN, generation=3)
     for name, blob_id, blob in (("context_0", H1, joined("str", raw)), ("context", H1, joined("str", raw))):
-        assert test_agent.load(agent, name, blob, digest=blob_id)["status"] == "ok"
-    assert test_agent.load(agent, "raw", joined("bytes", data), digest=H2)["status"] == "ok"
+        assert load(agent, name, blob, digest=blob_id)["status"] == "ok"
+    assert load(agent, "raw", joined("bytes", data), digest=H2)["status"] == "ok"
     agent.request(protocol.RESTORE_END, generation=3)
     assert agent.value(f"context == {text!r} and context is context_0 and raw == {data!r}") == "True"
     reply, _ = agent.run("m = 1")
@@ -219,10 +213,10 @@ def test_a_host_blob_that_is_not_whole_or_does_not_fit_is_refused(agent):
     blob = joined("str", b"abcdef")
     agent.request(protocol.RESTORE_BEGIN, generation=1)
     for bad in (blob[:-1], blob[:-2] + b"."):
-        reply = test_agent.load(agent, "x", bad, digest=H1)
+        reply = load(agent, "x", bad, digest=H1)
         assert reply["status"] == "error" and "not whole" in reply["reason"]
     # A content digest is still checked.
-    reply = test_agent.load(agent, "x", blob, digest=D1)
+    reply = load(agent, "x", blob, digest=D1)
     assert reply["status"] == "error" and "digest" in reply["reason"]
     agent.request(protocol.RESTORE_END, generation=1)
     for fields in (
@@ -294,7 +288,7 @@ def test_a_staged_file_a_prune_removed_meanwhile_is_written_again_under_the_lock
 
 def test_a_stale_owner_cannot_place_a_staged_blob(store, ledger):
     staged = ledger.stage(protocol.host_blob_parts("bytes", b"abc"))
-    CheckpointLedger.take_ownership(store, "s-test", test_store.QUOTA)
+    CheckpointLedger.take_ownership(store, "s-test", ledger.quota)
     with pytest.raises(SessionAttachedElsewhere):
         ledger.commit(host_delta(1, {"x": staged.blob_id}), bytearray(), staged=[staged])
     staged.discard()
@@ -302,7 +296,7 @@ def test_a_stale_owner_cannot_place_a_staged_blob(store, ledger):
 
 
 def test_the_quota_is_checked_before_anything_is_sent(store, ledger):
-    quota = test_store.QUOTA
+    quota = ledger.quota
     ledger.commit(host_delta(1, {"a": D1, "b": D1}) | {"blobs": [{"digest": D1, "size": 600}]}, b"x" * 600)
     ledger.check_room({"c"}, quota - 600, "the str value for c")  # fits exactly
     with pytest.raises(CheckpointQuotaExceeded) as caught:

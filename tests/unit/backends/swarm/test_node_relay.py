@@ -1,6 +1,6 @@
 """The node relay as a real process on 127.0.0.1: its requests, mutual TLS, the bridge, takeover and restart.
 
-Also the relay's credentials (``swarm/tls.py``), the controller's client (``swarm/relay_client.py``), and the
+Also the relay's credentials (``backends/swarm/tls.py``), the controller's client (``swarm/relay_client.py``), and the
 Swarm backend's sweep of the directories removals left (on a fake engine, with the real relay).
 Nothing here leaves the machine: the relay listens on 127.0.0.1 only.
 """

@@ -2,7 +2,7 @@
 
 The output cap is pinned on the worker's pieces in this process (``capture.CellStreams`` and
 ``cells.run_cell``); ``stdin`` and ``checkpoint: false`` on the agent as a host subprocess,
-driven frame by frame as in test_agent.py (whose helpers this module uses).
+driven frame by frame with the helpers of tests/agent_process.py.
 """
 
 from __future__ import annotations
@@ -13,16 +13,12 @@ import sys
 import time
 
 import pytest
-import test_agent
-from test_agent import SLOW_REDUCE, Agent
-from test_reply_fields import exec_reply
+from agent_process import SLOW_REDUCE, Agent
+from reply_support import exec_reply
 
 from orchestrator import ExecResult, ProtocolError
 from orchestrator.agent import capture, cells, protocol
 from orchestrator.wire.replies import parse_exec_reply
-
-make_agent = test_agent.make_agent  # the fixtures
-agent = test_agent.agent
 
 EMPTY_DELTA = {"generation": 0, "blobs": [], "vars": {}, "deleted": [], "unsaved": {}}
 

@@ -100,7 +100,7 @@ def test_agent_uses_only_stdlib_and_dill(path):
 
 # --- the spec document and the agent's Python ------------------------------------------------
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "protocol.md"
 
 
 def test_the_spec_document_is_pinned_to_the_protocol_version():

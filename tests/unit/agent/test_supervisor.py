@@ -8,190 +8,20 @@ tests/integration against a real engine.
 
 from __future__ import annotations
 
-import atexit
 import os
 import pickle
-import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
-import dill
 import pytest
+from agent_process import AGENT_COMMAND, AGENT_ENV, SLOW_REDUCE, Agent, Link, blobs_of, load
 
 from orchestrator.agent import checkpoint, protocol
-
-SLOW_REDUCE = """
-import time
-class Slow:
-    def __reduce__(self):
-        time.sleep(60)
-        return (Slow, ())
-"""
-
-
-class Link:
-    """One connection from the agent, seen from the controller's side."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def send(self, header: dict, body=b"") -> None:
-        self.sock.settimeout(60)
-        protocol.send_frame(self.sock, header, body)
-
-    def recv(self, timeout: float = 30) -> tuple[dict, bytearray]:
-        self.sock.settimeout(timeout)
-        return protocol.recv_frame(self.sock)
-
-    def closed_by_peer(self, timeout: float = 10) -> bool:
-        self.sock.settimeout(timeout)
-        try:
-            return self.sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-# The agent runs as the image runs it: the package ``orchestrator_agent`` alone, with dill beside it, on
-# the interpreter AGENT_TEST_PYTHON names (default: this one), e.g. the oldest Python the agent supports.
-AGENT_PYTHON = os.environ.get("AGENT_TEST_PYTHON") or sys.executable
-AGENT_PATH = Path(tempfile.mkdtemp(prefix="orch-agent-pkg-"))
-atexit.register(shutil.rmtree, AGENT_PATH, ignore_errors=True)
-(AGENT_PATH / "orchestrator_agent").symlink_to(Path(protocol.__file__).parent)
-(AGENT_PATH / "dill").symlink_to(Path(dill.__file__).parent)
-# The worker runs as the test's own uid: a worker uid of its own could not even run this (private) interpreter.
-AGENT_ENV = {
-    **os.environ,
-    "PYTHONPATH": str(AGENT_PATH),
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "ORCH_WORKER_UID": str(os.geteuid()),
-}
-AGENT_COMMAND = [AGENT_PYTHON, "-m", "orchestrator_agent.supervisor"]
-
-
-class Agent:
-    """A supervisor subprocess, its secret file, and the listening socket it connects to."""
-
-    def __init__(self, directory: Path, **env: str) -> None:
-        self.directory = directory
-        self.path = directory / "channel.sock"
-        self.secret = secrets.token_bytes(32)
-        self.notices: list[dict] = []
-        (directory / "secret").write_text(self.secret.hex() + "\n")
-        self.listener = self.listen()
-        environ = {
-            **AGENT_ENV,
-            "ORCH_CHANNEL": str(self.path),
-            "ORCH_SECRET_FILE": str(directory / "secret"),
-            "ORCH_SANDBOX_ID": "sb-unit",
-            "ORCH_INTERRUPT_GRACE": "0.5",
-            "ORCH_OUTPUT_LIMIT": "1000",
-            "ORCH_FRAME_TIMEOUT": "1",
-            **env,
-        }
-        self.proc = subprocess.Popen(AGENT_COMMAND, env=environ)
-        self.link = self.connect()
-
-    def listen(self) -> socket.socket:
-        """Bind a new socket file at the channel path (replacing any), as a (new) controller does."""
-        if self.path.exists():
-            self.path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(self.path))
-        sock.listen(8)
-        return sock
-
-    def accept(self, timeout: float = 20) -> Link:
-        self.listener.settimeout(timeout)
-        conn, _ = self.listener.accept()
-        return Link(conn)
-
-    def connect(self, timeout: float = 20) -> Link:
-        """Accept the agent and do the handshake as the controller."""
-        link = self.accept(timeout)
-        hello, _ = link.recv(timeout)
-        assert hello["type"] == protocol.HELLO
-        self.hello = hello
-        nonce = protocol.new_nonce()
-        proof = protocol.auth_proof(self.secret, "controller", hello["nonce"], nonce)
-        link.send({"type": protocol.AUTH, "nonce": nonce, "proof": proof})
-        ok, _ = link.recv(timeout)
-        assert ok["type"] == protocol.AUTH_OK
-        assert protocol.proof_matches(protocol.auth_proof(self.secret, "agent", hello["nonce"], nonce), ok["proof"])
-        return link
-
-    def request(self, type_: str, body=b"", wait: float = 30, **fields) -> tuple[dict, bytearray]:
-        header = {"type": type_, "id": fields.pop("id", uuid.uuid4().hex), **fields}
-        self.link.send(header, body)
-        reply, reply_body = self.link.recv(wait)
-        if reply["type"] == protocol.CHECKPOINTING:  # an exec's cell ended; its checkpoint's clock runs now
-            assert type_ == protocol.EXEC and reply["id"] == header["id"], reply
-            self.notices.append(reply)
-            reply, reply_body = self.link.recv(wait)
-        assert reply["id"] == header["id"], reply
-        return reply, reply_body
-
-    def run(self, code: str, timeout: float = 10, checkpoint_timeout: float = 10) -> tuple[dict, bytearray]:
-        return self.request(protocol.EXEC, code=code, timeout=timeout, checkpoint_timeout=checkpoint_timeout)
-
-    def value(self, expression: str) -> str:
-        reply, _ = self.run(expression)
-        assert reply["status"] == "ok", reply
-        return reply["return_value"]
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        self.link.close()
-        self.listener.close()
-
-
-@pytest.fixture
-def make_agent():
-    made: list[Agent] = []
-    directory = Path(tempfile.mkdtemp(prefix="orch-ut-", dir="/tmp"))
-
-    def make(**env: str) -> Agent:
-        sub = directory / str(len(made))
-        sub.mkdir()
-        agent = Agent(sub, **env)
-        made.append(agent)
-        return agent
-
-    yield make
-    for agent in made:
-        agent.close()
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def agent(make_agent):
-    return make_agent()
-
-
-def blobs_of(reply: dict, body: bytes) -> dict[str, bytes]:
-    """name -> blob bytes of an exec / state reply (blobs the checkpoint held before are not in it)."""
-    index = reply["checkpoint"]["blobs"]
-    parts = protocol.split_body(body, [entry["size"] for entry in index])
-    by_digest = {entry["digest"]: bytes(part) for entry, part in zip(index, parts, strict=True)}
-    for digest, blob in by_digest.items():
-        assert protocol.blob_digest(blob) == digest
-    return {name: by_digest[digest] for name, digest in reply["checkpoint"]["vars"].items() if digest in by_digest}
-
-
-def load(agent: Agent, name: str, blob: bytes, timeout: float = 10, **fields) -> dict:
-    digest = fields.pop("digest", protocol.blob_digest(blob))
-    return agent.request(protocol.LOAD, blob, name=name, digest=digest, timeout=timeout, **fields)[0]
 
 
 def vm_hwm(pid: int) -> int:

@@ -22,26 +22,12 @@ from orchestrator.errors import (
     SessionNotFound,
 )
 from orchestrator.state import activity
-from orchestrator.state.ledger import CheckpointLedger, new_owner_token
+from orchestrator.state.ledger import CheckpointLedger
 from orchestrator.state.store import SessionRecord, SessionStore
 from orchestrator.wire.replies import CheckpointDelta
 
 D1, D2, D3 = "1" * 32, "2" * 32, "3" * 32
-QUOTA = 1000
-
-
-@pytest.fixture
-def store(tmp_path):
-    return SessionStore(tmp_path, lock_timeout=0.5)
-
-
-@pytest.fixture
-def ledger(store):
-    record = SessionRecord(
-        session_id="s-test", image="img", created_at=time.time(), last_used_at=0.0, owner=new_owner_token(), epoch=1
-    )
-    store.create(record)
-    return CheckpointLedger(store, record, QUOTA)
+QUOTA = 1000  # of the ledgers this module makes itself (the ledger fixture is in tests/unit/conftest.py)
 
 
 def delta(generation, blobs=(), changed=None, deleted=(), unsaved=None) -> tuple[CheckpointDelta, bytearray]:
@@ -78,7 +64,7 @@ def test_unreferenced_blobs_are_collected_under_the_lock(store, ledger):
 
 def test_a_stale_owner_cannot_commit_delete_or_touch_the_sandbox(store, ledger):
     ledger.commit(*delta(1, [(D1, b"one")], {"x": D1}))
-    newer = CheckpointLedger.take_ownership(store, "s-test", QUOTA)
+    newer = CheckpointLedger.take_ownership(store, "s-test", ledger.quota)
     assert newer.record.epoch == ledger.record.epoch + 1
     with pytest.raises(SessionAttachedElsewhere, match="epoch"):
         ledger.commit(*delta(2, [(D2, b"two")], {"x": D2}))
@@ -106,7 +92,7 @@ def test_inconsistent_deltas_store_nothing(ledger, store):
 
 def test_a_delta_over_the_quota_is_refused(ledger, store):
     with pytest.raises(ProtocolError, match="quota"):
-        ledger.commit(*delta(1, [(D1, b"x" * (QUOTA + 1))], {"a": D1}))
+        ledger.commit(*delta(1, [(D1, b"x" * (ledger.quota + 1))], {"a": D1}))
     assert blob_files(store) == []
 
 
@@ -297,8 +283,8 @@ def test_the_quota_counts_the_bytes_received_not_a_claimed_size(ledger, store):
     with pytest.raises(ProtocolError, match="does not match"):
         ledger.commit(entries, body)
     with pytest.raises(CheckpointLimitExceeded) as info:
-        ledger.commit(*delta(1, [(D1, b"x" * (QUOTA + 1))], {"a": D1}))
-    assert (info.value.unit, info.value.held) == ("bytes", QUOTA + 1)
+        ledger.commit(*delta(1, [(D1, b"x" * (ledger.quota + 1))], {"a": D1}))
+    assert (info.value.unit, info.value.held) == ("bytes", ledger.quota + 1)
 
 
 def test_a_host_made_value_past_the_names_bound_is_refused_before_it_is_sent(ledger, monkeypatch):

@@ -1,6 +1,6 @@
 """The sandbox-directory primitives shared by the controller's endpoint and the node relay (agent/rendezvous.py).
 
-The controller's behaviour on top of them is tests/unit/test_endpoint.py; here: their own
+The controller's behaviour on top of them is tests/unit/wire/test_endpoint.py; here: their own
 exception and its kinds, that the controller keeps no copy of them, and that they (and the
 relay) run in the sandbox image: standard library only, Python 3.9 syntax.
 """

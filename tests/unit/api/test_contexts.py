@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import test_store
 
 from orchestrator.api.contexts import (
     checkpoint_key,
@@ -87,10 +86,6 @@ def test_checkpoint_keys_of_contexts():
     keys = ["x", "a/x", "a/y", "ab/z"]
     assert names_of(keys, None) == ["x"] and names_of(keys, "a") == ["x", "y"] and names_of(keys, "ab") == ["z"]
     assert local_names({"a/x": "why", "y": "because"}) == {"x": "why", "y": "because"}
-
-
-store = test_store.store  # the fixtures: a store, and the ledger of its session s-test
-ledger = test_store.ledger
 
 
 def test_contexts_are_stored_with_the_manifest_and_read_back(store, ledger):

@@ -1,4 +1,4 @@
-"""A restore's work is linear in the values stored, whatever the agent answers (issue 22: every byte is hostile)."""
+"""A restore's work is linear in the values stored, whatever the agent answers: every byte from it is hostile."""
 
 from __future__ import annotations
 
