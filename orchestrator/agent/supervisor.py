@@ -9,13 +9,7 @@ process group and a fresh, empty worker that the controller restores. SIGUSR1 pl
 socket file at the channel path is a takeover: the supervisor drops the old connection
 (interrupting what runs) and connects to the new one.
 
-Bodies are never held whole here: request bodies (restore blobs, set_value payloads) go from
-the controller to the worker, and reply bodies (checkpoint blobs) from the worker to the
-controller, through a pipe with ``os.splice`` (Linux, Python >= 3.10: the bytes never enter
-this process, which leaves more of the sandbox's CPU to the worker), else in chunks of at most
-``CHUNK_BYTES``. Frame heads are relayed as they came, not decoded and encoded again, and each
-read takes up to ``READ_AHEAD`` bytes, so a small frame (prefix, header and body) costs one
-``recv``. See docs/protocol.md.
+Bodies are never held whole here: they move from socket to socket (frames.py). See docs/protocol.md.
 
 The supervisor-worker link uses the same frames plus one private message: the worker's
 ``cell_done`` when a cell finished (the checkpoint's clock starts). Host calls come from the
@@ -29,8 +23,6 @@ then gives the call the checkpoint's deadline; a fast one costs no extra frame.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import math
 import os
 import platform
@@ -38,35 +30,22 @@ import re
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional
 
 from . import confinement, protocol
-from .cgroup import oom_kill_count
+from .config import Config, ConfigError, read_secret
+from .frames import CHUNK_BYTES, PEEK_NOW, Copier, Inbox, Movers
+from .log import log
+from .worker_process import WorkerProcess, start_worker
 
-CHUNK_BYTES = 1 << 20
-READ_AHEAD = 64 << 10  # one read from a socket takes up to this much: a small frame and whatever came after it
-PIPE_BYTES = 1 << 20  # the splice pipe's capacity (fs.pipe-max-size allows 1 MiB to anyone by default)
-SPLICE_MIN_BYTES = 64 << 10  # a body smaller than this is copied: a splice saves nothing on it
-DEFAULT_CHANNEL = "/run/orchestrator/channel.sock"
-DEFAULT_SECRET_FILE = "/run/orchestrator/secret"
 DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
 NOTICE_DELAY = 0.05  # a checkpoint still running after this long is announced to the controller
 CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows them 10 s plus the grace)
-_WORKER_START_SECONDS = 60.0
-_WORKER_START_ATTEMPTS = 3
 _HANDSHAKE_HEADER_BYTES = 64 << 10
 _MAX_NONCE_CHARS = 256
-# The worker's first Python code: no entry that is not an absolute path (the working directory, '') stays on its
-# import path, before anything is imported from it. ``-s`` (no user site) runs before it.
-_WORKER_BOOTSTRAP = (
-    "import sys; sys.path[:] = [p for p in sys.path if p.startswith('/')]; from %s.worker import main; main()"
-    % __package__
-)
-
 REPLY_TYPES = {
     protocol.EXEC: protocol.EXEC_REPLY,
     protocol.SET_VALUE: protocol.STATE_REPLY,
@@ -80,16 +59,9 @@ REPLY_TYPES = {
 }
 _CALL_HEADER_BYTES = 64 << 10  # a host call's header holds its number and handler name
 _CALL_SECONDS = 2.0  # a host call frame is at most a few MB over a socket pair: a slower one is trickled
-_PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: or-ing the enum members costs a microsecond a call
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 # A \uD800-\uDFFF escape in a header (a surrogate, perhaps a lone one): such a header is decoded and encoded
 # again (protocol.encode_header replaces lone surrogates), never relayed as it came. False positives only cost that.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
-
-
-def log(message: str) -> None:
-    print("orchestrator agent: %s" % message, file=sys.stderr, flush=True)
 
 
 # --- Time limits in requests -------------------------------------------------------------------------------
@@ -100,373 +72,6 @@ def _seconds(value: Any, default: float) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
         return float(value)
     return default
-
-
-# --- Configuration -----------------------------------------------------------------------------------------
-
-
-class ConfigError(Exception):
-    """The container environment or the secret file is unusable."""
-
-
-def _env_number(environ: Dict[str, str], name: str, default: float, integer: bool) -> Any:
-    raw = environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        raise ConfigError("%s=%r is not a number" % (name, raw)) from None
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError("%s=%r must be a non-negative number" % (name, raw))
-    return value
-
-
-class Config:
-    """Settings the controller passes through the container environment."""
-
-    def __init__(self, environ: Dict[str, str]) -> None:
-        self.channel = environ.get("ORCH_CHANNEL") or DEFAULT_CHANNEL
-        self.secret_file = environ.get("ORCH_SECRET_FILE") or DEFAULT_SECRET_FILE
-        self.sandbox_id = environ.get("ORCH_SANDBOX_ID", "")
-        self.output_limit = _env_number(environ, "ORCH_OUTPUT_LIMIT", 1 << 20, True)
-        self.grace = _env_number(environ, "ORCH_INTERRUPT_GRACE", 2.0, False)
-        # A frame that started must keep flowing: a stall this long mid-frame is treated as a forgery.
-        self.frame_timeout = _env_number(environ, "ORCH_FRAME_TIMEOUT", 10.0, False) or 10.0
-        self.max_body = min(
-            _env_number(environ, "ORCH_MAX_BODY", protocol.MAX_BODY_BYTES, True), protocol.MAX_BODY_BYTES
-        )
-        self.checkpoint_quota = _env_number(environ, "ORCH_CHECKPOINT_QUOTA", 0, True)
-        self.host_call_max = (
-            _env_number(environ, "ORCH_HOST_CALL_MAX_BYTES", protocol.HOST_CALL_MAX_BYTES, True)
-            or protocol.HOST_CALL_MAX_BYTES
-        )
-        uid = _env_number(environ, "ORCH_WORKER_UID", confinement.DEFAULT_WORKER_UID, True)
-        if uid > confinement.MAX_WORKER_UID:
-            raise ConfigError("ORCH_WORKER_UID=%r must be a uid from 0 to %d" % (uid, confinement.MAX_WORKER_UID))
-        # Only root can start the worker as another uid; any other user (Settings.user), or a worker uid that is
-        # our own, runs it as the supervisor's user: no boundary between them.
-        self.worker_uid: Optional[int] = uid if os.geteuid() == 0 and uid != 0 else None
-        self.worker_environ = confinement.worker_environment(environ, self.worker_uid, log)
-
-
-def read_secret(path: str) -> bytes:
-    """The sandbox's shared secret from its file (``protocol.parse_secret``: 64 hex characters, one final newline)."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(1024)
-    except OSError as exc:
-        raise ConfigError("cannot read the secret file %s: %s" % (path, exc.strerror or exc)) from None
-    try:
-        return protocol.parse_secret(raw)
-    except ValueError:
-        raise ConfigError("the secret file %s must hold exactly 64 hex characters" % path) from None
-
-
-# --- Moving bytes ------------------------------------------------------------------------------------------
-
-
-class _Inbox(object):
-    """Frames from one stream socket, read up to READ_AHEAD bytes at a time.
-
-    A small frame's prefix, header and body usually arrive in one ``recv``. Bytes read past
-    the frame stay here for the next one, so whoever waits for the socket to become readable
-    must look here first (``buffered``). Bodies are read from here first, then from the socket.
-    """
-
-    __slots__ = ("buf", "end", "mark", "sock", "start", "view")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = bytearray(READ_AHEAD)
-        self.view = memoryview(self.buf)
-        self.start = 0  # the bytes read and not taken yet are buf[start:end]
-        self.end = 0
-        self.mark = 0  # where the last frame began (``head``)
-
-    def buffered(self) -> int:
-        return self.end - self.start
-
-    def peek(self) -> bytes:
-        """The first byte read and not taken yet (b"" when there is none)."""
-        return bytes(self.view[self.start : self.start + 1]) if self.end > self.start else b""
-
-    def head(self, max_header: int, max_body: int, timeout: float) -> Tuple[Dict[str, Any], int, int]:
-        """The next frame's header, body length and head size (prefix and header), all within about ``timeout``.
-
-        The body is not read. ``raw()`` gives the frame's head as it came until the next ``head``.
-
-        Raises:
-            socket.timeout: ``timeout`` passed (or one read ran past the socket's own limit) first.
-            ChannelClosed: EOF before the header was complete.
-            ProtocolViolation: the prefix or the header breaks the format or a limit.
-        """
-        if self.start == self.end:
-            self.start = self.end = 0
-            if len(self.buf) > READ_AHEAD:  # a big header came last time: let it go
-                self._replace(READ_AHEAD)
-        prefix_size = protocol.PREFIX.size
-        want = prefix_size
-        head_len = body_len = -1
-        deadline = -1.0
-        while True:
-            have = self.end - self.start
-            if head_len < 0 and have >= prefix_size:
-                head_len, body_len = protocol.parse_prefix(
-                    self.view[self.start : self.start + prefix_size], max_header, max_body
-                )
-                want = prefix_size + head_len
-            if head_len >= 0 and have >= want:
-                header = protocol.decode_header(self.view[self.start + prefix_size : self.start + want])
-                self.mark = self.start
-                self.start += want
-                return header, body_len, want
-            if deadline < 0:
-                deadline = time.monotonic() + timeout
-            elif time.monotonic() > deadline:
-                raise socket.timeout("timed out after %s" % self._progress(head_len, want))
-            if self.end == len(self.buf):  # full: a new buffer, as big as the head needs, grown with what arrived
-                self._replace(max(READ_AHEAD, min(want, have + protocol.RECV_CHUNK)))
-            try:
-                got = self.sock.recv_into(self.view[self.end :])
-            except BlockingIOError:  # the socket's own limit (limit_each_io)
-                raise socket.timeout("timed out after %s" % self._progress(head_len, want)) from None
-            if not got:
-                raise protocol.ChannelClosed("connection closed after %s" % self._progress(head_len, want))
-            self.end += got
-
-    def _progress(self, head_len: int, want: int) -> str:
-        have = self.end - self.start
-        if head_len < 0:
-            return "%d of %d bytes of the frame prefix" % (have, want)
-        return "%d of %d bytes of the frame header" % (have - protocol.PREFIX.size, head_len)
-
-    def _replace(self, size: int) -> None:
-        """Move the bytes not taken yet to the front of a new buffer (views of the old one stay valid)."""
-        have = self.end - self.start
-        buf = bytearray(size)
-        buf[:have] = self.view[self.start : self.end]
-        self.buf, self.view, self.start, self.end = buf, memoryview(buf), 0, have
-
-    def take(self, size: int) -> memoryview:
-        """Up to ``size`` bytes that were read already (no read); valid until the next ``head``."""
-        count = min(size, self.end - self.start)
-        self.start += count
-        return self.view[self.start - count : self.start]
-
-    def raw(self) -> memoryview:
-        """The last frame as it came, from its prefix up to what was taken since (valid until the next ``head``)."""
-        return self.view[self.mark : self.start]
-
-    def read_exactly(self, size: int) -> bytearray:
-        """``size`` bytes: those read already, then from the socket; ChannelClosed on EOF before that."""
-        body = bytearray(self.take(size))
-        if len(body) < size:
-            body += protocol.recv_exactly(self.sock, size - len(body))
-        return body
-
-
-class _Copier(object):
-    """Moves a body between sockets through one buffer of this process: a read, then a write of what it got."""
-
-    def __init__(self, size: int) -> None:
-        self.view = memoryview(bytearray(min(size, CHUNK_BYTES)))
-
-    def fill(self, src: socket.socket, size: int) -> int:
-        """One read of at most ``size`` bytes from ``src`` (0 at EOF)."""
-        return src.recv_into(self.view[: min(size, CHUNK_BYTES)])
-
-    def drain(self, dst: socket.socket, count: int) -> None:
-        """Write the ``count`` bytes the last ``fill`` got to ``dst``."""
-        dst.sendall(self.view[:count])
-
-
-class _Pipe(object):
-    """Moves a body between sockets through a kernel pipe with ``os.splice``: no copy into this process.
-
-    The same interface as _Copier, and the same errors: the sockets' own time limits apply to
-    ``os.splice`` as to ``recv`` and ``send``. The pipe is empty between a ``drain`` and the next
-    ``fill``; a ``drain`` that fails leaves bytes in it, so it closes the pipe (``closed``).
-    """
-
-    def __init__(self) -> None:
-        self.r, self.w = os.pipe()
-        self.closed = False
-        try:
-            with contextlib.suppress(OSError):  # beyond fs.pipe-max-size or the user's pipe quota: the size it has
-                fcntl.fcntl(self.w, _F_SETPIPE_SZ, PIPE_BYTES)
-            self.size = fcntl.fcntl(self.w, _F_GETPIPE_SZ)
-        except BaseException:
-            self.close()
-            raise
-
-    def fill(self, src: socket.socket, size: int) -> int:
-        return os.splice(src.fileno(), self.w, min(size, self.size))
-
-    def drain(self, dst: socket.socket, count: int) -> None:
-        try:
-            while count:
-                moved = os.splice(self.r, dst.fileno(), count)
-                if not moved:
-                    raise OSError(errno.EIO, "the splice into the socket moved nothing")
-                count -= moved
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            os.close(self.r)
-            os.close(self.w)
-
-
-def _open_pipe() -> Optional[_Pipe]:
-    """A splice pipe, if this Python and kernel can splice between Unix sockets (tried once on a socket pair)."""
-    if not hasattr(os, "splice"):  # Python < 3.10
-        return None
-    try:
-        pipe = _Pipe()
-    except OSError:
-        return None
-    works = False
-    try:
-        a, b = socket.socketpair()
-        try:
-            a.sendall(b"?")
-            works = pipe.fill(b, 1) == 1
-            pipe.drain(b, 1)
-            works = works and a.recv(1) == b"?"
-        finally:
-            a.close()
-            b.close()
-    except OSError:
-        works = False
-    if not works:
-        pipe.close()
-        return None
-    return pipe
-
-
-# --- The worker process ------------------------------------------------------------------------------------
-
-
-class WorkerProcess:
-    """One worker process (leader of its own process group) and our end of its socket."""
-
-    def __init__(self, config: Config) -> None:
-        ours, theirs = socket.socketpair()
-        self.sock = ours
-        calls_ours, calls_theirs = socket.socketpair()
-        self.calls: Optional[socket.socket] = calls_ours  # the host-call link; None once closed
-        self.oom_baseline = oom_kill_count()
-        try:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-s",
-                    "-c",
-                    _WORKER_BOOTSTRAP,
-                    str(theirs.fileno()),
-                    str(config.output_limit),
-                    str(config.checkpoint_quota),
-                    str(calls_theirs.fileno()),
-                    str(config.host_call_max),
-                ],
-                pass_fds=[theirs.fileno(), calls_theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-                stdout=sys.stderr,
-                env=config.worker_environ,
-                start_new_session=True,
-                **confinement.worker_identity(config.worker_uid),
-            )
-        except BaseException:
-            ours.close()
-            calls_ours.close()
-            raise
-        finally:
-            theirs.close()
-            calls_theirs.close()
-        self.pid = self.proc.pid
-        self.pidfd: Optional[int] = None
-        with contextlib.suppress(AttributeError, OSError):  # Linux >= 5.3, Python >= 3.9
-            self.pidfd = os.pidfd_open(self.pid)
-        try:
-            protocol.limit_each_io(self.sock, _WORKER_START_SECONDS)
-            hello, _ = protocol.recv_frame(self.sock, max_body=0)
-            protocol.limit_each_io(self.sock, config.frame_timeout)
-            protocol.limit_each_io(calls_ours, config.frame_timeout)
-        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
-            self.kill()
-            raise RuntimeError("the worker did not start: %s" % exc) from None
-        self.dill = str(hello.get("dill", ""))
-        self.inbox = _Inbox(self.sock)
-
-    def fds(self) -> List[int]:
-        return [self.sock.fileno()] + ([self.pidfd] if self.pidfd is not None else [])
-
-    def interrupt(self, phase: str) -> None:
-        """SIGINT stops a cell or a load; SIGUSR2 a checkpoint, so a late cell interrupt can never cut one short."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGUSR2 if phase == "checkpoint" else signal.SIGINT)
-
-    def pending(self) -> Optional[bytes]:
-        """Without blocking: b'' when the socket is at EOF, some bytes when it has data, None when empty."""
-        if self.inbox.buffered():  # read with its last frame
-            return self.inbox.peek()
-        try:
-            return self.sock.recv(1, _PEEK_NOW)
-        except (BlockingIOError, InterruptedError):
-            return None
-        except OSError:
-            return b""
-
-    def close_calls(self) -> None:
-        if self.calls is not None:
-            with contextlib.suppress(OSError):
-                self.calls.close()
-            self.calls = None
-
-    def _close(self) -> None:
-        self.close_calls()
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        if self.pidfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.pidfd)
-            self.pidfd = None
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
-        self.proc.wait()
-        self._close()
-
-    def death(self) -> Dict[str, Any]:
-        """Reap the dead (or dying) worker, kill what is left of its process group, and say why it died."""
-        try:
-            code = self.proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:  # it only closed its socket: make it dead
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
-            code = self.proc.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)  # children it left behind
-        self._close()
-        oom = oom_kill_count() > self.oom_baseline
-        info: Dict[str, Any] = {"exit_code": code, "oom": oom}
-        if code is not None and code < 0:
-            try:
-                info["signal"] = signal.Signals(-code).name
-            except ValueError:
-                info["signal"] = "signal %d" % -code
-        if oom:
-            info["reason"] = "the worker was killed by the kernel's out-of-memory killer"
-        elif code is not None and code < 0:
-            info["reason"] = "the worker was killed by %s" % info["signal"]
-        else:
-            info["reason"] = "the worker exited with status %s" % code
-        return info
 
 
 # --- Outcomes of one request -------------------------------------------------------------------------------
@@ -506,9 +111,8 @@ class Supervisor:
         self.takeover_requested = False
         self.channel_inode: Optional[int] = None
         self.conn: Optional[socket.socket] = None  # the controller connection being served
-        self.inbox: Optional[_Inbox] = None  # frames from ``conn``
-        self.pipe: Optional[_Pipe] = None  # the splice pipe, made on first use
-        self.can_splice = True  # until a pipe could not be made
+        self.inbox: Optional[Inbox] = None  # frames from ``conn``
+        self.movers = Movers()
         self.open_calls: Dict[int, Any] = {}  # host calls relayed for the running exec: call -> its request id
         self.input_waits: Dict[int, float] = {}  # open calls that are input() of the cell: call -> since when
         self.cell_running = False  # an exec's cell runs: the controller may interrupt it
@@ -532,17 +136,8 @@ class Supervisor:
     # -- worker lifecycle
 
     def _spawn(self) -> WorkerProcess:
-        """Start a worker; if none will start (no memory, no pids left), the sandbox is beyond repair: exit."""
-        for attempt in range(_WORKER_START_ATTEMPTS):
-            try:
-                worker = WorkerProcess(self.config)
-                break
-            except (OSError, RuntimeError) as exc:
-                log("starting the worker failed (attempt %d): %s" % (attempt + 1, exc))
-                time.sleep(0.5)
-        else:
-            log("no worker would start; exiting so that the controller replaces the sandbox")
-            sys.exit(1)
+        """Start a worker (or exit: start_worker) and watch its sockets and process."""
+        worker = start_worker(self.config)
         for sel in (self.idle, self.busy):
             for fd in worker.fds():
                 sel.register(fd, selectors.EVENT_READ)
@@ -688,7 +283,7 @@ class Supervisor:
     def serve(self, conn: socket.socket) -> None:
         self.idle.register(conn, selectors.EVENT_READ)
         self.conn = conn
-        inbox = self.inbox = _Inbox(conn)
+        inbox = self.inbox = Inbox(conn)
         self.conn_lost = False
         conn_fd = conn.fileno()
         try:
@@ -804,16 +399,6 @@ class Supervisor:
                 raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
             size -= got
 
-    def _mover(self, size: int) -> Union[_Pipe, _Copier]:
-        """What moves a body of ``size`` bytes from one socket to the other: the splice pipe where it works."""
-        if size >= SPLICE_MIN_BYTES and self.can_splice:
-            if self.pipe is None or self.pipe.closed:
-                self.pipe = _open_pipe()
-                self.can_splice = self.pipe is not None
-            if self.pipe is not None:
-                return self.pipe
-        return _Copier(size)
-
     def _forward(self, body_len: int) -> bool:
         """Send the request whose head the controller's inbox just read to the worker: the head as it came, then
         the body (spliced or copied).
@@ -830,7 +415,7 @@ class Supervisor:
             remaining -= len(inbox.take(body_len))  # the body bytes that came with the head go out with it
             worker.sock.sendall(inbox.raw())
             if remaining:
-                mover = self._mover(remaining)
+                mover = self.movers.mover(remaining)
                 while remaining:
                     try:
                         got = mover.fill(inbox.sock, remaining)
@@ -887,7 +472,7 @@ class Supervisor:
         except OSError as exc:
             controller_error = exc
         remaining = size - len(first)
-        mover = self._mover(remaining)
+        mover = self.movers.mover(remaining)
         while remaining:
             try:
                 got = mover.fill(worker.sock, remaining)
@@ -903,7 +488,7 @@ class Supervisor:
                     mover.drain(conn, got)
                 except OSError as exc:
                     controller_error = exc  # keep reading: the worker's socket must stay in step
-                    mover = _Copier(remaining)  # (a pipe closed itself, and the bytes in it went with it)
+                    mover = Copier(remaining)  # (a pipe closed itself, and the bytes in it went with it)
         if controller_error is not None:
             raise ConnectionLost("sending a reply: %s" % (controller_error or type(controller_error).__name__))
 
@@ -978,7 +563,7 @@ class Supervisor:
         """Relay the output the worker sent before its cell ended (and refuse the calls that came with it)."""
         while self.worker.calls is not None:
             try:
-                if not self.worker.calls.recv(1, _PEEK_NOW):
+                if not self.worker.calls.recv(1, PEEK_NOW):
                     return  # the link closed: _take_call finds out next time
             except (BlockingIOError, InterruptedError):
                 return  # nothing waits (the usual case: one syscall per reply)
