@@ -33,16 +33,16 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from . import confinement, protocol
 from .config import Config, ConfigError, read_secret
 from .frames import CHUNK_BYTES, PEEK_NOW, Copier, Inbox, Movers
+from .ladder import ABANDON, Ladder
 from .log import log
 from .worker_process import WorkerProcess, start_worker
 
 DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
-NOTICE_DELAY = 0.05  # a checkpoint still running after this long is announced to the controller
 CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows them 10 s plus the grace)
 _HANDSHAKE_HEADER_BYTES = 64 << 10
 _MAX_NONCE_CHARS = 256
@@ -665,7 +665,7 @@ class Supervisor:
     # -- waiting for the worker: the two clocks and the ladder
 
     def _await_reply(self, request: Dict[str, Any], reply_type: str) -> Any:
-        """Wait for the worker's reply to ``request`` under its time limits.
+        """Wait for the worker's reply to ``request`` under its time limits (the ladder).
 
         Returns the reply as a _Frame (its body still to be copied), or the fields of a reply
         the supervisor makes up itself (timeout, crashed, protocol_error). Raises _Takeover.
@@ -681,50 +681,20 @@ class Supervisor:
             phase, limit = "checkpoint", checkpoint_limit
         else:  # restore_begin / restore_end: no user code, only a namespace to clear (whose __del__ may hang)
             phase, limit = "request", _seconds(request.get("timeout"), CONTROL_STEP_SECONDS)
-        started = time.monotonic()
-        deadline = started + limit
-        interrupted = False  # interrupt sent in the current phase
-        cell_interrupted = False
-        cell_duration: Optional[float] = None
-        notice_at: Optional[float] = None  # when to tell the controller the checkpoint's clock runs
-        paused_at: Optional[float] = None  # since when the cell waits for an answer to input(): its clock stops
-        takeover = False
+        ladder = Ladder(phase, limit, checkpoint_limit, self.config.grace, self._interrupt_worker)
         if kind == protocol.EXEC:
             self.cell_running = True
             self.input_allowed = request.get("input") is True
             self._watch_controller(True)
         while True:
-            if not takeover and self._takeover_due():
-                takeover = True
-                if not interrupted:
-                    self.worker.interrupt(phase)
-                    interrupted = True
-                deadline = min(deadline, time.monotonic()) + self.config.grace
-            if self.input_waits and paused_at is None and not interrupted:
-                paused_at = time.monotonic()
-            elif paused_at is not None and not self.input_waits:
-                deadline += time.monotonic() - paused_at
-                paused_at = None
-            wake = deadline if notice_at is None else min(deadline, notice_at)
-            timeout = max(0.0, wake - time.monotonic()) if paused_at is None or notice_at is not None else None
-            if self.watching_conn != self.conn_registered:
-                self._sync_watch()
-            worker = self.worker
-            ahead = worker.inbox.buffered()  # a frame that came with the last one: nothing to wait for
-            inbox = self.inbox
-            conn_ahead = self.watching_conn and inbox is not None and inbox.buffered()
-            if ahead or conn_ahead:
-                timeout = 0.0
-            ready = {key.fd for key, _ in self.busy.select(timeout)}
-            if ahead:
-                ready.add(worker.sock.fileno())
-            if conn_ahead:
-                assert inbox is not None
-                ready.add(inbox.sock.fileno())
+            if not ladder.taken_over and self._takeover_due():
+                ladder.take_over()
+            ladder.follow_input(bool(self.input_waits))
+            ready = self._wait_busy(ladder.wait_seconds())
             if self.wake_r in ready:
                 self._drain_wakeups()
             if self._calls_fd() in ready:
-                if kind == protocol.EXEC and phase == "cell" and not takeover:
+                if ladder.relays_calls:
                     self._take_call(request_id, None)
                 else:
                     self._take_call(None, "the cell that made this host call has ended")
@@ -733,65 +703,85 @@ class Supervisor:
                 and self.conn is not None
                 and self.conn.fileno() in ready
                 and self._take_reply(request_id)
-                and phase == "cell"
-                and not interrupted
             ):
-                deadline, paused_at = time.monotonic(), None  # the controller cancelled the cell: the ladder
+                ladder.cancel()  # the controller cancelled the cell: the ladder
             worker = self.worker
             if worker.sock.fileno() in ready or (worker.pidfd in ready and worker.pending() is not None):
-                if takeover:
-                    self._replace_worker()  # the interrupted request may have changed the namespace
-                    raise _Takeover(request_id)
-                frame = self._read_worker_frame(request_id)
-                if not isinstance(frame, _Frame):
-                    frame.update(phase=phase)
-                    return frame
-                if phase == "cell" and kind == protocol.EXEC:
-                    self._drain_calls(request_id)  # the cell's last output went out before this frame
-                if frame.header["type"] == protocol.CELL_DONE and phase == "cell" and frame.body_len == 0:
-                    self._end_calls("the cell that made this host call has ended")
-                    cell_duration = time.monotonic() - started
-                    phase, interrupted = "checkpoint", False
-                    deadline = time.monotonic() + checkpoint_limit
-                    notice_at = time.monotonic() + NOTICE_DELAY
+                outcome = self._worker_spoke(ladder, kind, request_id, reply_type)
+                if outcome is None:  # the cell is done: its checkpoint runs
                     continue
-                if frame.header["type"] != reply_type:
-                    return self._misbehaved_in(frame, phase, "the worker sent %r, not a reply" % frame.header["type"])
-                return self._finish(frame, kind, interrupted, cell_interrupted)
+                return outcome
             if worker.pidfd is not None and worker.pidfd in ready:
                 info = self._replace_worker(died=True) or {}
-                if takeover:
+                if ladder.taken_over:
                     raise _Takeover(request_id)
-                info.update(status=protocol.STATUS_CRASHED, ran=True, phase=phase)
+                info.update(status=protocol.STATUS_CRASHED, ran=True, phase=ladder.phase)
                 return info
-            if notice_at is not None and time.monotonic() >= notice_at:
+            if ladder.notice_due():
                 # The checkpoint takes a while: the controller moves its deadline to the checkpoint's.
                 self._tell_controller({"type": protocol.CHECKPOINTING, "id": request_id})
-                notice_at = None
-            if time.monotonic() < deadline or paused_at is not None:
-                continue
-            if takeover:
-                self._replace_worker()
-                raise _Takeover(request_id)
-            if not interrupted:
-                self.worker.interrupt(phase)
-                interrupted = True
-                cell_interrupted = cell_interrupted or phase == "cell"
-                deadline = time.monotonic() + self.config.grace
+            step = ladder.expired()
+            if step is None:
                 continue
             self._replace_worker()
+            if step == ABANDON:
+                raise _Takeover(request_id)
             if kind == protocol.RESTORE_BEGIN:
                 return {"status": protocol.STATUS_OK, "worker_restarted": True}  # a fresh worker is an empty one
             reply: Dict[str, Any] = {
                 "status": protocol.STATUS_TIMEOUT,
                 "ran": True,
                 "worker_restarted": True,
-                "phase": phase,
-                "reason": "the %s ignored the interrupt for %.1f s; the worker was killed" % (phase, self.config.grace),
+                "phase": ladder.phase,
+                "reason": "the %s ignored the interrupt for %.1f s; the worker was killed"
+                % (ladder.phase, self.config.grace),
             }
             if kind == protocol.EXEC:
-                reply["duration"] = cell_duration if cell_duration is not None else time.monotonic() - started
+                reply["duration"] = ladder.duration()
             return reply
+
+    def _interrupt_worker(self, phase: str) -> None:
+        self.worker.interrupt(phase)
+
+    def _wait_busy(self, timeout: Optional[float]) -> Set[int]:
+        """Wait up to ``timeout`` seconds (None: no limit) for the worker, its host-call link, a signal or (when
+        watched) the controller; the descriptors ready, those with a frame read already among them."""
+        if self.watching_conn != self.conn_registered:
+            self._sync_watch()
+        worker = self.worker
+        ahead = worker.inbox.buffered()  # a frame that came with the last one: nothing to wait for
+        inbox = self.inbox
+        conn_ahead = self.watching_conn and inbox is not None and inbox.buffered()
+        if ahead or conn_ahead:
+            timeout = 0.0
+        ready = {key.fd for key, _ in self.busy.select(timeout)}
+        if ahead:
+            ready.add(worker.sock.fileno())
+        if conn_ahead:
+            assert inbox is not None
+            ready.add(inbox.sock.fileno())
+        return ready
+
+    def _worker_spoke(self, ladder: Ladder, kind: str, request_id: Any, reply_type: str) -> Any:
+        """The worker's socket has a frame (or EOF) during a request: its reply as a _Frame, the fields of a reply
+        the supervisor makes up, or None when the frame was ``cell_done`` (the checkpoint's clock starts).
+        Raises _Takeover."""
+        if ladder.taken_over:
+            self._replace_worker()  # the interrupted request may have changed the namespace
+            raise _Takeover(request_id)
+        frame = self._read_worker_frame(request_id)
+        if not isinstance(frame, _Frame):
+            frame.update(phase=ladder.phase)
+            return frame
+        if ladder.in_cell and kind == protocol.EXEC:
+            self._drain_calls(request_id)  # the cell's last output went out before this frame
+        if frame.header["type"] == protocol.CELL_DONE and ladder.in_cell and frame.body_len == 0:
+            self._end_calls("the cell that made this host call has ended")
+            ladder.cell_done()
+            return None
+        if frame.header["type"] != reply_type:
+            return self._misbehaved_in(frame, ladder.phase, "the worker sent %r, not a reply" % frame.header["type"])
+        return self._finish(frame, kind, ladder)
 
     def _read_worker_frame(self, request_id: Any) -> Any:
         """The header of the worker's next frame as a _Frame, or the reply fields if it was invalid or died."""
@@ -816,11 +806,13 @@ class Supervisor:
         reply["phase"] = phase
         return reply
 
-    def _finish(self, frame: _Frame, kind: str, interrupted: bool, cell_interrupted: bool) -> _Frame:
+    def _finish(self, frame: _Frame, kind: str, ladder: Ladder) -> _Frame:
         """Adjust the worker's reply for what the supervisor did, and learn the generation from it."""
         reply = frame.header
         status = reply.get("status")
-        if status == protocol.STATUS_ERROR and (cell_interrupted or (kind == protocol.LOAD and interrupted)):
+        if status == protocol.STATUS_ERROR and (
+            ladder.cell_interrupted or (kind == protocol.LOAD and ladder.interrupted)
+        ):
             # The interrupt stopped it (a cell that finished just at its deadline stays a success).
             reply["status"] = protocol.STATUS_TIMEOUT
             reply["worker_restarted"] = False
