@@ -37,7 +37,9 @@ from typing import Any, Dict, List, Optional, Set
 
 from . import confinement, protocol
 from .config import Config, ConfigError, read_secret
-from .frames import CHUNK_BYTES, PEEK_NOW, Copier, Inbox, Movers
+from .controller_link import ControllerLink
+from .frames import CHUNK_BYTES, Copier, Movers
+from .host_call_relay import HostCallRelay
 from .ladder import ABANDON, Ladder
 from .log import log
 from .worker_process import WorkerProcess, start_worker
@@ -57,8 +59,6 @@ REPLY_TYPES = {
     protocol.CONTEXT_CREATE: protocol.STATE_REPLY,
     protocol.CONTEXT_DESTROY: protocol.STATE_REPLY,
 }
-_CALL_HEADER_BYTES = 64 << 10  # a host call's header holds its number and handler name
-_CALL_SECONDS = 2.0  # a host call frame is at most a few MB over a socket pair: a slower one is trickled
 # A \uD800-\uDFFF escape in a header (a surrogate, perhaps a lone one): such a header is decoded and encoded
 # again (protocol.encode_header replaces lone surrogates), never relayed as it came. False positives only cost that.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
@@ -110,16 +110,7 @@ class Supervisor:
         self.worker_lost: Optional[Dict[str, Any]] = None
         self.takeover_requested = False
         self.channel_inode: Optional[int] = None
-        self.conn: Optional[socket.socket] = None  # the controller connection being served
-        self.inbox: Optional[Inbox] = None  # frames from ``conn``
         self.movers = Movers()
-        self.open_calls: Dict[int, Any] = {}  # host calls relayed for the running exec: call -> its request id
-        self.input_waits: Dict[int, float] = {}  # open calls that are input() of the cell: call -> since when
-        self.cell_running = False  # an exec's cell runs: the controller may interrupt it
-        self.input_allowed = False  # the running exec lets its cell's input() ask the controller
-        self.conn_lost = False  # the controller's connection broke during the request being served
-        self.watching_conn = False  # the controller's connection should be in the busy selector (_sync_watch)
-        self.conn_registered = False  # it is there (kept between requests, so a run of cells registers it once)
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
@@ -131,6 +122,8 @@ class Supervisor:
         self.busy = selectors.DefaultSelector()  # worker + wake-up, while a request runs
         for sel in (self.idle, self.busy):
             sel.register(self.wake_r, selectors.EVENT_READ)
+        self.controller = ControllerLink(self.busy)
+        self.host_calls = HostCallRelay(config, self.controller, lambda: self.worker, (self.idle, self.busy))
         self.worker = self._spawn()
 
     # -- worker lifecycle
@@ -146,8 +139,7 @@ class Supervisor:
         return worker
 
     def _forget(self, worker: WorkerProcess) -> None:
-        self.open_calls.clear()  # the link goes with the worker: its callers are gone
-        self._watch_controller(False)
+        self.host_calls.worker_gone()
         for sel in (self.idle, self.busy):
             for fd in worker.fds():
                 with contextlib.suppress(KeyError, ValueError):
@@ -269,12 +261,6 @@ class Supervisor:
         protocol.send_frame(conn, {"type": protocol.AUTH_OK, "proof": proof})
         return True
 
-    def _tell_controller(self, header: Dict[str, Any]) -> None:
-        """A notice during a request (the controller moves its deadline); a lost controller shows up later."""
-        if self.conn is not None:
-            with contextlib.suppress(OSError):
-                self._send(self.conn, header)
-
     def _send(self, conn: socket.socket, header: Dict[str, Any], body: Any = b"") -> None:
         protocol.send_frame(conn, header, body)  # within the socket's own limits (limit_each_io)
 
@@ -282,9 +268,7 @@ class Supervisor:
 
     def serve(self, conn: socket.socket) -> None:
         self.idle.register(conn, selectors.EVENT_READ)
-        self.conn = conn
-        inbox = self.inbox = Inbox(conn)
-        self.conn_lost = False
+        inbox = self.controller.attach(conn)
         conn_fd = conn.fileno()
         try:
             while True:
@@ -306,8 +290,10 @@ class Supervisor:
                 if worker.sock.fileno() in ready or worker.pidfd in ready:
                     self._worker_between_requests()
                     continue  # a request that came meanwhile has not run yet: read it next round
-                if self._calls_fd() in ready:
-                    self._take_call(None, "no cell is running: host calls are answered only while a cell runs")
+                if self.host_calls.link_fd() in ready:
+                    self.host_calls.take_call(
+                        None, "no cell is running: host calls are answered only while a cell runs"
+                    )
                     continue
                 if conn_fd in ready:
                     header, body_len, _ = inbox.head(
@@ -321,10 +307,7 @@ class Supervisor:
                         )
                         return
         finally:
-            self._watch_controller(False)
-            self._sync_watch()
-            self.conn = None
-            self.inbox = None
+            self.controller.detach()
             self.idle.unregister(conn)
 
     def _worker_between_requests(self) -> None:
@@ -342,22 +325,22 @@ class Supervisor:
         kind = header["type"]
         request_id = header.get("id")
         if kind in (protocol.HOST_REPLY, protocol.INTERRUPT):  # for a cell that ended meanwhile: too late
-            self._discard(body_len)
+            self.controller.discard(body_len)
             return
         if kind == protocol.PING:
-            self._discard(body_len)
+            self.controller.discard(body_len)
             self._send(conn, {"type": protocol.PONG, "id": request_id, "generation": self.generation})
             return
         reply_type = REPLY_TYPES.get(kind)
         if reply_type is None:
-            self._discard(body_len)
+            self.controller.discard(body_len)
             reply = {"status": protocol.STATUS_PROTOCOL_ERROR, "ran": False, "reason": "unknown request %r" % kind}
             self._send(conn, {"type": "error", "id": request_id, **reply})
             return
         if kind == protocol.RESTORE_BEGIN:
             self.worker_lost = None
         if self.worker_lost is not None:
-            self._discard(body_len)
+            self.controller.discard(body_len)
             lost, self.worker_lost = self.worker_lost, None
             lost.update(type=reply_type, id=request_id, status=protocol.STATUS_CRASHED, ran=False)
             self._send(conn, lost)
@@ -375,7 +358,7 @@ class Supervisor:
         try:
             outcome = self._await_reply(header, reply_type)
         finally:
-            self._end_calls("the cell that made this host call has ended")
+            self.host_calls.end_calls("the cell that made this host call has ended")
         if isinstance(outcome, _Frame):
             self._deliver(conn, outcome, request_id)
         else:
@@ -383,21 +366,6 @@ class Supervisor:
             self._send(conn, outcome)
 
     # -- moving bytes
-
-    def _discard(self, size: int) -> None:
-        """Read and drop a request body from the controller."""
-        inbox = self.inbox
-        assert inbox is not None
-        size -= len(inbox.take(size))
-        if not size:
-            return
-        buf = bytearray(min(size, CHUNK_BYTES))
-        view = memoryview(buf)
-        while size:
-            got = inbox.sock.recv_into(view[: min(size, CHUNK_BYTES)])
-            if not got:
-                raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
-            size -= got
 
     def _forward(self, body_len: int) -> bool:
         """Send the request whose head the controller's inbox just read to the worker: the head as it came, then
@@ -408,7 +376,7 @@ class Supervisor:
         the body leaves the worker with half a frame: the worker is replaced and ConnectionLost raised.
         """
         worker = self.worker
-        inbox = self.inbox
+        inbox = self.controller.inbox
         assert inbox is not None
         remaining = body_len
         try:
@@ -435,7 +403,7 @@ class Supervisor:
             self.worker_lost = self._replace_worker(died=True)
         else:
             return True
-        self._discard(remaining)
+        self.controller.discard(remaining)
         return False
 
     def _deliver(self, conn: socket.socket, frame: _Frame, request_id: Any) -> None:
@@ -506,162 +474,6 @@ class Supervisor:
         self._replace_worker()
         return {"status": protocol.STATUS_PROTOCOL_ERROR, "ran": True, "reason": "%s; it was killed" % why}
 
-    # -- host calls
-
-    def _calls_fd(self) -> int:
-        calls = self.worker.calls
-        return calls.fileno() if calls is not None else -1
-
-    def _take_call(self, request_id: Any, refusal: Optional[str]) -> None:
-        """Read one frame from the worker's host-call link: relay a call to the controller for ``request_id``
-        (or refuse it), and the cell's output for ``request_id`` (or drop it: no cell of an exec runs)."""
-        worker = self.worker
-        assert worker.calls is not None
-        try:
-            header, body = protocol.recv_frame(
-                worker.calls,
-                _CALL_HEADER_BYTES,
-                self.config.host_call_max,
-                min(self.config.frame_timeout, _CALL_SECONDS),
-            )
-            call, name = header.get("call"), header.get("name")
-            if header["type"] == protocol.OUTPUT and header.get("stream") in protocol.OUTPUT_STREAMS:
-                self._relay_output(request_id, header["stream"], body)
-                return
-            if header["type"] != protocol.HOST_CALL or type(call) is not int or not isinstance(name, str):
-                raise protocol.ProtocolViolation("a %r frame that is not a host call" % header["type"])
-        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
-            # Cell code can write on this link too; once it is out of step, no call can be trusted on it.
-            log("closed the worker's host-call link: %s" % (exc or type(exc).__name__))
-            self._forget_calls(worker)
-            return
-        if refusal is None and (self.conn is None or self.conn_lost):
-            refusal = "the controller is not connected"
-        if refusal is None:
-            assert self.conn is not None
-            try:
-                self._send(self.conn, {"type": protocol.HOST_CALL, "id": request_id, "call": call, "name": name}, body)
-                self.open_calls[call] = request_id
-                if name == protocol.INPUT_CALL and self.input_allowed:  # a forged one does not stop the clock
-                    self.input_waits[call] = time.monotonic()
-                self._watch_controller(True)
-                return
-            except OSError:
-                self._lose_controller("sending a host call failed")
-                refusal = "the controller connection was lost"
-        self._answer_worker({"call": call, "status": protocol.STATUS_ERROR, "error": refusal})
-
-    def _relay_output(self, request_id: Any, stream: str, body: Any) -> None:
-        if request_id is None or self.conn is None or self.conn_lost:
-            return  # output of no exec's cell, or no one to tell: dropped (the reply keeps its head)
-        try:
-            self._send(self.conn, {"type": protocol.OUTPUT, "id": request_id, "stream": stream}, body)
-        except OSError:
-            self._lose_controller("sending output failed")
-
-    def _drain_calls(self, request_id: Any) -> None:
-        """Relay the output the worker sent before its cell ended (and refuse the calls that came with it)."""
-        while self.worker.calls is not None:
-            try:
-                if not self.worker.calls.recv(1, PEEK_NOW):
-                    return  # the link closed: _take_call finds out next time
-            except (BlockingIOError, InterruptedError):
-                return  # nothing waits (the usual case: one syscall per reply)
-            except OSError:
-                return
-            self._take_call(request_id, "the cell that made this host call has ended")
-
-    def _take_reply(self, request_id: Any) -> bool:
-        """Read a frame the controller sent while a cell runs: a host call's answer goes to the worker (a late one
-        is dropped). Returns True when it is an interrupt of request ``request_id``."""
-        inbox = self.inbox
-        assert inbox is not None
-        try:
-            header, body_len, _ = inbox.head(protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout)
-            call = header.get("call")
-            if header["type"] == protocol.INTERRUPT:
-                self._discard(body_len)
-                return header.get("id") == request_id
-            if header["type"] != protocol.HOST_REPLY or call not in self.open_calls:
-                self._discard(body_len)
-                return False
-            if body_len > self.config.host_call_max:
-                self._discard(body_len)
-                header = {
-                    "status": protocol.STATUS_ERROR,
-                    "error": "the result is %d bytes, over the sandbox's %d-byte limit for host calls"
-                    % (body_len, self.config.host_call_max),
-                }
-                body: Any = b""
-            else:
-                body = inbox.read_exactly(body_len)
-        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
-            self._lose_controller("reading a host call's answer: %s" % (exc or type(exc).__name__))
-            return False
-        del self.open_calls[call]
-        self.input_waits.pop(call, None)
-        self._watch_controller(self.cell_running or bool(self.open_calls))
-        self._answer_worker({"call": call, "status": header.get("status"), "error": header.get("error")}, body)
-        return False
-
-    def _answer_worker(self, header: Dict[str, Any], body: Any = b"") -> None:
-        worker = self.worker
-        if worker.calls is None:
-            return
-        header["type"] = protocol.HOST_REPLY
-        try:
-            protocol.send_frame(worker.calls, header, body)
-        except OSError as exc:
-            log("closed the worker's host-call link: %s" % (exc or type(exc).__name__))
-            self._forget_calls(worker)
-
-    def _end_calls(self, reason: str) -> None:
-        """Answer every host call still open with an error: its cell ended (or its answer cannot come)."""
-        calls, self.open_calls = list(self.open_calls), {}
-        self.input_waits.clear()
-        self.cell_running = False
-        self._watch_controller(False)
-        for call in calls:
-            self._answer_worker({"call": call, "status": protocol.STATUS_ERROR, "error": reason})
-
-    def _watch_controller(self, on: bool) -> None:
-        """Read the controller during a request only while a cell runs (it may be interrupted) or host calls wait
-        for answers (never a request's bytes). The busy selector follows before its next wait (``_sync_watch``)."""
-        if self.conn is not None:
-            self.watching_conn = on
-
-    def _sync_watch(self) -> None:
-        """Make the busy selector watch the controller's connection, or not, as ``watching_conn`` says.
-
-        Between requests only the idle selector waits, so the connection may stay registered here: a run of
-        cells registers it once, not twice per cell.
-        """
-        if self.watching_conn == self.conn_registered or self.conn is None:
-            return
-        if self.watching_conn:
-            self.busy.register(self.conn, selectors.EVENT_READ)
-        else:
-            with contextlib.suppress(KeyError, ValueError):
-                self.busy.unregister(self.conn)
-        self.conn_registered = self.watching_conn
-
-    def _forget_calls(self, worker: WorkerProcess) -> None:
-        """Stop serving the worker's host-call link (its callers see it close and fail)."""
-        self.open_calls.clear()
-        self.input_waits.clear()
-        self._watch_controller(False)
-        if worker.calls is not None:
-            for sel in (self.idle, self.busy):
-                with contextlib.suppress(KeyError, ValueError):
-                    sel.unregister(worker.calls)
-        worker.close_calls()
-
-    def _lose_controller(self, why: str) -> None:
-        """The controller's connection broke in the middle of a request: finish the request without it."""
-        log("the controller's connection broke during a request (%s)" % why)
-        self.conn_lost = True
-        self._end_calls("the controller connection was lost")
-
     # -- waiting for the worker: the two clocks and the ladder
 
     def _await_reply(self, request: Dict[str, Any], reply_type: str) -> Any:
@@ -683,26 +495,25 @@ class Supervisor:
             phase, limit = "request", _seconds(request.get("timeout"), CONTROL_STEP_SECONDS)
         ladder = Ladder(phase, limit, checkpoint_limit, self.config.grace, self._interrupt_worker)
         if kind == protocol.EXEC:
-            self.cell_running = True
-            self.input_allowed = request.get("input") is True
-            self._watch_controller(True)
+            self.host_calls.start_cell(request.get("input") is True)
         while True:
             if not ladder.taken_over and self._takeover_due():
                 ladder.take_over()
-            ladder.follow_input(bool(self.input_waits))
+            ladder.follow_input(self.host_calls.waiting_for_input())
             ready = self._wait_busy(ladder.wait_seconds())
             if self.wake_r in ready:
                 self._drain_wakeups()
-            if self._calls_fd() in ready:
+            if self.host_calls.link_fd() in ready:
                 if ladder.relays_calls:
-                    self._take_call(request_id, None)
+                    self.host_calls.take_call(request_id, None)
                 else:
-                    self._take_call(None, "the cell that made this host call has ended")
+                    self.host_calls.take_call(None, "the cell that made this host call has ended")
+            controller = self.controller
             if (
-                self.watching_conn
-                and self.conn is not None
-                and self.conn.fileno() in ready
-                and self._take_reply(request_id)
+                controller.watching
+                and controller.conn is not None
+                and controller.conn.fileno() in ready
+                and self.host_calls.take_reply(request_id)
             ):
                 ladder.cancel()  # the controller cancelled the cell: the ladder
             worker = self.worker
@@ -719,7 +530,7 @@ class Supervisor:
                 return info
             if ladder.notice_due():
                 # The checkpoint takes a while: the controller moves its deadline to the checkpoint's.
-                self._tell_controller({"type": protocol.CHECKPOINTING, "id": request_id})
+                self.controller.tell({"type": protocol.CHECKPOINTING, "id": request_id})
             step = ladder.expired()
             if step is None:
                 continue
@@ -746,12 +557,13 @@ class Supervisor:
     def _wait_busy(self, timeout: Optional[float]) -> Set[int]:
         """Wait up to ``timeout`` seconds (None: no limit) for the worker, its host-call link, a signal or (when
         watched) the controller; the descriptors ready, those with a frame read already among them."""
-        if self.watching_conn != self.conn_registered:
-            self._sync_watch()
+        controller = self.controller
+        if controller.watching != controller.registered:
+            controller.sync_watch()
         worker = self.worker
         ahead = worker.inbox.buffered()  # a frame that came with the last one: nothing to wait for
-        inbox = self.inbox
-        conn_ahead = self.watching_conn and inbox is not None and inbox.buffered()
+        inbox = controller.inbox
+        conn_ahead = controller.watching and inbox is not None and inbox.buffered()
         if ahead or conn_ahead:
             timeout = 0.0
         ready = {key.fd for key, _ in self.busy.select(timeout)}
@@ -774,9 +586,9 @@ class Supervisor:
             frame.update(phase=ladder.phase)
             return frame
         if ladder.in_cell and kind == protocol.EXEC:
-            self._drain_calls(request_id)  # the cell's last output went out before this frame
+            self.host_calls.drain(request_id)  # the cell's last output went out before this frame
         if frame.header["type"] == protocol.CELL_DONE and ladder.in_cell and frame.body_len == 0:
-            self._end_calls("the cell that made this host call has ended")
+            self.host_calls.end_calls("the cell that made this host call has ended")
             ladder.cell_done()
             return None
         if frame.header["type"] != reply_type:
