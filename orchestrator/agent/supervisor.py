@@ -1,23 +1,18 @@
-"""The sandbox supervisor: owns the channel to the controller, the timers and the worker's life.
+"""The sandbox supervisor: owns the channel to the controller, serves its requests, and the worker's life.
 
 Standard library only; it never runs user code and never unpickles. It connects to the
 controller's Unix socket (and reconnects whenever the connection drops, so a restarted
 controller can reattach to a live session), proves it knows the sandbox's secret, relays
-each request to the worker process and enforces the timeout ladder: an interrupt (SIGINT for
-a cell or a load, SIGUSR2 for a checkpoint), then after a grace period a kill of the worker's
-process group and a fresh, empty worker that the controller restores. SIGUSR1 plus a new
-socket file at the channel path is a takeover: the supervisor drops the old connection
+each request to the worker process (worker_process.py) and waits for its reply under the
+request's time limits (ladder.py): an interrupt, then after a grace period a kill of the
+worker's process group and a fresh, empty worker that the controller restores. SIGUSR1 plus a
+new socket file at the channel path is a takeover: the supervisor drops the old connection
 (interrupting what runs) and connects to the new one.
 
-Bodies are never held whole here: they move from socket to socket (frames.py). See docs/protocol.md.
-
-The supervisor-worker link uses the same frames plus one private message: the worker's
-``cell_done`` when a cell finished (the checkpoint's clock starts). Host calls come from the
-worker on a second link of their own; the supervisor relays them to the controller only
-while a cell runs, relays the controller's answers back, and answers every call still open
-when the cell ends (or any call made outside a cell) with an error itself. A checkpoint that is
-still running ``NOTICE_DELAY`` later is announced to the controller (``checkpointing``), which
-then gives the call the checkpoint's deadline; a fast one costs no extra frame.
+Bodies are never held whole here: they move from socket to socket (frames.py). The
+supervisor-worker link uses the controller's frames plus one private message: the worker's
+``cell_done`` when a cell finished (the checkpoint's clock starts). Host calls and a cell's
+output come on a second link (host_call_relay.py). See docs/protocol.md.
 """
 
 from __future__ import annotations
