@@ -17,8 +17,8 @@ import time
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from . import protocol
+from .channel import ControllerLink
 from .config import Config
-from .controller_link import ControllerLink
 from .frames import PEEK_NOW
 from .log import log
 from .worker_process import WorkerProcess

@@ -7,7 +7,7 @@ each request to the worker process (worker_process.py) and waits for its reply u
 request's time limits (ladder.py): an interrupt, then after a grace period a kill of the
 worker's process group and a fresh, empty worker that the controller restores. SIGUSR1 plus a
 new socket file at the channel path is a takeover: the supervisor drops the old connection
-(interrupting what runs) and connects to the new one.
+(interrupting what runs) and connects to the new one (channel.py).
 
 Bodies are never held whole here: they move from socket to socket (frames.py). The
 supervisor-worker link uses the controller's frames plus one private message: the worker's
@@ -31,8 +31,8 @@ import traceback
 from typing import Any, Dict, List, Optional, Set
 
 from . import confinement, protocol
+from .channel import Channel, ControllerLink
 from .config import Config, ConfigError, read_secret
-from .controller_link import ControllerLink
 from .frames import CHUNK_BYTES, Copier, Movers
 from .host_call_relay import HostCallRelay
 from .ladder import ABANDON, Ladder
@@ -103,8 +103,7 @@ class Supervisor:
         self._secret = secret
         self.generation = 0
         self.worker_lost: Optional[Dict[str, Any]] = None
-        self.takeover_requested = False
-        self.channel_inode: Optional[int] = None
+        self.channel = Channel(config.channel, config.frame_timeout)
         self.movers = Movers()
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -157,54 +156,19 @@ class Supervisor:
     # -- takeover
 
     def _on_takeover(self, signum: int, frame: Any) -> None:
-        self.takeover_requested = True
+        self.channel.takeover_requested = True
 
     def _drain_wakeups(self) -> None:
         with contextlib.suppress(BlockingIOError, InterruptedError):
             while os.read(self.wake_r, 512):
                 pass
 
-    def channel_replaced(self) -> bool:
-        """True when a controller other than ours now listens on the channel path (a takeover).
-
-        A new controller binds a new socket file and then signals us; if we already reconnected
-        to that very file on our own (the old controller had let go), the signal is stale.
-        """
-        try:
-            return os.stat(self.config.channel).st_ino != self.channel_inode
-        except OSError:
-            return True
-
-    def _takeover_due(self) -> bool:
-        if not self.takeover_requested:
-            return False
-        self.takeover_requested = False
-        return self.channel_replaced()
-
     # -- connection
-
-    def connect(self) -> socket.socket:
-        """Connect to the controller, retrying until one listens; remember which socket file it was."""
-        delay = 0.01
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                inode = os.stat(self.config.channel).st_ino
-                sock.connect(self.config.channel)
-                if os.stat(self.config.channel).st_ino == inode:
-                    self.channel_inode = inode
-                    protocol.limit_each_io(sock, self.config.frame_timeout)
-                    return sock
-            except OSError:
-                pass
-            sock.close()
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
 
     def run(self) -> None:
         failures = 0
         while True:
-            conn = self.connect()
+            conn = self.channel.connect()
             authenticated = False
             try:
                 authenticated = self.handshake(conn)
@@ -267,7 +231,7 @@ class Supervisor:
         conn_fd = conn.fileno()
         try:
             while True:
-                if self._takeover_due():
+                if self.channel.takeover_due():
                     self._send(conn, {"type": protocol.GOODBYE, "reason": "takeover", "in_flight": None})
                     return
                 worker = self.worker
@@ -492,7 +456,7 @@ class Supervisor:
         if kind == protocol.EXEC:
             self.host_calls.start_cell(request.get("input") is True)
         while True:
-            if not ladder.taken_over and self._takeover_due():
+            if not ladder.taken_over and self.channel.takeover_due():
                 ladder.take_over()
             ladder.follow_input(self.host_calls.waiting_for_input())
             ready = self._wait_busy(ladder.wait_seconds())

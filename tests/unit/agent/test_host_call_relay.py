@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from orchestrator.agent import protocol
+from orchestrator.agent.channel import ControllerLink
 from orchestrator.agent.config import Config
-from orchestrator.agent.controller_link import ControllerLink
 from orchestrator.agent.host_call_relay import HostCallRelay
 
 ENDED = "the cell that made this host call has ended"
