@@ -98,6 +98,9 @@ class ConnectionLost(Exception):
 
 
 class Supervisor:
+    """Serves one controller connection at a time with one worker at a time, replacing the worker when it dies or
+    must be killed."""
+
     def __init__(self, config: Config, secret: bytes) -> None:
         self.config = config
         self._secret = secret
