@@ -247,8 +247,8 @@ def test_a_controller_that_stalls_in_the_middle_of_a_request_body_is_dropped(age
     assert agent.value("3") == "3"
 
 
-# Bodies past supervisor.SPLICE_MIN_BYTES go through a pipe with os.splice (Python >= 3.10), smaller ones and
-# those on older Pythons through a buffer; each read takes up to supervisor.READ_AHEAD bytes.
+# Bodies past frames.SPLICE_MIN_BYTES go through a pipe with os.splice (Python >= 3.10), smaller ones and
+# those on older Pythons through a buffer; each read takes up to frames.READ_AHEAD bytes.
 
 FIND_REQUEST_ID = (
     "import json, os, struct, sys, time\n"

@@ -1,0 +1,162 @@
+"""One worker process: started as the sandbox's uid in its own process group, signalled, killed, and why it died.
+
+The worker runs the cells (worker.py). It talks to the supervisor over two socket pairs: one for
+requests and replies, one for host calls and output (hostcall.py). Its death is reported with
+its exit status, signal, and whether the cgroup's out-of-memory killer took it (cgroup.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from . import confinement, protocol
+from .cgroup import oom_kill_count
+from .config import Config
+from .frames import PEEK_NOW, Inbox
+from .log import log
+
+_WORKER_START_SECONDS = 60.0
+_WORKER_START_ATTEMPTS = 3
+# The worker's first Python code: no entry that is not an absolute path (the working directory, '') stays on its
+# import path, before anything is imported from it. ``-s`` (no user site) runs before it.
+_WORKER_BOOTSTRAP = (
+    "import sys; sys.path[:] = [p for p in sys.path if p.startswith('/')]; from %s.worker import main; main()"
+    % __package__
+)
+
+
+class WorkerProcess:
+    """One worker process (leader of its own process group) and our end of its socket."""
+
+    def __init__(self, config: Config) -> None:
+        ours, theirs = socket.socketpair()
+        self.sock = ours
+        calls_ours, calls_theirs = socket.socketpair()
+        self.calls: Optional[socket.socket] = calls_ours  # the host-call link; None once closed
+        self.oom_baseline = oom_kill_count()
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-s",
+                    "-c",
+                    _WORKER_BOOTSTRAP,
+                    str(theirs.fileno()),
+                    str(config.output_limit),
+                    str(config.checkpoint_quota),
+                    str(calls_theirs.fileno()),
+                    str(config.host_call_max),
+                ],
+                pass_fds=[theirs.fileno(), calls_theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=sys.stderr,
+                env=config.worker_environ,
+                start_new_session=True,
+                **confinement.worker_identity(config.worker_uid),
+            )
+        except BaseException:
+            ours.close()
+            calls_ours.close()
+            raise
+        finally:
+            theirs.close()
+            calls_theirs.close()
+        self.pid = self.proc.pid
+        self.pidfd: Optional[int] = None
+        with contextlib.suppress(AttributeError, OSError):  # Linux >= 5.3, Python >= 3.9
+            self.pidfd = os.pidfd_open(self.pid)
+        try:
+            protocol.limit_each_io(self.sock, _WORKER_START_SECONDS)
+            hello, _ = protocol.recv_frame(self.sock, max_body=0)
+            protocol.limit_each_io(self.sock, config.frame_timeout)
+            protocol.limit_each_io(calls_ours, config.frame_timeout)
+        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
+            self.kill()
+            raise RuntimeError("the worker did not start: %s" % exc) from None
+        self.dill = str(hello.get("dill", ""))
+        self.inbox = Inbox(self.sock)
+
+    def fds(self) -> List[int]:
+        return [self.sock.fileno()] + ([self.pidfd] if self.pidfd is not None else [])
+
+    def interrupt(self, phase: str) -> None:
+        """SIGINT stops a cell or a load; SIGUSR2 a checkpoint, so a late cell interrupt can never cut one short."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGUSR2 if phase == "checkpoint" else signal.SIGINT)
+
+    def pending(self) -> Optional[bytes]:
+        """Without blocking: b'' when the socket is at EOF, some bytes when it has data, None when empty."""
+        if self.inbox.buffered():  # read with its last frame
+            return self.inbox.peek()
+        try:
+            return self.sock.recv(1, PEEK_NOW)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return b""
+
+    def close_calls(self) -> None:
+        if self.calls is not None:
+            with contextlib.suppress(OSError):
+                self.calls.close()
+            self.calls = None
+
+    def _close(self) -> None:
+        self.close_calls()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.proc.wait()
+        self._close()
+
+    def death(self) -> Dict[str, Any]:
+        """Reap the dead (or dying) worker, kill what is left of its process group, and say why it died."""
+        try:
+            code = self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:  # it only closed its socket: make it dead
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            code = self.proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)  # children it left behind
+        self._close()
+        oom = oom_kill_count() > self.oom_baseline
+        info: Dict[str, Any] = {"exit_code": code, "oom": oom}
+        if code is not None and code < 0:
+            try:
+                info["signal"] = signal.Signals(-code).name
+            except ValueError:
+                info["signal"] = "signal %d" % -code
+        if oom:
+            info["reason"] = "the worker was killed by the kernel's out-of-memory killer"
+        elif code is not None and code < 0:
+            info["reason"] = "the worker was killed by %s" % info["signal"]
+        else:
+            info["reason"] = "the worker exited with status %s" % code
+        return info
+
+
+def start_worker(config: Config) -> WorkerProcess:
+    """Start a worker; if none will start (no memory, no pids left), the sandbox is beyond repair: exit."""
+    for attempt in range(_WORKER_START_ATTEMPTS):
+        try:
+            return WorkerProcess(config)
+        except (OSError, RuntimeError) as exc:
+            log("starting the worker failed (attempt %d): %s" % (attempt + 1, exc))
+            time.sleep(0.5)
+    log("no worker would start; exiting so that the controller replaces the sandbox")
+    sys.exit(1)
