@@ -44,7 +44,7 @@ class EvalOptions:
     timeout: float = 10.0
     """Seconds for a submission's code and tests together, unless it sets ``timeout``."""
     memory: int | str | None = None
-    """The sandbox's memory limit unless a submission sets ``memory`` (None: ``Settings.mem_limit``)."""
+    """The sandbox's memory limit unless a submission sets ``memory`` (None: ``Settings.limits.memory``)."""
     output_limit: int = 1 << 20
     """Most bytes a submission may print (stdout and stderr together); past it: ``output_limit``."""
     pool_size: int | None = None
@@ -105,9 +105,11 @@ class Evaluator:
         self._backend = backend
         self._image = image
         self._options = options or EvalOptions()
-        memory = self._options.memory if self._options.memory is not None else settings.mem_limit
-        self._settings = settings.replace(max_output_bytes=self._options.output_limit, mem_limit=memory)
-        self._default_memory = parse_memory(self._settings.mem_limit)
+        memory = self._options.memory if self._options.memory is not None else settings.limits.memory
+        self._settings = settings.replace(
+            limits=settings.limits.replace(max_output_bytes=self._options.output_limit, memory=memory)
+        )
+        self._default_memory = parse_memory(self._settings.limits.memory)
         self._run_id = secrets.token_hex(4)
         self._labels = {EVAL_RUN: self._run_id, **controller_labels("eval", self._settings.runtime_dir)}
         self._lock = threading.Lock()
@@ -229,7 +231,7 @@ class Evaluator:
             if memory == self._default_memory:
                 sandbox = pool.take()
             else:
-                sandbox = pool.start(self._settings.replace(mem_limit=memory))
+                sandbox = pool.start(self._settings.replace(limits=self._settings.limits.replace(memory=memory)))
         except OrchestratorError as exc:
             finish(_infra_error(common, started, f"no sandbox could be started: {type(exc).__name__}: {exc}"))
             return
@@ -277,15 +279,19 @@ class Evaluator:
         return {
             "timeout": timeout,
             "memory": memory,
-            "cpus": settings.nano_cpus / 1e9,
-            "pids": settings.pids_limit,
+            "cpus": settings.limits.nano_cpus / 1e9,
+            "pids": settings.limits.pids,
             "output": self._options.output_limit,
-            "network": "loopback only" if settings.network_mode == "none" else settings.network_mode,
-            "read_only": settings.read_only,
-            "user": settings.user,
+            "network": "loopback only"
+            if settings.confinement.network_mode == "none"
+            else settings.confinement.network_mode,
+            "read_only": settings.confinement.read_only,
+            "user": settings.confinement.user,
             # the submission's own uid, one per sandbox from this range (the user above is its supervisor's)
-            "worker_uids": "{}-{}".format(*settings.worker_uids) if settings.separate_worker else None,
-            "tmpfs": dict(settings.tmpfs),
+            "worker_uids": "{}-{}".format(*settings.confinement.worker_uids)
+            if settings.confinement.separate_worker
+            else None,
+            "tmpfs": dict(settings.confinement.tmpfs),
         }
 
 

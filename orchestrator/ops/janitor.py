@@ -56,7 +56,7 @@ class Janitor:
         if not interval > 0:
             raise ConfigError(f"the janitor's interval must be more than 0 seconds, got {interval!r}")
         # Its own idle policy would watch sessions this orchestrator holds: it holds none.
-        self.settings = settings.replace(hibernate_after=None)
+        self.settings = settings.replace(capacity=settings.capacity.replace(hibernate_after=None))
         self.interval = interval
         self.idle_for = idle_for
         self.older_than = older_than
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
             interval=args.interval,
             idle_for=args.idle,
             older_than=args.older_than,
-            hibernate_after=settings.hibernate_after if args.hibernate_after is None else args.hibernate_after,
+            hibernate_after=settings.capacity.hibernate_after if args.hibernate_after is None else args.hibernate_after,
             heartbeat=args.heartbeat,
         )
     except ConfigError as exc:

@@ -227,7 +227,7 @@ class Pruner:
         Their creator removes them when the start fails (``Backend.run_sandbox``); one killed between create and
         start cannot, and an engine that failed the removal too leaves them here.
         """
-        grace = leftover_dir_grace(self.settings.start_timeout)
+        grace = leftover_dir_grace(self.settings.timeouts.start)
         found = {c.id: c for c in self.backend.find({STORE_ID: self.store.store_id})}
         found.update((c.id, c) for c in self.backend.find({CONTROLLER_RUNTIME_DIR: str(self.settings.runtime_dir)}))
         quarantined = self.store.quarantined()
@@ -313,7 +313,7 @@ class Pruner:
         if not runtime_dir.is_dir():
             return
         live = {c.labels.get(SANDBOX_ID) for c in self.backend.find({})}
-        grace = leftover_dir_grace(self.settings.start_timeout)
+        grace = leftover_dir_grace(self.settings.timeouts.start)
         for entry in sorted(runtime_dir.iterdir()):
             if not _SANDBOX_DIR.match(entry.name) or entry.name in live or self._younger_than(entry, grace):
                 continue

@@ -13,9 +13,12 @@ EXPECTED = {
     "EngineUnavailable",
     "ExecError", "ExecResult", "ExecutionTimeout", "HostCallError", "HostCalls",
     "ImageMissing", "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent",
-    "Placement", "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed", "SandboxError",
+    "Placement", "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed",
+    "SandboxError",
     "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError",
     "SessionInfo", "SessionNotFound", "SessionsNotClosed", "SessionStatus", "Settings", "TransportError", "__version__",
+    # Settings' groups
+    "Capacity", "Confinement", "ResourceLimits", "SwarmSettings", "Timeouts",
 }  # fmt: skip
 
 
