@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from .agent.confinement import MAX_WORKER_UID
 from .errors import ConfigError
+from .state.files import replace_file
 
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
 DEFAULTS_FILE = "defaults.json"
@@ -87,9 +88,7 @@ def save_default_base_image(state_dir: Path, base_image: str) -> Path:
     """
     path = Path(state_dir) / DEFAULTS_FILE
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{DEFAULTS_FILE}.{os.getpid()}")
-    tmp.write_text(json.dumps({"base_image": base_image}, indent=1) + "\n")
-    os.replace(tmp, path)
+    replace_file(path, (json.dumps({"base_image": base_image}, indent=1) + "\n").encode())
     return path
 
 

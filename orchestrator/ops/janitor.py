@@ -27,6 +27,7 @@ from ..api.manager import Orchestrator
 from ..config import Settings
 from ..errors import ConfigError
 from ..safe_text import log_to_stderr
+from ..state.files import replace_file
 from ..units import describe_duration, optional_duration_argument, positive_duration_argument
 from .images import write_janitor_context
 from .prune import PruneAction, PruneReport
@@ -124,10 +125,8 @@ class Janitor:
 
     def _beat(self) -> None:
         """Touch the heartbeat atomically; it holds the interval, so ``--health`` needs no options."""
-        tmp = self.heartbeat.with_name(f".{self.heartbeat.name}.{os.getpid()}")
         try:
-            tmp.write_text(f"{self.interval}\n")
-            os.replace(tmp, self.heartbeat)
+            replace_file(self.heartbeat, f"{self.interval}\n".encode())
         except OSError as exc:
             logger.error("cannot write the heartbeat %s: %s", self.heartbeat, exc)
 

@@ -33,7 +33,6 @@ import os
 import re
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -43,6 +42,7 @@ from typing import Any
 from ..agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR, checkpoint_key_problem
 from ..errors import CheckpointError, ConfigError, SessionNotFound
 from .activity import ACTIVITY_FILE, lock_within
+from .files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
 _SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")
@@ -190,30 +190,6 @@ def _context_spec(value: Any) -> bool:
     )
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomically(path: Path, chunks: Sequence[bytes | bytearray | memoryview], fsync: bool) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 class SessionStore:
     """Session records and checkpoint blobs on the local filesystem."""
 
@@ -276,9 +252,9 @@ class SessionStore:
         """Replace the record atomically (call it inside ``transaction``)."""
         directory = self._dir(record.session_id)
         try:
-            _write_atomically(directory / "meta.json", [record.to_json()], self.fsync)
+            replace_file(directory / "meta.json", record.to_json(), fsync=self.fsync, mode=0o600)
             if self.fsync:
-                _fsync_dir(directory)
+                fsync_dir(directory)
         except OSError as exc:
             raise CheckpointError(f"cannot write the record of session {record.session_id}: {exc}") from exc
 
@@ -396,7 +372,7 @@ class SessionStore:
         ``transaction``, where no commit is half done)."""
         directory = self._dir(session_id)
         wanted = set(keep)
-        temps = [entry for entry in _files(directory) if entry.name.startswith(".tmp-")]
+        temps = [entry for entry in _files(directory) if entry.name.startswith(TEMP_PREFIX)]
         unnamed = [entry for entry in _files(directory / "blobs") if entry.name not in wanted]
         return {Path(entry.path): entry.stat(follow_symlinks=False).st_size for entry in temps + unnamed}
 
@@ -414,9 +390,9 @@ class SessionStore:
             for blob_digest, data in blobs.items():
                 target = self.blob_path(session_id, blob_digest)
                 if not target.exists():
-                    _write_atomically(target, [data], self.fsync)
+                    replace_file(target, data, fsync=self.fsync, mode=0o600)
             if blobs and self.fsync:
-                _fsync_dir(self._dir(session_id) / "blobs")
+                fsync_dir(self._dir(session_id) / "blobs")
         except OSError as exc:
             raise CheckpointError(f"cannot store checkpoint blobs of session {session_id}: {exc}") from exc
 
@@ -460,21 +436,9 @@ class SessionStore:
             CheckpointError: it cannot be written (no temp file is left).
         """
         try:
-            fd, tmp = tempfile.mkstemp(dir=self._dir(session_id) / "blobs", prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    for part in parts:
-                        fh.write(part)
-                    if self.fsync:
-                        fh.flush()
-                        os.fsync(fh.fileno())
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            return write_temp(self._dir(session_id) / "blobs", *parts, fsync=self.fsync, mode=0o600)
         except OSError as exc:
             raise CheckpointError(f"cannot store a checkpoint blob of session {session_id}: {exc}") from exc
-        return Path(tmp)
 
     def place_blob(
         self, session_id: str, staged: Path | None, blob_id: str, parts: Sequence[bytes | bytearray | memoryview]
@@ -494,9 +458,9 @@ class SessionStore:
                     raise FileNotFoundError(blob_id)
                 os.replace(staged, target)
             except FileNotFoundError:
-                _write_atomically(target, parts, self.fsync)
+                replace_file(target, *parts, fsync=self.fsync, mode=0o600)
             if self.fsync:
-                _fsync_dir(target.parent)
+                fsync_dir(target.parent)
         except OSError as exc:
             if staged is not None:
                 with contextlib.suppress(OSError):
@@ -571,10 +535,8 @@ def _files(folder: Path) -> list[os.DirEntry[str]]:
 
 def _write_new(path: Path, data: bytes) -> None:
     """Create ``path`` with ``data`` in one step (a hard link of a complete temp file); FileExistsError if it exists."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    temporary = write_temp(path.parent, data, mode=0o600)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.link(tmp, path)
+        os.link(temporary, path)
     finally:
-        os.unlink(tmp)
+        os.unlink(temporary)
