@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .agent.confinement import MAX_WORKER_UID
+from .checks import is_count, is_integer, is_number
 from .errors import ConfigError
 from .state.files import replace_file
 
@@ -36,7 +37,7 @@ def parse_memory(text: str | int) -> int:
     Raises:
         ConfigError: not a size.
     """
-    if isinstance(text, int) and not isinstance(text, bool):
+    if is_integer(text):
         return text
     match = _MEMORY.match(str(text))
     if not match:
@@ -50,7 +51,7 @@ def parse_duration(text: str | float) -> float:
     Raises:
         ConfigError: not a duration, or negative.
     """
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
+    if is_number(text):
         seconds = float(text)
     else:
         spelled = str(text).strip().lower()
@@ -299,7 +300,7 @@ class Confinement(_Fields):
 
     def _check_worker_uids(self) -> None:
         uids = tuple(self.worker_uids)
-        if len(uids) != 2 or not all(isinstance(uid, int) and not isinstance(uid, bool) for uid in uids):
+        if len(uids) != 2 or not all(is_integer(uid) for uid in uids):
             raise self._invalid("worker_uids", "two integers (low, high)")
         low, high = uids
         if not 0 < low <= high <= MAX_WORKER_UID:
@@ -344,9 +345,9 @@ class Capacity(_Fields):
                 object.__setattr__(self, "hibernate_after", parse_duration(self.hibernate_after))
             if not float(self.hibernate_after) > 0:
                 raise self._invalid("hibernate_after", "> 0 seconds or None")
-        if self.max_running is not None and not (_is_integer(self.max_running) and self.max_running > 0):
+        if self.max_running is not None and not (is_integer(self.max_running) and self.max_running > 0):
             raise self._invalid("max_running", "a positive integer or None")
-        if not (_is_integer(self.pool_size) and self.pool_size >= 0):
+        if not is_count(self.pool_size):
             raise self._invalid("pool_size", "a non-negative integer")
         if self.policy not in CAPACITY_POLICIES:
             raise self._invalid("policy", f"one of {', '.join(CAPACITY_POLICIES)}")
@@ -460,10 +461,6 @@ class Settings(_Fields):
         for group, fields in changes.items():
             top[group] = _GROUPS[group](**fields)  # type: ignore[index]
         return cls(**top)  # type: ignore[arg-type]
-
-
-def _is_integer(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

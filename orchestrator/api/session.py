@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from ..agent import protocol
 from ..backends.base import SESSION_ID, STORE_ID, Backend, ContainerState, Placement
+from ..checks import is_count
 from ..config import Settings
 from ..errors import (
     AgentTimeoutError,
@@ -945,7 +946,7 @@ class Session:
             count = getattr(self._ledger.record, counter) if spec is None else spec[counter]
             if index is None:
                 index = count
-            if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            if not is_count(index):
                 raise ConfigError(f"index must be a non-negative int, got {index!r}")
             aliases = [prefix] if index == 0 else []
             self._store(f"{prefix}_{index}", aliases, encoded, {counter: max(count, index + 1)}, context)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.base import Backend
+from ..checks import is_integer
 from ..config import Settings, parse_memory
 from ..errors import ConfigError, ImageMissing, OrchestratorError
 from ..ops.pool import SandboxPool
@@ -28,7 +29,7 @@ from ..state.controllers import controller_labels, discard_left_behind, left_beh
 from .grading import Status, error_json
 from .records import EvalResult, ResultsFile, status_counts, write_junit
 from .runner import SubmissionRunner
-from .submissions import InvalidLine, Submission
+from .submissions import InvalidLine, Submission, check_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +57,9 @@ class EvalOptions:
     reach its functions through plain data only (docs/eval.md, "Strict mode")."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or not 1 <= self.jobs <= 256:
+        if not is_integer(self.jobs) or not 1 <= self.jobs <= 256:
             raise ConfigError(f"jobs must be an integer from 1 to 256, got {self.jobs!r}")
-        if not 0 < self.timeout <= 24 * 3600:
-            raise ConfigError(f"timeout must be more than 0 and at most 86400 seconds, got {self.timeout!r}")
+        check_timeout("timeout", self.timeout)
         if not isinstance(self.output_limit, int) or not 1024 <= self.output_limit <= 1 << 30:
             raise ConfigError(f"output_limit must be from 1 KiB to 1 GiB, got {self.output_limit!r}")
         if self.memory is not None:

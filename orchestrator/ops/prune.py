@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from ..errors import CheckpointError, OrchestratorError, SessionNotFound
 from ..evaluation.evaluator import EVAL_RUN
 from ..state import activity
 from ..state.controllers import CONTROLLER_RUNTIME_DIR, controller_gone, discard_left_behind, left_behind
-from ..state.store import QUARANTINE_DIR, SessionStore
+from ..state.store import QUARANTINE_DIR, SessionStore, is_sandbox_id
 from ..units import describe_bytes, describe_duration
 from ..wire.endpoint import discard_sandbox_dir, leftover_dir_grace
 from . import lifecycle
@@ -39,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 ORPHAN_GRACE = 60.0
 """Seconds a session directory without a record is left alone (a create may be writing it)."""
-_SANDBOX_DIR = re.compile(r"^sb-[0-9a-f]{12}$")
 
 
 @dataclass(frozen=True)
@@ -315,7 +313,7 @@ class Pruner:
         live = {c.labels.get(SANDBOX_ID) for c in self.backend.find({})}
         grace = leftover_dir_grace(self.settings.timeouts.start)
         for entry in sorted(runtime_dir.iterdir()):
-            if not _SANDBOX_DIR.match(entry.name) or entry.name in live or self._younger_than(entry, grace):
+            if not is_sandbox_id(entry.name) or entry.name in live or self._younger_than(entry, grace):
                 continue
             self._record(
                 "remove-orphan-sandbox-dir",

@@ -20,6 +20,7 @@ from typing import Any
 from ..agent import protocol
 from ..api.manager import Orchestrator
 from ..api.session import Session
+from ..checks import is_number
 from ..config import Settings
 from ..errors import (
     ConfigError,
@@ -133,7 +134,7 @@ class DockerREPL(NonIsolatedEnv):
         self._tools = plan_tools(self.custom_tools)
         self._settings = resolve_settings(settings, image)
         timeout = self._settings.timeouts.exec if cell_timeout is None else cell_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        if not is_number(timeout) or not timeout > 0:
             raise ConfigError(f"cell_timeout must be a positive number of seconds or None, got {cell_timeout!r}")
         self.cell_timeout = float(timeout)
         self.image = self._settings.base_image

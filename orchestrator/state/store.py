@@ -40,12 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from ..agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR, checkpoint_key_problem
+from ..checks import is_count, is_number
 from ..errors import CheckpointError, ConfigError, SessionNotFound
 from .activity import ACTIVITY_FILE, lock_within
 from .files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
-_SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")
+_SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")  # what new_sandbox_id makes
 DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
 """A content digest: the id of a blob the agent made."""
 BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
@@ -77,6 +78,11 @@ def new_host_blob_id() -> str:
 def new_sandbox_id() -> str:
     """A fresh sandbox id: names the container, its runtime directory and its agent."""
     return f"sb-{secrets.token_hex(6)}"
+
+
+def is_sandbox_id(name: str) -> bool:
+    """Whether ``name`` is one ``new_sandbox_id`` makes (a runtime directory of ours is named so)."""
+    return bool(_SANDBOX_ID.match(name))
 
 
 @dataclass
@@ -128,19 +134,19 @@ class SessionRecord:
             "created_at": isinstance(record.created_at, (int, float)),
             "last_used_at": isinstance(record.last_used_at, (int, float)),
             "hibernated_at": record.hibernated_at is None or isinstance(record.hibernated_at, (int, float)),
-            "generation": _count(record.generation),
-            "context_count": _count(record.context_count),
-            "history_count": _count(record.history_count),
-            "epoch": _count(record.epoch),
+            "generation": is_count(record.generation),
+            "context_count": is_count(record.context_count),
+            "history_count": is_count(record.history_count),
+            "epoch": is_count(record.epoch),
             "owner": isinstance(record.owner, str),
-            "sandbox_id": record.sandbox_id is None or bool(_SANDBOX_ID.match(str(record.sandbox_id))),
+            "sandbox_id": record.sandbox_id is None or is_sandbox_id(str(record.sandbox_id)),
             "container_id": record.container_id is None or bool(_CONTAINER_ID.match(str(record.container_id))),
             "labels": _str_map(record.labels),
             "placement": _placement(record.placement),
             "variables": _str_map(record.variables)
             and all(checkpoint_key_problem(k) is None and BLOB_ID.match(v) for k, v in record.variables.items()),
             "blob_sizes": isinstance(record.blob_sizes, dict)
-            and all(isinstance(k, str) and BLOB_ID.match(k) and _count(v) for k, v in record.blob_sizes.items())
+            and all(isinstance(k, str) and BLOB_ID.match(k) and is_count(v) for k, v in record.blob_sizes.items())
             and set(record.variables.values()) <= set(record.blob_sizes),
             "contexts": isinstance(record.contexts, dict)
             and all(isinstance(k, str) and CONTEXT_ID.match(k) and _context_spec(v) for k, v in record.contexts.items())
@@ -156,10 +162,6 @@ class SessionRecord:
         return record
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _placement(value: Any) -> bool:
     if not isinstance(value, dict) or set(value) - {"constraints", "reserve_cpus", "reserve_memory"}:
         return False
@@ -169,7 +171,7 @@ def _placement(value: Any) -> bool:
     return (
         isinstance(constraints, list)
         and all(isinstance(c, str) for c in constraints)
-        and (cpus is None or (isinstance(cpus, (int, float)) and not isinstance(cpus, bool)))
+        and (cpus is None or is_number(cpus))
         and (memory is None or isinstance(memory, str))
     )
 
@@ -185,8 +187,8 @@ def _context_spec(value: Any) -> bool:
         and isinstance(value["cwd"], str)
         and value["cwd"].startswith("/")
         and _str_map(value["env"])
-        and _count(value["context_count"])
-        and _count(value["history_count"])
+        and is_count(value["context_count"])
+        and is_count(value["history_count"])
     )
 
 
