@@ -1,4 +1,8 @@
-"""All tunable defaults of the controller in one frozen dataclass, readable from ``ORCH_*`` variables."""
+"""All tunable defaults of the controller: one frozen ``Settings`` of small frozen groups, readable from ``ORCH_*``.
+
+Each field names its variable and the reader of its text beside its default, so ``ENV_VARIABLES`` lists every
+variable and ``EnvVariable.parse`` is the one place a variable's text becomes a value.
+"""
 
 from __future__ import annotations
 
