@@ -102,10 +102,7 @@ def ensure_credentials(directory: Path) -> Credentials:
             if made or not _still_good(directory / cert_name, directory / key_name, ca_cert, now):
                 key = ec.generate_private_key(ec.SECP256R1())
                 cert = _leaf(common_name, names, usage, key, ca_cert, ca_key, now)
-                replace_file(directory / key_name, _key_pem(key), fsync=True, mode=0o600)
-                replace_file(
-                    directory / cert_name, cert.public_bytes(serialization.Encoding.PEM), fsync=True, mode=0o644
-                )
+                _save(directory / key_name, key, directory / cert_name, cert)
                 logger.info("made the %s certificate in %s", common_name, directory)
     return Credentials(
         directory=directory,
@@ -196,8 +193,7 @@ def _ensure_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePriva
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .sign(key, hashes.SHA256())
     )
-    replace_file(key_path, _key_pem(key), fsync=True, mode=0o600)
-    replace_file(cert_path, cert.public_bytes(serialization.Encoding.PEM), fsync=True, mode=0o644)
+    _save(key_path, key, cert_path, cert)
     logger.info("made a relay CA in %s", directory)
     return cert, key, True
 
@@ -259,7 +255,8 @@ def _still_good(cert_path: Path, key_path: Path, ca_cert: x509.Certificate, now:
     )
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+def _save(key_path: Path, key: ec.EllipticCurvePrivateKey, cert_path: Path, cert: x509.Certificate) -> None:
+    """Write a key (0600) and its certificate (0644), each replaced whole and flushed to disk."""
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    replace_file(key_path, pem, fsync=True, mode=0o600)
+    replace_file(cert_path, cert.public_bytes(serialization.Encoding.PEM), fsync=True, mode=0o644)
