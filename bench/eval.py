@@ -204,28 +204,28 @@ def run_ours(
 
 def docker_run_command(settings: Settings, image: str, name: str, labels: dict[str, str]) -> list[str]:
     """``docker run --rm -i`` with the isolation and limits of our sandboxes (docker_backend.run_sandbox)."""
-    command = ["docker", "run", "--rm", "-i", "--name", name, "--init", "--network", settings.network_mode]
+    command = ["docker", "run", "--rm", "-i", "--name", name, "--init", "--network", settings.confinement.network_mode]
     for key, value in labels.items():
         command += ["--label", f"{key}={value}"]
-    if settings.read_only:
+    if settings.confinement.read_only:
         command.append("--read-only")
-    for path, opts in settings.tmpfs.items():
+    for path, opts in settings.confinement.tmpfs.items():
         command += ["--tmpfs", f"{path}:{opts}"]
-    uid = settings.worker_uids[0]  # the code runs as a sandbox's worker does: a non-root uid, no capability
+    uid = settings.confinement.worker_uids[0]  # the code runs as a sandbox's worker does: a non-root uid, no capability
     command += ["--workdir", "/tmp", "--user", f"{uid}:{uid}"]
-    if settings.cap_drop_all:
+    if settings.confinement.cap_drop_all:
         command += ["--cap-drop", "ALL"]
-    if settings.no_new_privileges:
+    if settings.confinement.no_new_privileges:
         command += ["--security-opt", "no-new-privileges"]
     command += [
         "--memory",
-        settings.mem_limit,
+        settings.limits.memory,
         "--memory-swap",
-        settings.mem_limit,
+        settings.limits.memory,
         "--cpus",
-        f"{settings.nano_cpus / 1e9:g}",
+        f"{settings.limits.nano_cpus / 1e9:g}",
         "--pids-limit",
-        str(settings.pids_limit),
+        str(settings.limits.pids),
     ]
     return [*command, image, "python3", "-c", RUNNER]
 
@@ -442,9 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     ours_median, base_median = statistics.median(ours.latencies), statistics.median(base.latencies)
     split = ", ".join(f"{k.split('_')[1]} {ms(v)}" for k, v in ours.extra.items() if k.startswith("median_"))
     limits = (
-        f"{settings.mem_limit} memory (= swap), {settings.nano_cpus / 1e9:g} cpu, {settings.pids_limit} pids, "
-        f"network {settings.network_mode}, read-only, tmpfs {dict(settings.tmpfs)}, "
-        f"worker uid from {settings.worker_uids[0]}-{settings.worker_uids[1]}, "
+        f"{settings.limits.memory} memory (= swap), {settings.limits.nano_cpus / 1e9:g} cpu, "
+        f"{settings.limits.pids} pids, "
+        f"network {settings.confinement.network_mode}, read-only, tmpfs {dict(settings.confinement.tmpfs)}, "
+        f"worker uid from {settings.confinement.worker_uids[0]}-{settings.confinement.worker_uids[1]}, "
         "no capabilities, no-new-privileges, --init"
     )
     notes = [

@@ -142,7 +142,7 @@ def measure_new_session(runner: Runner, reps: Reps) -> Measured:
 
 
 def measure_pooled(runner: Runner, reps: Reps) -> Measured:
-    """``create_session()`` from a warm pool of 2 (``Settings.pool_size``), with a pause before each so it refilled."""
+    """``create_session()`` from a warm pool of 2 (``Settings.capacity.pool_size``), after a pause that refills it."""
     if not isinstance(runner, OrchestratorRunner):
         raise TypeError(f"runner {runner.name} has no warm pool")
     samples = []

@@ -77,8 +77,8 @@ NOTES = (
     "times are wall clock, measured here in this run for both systems; min-max in the median's unit",
     "peer: rlms' DockerREPL(image=<peer image>, persistent=True), `docker exec python` per cell that loads and saves "
     "the whole dill state; its execute_code returns output, not values, so values are read with print(repr(...))",
-    "(*) warm pool: ours only (Settings.pool_size=2, a pause before each session so the pool refilled); the peer "
-    "has no pool, its plain new session is shown for the ratio",
+    "(*) warm pool: ours only (Settings.capacity.pool_size=2, a pause before each session so the pool refilled); the "
+    "peer has no pool, its plain new session is shown for the ratio",
     "add_context: each sample into a fresh session holding nothing else, so the peer (which reloads and re-saves "
     "all state in every call) is at its fastest",
     "restore: ours, on a warm pool of 2: `docker kill` the container, time the next call (a started sandbox from "

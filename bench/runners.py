@@ -170,8 +170,8 @@ class OrchestratorRunner:
             "system": f"orchestrator {orchestrator.__version__}",
             "image": self.image,
             "base_image": self.settings.base_image,
-            "mem_limit": self.settings.mem_limit,
-            "nano_cpus": self.settings.nano_cpus,
+            "mem_limit": self.settings.limits.memory,
+            "nano_cpus": self.settings.limits.nano_cpus,
         }
 
     def create(self) -> Session:
@@ -216,7 +216,8 @@ class OrchestratorRunner:
     def pooled(self, pool_size: int) -> Iterator[Orchestrator]:
         """An Orchestrator with a warm pool of ``pool_size`` sandboxes, in a state directory of its own."""
         root = Path(tempfile.mkdtemp(prefix="pool-", dir=self._tmp))
-        settings = self.settings.replace(pool_size=pool_size, state_dir=root / "state", runtime_dir=root / "run")
+        capacity = self.settings.capacity.replace(pool_size=pool_size)
+        settings = self.settings.replace(capacity=capacity, state_dir=root / "state", runtime_dir=root / "run")
         orch = Orchestrator(settings)
         with self._lock:
             self._stores.append(orch.store.store_id)

@@ -156,7 +156,11 @@ class SwarmRunner(OrchestratorRunner):
     def __init__(self, local: OrchestratorRunner, swarm: Swarm) -> None:
         self.swarm = swarm
         self._drained: str | None = None
-        settings = local.settings.replace(backend="swarm", swarm_relay_port=RELAY_PORT, start_timeout=60.0)
+        settings = local.settings.replace(
+            backend="swarm",
+            swarm=local.settings.swarm.replace(relay_port=RELAY_PORT),
+            timeouts=local.settings.timeouts.replace(start=60.0),
+        )
         with docker_host(swarm.manager_url):
             super().__init__(settings)
 

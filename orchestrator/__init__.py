@@ -11,7 +11,7 @@ from .api.results import ExecError, ExecResult
 from .api.session import Session
 from .api.tools import PythonTool
 from .backends.base import Placement
-from .config import Settings
+from .config import Capacity, Confinement, ResourceLimits, Settings, SwarmSettings, Timeouts
 from .errors import (
     AgentStartTimeout,
     AgentTimeoutError,
@@ -48,12 +48,14 @@ from .runtime.hostcalls import HostCallError, HostCalls
 __all__ = [
     "AgentStartTimeout",
     "AgentTimeoutError",
+    "Capacity",
     "CapacityExceeded",
     "ChannelLost",
     "CheckpointError",
     "CheckpointLimitExceeded",
     "CheckpointQuotaExceeded",
     "ConfigError",
+    "Confinement",
     "Context",
     "ContextNotFound",
     "EngineError",
@@ -75,6 +77,7 @@ __all__ = [
     "PruneReport",
     "PythonTool",
     "RelayUnavailable",
+    "ResourceLimits",
     "SandboxCrashed",
     "SandboxError",
     "SandboxOutOfMemory",
@@ -88,6 +91,8 @@ __all__ = [
     "SessionStatus",
     "SessionsNotClosed",
     "Settings",
+    "SwarmSettings",
+    "Timeouts",
     "TransportError",
     "__version__",
 ]

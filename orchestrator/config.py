@@ -1,4 +1,8 @@
-"""All tunable defaults of the controller in one frozen dataclass, readable from ``ORCH_*`` variables."""
+"""All tunable defaults of the controller: one frozen ``Settings`` of small frozen groups, readable from ``ORCH_*``.
+
+Each field names its variable and the reader of its text beside its default, so ``ENV_VARIABLES`` lists every
+variable and ``EnvVariable.parse`` is the one place a variable's text becomes a value.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,15 @@ import os
 import re
 import shlex
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from .agent.confinement import MAX_WORKER_UID
+from .checks import is_count, is_integer, is_number
 from .errors import ConfigError
+from .files import replace_file
 
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
 DEFAULTS_FILE = "defaults.json"
@@ -34,7 +41,7 @@ def parse_memory(text: str | int) -> int:
     Raises:
         ConfigError: not a size.
     """
-    if isinstance(text, int) and not isinstance(text, bool):
+    if is_integer(text):
         return text
     match = _MEMORY.match(str(text))
     if not match:
@@ -48,7 +55,7 @@ def parse_duration(text: str | float) -> float:
     Raises:
         ConfigError: not a duration, or negative.
     """
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
+    if is_number(text):
         seconds = float(text)
     else:
         spelled = str(text).strip().lower()
@@ -86,9 +93,7 @@ def save_default_base_image(state_dir: Path, base_image: str) -> Path:
     """
     path = Path(state_dir) / DEFAULTS_FILE
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{DEFAULTS_FILE}.{os.getpid()}")
-    tmp.write_text(json.dumps({"base_image": base_image}, indent=1) + "\n")
-    os.replace(tmp, path)
+    replace_file(path, (json.dumps({"base_image": base_image}, indent=1) + "\n").encode())
     return path
 
 
@@ -113,113 +118,198 @@ def _default_runtime_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"orchestrator-{os.getuid()}"
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Defaults for sessions; every security default is a named field a caller may loosen on purpose."""
+def _flag(raw: str) -> bool:
+    if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+        raise ValueError(raw)
+    return raw.lower() in ("1", "true", "yes")
 
-    image: str | None = None
-    """Sandbox image; None means the default image built from this package on ``base_image``."""
-    base_image: str = DEFAULT_BASE_IMAGE
-    """Base that ``orchestrator image build`` puts the agent on (needs ``python3`` on PATH)."""
-    state_dir: Path = field(default_factory=_default_state_dir)
-    """Host directory of session records and checkpoints (survives controller restarts)."""
-    runtime_dir: Path = field(default_factory=_default_runtime_dir)
-    """Host directory of per-session channel sockets, bind-mounted read-only into containers."""
-    exec_timeout: float = 300.0
-    """Seconds a cell may run when the call gives no timeout."""
-    interrupt_grace: float = 2.0
-    """Seconds a timed-out cell gets to stop after the interrupt before its worker is killed."""
-    start_timeout: float = 30.0
-    """Seconds to wait for a new container's agent to connect."""
-    reply_margin: float = 10.0
-    """Seconds beyond timeout + grace before the controller gives up on the agent and recycles the container."""
-    frame_timeout: float = 10.0
-    """Seconds the agent waits on a frame its worker started before it kills the worker (a stalled forgery)."""
-    checkpoint_timeout: float = 60.0
-    """Seconds a call's checkpoint may take after its cell ended; apart from (not part of) the cell's timeout."""
-    restore_value_timeout: float = 30.0
-    """Seconds one value may take to unpickle during a restore before it is skipped (and named)."""
-    checkpoint_quota: int | None = None
-    """Most bytes a session's stored checkpoint may hold; None means 4 x ``mem_limit``. Values past it are unsaved."""
-    lock_timeout: float = 30.0
-    """Seconds to wait for a session's store lock held by another process before ``SessionBusy``."""
-    agent_command: tuple[str, ...] | None = None
-    """Command that starts the agent in the container; None runs the image's CMD. ``ORCH_AGENT_COMMAND`` is split
-    like a shell line."""
-    network_mode: str = "none"
+
+@dataclass(frozen=True)
+class Reader:
+    """How the text of an ``ORCH_*`` variable becomes the value of its field."""
+
+    read: Callable[[str], object]
+    kind: str
+    """What the text is not when ``read`` raises ``ValueError``: "ORCH_X='a' is not a valid <kind>"."""
+
+
+_TEXT = Reader(str, "str")
+_PATH = Reader(Path, "Path")
+_FLAG = Reader(_flag, "bool")
+_INTEGER = Reader(int, "int")
+_NUMBER = Reader(float, "float")
+_SIZE = Reader(parse_memory, "size")
+_UIDS = Reader(parse_uid_range, "range of uids")
+_COMMAND = Reader(lambda raw: tuple(shlex.split(raw)) or None, "command line")
+_COMMA_LIST = Reader(lambda raw: tuple(part.strip() for part in raw.split(",") if part.strip()), "list")
+_OPTIONAL_INTEGER = Reader(lambda raw: int(raw) if raw.strip() else None, "integer")
+_OPTIONAL_DURATION = Reader(lambda raw: parse_duration(raw) if raw.strip() else None, "duration")
+
+
+def _env(name: str, reader: Reader) -> dict[str, object]:
+    """A field's metadata: the ``ORCH_*`` variable that sets it and how its text is read."""
+    return {"env": (name, reader)}
+
+
+class _Fields:
+    """What every settings object shares: a validated copy, and errors naming a field and its variable."""
+
+    def replace(self: _S, **changes: object) -> _S:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    def _invalid(self, name: str, rule: str, why: str = "") -> ConfigError:
+        variable = _FIELD_VARIABLES.get((type(self).__name__, name))
+        named = f" ({variable})" if variable else ""
+        return ConfigError(f"{type(self).__name__}.{name} must be {rule}, got {getattr(self, name)!r}{why}{named}")
+
+    def _check_finite_positive(self, *names: str) -> None:
+        for name in names:
+            if not 0 < getattr(self, name) < math.inf:  # every wait has a finite deadline (NaN fails too)
+                raise self._invalid(name, "a finite number > 0")
+
+    def _check_positive_integer(self, *names: str) -> None:
+        for name in names:
+            if int(getattr(self, name)) <= 0:
+                raise self._invalid(name, "a positive integer")
+
+
+_S = TypeVar("_S", bound=_Fields)
+
+
+@dataclass(frozen=True)
+class Timeouts(_Fields):
+    """How long each wait of the controller and the agent may last, in seconds (each finite and > 0)."""
+
+    exec: float = field(default=300.0, metadata=_env("ORCH_EXEC_TIMEOUT", _NUMBER))
+    """A cell's run when the call gives no timeout."""
+    interrupt_grace: float = field(default=2.0, metadata=_env("ORCH_INTERRUPT_GRACE", _NUMBER))
+    """A timed-out cell's time to stop after the interrupt before its worker is killed."""
+    start: float = field(default=30.0, metadata=_env("ORCH_START_TIMEOUT", _NUMBER))
+    """A new container's agent to connect."""
+    reply_margin: float = field(default=10.0, metadata=_env("ORCH_REPLY_MARGIN", _NUMBER))
+    """Beyond timeout + grace, before the controller gives up on the agent and recycles the container."""
+    frame: float = field(default=10.0, metadata=_env("ORCH_FRAME_TIMEOUT", _NUMBER))
+    """The agent's wait on a frame its worker started before it kills the worker (a stalled forgery)."""
+    checkpoint: float = field(default=60.0, metadata=_env("ORCH_CHECKPOINT_TIMEOUT", _NUMBER))
+    """A call's checkpoint after its cell ended; apart from (not part of) the cell's timeout."""
+    restore_value: float = field(default=30.0, metadata=_env("ORCH_RESTORE_VALUE_TIMEOUT", _NUMBER))
+    """One value's unpickling during a restore before it is skipped (and named)."""
+    lock: float = field(default=30.0, metadata=_env("ORCH_LOCK_TIMEOUT", _NUMBER))
+    """A session's store lock held by another process, before ``SessionBusy``."""
+    input: float = field(default=300.0, metadata=_env("ORCH_INPUT_TIMEOUT", _NUMBER))
+    """A cell's ``input()`` waiting for an answer before it raises ``EOFError`` (not counted as cell time)."""
+
+    def __post_init__(self) -> None:
+        self._check_finite_positive(*(f.name for f in dataclasses.fields(self)))
+
+
+@dataclass(frozen=True)
+class ResourceLimits(_Fields):
+    """What one sandbox may use, and how much of what it sends the controller accepts and keeps."""
+
+    memory: str = field(default="1g", metadata=_env("ORCH_MEM_LIMIT", _TEXT))
+    """Memory limit of the container, Docker-style ("512m"); swap is disabled by setting the same memswap limit."""
+    nano_cpus: int = field(default=1_000_000_000, metadata=_env("ORCH_NANO_CPUS", _INTEGER))
+    """CPU quota in billionths of a CPU (1e9 = one CPU)."""
+    pids: int = field(default=256, metadata=_env("ORCH_PIDS_LIMIT", _INTEGER))
+    """Most processes and threads the container may have."""
+    checkpoint_quota: int | None = field(default=None, metadata=_env("ORCH_CHECKPOINT_QUOTA", _SIZE))
+    """Most bytes a session's stored checkpoint may hold; None means 4 x ``memory``. Values past it are unsaved."""
+    max_output_bytes: int = field(default=1 << 20, metadata=_env("ORCH_MAX_OUTPUT_BYTES", _INTEGER))
+    """Most bytes of stdout and of stderr a result holds per call; past it the result holds a head-and-tail preview
+    and the whole stream is kept in a file (``ExecResult.stdout_path``)."""
+    max_output_file_bytes: int = field(default=100 << 20, metadata=_env("ORCH_MAX_OUTPUT_FILE_BYTES", _INTEGER))
+    """Most bytes of one stream of one call kept in its file on the host; the rest is counted and dropped."""
+    max_output_files: int = field(default=64, metadata=_env("ORCH_MAX_OUTPUT_FILES", _INTEGER))
+    """Output files kept per session (under its state directory); the oldest go first. Removed with the session."""
+    max_host_calls_per_cell: int = field(default=64, metadata=_env("ORCH_MAX_HOST_CALLS_PER_CELL", _INTEGER))
+    """Host calls (``llm_query`` ...) of one cell waiting or running at once; more are refused at once with an error
+    in the sandbox. ``HostCalls.max_concurrent`` says how many of them run."""
+    max_host_calls_per_session: int = field(default=128, metadata=_env("ORCH_MAX_HOST_CALLS_PER_SESSION", _INTEGER))
+    """Host calls of one session waiting or running at once, across its cells (a handler still running after its
+    cell ended counts until it returns), and the most threads its handlers get; more are refused at once."""
+    max_header_bytes: int = field(default=8 << 20, metadata=_env("ORCH_MAX_HEADER_BYTES", _INTEGER))
+    """Largest JSON header accepted from an agent."""
+    max_body_bytes: int = field(default=1 << 30, metadata=_env("ORCH_MAX_BODY_BYTES", _INTEGER))
+    """Largest binary body (checkpoint delta) accepted from an agent."""
+
+    def __post_init__(self) -> None:
+        self._check_positive_integer(
+            "pids",
+            "max_output_bytes",
+            "max_output_file_bytes",
+            "max_output_files",
+            "max_header_bytes",
+            "max_body_bytes",
+            "nano_cpus",
+            "max_host_calls_per_cell",
+            "max_host_calls_per_session",
+        )
+        if self.checkpoint_quota is not None and int(self.checkpoint_quota) <= 0:
+            raise self._invalid("checkpoint_quota", "a positive number of bytes")
+        parse_memory(self.memory)
+
+    @property
+    def checkpoint_quota_bytes(self) -> int:
+        """The checkpoint quota in bytes (the default follows the memory limit)."""
+        if self.checkpoint_quota is not None:
+            return int(self.checkpoint_quota)
+        return 4 * parse_memory(self.memory)
+
+
+@dataclass(frozen=True)
+class Confinement(_Fields):
+    """What a sandbox is kept from; every default is the strict one, and each a field a caller may loosen on
+    purpose."""
+
+    network_mode: str = field(default="none", metadata=_env("ORCH_NETWORK_MODE", _TEXT))
     """Docker network mode; "none" keeps sandboxes off every network."""
-    user: str = "0:0"
+    user: str = field(default="0:0", metadata=_env("ORCH_USER", _TEXT))
     """uid:gid the container starts as: the agent's supervisor. Root (the default) holds only the capabilities of
     ``backend.SUPERVISOR_CAPABILITIES`` (with ``cap_drop_all``), enough to start each worker as the sandbox's own uid
     from ``worker_uids`` with no capability at all and to signal it, so no cell can reach the supervisor
     (docs/identity.md). A non-root user here runs the worker as that same user, within the cell's reach: a
     loosening."""
-    worker_uids: tuple[int, int] = (2_000_000_000, 2_099_999_999)
+    worker_uids: tuple[int, int] = field(
+        default=(2_000_000_000, 2_099_999_999), metadata=_env("ORCH_WORKER_UIDS", _UIDS)
+    )
     """The uids (both ends included) a sandbox's worker uid is drawn from, at random and never one a live sandbox
     of this engine holds (its label ``orchestrator.worker-uid``); its gid is the same number. They need no entry in
     /etc/passwd and no user namespace; the default lies where no convention puts users or containers (systemd's
     container ranges end at 1879048191). ``ORCH_WORKER_UIDS`` takes ``low-high`` (docs/identity.md)."""
-    read_only: bool = True
+    read_only: bool = field(default=True, metadata=_env("ORCH_READ_ONLY", _FLAG))
     """Read-only root filesystem; writable paths come from ``tmpfs``."""
     tmpfs: Mapping[str, str] = field(default_factory=lambda: {"/tmp": "size=256m,mode=1777"})
-    """Size-capped writable mounts."""
-    cap_drop_all: bool = True
+    """Size-capped writable mounts (no variable)."""
+    cap_drop_all: bool = field(default=True, metadata=_env("ORCH_CAP_DROP_ALL", _FLAG))
     """Drop every Linux capability."""
-    no_new_privileges: bool = True
+    no_new_privileges: bool = field(default=True, metadata=_env("ORCH_NO_NEW_PRIVILEGES", _FLAG))
     """Forbid privilege gain through setuid binaries."""
-    mem_limit: str = "1g"
-    """Memory limit of the container (swap is disabled by setting the same memswap limit)."""
-    nano_cpus: int = 1_000_000_000
-    """CPU quota in billionths of a CPU (1e9 = one CPU)."""
-    pids_limit: int = 256
-    """Most processes and threads the container may have."""
-    max_output_bytes: int = 1 << 20
-    """Most bytes of stdout and of stderr a result holds per call; past it the result holds a head-and-tail preview
-    and the whole stream is kept in a file (``ExecResult.stdout_path``)."""
-    max_output_file_bytes: int = 100 << 20
-    """Most bytes of one stream of one call kept in its file on the host; the rest is counted and dropped."""
-    max_output_files: int = 64
-    """Output files kept per session (under its state directory); the oldest go first. Removed with the session."""
-    input_timeout: float = 300.0
-    """Seconds a cell's ``input()`` waits for an answer before it raises ``EOFError`` (not counted as cell time)."""
-    max_host_calls_per_cell: int = 64
-    """Host calls (``llm_query`` ...) of one cell waiting or running at once; more are refused at once with an error
-    in the sandbox. ``HostCalls.max_concurrent`` says how many of them run."""
-    max_host_calls_per_session: int = 128
-    """Host calls of one session waiting or running at once, across its cells (a handler still running after its
-    cell ended counts until it returns), and the most threads its handlers get; more are refused at once."""
-    max_header_bytes: int = 8 << 20
-    """Largest JSON header accepted from an agent."""
-    max_body_bytes: int = 1 << 30
-    """Largest binary body (checkpoint delta) accepted from an agent."""
-    fsync: bool = False
-    """fsync checkpoint files and their directories; atomic renames already survive a controller crash, fsync adds
-    power loss."""
-    hibernate_after: float | None = None
-    """Seconds without a call after which a session gives up its container (kept: its checkpoint); None is off.
-    Applied by the ``Orchestrator`` to the sessions it holds and by the janitor to every session of the store.
-    ``ORCH_HIBERNATE_AFTER`` takes durations like 10m."""
-    max_running: int | None = None
-    """Most sessions of this store with a running container; None is no cap. See ``capacity_policy``."""
-    capacity_policy: str = "hibernate"
-    """At ``max_running``: "hibernate" the least recently used idle session to make room, or "refuse" with
-    ``CapacityExceeded``."""
-    pool_size: int = 0
-    """Sandboxes of the default image kept started ahead, so a new session (or one whose container died) gets one
-    at once; refilled in the background, each handed out once. 0 is off. The pool starts with the first session
-    this ``Orchestrator`` starts and its spare containers go when it closes."""
-    backend: str = "docker"
-    """Where sandboxes run: "docker", containers on the engine DOCKER_HOST names; "swarm", one-replica services
-    spread over the nodes of the Swarm whose manager DOCKER_HOST names, reached through a relay on each node
-    (docs/swarm.md)."""
-    swarm_node_dir: Path = Path("/var/lib/orchestrator-relay")
-    """Swarm: the directory on every node where its relay keeps the sandboxes' channel directories (must exist on
-    each node; the relay's bind mount)."""
-    swarm_relay_port: int = 7443
-    """Swarm: the TCP port each node's relay listens on (mutual TLS), on the node's address."""
-    swarm_constraints: tuple[str, ...] = ()
-    """Swarm: placement constraints for every session's sandbox (``node.labels.pool==agents``);
-    ``ORCH_SWARM_CONSTRAINTS`` separates them by commas. A session can add its own (``Placement``)."""
+
+    def __post_init__(self) -> None:
+        self._check_worker_uids()
+        self._check_user()
+
+    def _check_user(self) -> None:
+        """A non-root container user must be numeric: the sandbox's channel files are handed to its uid (or, under a
+        non-root controller, opened through our group), and a user name's uid is known only to the image."""
+        user = self.user.partition(":")[0]
+        if user != "root" and not user.isdigit():
+            raise self._invalid(
+                "user",
+                "'root', '0:0' or a numeric 'uid:gid'",
+                ": the sandbox's secret and socket are handed to that uid, which a name does not give",
+            )
+
+    def _check_worker_uids(self) -> None:
+        uids = tuple(self.worker_uids)
+        if len(uids) != 2 or not all(is_integer(uid) for uid in uids):
+            raise self._invalid("worker_uids", "two integers (low, high)")
+        low, high = uids
+        if not 0 < low <= high <= MAX_WORKER_UID:
+            raise self._invalid("worker_uids", f"a range of uids with 0 < low <= high <= {MAX_WORKER_UID}")
+        object.__setattr__(self, "worker_uids", uids)
 
     @property
     def sandbox_uid_gid(self) -> tuple[int | None, int | None]:
@@ -229,160 +319,194 @@ class Settings:
         gid = int(group) if group.isdigit() else uid
         return uid, gid
 
-    def __post_init__(self) -> None:
-        for name in (
-            "exec_timeout",
-            "interrupt_grace",
-            "start_timeout",
-            "reply_margin",
-            "frame_timeout",
-            "checkpoint_timeout",
-            "restore_value_timeout",
-            "lock_timeout",
-            "input_timeout",
-        ):
-            if not 0 < getattr(self, name) < math.inf:  # every wait has a finite deadline (NaN fails too)
-                raise ConfigError(f"Settings.{name} must be a finite number > 0, got {getattr(self, name)!r}")
-        for name in (
-            "pids_limit",
-            "max_output_bytes",
-            "max_output_file_bytes",
-            "max_output_files",
-            "max_header_bytes",
-            "max_body_bytes",
-            "nano_cpus",
-            "max_host_calls_per_cell",
-            "max_host_calls_per_session",
-        ):
-            if int(getattr(self, name)) <= 0:
-                raise ConfigError(f"Settings.{name} must be a positive integer, got {getattr(self, name)!r}")
-        self._check_worker_uids()
-        self._check_user()
-        if self.checkpoint_quota is not None and int(self.checkpoint_quota) <= 0:
-            raise ConfigError(
-                f"Settings.checkpoint_quota must be a positive number of bytes, got {self.checkpoint_quota!r}"
-            )
-        parse_memory(self.mem_limit)
-        if self.hibernate_after is not None:
-            if isinstance(self.hibernate_after, str):
-                object.__setattr__(self, "hibernate_after", parse_duration(self.hibernate_after))
-            if not float(self.hibernate_after) > 0:
-                raise ConfigError(f"Settings.hibernate_after must be > 0 seconds or None, got {self.hibernate_after!r}")
-        if self.max_running is not None and (
-            not isinstance(self.max_running, int) or isinstance(self.max_running, bool) or self.max_running <= 0
-        ):
-            raise ConfigError(f"Settings.max_running must be a positive integer or None, got {self.max_running!r}")
-        if not isinstance(self.pool_size, int) or isinstance(self.pool_size, bool) or self.pool_size < 0:
-            raise ConfigError(f"Settings.pool_size must be a non-negative integer, got {self.pool_size!r}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"Settings.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if not isinstance(self.swarm_relay_port, int) or not 0 < self.swarm_relay_port < 65536:
-            raise ConfigError(f"Settings.swarm_relay_port must be a TCP port number, got {self.swarm_relay_port!r}")
-        object.__setattr__(self, "swarm_constraints", tuple(self.swarm_constraints))
-        if not all(isinstance(c, str) and c.strip() for c in self.swarm_constraints):
-            raise ConfigError(f"Settings.swarm_constraints must be non-empty strings, got {self.swarm_constraints!r}")
-        if self.capacity_policy not in CAPACITY_POLICIES:
-            raise ConfigError(
-                f"Settings.capacity_policy must be one of {', '.join(CAPACITY_POLICIES)}, got {self.capacity_policy!r}"
-            )
-        if self.agent_command is not None:
-            command = tuple(self.agent_command)
-            if not command or not all(isinstance(part, str) and part for part in command):
-                raise ConfigError(f"Settings.agent_command must be non-empty strings, got {self.agent_command!r}")
-            object.__setattr__(self, "agent_command", command)
-        object.__setattr__(self, "state_dir", Path(self.state_dir))
-        object.__setattr__(self, "runtime_dir", Path(self.runtime_dir))
-        object.__setattr__(self, "swarm_node_dir", Path(self.swarm_node_dir))
-        if not self.swarm_node_dir.is_absolute():
-            raise ConfigError(f"Settings.swarm_node_dir must be an absolute path, got {str(self.swarm_node_dir)!r}")
-
-    def _check_user(self) -> None:
-        """A non-root container user must be numeric: the sandbox's channel files are handed to its uid (or, under a
-        non-root controller, opened through our group), and a user name's uid is known only to the image."""
-        user = self.user.partition(":")[0]
-        if user != "root" and not user.isdigit():
-            raise ConfigError(
-                f"Settings.user must be 'root', '0:0' or a numeric 'uid:gid', got {self.user!r}: the sandbox's "
-                "secret and socket are handed to that uid, which a name does not give (ORCH_USER)"
-            )
-
-    def _check_worker_uids(self) -> None:
-        uids = tuple(self.worker_uids)
-        if len(uids) != 2 or not all(isinstance(uid, int) and not isinstance(uid, bool) for uid in uids):
-            raise ConfigError(f"Settings.worker_uids must be two integers (low, high), got {self.worker_uids!r}")
-        low, high = uids
-        if not 0 < low <= high <= MAX_WORKER_UID:
-            raise ConfigError(
-                f"Settings.worker_uids must be a range of uids with 0 < low <= high <= {MAX_WORKER_UID}, got "
-                f"{self.worker_uids!r}"
-            )
-        object.__setattr__(self, "worker_uids", uids)
-
     @property
     def separate_worker(self) -> bool:
         """Whether each worker runs as a uid of its own (the container starts as root, which can switch to it)."""
         return self.user.partition(":")[0] in ("0", "root")
 
-    @property
-    def checkpoint_quota_bytes(self) -> int:
-        """The checkpoint quota in bytes (the default follows the memory limit)."""
-        if self.checkpoint_quota is not None:
-            return int(self.checkpoint_quota)
-        return 4 * parse_memory(self.mem_limit)
 
-    def replace(self, **changes: object) -> Settings:
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+@dataclass(frozen=True)
+class Capacity(_Fields):
+    """How many sandboxes run: the cap and what happens at it, idle sessions given up, spares started ahead."""
+
+    max_running: int | None = field(default=None, metadata=_env("ORCH_MAX_RUNNING", _OPTIONAL_INTEGER))
+    """Most sessions of this store with a running container; None is no cap. See ``policy``."""
+    policy: str = field(default="hibernate", metadata=_env("ORCH_CAPACITY_POLICY", _TEXT))
+    """At ``max_running``: "hibernate" the least recently used idle session to make room, or "refuse" with
+    ``CapacityExceeded``."""
+    hibernate_after: float | None = field(default=None, metadata=_env("ORCH_HIBERNATE_AFTER", _OPTIONAL_DURATION))
+    """Seconds without a call after which a session gives up its container (kept: its checkpoint); None is off.
+    Applied by the ``Orchestrator`` to the sessions it holds and by the janitor to every session of the store.
+    ``ORCH_HIBERNATE_AFTER`` takes durations like 10m."""
+    pool_size: int = field(default=0, metadata=_env("ORCH_POOL_SIZE", _INTEGER))
+    """Sandboxes of the default image kept started ahead, so a new session (or one whose container died) gets one
+    at once; refilled in the background, each handed out once. 0 is off. The pool starts with the first session
+    this ``Orchestrator`` starts and its spare containers go when it closes."""
+
+    def __post_init__(self) -> None:
+        if self.hibernate_after is not None:
+            if isinstance(self.hibernate_after, str):
+                object.__setattr__(self, "hibernate_after", parse_duration(self.hibernate_after))
+            if not float(self.hibernate_after) > 0:
+                raise self._invalid("hibernate_after", "> 0 seconds or None")
+        if self.max_running is not None and not (is_integer(self.max_running) and self.max_running > 0):
+            raise self._invalid("max_running", "a positive integer or None")
+        if not is_count(self.pool_size):
+            raise self._invalid("pool_size", "a non-negative integer")
+        if self.policy not in CAPACITY_POLICIES:
+            raise self._invalid("policy", f"one of {', '.join(CAPACITY_POLICIES)}")
+
+
+@dataclass(frozen=True)
+class SwarmSettings(_Fields):
+    """Where sandboxes go and how they are reached with ``Settings.backend="swarm"`` (docs/swarm.md)."""
+
+    node_dir: Path = field(default=Path("/var/lib/orchestrator-relay"), metadata=_env("ORCH_SWARM_NODE_DIR", _PATH))
+    """The directory on every node where its relay keeps the sandboxes' channel directories (must exist on each
+    node; the relay's bind mount)."""
+    relay_port: int = field(default=7443, metadata=_env("ORCH_SWARM_RELAY_PORT", _INTEGER))
+    """The TCP port each node's relay listens on (mutual TLS), on the node's address."""
+    constraints: tuple[str, ...] = field(default=(), metadata=_env("ORCH_SWARM_CONSTRAINTS", _COMMA_LIST))
+    """Placement constraints for every session's sandbox (``node.labels.pool==agents``); ``ORCH_SWARM_CONSTRAINTS``
+    separates them by commas. A session can add its own (``Placement``)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.relay_port, int) or not 0 < self.relay_port < 65536:
+            raise self._invalid("relay_port", "a TCP port number")
+        object.__setattr__(self, "constraints", tuple(self.constraints))
+        if not all(isinstance(c, str) and c.strip() for c in self.constraints):
+            raise self._invalid("constraints", "non-empty strings")
+        object.__setattr__(self, "node_dir", Path(self.node_dir))
+        if not self.node_dir.is_absolute():
+            raise ConfigError(f"SwarmSettings.node_dir must be an absolute path, got {str(self.node_dir)!r}")
+
+
+_GROUPS = {
+    "timeouts": Timeouts,
+    "limits": ResourceLimits,
+    "confinement": Confinement,
+    "capacity": Capacity,
+    "swarm": SwarmSettings,
+}
+
+
+@dataclass(frozen=True)
+class Settings(_Fields):
+    """Defaults for sessions: a few top-level choices and a small value object per concern.
+
+    ``Settings(limits=ResourceLimits(memory="2g"))`` changes one limit and keeps every other default;
+    ``settings.replace(timeouts=settings.timeouts.replace(exec=60))`` changes one of an existing object.
+    ``Settings.from_env()`` reads the ``ORCH_*`` variable of each field (``ENV_VARIABLES``).
+    """
+
+    image: str | None = field(default=None, metadata=_env("ORCH_IMAGE", _TEXT))
+    """Sandbox image; None means the default image built from this package on ``base_image``."""
+    base_image: str = field(default=DEFAULT_BASE_IMAGE, metadata=_env("ORCH_BASE_IMAGE", _TEXT))
+    """Base that ``orchestrator image build`` puts the agent on (needs ``python3`` on PATH)."""
+    state_dir: Path = field(default_factory=_default_state_dir, metadata=_env("ORCH_STATE_DIR", _PATH))
+    """Host directory of session records and checkpoints (survives controller restarts)."""
+    runtime_dir: Path = field(default_factory=_default_runtime_dir, metadata=_env("ORCH_RUNTIME_DIR", _PATH))
+    """Host directory of per-session channel sockets, bind-mounted read-only into containers."""
+    agent_command: tuple[str, ...] | None = field(default=None, metadata=_env("ORCH_AGENT_COMMAND", _COMMAND))
+    """Command that starts the agent in the container; None runs the image's CMD. ``ORCH_AGENT_COMMAND`` is split
+    like a shell line."""
+    fsync: bool = field(default=False, metadata=_env("ORCH_FSYNC", _FLAG))
+    """fsync checkpoint files and their directories; atomic renames already survive a controller crash, fsync adds
+    power loss."""
+    backend: str = field(default="docker", metadata=_env("ORCH_BACKEND", _TEXT))
+    """Where sandboxes run: "docker", containers on the engine DOCKER_HOST names; "swarm", one-replica services
+    spread over the nodes of the Swarm whose manager DOCKER_HOST names, reached through a relay on each node
+    (docs/swarm.md)."""
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    """How long each wait may last."""
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    """Memory, CPU and processes of a sandbox; output, checkpoint, host-call and message caps."""
+    confinement: Confinement = field(default_factory=Confinement)
+    """Network, user, filesystem and capabilities of a sandbox."""
+    capacity: Capacity = field(default_factory=Capacity)
+    """The cap on running sessions, idle hibernation and the warm pool."""
+    swarm: SwarmSettings = field(default_factory=SwarmSettings)
+    """Swarm nodes' relays and placement (``backend="swarm"``)."""
+
+    def __post_init__(self) -> None:
+        for name, kind in _GROUPS.items():
+            if not isinstance(getattr(self, name), kind):
+                raise self._invalid(name, f"a {kind.__name__}")
+        if self.backend not in BACKENDS:
+            raise self._invalid("backend", f"one of {', '.join(BACKENDS)}")
+        if self.agent_command is not None:
+            command = tuple(self.agent_command)
+            if not command or not all(isinstance(part, str) and part for part in command):
+                raise self._invalid("agent_command", "non-empty strings")
+            object.__setattr__(self, "agent_command", command)
+        object.__setattr__(self, "state_dir", Path(self.state_dir))
+        object.__setattr__(self, "runtime_dir", Path(self.runtime_dir))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Read ``ORCH_<FIELD>`` variables (upper-case field names) over the defaults.
+        """Read the ``ORCH_*`` variables (``ENV_VARIABLES``) over the defaults.
 
         Without ``ORCH_BASE_IMAGE`` (and ``ORCH_IMAGE``), the base image set-up recorded in the
         state dir is used (``save_default_base_image``).
 
         Raises:
-            ConfigError: a variable has a value of the wrong type.
+            ConfigError: a variable has a value of the wrong type, or one its field does not take.
         """
         environ = os.environ if environ is None else environ
-        defaults = cls()
-        changes: dict[str, object] = {}
-        for f in dataclasses.fields(cls):
-            raw = environ.get(f"ORCH_{f.name.upper()}")
-            if raw is None or f.name == "tmpfs":
-                continue
-            default = getattr(defaults, f.name)
-            try:
-                if f.name == "agent_command":
-                    changes[f.name] = tuple(shlex.split(raw)) or None
-                elif f.name == "checkpoint_quota":
-                    changes[f.name] = parse_memory(raw)
-                elif f.name == "hibernate_after":
-                    changes[f.name] = parse_duration(raw) if raw.strip() else None
-                elif f.name == "swarm_constraints":
-                    changes[f.name] = tuple(part.strip() for part in raw.split(",") if part.strip())
-                elif f.name == "worker_uids":
-                    changes[f.name] = parse_uid_range(raw)
-                elif f.name == "max_running":
-                    changes[f.name] = int(raw) if raw.strip() else None
-                elif isinstance(default, bool):
-                    if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                        raise ValueError(raw)
-                    changes[f.name] = raw.lower() in ("1", "true", "yes")
-                elif isinstance(default, int):
-                    changes[f.name] = int(raw)
-                elif isinstance(default, float):
-                    changes[f.name] = float(raw)
-                elif isinstance(default, Path):
-                    changes[f.name] = Path(raw)
-                else:
-                    changes[f.name] = raw
-            except ConfigError as exc:
-                raise ConfigError(f"ORCH_{f.name.upper()}={raw!r}: {exc}") from None
-            except ValueError:
-                kind = "integer" if f.name == "max_running" else type(default).__name__
-                raise ConfigError(f"ORCH_{f.name.upper()}={raw!r} is not a valid {kind}") from None
-        if "base_image" not in changes and "image" not in changes:
-            state_dir = Path(changes.get("state_dir", defaults.state_dir))  # type: ignore[arg-type]
-            changes.update(_recorded_defaults(state_dir))
-        return cls(**changes)  # type: ignore[arg-type]
+        changes: dict[str | None, dict[str, object]] = {}
+        for variable in ENV_VARIABLES:
+            raw = environ.get(variable.name)
+            if raw is not None:
+                changes.setdefault(variable.group, {})[variable.field] = variable.parse(raw)
+        top = changes.pop(None, {})
+        if "base_image" not in top and "image" not in top:
+            state_dir = Path(top.get("state_dir", _default_state_dir()))  # type: ignore[arg-type]
+            top.update(_recorded_defaults(state_dir))
+        for group, fields in changes.items():
+            top[group] = _GROUPS[group](**fields)  # type: ignore[index]
+        return cls(**top)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class EnvVariable:
+    """One ``ORCH_*`` variable and the field it sets: ``Settings.<field>``, or ``Settings.<group>.<field>``."""
+
+    name: str
+    group: str | None
+    field: str
+    reader: Reader
+
+    def parse(self, raw: str) -> object:
+        """The field's value from the variable's text.
+
+        Raises:
+            ConfigError: naming the variable, when the text is not a value of its kind.
+        """
+        try:
+            return self.reader.read(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.name}={raw!r}: {exc}") from None
+        except ValueError:
+            raise ConfigError(f"{self.name}={raw!r} is not a valid {self.reader.kind}") from None
+
+    def value(self, settings: Settings) -> object:
+        """The field's value in ``settings``."""
+        owner = settings if self.group is None else getattr(settings, self.group)
+        return getattr(owner, self.field)
+
+
+def _variables() -> tuple[EnvVariable, ...]:
+    found = []
+    for group, kind in [(None, Settings), *_GROUPS.items()]:
+        for f in dataclasses.fields(kind):
+            if "env" in f.metadata:
+                name, reader = f.metadata["env"]
+                found.append(EnvVariable(name, group, f.name, reader))
+    return tuple(found)
+
+
+ENV_VARIABLES = _variables()
+"""Every ``ORCH_*`` variable ``Settings.from_env`` reads, in field order."""
+_FIELD_VARIABLES = {
+    ((Settings if v.group is None else _GROUPS[v.group]).__name__, v.field): v.name for v in ENV_VARIABLES
+}

@@ -16,7 +16,7 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     │   ├── SessionClosed                    the session was closed
     │   ├── SessionAttachedElsewhere         another controller owns the session now (epoch moved on)
     │   ├── SessionBusy (TimeoutError)       another process held the session's store lock too long
-    │   ├── CapacityExceeded                 Settings.max_running sessions run and none could make room
+    │   ├── CapacityExceeded                 Settings.capacity.max_running sessions run and none could make room
     │   ├── CheckpointQuotaExceeded          a value would take the checkpoint past its quota or bounds; nothing stored
     │   ├── SessionsNotClosed                Orchestrator.close could not close some sessions (all were tried)
     │   └── CheckpointError (OSError)        the checkpoint could not be stored or restored
@@ -81,16 +81,17 @@ class SessionAttachedElsewhere(SessionError):
 
 
 class SessionBusy(SessionError, TimeoutError):
-    """Another process held the session's store lock longer than ``Settings.lock_timeout``."""
+    """Another process held the session's store lock longer than ``Settings.timeouts.lock``."""
 
 
 class CapacityExceeded(SessionError):
-    """``Settings.max_running`` sessions run already and the policy (or their calls) left no room for one more."""
+    """``Settings.capacity.max_running`` sessions run already and the policy (or their calls) left no room for one
+    more."""
 
 
 class CheckpointQuotaExceeded(SessionError):
     """A value handed to the session (``add_context``, ``set_value``) would take its stored checkpoint past
-    ``Settings.checkpoint_quota``, or past the manifest's bounds (``protocol.MAX_CHECKPOINT_NAMES`` names,
+    ``Settings.limits.checkpoint_quota``, or past the manifest's bounds (``protocol.MAX_CHECKPOINT_NAMES`` names,
     ``protocol.MAX_CHECKPOINT_NAME_BYTES`` bytes of names); it was refused before it was sent, and nothing was stored.
 
     Attributes:

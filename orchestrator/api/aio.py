@@ -4,7 +4,7 @@ Every engine and channel operation underneath is blocking (the Docker SDK is), s
 runs on a thread pool of the ``AsyncOrchestrator`` (``max_threads``, 64 by default) and the
 loop only awaits it: the loop never blocks, and a session holds a thread only while one of
 its calls runs. Cancelling an awaiting ``execute`` interrupts that cell as its timeout would
-(interrupt, then kill after ``Settings.interrupt_grace``); the cancellation completes when
+(interrupt, then kill after ``Settings.timeouts.interrupt_grace``); the cancellation completes when
 the session is usable again, and other sessions' cells go on untouched.
 """
 

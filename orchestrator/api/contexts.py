@@ -55,13 +55,15 @@ def workspace(settings: Settings) -> str:
     """The writable directory in the sandbox under which contexts' directories live: ``/tmp``, or the first tmpfs.
 
     Raises:
-        ConfigError: the sandbox has no writable directory (``Settings.tmpfs`` is empty).
+        ConfigError: the sandbox has no writable directory (``Settings.confinement.tmpfs`` is empty).
     """
-    mounts = sorted(settings.tmpfs)
+    mounts = sorted(settings.confinement.tmpfs)
     if "/tmp" in mounts:
         return "/tmp"
     if not mounts:
-        raise ConfigError("contexts need a writable workspace in the sandbox, but Settings.tmpfs mounts nothing")
+        raise ConfigError(
+            "contexts need a writable workspace in the sandbox, but Settings.confinement.tmpfs mounts nothing"
+        )
     return mounts[0]
 
 

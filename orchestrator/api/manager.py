@@ -71,7 +71,7 @@ class Orchestrator:
         self.settings = settings or Settings.from_env()
         ensure_private_dir(self.settings.runtime_dir)
         self.store = SessionStore(
-            self.settings.state_dir, fsync=self.settings.fsync, lock_timeout=self.settings.lock_timeout
+            self.settings.state_dir, fsync=self.settings.fsync, lock_timeout=self.settings.timeouts.lock
         )
         self._owns_backend = backend is None
         self.backend: Backend = backend or _connect(self.settings, self.store.store_id)
@@ -80,9 +80,9 @@ class Orchestrator:
         self._closing = threading.Event()
         self._idle_watch: threading.Thread | None = None
         self._pool: SandboxPool | None = None
-        if self.settings.hibernate_after is not None:
+        if self.settings.capacity.hibernate_after is not None:
             self._idle_watch = threading.Thread(
-                target=self._hibernate_idle_sessions, args=(self.settings.hibernate_after,), daemon=True
+                target=self._hibernate_idle_sessions, args=(self.settings.capacity.hibernate_after,), daemon=True
             )
             self._idle_watch.start()
 
@@ -146,7 +146,7 @@ class Orchestrator:
             epoch=1,
         )
         self.store.create(record)
-        session = self._session(CheckpointLedger(self.store, record, self.settings.checkpoint_quota_bytes))
+        session = self._session(CheckpointLedger(self.store, record, self.settings.limits.checkpoint_quota_bytes))
         try:
             session.start()
         except BaseException:
@@ -167,7 +167,7 @@ class Orchestrator:
             SessionBusy: another process held the session's lock too long.
             SessionAttachedElsewhere: another controller attached it meanwhile (it won).
         """
-        ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.checkpoint_quota_bytes)
+        ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.limits.checkpoint_quota_bytes)
         session = self._session(ledger)
         try:
             self._serve(session, ledger)
@@ -355,7 +355,7 @@ class Orchestrator:
         Raises:
             SessionNotFound: no session with that id was stored.
         """
-        ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.checkpoint_quota_bytes)
+        ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.limits.checkpoint_quota_bytes)
         self._session(ledger).close()
 
     def _session(self, ledger: CheckpointLedger) -> Session:
@@ -373,7 +373,7 @@ class Orchestrator:
             settings=self.settings,
             scope=self.store.store_id,
             labels=labels,
-            activity=Activity(self.store.activity_path(record.session_id), wait=self.settings.lock_timeout),
+            activity=Activity(self.store.activity_path(record.session_id), wait=self.settings.timeouts.lock),
             make_room=lambda session_id: capacity.room_for(self.store, self.backend, self.settings, session_id),
             # A pooled container has only the pool's labels and runs anywhere: a session with labels or a placement
             # of its own starts its own.
@@ -383,13 +383,14 @@ class Orchestrator:
         return self._track(session)
 
     def _pooled_sandbox(self, image: str) -> Sandbox | None:
-        """A started sandbox from the warm pool (``Settings.pool_size``), or None: no pool, another image, or the pool
-        could not give one (the caller then starts one itself, which reports the engine's error if it fails too).
+        """A started sandbox from the warm pool (``Settings.capacity.pool_size``), or None: no pool, another image, or
+        the pool could not give one (the caller then starts one itself, which reports the engine's error if it fails
+        too).
 
         The pool starts with the first call. Its containers carry no session label (labels cannot change): a
         session's record names the one it took, and prune removes spares whose controller is gone.
         """
-        if self.settings.pool_size == 0 or image != self.default_image:
+        if self.settings.capacity.pool_size == 0 or image != self.default_image:
             return None
         with self._lock:
             if self._closing.is_set():
@@ -406,7 +407,7 @@ class Orchestrator:
                     image=image,
                     scope=self.store.store_id,
                     labels=labels,
-                    size=self.settings.pool_size,
+                    size=self.settings.capacity.pool_size,
                     share_network=False,  # a session keeps its sandbox for long: a namespace of its own
                     prepare=Sandbox.warm_up,  # its first checkpoint or restore then needs no import
                 )

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from ..agent import protocol
 from ..backends.base import SESSION_ID, STORE_ID, Backend, ContainerState, Placement
+from ..checks import is_count
 from ..config import Settings
 from ..errors import (
     AgentTimeoutError,
@@ -226,7 +227,7 @@ class Session:
 
     @property
     def checkpoint_bytes(self) -> int:
-        """Size of the stored checkpoint in bytes (at most ``Settings.checkpoint_quota_bytes``)."""
+        """Size of the stored checkpoint in bytes (at most ``Settings.limits.checkpoint_quota_bytes``)."""
         return self._ledger.record.checkpoint_bytes
 
     @property
@@ -250,8 +251,8 @@ class Session:
 
         Args:
             code: Python source; a trailing expression's repr becomes ``return_value``.
-            timeout: seconds the cell may run (default ``Settings.exec_timeout``); the
-                checkpoint afterwards has its own limit, ``Settings.checkpoint_timeout``.
+            timeout: seconds the cell may run (default ``Settings.timeouts.exec``); the
+                checkpoint afterwards has its own limit, ``Settings.timeouts.checkpoint``.
                 Time its ``input()`` waits for an answer does not count.
             host_calls: handlers that code in the sandbox may call while this cell runs
                 (``host_call(name, payload)`` in the scaffold; see ``set_scaffold``).
@@ -264,7 +265,7 @@ class Session:
 
         Returns:
             ExecResult; an exception raised by the code is in ``.error``, not raised. Output past
-            ``Settings.max_output_bytes`` is a head-and-tail preview; the whole stream is in
+            ``Settings.limits.max_output_bytes`` is a head-and-tail preview; the whole stream is in
             ``stdout_path`` / ``stderr_path``.
 
         Raises:
@@ -284,7 +285,7 @@ class Session:
             code.isascii() or code.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ConfigError(f"code must be valid Unicode text: {exc}") from None
-        limit = self._settings.exec_timeout if timeout is None else float(timeout)
+        limit = self._settings.timeouts.exec if timeout is None else float(timeout)
         if not 0 < limit < math.inf:  # every wait has a finite deadline
             raise ConfigError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
         if on_output is not None and not callable(on_output):
@@ -293,23 +294,23 @@ class Session:
             "type": protocol.EXEC,
             "code": code,
             "timeout": limit,
-            "checkpoint_timeout": self._settings.checkpoint_timeout,
-            "send_limit": self._settings.max_output_file_bytes,
+            "checkpoint_timeout": self._settings.timeouts.checkpoint,
+            "send_limit": self._settings.limits.max_output_file_bytes,
         }
         if on_output is not None:
             header.update(stream=True, input=True)
-        slack = self._settings.interrupt_grace + self._settings.reply_margin
+        slack = self._settings.timeouts.interrupt_grace + self._settings.timeouts.reply_margin
         with self._turn():
             self._name_context(header, context)
             desk = (
                 None
                 if host_calls is None
                 else CallDesk(
-                    host_calls, self._handler_pool(), max_held=self._settings.max_host_calls_per_cell, owner=self
+                    host_calls, self._handler_pool(), max_held=self._settings.limits.max_host_calls_per_cell, owner=self
                 )
             )
             live = self._live = LiveCall(
-                self._new_recorder, on_output, self._settings.input_timeout, owner=self, wakeup=self._wakeup()
+                self._new_recorder, on_output, self._settings.timeouts.input, owner=self, wakeup=self._wakeup()
             )
             started = time.monotonic()
             try:
@@ -318,7 +319,7 @@ class Session:
                     b"",
                     limit + slack,
                     lambda r, b: self._exec_result(r, b, limit, live, time.monotonic() - started),
-                    checkpoint_seconds=self._settings.checkpoint_timeout + slack,
+                    checkpoint_seconds=self._settings.timeouts.checkpoint + slack,
                     desk=desk,
                     live=live,
                 )
@@ -478,7 +479,7 @@ class Session:
         self._reset(None)
 
     def _reset(self, context: str | None) -> None:
-        header = {"type": protocol.RESET, "checkpoint_timeout": self._settings.checkpoint_timeout}
+        header = {"type": protocol.RESET, "checkpoint_timeout": self._settings.timeouts.checkpoint}
         with self._turn():
             self._name_context(header, context)
             self._call(
@@ -571,7 +572,9 @@ class Session:
     def _handler_pool(self) -> HandlerPool:
         """The session's host-call handlers (made on first use): bounded across its cells; each cell bounds its own."""
         if self._host_calls is None:
-            self._host_calls = HandlerPool(self._settings.max_host_calls_per_session, name=f"host-calls-{self.id}")
+            self._host_calls = HandlerPool(
+                self._settings.limits.max_host_calls_per_session, name=f"host-calls-{self.id}"
+            )
         return self._host_calls
 
     def close(self) -> None:
@@ -704,9 +707,9 @@ class Session:
         """Run the scaffold in the (fresh or restored) worker; a scaffold that raises there is the caller's error."""
         assert self._sandbox is not None and self._scaffold is not None
         code, names = self._scaffold
-        seconds = self._settings.start_timeout
+        seconds = self._settings.timeouts.start
         header = {"type": protocol.INSTALL, "code": code, "names": names, "timeout": seconds}
-        reply, _ = self._sandbox.request(header, seconds=seconds + self._settings.interrupt_grace)
+        reply, _ = self._sandbox.request(header, seconds=seconds + self._settings.timeouts.interrupt_grace)
         failure = worker_failure(reply)
         reason = failure["reason"] if failure is not None else parse_install_reply(reply)
         if reason is not None:
@@ -864,8 +867,8 @@ class Session:
         return StreamRecorder(
             self._ledger.store.outputs_dir(self.id),
             stream,
-            self._settings.max_output_bytes,
-            self._settings.max_output_file_bytes,
+            self._settings.limits.max_output_bytes,
+            self._settings.limits.max_output_file_bytes,
         )
 
     def _wakeup(self) -> Wakeup:
@@ -883,7 +886,7 @@ class Session:
                 fields[name] = recorder.preview(parsed[f"{name}_bytes"])  # type: ignore[literal-required]
                 fields[f"{name}_path"] = recorder.path
         if any(recorder.spilled for recorder in live.recorders.values()):
-            keep_newest(self._ledger.store.outputs_dir(self.id), self._settings.max_output_files)
+            keep_newest(self._ledger.store.outputs_dir(self.id), self._settings.limits.max_output_files)
         return fields
 
     def _exec_result(
@@ -933,7 +936,7 @@ class Session:
         return self._ledger.commit(parse_state_reply(reply), body, contexts=contexts, staged=staged)
 
     def _control_seconds(self) -> float:
-        return self._settings.start_timeout + self._settings.checkpoint_timeout + self._settings.reply_margin
+        return self._settings.timeouts.start + self._settings.timeouts.checkpoint + self._settings.timeouts.reply_margin
 
     def _add_versioned(self, prefix: str, payload: Any, index: int | None, context: str | None = None) -> int:
         encoded = _encode_payload(payload)
@@ -943,7 +946,7 @@ class Session:
             count = getattr(self._ledger.record, counter) if spec is None else spec[counter]
             if index is None:
                 index = count
-            if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            if not is_count(index):
                 raise ConfigError(f"index must be a non-negative int, got {index!r}")
             aliases = [prefix] if index == 0 else []
             self._store(f"{prefix}_{index}", aliases, encoded, {counter: max(count, index + 1)}, context)
@@ -974,7 +977,7 @@ class Session:
             "name": name,
             "kind": kind,
             "aliases": aliases,
-            "checkpoint_timeout": self._settings.checkpoint_timeout,
+            "checkpoint_timeout": self._settings.timeouts.checkpoint,
         }
         self._name_context(header, context)
         staged: list[StagedBlob] = []
@@ -1037,7 +1040,7 @@ class Session:
             "context": new_id,
             "cwd": path,
             "env": variables,
-            "checkpoint_timeout": self._settings.checkpoint_timeout,
+            "checkpoint_timeout": self._settings.timeouts.checkpoint,
         }
         with self._turn():
             if new_id in self._ledger.record.contexts:
@@ -1052,7 +1055,7 @@ class Session:
         header = {
             "type": protocol.CONTEXT_DESTROY,
             "context": context_id,
-            "checkpoint_timeout": self._settings.checkpoint_timeout,
+            "checkpoint_timeout": self._settings.timeouts.checkpoint,
         }
         with self._turn():
             self._context_spec(context_id)

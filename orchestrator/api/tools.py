@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from ..checks import is_number
 from ..errors import ConfigError, ExecutionTimeout, OrchestratorError, SandboxCrashed, SandboxOutOfMemory
 from .results import ExecResult
 
@@ -128,7 +129,7 @@ class PythonTool:
         timeout = args.get("timeout_seconds")
         if timeout is None:
             return code, None
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        if not is_number(timeout):
             raise _BadCall(f'"timeout_seconds" must be a number of seconds, not {_json_type(timeout)}.')
         try:
             seconds = float(timeout)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..checks import is_number
 from ..config import Settings, parse_memory
 from ..errors import ConfigError
 from ..wire.endpoint import Endpoint
@@ -75,9 +76,7 @@ class Placement:
             if not isinstance(constraint, str):
                 raise ConfigError(f"a placement constraint must be a string, got {constraint!r}")
             parse_constraint(constraint)
-        if self.reserve_cpus is not None and not (
-            isinstance(self.reserve_cpus, (int, float)) and not isinstance(self.reserve_cpus, bool)
-        ):
+        if self.reserve_cpus is not None and not is_number(self.reserve_cpus):
             raise ConfigError(f"Placement.reserve_cpus must be a number of CPUs, got {self.reserve_cpus!r}")
         if self.reserve_cpus is not None and not self.reserve_cpus > 0:
             raise ConfigError(f"Placement.reserve_cpus must be > 0, got {self.reserve_cpus!r}")

@@ -122,25 +122,25 @@ class DockerBackend:
             "environment": dict(spec.environment),
             "volumes": {host: {"bind": inside, "mode": "ro"} for host, inside in spec.mounts.items()},
             "working_dir": "/tmp",
-            "network_mode": f"container:{spec.network_of}" if spec.network_of else settings.network_mode,
-            "user": settings.user,
-            "read_only": settings.read_only,
-            "tmpfs": dict(settings.tmpfs),
-            "mem_limit": settings.mem_limit,
-            "memswap_limit": settings.mem_limit,
-            "nano_cpus": settings.nano_cpus,
-            "pids_limit": settings.pids_limit,
+            "network_mode": f"container:{spec.network_of}" if spec.network_of else settings.confinement.network_mode,
+            "user": settings.confinement.user,
+            "read_only": settings.confinement.read_only,
+            "tmpfs": dict(settings.confinement.tmpfs),
+            "mem_limit": settings.limits.memory,
+            "memswap_limit": settings.limits.memory,
+            "nano_cpus": settings.limits.nano_cpus,
+            "pids_limit": settings.limits.pids,
             "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
         }
         if spec.command is not None:
             kwargs["command"] = list(spec.command)
         if spec.groups:
             kwargs["group_add"] = [str(gid) for gid in spec.groups]
-        if settings.cap_drop_all:
+        if settings.confinement.cap_drop_all:
             kwargs["cap_drop"] = ["ALL"]
-            if settings.separate_worker:
+            if settings.confinement.separate_worker:
                 kwargs["cap_add"] = list(SUPERVISOR_CAPABILITIES)
-        if settings.no_new_privileges:
+        if settings.confinement.no_new_privileges:
             kwargs["security_opt"] = ["no-new-privileges:true"]
         container_id = None
         try:
@@ -229,12 +229,12 @@ class DockerBackend:
 
 def endpoint_options(settings: Settings) -> dict[str, Any]:
     """What an endpoint needs to know of the sandbox: its uid and gid, and the frame limits."""
-    uid, gid = settings.sandbox_uid_gid
+    uid, gid = settings.confinement.sandbox_uid_gid
     return {
         "sandbox_uid": uid,
         "sandbox_gid": gid,
-        "max_header": settings.max_header_bytes,
-        "max_body": settings.max_body_bytes,
+        "max_header": settings.limits.max_header_bytes,
+        "max_body": settings.limits.max_body_bytes,
     }
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.base import Backend
+from ..checks import is_integer
 from ..config import Settings, parse_memory
 from ..errors import ConfigError, ImageMissing, OrchestratorError
 from ..ops.pool import SandboxPool
@@ -28,7 +29,7 @@ from ..state.controllers import controller_labels, discard_left_behind, left_beh
 from .grading import Status, error_json
 from .records import EvalResult, ResultsFile, status_counts, write_junit
 from .runner import SubmissionRunner
-from .submissions import InvalidLine, Submission
+from .submissions import InvalidLine, Submission, check_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class EvalOptions:
     timeout: float = 10.0
     """Seconds for a submission's code and tests together, unless it sets ``timeout``."""
     memory: int | str | None = None
-    """The sandbox's memory limit unless a submission sets ``memory`` (None: ``Settings.mem_limit``)."""
+    """The sandbox's memory limit unless a submission sets ``memory`` (None: ``Settings.limits.memory``)."""
     output_limit: int = 1 << 20
     """Most bytes a submission may print (stdout and stderr together); past it: ``output_limit``."""
     pool_size: int | None = None
@@ -56,10 +57,9 @@ class EvalOptions:
     reach its functions through plain data only (docs/eval.md, "Strict mode")."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or not 1 <= self.jobs <= 256:
+        if not is_integer(self.jobs) or not 1 <= self.jobs <= 256:
             raise ConfigError(f"jobs must be an integer from 1 to 256, got {self.jobs!r}")
-        if not 0 < self.timeout <= 24 * 3600:
-            raise ConfigError(f"timeout must be more than 0 and at most 86400 seconds, got {self.timeout!r}")
+        check_timeout("timeout", self.timeout)
         if not isinstance(self.output_limit, int) or not 1024 <= self.output_limit <= 1 << 30:
             raise ConfigError(f"output_limit must be from 1 KiB to 1 GiB, got {self.output_limit!r}")
         if self.memory is not None:
@@ -105,9 +105,11 @@ class Evaluator:
         self._backend = backend
         self._image = image
         self._options = options or EvalOptions()
-        memory = self._options.memory if self._options.memory is not None else settings.mem_limit
-        self._settings = settings.replace(max_output_bytes=self._options.output_limit, mem_limit=memory)
-        self._default_memory = parse_memory(self._settings.mem_limit)
+        memory = self._options.memory if self._options.memory is not None else settings.limits.memory
+        self._settings = settings.replace(
+            limits=settings.limits.replace(max_output_bytes=self._options.output_limit, memory=memory)
+        )
+        self._default_memory = parse_memory(self._settings.limits.memory)
         self._run_id = secrets.token_hex(4)
         self._labels = {EVAL_RUN: self._run_id, **controller_labels("eval", self._settings.runtime_dir)}
         self._lock = threading.Lock()
@@ -229,7 +231,7 @@ class Evaluator:
             if memory == self._default_memory:
                 sandbox = pool.take()
             else:
-                sandbox = pool.start(self._settings.replace(mem_limit=memory))
+                sandbox = pool.start(self._settings.replace(limits=self._settings.limits.replace(memory=memory)))
         except OrchestratorError as exc:
             finish(_infra_error(common, started, f"no sandbox could be started: {type(exc).__name__}: {exc}"))
             return
@@ -277,15 +279,19 @@ class Evaluator:
         return {
             "timeout": timeout,
             "memory": memory,
-            "cpus": settings.nano_cpus / 1e9,
-            "pids": settings.pids_limit,
+            "cpus": settings.limits.nano_cpus / 1e9,
+            "pids": settings.limits.pids,
             "output": self._options.output_limit,
-            "network": "loopback only" if settings.network_mode == "none" else settings.network_mode,
-            "read_only": settings.read_only,
-            "user": settings.user,
+            "network": "loopback only"
+            if settings.confinement.network_mode == "none"
+            else settings.confinement.network_mode,
+            "read_only": settings.confinement.read_only,
+            "user": settings.confinement.user,
             # the submission's own uid, one per sandbox from this range (the user above is its supervisor's)
-            "worker_uids": "{}-{}".format(*settings.worker_uids) if settings.separate_worker else None,
-            "tmpfs": dict(settings.tmpfs),
+            "worker_uids": "{}-{}".format(*settings.confinement.worker_uids)
+            if settings.confinement.separate_worker
+            else None,
+            "tmpfs": dict(settings.confinement.tmpfs),
         }
 
 

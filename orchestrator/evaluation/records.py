@@ -8,7 +8,6 @@ record counts.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -20,6 +19,7 @@ from typing import IO, Any
 from xml.etree import ElementTree
 
 from ..errors import ConfigError
+from ..files import replace_file
 from ..safe_text import visible
 from .grading import Status
 from .submissions import InvalidLine
@@ -217,11 +217,7 @@ def write_junit(
         case = ElementTree.SubElement(suite, "testcase", classname=name, name=_xml_text(f"line {line.line}"))
         ElementTree.SubElement(case, "error", type="invalid_input", message=_xml_text(line.describe()))
     ElementTree.indent(suite)
-    temporary = path.with_name(path.name + ".tmp")
     try:
-        ElementTree.ElementTree(suite).write(temporary, encoding="utf-8", xml_declaration=True)
-        os.replace(temporary, path)
+        replace_file(path, ElementTree.tostring(suite, encoding="utf-8", xml_declaration=True))
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
         raise ConfigError(f"cannot write the JUnit report {path}: {exc}") from None

@@ -131,10 +131,10 @@ class SubmissionRunner:
             "stdin": stdin,
         }
         wakeup = Wakeup()
-        live = LiveCall(self._recorder, None, self._settings.input_timeout, owner=self, wakeup=wakeup)
+        live = LiveCall(self._recorder, None, self._settings.timeouts.input, owner=self, wakeup=wakeup)
         started = time.monotonic()
         try:
-            slack = self._settings.interrupt_grace + self._settings.reply_margin
+            slack = self._settings.timeouts.interrupt_grace + self._settings.timeouts.reply_margin
             reply, _ = sandbox.request(header, seconds=seconds + slack, live=live)
             return self._cell_run(reply, live, started)
         except ChannelLost as exc:

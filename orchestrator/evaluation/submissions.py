@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checks import is_integer, is_number
 from ..config import parse_memory
 from ..errors import ConfigError
 
@@ -21,6 +22,8 @@ MAX_FIELD_BYTES = 4 << 20
 """Most bytes each of ``code``, ``tests``, ``stdin`` and ``files`` may take as they travel to the sandbox (JSON text:
 an escaped character takes 2 to 6 bytes). Each request to the agent stays well within its 16 MiB header limit."""
 MIN_MEMORY = 32 << 20
+MAX_TIMEOUT = 24 * 3600
+"""Most seconds a submission may run (its own ``timeout`` or the run's default)."""
 FIELDS = ("id", "code", "tests", "stdin", "expected_stdout", "timeout", "memory", "files", "grading")
 GRADING_MODES = ("default", "strict")
 """How a submission's tests reach its code (docs/eval.md, "How a verdict is made")."""
@@ -142,17 +145,17 @@ def submission_from_json(data: dict[str, Any], line: int = 0) -> Submission:
     if "id" not in data:
         raise ConfigError("missing 'id'")
     raw_id = data["id"]
-    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
+    if not (isinstance(raw_id, str) or is_integer(raw_id)):
         raise ConfigError(f"'id' must be a string or an integer, not {type(raw_id).__name__}")
     if "code" not in data:
         raise ConfigError("missing 'code'")
     memory = data.get("memory")
     if memory is not None:
-        if isinstance(memory, bool) or not isinstance(memory, (str, int)):
+        if not (isinstance(memory, str) or is_integer(memory)):
             raise ConfigError(f"'memory' must be a size like \"256m\" or bytes, not {type(memory).__name__}")
         memory = parse_memory(memory)
     timeout = data.get("timeout")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
+    if timeout is not None and not is_number(timeout):
         raise ConfigError(f"'timeout' must be a number of seconds, not {type(timeout).__name__}")
     return Submission(
         id=str(raw_id),
@@ -180,13 +183,23 @@ def _check_submission(submission: Submission) -> None:
         _check_text(f"'{name}'", value)
         if name != "expected_stdout":  # compared on the host: it never travels
             _check_size(name, json.dumps(value, ensure_ascii=False))
-    if submission.timeout is not None and not 0 < submission.timeout <= 24 * 3600:
-        raise ConfigError(f"'timeout' must be more than 0 and at most 86400 seconds, got {submission.timeout!r}")
+    if submission.timeout is not None:
+        check_timeout("'timeout'", submission.timeout)
     if submission.memory is not None and submission.memory < MIN_MEMORY:
         raise ConfigError(f"'memory' must be at least {MIN_MEMORY >> 20} MiB, got {submission.memory} bytes")
     _check_files(submission.files)
     if submission.grading is not None and submission.grading not in GRADING_MODES:
         raise ConfigError(f"'grading' must be one of {', '.join(map(repr, GRADING_MODES))}, got {submission.grading!r}")
+
+
+def check_timeout(what: str, seconds: float) -> None:
+    """A submission's time limit (its own or the run's default): more than 0 seconds, at most a day.
+
+    Raises:
+        ConfigError: naming ``what``.
+    """
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise ConfigError(f"{what} must be more than 0 and at most {MAX_TIMEOUT} seconds, got {seconds!r}")
 
 
 def _check_files(files: Any) -> None:

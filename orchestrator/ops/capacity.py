@@ -1,4 +1,4 @@
-"""The cap on running sessions (``Settings.max_running``): make room before a sandbox starts, or refuse.
+"""The cap on running sessions (``Settings.capacity.max_running``): make room before a sandbox starts, or refuse.
 
 Counting and starting happen under one store-wide lock, so two controllers on one state dir
 cannot both take the last place. Room is made by hibernating the least recently used session
@@ -27,22 +27,23 @@ def room_for(store: SessionStore, backend: Backend, settings: Settings, session_
 
     Raises:
         CapacityExceeded: ``max_running`` sessions run and the policy is "refuse", or every one is in a call.
-        SessionBusy: another controller held the capacity lock for ``lock_timeout``.
+        SessionBusy: another controller held the capacity lock for ``Settings.timeouts.lock``.
     """
-    if settings.max_running is None:
+    if settings.capacity.max_running is None:
         yield
         return
     with store.store_lock("capacity"):
         others = running_sessions(store, backend) - {session_id}
-        excess = len(others) - settings.max_running + 1
-        if excess > 0 and settings.capacity_policy == "hibernate":
+        excess = len(others) - settings.capacity.max_running + 1
+        if excess > 0 and settings.capacity.policy == "hibernate":
             excess -= _hibernate_least_recent(store, backend, settings, others, excess)
         if excess > 0:
             raise CapacityExceeded(
-                f"{len(others)} sessions run already (Settings.max_running={settings.max_running}) and "
+                f"{len(others)} sessions run already "
+                f"(Settings.capacity.max_running={settings.capacity.max_running}) and "
                 + (
                     "the capacity policy is to refuse"
-                    if settings.capacity_policy == "refuse"
+                    if settings.capacity.policy == "refuse"
                     else "none of them could be hibernated (all in a call)"
                 )
                 + f"; session {session_id} was not started: hibernate or remove one (`orchestrator ls`) "
@@ -76,6 +77,8 @@ def _hibernate_least_recent(
             break
         with contextlib.suppress(SessionNotFound):
             if lifecycle.hibernate_idle(store, backend, settings.runtime_dir, session_id):
-                logger.info("hibernated session %s to stay within max_running=%d", session_id, settings.max_running)
+                logger.info(
+                    "hibernated session %s to stay within max_running=%d", session_id, settings.capacity.max_running
+                )
                 done += 1
     return done

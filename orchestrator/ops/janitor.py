@@ -26,6 +26,7 @@ from types import FrameType
 from ..api.manager import Orchestrator
 from ..config import Settings
 from ..errors import ConfigError
+from ..files import replace_file
 from ..safe_text import log_to_stderr
 from ..units import describe_duration, optional_duration_argument, positive_duration_argument
 from .images import write_janitor_context
@@ -56,7 +57,7 @@ class Janitor:
         if not interval > 0:
             raise ConfigError(f"the janitor's interval must be more than 0 seconds, got {interval!r}")
         # Its own idle policy would watch sessions this orchestrator holds: it holds none.
-        self.settings = settings.replace(hibernate_after=None)
+        self.settings = settings.replace(capacity=settings.capacity.replace(hibernate_after=None))
         self.interval = interval
         self.idle_for = idle_for
         self.older_than = older_than
@@ -124,10 +125,8 @@ class Janitor:
 
     def _beat(self) -> None:
         """Touch the heartbeat atomically; it holds the interval, so ``--health`` needs no options."""
-        tmp = self.heartbeat.with_name(f".{self.heartbeat.name}.{os.getpid()}")
         try:
-            tmp.write_text(f"{self.interval}\n")
-            os.replace(tmp, self.heartbeat)
+            replace_file(self.heartbeat, f"{self.interval}\n".encode())
         except OSError as exc:
             logger.error("cannot write the heartbeat %s: %s", self.heartbeat, exc)
 
@@ -285,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
             interval=args.interval,
             idle_for=args.idle,
             older_than=args.older_than,
-            hibernate_after=settings.hibernate_after if args.hibernate_after is None else args.hibernate_after,
+            hibernate_after=settings.capacity.hibernate_after if args.hibernate_after is None else args.hibernate_after,
             heartbeat=args.heartbeat,
         )
     except ConfigError as exc:

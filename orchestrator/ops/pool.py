@@ -33,7 +33,7 @@ from ..state.store import new_sandbox_id
 logger = logging.getLogger(__name__)
 
 _HOLDER_COMMAND = ("python3", "-S", "-c", "import signal; signal.pause()")
-_HOLDER_LIMITS = {"mem_limit": "32m", "pids_limit": 4}
+_HOLDER_LIMITS = {"memory": "32m", "pids": 4}
 
 
 class NetworkSlots:
@@ -41,7 +41,7 @@ class NetworkSlots:
 
     def __init__(self, backend: Backend, settings: Settings, *, image: str, scope: str, labels: Mapping[str, str]):
         self._backend = backend
-        self._settings = settings.replace(**_HOLDER_LIMITS)
+        self._settings = settings.replace(limits=settings.limits.replace(**_HOLDER_LIMITS))
         self._image = image
         self._scope = scope
         self._labels = dict(labels)
@@ -137,7 +137,7 @@ class SandboxPool:
             labels: labels of every container the pool starts.
             size: sandboxes kept started ahead (0: each ``take`` starts one).
             share_network: lend loopback-only network namespaces (``NetworkSlots``) when
-                ``settings.network_mode`` is "none"; False gives each sandbox a new one.
+                ``settings.confinement.network_mode`` is "none"; False gives each sandbox a new one.
             prepare: run on each pooled sandbox after it started, before anyone can take it
                 (e.g. ``Sandbox.warm_up``); a sandbox it fails on is removed and the error handed out.
         """
@@ -152,7 +152,7 @@ class SandboxPool:
         self._prepare = prepare
         self._slots = (
             NetworkSlots(backend, settings, image=image, scope=scope, labels=labels)
-            if share_network and settings.network_mode == "none"
+            if share_network and settings.confinement.network_mode == "none"
             else None
         )
         self._slot_of: dict[str, str] = {}  # sandbox id -> the network slot it holds

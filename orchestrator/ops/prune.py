@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from ..errors import CheckpointError, OrchestratorError, SessionNotFound
 from ..evaluation.evaluator import EVAL_RUN
 from ..state import activity
 from ..state.controllers import CONTROLLER_RUNTIME_DIR, controller_gone, discard_left_behind, left_behind
-from ..state.store import QUARANTINE_DIR, SessionStore
+from ..state.store import QUARANTINE_DIR, SessionStore, is_sandbox_id
 from ..units import describe_bytes, describe_duration
 from ..wire.endpoint import discard_sandbox_dir, leftover_dir_grace
 from . import lifecycle
@@ -39,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 ORPHAN_GRACE = 60.0
 """Seconds a session directory without a record is left alone (a create may be writing it)."""
-_SANDBOX_DIR = re.compile(r"^sb-[0-9a-f]{12}$")
 
 
 @dataclass(frozen=True)
@@ -227,7 +225,7 @@ class Pruner:
         Their creator removes them when the start fails (``Backend.run_sandbox``); one killed between create and
         start cannot, and an engine that failed the removal too leaves them here.
         """
-        grace = leftover_dir_grace(self.settings.start_timeout)
+        grace = leftover_dir_grace(self.settings.timeouts.start)
         found = {c.id: c for c in self.backend.find({STORE_ID: self.store.store_id})}
         found.update((c.id, c) for c in self.backend.find({CONTROLLER_RUNTIME_DIR: str(self.settings.runtime_dir)}))
         quarantined = self.store.quarantined()
@@ -313,9 +311,9 @@ class Pruner:
         if not runtime_dir.is_dir():
             return
         live = {c.labels.get(SANDBOX_ID) for c in self.backend.find({})}
-        grace = leftover_dir_grace(self.settings.start_timeout)
+        grace = leftover_dir_grace(self.settings.timeouts.start)
         for entry in sorted(runtime_dir.iterdir()):
-            if not _SANDBOX_DIR.match(entry.name) or entry.name in live or self._younger_than(entry, grace):
+            if not is_sandbox_id(entry.name) or entry.name in live or self._younger_than(entry, grace):
                 continue
             self._record(
                 "remove-orphan-sandbox-dir",

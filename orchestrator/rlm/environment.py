@@ -20,6 +20,7 @@ from typing import Any
 from ..agent import protocol
 from ..api.manager import Orchestrator
 from ..api.session import Session
+from ..checks import is_number
 from ..config import Settings
 from ..errors import (
     ConfigError,
@@ -110,7 +111,7 @@ class DockerREPL(NonIsolatedEnv):
             custom_sub_tools: the tools of sub-calls (default: ``custom_tools``); kept for rlms.
             compaction: ``history`` is the running list rlms appends to.
             settings: limits, security and paths of the sandbox (default ``Settings.from_env()``).
-            cell_timeout: seconds one cell may run before it is interrupted (None: ``settings.exec_timeout``).
+            cell_timeout: seconds one cell may run before it is interrupted (None: ``settings.timeouts.exec``).
             session_id: resume this stored session if it exists, else create it under this id.
             labels: extra container labels (keys ``orchestrator.<you>.<name>``).
 
@@ -132,8 +133,8 @@ class DockerREPL(NonIsolatedEnv):
         self.custom_sub_tools: dict[str, Any] = custom_sub_tools if custom_sub_tools is not None else self.custom_tools
         self._tools = plan_tools(self.custom_tools)
         self._settings = resolve_settings(settings, image)
-        timeout = self._settings.exec_timeout if cell_timeout is None else cell_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        timeout = self._settings.timeouts.exec if cell_timeout is None else cell_timeout
+        if not is_number(timeout) or not timeout > 0:
             raise ConfigError(f"cell_timeout must be a positive number of seconds or None, got {cell_timeout!r}")
         self.cell_timeout = float(timeout)
         self.image = self._settings.base_image
@@ -284,7 +285,7 @@ class DockerREPL(NonIsolatedEnv):
         seconds = time.perf_counter() - started
         if failure is not None:
             return outcome.from_failure(
-                failure, made, seconds, timeout=self.cell_timeout, memory=self._settings.mem_limit
+                failure, made, seconds, timeout=self.cell_timeout, memory=self._settings.limits.memory
             )
         if result.unsaved:
             logger.debug("DockerREPL session %s: not saved: %s", session.id, result.unsaved)

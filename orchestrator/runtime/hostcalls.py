@@ -9,7 +9,7 @@ flight at once (threads in the cell, batched forms). Each is bounded in size
 cell): a call still running when its cell ends is answered with an error in the sandbox
 and its late result is dropped, never given to a later cell.
 
-Bounded per cell and per session (``Settings.max_host_calls_per_cell`` and
+Bounded per cell and per session (``Settings.limits.max_host_calls_per_cell`` and
 ``max_host_calls_per_session``): past either bound a call is answered with an error at once,
 never queued. Calls still waiting when their cell ends are cancelled (their handlers never
 start), and all of a session's when it closes; a handler already running cannot be stopped,
@@ -73,9 +73,9 @@ class HostCalls:
         handlers: name -> handler. A call naming no handler gets an error in the sandbox.
         timeout: seconds one call may take (None: until its cell ends).
         max_concurrent: handlers of this cell running at once (one past its timeout holds its
-            slot until it returns); more calls wait their turn, up to ``Settings.max_host_calls_per_cell``
+            slot until it returns); more calls wait their turn, up to ``Settings.limits.max_host_calls_per_cell``
             calls waiting or running and ``2 * max_bytes`` of waiting payloads, and the session's own bound
-            (``Settings.max_host_calls_per_session``); calls beyond those are refused at once.
+            (``Settings.limits.max_host_calls_per_session``); calls beyond those are refused at once.
         max_bytes: largest JSON payload or result, in bytes, either way.
     """
 
@@ -236,7 +236,7 @@ class CallDesk:
             if held >= self._max_held:
                 return (
                     f"{held} calls of this cell already wait or run, the most a cell may have "
-                    "(Settings.max_host_calls_per_cell)"
+                    "(Settings.limits.max_host_calls_per_cell)"
                 )
             waiting_bytes = sum(len(item[2]) for item in self._waiting)
             if waiting_bytes + len(body) > 2 * self._calls.max_bytes:  # one payload alone is within max_bytes
@@ -247,7 +247,7 @@ class CallDesk:
                 return (
                     f"{self._pool.limit} calls of this session already wait or run (some may be of cells that "
                     "ended and whose handlers have not returned), the most a session may "
-                    "(Settings.max_host_calls_per_session)"
+                    "(Settings.limits.max_host_calls_per_session)"
                 )
             self._waiting.append((call, name, body, expiry))
             return None

@@ -2,7 +2,7 @@
 
 Every sandbox's worker gets its own uid, so per-uid kernel limits (inotify instances, RLIMIT_NPROC,
 user keyrings) are per sandbox: one sandbox cannot use up another's. The uid is drawn at random from
-``Settings.worker_uids`` and checked against the ``WORKER_UID`` labels of the engine's sandboxes (one
+``Settings.confinement.worker_uids`` and checked against the ``WORKER_UID`` labels of the engine's sandboxes (one
 filtered listing): two live sandboxes never share one while their controllers start them one after
 the other. Two controllers that start sandboxes on one engine in the same instant could draw the same
 uid between their check and their start, once in about ``size of the range`` draws for each such pair;
@@ -26,19 +26,19 @@ _DRAWS = 16
 
 
 def choose_worker_uid(backend: Backend, settings: Settings) -> int:
-    """A uid from ``settings.worker_uids`` that no sandbox of this engine carries in its ``WORKER_UID`` label.
+    """A uid from ``settings.confinement.worker_uids`` that no sandbox of this engine carries (``WORKER_UID`` label).
 
     Raises:
         ConfigError: ``_DRAWS`` draws all hit a uid in use (the range is too small for the sandboxes running).
         EngineError: the engine could not list its sandboxes.
     """
-    low, high = settings.worker_uids
+    low, high = settings.confinement.worker_uids
     for _ in range(_DRAWS):
         uid = low + secrets.randbelow(high - low + 1)
         if not backend.find({WORKER_UID: str(uid)}):
             return uid
         logger.debug("worker uid %d is held by a sandbox; drawing another", uid)
     raise ConfigError(
-        f"no free worker uid in Settings.worker_uids {low}-{high} after {_DRAWS} draws: the sandboxes of this engine "
-        "hold them; widen the range (ORCH_WORKER_UIDS)"
+        f"no free worker uid in Settings.confinement.worker_uids {low}-{high} after {_DRAWS} draws: the sandboxes of "
+        "this engine hold them; widen the range (ORCH_WORKER_UIDS)"
     )

@@ -84,7 +84,7 @@ class Sandbox:
             scope: the store id; it goes into the container's name so stores never collide.
             labels: extra container labels (store, session, ...).
             network_of: a container whose (loopback-only) network namespace this one joins.
-            placement: where it may run (a multi-node backend; ``Settings.swarm_constraints`` come on top).
+            placement: where it may run (a multi-node backend; ``Settings.swarm.constraints`` come on top).
 
         Raises:
             ImageMissing, EngineError: the engine could not start it.
@@ -93,7 +93,7 @@ class Sandbox:
         sandbox_id = new_sandbox_id()
         placement = placement or Placement()
         own_labels = {**labels, SANDBOX_ID: sandbox_id}
-        worker_uid = choose_worker_uid(backend, settings) if settings.separate_worker else None
+        worker_uid = choose_worker_uid(backend, settings) if settings.confinement.separate_worker else None
         endpoint = backend.create_endpoint(sandbox_id, settings, placement)
         environment = agent_environment(endpoint, settings)
         if worker_uid is not None:
@@ -116,7 +116,7 @@ class Sandbox:
             raise
         try:
             connection = AgentConnection.open(
-                endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + settings.start_timeout
+                endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + settings.timeouts.start
             )
         except BaseException as exc:
             state = _quietly(lambda: backend.inspect(container_id))
@@ -125,7 +125,7 @@ class Sandbox:
             if isinstance(exc, AgentTimeoutError):
                 how = state.describe() if state is not None else "the container is gone"
                 raise AgentStartTimeout(
-                    f"the agent of sandbox {sandbox_id} did not connect within {settings.start_timeout:g} s ({how}); "
+                    f"the agent of sandbox {sandbox_id} did not connect within {settings.timeouts.start:g} s ({how}); "
                     "check that the image runs `python3 -m orchestrator_agent.supervisor` (see `docker logs`)"
                 ) from None
             raise
@@ -162,7 +162,7 @@ class Sandbox:
                 endpoint.close()
                 raise
         try:
-            wait = settings.start_timeout + settings.interrupt_grace + settings.frame_timeout
+            wait = settings.timeouts.start + settings.timeouts.interrupt_grace + settings.timeouts.frame
             connection = AgentConnection.open(endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + wait)
         except BaseException:
             endpoint.close()
@@ -203,7 +203,7 @@ class Sandbox:
 
         A value that raises is tried again after the others (an instance may need its class
         first). A value that hangs or kills the worker leaves an empty worker behind, so the
-        restore starts over without it. Every value is under ``restore_value_timeout``.
+        restore starts over without it. Every value is under ``Settings.timeouts.restore_value``.
         ``contexts`` (id -> ``{cwd, env}``) are created first; ``<id>/<name>`` keys load into theirs.
         The whole restore sends at most ``_RESTORE_LOADS_PER_VALUE`` loads per value (plus a slack); the
         values still not loaded when that runs out are named as failed, so the work stays linear.
@@ -230,8 +230,8 @@ class Sandbox:
             self._create_context(context_id, spec)
         pending = [name for name in sorted(manifest) if name not in failed]
         errors: dict[str, str] = {}
-        limit = self._settings.restore_value_timeout
-        seconds = limit + self._settings.interrupt_grace + self._settings.reply_margin
+        limit = self._settings.timeouts.restore_value
+        seconds = limit + self._settings.timeouts.interrupt_grace + self._settings.timeouts.reply_margin
         while pending:
             retry: list[str] = []
             for index, name in enumerate(pending):
@@ -276,7 +276,7 @@ class Sandbox:
     def _create_context(self, context_id: str, spec: Mapping[str, Any]) -> None:
         """Make an empty context in the (restoring) worker, as ``Session.create_context`` did."""
         header = {"type": protocol.CONTEXT_CREATE, "context": context_id, "cwd": spec["cwd"], "env": spec["env"]}
-        reply, _ = self.request(header, seconds=_CONTROL_SECONDS + self._settings.interrupt_grace)
+        reply, _ = self.request(header, seconds=_CONTROL_SECONDS + self._settings.timeouts.interrupt_grace)
         failure = worker_failure(reply)
         if failure is not None:
             raise ProtocolError(f"creating context {context_id} while restoring failed: {failure['reason']}")
@@ -285,7 +285,7 @@ class Sandbox:
         parse_state_reply(reply)
 
     def _control(self, header: dict[str, Any]) -> None:
-        parse_restore_reply(self.request(header, seconds=_CONTROL_SECONDS + self._settings.interrupt_grace)[0])
+        parse_restore_reply(self.request(header, seconds=_CONTROL_SECONDS + self._settings.timeouts.interrupt_grace)[0])
 
     def settled_state(self) -> ContainerState | None:
         """The container's state once it has finished dying (a closed channel precedes the engine's view)."""
@@ -316,11 +316,11 @@ def agent_environment(endpoint: Endpoint, settings: Settings) -> dict[str, str]:
     return {
         **endpoint.environment(),
         "ORCH_SANDBOX_ID": endpoint.sandbox_id,
-        "ORCH_OUTPUT_LIMIT": str(settings.max_output_bytes),
-        "ORCH_INTERRUPT_GRACE": str(settings.interrupt_grace),
-        "ORCH_FRAME_TIMEOUT": str(settings.frame_timeout),
-        "ORCH_MAX_BODY": str(settings.max_body_bytes),
-        "ORCH_CHECKPOINT_QUOTA": str(settings.checkpoint_quota_bytes),
+        "ORCH_OUTPUT_LIMIT": str(settings.limits.max_output_bytes),
+        "ORCH_INTERRUPT_GRACE": str(settings.timeouts.interrupt_grace),
+        "ORCH_FRAME_TIMEOUT": str(settings.timeouts.frame),
+        "ORCH_MAX_BODY": str(settings.limits.max_body_bytes),
+        "ORCH_CHECKPOINT_QUOTA": str(settings.limits.checkpoint_quota_bytes),
     }
 
 

@@ -171,8 +171,8 @@ class CheckpointLedger:
             raise CheckpointQuotaExceeded(
                 f"{what} takes {_amount(size)} of checkpoint: with it session {self.session_id} would hold "
                 f"{_amount(held)}, over its checkpoint quota of {_amount(self.quota)}; nothing was sent or "
-                "stored. Raise Settings.checkpoint_quota (ORCH_CHECKPOINT_QUOTA; by default 4 x mem_limit), free "
-                "room first (del variables in a cell, reset()), or pass a smaller value",
+                "stored. Raise Settings.limits.checkpoint_quota (ORCH_CHECKPOINT_QUOTA; by default 4 x the memory "
+                "limit), free room first (del variables in a cell, reset()), or pass a smaller value",
                 size=size,
                 held=held,
                 quota=self.quota,

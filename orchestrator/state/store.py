@@ -33,7 +33,6 @@ import os
 import re
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -41,11 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from ..agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR, checkpoint_key_problem
+from ..checks import is_count, is_number
 from ..errors import CheckpointError, ConfigError, SessionNotFound
+from ..files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
 from .activity import ACTIVITY_FILE, lock_within
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
-_SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")
+_SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")  # what new_sandbox_id makes
 DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
 """A content digest: the id of a blob the agent made."""
 BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
@@ -77,6 +78,11 @@ def new_host_blob_id() -> str:
 def new_sandbox_id() -> str:
     """A fresh sandbox id: names the container, its runtime directory and its agent."""
     return f"sb-{secrets.token_hex(6)}"
+
+
+def is_sandbox_id(name: str) -> bool:
+    """Whether ``name`` is one ``new_sandbox_id`` makes (a runtime directory of ours is named so)."""
+    return bool(_SANDBOX_ID.match(name))
 
 
 @dataclass
@@ -128,19 +134,19 @@ class SessionRecord:
             "created_at": isinstance(record.created_at, (int, float)),
             "last_used_at": isinstance(record.last_used_at, (int, float)),
             "hibernated_at": record.hibernated_at is None or isinstance(record.hibernated_at, (int, float)),
-            "generation": _count(record.generation),
-            "context_count": _count(record.context_count),
-            "history_count": _count(record.history_count),
-            "epoch": _count(record.epoch),
+            "generation": is_count(record.generation),
+            "context_count": is_count(record.context_count),
+            "history_count": is_count(record.history_count),
+            "epoch": is_count(record.epoch),
             "owner": isinstance(record.owner, str),
-            "sandbox_id": record.sandbox_id is None or bool(_SANDBOX_ID.match(str(record.sandbox_id))),
+            "sandbox_id": record.sandbox_id is None or is_sandbox_id(str(record.sandbox_id)),
             "container_id": record.container_id is None or bool(_CONTAINER_ID.match(str(record.container_id))),
             "labels": _str_map(record.labels),
             "placement": _placement(record.placement),
             "variables": _str_map(record.variables)
             and all(checkpoint_key_problem(k) is None and BLOB_ID.match(v) for k, v in record.variables.items()),
             "blob_sizes": isinstance(record.blob_sizes, dict)
-            and all(isinstance(k, str) and BLOB_ID.match(k) and _count(v) for k, v in record.blob_sizes.items())
+            and all(isinstance(k, str) and BLOB_ID.match(k) and is_count(v) for k, v in record.blob_sizes.items())
             and set(record.variables.values()) <= set(record.blob_sizes),
             "contexts": isinstance(record.contexts, dict)
             and all(isinstance(k, str) and CONTEXT_ID.match(k) and _context_spec(v) for k, v in record.contexts.items())
@@ -156,10 +162,6 @@ class SessionRecord:
         return record
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _placement(value: Any) -> bool:
     if not isinstance(value, dict) or set(value) - {"constraints", "reserve_cpus", "reserve_memory"}:
         return False
@@ -169,7 +171,7 @@ def _placement(value: Any) -> bool:
     return (
         isinstance(constraints, list)
         and all(isinstance(c, str) for c in constraints)
-        and (cpus is None or (isinstance(cpus, (int, float)) and not isinstance(cpus, bool)))
+        and (cpus is None or is_number(cpus))
         and (memory is None or isinstance(memory, str))
     )
 
@@ -185,33 +187,9 @@ def _context_spec(value: Any) -> bool:
         and isinstance(value["cwd"], str)
         and value["cwd"].startswith("/")
         and _str_map(value["env"])
-        and _count(value["context_count"])
-        and _count(value["history_count"])
+        and is_count(value["context_count"])
+        and is_count(value["history_count"])
     )
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomically(path: Path, chunks: Sequence[bytes | bytearray | memoryview], fsync: bool) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class SessionStore:
@@ -276,9 +254,9 @@ class SessionStore:
         """Replace the record atomically (call it inside ``transaction``)."""
         directory = self._dir(record.session_id)
         try:
-            _write_atomically(directory / "meta.json", [record.to_json()], self.fsync)
+            replace_file(directory / "meta.json", record.to_json(), fsync=self.fsync, mode=0o600)
             if self.fsync:
-                _fsync_dir(directory)
+                fsync_dir(directory)
         except OSError as exc:
             raise CheckpointError(f"cannot write the record of session {record.session_id}: {exc}") from exc
 
@@ -396,7 +374,7 @@ class SessionStore:
         ``transaction``, where no commit is half done)."""
         directory = self._dir(session_id)
         wanted = set(keep)
-        temps = [entry for entry in _files(directory) if entry.name.startswith(".tmp-")]
+        temps = [entry for entry in _files(directory) if entry.name.startswith(TEMP_PREFIX)]
         unnamed = [entry for entry in _files(directory / "blobs") if entry.name not in wanted]
         return {Path(entry.path): entry.stat(follow_symlinks=False).st_size for entry in temps + unnamed}
 
@@ -414,9 +392,9 @@ class SessionStore:
             for blob_digest, data in blobs.items():
                 target = self.blob_path(session_id, blob_digest)
                 if not target.exists():
-                    _write_atomically(target, [data], self.fsync)
+                    replace_file(target, data, fsync=self.fsync, mode=0o600)
             if blobs and self.fsync:
-                _fsync_dir(self._dir(session_id) / "blobs")
+                fsync_dir(self._dir(session_id) / "blobs")
         except OSError as exc:
             raise CheckpointError(f"cannot store checkpoint blobs of session {session_id}: {exc}") from exc
 
@@ -460,21 +438,9 @@ class SessionStore:
             CheckpointError: it cannot be written (no temp file is left).
         """
         try:
-            fd, tmp = tempfile.mkstemp(dir=self._dir(session_id) / "blobs", prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    for part in parts:
-                        fh.write(part)
-                    if self.fsync:
-                        fh.flush()
-                        os.fsync(fh.fileno())
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            return write_temp(self._dir(session_id) / "blobs", *parts, fsync=self.fsync, mode=0o600)
         except OSError as exc:
             raise CheckpointError(f"cannot store a checkpoint blob of session {session_id}: {exc}") from exc
-        return Path(tmp)
 
     def place_blob(
         self, session_id: str, staged: Path | None, blob_id: str, parts: Sequence[bytes | bytearray | memoryview]
@@ -494,9 +460,9 @@ class SessionStore:
                     raise FileNotFoundError(blob_id)
                 os.replace(staged, target)
             except FileNotFoundError:
-                _write_atomically(target, parts, self.fsync)
+                replace_file(target, *parts, fsync=self.fsync, mode=0o600)
             if self.fsync:
-                _fsync_dir(target.parent)
+                fsync_dir(target.parent)
         except OSError as exc:
             if staged is not None:
                 with contextlib.suppress(OSError):
@@ -571,10 +537,8 @@ def _files(folder: Path) -> list[os.DirEntry[str]]:
 
 def _write_new(path: Path, data: bytes) -> None:
     """Create ``path`` with ``data`` in one step (a hard link of a complete temp file); FileExistsError if it exists."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    temporary = write_temp(path.parent, data, mode=0o600)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.link(tmp, path)
+        os.link(temporary, path)
     finally:
-        os.unlink(tmp)
+        os.unlink(temporary)

@@ -10,7 +10,6 @@ it still holds: a script detaches the sessions it wants to leave behind.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import queue
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import Settings
+from orchestrator.config import ENV_VARIABLES
 
 _RUNNER = textwrap.dedent(
     """
@@ -51,19 +51,21 @@ _RUNNER = textwrap.dedent(
 def settings_env(settings: Settings) -> dict[str, str]:
     """``ORCH_*`` variables that make ``Settings.from_env()`` in another process equal ``settings``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
-    for f in dataclasses.fields(settings):
-        value = getattr(settings, f.name)
-        if value is None or f.name == "tmpfs":
+    for variable in ENV_VARIABLES:
+        value = variable.value(settings)
+        if value is None:
             continue
-        if f.name == "agent_command":
-            text = shlex.join(value)
-        elif f.name == "worker_uids":
-            text = f"{value[0]}-{value[1]}"
+        if variable.name == "ORCH_AGENT_COMMAND":
+            text = shlex.join(value)  # type: ignore[arg-type]
+        elif variable.name == "ORCH_WORKER_UIDS":
+            text = "{}-{}".format(*value)  # type: ignore[str-format]
+        elif variable.name == "ORCH_SWARM_CONSTRAINTS":
+            text = ",".join(value)  # type: ignore[arg-type]
         elif isinstance(value, bool):
             text = "1" if value else "0"
         else:
             text = str(value)
-        env[f"ORCH_{f.name.upper()}"] = text
+        env[variable.name] = text
     return env
 
 

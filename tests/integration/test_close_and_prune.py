@@ -16,7 +16,7 @@ import pytest
 import requests.exceptions
 from conftest import RUN_ID, TEST_LABEL
 
-from orchestrator import EngineError, EngineUnavailable, Orchestrator, Session, SessionsNotClosed, Settings
+from orchestrator import Capacity, EngineError, EngineUnavailable, Orchestrator, Session, SessionsNotClosed, Settings
 from orchestrator.backends.base import MANAGED, SANDBOX_ID, SESSION_ID, STORE_ID, SandboxSpec
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.ops.pool import SandboxPool
@@ -64,7 +64,7 @@ def _spec(image: str, network_of: str | None = None) -> SandboxSpec:
 def test_close_closes_every_session_and_names_every_failure(
     settings_for: Callable[..., Settings], make_orch: Callable[[Settings], Orchestrator], engine: docker.DockerClient
 ) -> None:
-    settings = settings_for(pool_size=1)
+    settings = settings_for(capacity=Capacity(pool_size=1))
     orch = make_orch(settings)
     sessions: list[Session] = [orch.create_session(labels={TEST_LABEL: RUN_ID}) for _ in range(5)]
     for s in sessions:
@@ -164,7 +164,7 @@ def test_prune_removes_a_container_created_but_never_started(
     try:
         assert _acted(orch.prune()) == set(), "a container created a moment ago may be starting now"
         # A start takes at most start_timeout; past twice that, a container still "created" never will be.
-        quick = make_orch(settings.replace(start_timeout=1.0))
+        quick = make_orch(settings.replace(timeouts=settings.timeouts.replace(start=1.0)))
         while time.time() - _created_at(engine, ours.id) <= 2.5:
             time.sleep(0.2)
         report = quick.prune()

@@ -25,7 +25,7 @@ def test_runs_as_an_unprivileged_user(shared_session: Session, orch: Orchestrato
     state = orch.backend.inspect(shared_session.container_id)
     assert state is not None
     uid = int(state.labels[WORKER_UID])
-    assert uid != 0 and settings.worker_uids[0] <= uid <= settings.worker_uids[1]
+    assert uid != 0 and settings.confinement.worker_uids[0] <= uid <= settings.confinement.worker_uids[1]
     code = "import os\nos.getuid(), os.geteuid(), os.getgid(), os.getgroups()"
     assert value(shared_session, code) == f"({uid}, {uid}, {uid}, [])"
 
@@ -149,7 +149,7 @@ def test_engine_side_limits(orch: Orchestrator, shared_session: Session, setting
     assert sorted(host["CapAdd"]) == sorted(SUPERVISOR_CAPABILITIES)  # the supervisor's; the worker has none
     assert host["SecurityOpt"] == ["no-new-privileges:true"]
     assert host["Privileged"] is False
-    assert host["PidsLimit"] == settings.pids_limit
-    assert host["NanoCpus"] == settings.nano_cpus
+    assert host["PidsLimit"] == settings.limits.pids
+    assert host["NanoCpus"] == settings.limits.nano_cpus
     assert host["Memory"] == host["MemorySwap"] == 1 << 30
-    assert container.attrs["Config"]["User"] == settings.user
+    assert container.attrs["Config"]["User"] == settings.confinement.user

@@ -104,7 +104,7 @@ def test_worker_death_between_calls_never_fails_the_next_request(stateful: Sessi
 
 
 def test_out_of_memory(orch: Orchestrator, settings: Settings, make_orch, new_session) -> None:
-    small = make_orch(settings.replace(mem_limit="256m"))
+    small = make_orch(settings.replace(limits=settings.limits.replace(memory="256m")))
     s = new_session(small)
     assert s.execute(STATE).ok
     generation = s.generation
@@ -208,7 +208,8 @@ def test_worker_killed_from_outside_during_a_call(orch: Orchestrator, stateful: 
 
 def test_an_agent_that_never_connects_is_agent_start_timeout(settings: Settings, make_orch, run_id: str) -> None:
     """A container that starts but whose agent never connects: a typed error, and nothing left behind."""
-    quiet = make_orch(settings.replace(agent_command=("python3", "-c", "import time; time.sleep(60)"), start_timeout=2))
+    never = ("python3", "-c", "import time; time.sleep(60)")
+    quiet = make_orch(settings.replace(agent_command=never, timeouts=settings.timeouts.replace(start=2)))
     started = time.monotonic()
     with pytest.raises(AgentStartTimeout, match="did not connect within 2 s"):
         quiet.create_session(labels={"orchestrator.test.run": run_id})

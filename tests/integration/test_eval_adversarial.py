@@ -174,7 +174,7 @@ EXPECTED = {
 
 def sandbox_uid(settings: Settings) -> range:
     """The uids the sandboxes' workers (and whatever they start) run as: one of ``worker_uids`` each."""
-    low, high = settings.worker_uids
+    low, high = settings.confinement.worker_uids
     return range(low, high + 1)
 
 
@@ -323,7 +323,7 @@ def test_endless_code_times_out_with_its_output_kept(hostile: Run) -> None:
         result = hostile.result(key)
         assert result.stdout == said + "\n", (key, result.stdout)
         assert result.limits["timeout"] == TIMEOUT
-        assert TIMEOUT * 0.9 <= result.durations["code"] < TIMEOUT + hostile.settings.interrupt_grace + 3, (
+        assert TIMEOUT * 0.9 <= result.durations["code"] < TIMEOUT + hostile.settings.timeouts.interrupt_grace + 3, (
             result.durations
         )
 
@@ -332,7 +332,7 @@ def test_a_submission_that_ignores_the_interrupt_is_killed_at_its_timeout(hostil
     result = hostile.result("ignores-interrupt")
     assert result.stdout == "stubborn\n"
     assert "killed" in result.message, result.message
-    assert result.durations["code"] < TIMEOUT + hostile.settings.interrupt_grace + 4, result.durations
+    assert result.durations["code"] < TIMEOUT + hostile.settings.timeouts.interrupt_grace + 4, result.durations
 
 
 def test_process_bombs_hit_the_pids_limit(hostile: Run) -> None:

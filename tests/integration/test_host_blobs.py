@@ -119,10 +119,13 @@ def test_replacing_a_context_drops_its_old_blob(session: Session, settings: Sett
 
 
 def test_a_value_over_the_quota_is_refused_before_it_is_sent(
-    make_orch: Callable[[Settings], Orchestrator], settings_for: Callable[..., Settings], new_session
+    make_orch: Callable[[Settings], Orchestrator],
+    settings: Settings,
+    settings_for: Callable[..., Settings],
+    new_session,
 ) -> None:
     quota = 1 << 20
-    private = settings_for(checkpoint_quota=quota)
+    private = settings_for(limits=settings.limits.replace(checkpoint_quota=quota))
     orch = make_orch(private)
     s = new_session(orch)
     s.add_context("x" * (600 << 10))

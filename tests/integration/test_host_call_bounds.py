@@ -65,10 +65,14 @@ def llm() -> Iterator[Handler]:
 
 @pytest.fixture
 def bounded(
-    settings_for: Callable[..., Settings], make_orch: Callable[[Settings], Orchestrator], new_session
+    settings: Settings,
+    settings_for: Callable[..., Settings],
+    make_orch: Callable[[Settings], Orchestrator],
+    new_session,
 ) -> Callable[..., Session]:
     def make(per_cell: int, per_session: int) -> Session:
-        orch = make_orch(settings_for(max_host_calls_per_cell=per_cell, max_host_calls_per_session=per_session))
+        limits = settings.limits.replace(max_host_calls_per_cell=per_cell, max_host_calls_per_session=per_session)
+        orch = make_orch(settings_for(limits=limits))
         session: Session = new_session(orch)
         session.set_scaffold(SCAFFOLD, names=("call",))
         return session
@@ -134,7 +138,7 @@ def test_a_flood_of_llm_queries_from_threads_is_bounded_and_cancelled_when_the_c
     # The cell ended early with 8 handlers running and 24 calls waiting: the waiting ones never start.
     assert refused >= 3000
     assert kinds == ["HostCallError"]
-    assert "Settings.max_host_calls_per_cell" in message
+    assert "Settings.limits.max_host_calls_per_cell" in message
     assert llm.invoked == 8, "only the handlers running when the cell ended ran"
     llm.release.set()
     llm.wait_returned()
@@ -185,7 +189,7 @@ def test_handlers_left_running_by_ended_cells_hold_the_sessions_bound_until_they
     # 12 held by cells that ended: one more may run, the next is refused at once, not queued.
     (only,) = value(session, ONE_MORE, calls)
     assert only[0] == "HostCallError"
-    assert "Settings.max_host_calls_per_session" in only[1]
+    assert "Settings.limits.max_host_calls_per_session" in only[1]
     assert llm.invoked == 13
     assert threading.active_count() - threads_before <= 13
     llm.release.set()

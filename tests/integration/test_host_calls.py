@@ -683,11 +683,12 @@ time.sleep(60)
 
 
 def test_a_frame_trickled_on_the_call_link_does_not_stop_the_cells_timeout(
+    settings: Settings,
     settings_for: Callable[..., Settings],
     make_orch: Callable[[Settings], Orchestrator],
     new_session: Callable[..., Session],
 ) -> None:
-    s = new_session(make_orch(settings_for(frame_timeout=1.0, reply_margin=3.0)))
+    s = new_session(make_orch(settings_for(timeouts=settings.timeouts.replace(frame=1.0, reply_margin=3.0))))
     s.set_scaffold(SCAFFOLD, names=NAMES)
     assert s.execute("kept = 41").ok
     container = s.container_id

@@ -44,7 +44,7 @@ def sandbox_dir(settings: Settings, session: Session) -> Path:
 
 
 def sandbox_ids(settings: Settings) -> tuple[int, int]:
-    uid, gid = settings.user.split(":")
+    uid, gid = settings.confinement.user.split(":")
     return int(uid), int(gid)
 
 

@@ -173,15 +173,15 @@ BEFORE = "kept = 41\nimport os, signal"
 LOST = "kept = 'lost'\n"
 
 
-def hostile_settings(settings_for) -> Settings:
-    base = settings_for(interrupt_grace=1.0, reply_margin=3.0, checkpoint_timeout=1.0)
-    script = HOSTILE % {"max_body": base.max_body_bytes}
+def hostile_settings(settings, settings_for) -> Settings:
+    base = settings_for(timeouts=settings.timeouts.replace(interrupt_grace=1.0, reply_margin=3.0, checkpoint=1.0))
+    script = HOSTILE % {"max_body": base.limits.max_body_bytes}
     return base.replace(agent_command=("python3", "-c", script))
 
 
 @pytest.fixture(scope="module")
-def hostile(settings_for, image: str) -> Iterator[tuple[Orchestrator, Settings]]:
-    settings = hostile_settings(settings_for)
+def hostile(settings, settings_for, image: str) -> Iterator[tuple[Orchestrator, Settings]]:
+    settings = hostile_settings(settings, settings_for)
     orch = Orchestrator(settings)
     try:
         yield orch, settings
@@ -205,7 +205,13 @@ def victim(hostile: tuple[Orchestrator, Settings], run_id: str) -> Iterator[Sess
 
 def deadline(settings: Settings) -> float:
     """The longest a hostile call may take: cell and checkpoint clocks, the ladder, the margin, a recycle."""
-    return TIMEOUT + settings.checkpoint_timeout + 2 * settings.interrupt_grace + settings.reply_margin + 8.0
+    return (
+        TIMEOUT
+        + settings.timeouts.checkpoint
+        + 2 * settings.timeouts.interrupt_grace
+        + settings.timeouts.reply_margin
+        + 8.0
+    )
 
 
 def assert_typed_and_restored(session: Session, settings: Settings, code: str) -> OrchestratorError:

@@ -1,5 +1,6 @@
 """Session lifecycle in one process: hibernate and resume, statuses as ``list_sessions`` shows them, the idle
-policy (``Settings.hibernate_after``), the cap on running sessions (``Settings.max_running``) and logs.
+policy (``Settings.capacity.hibernate_after``), the cap on running sessions (``Settings.capacity.max_running``) and
+logs.
 
 (Another process hibernating or resuming a session is in test_controller_processes.py; pruning in test_prune.py.)
 """
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from support import kill_and_wait
 
-from orchestrator import ConfigError, SessionAttachedElsewhere, SessionBusy, SessionNotFound
+from orchestrator import Capacity, ConfigError, SessionAttachedElsewhere, SessionBusy, SessionNotFound
 from orchestrator.errors import CapacityExceeded
 from orchestrator.ops.survey import SessionStatus
 
@@ -256,7 +257,7 @@ def test_logs_return_the_agents_log_and_refuse_a_hibernated_session(settings_for
 def test_the_idle_policy_hibernates_a_held_session_and_the_next_call_resumes(
     settings_for, make_orch, new_session
 ) -> None:
-    orch = make_orch(settings_for(hibernate_after=2.0))
+    orch = make_orch(settings_for(capacity=Capacity(hibernate_after=2.0)))
     s = new_session(orch)
     assert s.execute("import time\nx = 5").ok
     container = s.container_id
@@ -279,7 +280,7 @@ def test_the_idle_policy_hibernates_a_held_session_and_the_next_call_resumes(
 def test_max_running_hibernates_the_least_recently_used_or_refuses(
     settings_for, make_orch, new_session, run_id
 ) -> None:
-    settings = settings_for(max_running=2)
+    settings = settings_for(capacity=Capacity(max_running=2))
     orch = make_orch(settings)
     a = new_session(orch)
     assert a.execute("v = 'a'\nimport time").ok
@@ -306,7 +307,7 @@ def test_max_running_hibernates_the_least_recently_used_or_refuses(
     assert _running(orch) == {a.id, c.id}
 
     # Another controller on the same store with the "refuse" policy: a third session is refused, nothing left.
-    refusing = make_orch(settings.replace(capacity_policy="refuse"))
+    refusing = make_orch(settings.replace(capacity=settings.capacity.replace(policy="refuse")))
     sid = f"refused-{run_id}"
     sandboxes = sorted(p.name for p in settings.runtime_dir.iterdir())
     with pytest.raises(CapacityExceeded) as refused:

@@ -86,7 +86,7 @@ def test_input_answered_by_the_callback_and_by_submit_input(session: Session) ->
             session.submit_input(event.request_id, event.prompt * 2)
     requests = [e for e in seen if isinstance(e, InputRequest)]
     assert [r.prompt for r in requests] == ["one", "two"]
-    assert requests[0].idle_timeout == session._settings.input_timeout
+    assert requests[0].idle_timeout == session._settings.timeouts.input
     assert seen[-1].return_value == "'oneonetwotwo'"
     with pytest.raises(InputRequestNotFound):
         session.submit_input(requests[0].request_id, "again")  # answered, and its cell is over
@@ -101,8 +101,10 @@ def test_input_without_a_handler_raises_eof_at_once(session: Session) -> None:
     assert session.execute("1 + 1").return_value == "2"
 
 
-def test_unanswered_input_ends_with_eof_after_the_idle_timeout(orch, settings_for, make_orch, new_session) -> None:
-    session = new_session(make_orch(settings_for(input_timeout=1.0)))
+def test_unanswered_input_ends_with_eof_after_the_idle_timeout(
+    orch, settings, settings_for, make_orch, new_session
+) -> None:
+    session = new_session(make_orch(settings_for(timeouts=settings.timeouts.replace(input=1.0))))
     requests: list[InputRequest] = []
     started = time.monotonic()
     result = session.execute(
@@ -178,7 +180,7 @@ def test_output_past_the_limit_is_kept_whole_in_a_file(orch, session: Session) -
     result = session.execute(
         f"import sys\nline = 'y' * 999 + '\\n'\nfor _ in range({size // 1000}):\n    sys.stdout.write(line)"
     )
-    limit = orch.settings.max_output_bytes
+    limit = orch.settings.limits.max_output_bytes
     assert result.stdout_path is not None and result.stderr_path is None
     assert result.stdout_path.stat().st_size == size
     with open(result.stdout_path, "rb") as fh:
@@ -191,8 +193,9 @@ def test_output_past_the_limit_is_kept_whole_in_a_file(orch, session: Session) -
     assert not result.stdout_path.exists(), "the output file outlived its session"
 
 
-def test_the_file_cap_bounds_what_travels_and_says_so(settings_for, make_orch, new_session) -> None:
-    session = new_session(make_orch(settings_for(max_output_bytes=1000, max_output_file_bytes=100_000)))
+def test_the_file_cap_bounds_what_travels_and_says_so(settings, settings_for, make_orch, new_session) -> None:
+    limits = settings.limits.replace(max_output_bytes=1000, max_output_file_bytes=100_000)
+    session = new_session(make_orch(settings_for(limits=limits)))
     streamed: list[str] = []
     result = session.execute(
         "import sys\nsys.stderr.write('z' * 300_000)",

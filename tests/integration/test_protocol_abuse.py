@@ -126,12 +126,12 @@ def test_forged_reply_with_a_body_is_a_protocol_error(stateful: Session, with_id
 
 
 def test_half_a_frame_is_not_waited_on_for_ever(stateful: Session, settings: Settings) -> None:
-    """A partial frame stalls the agent's read only for Settings.frame_timeout; then the worker is replaced."""
+    """A partial frame stalls the agent's read only for Settings.timeouts.frame; then the worker is replaced."""
     container = stateful.container_id
     started = time.monotonic()
     with pytest.raises(ProtocolError, match="middle of a frame"):
         stateful.execute(FD + "os.write(fd, b'ORC1')\nimport time\ntime.sleep(60)", timeout=30)
-    assert time.monotonic() - started < settings.frame_timeout + 5
+    assert time.monotonic() - started < settings.timeouts.frame + 5
     assert stateful.container_id == container
     assert_recovered(stateful)
 

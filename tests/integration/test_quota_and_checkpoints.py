@@ -29,8 +29,8 @@ SLACK = 64 << 10  # meta.json, the lock file: the record around the blobs
 
 
 @pytest.fixture(scope="module")
-def quota_settings(settings_for) -> Settings:
-    return settings_for(checkpoint_quota=QUOTA)
+def quota_settings(settings, settings_for) -> Settings:
+    return settings_for(limits=settings.limits.replace(checkpoint_quota=QUOTA))
 
 
 def session_dir(settings: Settings, session: Session) -> Path:
@@ -117,9 +117,11 @@ def test_checkpoint_time_is_not_cell_time(session: Session) -> None:
     assert result.duration < 1
 
 
-def test_a_checkpoint_past_its_timeout_names_what_it_did_not_save(make_orch, settings_for, new_session) -> None:
+def test_a_checkpoint_past_its_timeout_names_what_it_did_not_save(
+    make_orch, settings, settings_for, new_session
+) -> None:
     """``checkpoint_timeout`` 1 s and a 3 s value: the call succeeds, the slow value is named unsaved."""
-    orch = make_orch(settings_for(checkpoint_timeout=1.0, interrupt_grace=1.0))
+    orch = make_orch(settings_for(timeouts=settings.timeouts.replace(checkpoint=1.0, interrupt_grace=1.0)))
     s = new_session(orch)
     assert s.execute("kept = [1, 2]").ok
     result = s.execute(SLOW + "kept.append(3)", timeout=5)

@@ -103,12 +103,12 @@ def containers(backend: DockerBackend) -> Iterator[list[str]]:
 
 
 def endpoint_options(settings: Settings) -> dict[str, Any]:
-    uid, gid = (int(part) for part in settings.user.split(":"))
+    uid, gid = (int(part) for part in settings.confinement.user.split(":"))
     return {
         "sandbox_uid": uid,
         "sandbox_gid": gid,
-        "max_header": settings.max_header_bytes,
-        "max_body": settings.max_body_bytes,
+        "max_header": settings.limits.max_header_bytes,
+        "max_body": settings.limits.max_body_bytes,
     }
 
 
@@ -234,7 +234,7 @@ def test_a_directory_whose_removal_missed_the_relay_is_listed_with_its_age_and_s
     assert all(0 <= age < 30 for age in ages.values()), ages  # the restart renewed them: it listens in each again
     live = {container.labels[SANDBOX_ID] for container in backend.find({TEST_LABEL: run_id})}
     assert live_id in live and gone_id not in live
-    assert stale_sandbox_dirs(ages, live, 2 * settings.start_timeout) == []  # too young to tell from a new one
+    assert stale_sandbox_dirs(ages, live, 2 * settings.timeouts.start) == []  # too young to tell from a new one
     assert stale_sandbox_dirs(ages, live, 0) == [gone_id]
     relay.client().remove(gone_id)
     assert list(relay.client().sandbox_ages()) == [live_id]

@@ -46,7 +46,7 @@ EXPECTED = "({'a': [1, 2, 3]}, 'kept', 6, 5, True)"
 BAD = {"exits", "raises", "sleeps"}
 
 
-def test_bad_values_are_skipped_named_and_dropped(make_orch, settings_for, new_session) -> None:
+def test_bad_values_are_skipped_named_and_dropped(make_orch, settings, settings_for, new_session) -> None:
     """Kill the container: the next call restores the good values, names the three bad ones, and runs.
 
     Restore has a time limit per value (``restore_value_timeout``), so the sleeping value costs about
@@ -54,7 +54,7 @@ def test_bad_values_are_skipped_named_and_dropped(make_orch, settings_for, new_s
     session; they are gone from the namespace and from the checkpoint, so the next kill restores
     without meeting them again.
     """
-    settings = settings_for(restore_value_timeout=2.0, interrupt_grace=1.0)
+    settings = settings_for(timeouts=settings.timeouts.replace(restore_value=2.0, interrupt_grace=1.0))
     orch = make_orch(settings)
     s = new_session(orch)
     first = s.execute(GOOD + POISON)
@@ -86,9 +86,11 @@ def test_bad_values_are_skipped_named_and_dropped(make_orch, settings_for, new_s
     assert time.monotonic() - started < 15
 
 
-def test_a_bad_value_found_when_attaching_is_reported_and_skipped(make_orch, settings_for, new_session) -> None:
+def test_a_bad_value_found_when_attaching_is_reported_and_skipped(
+    make_orch, settings, settings_for, new_session
+) -> None:
     """A restore through ``attach`` (no container left) skips the bad value too and says so on the session."""
-    settings = settings_for(restore_value_timeout=2.0, interrupt_grace=1.0)
+    settings = settings_for(timeouts=settings.timeouts.replace(restore_value=2.0, interrupt_grace=1.0))
     orch = make_orch(settings)
     s = new_session(orch)
     assert s.execute(
@@ -106,9 +108,9 @@ def test_a_bad_value_found_when_attaching_is_reported_and_skipped(make_orch, set
         s2.close()
 
 
-def test_a_session_near_its_memory_limit_is_restored(make_orch, settings_for, new_session) -> None:
+def test_a_session_near_its_memory_limit_is_restored(make_orch, settings, settings_for, new_session) -> None:
     """150 MB of state in a 512 MiB sandbox: checkpointed, killed, restored (restore holds no extra copies)."""
-    orch = make_orch(settings_for(mem_limit="512m"))
+    orch = make_orch(settings_for(limits=settings.limits.replace(memory="512m")))
     s = new_session(orch)
     result = s.execute("big = 'x' * 150_000_000\nsmall = [1, 2]", timeout=120)
     assert result.error is None and "big" not in result.unsaved, result

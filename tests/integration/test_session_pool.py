@@ -1,5 +1,6 @@
-"""Sessions from a warm pool (``Settings.pool_size``): fresh sandboxes handed out once, tracked by their session's
-record (a pooled container has no session label), cleaned up by close and, for a killed controller, by prune."""
+"""Sessions from a warm pool (``Settings.capacity.pool_size``): fresh sandboxes handed out once, tracked by their
+session's record (a pooled container has no session label), cleaned up by close and, for a killed controller, by
+prune."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from lifecycle_support import settings_env
 from support import closing_orch, kill_and_wait
 
-from orchestrator import CapacityExceeded, Orchestrator, Settings
+from orchestrator import Capacity, CapacityExceeded, Orchestrator, Settings
 from orchestrator.backends.base import SESSION_ID, STORE_ID
 from orchestrator.state.controllers import CONTROLLER_PID, ROLE
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture
 def pooled(settings_for: Callable[..., Settings], image: str) -> Iterator[Orchestrator]:
-    with closing_orch(Orchestrator(settings_for(pool_size=2))) as orch:
+    with closing_orch(Orchestrator(settings_for(capacity=Capacity(pool_size=2)))) as orch:
         yield orch
 
 
@@ -93,7 +94,7 @@ def test_hibernate_resume_and_remove_find_a_pooled_container_by_its_record(poole
 
 
 def test_the_running_cap_counts_pooled_sessions_but_not_spares(settings_for: Callable[..., Settings]) -> None:
-    settings = settings_for(pool_size=2, max_running=1, capacity_policy="refuse")
+    settings = settings_for(capacity=Capacity(pool_size=2, max_running=1, policy="refuse"))
     with closing_orch(Orchestrator(settings)) as orch:
         first = orch.create_session()
         _wait_for(lambda: len(_spares(orch)) == 2)
@@ -119,10 +120,10 @@ CONTROLLER = textwrap.dedent(
 def test_prune_removes_a_killed_controllers_spares_but_not_its_sessions(
     settings_for: Callable[..., Settings], image: str
 ) -> None:
-    settings = settings_for(pool_size=2)
+    settings = settings_for(capacity=Capacity(pool_size=2))
     env = {**settings_env(settings), "ORCH_POOL_SIZE": "2"}
     process = subprocess.Popen([sys.executable, "-c", CONTROLLER], env=env, stdout=subprocess.PIPE, text=True)
-    with closing_orch(Orchestrator(settings.replace(pool_size=0))) as orch:
+    with closing_orch(Orchestrator(settings.replace(capacity=settings.capacity.replace(pool_size=0)))) as orch:
         try:
             assert process.stdout is not None
             made = json.loads(process.stdout.readline())

@@ -90,7 +90,7 @@ def test_a_cell_runs_as_the_sandbox_uid_with_no_capability_and_the_supervisor_as
     victim: Session, orch: Orchestrator, settings: Settings
 ) -> None:
     uid = worker_uid(orch, victim)
-    low, high = settings.worker_uids
+    low, high = settings.confinement.worker_uids
     assert low <= uid <= high
     assert value(victim, "os.getuid(), os.geteuid(), os.getgid(), os.getegid(), os.getgroups()") == (
         uid,
@@ -185,10 +185,12 @@ def test_the_agents_code_is_not_writable_from_a_cell(victim: Session) -> None:
     assert_usable(victim)
 
 
-def test_the_agents_code_is_not_writable_even_on_a_writable_root(settings_for, make_orch, run_id: str) -> None:
+def test_the_agents_code_is_not_writable_even_on_a_writable_root(
+    settings, settings_for, make_orch, run_id: str
+) -> None:
     """Without the read-only root (a loosening), the agent's files still belong to root: the worker's uid
     cannot write them."""
-    orch = make_orch(settings_for(read_only=False))
+    orch = make_orch(settings_for(confinement=settings.confinement.replace(read_only=False)))
     s = orch.create_session(labels={TEST_LABEL: run_id})
     try:
         assert s.execute(ATTEMPT).ok

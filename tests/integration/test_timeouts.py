@@ -30,7 +30,7 @@ def test_busy_loop_is_interrupted_and_keeps_state(session: Session, settings: Se
     assert exc.generation == session.generation
     assert exc.stdout == "started\n"
     assert "interrupted" in str(exc)
-    assert 1.0 <= took < 1 + settings.interrupt_grace + SLACK
+    assert 1.0 <= took < 1 + settings.timeouts.interrupt_grace + SLACK
     # The worker was not restarted: the earlier state and what the cell did before the interrupt remain.
     assert session.container_id == container
     assert session.execute("earlier, progress").return_value == "('kept', 'reached')"
@@ -54,7 +54,7 @@ def test_cell_that_swallows_the_interrupt_is_killed_and_restored(session: Sessio
     assert exc.restored is True
     assert exc.generation == generation == session.generation
     assert "ignored the interrupt" in str(exc)
-    assert 1.0 + settings.interrupt_grace <= took < 1 + settings.interrupt_grace + SLACK
+    assert 1.0 + settings.timeouts.interrupt_grace <= took < 1 + settings.timeouts.interrupt_grace + SLACK
     # Back to the last checkpoint: the cell's changes are gone, the earlier state is there.
     assert session.execute("earlier, 'lost' in globals()").return_value == "([1, 2, 3], False)"
     assert session.execute("sum(earlier)").return_value == "6"
@@ -65,7 +65,7 @@ def test_sleep_in_finally_after_the_interrupt(session: Session, settings: Settin
     code = "try:\n    while True:\n        pass\nfinally:\n    time.sleep(60)\n"
     exc, took = run_timed(session, code, timeout=1)
     assert exc.restored is True
-    assert took < 1 + settings.interrupt_grace + SLACK
+    assert took < 1 + settings.timeouts.interrupt_grace + SLACK
     assert session.execute("before").return_value == "'there'"
     assert session.execute("time.sleep(0.01); 'works'").return_value == "'works'"
 
@@ -87,6 +87,6 @@ def test_cell_finishing_within_the_timeout_is_unaffected(session: Session) -> No
 def test_interrupt_during_an_output_flood_keeps_the_output_bounded(session: Session, settings: Settings) -> None:
     exc, _ = run_timed(session, "while True:\n    print('spam' * 100)", timeout=1)
     assert exc.restored is False
-    assert len(exc.stdout.encode()) < settings.max_output_bytes + 200
+    assert len(exc.stdout.encode()) < settings.limits.max_output_bytes + 200
     assert "truncated" in exc.stdout
     assert session.execute("'calm'").return_value == "'calm'"

@@ -134,7 +134,7 @@ def test_lone_surrogates_in_values_and_errors(shared_session: Session) -> None:
 
 
 def test_huge_output_is_truncated_to_the_limit(shared_session: Session, settings: Settings) -> None:
-    limit = settings.max_output_bytes
+    limit = settings.limits.max_output_bytes
     result = shared_session.execute(
         "import sys\nsys.stdout.write('a' * 10_000_000)\nsys.stderr.write('b' * 3_000_000)\n'finished'"
     )
@@ -152,7 +152,7 @@ def test_huge_output_is_truncated_to_the_limit(shared_session: Session, settings
 
 
 def test_many_small_prints_are_truncated_too(shared_session: Session, settings: Settings) -> None:
-    limit = settings.max_output_bytes
+    limit = settings.limits.max_output_bytes
     result = shared_session.execute("for i in range(200_000):\n    print('0123456789')")
     assert result.ok
     assert result.stdout.startswith("0123456789\n" * 10)

@@ -1,57 +1,62 @@
-"""Settings: defaults, environment parsing and validation."""
+"""Settings: defaults, its groups, environment parsing and validation."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from orchestrator import ConfigError, Settings
+from orchestrator import Capacity, ConfigError, Confinement, ResourceLimits, Settings, SwarmSettings, Timeouts
+from orchestrator.config import ENV_VARIABLES
 
 
 def test_secure_defaults():
-    s = Settings()
-    assert s.network_mode == "none" and s.read_only and s.cap_drop_all and s.no_new_privileges
-    assert s.user == "0:0" and s.separate_worker and s.pids_limit > 0 and s.mem_limit
-    assert 65535 < s.worker_uids[0] <= s.worker_uids[1]
+    c = Settings().confinement
+    assert c.network_mode == "none" and c.read_only and c.cap_drop_all and c.no_new_privileges
+    assert c.user == "0:0" and c.separate_worker and Settings().limits.pids > 0 and Settings().limits.memory
+    assert 65535 < c.worker_uids[0] <= c.worker_uids[1]
 
 
 def test_worker_uids_from_the_environment_and_their_bounds():
-    assert Settings.from_env({"ORCH_WORKER_UIDS": " 200000 - 299999 "}).worker_uids == (200000, 299999)
-    assert Settings(worker_uids=[7, 7]).worker_uids == (7, 7)  # type: ignore[arg-type]
+    assert Settings.from_env({"ORCH_WORKER_UIDS": " 200000 - 299999 "}).confinement.worker_uids == (200000, 299999)
+    assert Confinement(worker_uids=[7, 7]).worker_uids == (7, 7)  # type: ignore[arg-type]
     for raw in ("200000", "a-b", "1-2-3", "-5-7", ""):
         with pytest.raises(ConfigError, match="ORCH_WORKER_UIDS"):
             Settings.from_env({"ORCH_WORKER_UIDS": raw})
     for bad in ((0, 10), (10, 9), (1, 1 << 31), (1,), (1.0, 2), (True, 5)):
         with pytest.raises(ConfigError, match="worker_uids"):
-            Settings(worker_uids=bad)  # type: ignore[arg-type]
-    assert not Settings(user="65534:65534").separate_worker and Settings(user="root").separate_worker
+            Confinement(worker_uids=bad)  # type: ignore[arg-type]
+    assert not Confinement(user="65534:65534").separate_worker and Confinement(user="root").separate_worker
 
 
 def test_from_env_reads_typed_values():
     s = Settings.from_env(
         {"ORCH_EXEC_TIMEOUT": "5", "ORCH_READ_ONLY": "false", "ORCH_PIDS_LIMIT": "64", "ORCH_STATE_DIR": "/x"}
     )
-    assert s.exec_timeout == 5.0 and s.read_only is False and s.pids_limit == 64 and s.state_dir == Path("/x")
+    assert s.timeouts.exec == 5.0 and s.confinement.read_only is False and s.limits.pids == 64
+    assert s.state_dir == Path("/x")
 
 
 @pytest.mark.parametrize("env", [{"ORCH_EXEC_TIMEOUT": "soon"}, {"ORCH_READ_ONLY": "maybe"}, {"ORCH_PIDS_LIMIT": "0"}])
 def test_bad_values_name_the_variable(env):
-    with pytest.raises(ConfigError, match=r"ORCH_|pids_limit"):
+    with pytest.raises(ConfigError, match=next(iter(env))):
         Settings.from_env(env)
 
 
 def test_replace_validates():
     with pytest.raises(ConfigError, match="interrupt_grace"):
-        Settings().replace(interrupt_grace=0)
+        Settings().timeouts.replace(interrupt_grace=0)
+    with pytest.raises(ConfigError, match="Timeouts"):
+        Settings().replace(timeouts={"exec": 5})
 
 
 def test_checkpoint_quota_follows_the_memory_limit():
-    assert Settings(mem_limit="512m").checkpoint_quota_bytes == 2 << 30
-    assert Settings(checkpoint_quota=1000).checkpoint_quota_bytes == 1000
-    assert Settings.from_env({"ORCH_CHECKPOINT_QUOTA": "20m"}).checkpoint_quota == 20 << 20
+    assert ResourceLimits(memory="512m").checkpoint_quota_bytes == 2 << 30
+    assert ResourceLimits(checkpoint_quota=1000).checkpoint_quota_bytes == 1000
+    assert Settings.from_env({"ORCH_CHECKPOINT_QUOTA": "20m"}).limits.checkpoint_quota == 20 << 20
     with pytest.raises(ConfigError, match="not a size"):
-        Settings(mem_limit="lots")
+        ResourceLimits(memory="lots")
 
 
 def test_agent_command_is_split_like_a_shell_line():
@@ -65,12 +70,12 @@ def test_agent_command_is_split_like_a_shell_line():
 
 
 def test_pool_size_is_a_non_negative_integer() -> None:
-    assert Settings().pool_size == 0
-    assert Settings(pool_size=3).pool_size == 3
-    assert Settings.from_env({"ORCH_POOL_SIZE": "2", "ORCH_BASE_IMAGE": "x"}).pool_size == 2
+    assert Settings().capacity.pool_size == 0
+    assert Capacity(pool_size=3).pool_size == 3
+    assert Settings.from_env({"ORCH_POOL_SIZE": "2", "ORCH_BASE_IMAGE": "x"}).capacity.pool_size == 2
     for bad in (-1, True, 1.5, "2"):
         with pytest.raises(ConfigError, match="pool_size"):
-            Settings(pool_size=bad)  # type: ignore[arg-type]
+            Capacity(pool_size=bad)  # type: ignore[arg-type]
 
 
 def test_the_backend_and_its_swarm_settings() -> None:
@@ -84,20 +89,180 @@ def test_the_backend_and_its_swarm_settings() -> None:
     }
     settings = Settings.from_env(env)
     assert settings.backend == "swarm"
-    assert settings.swarm_constraints == ("node.role==worker", "node.labels.zone==eu")
-    assert (settings.swarm_relay_port, str(settings.swarm_node_dir)) == (9443, "/srv/relay")
-    assert Settings(user="1000:2000").sandbox_uid_gid == (1000, 2000)
-    assert Settings(user="root").sandbox_uid_gid == (None, None)
+    assert settings.swarm.constraints == ("node.role==worker", "node.labels.zone==eu")
+    assert (settings.swarm.relay_port, str(settings.swarm.node_dir)) == (9443, "/srv/relay")
+    assert Confinement(user="1000:2000").sandbox_uid_gid == (1000, 2000)
+    assert Confinement(user="root").sandbox_uid_gid == (None, None)
     with pytest.raises(ConfigError, match="numeric"):  # its uid is the image's: the channel files cannot be its
-        Settings(user="nobody")
-    for bad in ({"backend": "k8s"}, {"swarm_relay_port": 0}, {"swarm_node_dir": "relative"}):
+        Confinement(user="nobody")
+    with pytest.raises(ConfigError, match="backend"):
+        Settings(backend="k8s")
+    for bad in ({"relay_port": 0}, {"node_dir": "relative"}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
-            Settings(**bad)  # type: ignore[arg-type]
+            SwarmSettings(**bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 0, -1.0])
-@pytest.mark.parametrize("name", ["exec_timeout", "checkpoint_timeout", "input_timeout", "reply_margin"])
+@pytest.mark.parametrize("name", ["exec", "checkpoint", "input", "reply_margin"])
 def test_time_limits_are_finite_and_positive(name, value):
     """Every wait has a finite deadline: a time limit of inf or nan would be one without."""
-    with pytest.raises(ConfigError, match=name):
-        Settings(**{name: value})
+    with pytest.raises(ConfigError, match=f"Timeouts.{name}"):
+        Timeouts(**{name: value})
+
+
+# ---------------------------------------------------------------- the groups and their variables
+
+# Every variable of the flat Settings before the groups, and where its value lives now.
+VARIABLES = {
+    "ORCH_IMAGE": "image",
+    "ORCH_BASE_IMAGE": "base_image",
+    "ORCH_STATE_DIR": "state_dir",
+    "ORCH_RUNTIME_DIR": "runtime_dir",
+    "ORCH_AGENT_COMMAND": "agent_command",
+    "ORCH_FSYNC": "fsync",
+    "ORCH_BACKEND": "backend",
+    "ORCH_EXEC_TIMEOUT": "timeouts.exec",
+    "ORCH_INTERRUPT_GRACE": "timeouts.interrupt_grace",
+    "ORCH_START_TIMEOUT": "timeouts.start",
+    "ORCH_REPLY_MARGIN": "timeouts.reply_margin",
+    "ORCH_FRAME_TIMEOUT": "timeouts.frame",
+    "ORCH_CHECKPOINT_TIMEOUT": "timeouts.checkpoint",
+    "ORCH_RESTORE_VALUE_TIMEOUT": "timeouts.restore_value",
+    "ORCH_LOCK_TIMEOUT": "timeouts.lock",
+    "ORCH_INPUT_TIMEOUT": "timeouts.input",
+    "ORCH_MEM_LIMIT": "limits.memory",
+    "ORCH_NANO_CPUS": "limits.nano_cpus",
+    "ORCH_PIDS_LIMIT": "limits.pids",
+    "ORCH_CHECKPOINT_QUOTA": "limits.checkpoint_quota",
+    "ORCH_MAX_OUTPUT_BYTES": "limits.max_output_bytes",
+    "ORCH_MAX_OUTPUT_FILE_BYTES": "limits.max_output_file_bytes",
+    "ORCH_MAX_OUTPUT_FILES": "limits.max_output_files",
+    "ORCH_MAX_HOST_CALLS_PER_CELL": "limits.max_host_calls_per_cell",
+    "ORCH_MAX_HOST_CALLS_PER_SESSION": "limits.max_host_calls_per_session",
+    "ORCH_MAX_HEADER_BYTES": "limits.max_header_bytes",
+    "ORCH_MAX_BODY_BYTES": "limits.max_body_bytes",
+    "ORCH_NETWORK_MODE": "confinement.network_mode",
+    "ORCH_USER": "confinement.user",
+    "ORCH_WORKER_UIDS": "confinement.worker_uids",
+    "ORCH_READ_ONLY": "confinement.read_only",
+    "ORCH_CAP_DROP_ALL": "confinement.cap_drop_all",
+    "ORCH_NO_NEW_PRIVILEGES": "confinement.no_new_privileges",
+    "ORCH_MAX_RUNNING": "capacity.max_running",
+    "ORCH_CAPACITY_POLICY": "capacity.policy",
+    "ORCH_HIBERNATE_AFTER": "capacity.hibernate_after",
+    "ORCH_POOL_SIZE": "capacity.pool_size",
+    "ORCH_SWARM_NODE_DIR": "swarm.node_dir",
+    "ORCH_SWARM_RELAY_PORT": "swarm.relay_port",
+    "ORCH_SWARM_CONSTRAINTS": "swarm.constraints",
+}
+# A value each variable takes, unlike its default, and what the field then holds.
+SAMPLES = {
+    "ORCH_IMAGE": ("sandbox:1", "sandbox:1"),
+    "ORCH_BASE_IMAGE": ("base:1", "base:1"),
+    "ORCH_STATE_DIR": ("/s", Path("/s")),
+    "ORCH_RUNTIME_DIR": ("/r", Path("/r")),
+    "ORCH_AGENT_COMMAND": ("python3 -m agent", ("python3", "-m", "agent")),
+    "ORCH_FSYNC": ("yes", True),
+    "ORCH_BACKEND": ("swarm", "swarm"),
+    "ORCH_EXEC_TIMEOUT": ("7", 7.0),
+    "ORCH_INTERRUPT_GRACE": ("1.5", 1.5),
+    "ORCH_START_TIMEOUT": ("31", 31.0),
+    "ORCH_REPLY_MARGIN": ("11", 11.0),
+    "ORCH_FRAME_TIMEOUT": ("12", 12.0),
+    "ORCH_CHECKPOINT_TIMEOUT": ("13", 13.0),
+    "ORCH_RESTORE_VALUE_TIMEOUT": ("14", 14.0),
+    "ORCH_LOCK_TIMEOUT": ("15", 15.0),
+    "ORCH_INPUT_TIMEOUT": ("16", 16.0),
+    "ORCH_MEM_LIMIT": ("2g", "2g"),
+    "ORCH_NANO_CPUS": ("500000000", 500_000_000),
+    "ORCH_PIDS_LIMIT": ("99", 99),
+    "ORCH_CHECKPOINT_QUOTA": ("3m", 3 << 20),
+    "ORCH_MAX_OUTPUT_BYTES": ("1000", 1000),
+    "ORCH_MAX_OUTPUT_FILE_BYTES": ("2000", 2000),
+    "ORCH_MAX_OUTPUT_FILES": ("3", 3),
+    "ORCH_MAX_HOST_CALLS_PER_CELL": ("4", 4),
+    "ORCH_MAX_HOST_CALLS_PER_SESSION": ("5", 5),
+    "ORCH_MAX_HEADER_BYTES": ("6000", 6000),
+    "ORCH_MAX_BODY_BYTES": ("7000", 7000),
+    "ORCH_NETWORK_MODE": ("bridge", "bridge"),
+    "ORCH_USER": ("1000:1000", "1000:1000"),
+    "ORCH_WORKER_UIDS": ("100-200", (100, 200)),
+    "ORCH_READ_ONLY": ("0", False),
+    "ORCH_CAP_DROP_ALL": ("false", False),
+    "ORCH_NO_NEW_PRIVILEGES": ("no", False),
+    "ORCH_MAX_RUNNING": ("8", 8),
+    "ORCH_CAPACITY_POLICY": ("refuse", "refuse"),
+    "ORCH_HIBERNATE_AFTER": ("1h30m", 5400.0),
+    "ORCH_POOL_SIZE": ("2", 2),
+    "ORCH_SWARM_NODE_DIR": ("/srv/n", Path("/srv/n")),
+    "ORCH_SWARM_RELAY_PORT": ("9000", 9000),
+    "ORCH_SWARM_CONSTRAINTS": ("a==1,b==2", ("a==1", "b==2")),
+}
+
+
+def _at(settings: Settings, path: str) -> object:
+    value: object = settings
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def test_every_variable_maps_to_its_field():
+    assert {v.name: (f"{v.group}.{v.field}" if v.group else v.field) for v in ENV_VARIABLES} == VARIABLES
+    assert set(SAMPLES) == set(VARIABLES)
+    for name, (raw, expected) in SAMPLES.items():
+        assert _at(Settings(), VARIABLES[name]) != expected, name
+        assert _at(Settings.from_env({name: raw}), VARIABLES[name]) == expected, name
+
+
+def test_all_variables_at_once_set_every_field_and_nothing_else():
+    s = Settings.from_env({name: raw for name, (raw, _) in SAMPLES.items()})
+    for name, (_, expected) in SAMPLES.items():
+        assert _at(s, VARIABLES[name]) == expected, name
+    assert s.confinement.tmpfs == Settings().confinement.tmpfs  # no variable
+    assert Settings.from_env({}) == Settings.from_env({"ORCH_UNKNOWN": "x"})
+
+
+def test_the_default_settings_are_the_defaults_of_each_group(tmp_path):
+    s = Settings.from_env({"ORCH_STATE_DIR": str(tmp_path)})
+    assert s == Settings(state_dir=tmp_path) and Settings() == Settings()
+    assert (s.timeouts, s.limits, s.confinement) == (Timeouts(), ResourceLimits(), Confinement())
+    assert (s.capacity, s.swarm) == (Capacity(), SwarmSettings())
+
+
+def test_a_group_given_in_part_keeps_the_other_defaults():
+    s = Settings(limits=ResourceLimits(memory="2g"), timeouts=Timeouts(exec=60))
+    assert s.limits.memory == "2g" and s.limits.pids == ResourceLimits().pids
+    assert s.timeouts.exec == 60 and s.timeouts.start == Timeouts().start
+
+
+def test_dataclasses_replace_works_on_settings_and_groups():
+    s = Settings()
+    changed = dataclasses.replace(s, timeouts=dataclasses.replace(s.timeouts, start=5.0), fsync=True)
+    assert changed.timeouts.start == 5.0 and changed.fsync and s.timeouts.start == 30.0 and not s.fsync
+    assert changed == s.replace(fsync=True, timeouts=s.timeouts.replace(start=5.0))
+    with pytest.raises(ConfigError, match=r"ResourceLimits\.pids"):
+        dataclasses.replace(s.limits, pids=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.limits.pids = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ORCH_EXEC_TIMEOUT": "soon"}, "ORCH_EXEC_TIMEOUT='soon' is not a valid float"),
+        ({"ORCH_PIDS_LIMIT": "x"}, "ORCH_PIDS_LIMIT='x' is not a valid int"),
+        ({"ORCH_FSYNC": "maybe"}, "ORCH_FSYNC='maybe' is not a valid bool"),
+        ({"ORCH_MAX_RUNNING": "many"}, "ORCH_MAX_RUNNING='many' is not a valid integer"),
+        ({"ORCH_CHECKPOINT_QUOTA": "lots"}, "ORCH_CHECKPOINT_QUOTA='lots': 'lots' is not a size"),
+        ({"ORCH_HIBERNATE_AFTER": "soon"}, "ORCH_HIBERNATE_AFTER='soon': 'soon' is not a duration"),
+        ({"ORCH_START_TIMEOUT": "0"}, r"Timeouts.start must be a finite number > 0, got 0.0 \(ORCH_START_TIMEOUT\)"),
+        ({"ORCH_MAX_OUTPUT_FILES": "0"}, r"ResourceLimits.max_output_files must be a positive integer.*OUTPUT_FILES"),
+        ({"ORCH_CAPACITY_POLICY": "evict"}, r"Capacity.policy must be one of hibernate, refuse.*CAPACITY_POLICY"),
+        ({"ORCH_SWARM_RELAY_PORT": "70000"}, r"SwarmSettings.relay_port must be a TCP port.*SWARM_RELAY_PORT"),
+        ({"ORCH_BACKEND": "k8s"}, r"Settings.backend must be one of docker, swarm, got 'k8s' \(ORCH_BACKEND\)"),
+    ],
+)
+def test_from_env_errors_name_the_variable(env, message):
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env(env)

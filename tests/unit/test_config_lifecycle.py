@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestrator import ConfigError, Settings
+from orchestrator import Capacity, ConfigError, Settings
 from orchestrator.config import DEFAULT_BASE_IMAGE, DEFAULTS_FILE, parse_duration, save_default_base_image
 
 # ---------------------------------------------------------------- parse_duration
@@ -53,10 +53,10 @@ def test_parse_duration_refuses_negative_numbers_and_booleans():
 
 
 def test_lifecycle_settings_are_off_by_default():
-    s = Settings()
+    s = Settings().capacity
     assert s.hibernate_after is None
     assert s.max_running is None
-    assert s.capacity_policy == "hibernate"
+    assert s.policy == "hibernate"
 
 
 @pytest.mark.parametrize(
@@ -67,20 +67,20 @@ def test_lifecycle_settings_are_off_by_default():
         ({"hibernate_after": float("nan")}, "hibernate_after"),
         ({"max_running": 0}, "max_running"),
         ({"max_running": -1}, "max_running"),
-        ({"capacity_policy": "evict"}, "capacity_policy"),
-        ({"capacity_policy": ""}, "capacity_policy"),
+        ({"policy": "evict"}, "policy"),
+        ({"policy": ""}, "policy"),
     ],
 )
 def test_lifecycle_settings_are_validated(changes, field):
     with pytest.raises(ConfigError, match=field):
-        Settings(**changes)
+        Capacity(**changes)
     with pytest.raises(ConfigError, match=field):
-        Settings().replace(**changes)
+        Settings().capacity.replace(**changes)
 
 
 def test_lifecycle_settings_accept_valid_values():
-    s = Settings(hibernate_after=2.5, max_running=1, capacity_policy="refuse")
-    assert (s.hibernate_after, s.max_running, s.capacity_policy) == (2.5, 1, "refuse")
+    s = Capacity(hibernate_after=2.5, max_running=1, policy="refuse")
+    assert (s.hibernate_after, s.max_running, s.policy) == (2.5, 1, "refuse")
 
 
 def test_from_env_reads_the_lifecycle_fields(tmp_path):
@@ -91,11 +91,12 @@ def test_from_env_reads_the_lifecycle_fields(tmp_path):
             "ORCH_MAX_RUNNING": "4",
             "ORCH_CAPACITY_POLICY": "refuse",
         }
-    )
-    assert (s.hibernate_after, s.max_running, s.capacity_policy) == (600.0, 4, "refuse")
-    assert Settings.from_env({"ORCH_STATE_DIR": str(tmp_path), "ORCH_HIBERNATE_AFTER": "90"}).hibernate_after == 90.0
+    ).capacity
+    assert (s.hibernate_after, s.max_running, s.policy) == (600.0, 4, "refuse")
+    ninety = Settings.from_env({"ORCH_STATE_DIR": str(tmp_path), "ORCH_HIBERNATE_AFTER": "90"})
+    assert ninety.capacity.hibernate_after == 90.0
     empty = Settings.from_env({"ORCH_STATE_DIR": str(tmp_path), "ORCH_HIBERNATE_AFTER": "", "ORCH_MAX_RUNNING": " "})
-    assert empty.hibernate_after is None and empty.max_running is None
+    assert empty.capacity.hibernate_after is None and empty.capacity.max_running is None
 
 
 @pytest.mark.parametrize(
@@ -108,7 +109,7 @@ def test_from_env_reads_the_lifecycle_fields(tmp_path):
     ],
 )
 def test_from_env_refuses_bad_lifecycle_values(env, tmp_path):
-    with pytest.raises(ConfigError, match=r"ORCH_|max_running|capacity_policy|hibernate_after"):
+    with pytest.raises(ConfigError, match=r"ORCH_|max_running|policy|hibernate_after"):
         Settings.from_env({"ORCH_STATE_DIR": str(tmp_path), **env})
 
 
@@ -173,7 +174,7 @@ def test_the_defaults_file_sets_nothing_but_the_base_image(tmp_path):
     (tmp_path / DEFAULTS_FILE).write_text(json.dumps({"base_image": "b:1", "mem_limit": "1k", "network_mode": "host"}))
     s = Settings.from_env({"ORCH_STATE_DIR": str(tmp_path)})
     assert s.base_image == "b:1"
-    assert s.mem_limit == Settings().mem_limit and s.network_mode == "none"
+    assert s.limits.memory == Settings().limits.memory and s.confinement.network_mode == "none"
 
 
 def test_no_defaults_file_means_the_built_in_default(tmp_path):

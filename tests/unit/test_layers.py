@@ -13,6 +13,8 @@ RANK = {
     # the top-level helpers and the agent (stdlib only, copied into the image) are below everything
     "errors": 0,
     "config": 0,
+    "checks": 0,
+    "files": 0,
     "units": 0,
     "safe_text": 0,
     "agent": 0,

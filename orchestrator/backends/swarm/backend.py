@@ -125,10 +125,10 @@ class SwarmBackend:
 
         Raises:
             ConfigError: no node satisfies the constraints.
-            RelayUnavailable: no eligible node's relay answered within ``start_timeout``.
+            RelayUnavailable: no eligible node's relay answered within ``Settings.timeouts.start``.
         """
-        constraints = [*settings.swarm_constraints, *placement.constraints]
-        deadline = time.monotonic() + settings.start_timeout
+        constraints = [*settings.swarm.constraints, *placement.constraints]
+        deadline = time.monotonic() + settings.timeouts.start
         avoid: set[str] = set()
         failures: list[str] = []
         while True:
@@ -154,7 +154,7 @@ class SwarmBackend:
                 return endpoint
             if time.monotonic() >= deadline:
                 raise RelayUnavailable(
-                    f"no relay of an eligible node answered within {settings.start_timeout:g} s "
+                    f"no relay of an eligible node answered within {settings.timeouts.start:g} s "
                     f"({'; '.join(failures[-3:])}); check the relay service `docker service ps "
                     f"{self._relays.service_name}`"
                 )
@@ -189,10 +189,10 @@ class SwarmBackend:
             ConfigError: a setting Swarm cannot honour (a network other than none, a shared namespace).
             EngineError: the manager refused.
         """
-        if settings.network_mode != "none" or spec.network_of is not None:
+        if settings.confinement.network_mode != "none" or spec.network_of is not None:
             raise ConfigError(
-                "Swarm sandboxes have no network (an internal overlay of their own); Settings.network_mode other than "
-                "'none' and shared network namespaces need the docker backend"
+                "Swarm sandboxes have no network (an internal overlay of their own); Settings.confinement.network_mode "
+                "other than 'none' and shared network namespaces need the docker backend"
             )
         labels = {MANAGED: "true", **spec.labels}
         with engine_errors(f"creating the network of sandbox {spec.name}"):
@@ -219,40 +219,42 @@ class SwarmBackend:
         self, spec: SandboxSpec, settings: Settings, network: str, labels: Mapping[str, str]
     ) -> TaskTemplate:
         mounts = [Mount(inside, host, type="bind", read_only=True) for host, inside in spec.mounts.items()]
-        mounts += [_tmpfs(path, options) for path, options in settings.tmpfs.items()]
+        mounts += [_tmpfs(path, options) for path, options in settings.confinement.tmpfs.items()]
         container = ContainerSpec(
             image=spec.image,
             command=list(spec.command) if spec.command is not None else None,
             env=dict(spec.environment),
             workdir="/tmp",
-            user=settings.user,
+            user=settings.confinement.user,
             labels=dict(labels),
             mounts=mounts,
-            read_only=settings.read_only,
+            read_only=settings.confinement.read_only,
             init=True,
             groups=[str(gid) for gid in spec.groups] or None,
-            cap_drop=["ALL"] if settings.cap_drop_all else None,
-            cap_add=list(SUPERVISOR_CAPABILITIES) if settings.cap_drop_all and settings.separate_worker else None,
+            cap_drop=["ALL"] if settings.confinement.cap_drop_all else None,
+            cap_add=list(SUPERVISOR_CAPABILITIES)
+            if settings.confinement.cap_drop_all and settings.confinement.separate_worker
+            else None,
             dns_config=DNSConfig(nameservers=[_RESOLVER_THAT_ANSWERS_NOTHING]),
             stop_grace_period=_STOP_GRACE_NS,
         )
-        if settings.no_new_privileges:
+        if settings.confinement.no_new_privileges:
             # Stored and enforced from API 1.45 on; Docker 20.10 drops it silently, which is why the sandbox
             # image has no setuid or setgid files (orchestrator/ops/sandbox.Dockerfile).
             container["Privileges"] = {"NoNewPrivileges": True}
         placement = spec.placement
         resources = Resources(
-            cpu_limit=settings.nano_cpus,
-            mem_limit=parse_memory(settings.mem_limit),
+            cpu_limit=settings.limits.nano_cpus,
+            mem_limit=parse_memory(settings.limits.memory),
             cpu_reservation=int(placement.reserve_cpus * 1e9) if placement.reserve_cpus else None,
             mem_reservation=parse_memory(placement.reserve_memory) if placement.reserve_memory else None,
         )
-        resources.setdefault("Limits", {})["Pids"] = settings.pids_limit  # no SDK argument; the engine enforces it
+        resources.setdefault("Limits", {})["Pids"] = settings.limits.pids  # no SDK argument; the engine enforces it
         template = TaskTemplate(
             container,
             resources=resources,
             restart_policy=RestartPolicy(condition="none"),
-            placement=SwarmPlacement(constraints=[*settings.swarm_constraints, *placement.constraints]),
+            placement=SwarmPlacement(constraints=[*settings.swarm.constraints, *placement.constraints]),
             log_driver=DriverConfig("json-file", {"max-size": "1m", "max-file": "1"}),
             networks=[{"Target": network}],
         )
@@ -334,7 +336,7 @@ class SwarmBackend:
     def _sweep_sandbox_dirs(self) -> None:
         """Have the relay of each ready node that answers delete this store's sandbox directories that no service
         of the store uses and that are older than the grace (``stale_sandbox_dirs``)."""
-        grace = leftover_dir_grace(self._settings.start_timeout)
+        grace = leftover_dir_grace(self._settings.timeouts.start)
         try:
             listed = self._sandbox_dirs()
             # After the directories: a sandbox whose service was made while they were listed counts as live.

@@ -27,6 +27,7 @@ from typing import Any
 
 from ...agent import protocol, rendezvous
 from ...agent.bridge import Bridge
+from ...checks import is_number
 from ...errors import AgentTimeoutError, ChannelLost, ConfigError, RelayUnavailable
 from ...wire.endpoint import CHANNEL_MOUNT, channel_environment
 from ...wire.transport import Channel
@@ -257,7 +258,7 @@ def _is_id(value: object) -> bool:
 
 def _is_age(value: object) -> bool:
     """A finite number of seconds, not negative (JSON's 1e999 parses as inf; True is no number here)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+    return is_number(value) and 0 <= value < math.inf
 
 
 def _raise_refusal(reply: dict[str, Any], where: str) -> None:

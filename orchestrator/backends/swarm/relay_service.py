@@ -1,7 +1,7 @@
 """The relays: one per Swarm node (a global service), each the node-side end of its sandboxes' channels.
 
 A relay runs our sandbox image (``python3 -m orchestrator_agent.node_relay``) with the node's
-``Settings.swarm_node_dir`` mounted, on the node's own network, and serves this store's
+``Settings.swarm.node_dir`` mounted, on the node's own network, and serves this store's
 controllers over mutual TLS. Its certificate and key reach it as Swarm secrets; the CA and
 both certificates are made once per store (``tls.ensure_credentials``). Deploying is
 idempotent: the service carries a digest of its spec and is replaced only when that changes.
@@ -68,12 +68,12 @@ class RelayFleet:
 
     def node_dir(self) -> Path:
         """This store's part of the node directory, as the node (and so a sandbox's bind mount) sees it."""
-        return Path(self._settings.swarm_node_dir) / self._scope
+        return Path(self._settings.swarm.node_dir) / self._scope
 
     def client(self, node: Node) -> RelayClient:
         """A client for the relay on ``node``; the relay service is deployed (or brought up to date) first."""
         self.ensure()
-        return RelayClient(node.address, self._settings.swarm_relay_port, self._tls, timeout=_CONTROL_SECONDS)
+        return RelayClient(node.address, self._settings.swarm.relay_port, self._tls, timeout=_CONTROL_SECONDS)
 
     def ensure(self) -> None:
         """Deploy the relay service, or replace it when its spec changed (a relay holds nothing to lose)."""
@@ -93,22 +93,22 @@ class RelayFleet:
                 self._client.api.create_service(
                     template,
                     name=self.service_name,
-                    labels={**self._labels(), SPEC_DIGEST: digest, RELAY_PORT: str(self._settings.swarm_relay_port)},
+                    labels={**self._labels(), SPEC_DIGEST: digest, RELAY_PORT: str(self._settings.swarm.relay_port)},
                     mode=ServiceMode("global"),
                     networks=["host"],
                 )
-            logger.info("deployed the relay service %s (port %d)", self.service_name, self._settings.swarm_relay_port)
+            logger.info("deployed the relay service %s (port %d)", self.service_name, self._settings.swarm.relay_port)
             self._deployed = True
 
     def _check_port_free(self, relays: list[dict[str, Any]]) -> None:
         """Relays listen on the nodes' own network: another store's relay on our port would answer in our place."""
-        port = str(self._settings.swarm_relay_port)
+        port = str(self._settings.swarm.relay_port)
         for relay in relays:
             labels = relay["Spec"].get("Labels") or {}
             if labels.get(STORE_ID) != self._scope and labels.get(RELAY_PORT) == port:
                 raise ConfigError(
                     f"the relay service {relay['Spec']['Name']} of another store already listens on port {port} of "
-                    "every node; give this store another Settings.swarm_relay_port (ORCH_SWARM_RELAY_PORT), or remove "
+                    "every node; give this store another Settings.swarm.relay_port (ORCH_SWARM_RELAY_PORT), or remove "
                     f"that service (`docker service rm {relay['Spec']['Name']}`) if its store is gone"
                 )
 
@@ -119,7 +119,7 @@ class RelayFleet:
         """The relay's task, and a digest of everything in it that should restart it when it changes."""
         secrets = [self._secret(name, data) for name, data in self._credentials.relay_files().items()]
         environment = {
-            "ORCH_RELAY_LISTEN": f"0.0.0.0:{self._settings.swarm_relay_port}",
+            "ORCH_RELAY_LISTEN": f"0.0.0.0:{self._settings.swarm.relay_port}",
             "ORCH_RELAY_DIR": f"{RELAY_DIR}/{self._scope}",
             "ORCH_RELAY_CERT": f"{_SECRETS_DIR}/{RELAY_CERT}",
             "ORCH_RELAY_KEY": f"{_SECRETS_DIR}/{RELAY_KEY}",
@@ -141,7 +141,7 @@ class RelayFleet:
             cap_drop=["ALL"],
             cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER"],
             mounts=[
-                Mount(RELAY_DIR, str(self._settings.swarm_node_dir), type="bind"),
+                Mount(RELAY_DIR, str(self._settings.swarm.node_dir), type="bind"),
                 Mount("/tmp", None, type="tmpfs", tmpfs_size=16 << 20),
             ],
             secrets=secrets,

@@ -29,6 +29,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ...agent import rendezvous
 from ...errors import ConfigError
+from ...files import replace_file
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +102,7 @@ def ensure_credentials(directory: Path) -> Credentials:
             if made or not _still_good(directory / cert_name, directory / key_name, ca_cert, now):
                 key = ec.generate_private_key(ec.SECP256R1())
                 cert = _leaf(common_name, names, usage, key, ca_cert, ca_key, now)
-                _write(directory / key_name, _key_pem(key), 0o600)
-                _write(directory / cert_name, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+                _save(directory / key_name, key, directory / cert_name, cert)
                 logger.info("made the %s certificate in %s", common_name, directory)
     return Credentials(
         directory=directory,
@@ -193,8 +193,7 @@ def _ensure_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePriva
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write(key_path, _key_pem(key), 0o600)
-    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _save(key_path, key, cert_path, cert)
     logger.info("made a relay CA in %s", directory)
     return cert, key, True
 
@@ -256,24 +255,8 @@ def _still_good(cert_path: Path, key_path: Path, ca_cert: x509.Certificate, now:
     )
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` atomically with ``data`` at ``mode`` (a temporary file renamed over it)."""
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            os.fchmod(file.fileno(), mode)  # the umask may have taken bits off
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.rename(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+def _save(key_path: Path, key: ec.EllipticCurvePrivateKey, cert_path: Path, cert: x509.Certificate) -> None:
+    """Write a key (0600) and its certificate (0644), each replaced whole and flushed to disk."""
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    replace_file(key_path, pem, fsync=True, mode=0o600)
+    replace_file(cert_path, cert.public_bytes(serialization.Encoding.PEM), fsync=True, mode=0o644)

@@ -28,8 +28,12 @@ RELAY_PORT = 7443
 
 
 @pytest.fixture(scope="module")
-def swarm_settings(swarm_cluster, settings_for) -> Settings:  # type: ignore[no-untyped-def]
-    return settings_for(backend="swarm", swarm_relay_port=RELAY_PORT, start_timeout=60.0)
+def swarm_settings(swarm_cluster, settings, settings_for) -> Settings:  # type: ignore[no-untyped-def]
+    return settings_for(
+        backend="swarm",
+        swarm=settings.swarm.replace(relay_port=RELAY_PORT),
+        timeouts=settings.timeouts.replace(start=60.0),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from orchestrator.api.contexts import (
     validate_env,
     workspace,
 )
-from orchestrator.config import Settings
+from orchestrator.config import Confinement, Settings
 from orchestrator.errors import CheckpointError, ConfigError, ProtocolError
 from orchestrator.state.store import SessionRecord
 
@@ -58,9 +58,9 @@ def test_cwd_outside_the_workspace_is_refused(cwd):
 
 def test_the_workspace_is_a_writable_tmpfs():
     assert workspace(Settings()) == "/tmp"
-    assert workspace(Settings(tmpfs={"/work": "size=1m"})) == "/work"
+    assert workspace(Settings(confinement=Confinement(tmpfs={"/work": "size=1m"}))) == "/work"
     with pytest.raises(ConfigError, match="tmpfs"):
-        workspace(Settings(tmpfs={}))
+        workspace(Settings(confinement=Confinement(tmpfs={})))
 
 
 def test_env_is_checked_and_copied():

@@ -49,7 +49,7 @@ def test_a_flood_is_refused_past_the_cells_bound_and_nothing_waiting_starts_afte
             desk.submit(call, "llm_query", bytearray(json.dumps(call).encode()))
         refused = errors(desk)
         assert len(refused) == 4900
-        assert all("Settings.max_host_calls_per_cell" in message for message in refused)
+        assert all("Settings.limits.max_host_calls_per_cell" in message for message in refused)
         assert pool.held == 100
         desk.close()  # the cell ended: 96 waiting calls are cancelled, 4 handlers run on
         assert pool.held == 4
@@ -79,7 +79,7 @@ def test_handlers_left_running_by_ended_cells_count_against_the_sessions_bound()
         for call in range(4):
             desk.submit(call, "llm_query", bytearray(b"1"))
         refused = errors(desk)
-        assert len(refused) == 2 and all("Settings.max_host_calls_per_session" in m for m in refused)
+        assert len(refused) == 2 and all("Settings.limits.max_host_calls_per_session" in m for m in refused)
         desk.close()
         gate.expected_returns = 10
         gate.release.set()
