@@ -32,7 +32,7 @@ from ..state.controllers import CONTROLLER_RUNTIME_DIR, controller_gone, discard
 from ..state.store import QUARANTINE_DIR, SessionStore
 from ..units import describe_bytes, describe_duration
 from ..wire.endpoint import discard_sandbox_dir, leftover_dir_grace
-from . import lifecycle
+from . import hibernation, lifecycle
 from .survey import SessionInfo, SessionStatus, survey
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class Pruner:
                 if fresh.last_active_at > info.last_active_at or not still_wanted(fresh):
                     self.actions.append(PruneAction("skip", info.id, "used meanwhile"))
                     return
-                held = lifecycle.hibernate_held if action == "hibernate" else lifecycle.remove_held
+                held = hibernation.hibernate_held if action == "hibernate" else lifecycle.remove_held
                 self._record(
                     action,
                     info.id,

@@ -26,7 +26,8 @@ from orchestrator import (
     Settings,
 )
 from orchestrator.agent import protocol
-from orchestrator.api.session import RECOVERY, SessionState
+from orchestrator.api.session import SessionState
+from orchestrator.runtime.recovery import RECOVERY
 
 QUOTA = 4096
 
