@@ -38,6 +38,7 @@ from ..wire.replies import ExecReply, parse_exec_reply, parse_state_reply, reply
 from .contexts import (
     DEFAULT_CONTEXT,
     Context,
+    ContextCalls,
     checkpoint_key,
     local_names,
     names_of,
@@ -86,6 +87,14 @@ class Session:
         self._recovery = Recoverer(sandbox)
         self._on_close = on_close
         self._live: LiveCall | None = None  # the running exec's output, input and interrupt (read by other threads)
+        self._context_calls = ContextCalls(
+            spec=self._context_spec,
+            record=lambda: self._ledger.record,
+            add_versioned=self._add_versioned,
+            set_value=self._set_value,
+            reset=self._reset,
+            destroy=self._destroy_context,
+        )
 
     # ----------------------------------------------------------------- public surface
 
@@ -602,7 +611,8 @@ class Session:
     @property
     def contexts(self) -> list[Context]:
         """Every context of the session: the default one (its own namespace, id ``"default"``) first, then by id."""
-        return [Context(self, DEFAULT_CONTEXT), *(Context(self, c) for c in sorted(self._ledger.record.contexts))]
+        ids = [DEFAULT_CONTEXT, *sorted(self._ledger.record.contexts)]
+        return [Context(self, context_id, self._context_calls) for context_id in ids]
 
     def context(self, context_id: str) -> Context:
         """The handle of an existing context (``"default"``: the session's own), e.g. after ``attach``.
@@ -611,7 +621,7 @@ class Session:
             ContextNotFound: the session has no such context (never created, or destroyed).
         """
         self._context_spec(context_id)
-        return Context(self, context_id)
+        return Context(self, context_id, self._context_calls)
 
     def create_context(
         self, cwd: str | None = None, env: Mapping[str, str] | None = None, *, context_id: str | None = None
@@ -651,7 +661,7 @@ class Session:
                 header, b"", self._control_seconds(), lambda r, b: self._commit_context(r, b, new_id, spec)
             )
         logger.info("session %s: created context %s in %s", self.id, new_id, path)
-        return Context(self, new_id)
+        return Context(self, new_id, self._context_calls)
 
     def _destroy_context(self, context_id: str) -> None:
         header = {
