@@ -9,7 +9,6 @@ the error the caller gets, in ``runtime.recovery``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import queue
@@ -34,6 +33,7 @@ from ..runtime.output import StreamRecorder, keep_newest
 from ..runtime.recovery import Recoverer
 from ..runtime.restore import SessionSandbox, SessionState
 from ..state.ledger import StagedBlob
+from ..wire.payloads import encode_payload
 from ..wire.replies import ExecReply, parse_exec_reply, parse_state_reply, reply_reason
 from .contexts import (
     DEFAULT_CONTEXT,
@@ -55,20 +55,6 @@ from .tools import PythonTool
 __all__ = ["Session", "SessionState"]
 
 logger = logging.getLogger(__name__)
-
-
-def _encode_payload(payload: Any) -> tuple[str, bytes]:
-    """How a context or history travels: (kind, raw bytes), never pickled on the host."""
-    if isinstance(payload, str):
-        return "str", payload.encode("utf-8", errors="surrogatepass")
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        return "bytes", bytes(payload)
-    if isinstance(payload, (dict, list)):
-        try:
-            return "json", json.dumps(payload).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"a dict or list payload must be JSON-serializable: {exc}") from exc
-    raise ConfigError(f"payload must be str, bytes, dict or list, not {type(payload).__name__}")
 
 
 class Session:
@@ -356,7 +342,7 @@ class Session:
         names = [name, *aliases]
         if not all(isinstance(n, str) and n.isidentifier() for n in names):
             raise ConfigError(f"variable names must be identifiers, got {names!r}")
-        encoded = _encode_payload(payload)
+        encoded = encode_payload(payload)
         with self._turn():
             self._context_spec(context)
             self._store(name, list(aliases), encoded, {}, context)
@@ -548,7 +534,7 @@ class Session:
         return self._settings.start_timeout + self._settings.checkpoint_timeout + self._settings.reply_margin
 
     def _add_versioned(self, prefix: str, payload: Any, index: int | None, context: str | None = None) -> int:
-        encoded = _encode_payload(payload)
+        encoded = encode_payload(payload)
         counter = f"{prefix}_count"
         with self._turn():
             spec = self._context_spec(context)
@@ -569,7 +555,7 @@ class Session:
         counters: dict[str, int],
         context: str | None = None,
     ) -> None:
-        """One ``set_value`` request: a host-made value (``_encode_payload``) under ``name`` and ``aliases``.
+        """One ``set_value`` request: a host-made value (``encode_payload``) under ``name`` and ``aliases``.
 
         A str or bytes value's checkpoint blob is made here, not in the sandbox: a pickle written
         around the raw bytes (``protocol.host_blob_parts``, no copy of them), named by a fresh id

@@ -82,7 +82,7 @@ def test_container_carries_the_orchestrator_labels(orch: Orchestrator, shared_se
     assert labels["orchestrator.managed"] == "true"
     assert labels["orchestrator.api.session-id"] == shared_session.id
     assert labels["orchestrator.protocol"] == str(protocol.PROTOCOL_VERSION)
-    assert labels["orchestrator.state.store"] == orch.store.store_id
+    assert labels["orchestrator.store"] == orch.store.store_id
     assert labels["orchestrator.runtime.sandbox-id"] == shared_session.sandbox_id
     assert time.time() - 600 < int(labels["orchestrator.created-at"]) <= time.time() + 1
     assert state.name == f"orch-{orch.store.store_id}-{shared_session.sandbox_id}"

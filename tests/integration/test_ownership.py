@@ -35,7 +35,7 @@ from orchestrator.api.session import SessionState
 pytestmark = pytest.mark.docker
 
 HELPER = Path(__file__).with_name("controller_process.py")
-STORE_LABEL = "orchestrator.state.store"
+STORE_LABEL = "orchestrator.store"
 
 
 class ControllerProcess:

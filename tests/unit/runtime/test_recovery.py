@@ -306,3 +306,17 @@ def test_taken_over_during_the_call_makes_the_handle_stale(session: Session, bac
     with pytest.raises(SessionAttachedElsewhere, match="this call was not kept"):
         session.execute("x = 'lost'")
     assert session.state is SessionState.DETACHED and backend.removed == []
+
+
+def test_container_died_between_calls_is_replaced_before_the_next_call(session: Session, backend: FakeBackend) -> None:
+    container = session.container_id
+    backend.container_of(session.sandbox_id).agent.die()
+    assert session.execute("z = 'three'").generation == 3  # no error: the request had not been sent
+    assert session.container_id != container and session.variables == ["x", "y", "z"]
+
+
+def test_hibernated_session_resumes_on_its_next_call(session: Session, backend: FakeBackend) -> None:
+    container = session.container_id
+    session.hibernate()
+    assert session.container_id is None and backend.removed == [container]
+    assert_serves_its_checkpoint(session, backend)
