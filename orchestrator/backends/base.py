@@ -3,7 +3,7 @@
 Everything above this line (sandboxes, sessions, the manager) speaks only these types, so a
 Swarm or Kubernetes backend can stand in without touching them. Labels are the engine's only
 memory of what we created: every container carries ``orchestrator.managed``, the id of the
-store that owns it (``orchestrator.state.store``), its sandbox id and, when it serves one, its session.
+store that owns it (``orchestrator.store``), its sandbox id and, when it serves one, its session.
 """
 
 from __future__ import annotations

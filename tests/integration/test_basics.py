@@ -80,10 +80,10 @@ def test_container_carries_the_orchestrator_labels(orch: Orchestrator, shared_se
     assert state is not None and state.running
     labels = state.labels
     assert labels["orchestrator.managed"] == "true"
-    assert labels["orchestrator.api.session-id"] == shared_session.id
+    assert labels["orchestrator.session-id"] == shared_session.id
     assert labels["orchestrator.protocol"] == str(protocol.PROTOCOL_VERSION)
     assert labels["orchestrator.store"] == orch.store.store_id
-    assert labels["orchestrator.runtime.sandbox-id"] == shared_session.sandbox_id
+    assert labels["orchestrator.sandbox-id"] == shared_session.sandbox_id
     assert time.time() - 600 < int(labels["orchestrator.created-at"]) <= time.time() + 1
     assert state.name == f"orch-{orch.store.store_id}-{shared_session.sandbox_id}"
     found = orch.containers(shared_session.id)
@@ -127,7 +127,7 @@ def test_session_id_of_choice_and_taken_id(orch: Orchestrator, new_session, run_
     s = new_session(orch, session_id=chosen)
     assert s.id == chosen
     assert s.container_id is not None
-    assert orch.containers(chosen)[0].labels["orchestrator.api.session-id"] == chosen
+    assert orch.containers(chosen)[0].labels["orchestrator.session-id"] == chosen
     assert s.execute("'hi'").return_value == "'hi'"
     with pytest.raises(ConfigError, match="already exists"):
         orch.create_session(session_id=chosen)

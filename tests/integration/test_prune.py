@@ -301,7 +301,7 @@ def test_a_dry_run_changes_nothing_then_every_orphan_is_removed(settings_for, ma
     assert _acted(report) == expected, "the dry run did not say what the prune then did"
     assert _gone(orch, stale.id)
     assert orch.backend.inspect(ghost_container.id) is None and _gone(orch, ghost.id)
-    assert not (settings.runtime_dir / str(ghost_container.labels.get("orchestrator.runtime.sandbox-id"))).exists()
+    assert not (settings.runtime_dir / str(ghost_container.labels.get("orchestrator.sandbox-id"))).exists()
     assert _gone(orch, wreck.id)
     assert not empty_dir.exists() and not old_sandbox.exists()
     assert young_sandbox.exists() and live_sandbox.exists()
