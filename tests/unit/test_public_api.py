@@ -10,10 +10,9 @@ from orchestrator import errors
 EXPECTED = {
     "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError",
     "CheckpointLimitExceeded", "CheckpointQuotaExceeded", "ConfigError", "Context", "ContextNotFound", "EngineError",
-    "EngineUnavailable",
-    "ExecError", "ExecResult", "ExecutionTimeout", "HostCallError", "HostCalls",
-    "ImageMissing", "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent",
-    "Placement", "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed", "SandboxError",
+    "EngineUnavailable", "ExecError", "ExecResult", "ExecutionTimeout", "HostCallError", "HostCalls", "ImageMissing",
+    "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent", "Placement",
+    "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed", "SandboxError",
     "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError",
     "SessionInfo", "SessionNotFound", "SessionsNotClosed", "SessionStatus", "Settings", "TransportError", "__version__",
 }  # fmt: skip
