@@ -22,6 +22,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from orchestrator.agent import protocol
@@ -36,6 +37,18 @@ Handler = Callable[["FakeAgent", Header, bytes], Answer]
 
 _ASSIGNMENT = re.compile(r"(\w+) = (.*)", re.DOTALL)
 _container_ids = itertools.count(1)
+
+
+def fake_settings(root: Path, **environ: str) -> Settings:
+    """Settings for sessions on the fake engine, their state under ``root``; ``environ``: more ``ORCH_*`` variables."""
+    return Settings.from_env(
+        {
+            "ORCH_STATE_DIR": str(root / "state"),
+            "ORCH_RUNTIME_DIR": str(root / "run"),
+            "ORCH_IMAGE": "fake:latest",
+            **environ,
+        }
+    )
 
 
 def healthy(agent: FakeAgent, request: Header, body: bytes) -> Answer:
@@ -83,7 +96,7 @@ class FakeBackend:
         return FakeEndpoint(self, sandbox_id, settings)
 
     def open_endpoint(self, sandbox_id: str, container_id: str, settings: Settings) -> FakeEndpoint:
-        raise NotImplementedError("the fake backend does not take sandboxes over")
+        return FakeEndpoint(self, sandbox_id, settings)
 
     def run_sandbox(self, spec: SandboxSpec, settings: Settings) -> str:
         container = FakeContainer(f"{next(_container_ids):012x}", spec)
@@ -145,11 +158,17 @@ class FakeEndpoint:
         self._accepted = False
 
     def accept(self, deadline: float) -> Channel:
+        """The container's agent connects; one that served another controller says goodbye there first and keeps
+        its namespace (a takeover, docs/protocol.md)."""
         assert not self._accepted, "the fake agent connects once"
         self._accepted = True
         ours, theirs = socket.socketpair()
         container = self._backend.container_of(self.sandbox_id)
-        container.agent = FakeAgent(self._backend, container, self, theirs)
+        previous = container.agent
+        container.agent = FakeAgent(self._backend, container, self, theirs, previous)
+        if previous is not None:
+            previous.say_goodbye()
+            previous.hang_up()
         return Channel(ours, self._settings.max_header_bytes, self._settings.max_body_bytes)
 
     def mounts(self) -> dict[str, str]:
@@ -174,12 +193,20 @@ class FakeEndpoint:
 class FakeAgent:
     """The agent of one fake sandbox: the handshake, then each request to the backend's handler, on a thread."""
 
-    def __init__(self, backend: FakeBackend, container: FakeContainer, endpoint: FakeEndpoint, sock: socket.socket):
+    def __init__(
+        self,
+        backend: FakeBackend,
+        container: FakeContainer,
+        endpoint: FakeEndpoint,
+        sock: socket.socket,
+        previous: FakeAgent | None = None,
+    ) -> None:
+        """``previous``: the same agent's connection to the controller it was taken from (its namespace stays)."""
         self.container = container
         self.requests: list[Header] = []
-        """Every request this agent got, in order."""
-        self.values: dict[str, bytes] = {}
-        self.generation = 0
+        """Every request this agent got on this connection, in order."""
+        self.values: dict[str, bytes] = {} if previous is None else previous.values
+        self.generation = 0 if previous is None else previous.generation
         self._backend = backend
         self._endpoint = endpoint
         self._sock = sock
@@ -235,7 +262,8 @@ class FakeAgent:
 
     def say_goodbye(self) -> None:
         """Another controller took the sandbox over (docs/protocol.md, "Takeover")."""
-        protocol.send_frame(self._sock, {"type": protocol.GOODBYE, "reason": "taken over"})
+        with contextlib.suppress(OSError):  # its controller may have hung up already
+            protocol.send_frame(self._sock, {"type": protocol.GOODBYE, "reason": "taken over"})
 
     def hang_up(self) -> None:
         with contextlib.suppress(OSError):
@@ -270,7 +298,7 @@ class FakeAgent:
             "type": protocol.HELLO,
             "protocol": protocol.PROTOCOL_VERSION,
             "sandbox_id": self._endpoint.sandbox_id,
-            "generation": 0,
+            "generation": self.generation,
             "python": "3.12.0",
             "dill": "fake",
             "nonce": nonce,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import Answer, FakeAgent, FakeBackend, Header, exec_reply, healthy, worker_lost
+from fakes import Answer, FakeAgent, FakeBackend, Header, exec_reply, fake_settings, healthy, worker_lost
 
 from orchestrator import (
     CheckpointLimitExceeded,
@@ -23,7 +23,6 @@ from orchestrator import (
     SandboxOutOfMemory,
     Session,
     SessionAttachedElsewhere,
-    Settings,
 )
 from orchestrator.agent import protocol
 from orchestrator.api.session import SessionState
@@ -39,15 +38,8 @@ def backend() -> FakeBackend:
 
 @pytest.fixture
 def session(tmp_path: Path, backend: FakeBackend) -> Iterator[Session]:
-    settings = Settings.from_env(
-        {
-            "ORCH_STATE_DIR": str(tmp_path / "state"),
-            "ORCH_RUNTIME_DIR": str(tmp_path / "run"),
-            "ORCH_IMAGE": "fake:latest",
-            "ORCH_INTERRUPT_GRACE": "0.05",
-            "ORCH_REPLY_MARGIN": "0.1",
-            "ORCH_CHECKPOINT_QUOTA": str(QUOTA),
-        }
+    settings = fake_settings(
+        tmp_path, ORCH_INTERRUPT_GRACE="0.05", ORCH_REPLY_MARGIN="0.1", ORCH_CHECKPOINT_QUOTA=str(QUOTA)
     )
     with Orchestrator(settings, backend=backend) as orch:
         session = orch.create_session()
@@ -79,8 +71,16 @@ def assert_serves_its_checkpoint(session: Session, backend: FakeBackend) -> None
     assert agent is not None and agent.values == {"x": b"'one'", "y": b"'two'", "z": b"'three'"}
 
 
-def test_the_table_has_one_test_per_row() -> None:
-    assert len(RECOVERY) == 7  # a new row needs a test here
+def test_every_row_has_its_test_here() -> None:
+    assert set(RECOVERY) == {  # a new row needs its test below
+        "worker died (crash, kill -9, OOM)",
+        "worker ignored the interrupt and was killed",
+        "worker sent a forged or invalid frame",
+        "container died or was removed during the call",
+        "agent did not answer by the deadline",
+        "agent sent an invalid reply",
+        "agent sent a checkpoint past the session's limits",
+    }
 
 
 @pytest.mark.parametrize(
