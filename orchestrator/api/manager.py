@@ -169,6 +169,9 @@ class Orchestrator:
             SessionBusy: another process held the session's lock too long.
             SessionAttachedElsewhere: another controller attached it meanwhile (it won).
         """
+        return self._attach(session_id)[0]
+
+    def _attach(self, session_id: str) -> tuple[Session, SessionSandbox]:
         ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.checkpoint_quota_bytes)
         session, sandbox = self._session(ledger)
         try:
@@ -176,7 +179,7 @@ class Orchestrator:
         except BaseException:
             self._forget(session)
             raise
-        return session
+        return session, sandbox
 
     def evaluate(
         self,
@@ -269,10 +272,10 @@ class Orchestrator:
             SessionNotFound: no session with that id was stored.
             SandboxError, EngineError: the sandbox could not be started.
         """
-        session = self.attach(session_id)
+        session, sandbox = self._attach(session_id)
         try:
-            if session.container_id is None:
-                self._held(session).start()
+            if sandbox.sandbox is None:
+                sandbox.start()
         finally:
             session.detach()
 
@@ -357,10 +360,6 @@ class Orchestrator:
         with self._lock:
             self._sessions[session.id] = (session, sandbox)
         return session, sandbox
-
-    def _held(self, session: Session) -> SessionSandbox:
-        with self._lock:
-            return self._sessions[session.id][1]
 
     def _pooled_sandbox(self, image: str) -> Sandbox | None:
         """A started sandbox from the warm pool (``Settings.pool_size``), or None: no pool, another image, or the pool
