@@ -28,10 +28,12 @@ from ..errors import (
 )
 from ..evaluation import EvalOptions, EvalReport, Evaluator, ResultsFile, Submission, read_submissions, submissions_from
 from ..evaluation.evaluator import OnResult
-from ..ops import capacity, images, lifecycle
+from ..ops import capacity, hibernation, images
 from ..ops.pool import SandboxPool
 from ..ops.prune import Pruner, PruneReport
 from ..ops.survey import SessionInfo, survey
+from ..runtime import takeover
+from ..runtime.restore import SessionSandbox
 from ..runtime.sandbox import Sandbox
 from ..state.activity import Activity
 from ..state.controllers import controller_labels
@@ -75,7 +77,7 @@ class Orchestrator:
         )
         self._owns_backend = backend is None
         self.backend: Backend = backend or _connect(self.settings, self.store.store_id)
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, tuple[Session, SessionSandbox]] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._idle_watch: threading.Thread | None = None
@@ -146,9 +148,11 @@ class Orchestrator:
             epoch=1,
         )
         self.store.create(record)
-        session = self._session(CheckpointLedger(self.store, record, self.settings.limits.checkpoint_quota_bytes))
+        session, sandbox = self._session(
+            CheckpointLedger(self.store, record, self.settings.limits.checkpoint_quota_bytes)
+        )
         try:
-            session.start()
+            sandbox.start()
         except BaseException:
             with contextlib.suppress(OrchestratorError):
                 session.close()
@@ -167,44 +171,17 @@ class Orchestrator:
             SessionBusy: another process held the session's lock too long.
             SessionAttachedElsewhere: another controller attached it meanwhile (it won).
         """
+        return self._attach(session_id)[0]
+
+    def _attach(self, session_id: str) -> tuple[Session, SessionSandbox]:
         ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.limits.checkpoint_quota_bytes)
-        session = self._session(ledger)
+        session, sandbox = self._session(ledger)
         try:
-            self._serve(session, ledger)
+            takeover.serve(sandbox)
         except BaseException:
             self._forget(session)
             raise
-        return session
-
-    def _serve(self, session: Session, ledger: CheckpointLedger) -> None:
-        """Give a newly owned session a sandbox: take its live one over, else start one and restore.
-
-        A hibernated session stays so until its first call (attaching is not using).
-        """
-        record = ledger.record
-        session.remove_strays()
-        if record.container_id is None and record.hibernated_at is not None:
-            return
-        sandbox = None
-        if record.sandbox_id and record.container_id:
-            state = self.backend.inspect(record.container_id)
-            if state is not None and state.running:
-                try:
-                    sandbox = Sandbox.take_over(
-                        self.backend,
-                        self.settings,
-                        sandbox_id=record.sandbox_id,
-                        container_id=record.container_id,
-                        claim=ledger.owned,
-                    )
-                except SessionAttachedElsewhere:
-                    raise
-                except OrchestratorError as exc:
-                    logger.warning("session %s: taking over %s failed (%s); starting anew", session.id, state.name, exc)
-        if sandbox is not None:
-            session.adopt(sandbox)
-        else:
-            session.start()
+        return session, sandbox
 
     def evaluate(
         self,
@@ -279,13 +256,13 @@ class Orchestrator:
             SessionNotFound: no session with that id was stored.
             SessionBusy: a call runs on it now; try again when it has ended.
         """
-        done = lifecycle.hibernate_idle(self.store, self.backend, self.settings.runtime_dir, session_id)
+        done = hibernation.hibernate_idle(self.store, self.backend, self.settings.runtime_dir, session_id)
         if done is None:
             raise SessionBusy(f"session {session_id} is in a call; hibernate it when the call has ended")
         with self._lock:
-            local = self._sessions.get(session_id)
-        if local is not None:
-            local.forget_sandbox()
+            held = self._sessions.get(session_id)
+        if held is not None:
+            hibernation.forget_sandbox(held[1])
         return done
 
     def resume(self, session_id: str) -> None:
@@ -297,10 +274,10 @@ class Orchestrator:
             SessionNotFound: no session with that id was stored.
             SandboxError, EngineError: the sandbox could not be started.
         """
-        session = self.attach(session_id)
+        session, sandbox = self._attach(session_id)
         try:
-            if session.container_id is None:
-                session.start()
+            if sandbox.sandbox is None:
+                sandbox.start()
         finally:
             session.detach()
 
@@ -356,9 +333,11 @@ class Orchestrator:
             SessionNotFound: no session with that id was stored.
         """
         ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.limits.checkpoint_quota_bytes)
-        self._session(ledger).close()
+        self._session(ledger)[0].close()
 
-    def _session(self, ledger: CheckpointLedger) -> Session:
+    def _session(self, ledger: CheckpointLedger) -> tuple[Session, SessionSandbox]:
+        """A handle on a session this controller owns (``ledger``), and the runtime behind it that the
+        orchestrator drives (start, take over, hibernate)."""
         record = ledger.record
         labels = {
             STORE_ID: self.store.store_id,
@@ -367,7 +346,7 @@ class Orchestrator:
             LABEL_PREFIX + "protocol": str(protocol.PROTOCOL_VERSION),
             **record.labels,
         }
-        session = Session(
+        sandbox = SessionSandbox(
             ledger,
             backend=self.backend,
             settings=self.settings,
@@ -378,9 +357,11 @@ class Orchestrator:
             # A pooled container has only the pool's labels and runs anywhere: a session with labels or a placement
             # of its own starts its own.
             take_pooled=(lambda image: None) if record.labels or record.placement else self._pooled_sandbox,
-            on_close=self._forget,
         )
-        return self._track(session)
+        session = Session(sandbox, on_close=self._forget)
+        with self._lock:
+            self._sessions[session.id] = (session, sandbox)
+        return session, sandbox
 
     def _pooled_sandbox(self, image: str) -> Sandbox | None:
         """A started sandbox from the warm pool (``Settings.capacity.pool_size``), or None: no pool, another image, or
@@ -424,18 +405,14 @@ class Orchestrator:
         """The idle policy for the sessions this orchestrator holds (the janitor applies it to the others)."""
         while not self._closing.wait(min(max(idle_for / 4, 0.2), 30.0)):
             with self._lock:
-                held = list(self._sessions.values())
-            for session in held:
-                session.hibernate_if_idle(idle_for)
-
-    def _track(self, session: Session) -> Session:
-        with self._lock:
-            self._sessions[session.id] = session
-        return session
+                held = [sandbox for _, sandbox in self._sessions.values()]
+            for sandbox in held:
+                hibernation.hibernate_if_idle(sandbox, idle_for)
 
     def _forget(self, session: Session) -> None:
         with self._lock:
-            if self._sessions.get(session.id) is session:
+            held = self._sessions.get(session.id)
+            if held is not None and held[0] is session:
                 del self._sessions[session.id]
 
     def containers(self, session_id: str | None = None) -> list[ContainerState]:
@@ -469,7 +446,7 @@ class Orchestrator:
         if self._idle_watch is not None:
             self._idle_watch.join()
         with self._lock:
-            held = list(self._sessions.values())
+            held = [session for session, _ in self._sessions.values()]
         failures: dict[str, Exception] = {}
         try:
             for session in held:

@@ -1,18 +1,14 @@
-"""The public handle on one persistent session: calls, and recovery by one table that mirrors the failure model.
+"""The public handle on one persistent session: its calls, each a transaction on the session's checkpoint.
 
-A call is a transaction on the session state: the checkpoint delta its reply carries is stored
-(by the ledger, under the store lock, only while this handle owns the session) before the call
-returns. What goes wrong is classified into one of the failures of ``RECOVERY``; each says
-what happens to the sandbox (restore into the agent's fresh worker, or replace the whole
-sandbox) and which typed error the caller gets. The README's failure model is this table.
+A call's reply carries the checkpoint delta it caused; it is stored (by the ledger, under the
+store lock, only while this handle owns the session) before the call returns. What the sandbox
+is and how it is restored live in ``runtime.restore``; what a failed request does to it, and
+the error the caller gets, in ``runtime.recovery``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import enum
-import json
 import logging
 import math
 import queue
@@ -20,50 +16,30 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from ..agent import protocol
-from ..backends.base import SESSION_ID, STORE_ID, Backend, ContainerState, Placement
 from ..checks import is_count
-from ..config import Settings
 from ..errors import (
-    AgentTimeoutError,
-    ChannelLost,
-    CheckpointLimitExceeded,
     ConfigError,
     ContextNotFound,
     ExecutionTimeout,
     InputRequestNotFound,
-    OrchestratorError,
-    ProtocolError,
-    SandboxCrashed,
-    SandboxOutOfMemory,
     SessionAttachedElsewhere,
-    SessionClosed,
     SessionNotFound,
 )
-from ..ops import lifecycle
-from ..runtime.hostcalls import CallDesk, HandlerPool, HostCalls, serving
+from ..ops import hibernation
+from ..runtime.hostcalls import CallDesk, HostCalls
 from ..runtime.output import StreamRecorder, keep_newest
-from ..runtime.sandbox import Sandbox
-from ..state.activity import Activity, last_active
-from ..state.ledger import CheckpointLedger, StagedBlob
-from ..state.store import SessionRecord
-from ..wire.connection import Header, TakenOver
-from ..wire.replies import (
-    ExecReply,
-    WorkerFailure,
-    parse_exec_reply,
-    parse_install_reply,
-    parse_state_reply,
-    reply_reason,
-    worker_failure,
-)
-from ..wire.wakeup import Wakeup
+from ..runtime.recovery import Recoverer
+from ..runtime.restore import SessionSandbox, SessionState
+from ..state.ledger import StagedBlob
+from ..wire.payloads import encode_payload
+from ..wire.replies import ExecReply, parse_exec_reply, parse_state_reply, reply_reason
 from .contexts import (
     DEFAULT_CONTEXT,
     Context,
+    ContextCalls,
     checkpoint_key,
     local_names,
     names_of,
@@ -77,83 +53,9 @@ from .events import Event, LiveCall, OnOutput
 from .results import ExecError, ExecResult
 from .tools import PythonTool
 
+__all__ = ["Session", "SessionState"]
+
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-class SessionState(enum.Enum):
-    READY = "ready"
-    DETACHED = "detached"
-    CLOSED = "closed"
-
-
-class _WorkerReplaced(Exception):
-    """The agent replaced its worker during the request (it died, hung or misbehaved)."""
-
-    def __init__(self, failure: WorkerFailure) -> None:
-        super().__init__(failure["reason"])
-        self.failure = failure
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """What one kind of failure does to the sandbox, and what the caller is told."""
-
-    replace_sandbox: bool
-    """True: remove the container and start another; False: the agent lives, restore into its fresh worker."""
-    error: Callable[[BaseException, ContainerState | None], type[OrchestratorError]]
-    """The error class, from the failure and (for a dead container) how the container ended."""
-
-
-def _crash_kind(exc: BaseException, death: ContainerState | None) -> type[OrchestratorError]:
-    oom = exc.failure["oom"] if isinstance(exc, _WorkerReplaced) else death is not None and death.oom_killed
-    return SandboxOutOfMemory if oom else SandboxCrashed
-
-
-# The failure model (README "Failure model"): failure -> (sandbox action, error raised after the restore).
-RECOVERY: dict[str, Recovery] = {
-    "worker died (crash, kill -9, OOM)": Recovery(False, _crash_kind),
-    "worker ignored the interrupt and was killed": Recovery(False, lambda e, d: ExecutionTimeout),
-    "worker sent a forged or invalid frame": Recovery(False, lambda e, d: ProtocolError),
-    "container died or was removed during the call": Recovery(True, _crash_kind),
-    "agent did not answer by the deadline": Recovery(True, lambda e, d: ExecutionTimeout),
-    "agent sent an invalid reply": Recovery(True, lambda e, d: ProtocolError),
-    "agent sent a checkpoint past the session's limits": Recovery(True, lambda e, d: CheckpointLimitExceeded),
-}
-
-
-def _classify(exc: BaseException) -> str | None:
-    if isinstance(exc, _WorkerReplaced):
-        status = exc.failure["status"]
-        if status == protocol.STATUS_TIMEOUT:
-            return "worker ignored the interrupt and was killed"
-        if status == protocol.STATUS_PROTOCOL_ERROR:
-            return "worker sent a forged or invalid frame"
-        return "worker died (crash, kill -9, OOM)"
-    if isinstance(exc, ChannelLost):
-        return "container died or was removed during the call"
-    if isinstance(exc, AgentTimeoutError):
-        return "agent did not answer by the deadline"
-    if isinstance(exc, CheckpointLimitExceeded):
-        return "agent sent a checkpoint past the session's limits"
-    if isinstance(exc, ProtocolError):
-        return "agent sent an invalid reply"
-    return None
-
-
-def _encode_payload(payload: Any) -> tuple[str, bytes]:
-    """How a context or history travels: (kind, raw bytes), never pickled on the host."""
-    if isinstance(payload, str):
-        return "str", payload.encode("utf-8", errors="surrogatepass")
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        return "bytes", bytes(payload)
-    if isinstance(payload, (dict, list)):
-        try:
-            return "json", json.dumps(payload).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"a dict or list payload must be JSON-serializable: {exc}") from exc
-    raise ConfigError(f"payload must be str, bytes, dict or list, not {type(payload).__name__}")
 
 
 class Session:
@@ -163,38 +65,23 @@ class Session:
     to ``close()`` the session (container and stored state) on exit.
     """
 
-    def __init__(
-        self,
-        ledger: CheckpointLedger,
-        *,
-        backend: Backend,
-        settings: Settings,
-        scope: str,
-        labels: dict[str, str],
-        activity: Activity,
-        make_room: Callable[[str], AbstractContextManager[object]] = lambda session_id: contextlib.nullcontext(),
-        take_pooled: Callable[[str], Sandbox | None] = lambda image: None,
-        on_close: Callable[[Session], None] | None = None,
-    ) -> None:
-        self._ledger = ledger
-        self._activity = activity
-        self._make_room = make_room
-        self._take_pooled = take_pooled
-        self._backend = backend
-        self._settings = settings
-        self._scope = scope
-        self._labels = labels
+    def __init__(self, sandbox: SessionSandbox, *, on_close: Callable[[Session], None] | None = None) -> None:
+        """Use ``Orchestrator.create_session`` or ``attach``; ``sandbox`` is the session's runtime, which
+        ``Orchestrator`` also drives (start, take over, hibernate when idle)."""
+        self._sandbox = sandbox
+        self._ledger = sandbox.ledger
+        self._settings = sandbox.settings
+        self._recovery = Recoverer(sandbox)
         self._on_close = on_close
-        self._lock = threading.RLock()
-        self._sandbox: Sandbox | None = None
-        self._unreported_failures: dict[str, str] = {}
-        self._scaffold: tuple[str, list[str]] | None = None
-        self._host_calls: HandlerPool | None = None
         self._live: LiveCall | None = None  # the running exec's output, input and interrupt (read by other threads)
-        self._call_wakeup: Wakeup | None = None  # wakes a running call's connection from other threads
-        self.state = SessionState.READY
-        self.restore_failures: dict[str, str] = {}
-        """Values the last restore could not bring back, with the reason (they were dropped)."""
+        self._context_calls = ContextCalls(
+            spec=self._context_spec,
+            record=lambda: self._ledger.record,
+            add_versioned=self._add_versioned,
+            set_value=self._set_value,
+            reset=self._reset,
+            destroy=self._destroy_context,
+        )
 
     # ----------------------------------------------------------------- public surface
 
@@ -203,12 +90,24 @@ class Session:
         return self._ledger.session_id
 
     @property
+    def state(self) -> SessionState:
+        """``READY``; ``DETACHED`` once detached or attached by another controller; ``CLOSED``."""
+        return self._sandbox.state
+
+    @property
+    def restore_failures(self) -> dict[str, str]:
+        """Values the last restore could not bring back, with the reason (they were dropped)."""
+        return self._sandbox.restore_failures
+
+    @property
     def sandbox_id(self) -> str | None:
-        return self._sandbox.sandbox_id if self._sandbox else None
+        sandbox = self._sandbox.sandbox
+        return sandbox.sandbox_id if sandbox else None
 
     @property
     def container_id(self) -> str | None:
-        return self._sandbox.container_id if self._sandbox else None
+        sandbox = self._sandbox.sandbox
+        return sandbox.container_id if sandbox else None
 
     @property
     def generation(self) -> int:
@@ -233,9 +132,10 @@ class Session:
     @property
     def agent_info(self) -> dict[str, Any]:
         """The agent's handshake: protocol, Python and dill versions."""
-        if self._sandbox is None:
+        sandbox = self._sandbox.sandbox
+        if sandbox is None:
             return {}
-        hello = self._sandbox.connection.hello
+        hello = sandbox.connection.hello
         return {"protocol": hello["protocol"], "python": hello["python"], "dill": hello["dill"]}
 
     def execute(
@@ -306,15 +206,22 @@ class Session:
                 None
                 if host_calls is None
                 else CallDesk(
-                    host_calls, self._handler_pool(), max_held=self._settings.limits.max_host_calls_per_cell, owner=self
+                    host_calls,
+                    self._sandbox.handler_pool(),
+                    max_held=self._settings.limits.max_host_calls_per_cell,
+                    owner=self._sandbox,
                 )
             )
             live = self._live = LiveCall(
-                self._new_recorder, on_output, self._settings.timeouts.input, owner=self, wakeup=self._wakeup()
+                self._new_recorder,
+                on_output,
+                self._settings.timeouts.input,
+                owner=self._sandbox,
+                wakeup=self._sandbox.wakeup(),
             )
             started = time.monotonic()
             try:
-                return self._call(
+                return self._recovery.call(
                     header,
                     b"",
                     limit + slack,
@@ -415,15 +322,7 @@ class Session:
         if not all(isinstance(name, str) and name.isidentifier() for name in listed):
             raise ConfigError(f"scaffold names must be identifiers, got {listed!r}")
         with self._turn():
-            previous, self._scaffold = self._scaffold, (code, listed)
-            try:
-                live = self._sandbox is not None
-                self._ready_sandbox()  # a sandbox it starts gets the scaffold with its restore
-                if live:
-                    self._install_scaffold()
-            except ConfigError:
-                self._scaffold = previous
-                raise
+            self._sandbox.set_scaffold((code, listed))
 
     def set_value(
         self, name: str, payload: str | bytes | dict[str, Any] | list[Any], *, aliases: Collection[str] = ()
@@ -444,7 +343,7 @@ class Session:
         names = [name, *aliases]
         if not all(isinstance(n, str) and n.isidentifier() for n in names):
             raise ConfigError(f"variable names must be identifiers, got {names!r}")
-        encoded = _encode_payload(payload)
+        encoded = encode_payload(payload)
         with self._turn():
             self._context_spec(context)
             self._store(name, list(aliases), encoded, {}, context)
@@ -482,7 +381,7 @@ class Session:
         header = {"type": protocol.RESET, "checkpoint_timeout": self._settings.timeouts.checkpoint}
         with self._turn():
             self._name_context(header, context)
-            self._call(
+            self._recovery.call(
                 header,
                 b"",
                 self._control_seconds(),
@@ -501,10 +400,9 @@ class Session:
             try:
                 self._ledger.check_owner()
             except SessionAttachedElsewhere:
-                self._become_stale()
+                self._sandbox.become_stale()
                 raise
-            self._release_sandbox()
-            self.state = SessionState.DETACHED
+            self._sandbox.become_stale()
 
     def hibernate(self) -> None:
         """Give up the container and keep the checkpoint; the next call starts a new one and restores.
@@ -516,66 +414,10 @@ class Session:
             SessionAttachedElsewhere: another controller owns the session (nothing was touched).
             SessionClosed: the session was closed.
         """
-        with self._turn(call=False):  # not a use: the session's idle time goes on
-            self._check_usable()
-            self._drop_sandbox()  # an error below leaves the record naming it: the next start removes it
-            try:
-                self._ledger.hibernate(self._discard_all)
-            except SessionAttachedElsewhere:
-                self._become_stale()
-                raise
-            logger.info("hibernated session %s", self.id)
+        hibernation.hibernate(self._sandbox)
 
-    def hibernate_if_idle(self, idle_for: float) -> bool:
-        """Hibernate if no call ran for ``idle_for`` seconds and none runs now (never waits); True if it did."""
-        if self.state is not SessionState.READY or self._sandbox is None or serving(self):
-            return False
-        if not self._lock.acquire(blocking=False):
-            return False
-        try:
-            if time.time() - last_active(self._activity.path, 0.0) < idle_for or self._sandbox is None:
-                return False
-            self.hibernate()
-            return True
-        except OrchestratorError as exc:
-            logger.warning("session %s: hibernating after %g s idle failed: %s", self.id, idle_for, exc)
-            return False
-        finally:
-            self._lock.release()
-
-    def forget_sandbox(self) -> None:
-        """Let go of a sandbox someone else just removed (``Orchestrator.hibernate``), unless a call is using it
-        (that call then finds it gone and restores, as after any lost container)."""
-        if self._lock.acquire(blocking=False):
-            try:
-                self._drop_sandbox()
-            finally:
-                self._lock.release()
-
-    @contextlib.contextmanager
-    def _turn(self, *, call: bool = True) -> Iterator[None]:
-        """One call at a time: the session's lock, and (for a ``call``) its activity file held (busy for prune)
-        and touched.
-
-        Raises:
-            ConfigError: called from a handler serving this session's running cell (it would wait for ever).
-            SessionBusy: another process held the session (pruning or hibernating it) too long.
-        """
-        if serving(self):
-            raise ConfigError(
-                f"a host-call handler or on_output callback of session {self.id} called back into that session, "
-                "whose cell waits for it; use another session (or do the work in the handler)"
-            )
-        with self._lock, self._activity if call else contextlib.nullcontext():
-            yield
-
-    def _handler_pool(self) -> HandlerPool:
-        """The session's host-call handlers (made on first use): bounded across its cells; each cell bounds its own."""
-        if self._host_calls is None:
-            self._host_calls = HandlerPool(
-                self._settings.limits.max_host_calls_per_session, name=f"host-calls-{self.id}"
-            )
-        return self._host_calls
+    def _turn(self, *, call: bool = True) -> AbstractContextManager[None]:
+        return self._sandbox.turn(call=call)
 
     def close(self) -> None:
         """Remove the container and the stored state. Closing twice is fine.
@@ -587,22 +429,21 @@ class Session:
         with self._turn(call=False):
             if self.state is SessionState.CLOSED:
                 return
+            sandbox = self._sandbox
             try:
                 with self._ledger.owned() as current:
-                    self._drop_sandbox()
-                    self._discard_all(current)
+                    sandbox.drop()
+                    sandbox.discard_all(current)
                     self._ledger.delete()
             except SessionAttachedElsewhere:
-                self._become_stale()
+                sandbox.become_stale()
                 raise
             except SessionNotFound:
-                self._release_sandbox()
+                pass  # removed already (``Orchestrator.remove``): nothing left to remove
             finally:
-                self._drop_sandbox()  # when the close failed (an unreadable record): no channel stays open
-                self._stop_host_calls()
-                self._activity.close()
-                if self.state is not SessionState.DETACHED:
-                    self.state = SessionState.CLOSED
+                sandbox.release()  # also when the close failed (an unreadable record): no channel stays open
+                if sandbox.state is not SessionState.DETACHED:
+                    sandbox.state = SessionState.CLOSED
                 if self._on_close is not None:
                     self._on_close(self)
             logger.info("closed session %s", self.id)
@@ -620,247 +461,7 @@ class Session:
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.state.value} generation={self.generation} epoch={self.epoch}>"
 
-    # ----------------------------------------------------------------- sandbox life
-
-    def adopt(self, sandbox: Sandbox) -> None:
-        """Serve this session from a live sandbox (taken over); restore unless it already holds our generation."""
-        with self._turn():
-            self._sandbox = sandbox
-            try:
-                self._ledger.set_sandbox(sandbox.sandbox_id, sandbox.container_id)
-            except BaseException:
-                self._sandbox = None
-                sandbox.release()
-                raise
-            if sandbox.generation != self.generation:
-                self._restore()
-
-    def start(self) -> None:
-        """Start a new sandbox for this session and restore its checkpoint into it (busy meanwhile, for prune)."""
-        with self._turn():
-            if self._sandbox is not None:
-                self._remove_sandbox()
-            else:
-                with self._ledger.owned() as current:
-                    self._discard_recorded(current)
-            image = self._ledger.record.image
-            with self._make_room(self.id):
-                sandbox = self._take_pooled(image) or Sandbox.start(
-                    self._backend,
-                    self._settings,
-                    image=image,
-                    scope=self._scope,
-                    labels=self._labels,
-                    placement=Placement.from_json(self._ledger.record.placement),
-                )
-            try:
-                self._ledger.set_sandbox(sandbox.sandbox_id, sandbox.container_id)
-            except BaseException:
-                sandbox.remove()  # never registered: nobody else knows it
-                raise
-            self._sandbox = sandbox
-            self._restore()
-
-    def remove_strays(self) -> None:
-        """Remove containers of this session other than its recorded one (left by a controller that died)."""
-        with self._ledger.owned() as current:
-            lifecycle.discard_strays(
-                self._backend, self._settings.runtime_dir, self._session_labels(), keep=current.container_id
-            )
-
-    def _session_labels(self) -> dict[str, str]:
-        return {key: self._labels[key] for key in (STORE_ID, SESSION_ID)}
-
-    def _discard_all(self, record: SessionRecord) -> None:
-        """Remove every container of this session and the recorded sandbox directory (call under ownership)."""
-        lifecycle.discard_session_sandboxes(self._backend, self._settings.runtime_dir, self._session_labels(), record)
-
-    def _discard_recorded(self, record: SessionRecord) -> None:
-        """Remove the sandbox ``record`` names (call under ownership: the store lock is held meanwhile)."""
-        if record.container_id:
-            lifecycle.discard_sandbox(self._backend, self._settings.runtime_dir, record.sandbox_id, record.container_id)
-
-    def _restore(self) -> None:
-        """Load the stored checkpoint (and the scaffold) into the sandbox; a takeover meanwhile makes this handle
-        stale."""
-        try:
-            self._load_checkpoint()
-        except TakenOver:
-            self._become_stale()
-            raise SessionAttachedElsewhere(
-                f"session {self.id} was attached by another controller while restoring"
-            ) from None
-
-    def _load_checkpoint(self) -> None:
-        assert self._sandbox is not None
-        record = self._ledger.record
-        failures = self._sandbox.restore(record.variables, record.generation, self._ledger.mapped_blob, record.contexts)
-        self._ledger.drop(failures)
-        self.restore_failures = failures
-        self._unreported_failures.update(failures)
-        if failures:
-            logger.warning("session %s: could not restore %s", self.id, ", ".join(sorted(failures)))
-        if self._scaffold is not None:
-            self._install_scaffold()
-
-    def _install_scaffold(self) -> None:
-        """Run the scaffold in the (fresh or restored) worker; a scaffold that raises there is the caller's error."""
-        assert self._sandbox is not None and self._scaffold is not None
-        code, names = self._scaffold
-        seconds = self._settings.timeouts.start
-        header = {"type": protocol.INSTALL, "code": code, "names": names, "timeout": seconds}
-        reply, _ = self._sandbox.request(header, seconds=seconds + self._settings.timeouts.interrupt_grace)
-        failure = worker_failure(reply)
-        reason = failure["reason"] if failure is not None else parse_install_reply(reply)
-        if reason is not None:
-            self._remove_sandbox()  # its worker may be empty now; the next call starts and restores a new one
-            raise ConfigError(f"the scaffold of session {self.id} failed in the sandbox: {reason}")
-
-    def _drop_sandbox(self) -> None:
-        """Close our channel to the sandbox (the container is left to whoever removes or takes it over)."""
-        if self._sandbox is not None:
-            self._sandbox.release()
-            self._sandbox = None
-
-    def _release_sandbox(self) -> None:
-        self._drop_sandbox()
-        self._stop_host_calls()
-        self._activity.close()
-
-    def _stop_host_calls(self) -> None:
-        """No more calls on this handle: the host-call threads and the call wake-up go."""
-        if self._host_calls is not None:
-            self._host_calls.close()  # nothing waiting starts; a handler still running finishes on its own
-            self._host_calls = None
-        if self._call_wakeup is not None:
-            self._call_wakeup.close()
-            self._call_wakeup = None
-
-    def _become_stale(self) -> None:
-        self._release_sandbox()
-        self.state = SessionState.DETACHED
-
     # ----------------------------------------------------------------- calls
-
-    def _check_usable(self) -> None:
-        if self.state is SessionState.CLOSED:
-            raise SessionClosed(f"session {self.id} is closed")
-        if self.state is SessionState.DETACHED:
-            raise SessionAttachedElsewhere(f"session {self.id} is detached; attach it again with Orchestrator.attach")
-
-    def _ready_sandbox(self) -> Sandbox:
-        """Before a call: a live, idle sandbox that this handle owns (started and restored if needed)."""
-        self._check_usable()
-        if self._sandbox is not None:
-            try:
-                self._sandbox.connection.check_idle()
-            except TakenOver:
-                self._become_stale()
-                raise SessionAttachedElsewhere(f"session {self.id} was attached by another controller") from None
-            except ChannelLost as exc:
-                logger.info("session %s: the sandbox went away between calls (%s); restarting it", self.id, exc)
-                self.start()
-        if self._sandbox is None:
-            self.start()
-        assert self._sandbox is not None
-        return self._sandbox
-
-    def _call(
-        self,
-        header: Header,
-        body: bytes,
-        seconds: float,
-        accept: Callable[[dict[str, Any], bytearray], T],
-        *,
-        checkpoint_seconds: float | None = None,
-        desk: CallDesk | None = None,
-        live: LiveCall | None = None,
-    ) -> T:
-        """One request with recovery: whatever goes wrong, the session is usable again before we raise."""
-        try:
-            try:
-                return self._attempt(header, body, seconds, accept, checkpoint_seconds, desk, live)
-            except (_WorkerReplaced, ChannelLost, AgentTimeoutError, ProtocolError) as exc:
-                kind = _classify(exc)
-                assert kind is not None
-                death = self._recover(RECOVERY[kind], exc)
-                raise self._recovered_error(RECOVERY[kind], kind, exc, death) from None
-        except (TakenOver, SessionAttachedElsewhere) as exc:
-            self._become_stale()
-            raise SessionAttachedElsewhere(
-                f"session {self.id} was attached by another controller; this call was not kept ({exc})"
-            ) from None
-
-    def _attempt(
-        self,
-        header: Header,
-        body: bytes,
-        seconds: float,
-        accept: Callable[[dict[str, Any], bytearray], T],
-        checkpoint_seconds: float | None,
-        desk: CallDesk | None,
-        live: LiveCall | None,
-    ) -> T:
-        for attempt in range(2):
-            sandbox = self._ready_sandbox()
-            header.pop("id", None)
-            reply, reply_body = sandbox.request(
-                header, body, seconds=seconds, checkpoint_seconds=checkpoint_seconds, desk=desk, live=live
-            )
-            failure = worker_failure(reply)
-            if failure is None:
-                return accept(reply, reply_body)
-            if failure["status"] == protocol.STATUS_CRASHED and not failure["ran"] and attempt == 0:
-                self._restore()  # the worker had died between calls; the request never ran
-                continue
-            raise _WorkerReplaced(failure)
-        raise ProtocolError("the agent lost its worker twice before running the request")
-
-    def _recover(self, recovery: Recovery, exc: BaseException) -> ContainerState | None:
-        """Bring the session back to its last checkpoint; if even that fails, drop the sandbox for the next call.
-
-        Returns how the container ended when the channel was lost with it (None otherwise, or when it is gone).
-        """
-        death = None
-        try:
-            if not recovery.replace_sandbox:
-                self._restore()
-                return None
-            if isinstance(exc, ChannelLost) and self._sandbox is not None:
-                death = self._sandbox.settled_state()
-            self.start()
-        except (TakenOver, SessionAttachedElsewhere):
-            raise
-        except OrchestratorError:
-            self._remove_sandbox()
-            raise
-        return death
-
-    def _remove_sandbox(self) -> None:
-        """Remove our sandbox, only while we own the session (a stale handle stops here and keeps it to release)."""
-        if self._sandbox is not None:
-            with self._ledger.owned():
-                self._sandbox.remove()
-            self._sandbox = None
-
-    def _recovered_error(
-        self, recovery: Recovery, kind: str, exc: BaseException, death: ContainerState | None
-    ) -> OrchestratorError:
-        error = recovery.error(exc, death)
-        detail = exc.failure["reason"] if isinstance(exc, _WorkerReplaced) else str(exc)
-        if isinstance(exc, ChannelLost):
-            detail = f"{death.describe() if death else 'the sandbox container was removed'} ({exc})"
-        if isinstance(exc, _WorkerReplaced) and exc.failure["phase"] == "checkpoint":
-            kind = "checkpointing took longer than checkpoint_timeout and ignored the interrupt"
-        message = (
-            f"{kind}: {detail[:2000]}; session {self.id} was restored to checkpoint generation {self.generation}"
-            + (f" without {', '.join(sorted(self.restore_failures))}" if self.restore_failures else "")
-        )
-        failures, self._unreported_failures = self._unreported_failures, {}
-        limits = (
-            {k: getattr(exc, k) for k in ("unit", "size", "held", "quota")} if error is CheckpointLimitExceeded else {}
-        )
-        return error(message, restored=True, generation=self.generation, restore_failures=failures, **limits)  # type: ignore[call-arg]
 
     def _new_recorder(self, stream: str) -> StreamRecorder:
         """Where a stream of the running call goes when its output travels (made on its first frame)."""
@@ -870,11 +471,6 @@ class Session:
             self._settings.limits.max_output_bytes,
             self._settings.limits.max_output_file_bytes,
         )
-
-    def _wakeup(self) -> Wakeup:
-        if self._call_wakeup is None:
-            self._call_wakeup = Wakeup()
-        return self._call_wakeup
 
     def _output(self, parsed: ExecReply, live: LiveCall) -> dict[str, Any]:
         """What the result gets beside the reply: previews of streams kept in files (and their paths), the
@@ -903,7 +499,7 @@ class Session:
         parsed["duration"] = min(parsed["duration"], elapsed)
         parsed["checkpoint_duration"] = min(parsed["checkpoint_duration"], elapsed)
         unsaved = local_names(self._ledger.commit(parsed["checkpoint"], body))
-        failures, self._unreported_failures = self._unreported_failures, {}
+        failures = self._sandbox.take_unreported()
         output = self._output(parsed, live)
         if parsed["status"] == protocol.STATUS_TIMEOUT:
             why = "was stopped by the caller" if live.interrupt_requested else f"ran past its {limit:g} s timeout"
@@ -939,7 +535,7 @@ class Session:
         return self._settings.timeouts.start + self._settings.timeouts.checkpoint + self._settings.timeouts.reply_margin
 
     def _add_versioned(self, prefix: str, payload: Any, index: int | None, context: str | None = None) -> int:
-        encoded = _encode_payload(payload)
+        encoded = encode_payload(payload)
         counter = f"{prefix}_count"
         with self._turn():
             spec = self._context_spec(context)
@@ -960,7 +556,7 @@ class Session:
         counters: dict[str, int],
         context: str | None = None,
     ) -> None:
-        """One ``set_value`` request: a host-made value (``_encode_payload``) under ``name`` and ``aliases``.
+        """One ``set_value`` request: a host-made value (``encode_payload``) under ``name`` and ``aliases``.
 
         A str or bytes value's checkpoint blob is made here, not in the sandbox: a pickle written
         around the raw bytes (``protocol.host_blob_parts``, no copy of them), named by a fresh id
@@ -987,7 +583,7 @@ class Session:
             staged.append(self._ledger.stage(protocol.host_blob_parts(kind, raw)))
             header.update(blob=staged[0].blob_id, blob_size=staged[0].size)
         try:
-            self._call(
+            self._recovery.call(
                 header,
                 raw,
                 self._control_seconds(),
@@ -1002,7 +598,8 @@ class Session:
     @property
     def contexts(self) -> list[Context]:
         """Every context of the session: the default one (its own namespace, id ``"default"``) first, then by id."""
-        return [Context(self, DEFAULT_CONTEXT), *(Context(self, c) for c in sorted(self._ledger.record.contexts))]
+        ids = [DEFAULT_CONTEXT, *sorted(self._ledger.record.contexts)]
+        return [Context(self, context_id, self._context_calls) for context_id in ids]
 
     def context(self, context_id: str) -> Context:
         """The handle of an existing context (``"default"``: the session's own), e.g. after ``attach``.
@@ -1011,7 +608,7 @@ class Session:
             ContextNotFound: the session has no such context (never created, or destroyed).
         """
         self._context_spec(context_id)
-        return Context(self, context_id)
+        return Context(self, context_id, self._context_calls)
 
     def create_context(
         self, cwd: str | None = None, env: Mapping[str, str] | None = None, *, context_id: str | None = None
@@ -1047,9 +644,11 @@ class Session:
                 raise ConfigError(
                     f"session {self.id} already has a context {new_id!r}; use session.context({new_id!r}) to reach it"
                 )
-            self._call(header, b"", self._control_seconds(), lambda r, b: self._commit_context(r, b, new_id, spec))
+            self._recovery.call(
+                header, b"", self._control_seconds(), lambda r, b: self._commit_context(r, b, new_id, spec)
+            )
         logger.info("session %s: created context %s in %s", self.id, new_id, path)
-        return Context(self, new_id)
+        return Context(self, new_id, self._context_calls)
 
     def _destroy_context(self, context_id: str) -> None:
         header = {
@@ -1059,7 +658,9 @@ class Session:
         }
         with self._turn():
             self._context_spec(context_id)
-            self._call(header, b"", self._control_seconds(), lambda r, b: self._commit_context(r, b, context_id, None))
+            self._recovery.call(
+                header, b"", self._control_seconds(), lambda r, b: self._commit_context(r, b, context_id, None)
+            )
         logger.info("session %s: destroyed context %s", self.id, context_id)
 
     def _commit_context(self, reply: dict[str, Any], body: bytearray, context_id: str, spec: Any) -> None:

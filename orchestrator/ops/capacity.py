@@ -16,7 +16,7 @@ from ..config import Settings
 from ..errors import CapacityExceeded, SessionNotFound
 from ..state.activity import last_active
 from ..state.store import SessionStore
-from . import lifecycle
+from . import hibernation
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _hibernate_least_recent(
         if done == wanted:
             break
         with contextlib.suppress(SessionNotFound):
-            if lifecycle.hibernate_idle(store, backend, settings.runtime_dir, session_id):
+            if hibernation.hibernate_idle(store, backend, settings.runtime_dir, session_id):
                 logger.info(
                     "hibernated session %s to stay within max_running=%d", session_id, settings.capacity.max_running
                 )

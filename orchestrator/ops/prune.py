@@ -26,12 +26,13 @@ from ..backends.base import SANDBOX_ID, SESSION_ID, STORE_ID, Backend, Container
 from ..config import Settings
 from ..errors import CheckpointError, OrchestratorError, SessionNotFound
 from ..evaluation.evaluator import EVAL_RUN
+from ..runtime import discard
 from ..state import activity
 from ..state.controllers import CONTROLLER_RUNTIME_DIR, controller_gone, discard_left_behind, left_behind
 from ..state.store import QUARANTINE_DIR, SessionStore, is_sandbox_id
 from ..units import describe_bytes, describe_duration
 from ..wire.endpoint import discard_sandbox_dir, leftover_dir_grace
-from . import lifecycle
+from . import hibernation
 from .survey import SessionInfo, SessionStatus, survey
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class Pruner:
                 if fresh.last_active_at > info.last_active_at or not still_wanted(fresh):
                     self.actions.append(PruneAction("skip", info.id, "used meanwhile"))
                     return
-                held = lifecycle.hibernate_held if action == "hibernate" else lifecycle.remove_held
+                held = hibernation.hibernate_held if action == "hibernate" else discard.remove_held
                 self._record(
                     action,
                     info.id,
@@ -170,7 +171,7 @@ class Pruner:
                     else:
                         self.actions.append(PruneAction("skip", info.id, "its record is readable again"))
                         return
-                    containers = self.backend.find(lifecycle.session_labels(self.store, info.id))
+                    containers = self.backend.find(discard.session_labels(self.store, info.id))
                     running = [c.name for c in containers if c.running]
                     left = (
                         f"its running container {', '.join(running)} was left alone"
@@ -201,7 +202,7 @@ class Pruner:
                         "remove-orphan-container",
                         container.name,
                         f"session {session_id} has no record",
-                        lambda c=container: lifecycle.discard_sandbox(
+                        lambda c=container: discard.discard_sandbox(
                             self.backend, self.settings.runtime_dir, c.labels.get(SANDBOX_ID), c.id
                         ),
                     )
@@ -256,7 +257,7 @@ class Pruner:
         if container.labels.get(CONTROLLER_RUNTIME_DIR):
             discard_left_behind(self.backend, container)
         else:
-            lifecycle.discard_sandbox(
+            discard.discard_sandbox(
                 self.backend, self.settings.runtime_dir, container.labels.get(SANDBOX_ID), container.id
             )
 

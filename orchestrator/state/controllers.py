@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 from ..backends.base import SANDBOX_ID, Backend, ContainerState
-from ..ops.lifecycle import discard_sandbox
+from ..runtime.discard import discard_sandbox
 
 ROLE = "orchestrator.role"
 """What a container is for when it is not (yet) a session's: "pool" or "eval"."""

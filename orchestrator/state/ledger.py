@@ -33,7 +33,6 @@ from ..errors import (
     ProtocolError,
     SessionAttachedElsewhere,
 )
-from ..ops.lifecycle import mark_hibernated
 from ..runtime import background
 from ..units import describe_bytes
 from ..wire.replies import CheckpointDelta
@@ -150,11 +149,10 @@ class CheckpointLedger:
             current.hibernated_at = None
             self._save(current)
 
-    def hibernate(self, discard: Callable[[SessionRecord], None]) -> None:
-        """Let ``discard`` remove the sandbox the record names, then record the session as hibernated."""
+    def update(self, change: Callable[[SessionRecord], None]) -> None:
+        """Let ``change`` act on the record (and on the sandbox it names) while we own the session, then store it."""
         with self.owned() as current:
-            discard(current)
-            mark_hibernated(current)
+            change(current)
             self._save(current)
 
     def check_room(self, keys: Collection[str], size: int, what: str) -> None:

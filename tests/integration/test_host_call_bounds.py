@@ -218,7 +218,7 @@ def test_nothing_starts_after_the_session_closed(bounded: Callable[..., Session]
     cell = threading.Thread(target=run_cell)
     cell.start()
     llm.wait_for(2)
-    pool = session._host_calls  # the session's handler pool, to see what it still holds
+    pool = session._sandbox._host_calls  # the session's handler pool, to see what it still holds
     assert pool is not None
     while pool.held < 20:  # the cell's 18 other calls are queued
         llm.release.wait(0.01)

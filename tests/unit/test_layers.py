@@ -40,9 +40,9 @@ UPWARD = {
     ("wire.connection", "api.events"),
     ("wire.connection", "runtime.hostcalls"),  # host calls that arrive while a request waits (CallDesk)
     ("wire.replies", "state.store"),  # the blob id and digest patterns
-    ("state.ledger", "ops.lifecycle"),  # the ledger marks a hibernated record
     ("state.ledger", "runtime"),  # runtime.background: the thread that writes a host-made blob
-    ("state.controllers", "ops.lifecycle"),  # a dead controller's sandboxes are discarded
+    ("state.controllers", "runtime.discard"),  # a dead controller's sandboxes are discarded
+    ("runtime.recovery", "api.events"),  # the running call whose output a failure ends
 }
 """Imports that point up today: each is a candidate to move, and nothing may join them unnoticed."""
 

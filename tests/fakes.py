@@ -1,0 +1,336 @@
+"""An engine and a sandbox agent without Docker, so a real ``Orchestrator`` and ``Session`` run in milliseconds.
+
+The fake sits at the two boundaries of the controller: ``FakeBackend`` is the engine
+(``backends.base.Backend``), and each endpoint it makes hands the controller a real socket whose
+other end is a ``FakeAgent`` thread. Everything between (session, recovery, ledger and store,
+sandbox, connection, channel, frames, handshake) is the real code. As httpx's ``MockTransport``
+takes a handler that answers each request, the backend takes one ``Handler``: called with the
+agent and each request, it answers as a healthy agent would (``agent.answer``) or misbehaves.
+
+The healthy agent keeps a namespace of its own: a cell ``name = text`` stores ``text`` under
+``name`` (a checkpoint delta with one blob), any other cell changes nothing; a restore loads the
+blobs back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import re
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.agent import protocol
+from orchestrator.backends.base import SANDBOX_ID, ContainerState, Placement, SandboxSpec
+from orchestrator.config import Settings
+from orchestrator.wire.transport import Channel
+
+Header = dict[str, Any]
+Answer = Header | tuple[Header, bytes] | None
+"""A reply header (with a body), or None: the agent sends nothing (it hangs, or it hung up with ``die``)."""
+Handler = Callable[["FakeAgent", Header, bytes], Answer]
+
+_ASSIGNMENT = re.compile(r"(\w+) = (.*)", re.DOTALL)
+_container_ids = itertools.count(1)
+
+
+def fake_settings(root: Path, **environ: str) -> Settings:
+    """Settings for sessions on the fake engine, their state under ``root``; ``environ``: more ``ORCH_*`` variables."""
+    return Settings.from_env(
+        {
+            "ORCH_STATE_DIR": str(root / "state"),
+            "ORCH_RUNTIME_DIR": str(root / "run"),
+            "ORCH_IMAGE": "fake:latest",
+            **environ,
+        }
+    )
+
+
+def healthy(agent: FakeAgent, request: Header, body: bytes) -> Answer:
+    """The handler of an agent that does what it is asked."""
+    return agent.answer(request, body)
+
+
+@dataclasses.dataclass
+class FakeContainer:
+    id: str
+    spec: SandboxSpec
+    running: bool = True
+    exit_code: int | None = None
+    oom_killed: bool = False
+    agent: FakeAgent | None = None
+
+    def state(self) -> ContainerState:
+        status = "running" if self.running else "exited"
+        return ContainerState(
+            self.id, self.spec.name, status, self.running, self.exit_code, self.oom_killed, dict(self.spec.labels)
+        )
+
+
+class FakeBackend:
+    """The engine: containers are records, each sandbox's agent a thread behind a socket pair."""
+
+    def __init__(self, handler: Handler = healthy) -> None:
+        self.handler = handler
+        self.containers: dict[str, FakeContainer] = {}
+        self.removed: list[str] = []
+        self._lock = threading.Lock()
+
+    def image_exists(self, tag: str) -> bool:
+        return True
+
+    def image_id(self, tag: str) -> str | None:
+        return "sha256:" + "0" * 64
+
+    def build_image(
+        self, context_tar: bytes, tag: str, buildargs: Mapping[str, str], labels: Mapping[str, str]
+    ) -> None:
+        pass
+
+    def create_endpoint(self, sandbox_id: str, settings: Settings, placement: Placement) -> FakeEndpoint:
+        return FakeEndpoint(self, sandbox_id, settings)
+
+    def open_endpoint(self, sandbox_id: str, container_id: str, settings: Settings) -> FakeEndpoint:
+        return FakeEndpoint(self, sandbox_id, settings)
+
+    def run_sandbox(self, spec: SandboxSpec, settings: Settings) -> str:
+        container = FakeContainer(f"{next(_container_ids):012x}", spec)
+        with self._lock:
+            self.containers[container.id] = container
+        return container.id
+
+    def inspect(self, container_id: str) -> ContainerState | None:
+        container = self.containers.get(container_id)
+        return None if container is None else container.state()
+
+    def kill(self, container_id: str, signal: str = "SIGKILL") -> None:
+        container = self.containers.get(container_id)
+        if container is not None and signal == "SIGKILL":
+            container.running, container.exit_code = False, 137
+            if container.agent is not None:
+                container.agent.hang_up()
+
+    def remove(self, container_id: str) -> None:
+        with self._lock:
+            container = self.containers.pop(container_id, None)
+        if container is not None:
+            self.removed.append(container_id)
+            if container.agent is not None:
+                container.agent.hang_up()
+
+    def find(self, labels: Mapping[str, str]) -> list[ContainerState]:
+        with self._lock:
+            found = list(self.containers.values())
+        return [c.state() for c in found if all(c.spec.labels.get(k) == v for k, v in labels.items())]
+
+    def memory_usage(self, container_ids: Iterable[str]) -> dict[str, int]:
+        return {}
+
+    def logs(self, container_id: str, tail: int | None) -> str:
+        return ""
+
+    def close(self) -> None:
+        for container_id in list(self.containers):
+            self.remove(container_id)
+
+    def container_of(self, sandbox_id: str) -> FakeContainer:
+        with self._lock:
+            return next(c for c in self.containers.values() if c.spec.labels.get(SANDBOX_ID) == sandbox_id)
+
+    def running(self) -> list[FakeContainer]:
+        with self._lock:
+            return [c for c in self.containers.values() if c.running]
+
+
+class FakeEndpoint:
+    """A sandbox's endpoint: ``accept`` starts its container's agent on one end of a socket pair."""
+
+    def __init__(self, backend: FakeBackend, sandbox_id: str, settings: Settings) -> None:
+        self.sandbox_id = sandbox_id
+        self.secret = secrets.token_bytes(protocol.SECRET_BYTES)
+        self._backend = backend
+        self._settings = settings
+        self._accepted = False
+
+    def accept(self, deadline: float) -> Channel:
+        """The container's agent connects; one that served another controller says goodbye there first and keeps
+        its namespace (a takeover, docs/protocol.md)."""
+        assert not self._accepted, "the fake agent connects once"
+        self._accepted = True
+        ours, theirs = socket.socketpair()
+        container = self._backend.container_of(self.sandbox_id)
+        previous = container.agent
+        container.agent = FakeAgent(self._backend, container, self, theirs, previous)
+        if previous is not None:
+            previous.say_goodbye()
+            previous.hang_up()
+        return Channel(ours, self._settings.limits.max_header_bytes, self._settings.limits.max_body_bytes)
+
+    def mounts(self) -> dict[str, str]:
+        return {}
+
+    def environment(self) -> dict[str, str]:
+        return {}
+
+    def constraints(self) -> list[str]:
+        return []
+
+    def groups(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def remove(self) -> None:
+        pass
+
+
+class FakeAgent:
+    """The agent of one fake sandbox: the handshake, then each request to the backend's handler, on a thread."""
+
+    def __init__(
+        self,
+        backend: FakeBackend,
+        container: FakeContainer,
+        endpoint: FakeEndpoint,
+        sock: socket.socket,
+        previous: FakeAgent | None = None,
+    ) -> None:
+        """``previous``: the same agent's connection to the controller it was taken from (its namespace stays)."""
+        self.container = container
+        self.requests: list[Header] = []
+        """Every request this agent got on this connection, in order."""
+        self.values: dict[str, bytes] = {} if previous is None else previous.values
+        self.generation = 0 if previous is None else previous.generation
+        self._backend = backend
+        self._endpoint = endpoint
+        self._sock = sock
+        self._thread = threading.Thread(target=self._serve, name=f"fake-agent-{endpoint.sandbox_id}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ what a handler may do
+
+    def answer(self, request: Header, body: bytes) -> Answer:
+        """What a healthy agent replies to ``request``."""
+        kind = request["type"]
+        if kind == protocol.RESTORE_BEGIN:
+            self.values = {}
+            return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK}
+        if kind == protocol.LOAD:
+            self.values[request["name"]] = bytes(body)
+            return {"type": protocol.LOAD_REPLY, "status": protocol.STATUS_OK}
+        if kind == protocol.RESTORE_END:
+            self.generation = request["generation"]
+            return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": self.generation}
+        if kind == protocol.INSTALL:
+            return {"type": protocol.INSTALL_REPLY, "status": protocol.STATUS_OK}
+        if kind == protocol.EXEC:
+            assignment = _ASSIGNMENT.fullmatch(request["code"])
+            changed = {} if assignment is None else {assignment[1]: assignment[2].encode()}
+            delta, blobs = self.delta(changed)
+            return exec_reply(checkpoint=delta), blobs
+        if kind in (protocol.RESET, protocol.SET_VALUE, protocol.CONTEXT_CREATE, protocol.CONTEXT_DESTROY):
+            delta, blobs = self.delta({})
+            return {"type": protocol.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": delta}, blobs
+        raise AssertionError(f"the fake agent does not know {kind!r}")
+
+    def delta(self, changed: Mapping[str, bytes]) -> tuple[Header, bytes]:
+        """A checkpoint delta storing ``changed`` (name -> pickle bytes) and its body."""
+        if changed:
+            self.generation += 1
+            self.values.update(changed)
+        digests = {name: protocol.blob_digest(value) for name, value in changed.items()}
+        blobs = {digests[name]: value for name, value in changed.items()}
+        delta = {
+            "generation": self.generation,
+            "blobs": [{"digest": d, "size": len(v)} for d, v in blobs.items()],
+            "vars": digests,
+            "deleted": [],
+            "unsaved": {},
+        }
+        return delta, b"".join(blobs.values())
+
+    def die(self, *, oom: bool = False) -> None:
+        """The container dies now (its channel closes); ``oom``: killed for its memory."""
+        self.container.running, self.container.exit_code, self.container.oom_killed = False, 137, oom
+        self.hang_up()
+
+    def say_goodbye(self) -> None:
+        """Another controller took the sandbox over (docs/protocol.md, "Takeover")."""
+        with contextlib.suppress(OSError):  # its controller may have hung up already
+            protocol.send_frame(self._sock, {"type": protocol.GOODBYE, "reason": "taken over"})
+
+    def hang_up(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def count(self, kind: str) -> int:
+        return sum(request["type"] == kind for request in self.requests)
+
+    # ------------------------------------------------------------------ the thread
+
+    def _serve(self) -> None:
+        try:
+            self._handshake()
+            while True:
+                request, body = protocol.recv_frame(self._sock)
+                self.requests.append(request)
+                answer = self._backend.handler(self, request, bytes(body))
+                if answer is None:
+                    continue
+                header, reply_body = answer if isinstance(answer, tuple) else (answer, b"")
+                if "id" not in header:
+                    header = {**header, "id": request["id"]}
+                protocol.send_frame(self._sock, header, reply_body)
+        except (OSError, protocol.ChannelClosed):
+            pass
+        finally:
+            self._sock.close()
+
+    def _handshake(self) -> None:
+        nonce = protocol.new_nonce()
+        hello = {
+            "type": protocol.HELLO,
+            "protocol": protocol.PROTOCOL_VERSION,
+            "sandbox_id": self._endpoint.sandbox_id,
+            "generation": self.generation,
+            "python": "3.12.0",
+            "dill": "fake",
+            "nonce": nonce,
+        }
+        protocol.send_frame(self._sock, hello)
+        auth, _ = protocol.recv_frame(self._sock)
+        proof = protocol.auth_proof(self._endpoint.secret, "agent", nonce, auth["nonce"])
+        protocol.send_frame(self._sock, {"type": protocol.AUTH_OK, "proof": proof})
+
+
+def exec_reply(status: str = protocol.STATUS_OK, *, checkpoint: Header | None = None, **fields: Any) -> Header:
+    """An exec reply (a failed worker's when ``status`` says so: add ``reason``, ``oom``, ``ran``, ``phase``)."""
+    reply: Header = {
+        "type": protocol.EXEC_REPLY,
+        "status": status,
+        "stdout": "",
+        "stderr": "",
+        "stdout_bytes": 0,
+        "stderr_bytes": 0,
+        "return_value": None,
+        "error": None,
+        "duration": 0.0,
+        "checkpoint_duration": 0.0,
+    }
+    if checkpoint is not None:
+        reply["checkpoint"] = checkpoint
+    reply.update(fields)
+    return reply
+
+
+def worker_lost(*, reason: str = "the worker died (killed by signal 9)", **fields: Any) -> Header:
+    """The reply of an agent whose worker died during the request (``oom``, ``ran``, ``phase``, ``status`` to vary)."""
+    return exec_reply(
+        str(fields.pop("status", protocol.STATUS_CRASHED)), reason=reason, worker_restarted=True, **fields
+    )
