@@ -67,17 +67,6 @@ _WORKER_BOOTSTRAP = (
     % __package__
 )
 
-REPLY_TYPES = {
-    protocol.EXEC: protocol.EXEC_REPLY,
-    protocol.SET_VALUE: protocol.STATE_REPLY,
-    protocol.RESET: protocol.STATE_REPLY,
-    protocol.RESTORE_BEGIN: protocol.RESTORE_REPLY,
-    protocol.LOAD: protocol.LOAD_REPLY,
-    protocol.RESTORE_END: protocol.RESTORE_REPLY,
-    protocol.INSTALL: protocol.INSTALL_REPLY,
-    protocol.CONTEXT_CREATE: protocol.STATE_REPLY,
-    protocol.CONTEXT_DESTROY: protocol.STATE_REPLY,
-}
 _CALL_HEADER_BYTES = 64 << 10  # a host call's header holds its number and handler name
 _CALL_SECONDS = 2.0  # a host call frame is at most a few MB over a socket pair: a slower one is trickled
 _PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: or-ing the enum members costs a microsecond a call
@@ -753,11 +742,11 @@ class Supervisor:
             self._discard(body_len)
             self._send(conn, {"type": protocol.PONG, "id": request_id, "generation": self.generation})
             return
-        reply_type = REPLY_TYPES.get(kind)
+        reply_type = protocol.REPLY_TYPES.get(kind)
         if reply_type is None:
             self._discard(body_len)
             reply = {"status": protocol.STATUS_PROTOCOL_ERROR, "ran": False, "reason": "unknown request %r" % kind}
-            self._send(conn, {"type": "error", "id": request_id, **reply})
+            self._send(conn, {"type": protocol.ERROR, "id": request_id, **reply})
             return
         if kind == protocol.RESTORE_BEGIN:
             self.worker_lost = None

@@ -49,7 +49,7 @@ from ..runtime.sandbox import Sandbox
 from ..state.activity import Activity, last_active
 from ..state.ledger import CheckpointLedger, StagedBlob
 from ..state.store import SessionRecord
-from ..wire.connection import Header, TakenOver
+from ..wire.connection import TakenOver
 from ..wire.replies import (
     ExecReply,
     WorkerFailure,
@@ -289,15 +289,14 @@ class Session:
             raise ConfigError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
         if on_output is not None and not callable(on_output):
             raise ConfigError(f"on_output must be callable, got {type(on_output).__name__}")
-        header = {
-            "type": protocol.EXEC,
-            "code": code,
-            "timeout": limit,
-            "checkpoint_timeout": self._settings.checkpoint_timeout,
-            "send_limit": self._settings.max_output_file_bytes,
-        }
-        if on_output is not None:
-            header.update(stream=True, input=True)
+        header = protocol.exec_request(
+            code,
+            limit,
+            checkpoint_timeout=self._settings.checkpoint_timeout,
+            send_limit=self._settings.max_output_file_bytes,
+            stream=on_output is not None,
+            input=on_output is not None,
+        )
         slack = self._settings.interrupt_grace + self._settings.reply_margin
         with self._turn():
             self._name_context(header, context)
@@ -478,7 +477,7 @@ class Session:
         self._reset(None)
 
     def _reset(self, context: str | None) -> None:
-        header = {"type": protocol.RESET, "checkpoint_timeout": self._settings.checkpoint_timeout}
+        header = protocol.reset_request(self._settings.checkpoint_timeout)
         with self._turn():
             self._name_context(header, context)
             self._call(
@@ -705,7 +704,7 @@ class Session:
         assert self._sandbox is not None and self._scaffold is not None
         code, names = self._scaffold
         seconds = self._settings.start_timeout
-        header = {"type": protocol.INSTALL, "code": code, "names": names, "timeout": seconds}
+        header = protocol.install_request(code, names, seconds)
         reply, _ = self._sandbox.request(header, seconds=seconds + self._settings.interrupt_grace)
         failure = worker_failure(reply)
         reason = failure["reason"] if failure is not None else parse_install_reply(reply)
@@ -764,7 +763,7 @@ class Session:
 
     def _call(
         self,
-        header: Header,
+        header: protocol.Request,
         body: bytes,
         seconds: float,
         accept: Callable[[dict[str, Any], bytearray], T],
@@ -790,7 +789,7 @@ class Session:
 
     def _attempt(
         self,
-        header: Header,
+        header: protocol.Request,
         body: bytes,
         seconds: float,
         accept: Callable[[dict[str, Any], bytearray], T],
@@ -969,20 +968,14 @@ class Session:
             CheckpointQuotaExceeded: a str or bytes value would take the checkpoint past the quota.
         """
         kind, raw = encoded
-        header: dict[str, Any] = {
-            "type": protocol.SET_VALUE,
-            "name": name,
-            "kind": kind,
-            "aliases": aliases,
-            "checkpoint_timeout": self._settings.checkpoint_timeout,
-        }
+        header = protocol.set_value_request(name, kind, aliases, self._settings.checkpoint_timeout)
         self._name_context(header, context)
         staged: list[StagedBlob] = []
         if kind in protocol.HOST_BLOB_KINDS:
             keys = {checkpoint_key(header.get("context"), n) for n in [name, *aliases]}
             self._ledger.check_room(keys, len(raw) + protocol.HOST_BLOB_OVERHEAD, f"the {kind} value for {name}")
             staged.append(self._ledger.stage(protocol.host_blob_parts(kind, raw)))
-            header.update(blob=staged[0].blob_id, blob_size=staged[0].size)
+            header["blob"], header["blob_size"] = staged[0].blob_id, staged[0].size
         try:
             self._call(
                 header,
@@ -1032,13 +1025,7 @@ class Session:
         path = resolve_cwd(workspace(self._settings), new_id, cwd)
         variables = validate_env(env)
         spec = {"cwd": path, "env": variables, "context_count": 0, "history_count": 0}
-        header = {
-            "type": protocol.CONTEXT_CREATE,
-            "context": new_id,
-            "cwd": path,
-            "env": variables,
-            "checkpoint_timeout": self._settings.checkpoint_timeout,
-        }
+        header = protocol.context_create_request(new_id, path, variables, self._settings.checkpoint_timeout)
         with self._turn():
             if new_id in self._ledger.record.contexts:
                 raise ConfigError(
@@ -1049,11 +1036,7 @@ class Session:
         return Context(self, new_id)
 
     def _destroy_context(self, context_id: str) -> None:
-        header = {
-            "type": protocol.CONTEXT_DESTROY,
-            "context": context_id,
-            "checkpoint_timeout": self._settings.checkpoint_timeout,
-        }
+        header = protocol.context_destroy_request(context_id, self._settings.checkpoint_timeout)
         with self._turn():
             self._context_spec(context_id)
             self._call(header, b"", self._control_seconds(), lambda r, b: self._commit_context(r, b, context_id, None))
@@ -1086,7 +1069,7 @@ class Session:
             )
         return spec
 
-    def _name_context(self, header: dict[str, Any], context: str | None) -> None:
+    def _name_context(self, header: protocol.InContext, context: str | None) -> None:
         """Put the context a request runs in into its header (nothing for the default context)."""
-        if self._context_spec(context) is not None:
+        if context is not None and self._context_spec(context) is not None:
             header["context"] = context
