@@ -2,14 +2,16 @@
 
 The host never trusts what an agent sends (cell code can forge frames): a field of the wrong
 type or size is a ``ProtocolError`` here, so the code above handles typed values only. The
-wire format itself is ``agent/protocol.py`` (see docs/protocol.md).
+messages and the shapes both sides share are defined in ``agent/protocol.py`` (docs/protocol.md);
+the views here that differ from a message (clipped, defaults filled in) are the host's own.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict, TypeVar, cast
+from typing import Any, TypedDict, TypeVar, cast
 
 from ..agent import protocol
+from ..agent.protocol import BlobEntry, CheckpointDelta, Status
 from ..errors import ProtocolError
 from ..safe_text import visible
 from ..state.store import BLOB_ID, DIGEST
@@ -22,7 +24,6 @@ _MAX_SECONDS = 10_000_000.0  # a reported duration past this (115 days) is a lie
 _MAX_TEXT = 64  # versions, ids, phases: short labels
 _MAX_INSTALL_REASON = 10_000  # a scaffold's traceback (the agent sends at most 8000 characters)
 
-Status = Literal["ok", "error", "timeout", "crashed", "protocol_error"]
 _STATUSES = {
     protocol.STATUS_OK,
     protocol.STATUS_ERROR,
@@ -150,19 +151,6 @@ def parse_goodbye(header: dict[str, Any]) -> Goodbye:
     return Goodbye(
         reason=_label(header, "reason"), in_flight=in_flight[:_MAX_TEXT] if isinstance(in_flight, str) else None
     )
-
-
-class BlobEntry(TypedDict):
-    digest: str
-    size: int
-
-
-class CheckpointDelta(TypedDict):
-    generation: int
-    blobs: list[BlobEntry]
-    vars: dict[str, str]
-    deleted: list[str]
-    unsaved: dict[str, str]
 
 
 def parse_delta(header: dict[str, Any]) -> CheckpointDelta:
