@@ -956,6 +956,21 @@ def auth_message(nonce: str, proof: str) -> Auth:
     return Auth(type=AUTH, nonce=nonce, proof=proof)
 
 
+MAX_NONCE_CHARS = 256  # a nonce the agent takes (the controller's are 2 * NONCE_BYTES hex characters)
+
+
+def read_auth(header: Header) -> Auth:
+    """The controller's auth frame; its proof is checked by ``proof_matches`` (any value, in constant time).
+
+    Raises:
+        BadRequest: not an auth frame, or its nonce is not a str of 1 to MAX_NONCE_CHARS characters.
+    """
+    nonce = header.get("nonce")
+    if header.get("type") != AUTH or not isinstance(nonce, str) or not 0 < len(nonce) <= MAX_NONCE_CHARS:
+        raise BadRequest("not an auth frame with a nonce")
+    return cast(Auth, header)
+
+
 class Interrupt(TypedDict):
     """Stop the running cell of exec ``id`` (the timeout ladder at once)."""
 

@@ -59,7 +59,6 @@ CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows
 _WORKER_START_SECONDS = 60.0
 _WORKER_START_ATTEMPTS = 3
 _HANDSHAKE_HEADER_BYTES = 64 << 10
-_MAX_NONCE_CHARS = 256
 # The worker's first Python code: no entry that is not an absolute path (the working directory, '') stays on its
 # import path, before anything is imported from it. ``-s`` (no user site) runs before it.
 _WORKER_BOOTSTRAP = (
@@ -647,12 +646,9 @@ class Supervisor:
         agent_nonce = protocol.new_nonce()
         protocol.send_frame(conn, self.hello(agent_nonce))
         header, _ = protocol.recv_head(conn, _HANDSHAKE_HEADER_BYTES, 0, self.config.frame_timeout)
-        controller_nonce = header.get("nonce")
-        if (
-            header["type"] != protocol.AUTH
-            or not isinstance(controller_nonce, str)
-            or not 0 < len(controller_nonce) <= _MAX_NONCE_CHARS
-        ):
+        try:
+            controller_nonce = protocol.read_auth(header)["nonce"]
+        except protocol.BadRequest:
             log("the controller did not answer the hello with a valid auth frame")
             return False
         expected = protocol.auth_proof(self._secret, "controller", agent_nonce, controller_nonce)

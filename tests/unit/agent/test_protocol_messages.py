@@ -185,6 +185,14 @@ def test_the_controllers_other_messages() -> None:
     assert protocol.restore_begin_request(0) == {"type": protocol.RESTORE_BEGIN, "generation": 0}
 
 
+def test_an_auth_is_read_and_a_bad_one_refused() -> None:
+    built = protocol.auth_message(protocol.new_nonce(), "proof")
+    assert protocol.read_auth(_wire(built)) == built
+    for changes in ({"type": "hello"}, {"nonce": ""}, {"nonce": 5}, {"nonce": "n" * (protocol.MAX_NONCE_CHARS + 1)}):
+        with pytest.raises(protocol.BadRequest):
+            protocol.read_auth({**built, **changes})
+
+
 # --- the request-to-reply map ---------------------------------------------------------------------
 
 
