@@ -635,20 +635,24 @@ class BadRequest(Exception):
     """A request lacks a field the agent needs, or has it of the wrong type: the agent replies with this reason."""
 
 
-class Envelope(TypedDict, total=False):
+# In the shapes below a key the agent can do without is optional (a TypedDict of ``total=False``), even where
+# the controller always sends it. Time limits (``timeout``, ``checkpoint_timeout``) are seconds the supervisor
+# enforces; absent, or not a positive finite number, it uses its own default.
+
+
+class _Envelope(TypedDict, total=False):
     id: str  # set by the controller's connection when it sends the request; the reply echoes it
 
 
-class InContext(Envelope, total=False):
+class _Request(_Envelope):
+    type: str
+
+
+class InContext(_Request, total=False):
     context: str  # the context the request runs in (a CONTEXT_ID); absent: the default context
 
 
-# Time limits (``timeout``, ``checkpoint_timeout``) are seconds the supervisor enforces; absent or not a positive
-# finite number, it uses its own default. In the shapes below, a key the agent can do without is optional.
-
-
 class _ExecFields(InContext):
-    type: str
     code: str
 
 
@@ -718,7 +722,6 @@ def read_exec(header: Header) -> ExecRequest:
 
 
 class _SetValueFields(InContext):
-    type: str
     name: str
     kind: str  # how the body is the value: "str" (UTF-8, surrogatepass), "bytes", "json"
 
@@ -759,10 +762,9 @@ def read_set_value(header: Header, body_size: int, reserved: Callable[[str], boo
     return cast(SetValueRequest, dict(header, aliases=aliases))
 
 
-class ResetRequest(InContext):
+class ResetRequest(InContext, total=False):
     """Clear the context's namespace, then checkpoint."""
 
-    type: str
     checkpoint_timeout: float
 
 
@@ -770,11 +772,10 @@ def reset_request(checkpoint_timeout: float) -> ResetRequest:
     return ResetRequest(type=RESET, checkpoint_timeout=checkpoint_timeout)
 
 
-class RestoreBeginRequest(Envelope):
+class RestoreBeginRequest(_Request, total=False):
     """Clear every namespace and drop every context but the default one: a restore starts."""
 
-    type: str
-    generation: int
+    generation: int  # the generation being restored (the agent does not use it)
 
 
 def restore_begin_request(generation: int) -> RestoreBeginRequest:
@@ -782,7 +783,6 @@ def restore_begin_request(generation: int) -> RestoreBeginRequest:
 
 
 class _LoadFields(InContext):
-    type: str
     name: str  # the bare name (its context in ``context``)
     digest: str  # the blob's content digest, or a host-made blob's id
 
@@ -813,10 +813,9 @@ def read_load(header: Header, reserved: Callable[[str], bool]) -> LoadRequest:
     return cast(LoadRequest, header)
 
 
-class RestoreEndRequest(Envelope):
+class RestoreEndRequest(_Request):
     """The restore is complete: the checkpoint generation the worker holds now."""
 
-    type: str
     generation: int
 
 
@@ -836,8 +835,7 @@ def read_restore_end(header: Header) -> RestoreEndRequest:
     return cast(RestoreEndRequest, header)
 
 
-class _InstallFields(Envelope):
-    type: str
+class _InstallFields(_Request):
     code: str
     names: List[str]  # session names the scaffold makes: never checkpointed
 
@@ -864,8 +862,7 @@ def read_install(header: Header) -> InstallRequest:
     return cast(InstallRequest, header)
 
 
-class _ContextCreateFields(Envelope):
-    type: str
+class _ContextCreateFields(_Request):
     context: str
     cwd: str  # absolute; the worker creates it
     env: Dict[str, str]  # on top of the worker's own environment
@@ -886,8 +883,7 @@ def context_create_request(
     return request
 
 
-class _ContextDestroyFields(Envelope):
-    type: str
+class _ContextDestroyFields(_Request):
     context: str
 
 
@@ -923,10 +919,8 @@ def read_context(header: Header) -> Union[ContextCreateRequest, ContextDestroyRe
     return cast(ContextCreateRequest, header)
 
 
-class PingRequest(Envelope):
+class PingRequest(_Request):
     """Is the agent there? It answers ``pong {generation}`` itself, without the worker."""
-
-    type: str
 
 
 # What the controller sends through ``AgentConnection.request``: each answered by its REPLY_TYPES entry.
