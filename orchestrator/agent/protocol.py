@@ -10,7 +10,11 @@ its buffer with what has arrived instead of trusting a declared length.
 
 The agent reads frames with the blocking ``recv_frame``, or with ``recv_head`` when it streams
 the body on itself; the controller drives the same ``FrameReader`` from a non-blocking socket
-against a deadline (``orchestrator/transport.py``).
+against a deadline (``orchestrator/wire/transport.py``).
+
+The "Messages" section at the end defines every message type, and each request once for both
+sides: its fields (a TypedDict), the builder the controller sends it with, and the reader the
+agent checks it with; ``REPLY_TYPES`` says which reply answers which request.
 """
 
 from __future__ import annotations
@@ -995,15 +999,74 @@ def host_reply(call: int, error: Optional[str] = None) -> HostReply:
     return HostReply(type=HOST_REPLY, call=call, status=STATUS_ERROR, error=error)
 
 
-# The checkpoint delta of a reply (docs/protocol.md, "Requests and replies"): the host validates it (wire/replies.py).
+# Replies: their fields besides ``type`` and ``id``, as the agent sends them (docs/protocol.md says what each
+# means). The host trusts none of them: wire/replies.py checks every field it returns in these shapes, and
+# fills in the optional ones it uses.
+
+
+class _HelloFields(TypedDict):
+    protocol: int  # PROTOCOL_VERSION
+    sandbox_id: str
+    generation: int  # the checkpoint generation the agent's memory holds (0: a fresh worker)
+    python: str
+    dill: str
+    nonce: str  # the agent's challenge for the handshake
+
+
+class Hello(_HelloFields, total=False):
+    """The agent's first frame on a connection (docs/protocol.md, "Connection set-up")."""
+
+    agent_pid: int  # for a person reading logs: the controller does not use them
+    worker_pid: int
+
+
+class Goodbye(TypedDict):
+    """The agent leaves this connection for another controller's (docs/protocol.md, "Takeover")."""
+
+    reason: str
+    in_flight: Optional[str]  # the id of the request it abandoned, if one ran
+
+
 class BlobEntry(TypedDict):
-    digest: str
+    digest: str  # blob_digest of the blob: the blobs travel in the reply's body in this order
     size: int
 
 
 class CheckpointDelta(TypedDict):
+    """What a request changed in the checkpoint (docs/protocol.md, "Requests and replies")."""
+
     generation: int
     blobs: List[BlobEntry]
-    vars: Dict[str, str]
+    vars: Dict[str, str]  # checkpoint key -> blob id
     deleted: List[str]
-    unsaved: Dict[str, str]
+    unsaved: Dict[str, str]  # checkpoint key -> why it is not saved
+
+
+class _ExecReplyFields(TypedDict):
+    status: Status
+    stdout: str  # the first output_limit bytes of each stream ...
+    stderr: str
+    stdout_bytes: int  # ... of this many the cell wrote
+    stderr_bytes: int
+    return_value: Optional[str]  # the repr of the cell's last expression
+    error: Optional[Dict[str, Any]]  # what the cell raised
+    duration: float
+    checkpoint_duration: float
+    checkpoint: CheckpointDelta
+
+
+class ExecReply(_ExecReplyFields, total=False):
+    """The reply to ``exec``."""
+
+    scaffold: Optional[Dict[str, Any]]  # what the scaffold's after_cell returned
+    output_limited: bool  # true: the cell's output passed the exec's ``output_cap``
+
+
+class _LoadReplyFields(TypedDict):
+    status: Status
+
+
+class LoadReply(_LoadReplyFields, total=False):
+    """The reply to ``load``."""
+
+    reason: str  # why it failed

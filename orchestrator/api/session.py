@@ -51,7 +51,6 @@ from ..state.ledger import CheckpointLedger, StagedBlob
 from ..state.store import SessionRecord
 from ..wire.connection import TakenOver
 from ..wire.replies import (
-    ExecReply,
     WorkerFailure,
     parse_exec_reply,
     parse_install_reply,
@@ -872,7 +871,7 @@ class Session:
             self._call_wakeup = Wakeup()
         return self._call_wakeup
 
-    def _output(self, parsed: ExecReply, live: LiveCall) -> dict[str, Any]:
+    def _output(self, parsed: protocol.ExecReply, live: LiveCall) -> dict[str, Any]:
         """What the result gets beside the reply: previews of streams kept in files (and their paths), the
         callback's errors. Empty for a call that printed little and had no callback (nothing to copy)."""
         live.finish_output()

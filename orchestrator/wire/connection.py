@@ -22,11 +22,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..agent import protocol
+from ..agent.protocol import Goodbye, Hello
 from ..api.events import LiveCall
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 from ..runtime.hostcalls import CallDesk, answer_error
 from .endpoint import Endpoint
-from .replies import Goodbye, Hello, parse_auth_ok, parse_goodbye, parse_hello
+from .replies import parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel
 
 logger = logging.getLogger(__name__)

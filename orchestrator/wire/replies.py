@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, TypedDict, TypeVar, cast
 
 from ..agent import protocol
-from ..agent.protocol import BlobEntry, CheckpointDelta, Status
+from ..agent.protocol import BlobEntry, CheckpointDelta, ExecReply, Goodbye, Hello, LoadReply, Status
 from ..errors import ProtocolError
 from ..safe_text import visible
 from ..state.store import BLOB_ID, DIGEST
@@ -104,15 +104,6 @@ def _expect_type(header: dict[str, Any], *kinds: str) -> str:
     return cast(str, kind)
 
 
-class Hello(TypedDict):
-    protocol: int
-    sandbox_id: str
-    generation: int
-    python: str
-    dill: str
-    nonce: str
-
-
 def parse_hello(header: dict[str, Any]) -> Hello:
     _expect_type(header, protocol.HELLO)
     version = expect(header, "protocol", int)
@@ -138,11 +129,6 @@ def parse_auth_ok(header: dict[str, Any]) -> str:
     """The agent's proof that it knows the sandbox's secret."""
     _expect_type(header, protocol.AUTH_OK)
     return expect(header, "proof", str)
-
-
-class Goodbye(TypedDict):
-    reason: str
-    in_flight: str | None
 
 
 def parse_goodbye(header: dict[str, Any]) -> Goodbye:
@@ -226,23 +212,8 @@ def worker_failure(header: dict[str, Any]) -> WorkerFailure | None:
     )
 
 
-class ExecReply(TypedDict):
-    status: Status
-    stdout: str
-    stderr: str
-    stdout_bytes: int
-    stderr_bytes: int
-    return_value: str | None
-    error: dict[str, Any] | None
-    duration: float
-    checkpoint_duration: float
-    checkpoint: CheckpointDelta
-    scaffold: dict[str, Any] | None
-    output_limited: bool  # the cell's output passed the exec's ``output_cap`` (absent in the header: False)
-
-
 def parse_exec_reply(header: dict[str, Any]) -> ExecReply:
-    """A completed (or interrupted) cell; call ``worker_failure`` first."""
+    """A completed (or interrupted) cell, its optional fields filled in; call ``worker_failure`` first."""
     _expect_type(header, protocol.EXEC_REPLY)
     error = header.get("error")
     if error is not None and not isinstance(error, dict):
@@ -276,12 +247,8 @@ def parse_state_reply(header: dict[str, Any]) -> CheckpointDelta:
     return parse_delta(header)
 
 
-class LoadReply(TypedDict):
-    status: Status
-    reason: str
-
-
 def parse_load_reply(header: dict[str, Any]) -> LoadReply:
+    """The outcome of a load, with a ``reason`` ("" when the agent gave none)."""
     _expect_type(header, protocol.LOAD_REPLY, protocol.EXEC_REPLY)
     return LoadReply(status=parse_status(header), reason=reply_reason(header, ""))
 
