@@ -208,6 +208,25 @@ def test_every_request_shape_is_a_request_of_the_union() -> None:
     assert shapes == names
 
 
+def _maps_a_request_to_its_reply(node: ast.Dict) -> bool:
+    pairs = zip(node.keys, node.values, strict=True)
+    return any(
+        isinstance(k, ast.Attribute) and k.attr == "EXEC" and isinstance(v, ast.Attribute) and v.attr == "EXEC_REPLY"
+        for k, v in pairs
+    )
+
+
+def test_the_request_to_reply_map_is_written_once() -> None:
+    package = AGENT_DIR.parent
+    written = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Dict) and _maps_a_request_to_its_reply(node)
+    ]
+    assert written == []  # protocol.py spells it with bare names: EXEC: EXEC_REPLY
+
+
 # --- every message type the agent sends is defined, and documented ---------------------------------
 
 
