@@ -1,7 +1,7 @@
 """Wire format shared by the controller and the in-container agent: framed JSON headers plus raw bodies.
 
 Standard library only: this file is copied into sandbox images and must run on the image's
-Python (3.8 and later: no ``X | Y`` at run time, no ``match``). A frame is a fixed 12-byte
+Python (3.9 and later: no ``X | Y`` at run time, no ``match``). A frame is a fixed 12-byte
 prefix (magic, header length, body length), a UTF-8 JSON header object with a ``type`` field,
 and an optional raw binary body (checkpoint blobs, contexts), so large payloads never travel
 as base64 inside JSON.
@@ -10,7 +10,11 @@ its buffer with what has arrived instead of trusting a declared length.
 
 The agent reads frames with the blocking ``recv_frame``, or with ``recv_head`` when it streams
 the body on itself; the controller drives the same ``FrameReader`` from a non-blocking socket
-against a deadline (``orchestrator/transport.py``).
+against a deadline (``orchestrator/wire/transport.py``).
+
+The "Messages" section at the end defines every message type, and each request once for both
+sides: its fields (a TypedDict), the builder the controller sends it with, and the reader the
+agent checks it with; ``REPLY_TYPES`` says which reply answers which request.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import re
 import socket
 import struct
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, Union, cast
 
 PROTOCOL_VERSION = 4
 MAGIC = b"ORC1"
@@ -39,23 +43,7 @@ SECRET_BYTES = 32  # the sandbox secret: this many random bytes, stored as twice
 _INLINE_BODY_BYTES = 64 << 10
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
-# Connection set-up (docs/protocol.md): hello (agent), auth (controller), auth_ok (agent).
-HELLO = "hello"
-AUTH = "auth"
-AUTH_OK = "auth_ok"
-# Requests the controller sends; each carries an ``id`` that its reply echoes.
-EXEC = "exec"
-SET_VALUE = "set_value"
-RESET = "reset"
-RESTORE_BEGIN = "restore_begin"
-LOAD = "load"
-RESTORE_END = "restore_end"
-PING = "ping"
-INSTALL = "install"  # the session's scaffold: code run in its own module of every worker (docs/protocol.md)
-# Contexts (docs/protocol.md): more namespaces in the one worker. exec / set_value / reset / load
-# name theirs in an optional ``context`` field (absent: the default context).
-CONTEXT_CREATE = "context_create"
-CONTEXT_DESTROY = "context_destroy"
+# Contexts (docs/protocol.md): more namespaces in the one worker; requests name theirs in ``context``.
 CONTEXT_SEPARATOR = "/"  # a context's variable ``x`` is ``<context>/x`` in checkpoints (names have no "/")
 CONTEXT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # a context id: also a directory name and a key prefix
 # The checkpoint manifest's bounds (docs/trust.md, "Names"): the agent keeps within them by itself (a name past
@@ -74,36 +62,10 @@ HOST_BLOB_ID = re.compile(r"h[0-9a-f]{32}")  # content digests are 32 lowercase 
 HOST_BLOB_OVERHEAD = 12  # PROTO 4 (2 bytes), BINUNICODE8 or BINBYTES8 with its 8-byte length (9), STOP (1)
 _HOST_BLOB_OPCODES = {"str": b"\x8d", "bytes": b"\x8e"}  # pickle.BINUNICODE8, pickle.BINBYTES8 (PEP 3154)
 _HOST_BLOB_LENGTH = struct.Struct("<Q")
-# Replies and notices the agent sends.
-EXEC_REPLY = "exec_reply"
-STATE_REPLY = "state_reply"
-LOAD_REPLY = "load_reply"
-RESTORE_REPLY = "restore_reply"
-PONG = "pong"
-INSTALL_REPLY = "install_reply"
-GOODBYE = "goodbye"
-# Worker -> supervisor only: the cell finished, checkpointing starts (its own time limit).
-CELL_DONE = "cell_done"
-# Supervisor -> controller, during an exec whose checkpoint takes a while: its own time limit runs now.
-CHECKPOINTING = "checkpointing"
-# Host calls (docs/protocol.md): worker -> supervisor -> controller while a cell runs, and the answer back.
-HOST_CALL = "host_call"
-HOST_REPLY = "host_reply"
 HOST_CALL_MAX_BYTES = 16 << 20  # default bound of one host call's JSON payload or result
-# Output (docs/protocol.md): worker -> supervisor (on the host-call link) -> controller while a cell runs.
-OUTPUT = "output"
-OUTPUT_STREAMS = ("stdout", "stderr")
+OUTPUT_STREAMS = ("stdout", "stderr")  # the ``stream`` of an ``output`` frame
 # input() of a cell is a host call of this reserved name; its wait does not count toward the cell's timeout.
 INPUT_CALL = "__input__"
-# Controller -> supervisor while an exec runs: stop the cell (the timeout ladder), as when its time is up.
-INTERRUPT = "interrupt"
-
-# Outcomes of a request as the agent reports them in ``status``.
-STATUS_OK = "ok"
-STATUS_ERROR = "error"
-STATUS_TIMEOUT = "timeout"
-STATUS_CRASHED = "crashed"
-STATUS_PROTOCOL_ERROR = "protocol_error"
 
 NONCE_BYTES = 16
 
@@ -182,7 +144,8 @@ def parse_secret(text: bytes) -> bytes:
     return key
 
 
-Header = Dict[str, Any]
+Header = Dict[str, Any]  # a header as received: anything the peer sent, each reader checks what it takes
+Message = Mapping[str, Any]  # a header to send: a typed message (below) or a plain dict
 Body = Union[bytes, bytearray, memoryview]
 
 
@@ -194,7 +157,7 @@ class ChannelClosed(Exception):
     """The peer closed the connection, possibly in the middle of a frame."""
 
 
-def encode_header(header: Header) -> bytes:
+def encode_header(header: Message) -> bytes:
     """Serialize a header object; the agent and the controller both call this.
 
     A str made by user code (an error message, a repr) may hold lone surrogates, which have
@@ -336,7 +299,7 @@ def parse_prefix(
     return head_len, body_len
 
 
-def frame_head(header: Header, body_len: int) -> bytes:
+def frame_head(header: Message, body_len: int) -> bytes:
     """The prefix and header of a frame whose ``body_len`` body bytes are written separately (streamed).
 
     Raises:
@@ -348,7 +311,7 @@ def frame_head(header: Header, body_len: int) -> bytes:
     return PREFIX.pack(MAGIC, len(head), body_len) + head
 
 
-def frame_parts(header: Header, body: Union[Body, Sequence[Body]] = b"") -> List[Body]:
+def frame_parts(header: Message, body: Union[Body, Sequence[Body]] = b"") -> List[Body]:
     """The buffers of one frame, in order, to be written back to back.
 
     A body of at most 64 KiB is joined to the prefix and header (one write); a larger one is
@@ -365,7 +328,7 @@ def frame_parts(header: Header, body: Union[Body, Sequence[Body]] = b"") -> List
     return [head, *parts]
 
 
-def send_frame(sock: socket.socket, header: Header, body: Union[Body, Sequence[Body]] = b"") -> None:
+def send_frame(sock: socket.socket, header: Message, body: Union[Body, Sequence[Body]] = b"") -> None:
     """Write one frame whose body is one buffer or several sent back to back (no joined copy).
 
     Small bodies go out in the same ``send`` as the header.
@@ -605,3 +568,505 @@ def host_blob_framed(blob: Union[bytes, bytearray, memoryview]) -> bool:
         and _HOST_BLOB_LENGTH.unpack_from(view, 3)[0] == size - HOST_BLOB_OVERHEAD
         and view[size - 1] == 0x2E
     )
+
+
+# --- Messages ----------------------------------------------------------------------------------------------
+# Every message type, and each request's fields: one definition for both sides. The controller builds its
+# requests with the functions below; the agent reads them with the ``read_*`` functions, which check each field
+# it uses (a field of the wrong type is an error reply, or counts as absent where docs/protocol.md says so).
+# Replies are checked on the host (orchestrator/wire/replies.py): every byte from a sandbox is hostile.
+
+# Connection set-up (docs/protocol.md): hello (agent), auth (controller), auth_ok (agent).
+HELLO = "hello"  # also the worker's first frame to the supervisor: {python, dill, pid}
+AUTH = "auth"
+AUTH_OK = "auth_ok"
+# Requests the controller sends; each carries an ``id`` that its reply echoes.
+EXEC = "exec"
+SET_VALUE = "set_value"
+RESET = "reset"
+RESTORE_BEGIN = "restore_begin"
+LOAD = "load"
+RESTORE_END = "restore_end"
+PING = "ping"
+INSTALL = "install"  # the session's scaffold: code run in its own module of every worker (docs/protocol.md)
+CONTEXT_CREATE = "context_create"
+CONTEXT_DESTROY = "context_destroy"
+# Replies and notices the agent sends.
+EXEC_REPLY = "exec_reply"
+STATE_REPLY = "state_reply"
+LOAD_REPLY = "load_reply"
+RESTORE_REPLY = "restore_reply"
+PONG = "pong"
+INSTALL_REPLY = "install_reply"
+ERROR = "error"  # the reply to a request of a type the agent does not know: status protocol_error, ran false
+GOODBYE = "goodbye"
+# Worker -> supervisor only: the cell finished, checkpointing starts (its own time limit).
+CELL_DONE = "cell_done"
+# Supervisor -> controller, during an exec whose checkpoint takes a while: its own time limit runs now.
+CHECKPOINTING = "checkpointing"
+# Host calls (docs/protocol.md): worker -> supervisor -> controller while a cell runs, and the answer back.
+HOST_CALL = "host_call"
+HOST_REPLY = "host_reply"
+# Output (docs/protocol.md): worker -> supervisor (on the host-call link) -> controller while a cell runs.
+OUTPUT = "output"
+# Controller -> supervisor while an exec runs: stop the cell (the timeout ladder), as when its time is up.
+INTERRUPT = "interrupt"
+
+# The reply type that answers each request type (any other type is answered ``ERROR``).
+REPLY_TYPES = {
+    EXEC: EXEC_REPLY,
+    SET_VALUE: STATE_REPLY,
+    RESET: STATE_REPLY,
+    RESTORE_BEGIN: RESTORE_REPLY,
+    LOAD: LOAD_REPLY,
+    RESTORE_END: RESTORE_REPLY,
+    INSTALL: INSTALL_REPLY,
+    CONTEXT_CREATE: STATE_REPLY,
+    CONTEXT_DESTROY: STATE_REPLY,
+    PING: PONG,
+}
+
+# Outcomes of a request as the agent reports them in ``status``.
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+STATUS_TIMEOUT = "timeout"
+STATUS_CRASHED = "crashed"
+STATUS_PROTOCOL_ERROR = "protocol_error"
+Status = Literal["ok", "error", "timeout", "crashed", "protocol_error"]
+
+
+class BadRequest(Exception):
+    """A request lacks a field the agent needs, or has it of the wrong type: the agent replies with this reason."""
+
+
+# In the shapes below a key the agent can do without is optional (a TypedDict of ``total=False``), even where
+# the controller always sends it. Time limits (``timeout``, ``checkpoint_timeout``) are seconds the supervisor
+# enforces; absent, or not a positive finite number, it uses its own default.
+
+
+class _Envelope(TypedDict, total=False):
+    id: str  # set by the controller's connection when it sends the request; the reply echoes it
+
+
+class _Request(_Envelope):
+    type: str
+
+
+class InContext(_Request, total=False):
+    context: str  # the context the request runs in (a CONTEXT_ID); absent: the default context
+
+
+class _ExecFields(InContext):
+    code: str
+
+
+class ExecRequest(_ExecFields, total=False):
+    """Run a cell, then checkpoint (docs/protocol.md, "Requests and replies" and "Output, input() and interrupts")."""
+
+    timeout: float
+    checkpoint_timeout: float
+    send_limit: int  # output bytes per stream that may travel as ``output`` frames (> 0; else none)
+    stream: bool  # true: every byte of output travels as ``output`` frames
+    input: bool  # true: the cell's input() asks the controller (a host call of INPUT_CALL)
+    stdin: str  # the text sys.stdin and Python's own input() read; then ``input`` is ignored
+    output_cap: int  # bytes of stdout and stderr together past which the cell's writes raise (>= 0)
+    checkpoint: bool  # false: no checkpoint (an empty delta)
+
+
+def exec_request(
+    code: str,
+    timeout: float,
+    *,
+    checkpoint_timeout: Optional[float] = None,
+    send_limit: Optional[int] = None,
+    stream: bool = False,
+    input: bool = False,
+    stdin: Optional[str] = None,
+    output_cap: Optional[int] = None,
+    checkpoint: bool = True,
+) -> ExecRequest:
+    request = ExecRequest(type=EXEC, code=code, timeout=timeout)
+    if checkpoint_timeout is not None:
+        request["checkpoint_timeout"] = checkpoint_timeout
+    if not checkpoint:
+        request["checkpoint"] = False
+    if stream:
+        request["stream"] = True
+    if input:
+        request["input"] = True
+    if send_limit is not None:
+        request["send_limit"] = send_limit
+    if output_cap is not None:
+        request["output_cap"] = output_cap
+    if stdin is not None:
+        request["stdin"] = stdin
+    return request
+
+
+_EXEC_OPTIONS: Dict[str, Callable[[Any], bool]] = {
+    "send_limit": lambda value: type(value) is int and value > 0,
+    "output_cap": lambda value: type(value) is int and value >= 0,
+    "stdin": lambda value: isinstance(value, str),
+    "stream": lambda value: value is True,
+    "input": lambda value: value is True,
+    "checkpoint": lambda value: value is False,
+}
+
+
+def read_exec(header: Header) -> ExecRequest:
+    """The exec request; an option of the wrong type (or its default value) is dropped: it counts as absent.
+
+    Raises:
+        BadRequest: no code.
+    """
+    if not isinstance(header.get("code"), str):
+        raise BadRequest("no code")
+    kept = {key: value for key, value in header.items() if key not in _EXEC_OPTIONS or _EXEC_OPTIONS[key](value)}
+    return cast(ExecRequest, kept)
+
+
+class _SetValueFields(InContext):
+    name: str
+    kind: str  # how the body is the value: "str" (UTF-8, surrogatepass), "bytes", "json"
+
+
+class SetValueRequest(_SetValueFields, total=False):
+    """Bind a value the controller sends as the body to ``name`` and ``aliases`` (docs/protocol.md)."""
+
+    aliases: List[str]
+    checkpoint_timeout: float
+    blob: str  # kind str or bytes: the id of the host-made blob the controller stored (HOST_BLOB_ID) ...
+    blob_size: int  # ... and its size: the body's length plus HOST_BLOB_OVERHEAD
+
+
+def set_value_request(name: str, kind: str, aliases: List[str], checkpoint_timeout: float) -> SetValueRequest:
+    return SetValueRequest(type=SET_VALUE, name=name, kind=kind, aliases=aliases, checkpoint_timeout=checkpoint_timeout)
+
+
+def read_set_value(header: Header, body_size: int, reserved: Callable[[str], bool]) -> SetValueRequest:
+    """The set_value request whose body is ``body_size`` bytes, with ``aliases`` a list (absent: empty).
+
+    Raises:
+        BadRequest: a name or alias that is not a non-empty str or is ``reserved``; a ``blob`` without
+            the kind, id and size of a host-made blob (the worker decodes the body by ``kind``).
+    """
+    kind = header.get("kind")
+    aliases = header.get("aliases") or []
+    names = [header.get("name"), *(aliases if isinstance(aliases, list) else [None])]
+    if not all(isinstance(name, str) and name and not reserved(name) for name in names):
+        raise BadRequest("bad variable name")
+    blob_id, blob_size = header.get("blob"), header.get("blob_size")
+    if blob_id is not None and not (
+        kind in HOST_BLOB_KINDS
+        and is_host_blob(blob_id)
+        and type(blob_size) is int
+        and blob_size == body_size + HOST_BLOB_OVERHEAD
+    ):
+        raise BadRequest("a host-made blob needs kind str or bytes, its id and its size")
+    return cast(SetValueRequest, dict(header, aliases=aliases))
+
+
+class ResetRequest(InContext, total=False):
+    """Clear the context's namespace, then checkpoint."""
+
+    checkpoint_timeout: float
+
+
+def reset_request(checkpoint_timeout: float) -> ResetRequest:
+    return ResetRequest(type=RESET, checkpoint_timeout=checkpoint_timeout)
+
+
+class RestoreBeginRequest(_Request, total=False):
+    """Clear every namespace and drop every context but the default one: a restore starts."""
+
+    generation: int  # the generation being restored (the agent does not use it)
+
+
+def restore_begin_request(generation: int) -> RestoreBeginRequest:
+    return RestoreBeginRequest(type=RESTORE_BEGIN, generation=generation)
+
+
+class _LoadFields(InContext):
+    name: str  # the bare name (its context in ``context``)
+    digest: str  # the blob's content digest, or a host-made blob's id
+
+
+class LoadRequest(_LoadFields, total=False):
+    """Unpickle the body (one blob) into ``name`` (docs/protocol.md, "Restore")."""
+
+    timeout: float
+    verified: bool  # true: the controller checks the digest itself, the worker does not
+
+
+def load_request(name: str, digest: str, timeout: float, context: Optional[str] = None) -> LoadRequest:
+    request = LoadRequest(type=LOAD, name=name, digest=digest, timeout=timeout)
+    if context is not None:
+        request["context"] = context
+    return request
+
+
+def read_load(header: Header, reserved: Callable[[str], bool]) -> LoadRequest:
+    """The load request.
+
+    Raises:
+        BadRequest: the name is not a non-empty str or is ``reserved``, or the digest is not a str.
+    """
+    name = header.get("name")
+    if not isinstance(name, str) or not name or reserved(name) or not isinstance(header.get("digest"), str):
+        raise BadRequest("the load request needs a name and a digest")
+    return cast(LoadRequest, header)
+
+
+class RestoreEndRequest(_Request):
+    """The restore is complete: the checkpoint generation the worker holds now."""
+
+    generation: int
+
+
+def restore_end_request(generation: int) -> RestoreEndRequest:
+    return RestoreEndRequest(type=RESTORE_END, generation=generation)
+
+
+def read_restore_end(header: Header) -> RestoreEndRequest:
+    """The restore_end request.
+
+    Raises:
+        BadRequest: the generation is not an int >= 0.
+    """
+    generation = header.get("generation")
+    if type(generation) is not int or generation < 0:
+        raise BadRequest("restore_end needs a generation")
+    return cast(RestoreEndRequest, header)
+
+
+class _InstallFields(_Request):
+    code: str
+    names: List[str]  # session names the scaffold makes: never checkpointed
+
+
+class InstallRequest(_InstallFields, total=False):
+    """Run the session's scaffold in a module of its own (docs/protocol.md, "The scaffold")."""
+
+    timeout: float
+
+
+def install_request(code: str, names: List[str], timeout: float) -> InstallRequest:
+    return InstallRequest(type=INSTALL, code=code, names=names, timeout=timeout)
+
+
+def read_install(header: Header) -> InstallRequest:
+    """The install request.
+
+    Raises:
+        BadRequest: the code is not a str, or the names not a list of str.
+    """
+    code, names = header.get("code"), header.get("names")
+    if not isinstance(code, str) or not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise BadRequest("install needs code (a str) and names (a list of str)")
+    return cast(InstallRequest, header)
+
+
+class _ContextCreateFields(_Request):
+    context: str
+    cwd: str  # absolute; the worker creates it
+    env: Dict[str, str]  # on top of the worker's own environment
+
+
+class ContextCreateRequest(_ContextCreateFields, total=False):
+    """Make an empty context (an existing one of that id is destroyed first)."""
+
+    checkpoint_timeout: float
+
+
+def context_create_request(
+    context: str, cwd: str, env: Dict[str, str], checkpoint_timeout: Optional[float] = None
+) -> ContextCreateRequest:
+    request = ContextCreateRequest(type=CONTEXT_CREATE, context=context, cwd=cwd, env=env)
+    if checkpoint_timeout is not None:
+        request["checkpoint_timeout"] = checkpoint_timeout
+    return request
+
+
+class _ContextDestroyFields(_Request):
+    context: str
+
+
+class ContextDestroyRequest(_ContextDestroyFields, total=False):
+    """Delete a context and its names."""
+
+    checkpoint_timeout: float
+
+
+def context_destroy_request(context: str, checkpoint_timeout: float) -> ContextDestroyRequest:
+    return ContextDestroyRequest(type=CONTEXT_DESTROY, context=context, checkpoint_timeout=checkpoint_timeout)
+
+
+def read_context(header: Header) -> Union[ContextCreateRequest, ContextDestroyRequest]:
+    """A context_create or context_destroy request.
+
+    Raises:
+        BadRequest: no context id (a non-empty str without the separator); for context_create, a ``cwd``
+            that is not absolute or an ``env`` that is not an object of strings.
+    """
+    context_id, cwd, env = header.get("context"), header.get("cwd"), header.get("env")
+    if not isinstance(context_id, str) or not context_id or CONTEXT_SEPARATOR in context_id:
+        raise BadRequest("the request needs a context id")
+    if header["type"] == CONTEXT_DESTROY:
+        return cast(ContextDestroyRequest, header)
+    if not (
+        isinstance(cwd, str)
+        and cwd.startswith("/")
+        and isinstance(env, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise BadRequest("context_create needs an absolute cwd and env (an object of strings)")
+    return cast(ContextCreateRequest, header)
+
+
+class PingRequest(_Request):
+    """Is the agent there? It answers ``pong {generation}`` itself, without the worker."""
+
+
+# What the controller sends through ``AgentConnection.request``: each answered by its REPLY_TYPES entry.
+Request = Union[
+    ExecRequest,
+    SetValueRequest,
+    ResetRequest,
+    RestoreBeginRequest,
+    LoadRequest,
+    RestoreEndRequest,
+    InstallRequest,
+    ContextCreateRequest,
+    ContextDestroyRequest,
+    PingRequest,
+]
+
+
+class Auth(TypedDict):
+    """The controller's answer to the hello (docs/protocol.md, "Connection set-up")."""
+
+    type: str
+    nonce: str
+    proof: str  # auth_proof(secret, "controller", agent nonce, this nonce)
+
+
+def auth_message(nonce: str, proof: str) -> Auth:
+    return Auth(type=AUTH, nonce=nonce, proof=proof)
+
+
+MAX_NONCE_CHARS = 256  # a nonce the agent takes (the controller's are 2 * NONCE_BYTES hex characters)
+
+
+def read_auth(header: Header) -> Auth:
+    """The controller's auth frame; its proof is checked by ``proof_matches`` (any value, in constant time).
+
+    Raises:
+        BadRequest: not an auth frame, or its nonce is not a str of 1 to MAX_NONCE_CHARS characters.
+    """
+    nonce = header.get("nonce")
+    if header.get("type") != AUTH or not isinstance(nonce, str) or not 0 < len(nonce) <= MAX_NONCE_CHARS:
+        raise BadRequest("not an auth frame with a nonce")
+    return cast(Auth, header)
+
+
+class Interrupt(TypedDict):
+    """Stop the running cell of exec ``id`` (the timeout ladder at once)."""
+
+    type: str
+    id: str
+
+
+def interrupt_message(request_id: str) -> Interrupt:
+    return Interrupt(type=INTERRUPT, id=request_id)
+
+
+class _HostReplyFields(TypedDict):
+    type: str
+    call: int  # the host call's number
+    status: str  # STATUS_OK (the body is the JSON result) or STATUS_ERROR
+
+
+class HostReply(_HostReplyFields, total=False):
+    """The controller's answer to a host call; the supervisor passes it on to the worker."""
+
+    error: str  # why it failed (status error): the cell's host_call raises HostCallError with it
+
+
+def host_reply(call: int, error: Optional[str] = None) -> HostReply:
+    """The answer to host call ``call``: ok (its result is the body), or failed with ``error``."""
+    if error is None:
+        return HostReply(type=HOST_REPLY, call=call, status=STATUS_OK)
+    return HostReply(type=HOST_REPLY, call=call, status=STATUS_ERROR, error=error)
+
+
+# Replies: their fields besides ``type`` and ``id``, as the agent sends them (docs/protocol.md says what each
+# means). The host trusts none of them: wire/replies.py checks every field it returns in these shapes, and
+# fills in the optional ones it uses.
+
+
+class _HelloFields(TypedDict):
+    protocol: int  # PROTOCOL_VERSION
+    sandbox_id: str
+    generation: int  # the checkpoint generation the agent's memory holds (0: a fresh worker)
+    python: str
+    dill: str
+    nonce: str  # the agent's challenge for the handshake
+
+
+class Hello(_HelloFields, total=False):
+    """The agent's first frame on a connection (docs/protocol.md, "Connection set-up")."""
+
+    agent_pid: int  # for a person reading logs: the controller does not use them
+    worker_pid: int
+
+
+class Goodbye(TypedDict):
+    """The agent leaves this connection for another controller's (docs/protocol.md, "Takeover")."""
+
+    reason: str
+    in_flight: Optional[str]  # the id of the request it abandoned, if one ran
+
+
+class BlobEntry(TypedDict):
+    digest: str  # blob_digest of the blob: the blobs travel in the reply's body in this order
+    size: int
+
+
+class CheckpointDelta(TypedDict):
+    """What a request changed in the checkpoint (docs/protocol.md, "Requests and replies")."""
+
+    generation: int
+    blobs: List[BlobEntry]
+    vars: Dict[str, str]  # checkpoint key -> blob id
+    deleted: List[str]
+    unsaved: Dict[str, str]  # checkpoint key -> why it is not saved
+
+
+class _ExecReplyFields(TypedDict):
+    status: Status
+    stdout: str  # the first output_limit bytes of each stream ...
+    stderr: str
+    stdout_bytes: int  # ... of this many the cell wrote
+    stderr_bytes: int
+    return_value: Optional[str]  # the repr of the cell's last expression
+    error: Optional[Dict[str, Any]]  # what the cell raised
+    duration: float
+    checkpoint_duration: float
+    checkpoint: CheckpointDelta
+
+
+class ExecReply(_ExecReplyFields, total=False):
+    """The reply to ``exec``."""
+
+    scaffold: Optional[Dict[str, Any]]  # what the scaffold's after_cell returned
+    output_limited: bool  # true: the cell's output passed the exec's ``output_cap``
+
+
+class _LoadReplyFields(TypedDict):
+    status: Status
+
+
+class LoadReply(_LoadReplyFields, total=False):
+    """The reply to ``load``."""
+
+    reason: str  # why it failed

@@ -42,18 +42,6 @@ from .worker_process import WorkerProcess, start_worker
 DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
 CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows them 10 s plus the grace)
 _HANDSHAKE_HEADER_BYTES = 64 << 10
-_MAX_NONCE_CHARS = 256
-REPLY_TYPES = {
-    protocol.EXEC: protocol.EXEC_REPLY,
-    protocol.SET_VALUE: protocol.STATE_REPLY,
-    protocol.RESET: protocol.STATE_REPLY,
-    protocol.RESTORE_BEGIN: protocol.RESTORE_REPLY,
-    protocol.LOAD: protocol.LOAD_REPLY,
-    protocol.RESTORE_END: protocol.RESTORE_REPLY,
-    protocol.INSTALL: protocol.INSTALL_REPLY,
-    protocol.CONTEXT_CREATE: protocol.STATE_REPLY,
-    protocol.CONTEXT_DESTROY: protocol.STATE_REPLY,
-}
 # A \uD800-\uDFFF escape in a header (a surrogate, perhaps a lone one): such a header is decoded and encoded
 # again (protocol.encode_header replaces lone surrogates), never relayed as it came. False positives only cost that.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
@@ -207,12 +195,9 @@ class Supervisor:
         agent_nonce = protocol.new_nonce()
         protocol.send_frame(conn, self.hello(agent_nonce))
         header, _ = protocol.recv_head(conn, _HANDSHAKE_HEADER_BYTES, 0, self.config.frame_timeout)
-        controller_nonce = header.get("nonce")
-        if (
-            header["type"] != protocol.AUTH
-            or not isinstance(controller_nonce, str)
-            or not 0 < len(controller_nonce) <= _MAX_NONCE_CHARS
-        ):
+        try:
+            controller_nonce = protocol.read_auth(header)["nonce"]
+        except protocol.BadRequest:
             log("the controller did not answer the hello with a valid auth frame")
             return False
         expected = protocol.auth_proof(self._secret, "controller", agent_nonce, controller_nonce)
@@ -293,11 +278,11 @@ class Supervisor:
             self.controller.discard(body_len)
             self._send(conn, {"type": protocol.PONG, "id": request_id, "generation": self.generation})
             return
-        reply_type = REPLY_TYPES.get(kind)
+        reply_type = protocol.REPLY_TYPES.get(kind)
         if reply_type is None:
             self.controller.discard(body_len)
             reply = {"status": protocol.STATUS_PROTOCOL_ERROR, "ran": False, "reason": "unknown request %r" % kind}
-            self._send(conn, {"type": "error", "id": request_id, **reply})
+            self._send(conn, {"type": protocol.ERROR, "id": request_id, **reply})
             return
         if kind == protocol.RESTORE_BEGIN:
             self.worker_lost = None

@@ -52,12 +52,6 @@ sys.modules["__main__"] = _session_module
 from . import cells, checkpoint  # noqa: E402  (after the session module is __main__)
 
 _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
-_REPLY_TYPES = {
-    protocol.EXEC: protocol.EXEC_REPLY,
-    protocol.LOAD: protocol.LOAD_REPLY,
-    protocol.SET_VALUE: protocol.STATE_REPLY,
-    protocol.RESET: protocol.STATE_REPLY,
-}
 _MISSING = object()
 _MAX_REASON = 200
 _MAX_PROMPT = 64 << 10
@@ -291,7 +285,7 @@ class Worker:
             target = self.default if context_id is None else self.contexts.get(context_id)
             if target is None:
                 return {
-                    "type": _REPLY_TYPES.get(kind, "error"),
+                    "type": protocol.REPLY_TYPES.get(kind, protocol.ERROR),
                     "status": protocol.STATUS_PROTOCOL_ERROR,
                     "reason": "no context %r in this worker" % (context_id,),
                 }, []
@@ -322,7 +316,7 @@ class Worker:
         if kind == protocol.INSTALL:
             return self.install(header)
         return {
-            "type": "error",
+            "type": protocol.ERROR,
             "status": protocol.STATUS_PROTOCOL_ERROR,
             "reason": "unknown request type %r" % kind,
         }, []
@@ -362,27 +356,25 @@ class Worker:
         """Run a cell, then checkpoint. Optional fields (docs/protocol.md): ``stdin`` (text that ``sys.stdin``
         and Python's own ``input()`` read), ``output_cap`` (bytes of stdout and stderr together, past which
         writes raise ``OutputLimitExceeded``) and ``checkpoint: false`` (no checkpoint: an empty delta)."""
-        code = header.get("code")
-        if not isinstance(code, str):
-            return {"type": protocol.EXEC_REPLY, "status": protocol.STATUS_PROTOCOL_ERROR, "reason": "no code"}, []
+        try:
+            request = protocol.read_exec(header)
+        except protocol.BadRequest as exc:
+            return {"type": protocol.EXEC_REPLY, "status": protocol.STATUS_PROTOCOL_ERROR, "reason": str(exc)}, []
+        code = request["code"]
         self.cell_number += 1
-        send_limit = header.get("send_limit")
-        cap = header.get("output_cap")
-        stdin = header.get("stdin")
-        if not isinstance(stdin, str):
-            stdin = None
+        stdin = request.get("stdin")
         output = capture.CellStreams(
             self.output_limit,
             None if self.calls is None else self.calls.send_output,
-            header.get("stream") is True,
-            send_limit if type(send_limit) is int and send_limit > 0 else 0,
-            cap if type(cap) is int and cap >= 0 else None,
+            request.get("stream", False),
+            request.get("send_limit", 0),
+            request.get("output_cap"),
         )
         saved_streams = sys.stdout, sys.stderr
         saved_input = builtins.input
         saved_stdin = sys.stdin
         self.output = output
-        self.input_allowed = header.get("input") is True
+        self.input_allowed = request.get("input", False)
         self._enter(_CELL)
         started = time.monotonic()
         scaffold = None
@@ -411,10 +403,10 @@ class Worker:
         duration = time.monotonic() - started
         self._install_handlers()  # the checkpoint must be interruptible whatever the cell did
         output.finish()  # every output frame is out before the checkpoint's clock can start
-        if header.get("checkpoint") is False:  # the caller keeps nothing of this cell: nothing to pickle or send
+        if not request.get("checkpoint", True):  # the caller keeps nothing of this cell: nothing to pickle or send
             delta, parts, took = self.empty_delta(), [], 0.0
         else:
-            self._cell_done(header.get("id"))
+            self._cell_done(request.get("id"))
             delta, parts, took = self.checkpoint()
         reply = {
             "type": protocol.EXEC_REPLY,
@@ -461,9 +453,11 @@ class Worker:
 
     def install(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
         """Run the session's scaffold code in a fresh module of its own; it replaces the one before."""
-        code, names = header.get("code"), header.get("names")
-        if not isinstance(code, str) or not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            return self._install_reply("install needs code (a str) and names (a list of str)")
+        try:
+            request = protocol.read_install(header)
+        except protocol.BadRequest as exc:
+            return self._install_reply(str(exc))
+        code, names = request["code"], request["names"]
         scope: Dict[str, Any] = {
             "__name__": "__orchestrator_scaffold__",
             "__builtins__": __builtins__,
@@ -506,16 +500,11 @@ class Worker:
 
     def context_request(self, kind: str, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
         """``context_create`` (an existing one is destroyed first) or ``context_destroy``; replies with the delta."""
-        context_id, cwd, env = header.get("context"), header.get("cwd"), header.get("env")
-        if not isinstance(context_id, str) or not context_id or protocol.CONTEXT_SEPARATOR in context_id:
-            return self._state_error("the request needs a context id")
-        if kind == protocol.CONTEXT_CREATE and not (
-            isinstance(cwd, str)
-            and os.path.isabs(cwd)
-            and isinstance(env, dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
-        ):
-            return self._state_error("context_create needs an absolute cwd and env (an object of strings)")
+        try:
+            request = protocol.read_context(header)
+        except protocol.BadRequest as exc:
+            return self._state_error(str(exc))
+        context_id, cwd, env = request["context"], header.get("cwd"), header.get("env")
         if kind == protocol.CONTEXT_CREATE:
             try:
                 os.makedirs(cwd, exist_ok=True)
@@ -584,14 +573,15 @@ class Worker:
         protocol.send_frame(self.sock, {"type": protocol.CELL_DONE, "id": request_id})
 
     def load(self, header: Dict[str, Any], body: bytearray) -> Tuple[Dict[str, Any], List[Any]]:
-        name = header.get("name")
-        expected = header.get("digest")
-        if not isinstance(name, str) or not name or checkpoint.is_internal(name) or not isinstance(expected, str):
-            return self._load_error("the load request needs a name and a digest"), []
+        try:
+            request = protocol.read_load(header, checkpoint.is_internal)
+        except protocol.BadRequest as exc:
+            return self._load_error(str(exc)), []
+        name, expected = request["name"], request["digest"]
         if protocol.is_host_blob(expected):  # the controller made it (no digest to check): its frame must be whole
             if not protocol.host_blob_framed(body):
                 return self._load_error("the host-made blob is not whole"), []
-        elif header.get("verified") is not True and protocol.blob_digest(body) != expected:
+        elif request.get("verified") is not True and protocol.blob_digest(body) != expected:
             return self._load_error("the blob does not match its digest"), []
         value = self.restored_frozen.get(expected, _MISSING)
         if value is _MISSING:  # not loaded yet in this restore (or mutable: each name gets its own copy)
@@ -617,13 +607,10 @@ class Worker:
         return {"type": protocol.LOAD_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}
 
     def restore_end(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
-        generation = header.get("generation")
-        if type(generation) is not int or generation < 0:
-            return {
-                "type": protocol.RESTORE_REPLY,
-                "status": protocol.STATUS_ERROR,
-                "reason": "restore_end needs a generation",
-            }, []
+        try:
+            generation = protocol.read_restore_end(header)["generation"]
+        except protocol.BadRequest as exc:
+            return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_ERROR, "reason": str(exc)}, []
         self.tracker.generation = generation
         self.restored_frozen = {}
         return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": generation}, []
@@ -634,19 +621,12 @@ class Worker:
         With ``blob`` (a host-made blob id) and ``blob_size``, the controller stores the value's
         blob itself: the names are adopted as saved in it, nothing is pickled or sent back.
         """
-        kind = header.get("kind")
-        aliases = header.get("aliases") or []
-        names = [header.get("name"), *(aliases if isinstance(aliases, list) else [None])]
-        if not all(isinstance(n, str) and n and not checkpoint.is_internal(n) for n in names):
-            return self._state_error("bad variable name")
-        blob_id, blob_size = header.get("blob"), header.get("blob_size")
-        if blob_id is not None and not (
-            kind in protocol.HOST_BLOB_KINDS
-            and protocol.is_host_blob(blob_id)
-            and type(blob_size) is int
-            and blob_size == len(body) + protocol.HOST_BLOB_OVERHEAD
-        ):
-            return self._state_error("a host-made blob needs kind str or bytes, its id and its size")
+        try:
+            request = protocol.read_set_value(header, len(body), checkpoint.is_internal)
+        except protocol.BadRequest as exc:
+            return self._state_error(str(exc))
+        kind, blob_id, blob_size = request["kind"], request.get("blob"), request.get("blob_size")
+        names = [request["name"], *request.get("aliases", [])]
         try:
             if kind == "str":
                 value: Any = body.decode("utf-8", errors="surrogatepass")  # as the controller encoded it

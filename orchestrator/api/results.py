@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..wire.replies import ExecReply, expect, expect_count
+from ..agent.protocol import ExecReply
+from ..wire.replies import expect, expect_count
 
 _MAX_POSITION = 1 << 31  # a line or column number of a cell
 _MAX_TYPE_NAME = 1000  # an exception's qualified class name

@@ -35,7 +35,7 @@ from ..runtime.recovery import Recoverer
 from ..runtime.restore import SessionSandbox, SessionState
 from ..state.ledger import StagedBlob
 from ..wire.payloads import encode_payload
-from ..wire.replies import ExecReply, parse_exec_reply, parse_state_reply, reply_reason
+from ..wire.replies import parse_exec_reply, parse_state_reply, reply_reason
 from .contexts import (
     DEFAULT_CONTEXT,
     Context,
@@ -190,15 +190,14 @@ class Session:
             raise ConfigError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
         if on_output is not None and not callable(on_output):
             raise ConfigError(f"on_output must be callable, got {type(on_output).__name__}")
-        header = {
-            "type": protocol.EXEC,
-            "code": code,
-            "timeout": limit,
-            "checkpoint_timeout": self._settings.timeouts.checkpoint,
-            "send_limit": self._settings.limits.max_output_file_bytes,
-        }
-        if on_output is not None:
-            header.update(stream=True, input=True)
+        header = protocol.exec_request(
+            code,
+            limit,
+            checkpoint_timeout=self._settings.timeouts.checkpoint,
+            send_limit=self._settings.limits.max_output_file_bytes,
+            stream=on_output is not None,
+            input=on_output is not None,
+        )
         slack = self._settings.timeouts.interrupt_grace + self._settings.timeouts.reply_margin
         with self._turn():
             self._name_context(header, context)
@@ -378,7 +377,7 @@ class Session:
         self._reset(None)
 
     def _reset(self, context: str | None) -> None:
-        header = {"type": protocol.RESET, "checkpoint_timeout": self._settings.timeouts.checkpoint}
+        header = protocol.reset_request(self._settings.timeouts.checkpoint)
         with self._turn():
             self._name_context(header, context)
             self._recovery.call(
@@ -472,7 +471,7 @@ class Session:
             self._settings.limits.max_output_file_bytes,
         )
 
-    def _output(self, parsed: ExecReply, live: LiveCall) -> dict[str, Any]:
+    def _output(self, parsed: protocol.ExecReply, live: LiveCall) -> dict[str, Any]:
         """What the result gets beside the reply: previews of streams kept in files (and their paths), the
         callback's errors. Empty for a call that printed little and had no callback (nothing to copy)."""
         live.finish_output()
@@ -568,20 +567,14 @@ class Session:
             CheckpointQuotaExceeded: a str or bytes value would take the checkpoint past the quota.
         """
         kind, raw = encoded
-        header: dict[str, Any] = {
-            "type": protocol.SET_VALUE,
-            "name": name,
-            "kind": kind,
-            "aliases": aliases,
-            "checkpoint_timeout": self._settings.timeouts.checkpoint,
-        }
+        header = protocol.set_value_request(name, kind, aliases, self._settings.timeouts.checkpoint)
         self._name_context(header, context)
         staged: list[StagedBlob] = []
         if kind in protocol.HOST_BLOB_KINDS:
             keys = {checkpoint_key(header.get("context"), n) for n in [name, *aliases]}
             self._ledger.check_room(keys, len(raw) + protocol.HOST_BLOB_OVERHEAD, f"the {kind} value for {name}")
             staged.append(self._ledger.stage(protocol.host_blob_parts(kind, raw)))
-            header.update(blob=staged[0].blob_id, blob_size=staged[0].size)
+            header["blob"], header["blob_size"] = staged[0].blob_id, staged[0].size
         try:
             self._recovery.call(
                 header,
@@ -632,13 +625,7 @@ class Session:
         path = resolve_cwd(workspace(self._settings), new_id, cwd)
         variables = validate_env(env)
         spec = {"cwd": path, "env": variables, "context_count": 0, "history_count": 0}
-        header = {
-            "type": protocol.CONTEXT_CREATE,
-            "context": new_id,
-            "cwd": path,
-            "env": variables,
-            "checkpoint_timeout": self._settings.timeouts.checkpoint,
-        }
+        header = protocol.context_create_request(new_id, path, variables, self._settings.timeouts.checkpoint)
         with self._turn():
             if new_id in self._ledger.record.contexts:
                 raise ConfigError(
@@ -651,11 +638,7 @@ class Session:
         return Context(self, new_id, self._context_calls)
 
     def _destroy_context(self, context_id: str) -> None:
-        header = {
-            "type": protocol.CONTEXT_DESTROY,
-            "context": context_id,
-            "checkpoint_timeout": self._settings.timeouts.checkpoint,
-        }
+        header = protocol.context_destroy_request(context_id, self._settings.timeouts.checkpoint)
         with self._turn():
             self._context_spec(context_id)
             self._recovery.call(
@@ -690,7 +673,7 @@ class Session:
             )
         return spec
 
-    def _name_context(self, header: dict[str, Any], context: str | None) -> None:
+    def _name_context(self, header: protocol.InContext, context: str | None) -> None:
         """Put the context a request runs in into its header (nothing for the default context)."""
-        if self._context_spec(context) is not None:
+        if context is not None and self._context_spec(context) is not None:
             header["context"] = context

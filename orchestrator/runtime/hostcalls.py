@@ -96,17 +96,17 @@ class HostCalls:
                 raise ConfigError(f"HostCalls.handlers maps non-empty names to callables, got {name!r}: {handler!r}")
 
 
-Answer = tuple[dict[str, Any], bytes]
+Answer = tuple[protocol.HostReply, bytes]
 """A ``host_reply`` frame for the connection to send: header and JSON body."""
 
 
 def answer_ok(call: int, result: bytes) -> Answer:
-    return {"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_OK}, result
+    return protocol.host_reply(call), result
 
 
 def answer_error(call: int, message: str) -> Answer:
     """The sandbox's call fails with ``message`` (it raises ``HostCallError``, or ``EOFError`` for input())."""
-    return {"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_ERROR, "error": message}, b""
+    return protocol.host_reply(call, message), b""
 
 
 def encode(value: Any, max_bytes: int) -> bytes:

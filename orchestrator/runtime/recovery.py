@@ -145,7 +145,7 @@ class Recoverer:
 
     def call(
         self,
-        header: Header,
+        header: protocol.Request,
         body: bytes,
         seconds: float,
         accept: Callable[[dict[str, Any], bytearray], T],
@@ -181,7 +181,7 @@ class Recoverer:
 
     def _attempt(
         self,
-        header: Header,
+        header: protocol.Request,
         body: bytes,
         seconds: float,
         accept: Callable[[dict[str, Any], bytearray], T],
@@ -202,7 +202,7 @@ class Recoverer:
 
     def _send(
         self,
-        header: Header,
+        header: protocol.Request,
         body: bytes,
         seconds: float,
         checkpoint_seconds: float | None,

@@ -223,7 +223,7 @@ class SessionSandbox:
         assert self.sandbox is not None and self.scaffold is not None
         code, names = self.scaffold
         seconds = self.settings.timeouts.start
-        header = {"type": protocol.INSTALL, "code": code, "names": names, "timeout": seconds}
+        header = protocol.install_request(code, names, seconds)
         reply, _ = self.sandbox.request(header, seconds=seconds + self.settings.timeouts.interrupt_grace)
         failure = worker_failure(reply)
         reason = failure["reason"] if failure is not None else parse_install_reply(reply)

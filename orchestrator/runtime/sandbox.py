@@ -171,7 +171,7 @@ class Sandbox:
 
     def request(
         self,
-        header: Header,
+        header: protocol.Request,
         body: Body = b"",
         *,
         seconds: float,
@@ -212,7 +212,7 @@ class Sandbox:
         budget = _LoadBudget(_RESTORE_LOADS_PER_VALUE * len(manifest) + _RESTORE_LOADS_SLACK)
         while not self._restore_pass(manifest, generation, open_blob, failed, contexts or {}, budget):
             pass
-        self._control({"type": protocol.RESTORE_END, "generation": generation})
+        self._control(protocol.restore_end_request(generation))
         return failed
 
     def _restore_pass(
@@ -225,7 +225,7 @@ class Sandbox:
         budget: _LoadBudget,
     ) -> bool:
         """One attempt from an empty namespace; False when a value took the worker down (start over)."""
-        self._control({"type": protocol.RESTORE_BEGIN, "generation": generation})
+        self._control(protocol.restore_begin_request(generation))
         for context_id, spec in sorted(contexts.items()):
             self._create_context(context_id, spec)
         pending = [name for name in sorted(manifest) if name not in failed]
@@ -240,10 +240,11 @@ class Sandbox:
                     failed.update({left: errors.get(left, given_up) for left in (*retry, *pending[index:])})
                     logger.error("sandbox %s: restore gave up after %d loads", self.sandbox_id, budget.total)
                     return True
-                header = {"type": protocol.LOAD, "name": name, "digest": manifest[name], "timeout": limit}
                 context_id, separator, local = name.partition(protocol.CONTEXT_SEPARATOR)
                 if separator:
-                    header.update(name=local, context=context_id)
+                    header = protocol.load_request(local, manifest[name], limit, context_id)
+                else:
+                    header = protocol.load_request(name, manifest[name], limit)
                 with open_blob(manifest[name]) as blob:
                     checked = _check_digest(header, blob)
                     try:
@@ -275,7 +276,7 @@ class Sandbox:
 
     def _create_context(self, context_id: str, spec: Mapping[str, Any]) -> None:
         """Make an empty context in the (restoring) worker, as ``Session.create_context`` did."""
-        header = {"type": protocol.CONTEXT_CREATE, "context": context_id, "cwd": spec["cwd"], "env": spec["env"]}
+        header = protocol.context_create_request(context_id, spec["cwd"], spec["env"])
         reply, _ = self.request(header, seconds=_CONTROL_SECONDS + self._settings.timeouts.interrupt_grace)
         failure = worker_failure(reply)
         if failure is not None:
@@ -284,7 +285,7 @@ class Sandbox:
             raise ProtocolError(f"creating context {context_id} while restoring failed: {reply.get('reason')!r:.200}")
         parse_state_reply(reply)
 
-    def _control(self, header: dict[str, Any]) -> None:
+    def _control(self, header: protocol.RestoreBeginRequest | protocol.RestoreEndRequest) -> None:
         parse_restore_reply(self.request(header, seconds=_CONTROL_SECONDS + self._settings.timeouts.interrupt_grace)[0])
 
     def settled_state(self) -> ContainerState | None:
@@ -324,7 +325,7 @@ def agent_environment(endpoint: Endpoint, settings: Settings) -> dict[str, str]:
     }
 
 
-def _check_digest(header: dict[str, Any], blob: memoryview) -> Future[bool] | None:
+def _check_digest(header: protocol.LoadRequest, blob: memoryview) -> Future[bool] | None:
     """Check a stored blob against its content digest on a host thread while it is sent, and tell the agent so.
 
     The sandbox has one CPU and a big value's restore is bound by it; the digest (~1.2 ms per MB)

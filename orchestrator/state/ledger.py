@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..agent import protocol
+from ..agent.protocol import CheckpointDelta
 from ..errors import (
     CheckpointError,
     CheckpointLimitExceeded,
@@ -35,7 +36,6 @@ from ..errors import (
 )
 from ..runtime import background
 from ..units import describe_bytes
-from ..wire.replies import CheckpointDelta
 from .store import SessionRecord, SessionStore, new_host_blob_id
 
 

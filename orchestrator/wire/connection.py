@@ -22,11 +22,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..agent import protocol
+from ..agent.protocol import Goodbye, Hello
 from ..api.events import LiveCall
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 from ..runtime.hostcalls import CallDesk, answer_error
 from .endpoint import Endpoint
-from .replies import Goodbye, Hello, parse_auth_ok, parse_goodbye, parse_hello
+from .replies import parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def _handshake(channel: Channel, secret: bytes, sandbox_id: str, deadline: float
         raise ProtocolError(f"the agent of sandbox {hello['sandbox_id'][:64]!r} connected, not {sandbox_id!r}")
     nonce = protocol.new_nonce()
     proof = protocol.auth_proof(secret, "controller", hello["nonce"], nonce)
-    channel.send({"type": protocol.AUTH, "nonce": nonce, "proof": proof}, deadline=deadline)
+    channel.send(protocol.auth_message(nonce, proof), deadline=deadline)
     expected = protocol.auth_proof(secret, "agent", hello["nonce"], nonce)
     if not protocol.proof_matches(expected, parse_auth_ok(channel.recv(deadline=deadline)[0])):
         raise ProtocolError(f"the peer on the channel of sandbox {sandbox_id} does not know its secret")
@@ -125,7 +126,7 @@ class AgentConnection:
 
     def request(
         self,
-        header: Header,
+        header: protocol.Request,
         body: Body = b"",
         *,
         deadline: float,
@@ -217,7 +218,7 @@ class AgentConnection:
                 for answer, answer_body in source.answers():
                     channel.enqueue(answer, answer_body)
         if live is not None and live.take_interrupt():
-            channel.enqueue({"type": protocol.INTERRUPT, "id": request_id})
+            channel.enqueue(protocol.interrupt_message(request_id))
         if channel.has_queued:
             channel.flush()
 

@@ -2,14 +2,16 @@
 
 The host never trusts what an agent sends (cell code can forge frames): a field of the wrong
 type or size is a ``ProtocolError`` here, so the code above handles typed values only. The
-wire format itself is ``agent/protocol.py`` (see docs/protocol.md).
+messages and the shapes both sides share are defined in ``agent/protocol.py`` (docs/protocol.md);
+the views here that differ from a message (clipped, defaults filled in) are the host's own.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict, TypeVar, cast
+from typing import Any, TypedDict, TypeVar, cast
 
 from ..agent import protocol
+from ..agent.protocol import BlobEntry, CheckpointDelta, ExecReply, Goodbye, Hello, LoadReply, Status
 from ..errors import ProtocolError
 from ..safe_text import visible
 from ..state.store import BLOB_ID, DIGEST
@@ -22,7 +24,6 @@ _MAX_SECONDS = 10_000_000.0  # a reported duration past this (115 days) is a lie
 _MAX_TEXT = 64  # versions, ids, phases: short labels
 _MAX_INSTALL_REASON = 10_000  # a scaffold's traceback (the agent sends at most 8000 characters)
 
-Status = Literal["ok", "error", "timeout", "crashed", "protocol_error"]
 _STATUSES = {
     protocol.STATUS_OK,
     protocol.STATUS_ERROR,
@@ -103,15 +104,6 @@ def _expect_type(header: dict[str, Any], *kinds: str) -> str:
     return cast(str, kind)
 
 
-class Hello(TypedDict):
-    protocol: int
-    sandbox_id: str
-    generation: int
-    python: str
-    dill: str
-    nonce: str
-
-
 def parse_hello(header: dict[str, Any]) -> Hello:
     _expect_type(header, protocol.HELLO)
     version = expect(header, "protocol", int)
@@ -139,30 +131,12 @@ def parse_auth_ok(header: dict[str, Any]) -> str:
     return expect(header, "proof", str)
 
 
-class Goodbye(TypedDict):
-    reason: str
-    in_flight: str | None
-
-
 def parse_goodbye(header: dict[str, Any]) -> Goodbye:
     _expect_type(header, protocol.GOODBYE)
     in_flight = header.get("in_flight")
     return Goodbye(
         reason=_label(header, "reason"), in_flight=in_flight[:_MAX_TEXT] if isinstance(in_flight, str) else None
     )
-
-
-class BlobEntry(TypedDict):
-    digest: str
-    size: int
-
-
-class CheckpointDelta(TypedDict):
-    generation: int
-    blobs: list[BlobEntry]
-    vars: dict[str, str]
-    deleted: list[str]
-    unsaved: dict[str, str]
 
 
 def parse_delta(header: dict[str, Any]) -> CheckpointDelta:
@@ -238,23 +212,8 @@ def worker_failure(header: dict[str, Any]) -> WorkerFailure | None:
     )
 
 
-class ExecReply(TypedDict):
-    status: Status
-    stdout: str
-    stderr: str
-    stdout_bytes: int
-    stderr_bytes: int
-    return_value: str | None
-    error: dict[str, Any] | None
-    duration: float
-    checkpoint_duration: float
-    checkpoint: CheckpointDelta
-    scaffold: dict[str, Any] | None
-    output_limited: bool  # the cell's output passed the exec's ``output_cap`` (absent in the header: False)
-
-
 def parse_exec_reply(header: dict[str, Any]) -> ExecReply:
-    """A completed (or interrupted) cell; call ``worker_failure`` first."""
+    """A completed (or interrupted) cell, its optional fields filled in; call ``worker_failure`` first."""
     _expect_type(header, protocol.EXEC_REPLY)
     error = header.get("error")
     if error is not None and not isinstance(error, dict):
@@ -288,12 +247,8 @@ def parse_state_reply(header: dict[str, Any]) -> CheckpointDelta:
     return parse_delta(header)
 
 
-class LoadReply(TypedDict):
-    status: Status
-    reason: str
-
-
 def parse_load_reply(header: dict[str, Any]) -> LoadReply:
+    """The outcome of a load, with a ``reason`` ("" when the agent gave none)."""
     _expect_type(header, protocol.LOAD_REPLY, protocol.EXEC_REPLY)
     return LoadReply(status=parse_status(header), reason=reply_reason(header, ""))
 

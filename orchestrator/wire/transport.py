@@ -108,7 +108,7 @@ class Channel:
 
     def send(
         self,
-        header: protocol.Header,
+        header: protocol.Message,
         body: protocol.Body | Sequence[protocol.Body] = b"",
         *,
         deadline: float | None,
@@ -212,7 +212,7 @@ class Channel:
         logger.debug("received a %r frame with a body of %d bytes", header.get("type"), len(body))
         return header, body
 
-    def enqueue(self, header: protocol.Header, body: protocol.Body = b"") -> None:
+    def enqueue(self, header: protocol.Message, body: protocol.Body = b"") -> None:
         """Queue a frame for ``flush``, so a caller that must keep reading never blocks on a write.
 
         Raises:
@@ -290,5 +290,5 @@ class Channel:
         return f"the agent sent no complete frame (got {reader.progress()})"
 
     @staticmethod
-    def _sending(header: protocol.Header, sent: int, total: int) -> str:
+    def _sending(header: protocol.Message, sent: int, total: int) -> str:
         return f"the agent did not take a {header.get('type')!r} frame ({sent} of {total} bytes sent)"

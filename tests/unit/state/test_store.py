@@ -11,6 +11,7 @@ import time
 import pytest
 
 from orchestrator.agent import protocol
+from orchestrator.agent.protocol import CheckpointDelta
 from orchestrator.errors import (
     CheckpointError,
     CheckpointLimitExceeded,
@@ -24,7 +25,6 @@ from orchestrator.errors import (
 from orchestrator.state import activity
 from orchestrator.state.ledger import CheckpointLedger
 from orchestrator.state.store import SessionRecord, SessionStore
-from orchestrator.wire.replies import CheckpointDelta
 
 D1, D2, D3 = "1" * 32, "2" * 32, "3" * 32
 QUOTA = 1000  # of the ledgers this module makes itself (the ledger fixture is in tests/unit/conftest.py)
