@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import reply_support
+
 from orchestrator.agent import protocol
 from orchestrator.backends.base import SANDBOX_ID, ContainerState, Placement, SandboxSpec
 from orchestrator.config import Settings
@@ -311,21 +313,10 @@ class FakeAgent:
 
 def exec_reply(status: str = protocol.STATUS_OK, *, checkpoint: Header | None = None, **fields: Any) -> Header:
     """An exec reply (a failed worker's when ``status`` says so: add ``reason``, ``oom``, ``ran``, ``phase``)."""
-    reply: Header = {
-        "type": protocol.EXEC_REPLY,
-        "status": status,
-        "stdout": "",
-        "stderr": "",
-        "stdout_bytes": 0,
-        "stderr_bytes": 0,
-        "return_value": None,
-        "error": None,
-        "duration": 0.0,
-        "checkpoint_duration": 0.0,
-    }
+    reply = reply_support.exec_reply(status=status, duration=0.0, **fields)
+    del reply["checkpoint"]
     if checkpoint is not None:
         reply["checkpoint"] = checkpoint
-    reply.update(fields)
     return reply
 
 
