@@ -51,7 +51,7 @@ from .contexts import (
 )
 from .events import Event, LiveCall, OnOutput
 from .results import ExecError, ExecResult
-from .tools import PythonTool
+from .tools import DEFAULT_ANSWER_CHARS, PythonTool
 
 __all__ = ["Session", "SessionState"]
 
@@ -299,9 +299,19 @@ class Session:
         live = self._live
         return live is not None and live.interrupt()
 
-    def as_tool(self, *, max_timeout: float | None = None) -> PythonTool:
-        """This session as OpenAI-style function tools for a model (``execute_code``, ``reset_repl``); docs/tools.md."""
-        return PythonTool(self, max_timeout=max_timeout)
+    def as_tool(self, *, max_timeout: float | None = None, max_answer_chars: int = DEFAULT_ANSWER_CHARS) -> PythonTool:
+        """This session as OpenAI-style function tools for a model (``execute_code``, ``reset_repl``); docs/tools.md.
+
+        Answers are at most ``max_answer_chars`` characters; the whole text of what one cuts is kept with the
+        session's output files (``Settings.limits.max_output_files``), and the answer names the file.
+        """
+        return PythonTool(
+            self,
+            max_timeout=max_timeout,
+            max_answer_chars=max_answer_chars,
+            output_dir=self._ledger.store.outputs_dir(self.id),
+            max_output_files=self._settings.limits.max_output_files,
+        )
 
     def set_scaffold(self, code: str, *, names: Collection[str] = ()) -> None:
         """Install the code that supports this session's cells in every worker, now and after each restart.
