@@ -109,7 +109,7 @@ def save_output(directory: Path, kind: str, data: bytes) -> Path:
 
 
 def _new_file(directory: Path, kind: str) -> tuple[Path, int]:
-    """A new file of ``directory`` (made 0700 if missing), open for writing: 0600, never through a link or over a file."""
+    """A new file of ``directory`` (made 0700 if missing), open to write: 0600, never through a link or over a file."""
     directory.mkdir(mode=0o700, exist_ok=True)
     path = directory / f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}.{kind}"
     return path, os.open(path, _FILE_FLAGS, 0o600)

@@ -112,8 +112,8 @@ def test_a_stream_the_session_kept_in_a_file_is_shown_from_the_file_and_named(tm
     shown = text[text.index("line 0") : text.index("[...")] + text[text.index(tail) : text.index("note:")]
     assert int(marker.replace(",", "")) == whole.stat().st_size - len(shown.encode())  # lines cut whole
     assert int(tail.split()[1]) > int(head.split()[1])
-    note = f"note: stdout was cut to fit this answer: {marker} bytes left out; all of it is in the file {whole} on the host"
-    assert text.endswith(f"line 499999\n{note}.\n")
+    note = f"note: stdout was cut to fit this answer: {marker} bytes left out; all of it is in the file {whole}"
+    assert text.endswith(f"line 499999\n{note} on the host.\n")
     assert "stderr" not in text and "preview" not in text
 
 
