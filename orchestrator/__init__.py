@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .api.aio import AsyncContext, AsyncOrchestrator, AsyncPythonTool, AsyncSession
 from .api.contexts import Context
 from .api.events import InputRequest, OutputEvent
 from .api.manager import Orchestrator
@@ -48,6 +49,10 @@ from .runtime.hostcalls import HostCallError, HostCalls
 __all__ = [
     "AgentStartTimeout",
     "AgentTimeoutError",
+    "AsyncContext",
+    "AsyncOrchestrator",
+    "AsyncPythonTool",
+    "AsyncSession",
     "Capacity",
     "CapacityExceeded",
     "ChannelLost",

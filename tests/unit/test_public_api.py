@@ -17,6 +17,8 @@ EXPECTED = {
     "SandboxError",
     "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError",
     "SessionInfo", "SessionNotFound", "SessionsNotClosed", "SessionStatus", "Settings", "TransportError", "__version__",
+    # the async twins (also in orchestrator.aio)
+    "AsyncContext", "AsyncOrchestrator", "AsyncPythonTool", "AsyncSession",
     # Settings' groups
     "Capacity", "Confinement", "ResourceLimits", "SwarmSettings", "Timeouts",
 }  # fmt: skip
