@@ -35,7 +35,7 @@ DEFAULT_ANSWER_CHARS = 20_000
 """The default cap of one answer, in characters (about 5,000 tokens); docs/tools.md says why."""
 MIN_ANSWER_CHARS = 2_000
 """The smallest cap: room for the status lines, an error's location and the notes, with some output."""
-_LISTED_NAMES = 20  # names in a note (unsaved variables...); more are counted
+_NOTE_CHARS = 1_000  # the names and reasons of a note (unsaved variables...); more are counted
 
 
 class ToolSession(Protocol):
@@ -240,8 +240,9 @@ def describe_result(result: ExecResult) -> Answer:
         if "\n" in error.message.strip():  # the summary has its first line only
             answer.section("error message", error.message, inline=True)
         if error.snippet:
-            snippet = field(error.snippet)
-            pointer = error.pointer if snippet == error.snippet else ""  # carets line up under the source as written
+            source = error.snippet.expandtabs()  # the pointer copies the snippet's tabs: expanded alike, they line up
+            snippet = field(source)
+            pointer = error.pointer.expandtabs() if snippet == source else ""  # under the source as written only
             answer.line(f"    {snippet}" + (f"\n    {pointer}" if pointer else ""))
         if error.traceback.startswith("Traceback"):  # the user's frames (none for a cell that did not parse)
             answer.section("traceback", error.traceback)
@@ -288,10 +289,17 @@ def describe_failure(exc: OrchestratorError, elapsed: float) -> Answer:
 
 
 def _listed(reasons: Mapping[str, str]) -> str:
-    """``name (reason); ...`` for a note: sandbox text made safe, at most ``_LISTED_NAMES`` of them."""
+    """``name (reason); ...`` for a note: sandbox text made safe, as many as fit ``_NOTE_CHARS``, the rest counted."""
     names = sorted(reasons)
-    listed = "; ".join(f"{field(name, 100)} ({field(reasons[name], 200)})" for name in names[:_LISTED_NAMES])
-    return listed + (f"; and {len(names) - _LISTED_NAMES:,} more" if len(names) > _LISTED_NAMES else "")
+    listed: list[str] = []
+    size = 0
+    for name in names:
+        entry = f"{field(name, 100)} ({field(reasons[name], 200)})"
+        if size + len(entry) > _NOTE_CHARS and listed:
+            return "; ".join(listed) + f"; and {len(names) - len(listed):,} more"
+        listed.append(entry)
+        size += len(entry) + 2
+    return "; ".join(listed)
 
 
 def _function(
