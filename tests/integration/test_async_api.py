@@ -120,3 +120,22 @@ def test_the_tool_and_the_orchestrator_calls(settings_for: Callable[..., Setting
             assert await orch.sessions() == []
 
     asyncio.run(scenario())
+
+
+def test_evaluate_and_build_image_through_coroutines(settings_for: Callable[..., Settings], image: str) -> None:
+    async def scenario() -> None:
+        async with AsyncOrchestrator(settings_for()) as orch:
+            assert await orch.build_image() == orch.default_image == image
+            loop = asyncio.get_running_loop()
+            seen: list[tuple[str, bool]] = []
+
+            async def on_result(result: Any) -> None:
+                seen.append((result.id, asyncio.get_running_loop() is loop))
+
+            items = [{"id": "good", "code": "print('A')", "expected_stdout": "A\n"}, {"id": "bad", "code": "1/0"}]
+            report = await orch.evaluate(items, on_result=on_result)
+            await asyncio.sleep(0)  # the last callback's task
+            assert [r.id for r in report.results] == ["good", "bad"] and report.exit_code == 1
+            assert sorted(seen) == [("bad", True), ("good", True)]
+
+    asyncio.run(scenario())
