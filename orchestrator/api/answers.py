@@ -191,10 +191,28 @@ def _ends_of_file(path: Path, share: int) -> tuple[str, str, int]:
         if size <= _WHOLE_BYTES * (share + 1):
             whole = file.read(size).decode("utf-8", "surrogateescape")
             return whole, whole, size
-        head = file.read(share + 1)
+        head = _whole_characters_at_end(file.read(share + 1))
         file.seek(size - share - 1)
-        tail = file.read(share + 1)
+        tail = _whole_characters_at_start(file.read(share + 1))
     return head.decode("utf-8", "surrogateescape"), tail.decode("utf-8", "surrogateescape"), size
+
+
+def _whole_characters_at_end(data: bytes) -> bytes:
+    """``data`` without a UTF-8 character the read cut at its end (else it would show as escapes of its bytes)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # the last character's first byte: how long is that character?
+            length = 1 if byte < 0xC0 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data[:-back] if length > back else data
+    return data
+
+
+def _whole_characters_at_start(data: bytes) -> bytes:
+    """``data`` without the continuation bytes of a UTF-8 character the read cut at its start."""
+    skip = 0
+    while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:
+        skip += 1
+    return data[skip:]
 
 
 def _utf8_len(text: str) -> int:

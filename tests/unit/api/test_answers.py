@@ -49,3 +49,17 @@ def test_any_mix_of_sections_fits_the_limit_and_is_safe(seed: int, tmp_path: Pat
     text = answer.render(limit, lambda label, whole: kept.append(whole) or None)
     assert len(text) <= limit and _safe(text)
     assert text.count("[... ") == text.count("was cut to fit this answer")
+
+
+def test_a_file_read_in_the_middle_of_a_character_shows_no_half_characters(tmp_path: Path) -> None:
+    for text in ["é" * 3_000_000, "😀" * 2_000_000, "a" + "€" * 3_000_000]:
+        path = tmp_path / "whole.stdout"
+        path.write_text(text)
+        for limit in range(2_000, 2_040):
+            answer = Answer()
+            answer.section("stdout", "preview", file=path)
+            shown = answer.render(limit, lambda label, whole: None)
+            assert "\\udc" not in shown and "bytes left out" in shown and len(shown) <= limit
+            head, tail = shown.split("\n[... ")[0], shown.split(" left out ...]\n")[1].split("\nnote:")[0]
+            left = int(shown.split("[... ")[1].split(" bytes")[0].replace(",", ""))
+            assert len((head.removeprefix("stdout:\n") + tail).encode()) + left == len(text.encode())
