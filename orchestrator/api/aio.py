@@ -69,6 +69,7 @@ class AsyncSession:
     def __init__(self, session: Session, executor: ThreadPoolExecutor) -> None:
         self.sync = session
         self._threads = _Threads(executor)
+        self._cells = asyncio.Lock()  # calls that run a cell, one at a time: a cancelled one interrupts only its own
 
     # ----------------------------------------------------------------- properties: what the handle holds
 
@@ -141,14 +142,16 @@ class AsyncSession:
 
     async def _interruptible(self, call: Callable[[], T]) -> T:
         """Run ``call`` (one that runs a cell) on a thread; a cancelled await interrupts its cell and waits until the
-        session is free again (a call not begun yet never begins)."""
-        running = self._threads.executor.submit(call)
-        future = asyncio.wrap_future(running)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            await self._interrupt(running, future)
-            raise
+        session is free again. A call waiting for its turn here is cancelled without touching the cell that runs (the
+        session's ``interrupt`` stops whichever cell runs, so only the call whose cell it may be is handed to it)."""
+        async with self._cells:
+            running = self._threads.executor.submit(call)
+            future = asyncio.wrap_future(running)
+            try:
+                return await asyncio.shield(future)
+            except asyncio.CancelledError:
+                await self._interrupt(running, future)
+                raise
 
     async def _interrupt(self, running: concurrent.futures.Future[Any], future: asyncio.Future[Any]) -> None:
         if running.cancel():

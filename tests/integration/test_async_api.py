@@ -139,3 +139,20 @@ def test_evaluate_and_build_image_through_coroutines(settings_for: Callable[...,
             assert sorted(seen) == [("bad", True), ("good", True)]
 
     asyncio.run(scenario())
+
+
+def test_cancelling_a_call_that_waits_for_its_turn_leaves_the_running_cell_alone(
+    settings_for: Callable[..., Settings], image: str
+) -> None:
+    async def scenario() -> None:
+        async with AsyncOrchestrator(settings_for()) as orch, await orch.create_session() as session:
+            running = asyncio.ensure_future(session.execute("import time\ntime.sleep(1.5)\n'done'"))
+            await asyncio.sleep(0.5)
+            waiting = asyncio.ensure_future(session.execute("'never'"))
+            await asyncio.sleep(0.2)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert (await running).return_value == "'done'"  # not interrupted on behalf of the cancelled call
+
+    asyncio.run(scenario())
