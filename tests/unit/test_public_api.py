@@ -16,7 +16,8 @@ EXPECTED = {
     "Placement", "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed",
     "SandboxError",
     "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError",
-    "SessionInfo", "SessionNotFound", "SessionsNotClosed", "SessionStatus", "Settings", "TransportError", "__version__",
+    "SessionHeld", "SessionInfo", "SessionNotFound", "SessionsNotClosed", "SessionStatus", "Settings", "TransportError",
+    "__version__",
     # Settings' groups
     "Capacity", "Confinement", "ResourceLimits", "SwarmSettings", "Timeouts",
 }  # fmt: skip
