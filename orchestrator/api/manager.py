@@ -293,8 +293,8 @@ class Orchestrator:
             hibernation.forget_sandbox(held[1])
         return done
 
-    def resume(self, session_id: str, *, force: bool = False) -> None:
-        """Start a hibernated (or broken) session's sandbox now and restore it.
+    def resume(self, session_id: str, *, force: bool = False) -> bool:
+        """Start a hibernated (or broken) session's sandbox now and restore it; False if it was running already.
 
         A session this orchestrator holds is resumed in place (its handle stays). Any other is attached
         (as ``attach``: refused while a live controller holds it, unless ``force``), resumed, and let go
@@ -306,16 +306,15 @@ class Orchestrator:
             SandboxError, EngineError: the sandbox could not be started.
         """
         held = self._held(session_id)
-        if held is not None:
-            if held[1].sandbox is None:
-                held[1].start()
-            return
-        session, sandbox = self._attach(session_id, force=force)
+        session, sandbox = held or self._attach(session_id, force=force)
         try:
-            if sandbox.sandbox is None:
-                sandbox.start()
+            if sandbox.sandbox is not None:
+                return False
+            sandbox.start()
+            return True
         finally:
-            session.detach()
+            if held is None:
+                session.detach()
 
     def logs(self, session_id: str, tail: int | None = 200) -> str:
         """The log of the session's container (the agent's messages), its last ``tail`` lines or all.

@@ -13,7 +13,6 @@ from ..api.manager import Orchestrator
 from ..api.session import Session, SessionState
 from ..config import save_default_base_image
 from ..errors import OrchestratorError, SandboxError
-from ..ops.survey import SessionStatus
 from .render import (
     Exit,
     Output,
@@ -193,12 +192,9 @@ def hibernate(ctx: Context, args: argparse.Namespace) -> int:
 
 def resume(ctx: Context, args: argparse.Namespace) -> int:
     def act(session_id: str) -> str:
-        # Resuming attaches, which a running session needs not: leave it to its owner.
-        if ctx.orch.describe(session_id).status in (SessionStatus.RUNNING, SessionStatus.BUSY):
-            return "already running"
         with ctx.out.progress(f"resuming {session_id} ..."):
-            ctx.orch.resume(session_id, force=args.force)
-        return "running"
+            started = ctx.orch.resume(session_id, force=args.force)  # refused while a live controller holds it
+        return "running" if started else "already running"
 
     return for_each(ctx, args.session_ids, act)
 

@@ -132,8 +132,9 @@ class FakeOrchestrator:
         self._check("hibernate", session_id)
         return session_id != "s2"
 
-    def resume(self, session_id: str, *, force: bool = False) -> None:
+    def resume(self, session_id: str, *, force: bool = False) -> bool:
         self._check("resume", session_id, force)
+        return self.describe(session_id).status is not SessionStatus.RUNNING
 
     def remove(self, session_id: str, *, force: bool = False) -> None:
         self._check("remove", session_id, force)
@@ -450,7 +451,7 @@ def test_hibernate_resume_rm_report_each_id(fake, capsys):
     code, out, _ = run(capsys, "hibernate", "s1", "s2", "s1")
     assert code == 0 and out == "s1: hibernated\ns2: already hibernated\n"
     assert run(capsys, "resume", "s2", "s1")[:2] == (0, "s2: running\ns1: already running\n")
-    assert ("resume", "s2") in fake.calls and ("resume", "s1") not in fake.calls  # s1's owner keeps it
+    assert ("resume", "s2") in fake.calls and ("resume", "s1") in fake.calls
     assert run(capsys, "rm", "s1", "s2")[:2] == (0, "s1: removed\ns2: removed\n")
 
 
