@@ -551,5 +551,9 @@ def _renew_leases(orchestrator: weakref.ref[Orchestrator], closing: threading.Ev
             try:
                 if not sandbox.ledger.renew_lease():
                     logger.debug("session %s: its lease is another handle's now", sandbox.session_id)
-            except OrchestratorError as exc:  # removed, or its lock stuck: the next call says what is wrong
-                logger.debug("session %s: lease not renewed: %s", sandbox.session_id, exc)
+            except SessionNotFound:
+                pass  # removed meanwhile: its handle learns it at its next call
+            except Exception as exc:  # the thread must go on: the other sessions' leases depend on it
+                logger.warning(
+                    "session %s: its lease was not renewed: %s: %s", sandbox.session_id, type(exc).__name__, exc
+                )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,3 +119,20 @@ def test_closing_a_stale_handle_lets_go_and_says_what_it_left(
     assert new.execute("x = 1").generation == 1 and new.variables == ["x"]  # the new owner's session is whole
     old.detach()
     assert first.attach(old.id, force=True).epoch == 3  # the stale handle gave way: first takes it back by force
+
+
+def test_the_holder_renews_its_lease_and_ends_it_when_it_lets_go(
+    controllers: tuple[Orchestrator, Orchestrator],
+) -> None:
+    first, _ = controllers
+    session = first.create_session()
+    leases = first.store.lease(session.id)
+    created = leases.read()
+    assert created is not None and created.pid == os.getpid() and created.owner == first.store.load(session.id).owner
+    deadline = time.monotonic() + 60
+    while (renewed := leases.read()) is not None and renewed.renewed == created.renewed:
+        assert time.monotonic() < deadline, "the lease was never renewed"
+        time.sleep(0.05)
+    assert renewed is not None and renewed.since == created.since
+    session.detach()
+    assert leases.read() is None
