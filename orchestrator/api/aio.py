@@ -434,9 +434,9 @@ class AsyncOrchestrator:
         )
         return self._handle(session)
 
-    async def attach(self, session_id: str) -> AsyncSession:
-        """``Orchestrator.attach``."""
-        return self._handle(await self._threads.run(self.sync.attach, session_id))
+    async def attach(self, session_id: str, *, force: bool = False) -> AsyncSession:
+        """``Orchestrator.attach`` (this orchestrator's own handle when it holds the session already)."""
+        return self._handle(await self._threads.run(self.sync.attach, session_id, force=force))
 
     async def evaluate(
         self,
@@ -464,8 +464,8 @@ class AsyncOrchestrator:
     async def hibernate(self, session_id: str) -> bool:
         return await self._threads.run(self.sync.hibernate, session_id)
 
-    async def resume(self, session_id: str) -> None:
-        await self._threads.run(self.sync.resume, session_id)
+    async def resume(self, session_id: str, *, force: bool = False) -> bool:
+        return await self._threads.run(self.sync.resume, session_id, force=force)
 
     async def logs(self, session_id: str, tail: int | None = 200) -> str:
         return await self._threads.run(self.sync.logs, session_id, tail)
@@ -488,8 +488,8 @@ class AsyncOrchestrator:
             now=now,
         )
 
-    async def remove(self, session_id: str) -> None:
-        await self._threads.run(self.sync.remove, session_id)
+    async def remove(self, session_id: str, *, force: bool = False) -> None:
+        await self._threads.run(self.sync.remove, session_id, force=force)
 
     async def containers(self, session_id: str | None = None) -> list[ContainerState]:
         return await self._threads.run(self.sync.containers, session_id)

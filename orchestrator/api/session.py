@@ -400,17 +400,16 @@ class Session:
     def detach(self) -> None:
         """Let go of the session but keep its container and checkpoint, for ``Orchestrator.attach``.
 
-        Raises:
-            SessionAttachedElsewhere: another controller owns the session (nothing was touched).
+        Its lease ends, so any controller may attach it without ``force``. A stale handle (another controller took
+        the session) only lets go of what it holds here, and logs that.
         """
         with self._turn(call=False):
             if self.state is not SessionState.READY:
                 return
             try:
                 self._ledger.check_owner()
-            except SessionAttachedElsewhere:
-                self._sandbox.become_stale()
-                raise
+            except SessionAttachedElsewhere as exc:
+                logger.info("session %s: detached a stale handle (%s)", self.id, exc)
             self._sandbox.become_stale()
 
     def hibernate(self) -> None:
@@ -431,9 +430,9 @@ class Session:
     def close(self) -> None:
         """Remove the container and the stored state. Closing twice is fine.
 
-        Raises:
-            SessionAttachedElsewhere: another controller owns the session; its container and
-                state were left alone.
+        A stale handle (another controller took the session over) does not raise: it lets go of what it holds
+        here (channel, threads, files) and leaves the session, its container and its stored state to their owner,
+        which it logs as a warning.
         """
         with self._turn(call=False):
             if self.state is SessionState.CLOSED:
@@ -444,9 +443,15 @@ class Session:
                     sandbox.drop()
                     sandbox.discard_all(current)
                     self._ledger.delete()
-            except SessionAttachedElsewhere:
+            except SessionAttachedElsewhere as exc:
                 sandbox.become_stale()
-                raise
+                logger.warning(
+                    "session %s: this handle was stale (%s); closing it released only this handle: the session, its "
+                    "container and its stored state were left to the controller that holds it",
+                    self.id,
+                    exc,
+                )
+                return
             except SessionNotFound:
                 pass  # removed already (``Orchestrator.remove``): nothing left to remove
             finally:
@@ -461,11 +466,7 @@ class Session:
         return self
 
     def __exit__(self, exc_type: object, *exc_info: object) -> None:
-        try:
-            self.close()
-        except SessionAttachedElsewhere:
-            if exc_type is None:
-                raise
+        self.close()
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.state.value} generation={self.generation} epoch={self.epoch}>"
