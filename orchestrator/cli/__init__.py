@@ -208,7 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "needs_orchestrator", True):
             return int(args.func(args))
         return _run(args, out)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if str(exc):  # the cell was stopped, and the message says what the session kept
+            return out.error(exc)
         out.note("")
         return out.error(KeyboardInterrupt("interrupted"))
     except BrokenPipeError:

@@ -7,13 +7,14 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 from ..api.manager import Orchestrator
 from ..api.session import Session, SessionState
 from ..config import save_default_base_image
 from ..errors import OrchestratorError, SandboxError
 from ..ops.survey import SessionStatus
+from .cell import cut_streams, run_cell
 from .render import (
     Exit,
     Output,
@@ -133,22 +134,27 @@ def read_code(code: str, stdin: Any = None) -> str:
 
 
 def exec_code(ctx: Context, args: argparse.Namespace) -> int:
-    """Run code in a session (attach, execute, detach); exit 1 when the code raised."""
+    """Run code in a session (attach, execute, detach), its output streamed; exit 1 when the code raised."""
     code = read_code(args.code)
     with ctx.attached(args.session_id) as session:
-        try:
-            result = session.execute(code, timeout=args.timeout)
-        except SandboxError as exc:
-            # A timed-out cell's partial output is still worth showing (before the one error line).
-            if not ctx.out.json_mode:
-                ctx.out.program_output(getattr(exc, "stdout", ""))
-                ctx.out.program_output(getattr(exc, "stderr", ""), ctx.out.stderr)
-            raise
+        return run_and_show(ctx, session, code, args.timeout, stdin=None if args.code == "-" else sys.stdin)
+
+
+def run_and_show(ctx: Context, session: Session, code: str, timeout: float | None, *, stdin: TextIO | None) -> int:
+    """Run one cell of ``exec`` or ``run`` and show it; the exit status of the cell (docs/cli.md, "exec")."""
+    result, live = run_cell(session, code, timeout=timeout, out=ctx.out, stdin=stdin)
     if ctx.out.json_mode:
-        ctx.out.json(exec_json(args.session_id, result))
+        ctx.out.json(exec_json(session.id, result))
     else:
-        write_exec_result(ctx.out, result)
-    return Exit.OK if result.ok else Exit.CODE_RAISED
+        write_exec_result(ctx.out, result, live)
+    cut = cut_streams(result, ctx.orch.settings.limits.max_output_file_bytes)
+    if cut:
+        ctx.out.note(
+            f"orchestrator: OutputCut: the host dropped {'; '.join(cut)}; raise ORCH_MAX_OUTPUT_FILE_BYTES for more"
+        )
+    if not result.ok:
+        return Exit.CODE_RAISED
+    return Exit.OUTPUT_CUT if cut else Exit.OK
 
 
 def for_each(ctx: Context, session_ids: list[str], act: Callable[[str], str]) -> int:

@@ -53,6 +53,9 @@ class Exit(enum.IntEnum):
     """The call failed in the sandbox or its channel (``ExecutionTimeout``, ``SandboxCrashed``, ``ProtocolError``)."""
     FAILED = 8
     """Any other failure (``CheckpointError``, ``SessionClosed``, an unexpected error)."""
+    OUTPUT_CUT = 9
+    """``exec``/``run``: the cell ended, but output past the per-call limit (``ORCH_MAX_OUTPUT_FILE_BYTES``) was
+    dropped: what reached stdout or stderr is not all the cell wrote."""
     INTERRUPTED = 130
     """Ctrl-C."""
 
@@ -68,6 +71,7 @@ exit status:
   6    engine: unreachable, refused, image missing (EngineError)
   7    the call failed in the sandbox or its channel (SandboxError, TransportError)
   8    any other failure
+  9    exec/run: output past the per-call limit was dropped (ORCH_MAX_OUTPUT_FILE_BYTES)
   130  interrupted (Ctrl-C)
 
 Errors are one line on stderr: "orchestrator: <ErrorType>: <message>".
@@ -317,15 +321,22 @@ def exec_json(session_id: str, result: ExecResult) -> dict[str, Any]:
     return {"id": session_id, "ok": result.ok, **asdict(result)}
 
 
-def write_exec_result(out: Output, result: ExecResult) -> None:
+def write_exec_result(out: Output, result: ExecResult, live: LiveOutput | None = None) -> None:
     """A cell's output as a REPL shows it: stdout and stderr as written, the value's repr, the traceback (each
-    the program's own bytes to a pipe, made visible on a terminal); then our notes, always made visible."""
-    if result.stdout:
-        out.program_output(result.stdout)
-    if result.stderr:
-        out.program_output(result.stderr, out.stderr)
+    the program's own bytes to a pipe, made visible on a terminal); then our notes, always made visible.
+
+    ``live``: the streams already went out as the cell printed them; only what follows them is written.
+    """
+    if live is not None:
+        live.finish()
+    else:
+        if result.stdout:
+            out.program_output(result.stdout)
+        if result.stderr:
+            out.program_output(result.stderr, out.stderr)
     if result.return_value is not None:
-        if result.stdout and not result.stdout.endswith("\n"):
+        ended = live.stdout.ends_line if live is not None else not result.stdout or result.stdout.endswith("\n")
+        if not ended:
             out.write("\n")
         out.program_output(result.return_value + "\n")
     if result.error is not None:
@@ -334,3 +345,72 @@ def write_exec_result(out: Output, result: ExecResult) -> None:
         out.note(f"orchestrator: not saved (lost if the sandbox restarts): {one_line(name)}: {one_line(reason)}")
     for name, reason in sorted(result.restore_failures.items()):
         out.note(f"orchestrator: dropped by a restore before this call: {one_line(name)}: {one_line(reason)}")
+
+
+class LiveStream:
+    """One stream of a running cell, written piece by piece as it comes, by the rules of ``Output.program_output``.
+
+    Made visible (a terminal, ``--escape``), a line of the cell that starts like one of ours gets its
+    ``[sandbox]`` mark even when the line comes in several pieces: the start of a line that could
+    still become ``orchestrator`` is held back until the next piece (or the end) decides it.
+    """
+
+    def __init__(self, out: Output, stream: TextIO) -> None:
+        self.stream = stream
+        self.raw = out.sandbox_text == "raw" or (out.sandbox_text == "auto" and not _isatty(stream))
+        self._at_start = True  # the next character the cell writes begins a line
+        self._held = ""
+
+    @property
+    def ends_line(self) -> bool:
+        """Nothing was written, or the last of it was a newline."""
+        return self._at_start and not self._held
+
+    def write(self, text: str) -> None:
+        if not text:
+            return
+        if self.raw:
+            self._emit(text)
+            self._at_start = text.endswith("\n")
+            return
+        text, self._held = self._held + visible(text), ""
+        at_start = self._at_start
+        lines = text.split("\n")
+        shown = []
+        for line in lines[:-1]:
+            shown.append((SANDBOX_MARK if at_start and line.startswith(OUR_PREFIX) else "") + line + "\n")
+            at_start = True
+        last = lines[-1]
+        if at_start and len(last) < len(OUR_PREFIX) and OUR_PREFIX.startswith(last):
+            self._held = last  # "orch" (or nothing): cannot tell yet
+        else:
+            shown.append((SANDBOX_MARK if at_start and last.startswith(OUR_PREFIX) else "") + last)
+            at_start = False
+        self._at_start = at_start
+        self._emit("".join(shown))
+
+    def finish(self) -> None:
+        """The cell ended: write what was held back."""
+        if self._held:
+            self._emit(self._held)
+            self._held, self._at_start = "", False
+
+    def _emit(self, text: str) -> None:
+        if text:
+            self.stream.write(text)
+            self.stream.flush()
+
+
+class LiveOutput:
+    """A running cell's stdout and stderr as they come (``Session.execute``'s ``on_output`` events)."""
+
+    def __init__(self, out: Output) -> None:
+        self.stdout = LiveStream(out, out.stdout)
+        self.stderr = LiveStream(out, out.stderr)
+
+    def write(self, stream: str, text: str) -> None:
+        (self.stderr if stream == "stderr" else self.stdout).write(text)
+
+    def finish(self) -> None:
+        self.stdout.finish()
+        self.stderr.finish()

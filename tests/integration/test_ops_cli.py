@@ -125,7 +125,9 @@ def test_exec_interrupted_exits_130_and_the_call_is_not_kept(cli, make, store):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and err.endswith("orchestrator: KeyboardInterrupt: interrupted\n")
+    assert proc.returncode == 130, err
+    *_, last = err.splitlines()  # Ctrl-C stops the cell: the session keeps what it did before
+    assert last.startswith(f"orchestrator: KeyboardInterrupt: the cell was interrupted; session {sid} keeps what")
     assert cli("exec", sid, "'z' in globals(), x").stdout == "(False, 41)\n"
 
 
@@ -368,3 +370,29 @@ def test_exec_on_a_terminal_shows_escapes_and_nothing_a_terminal_obeys(terminal,
     assert t.close() == 0
     assert "\x1b" not in t.seen and "\u202e" not in t.seen and "\r" not in t.seen
     assert "before\\x1b]52;c;cm0gLXJmIH4=\\x07" in t.seen and "[sandbox] orchestrator: InfoLeak" in t.seen
+
+
+# ---------------------------------------------------------------------------- exec: streaming, Ctrl-C, big output
+
+
+def test_exec_streams_as_the_cell_prints_and_ctrl_c_stops_only_the_cell(terminal, make, cli):
+    sid = make()
+    t = terminal(
+        "exec", sid, "import sys, time\nprint('out', flush=True)\nprint('err', file=sys.stderr)\ntime.sleep(60)\nz = 1"
+    )
+    t.expect("out\n")  # while the cell still sleeps: it came as it was printed
+    t.expect("err\n")
+    t.proc.send_signal(signal.SIGINT)
+    t.expect(f"orchestrator: KeyboardInterrupt: the cell was interrupted; session {sid} keeps what")
+    assert t.close() == 130
+    assert cli("exec", sid, "'z' in globals(), x").stdout == "(False, 41)\n"
+
+
+def test_exec_to_a_file_gets_the_whole_output_or_exits_9(cli, make):
+    sid = make()
+    whole = cli("exec", sid, "print('x' * 3_000_000)\n'done'")
+    assert (whole.returncode, len(whole.stdout), whole.stderr) == (0, 3_000_001 + len("'done'\n"), "")
+    cut = cli("exec", sid, "print('x' * 3_000_000)", ORCH_MAX_OUTPUT_FILE_BYTES="2000000")
+    assert cut.returncode == 9 and cut.stdout == "x" * 2_000_000
+    one_line(cut.stderr, "OutputCut")
+    assert "stdout past its first 1.9 MiB" in cut.stderr

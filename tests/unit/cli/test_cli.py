@@ -24,6 +24,7 @@ from orchestrator import (
     Settings,
     units,
 )
+from orchestrator.api.events import OutputEvent
 from orchestrator.api.session import SessionState
 from orchestrator.cli import commands, render, shell
 from orchestrator.cli.render import Exit
@@ -70,13 +71,22 @@ class FakeSession:
         self.codes: list[tuple[str, float | None]] = []
         self.detach_error: Exception | None = None
 
-    def execute(self, code: str, timeout: float | None = None) -> ExecResult:
+    def execute(self, code: str, timeout: float | None = None, *, on_output: object = None) -> ExecResult:
+        """Streams the result's stdout and stderr (or a timeout's) through ``on_output`` first, as the agent does."""
         self.codes.append((code, timeout))
         outcome = self.results.pop(0) if self.results else ExecResult()
+        if callable(on_output):
+            for stream in ("stdout", "stderr"):
+                text = getattr(outcome, stream, "")
+                if isinstance(text, str) and text:
+                    on_output(OutputEvent(stream, text))
         if isinstance(outcome, BaseException):
             raise outcome
         assert isinstance(outcome, ExecResult)
         return outcome
+
+    def interrupt(self) -> bool:
+        return False
 
     def detach(self) -> None:
         if self.detach_error is not None:
