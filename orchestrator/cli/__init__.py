@@ -46,6 +46,13 @@ def _tail(text: str) -> int | None:
     return lines
 
 
+def _label(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
 def _sandbox_text_options(parser: argparse.ArgumentParser, default: str) -> None:
     """``--raw`` / ``--escape``: how text the sandbox made reaches the terminal (docs/cli.md, "Text from a sandbox")."""
     group = parser.add_mutually_exclusive_group()
@@ -111,6 +118,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _sandbox_text_options(exec_, "auto")
     exec_.set_defaults(func=commands.exec_code)
+
+    for name, func, what in (
+        ("create", commands.create, "start a session and leave it running; print its id"),
+        (
+            "run",
+            commands.run,
+            "start a session and run CODE in it, like exec (the session keeps running unless --rm); "
+            "exit status as exec",
+        ),
+    ):
+        new = command(name, what)
+        new.add_argument("--name", metavar="ID", help="the session's id (3-63 lowercase letters, digits, dashes)")
+        new.add_argument("--image", help="a sandbox image with the agent (default: the image `image build` makes)")
+        new.add_argument(
+            "--label",
+            dest="labels",
+            type=_label,
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a label to keep with the session (key like orchestrator.<you>.<name>); repeatable",
+        )
+        new.add_argument("-q", "--quiet", action="store_true", help="print only the id (create) or the output (run)")
+        new.set_defaults(func=func)
+        if name == "run":
+            new.add_argument("code", metavar="CODE", help="Python source; '-' reads it from standard input")
+            new.add_argument(
+                "--timeout", type=positive_duration_argument, metavar="S", help="seconds (or 90s, 5m) the cell may run"
+            )
+            new.add_argument("--rm", action="store_true", help="remove the session when the cell has run")
+            _sandbox_text_options(new, "auto")
 
     sh = command(
         "shell",

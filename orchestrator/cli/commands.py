@@ -48,6 +48,20 @@ class Context:
             raise
         self.detach(session)
 
+    @contextlib.contextmanager
+    def created(self, *, name: str | None, image: str | None, labels: dict[str, str]) -> Iterator[Session]:
+        """Create a session for the block (a spinner while it starts), then detach it, unless the block closed it."""
+        with self.out.progress("starting a session ..."):
+            session = self.orch.create_session(session_id=name, image=image, labels=labels)
+        self._handles.append(session)
+        try:
+            yield session
+        except BaseException:
+            self.abandon(session)
+            raise
+        if session.state is SessionState.READY:
+            self.detach(session)
+
     def attach(self, session_id: str) -> Session:
         session = self.orch.attach(session_id)
         self._handles.append(session)
@@ -126,6 +140,34 @@ def inspect(ctx: Context, args: argparse.Namespace) -> int:
     else:
         ctx.out.table(key_value_table(session_rows(info, now)))
     return Exit.OK
+
+
+def create(ctx: Context, args: argparse.Namespace) -> int:
+    """Start a session and leave it running (detached); print its id."""
+    with ctx.created(name=args.name, image=args.image, labels=dict(args.labels)) as session:
+        if ctx.out.json_mode:
+            ctx.out.json({"id": session.id, "image": args.image or ctx.orch.default_image, "status": "running"})
+        else:
+            ctx.out.line(session.id)
+    if not (args.quiet or ctx.out.json_mode):
+        ctx.out.note(f"orchestrator: session {session.id} is running; `orchestrator exec {session.id} CODE` uses it")
+    return Exit.OK
+
+
+def run(ctx: Context, args: argparse.Namespace) -> int:
+    """``create`` then ``exec``: start a session, run CODE in it, leave it running (``--rm``: remove it)."""
+    code = read_code(args.code)
+    with ctx.created(name=args.name, image=args.image, labels=dict(args.labels)) as session:
+        if not (args.quiet or args.rm or ctx.out.json_mode):
+            ctx.out.note(
+                f"orchestrator: session {session.id} (it keeps running: `orchestrator rm {session.id}` ends it)"
+            )
+        try:
+            return run_and_show(ctx, session, code, args.timeout, stdin=None if args.code == "-" else sys.stdin)
+        finally:
+            if args.rm:
+                with ctx.out.progress(f"removing {session.id} ..."):
+                    session.close()
 
 
 def read_code(code: str, stdin: Any = None) -> str:

@@ -88,13 +88,13 @@ class FakeSession:
     def interrupt(self) -> bool:
         return False
 
+    def close(self) -> None:
+        self.state = SessionState.CLOSED
+
     def detach(self) -> None:
         if self.detach_error is not None:
             raise self.detach_error
         self.state = SessionState.DETACHED
-
-    def close(self) -> None:  # pragma: no cover - the CLI must never call it
-        raise AssertionError("the CLI closed a session")
 
 
 class FakeBackend:
@@ -157,6 +157,16 @@ class FakeOrchestrator:
     def attach(self, session_id: str) -> FakeSession:
         self._check("attach", session_id)
         session = FakeSession(session_id, self.results)
+        self.sessions.append(session)
+        return session
+
+    default_image = "orchestrator-sandbox:0123"
+
+    def create_session(
+        self, *, session_id: str | None = None, image: str | None = None, labels: dict[str, str] | None = None
+    ) -> FakeSession:
+        self.calls.append(("create", (session_id, image, labels)))
+        session = FakeSession(session_id or "s0123456789ab", self.results)
         self.sessions.append(session)
         return session
 
@@ -789,3 +799,32 @@ def test_log_records_quoting_the_sandbox_cannot_start_a_line(capsys):
     text = VisibleFormatter("%(levelname)s %(name)s: %(message)s").format(record)
     assert no_control(text)
     assert all(line.startswith("    ") for line in text.splitlines()[1:])
+
+
+# ---------------------------------------------------------------------------- create and run
+
+
+def test_create_prints_the_id_and_leaves_the_session_running(fake, capsys):
+    code, out, err = run(capsys, "create", "--name", "mine", "--label", "orchestrator.me.team=a", "--image", "img")
+    assert (code, out) == (0, "mine\n") and "orchestrator exec mine CODE" in err
+    assert ("create", ("mine", "img", {"orchestrator.me.team": "a"})) in fake.calls
+    assert fake.sessions[-1].state is SessionState.DETACHED and fake.closed
+    assert run(capsys, "create", "-q") == (0, "s0123456789ab\n", "")
+    code, out, _ = run(capsys, "create", "--json")
+    assert json.loads(out) == {"id": "s0123456789ab", "image": "orchestrator-sandbox:0123", "status": "running"}
+
+
+def test_run_creates_then_runs_with_the_exit_status_of_the_cell(fake, capsys):
+    fake.results.append(ExecResult(stdout="hi\n", return_value="2"))
+    code, out, err = run(capsys, "run", "-q", "print('hi')\n1 + 1")
+    assert (code, out, err) == (0, "hi\n2\n", "")
+    assert fake.sessions[-1].state is SessionState.DETACHED  # it keeps running
+    fake.results.append(ExecResult(error=ExecError("ZeroDivisionError", "division by zero", 1, "1 / 0", "Traceback\n")))
+    code, out, err = run(capsys, "run", "--rm", "1 / 0")
+    assert (code, out, err) == (1, "", "Traceback\n") and fake.sessions[-1].state is SessionState.CLOSED
+
+
+@pytest.mark.parametrize("argv", [["create", "--label", "nokey"], ["run"], ["create", "--label", "=v"]])
+def test_create_and_run_usage_errors(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "UsageError" in err
