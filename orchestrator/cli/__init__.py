@@ -21,7 +21,7 @@ from ..errors import OrchestratorError
 from ..ops import janitor
 from ..safe_text import log_to_stderr, visible
 from ..units import duration_argument, positive_duration_argument
-from . import commands, evaluate, shell
+from . import commands, evaluate, filters, shell
 from .render import EXIT_HELP, Exit, Output
 
 __all__ = ["build_parser", "main"]
@@ -100,6 +100,21 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     ls = command("ls", "list stored sessions: id, state, image, age, idle, memory, checkpoint size", aliases=["list"])
+    ls.add_argument("-q", "--quiet", action="store_true", help="print only the ids, one a line")
+    ls.add_argument(
+        "-f",
+        "--filter",
+        dest="filters",
+        type=filters.parse_filter,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"only sessions that match ({', '.join(filters.KEYS)}; id, image and node take * patterns; "
+        "label=KEY or label=KEY=VALUE); repeatable: different keys must all match, the same key any",
+    )
+    ls.add_argument(
+        "--format", choices=("table", "json"), default="table", help="table (default) or json (the same as --json)"
+    )
     ls.set_defaults(func=commands.ls)
 
     inspect = command("inspect", "show everything known of one session (without touching it)")

@@ -14,6 +14,7 @@ from ..api.session import Session, SessionState
 from ..config import save_default_base_image
 from ..errors import OrchestratorError, SandboxError
 from ..ops.survey import SessionStatus
+from . import filters
 from .cell import cut_streams, run_cell
 from .render import (
     Exit,
@@ -21,10 +22,12 @@ from .render import (
     error_json,
     error_line,
     exec_json,
+    fit_columns,
     key_value_table,
     one_line,
+    plain_table,
+    session_columns,
     session_rows,
-    sessions_table,
     write_exec_result,
 )
 
@@ -116,18 +119,21 @@ def image_build(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def ls(ctx: Context, args: argparse.Namespace) -> int:
-    """Every stored session: a table, or a JSON list."""
-    infos = ctx.orch.list_sessions()
-    if ctx.out.json_mode:
+    """The stored sessions (those ``--filter`` selects): a table that fits the terminal, ids only, or JSON."""
+    infos = filters.select(ctx.orch.list_sessions(), args.filters)
+    if ctx.out.json_mode or args.format == "json":
         ctx.out.json([info.to_json() for info in infos])
-        return Exit.OK
-    if not infos:
-        ctx.out.line(f"no sessions (state dir {ctx.orch.settings.state_dir})")
-        return Exit.OK
-    ctx.out.table(sessions_table(infos))
-    for info in infos:
+    elif args.quiet:
+        ctx.out.write("".join(f"{one_line(info.id)}\n" for info in infos))
+    elif not infos and not args.filters:
+        ctx.out.note(
+            f"orchestrator: no sessions (state dir {ctx.orch.settings.state_dir}); `orchestrator create` starts one"
+        )
+    elif infos:
+        ctx.out.write(plain_table(fit_columns(session_columns(infos), ctx.out.width)))
+    for info in infos if not (args.quiet or ctx.out.json_mode) else ():
         if info.problem:
-            ctx.out.line(f"{info.id}: {one_line(info.problem)}")
+            ctx.out.note(f"orchestrator: {one_line(info.id)}: {one_line(info.problem)}")
     return Exit.OK
 
 

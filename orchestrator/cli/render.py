@@ -9,10 +9,9 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -146,14 +145,6 @@ def human_time(stamp: float | None, now: float) -> str:
     return f"{local} ({describe_duration(now - stamp)} ago)"
 
 
-_STATUS_STYLE = {
-    SessionStatus.RUNNING: "green",
-    SessionStatus.BUSY: "yellow",
-    SessionStatus.HIBERNATED: "cyan",
-    SessionStatus.BROKEN: "bold red",
-}
-
-
 class Output:
     """Where one command writes: its stdout and stderr, as text, rich tables or JSON."""
 
@@ -214,6 +205,11 @@ class Output:
             self.json({"error": error_json(exc)})
         return exit_code(exc)
 
+    @property
+    def width(self) -> int | None:
+        """The terminal's width when stdout is one, else None (a pipe or a file: whole rows, nothing dropped)."""
+        return self.console.width if self.console.is_terminal else None
+
     def table(self, table: Table) -> None:
         if self.console.is_terminal:
             self.console.print(table)
@@ -253,31 +249,94 @@ def _console(stream: TextIO) -> Console:
     )
 
 
-def sessions_table(infos: Sequence[SessionInfo]) -> Table:
-    """The table of ``orchestrator ls``: one row per session, with a NODE column when sandboxes run on several
-    machines (the Swarm backend)."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    with_node = any(info.node for info in infos)
-    columns = [("ID", "left"), ("STATE", "left"), ("IMAGE", "left")]
-    columns += [("NODE", "left")] if with_node else []
-    columns += [("AGE", "right"), ("IDLE", "right"), ("MEMORY", "right"), ("CHECKPOINT", "right")]
-    for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    for info in infos:
+@dataclass(frozen=True)
+class Column:
+    """One column of a plain table: its header and cells, right-aligned for numbers."""
+
+    name: str
+    cells: list[str]
+    right: bool = False
+
+    @property
+    def width(self) -> int:
+        return max(len(text) for text in [self.name, *self.cells])
+
+
+TABLE_GAP = "   "
+"""Between columns: three spaces, as ``docker ps`` (no cell holds a space, so ``awk`` reads each as one field)."""
+_DROPPED_FIRST = ("CHECKPOINT", "MEMORY", "NODE", "IDLE", "AGE", "IMAGE", "STATE")
+"""What ``ls`` gives up, in this order, to fit the terminal; ID is never dropped nor cut."""
+_SHORTEST_IMAGE = 16
+
+
+def _compact(text: str) -> str:
+    return text.replace(" ", "")  # "3m 12s" -> "3m12s", "4.2 MiB" -> "4.2MiB": one field per cell
+
+
+def session_columns(infos: Sequence[SessionInfo]) -> list[Column]:
+    """The columns of ``orchestrator ls`` (NODE only when sandboxes run on several machines: the Swarm backend)."""
+    columns = [
+        Column("ID", [one_line(info.id) for info in infos]),
+        Column("STATE", [info.status.value for info in infos]),
+        Column("IMAGE", [_compact(one_line(info.image or "-")) for info in infos]),
+    ]
+    if any(info.node for info in infos):
+        columns.append(Column("NODE", [_compact(one_line(info.node or "-")) for info in infos]))
+    idle = ["-" if i.status is SessionStatus.BUSY else describe_duration(i.idle_seconds) for i in infos]
+    columns += [
+        Column("AGE", [_compact(describe_duration(info.age_seconds)) for info in infos], right=True),
+        Column("IDLE", [_compact(text) for text in idle], right=True),
+        Column("MEMORY", [_compact(describe_bytes(info.memory_bytes)) for info in infos], right=True),
+        Column("CHECKPOINT", [_compact(describe_bytes(info.checkpoint_bytes)) for info in infos], right=True),
+    ]
+    return columns
+
+
+def fit_columns(columns: Sequence[Column], width: int | None) -> list[Column]:
+    """The columns that fit in ``width`` characters (all of them for None: a pipe or a file).
+
+    The IMAGE column is shortened first (its middle elided), then columns are dropped in the order of
+    ``_DROPPED_FIRST``; ID is always whole, even when it alone is wider than ``width``.
+    """
+    if width is None:
+        return list(columns)
+    kept = list(columns)
+    for name in (None, *_DROPPED_FIRST):
+        kept = [column for column in kept if column.name != name]
+        over = _table_width(kept) - width
+        if over <= 0:
+            return kept
+        image = next((c for c in kept if c.name == "IMAGE"), None)
+        if image is not None and image.width - over >= _SHORTEST_IMAGE:
+            size = image.width - over
+            shortened = Column(image.name, [_elide(text, size) for text in image.cells], image.right)
+            return [shortened if column is image else column for column in kept]
+    return kept
+
+
+def _table_width(columns: Sequence[Column]) -> int:
+    return sum(column.width for column in columns) + len(TABLE_GAP) * (len(columns) - 1)
+
+
+def _elide(text: str, size: int) -> str:
+    if len(text) <= size:
+        return text
+    head = (size - 1) // 2
+    return text[:head] + "…" + text[len(text) - (size - 1 - head) :]
+
+
+def plain_table(columns: Sequence[Column]) -> str:
+    """Aligned columns, a header row, no rules or boxes; no line ends in spaces."""
+    widths = [column.width for column in columns]
+    rows = [[column.name for column in columns], *zip(*(column.cells for column in columns), strict=True)]
+    lines = []
+    for row in rows:
         cells = [
-            Text(one_line(info.id)),
-            Text(info.status.value, style=_STATUS_STYLE[info.status]),
-            Text(one_line(info.image or "-")),
+            text.rjust(size) if column.right else text.ljust(size)
+            for text, size, column in zip(row, widths, columns, strict=True)
         ]
-        cells += [Text(one_line(info.node or "-"))] if with_node else []
-        cells += [
-            Text(describe_duration(info.age_seconds)),
-            Text("-" if info.status is SessionStatus.BUSY else describe_duration(info.idle_seconds)),
-            Text(describe_bytes(info.memory_bytes)),
-            Text(describe_bytes(info.checkpoint_bytes)),
-        ]
-        table.add_row(*cells)
-    return table
+        lines.append(TABLE_GAP.join(cells).rstrip() + "\n")
+    return "".join(lines)
 
 
 def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,7 +69,7 @@ def test_ls_inspect_exec_and_state_across_commands(cli, make):
     sid = make("x = 41\nblob = 'a' * 100_000")
     listed = cli("ls")
     assert listed.returncode == 0, listed.stderr
-    header, _, row = listed.stdout.splitlines()[:3]
+    header, row = listed.stdout.splitlines()  # no rule line under the header
     assert header.split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
     assert row.split()[:2] == [sid, "running"] and "KiB" in row and "MiB" in row
     (entry,) = json.loads(cli("ls", "--json").stdout)
@@ -218,8 +221,10 @@ def test_shell_from_a_pipe_and_state_across_shells(cli, make):
 class Terminal:
     """A subprocess on a pseudo-terminal: what a person at a shell sees and types."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], columns: int | None = None) -> None:
         self.master, child = os.openpty()
+        if columns is not None:  # a terminal of that width (else the size is unknown: 0 x 0)
+            fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
         self.proc = subprocess.Popen(argv, stdin=child, stdout=child, stderr=child, env=env, close_fds=True)
         os.close(child)
         self.seen = ""
@@ -270,8 +275,8 @@ class Terminal:
 def terminal(store: Settings) -> Iterator[Callable[..., Terminal]]:
     opened: list[Terminal] = []
 
-    def open_(*argv: str) -> Terminal:
-        opened.append(Terminal([sys.executable, "-m", "orchestrator", *argv], cli_env(store, TERM="dumb")))
+    def open_(*argv: str, columns: int | None = None) -> Terminal:
+        opened.append(Terminal([sys.executable, "-m", "orchestrator", *argv], cli_env(store, TERM="dumb"), columns))
         return opened[-1]
 
     yield open_
@@ -396,3 +401,35 @@ def test_exec_to_a_file_gets_the_whole_output_or_exits_9(cli, make):
     assert cut.returncode == 9 and cut.stdout == "x" * 2_000_000
     one_line(cut.stderr, "OutputCut")
     assert "stdout past its first 1.9 MiB" in cut.stderr
+
+
+# ---------------------------------------------------------------------------- create, run, ls
+
+LONG_ID = "an-operator-chose-this-id-for-the-nightly-build-cache-of-team-a"
+
+
+def test_create_run_and_ls_with_whole_ids_on_80_columns_and_plain_when_piped(cli, terminal):
+    made = cli("create", "--name", LONG_ID, "--label", "orchestrator.ops.team=a", "-q")
+    assert (made.returncode, made.stdout, made.stderr) == (0, f"{LONG_ID}\n", "")
+    short = cli("create", "-q").stdout.strip()
+    assert cli("exec", LONG_ID, "x = 6").returncode == 0
+    ran = cli("run", "--rm", "-q", "print(6 * 7)")
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, "42\n", "")
+
+    t = terminal("ls", columns=80)
+    t.expect(short)  # the rows are sorted by id
+    t.expect("\n")
+    assert t.close() == 0
+    lines = t.seen.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "─" not in t.seen
+    assert sorted(line.split()[0] for line in lines[1:]) == sorted([LONG_ID, short])
+
+    piped = cli("ls")
+    rows = [line.split() for line in piped.stdout.splitlines()]
+    assert rows[0] == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
+    assert all(len(row) == 7 for row in rows) and sorted(row[0] for row in rows[1:]) == sorted([LONG_ID, short])
+    assert sorted(cli("ls", "-q").stdout.split()) == sorted([LONG_ID, short])
+    assert cli("ls", "-q", "--filter", "label=orchestrator.ops.team=a").stdout == f"{LONG_ID}\n"
+    assert [s["id"] for s in json.loads(cli("ls", "--format", "json", "-f", "id=an-*").stdout)] == [LONG_ID]
+    assert cli("exec", LONG_ID, "x").stdout == "6\n"
+    assert cli("rm", LONG_ID, short).returncode == 0

@@ -321,26 +321,39 @@ def test_an_error_is_one_line():
     assert line == "orchestrator: EngineUnavailable: no engine start one with: scripts/setup-engine"
 
 
-def test_sessions_table_shows_human_units():
-    out = render.Output(io.StringIO(), io.StringIO())
-    out.table(render.sessions_table([info("s1"), info("s2", status=SessionStatus.BUSY, memory_bytes=None)]))
-    text = out.stdout.getvalue()  # type: ignore[attr-defined]
-    lines = text.splitlines()
+def table_lines(infos: list[SessionInfo], width: int | None) -> list[str]:
+    return render.plain_table(render.fit_columns(render.session_columns(infos), width)).splitlines()
+
+
+def test_sessions_table_shows_human_units_one_field_per_cell():
+    lines = table_lines([info("s1"), info("s2", status=SessionStatus.BUSY, memory_bytes=None)], None)
     assert lines[0].split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
-    assert lines[2].split() == [
-        "s1",
-        "running",
-        "orchestrator-sandbox:abc",
-        "3m",
-        "12s",
-        "40s",
-        "18.0",
-        "MiB",
-        "4.2",
-        "MiB",
-    ]
-    assert lines[-1].split()[:2] == ["s2", "busy"] and lines[-1].split()[-4:] == ["-", "-", "4.2", "MiB"]
-    assert all(line == line.rstrip() for line in lines)
+    assert lines[1].split() == ["s1", "running", "orchestrator-sandbox:abc", "3m12s", "40s", "18.0MiB", "4.2MiB"]
+    assert lines[2].split() == ["s2", "busy", "orchestrator-sandbox:abc", "3m12s", "-", "-", "4.2MiB"]
+    assert len(lines) == 3 and all(line == line.rstrip() and "─" not in line for line in lines)  # no rules
+
+
+LONG_ID = "a-session-id-of-the-longest-kind-sixty-three-characters-long-xyz"
+
+
+@pytest.mark.parametrize("session_id", ["s0123456789ab", "build-cache-worker-17", LONG_ID])
+def test_sessions_table_fits_80_columns_with_whole_ids(session_id):
+    image = "registry.example.com/team/orchestrator-sandbox:e046d1fcaaddf11c"
+    infos = [info(session_id, image=image, node="worker-node-03"), info("s2", status=SessionStatus.HIBERNATED)]
+    lines = table_lines(infos, 80)
+    assert lines[1].split()[0] == session_id and lines[2].split()[0] == "s2"
+    assert all(len(line) <= 80 for line in lines) or lines[0].split() == ["ID"]
+    assert (lines[0].split()[:2] == ["ID", "STATE"] and "IMAGE" in lines[0]) or len(session_id) > 40
+    assert table_lines(infos, None)[0].split()[-1] == "CHECKPOINT"  # a pipe: everything
+    assert table_lines(infos, 30)[1].split()[0] == session_id  # never cut, even when it alone does not fit
+
+
+def test_a_table_on_a_terminal_shortens_the_image_before_dropping_columns():
+    infos = [info("s0123456789ab", image="orchestrator-sandbox:e046d1fcaaddf11c")]
+    header, row = table_lines(infos, 80)
+    assert header.split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
+    assert len(row) <= 80 and "…" in row.split()[2] and row.split()[2].endswith("f11c")
+    assert table_lines(infos, 60)[0].split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE"]
 
 
 # ---------------------------------------------------------------------------- commands
@@ -349,7 +362,7 @@ def test_sessions_table_shows_human_units():
 def test_ls_table_and_json(fake, capsys):
     code, out, err = run(capsys, "ls")
     assert code == 0 and err == ""
-    assert "s1" in out and "hibernated" in out and "4.2 MiB" in out and "3m 12s" in out
+    assert "s1" in out and "hibernated" in out and "4.2MiB" in out and "3m12s" in out
     code, out, _ = run(capsys, "ls", "--json")
     rows = json.loads(out)
     assert code == 0 and [r["id"] for r in rows] == ["s1", "s2"]
@@ -360,11 +373,40 @@ def test_ls_table_and_json(fake, capsys):
 
 def test_ls_names_broken_sessions_problems_and_says_when_there_are_none(fake, capsys):
     fake.infos = [info("s3", status=SessionStatus.BROKEN, problem="its container is gone")]
-    assert "s3: its container is gone" in run(capsys, "ls")[1]
+    code, out, err = run(capsys, "ls")
+    assert out.splitlines()[1].split()[:2] == ["s3", "broken"] and err == "orchestrator: s3: its container is gone\n"
     fake.infos = []
-    code, out, _ = run(capsys, "ls")
-    assert code == 0 and out.startswith("no sessions")
+    code, out, err = run(capsys, "ls")
+    assert code == 0 and out == "" and err.startswith("orchestrator: no sessions")
     assert run(capsys, "ls", "--json")[1].strip() == "[]"
+    assert run(capsys, "ls", "-q") == (0, "", "")
+
+
+def test_ls_quiet_filter_and_format(fake, capsys):
+    fake.infos = [
+        info("web-1", labels={"orchestrator.me.app": "web"}),
+        info("web-2", status=SessionStatus.HIBERNATED, labels={"orchestrator.me.app": "web"}),
+        info("db-1", image="other:1", labels={"orchestrator.me.app": "db"}),
+    ]
+    assert run(capsys, "ls", "-q") == (0, "web-1\nweb-2\ndb-1\n", "")
+    assert run(capsys, "ls", "-q", "--filter", "status=running")[1] == "web-1\ndb-1\n"
+    assert run(capsys, "ls", "-q", "-f", "state=running", "-f", "id=web-*")[1] == "web-1\n"
+    assert run(capsys, "ls", "-q", "-f", "id=db-*", "-f", "id=web-2")[1] == "web-2\ndb-1\n"  # one key: any
+    assert run(capsys, "ls", "-q", "-f", "label=orchestrator.me.app=db")[1] == "db-1\n"
+    assert run(capsys, "ls", "-q", "-f", "label=orchestrator.me.app", "-f", "image=other:*")[1] == "db-1\n"
+    assert run(capsys, "ls", "-q", "-f", "node=*")[1] == ""  # no node on the docker backend
+    for argv in (("--format", "json"), ("--json",), ("--format=json", "-f", "status=hibernated")):
+        code, out, _ = run(capsys, "ls", *argv)
+        assert code == 0 and {row["id"] for row in json.loads(out)} <= {"web-1", "web-2", "db-1"}
+    assert [row["id"] for row in json.loads(run(capsys, "ls", "--json", "-f", "status=hibernated")[1])] == ["web-2"]
+    code, out, _ = run(capsys, "ls", "-f", "status=hibernated")
+    assert out.splitlines()[1].split()[0] == "web-2" and len(out.splitlines()) == 2
+
+
+@pytest.mark.parametrize("bad", ["status=sleepy", "colour=red", "status", "id="])
+def test_ls_refuses_a_filter_it_does_not_know_in_one_line(capsys, bad):
+    code, out, err = run(capsys, "ls", "--filter", bad)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "UsageError" in err
 
 
 def test_inspect_shows_everything_and_json(fake, capsys):
