@@ -192,13 +192,25 @@ def build_parser() -> argparse.ArgumentParser:
     _sandbox_text_options(logs, "escape")
     logs.set_defaults(func=commands.logs)
 
-    prune = command("prune", "remove (or hibernate) stale sessions and what crashed controllers left behind")
+    prune = command(
+        "prune",
+        "remove (or hibernate) stale sessions and what crashed controllers left behind; asks first "
+        "on a terminal (--yes does not)",
+    )
     prune.add_argument("--idle", type=duration_argument, metavar="D", help="stale after D without a call (30m, 2h, 1d)")
     prune.add_argument(
         "--older-than", type=duration_argument, metavar="D", help="stale when created more than D ago (24h)"
     )
     prune.add_argument("--hibernate-only", action="store_true", help="hibernate stale sessions instead of removing")
+    prune.add_argument(
+        "--orphans",
+        action="store_true",
+        help="the criterion when no session is stale: clean only what crashed controllers left (always cleaned)",
+    )
     prune.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+    prune.add_argument(
+        "-y", "--yes", action="store_true", help="do not ask (needed without a terminal, unless --dry-run)"
+    )
     prune.set_defaults(func=commands.prune)
 
     evaluation = sub.add_parser(

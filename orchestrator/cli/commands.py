@@ -13,12 +13,14 @@ from ..api.manager import Orchestrator
 from ..api.session import Session, SessionState
 from ..config import save_default_base_image
 from ..errors import OrchestratorError, SandboxError
+from ..ops.prune import PruneReport
 from ..ops.survey import SessionStatus
 from . import filters
 from .cell import cut_streams, run_cell
 from .render import (
     Exit,
     Output,
+    UsageError,
     error_json,
     error_line,
     exec_json,
@@ -275,23 +277,47 @@ def logs(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def prune(ctx: Context, args: argparse.Namespace) -> int:
-    """Remove (or hibernate) stale sessions and orphans; one line per action, a summary; 3 on a partial failure."""
-    with ctx.out.progress("pruning ..."):
-        report = ctx.orch.prune(
-            idle_for=args.idle, older_than=args.older_than, hibernate_only=args.hibernate_only, dry_run=args.dry_run
+    """Remove (or hibernate) stale sessions and orphans; one line per action, a summary; 3 on a partial failure.
+
+    It needs a criterion, and asks first on a terminal (what it would do, then ``[y/N]``) unless ``--yes``;
+    without a terminal it needs ``--yes`` (or ``--dry-run``).
+    """
+    if args.idle is None and args.older_than is None and not args.orphans:
+        raise UsageError(
+            "prune needs a criterion: --idle D, --older-than D, or --orphans (only what crashed controllers left)"
         )
-    if ctx.out.json_mode:
-        ctx.out.json(report.to_json())
-    else:
-        for action in report.actions:
-            ctx.out.line(one_line(action.describe(report.dry_run)))
-        ctx.out.line(report.summary())
+    options = {"idle_for": args.idle, "older_than": args.older_than, "hibernate_only": args.hibernate_only}
+    if not (args.dry_run or args.yes):
+        if not ctx.out.interactive:
+            raise UsageError("prune changes sessions without asking only with --yes (or see first with --dry-run)")
+        with ctx.out.progress("looking for what to prune ..."):
+            plan = ctx.orch.prune(**options, dry_run=True)
+        if not [action for action in plan.actions if action.action != "skip"]:
+            _show_prune(ctx, plan)
+            return Exit.OK
+        for action in plan.actions:
+            ctx.out.note(one_line(action.describe(True)))
+        if not ctx.out.confirm("prune these (they are decided again as it runs)? [y/N] "):
+            ctx.out.note("orchestrator: prune cancelled; nothing was changed")
+            return Exit.OK
+    with ctx.out.progress("pruning ..."):
+        report = ctx.orch.prune(**options, dry_run=args.dry_run)
+    _show_prune(ctx, report)
     if report.failed:
         ctx.out.note(
             f"orchestrator: PartialFailure: {len(report.failed)} of {len(report.actions)} prune actions failed"
         )
         return Exit.PARTIAL
     return Exit.OK
+
+
+def _show_prune(ctx: Context, report: PruneReport) -> None:
+    if ctx.out.json_mode:
+        ctx.out.json(report.to_json())
+        return
+    for action in report.actions:
+        ctx.out.line(one_line(action.describe(report.dry_run)))
+    ctx.out.line(report.summary())
 
 
 def demo(ctx: Context, args: argparse.Namespace) -> int:

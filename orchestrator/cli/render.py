@@ -76,6 +76,11 @@ exit status:
 Errors are one line on stderr: "orchestrator: <ErrorType>: <message>".
 See docs/cli.md for every command, its output and its JSON shape."""
 
+
+class UsageError(ConfigError):
+    """The command line asks for something the command will not do as given (exit status 2, like argparse's)."""
+
+
 _BY_ERROR: tuple[tuple[type[BaseException], Exit], ...] = (
     (ConfigError, Exit.USAGE),
     (SessionNotFound, Exit.NOT_FOUND),
@@ -153,6 +158,7 @@ class Output:
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
         *,
+        stdin: TextIO | None = None,
         json_mode: bool = False,
         sandbox_text: str = "auto",
     ) -> None:
@@ -162,6 +168,7 @@ class Output:
             raise ValueError(f"sandbox_text must be one of {SANDBOX_TEXT_MODES}, not {sandbox_text!r}")
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
+        self.stdin = stdin or sys.stdin
         self.json_mode = json_mode
         self.sandbox_text = sandbox_text
         self.console = _console(self.stdout)
@@ -218,6 +225,17 @@ class Output:
         with self.console.capture() as captured:
             self.console.print(table)
         self.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
+    @property
+    def interactive(self) -> bool:
+        """A person is there to answer: stdin and stderr are terminals."""
+        return _isatty(self.stdin) and _isatty(self.stderr)
+
+    def confirm(self, question: str) -> bool:
+        """Ask on stderr, read the answer from stdin: True only for y or yes (end of input is no)."""
+        self.stderr.write(question)
+        self.stderr.flush()
+        return self.stdin.readline().strip().lower() in ("y", "yes")
 
     @contextlib.contextmanager
     def progress(self, message: str) -> Iterator[None]:

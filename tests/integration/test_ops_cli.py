@@ -170,7 +170,7 @@ def test_prune_dry_run_then_for_real(cli, make):
     assert {s["id"] for s in json.loads(cli("ls", "--json").stdout)} == {stale, fresh}
 
     assert cli("exec", fresh, "x").returncode == 0  # the CLI calls above may have taken it past 2 s idle (busy CI)
-    done = cli("prune", "--idle", "2s", "--json")
+    done = cli("prune", "--idle", "2s", "--json", "--yes")
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["dry_run"] is False and report["failed"] == 0
     assert [(a["action"], a["target"]) for a in report["actions"]] == [("remove", stale)]
@@ -433,3 +433,24 @@ def test_create_run_and_ls_with_whole_ids_on_80_columns_and_plain_when_piped(cli
     assert [s["id"] for s in json.loads(cli("ls", "--format", "json", "-f", "id=an-*").stdout)] == [LONG_ID]
     assert cli("exec", LONG_ID, "x").stdout == "6\n"
     assert cli("rm", LONG_ID, short).returncode == 0
+
+
+def test_prune_asks_on_a_terminal_and_refuses_without_one_or_without_a_criterion(cli, make, terminal):
+    sid = make()
+    for argv in (["prune"], ["prune", "--idle", "0"]):
+        refused = cli(*argv)
+        assert refused.returncode == 2 and refused.stdout == ""
+        one_line(refused.stderr, "UsageError")
+    t = terminal("prune", "--idle", "0")
+    t.expect(f"would remove {sid} (")
+    t.expect("[y/N] ")
+    t.type("n\n")
+    t.expect("orchestrator: prune cancelled; nothing was changed")
+    assert t.close() == 0
+    assert cli("ls", "-q").stdout == f"{sid}\n"
+    t = terminal("prune", "--idle", "0")
+    t.expect("[y/N] ")
+    t.type("y\n")
+    t.expect(f"remove {sid} (")
+    assert t.close() == 0
+    assert cli("ls", "-q").stdout == ""

@@ -557,7 +557,7 @@ def test_prune_prints_each_action_and_a_summary(fake, capsys):
         ],
         dry_run=True,
     )
-    code, out, err = run(capsys, "prune", "--idle", "30m", "--older-than", "24h", "--dry-run")
+    code, out, err = run(capsys, "prune", "--idle", "30m", "--older-than", "24h", "--dry-run")  # no --yes needed
     assert code == 0 and err == ""
     assert out.splitlines() == [
         "would remove s1 (idle 2h)",
@@ -578,12 +578,34 @@ def test_prune_partial_failure_exits_3(fake, capsys):
         ],
         dry_run=False,
     )
-    code, out, err = run(capsys, "prune", "--idle", "1h")
+    code, out, err = run(capsys, "prune", "--idle", "1h", "--yes")
     assert code == Exit.PARTIAL
     assert "remove s2 (idle 3h): FAILED: engine said no" in out and out.endswith("1 remove; 0 B freed; 1 failed\n")
     assert err == "orchestrator: PartialFailure: 1 of 2 prune actions failed\n"
-    code, out, _ = run(capsys, "prune", "--idle", "1h", "--json")
+    code, out, _ = run(capsys, "prune", "--idle", "1h", "--json", "-y")
     assert code == 3 and json.loads(out) == fake.report.to_json()
+
+
+def test_prune_needs_a_criterion_and_yes_without_a_terminal(fake, capsys):
+    code, out, err = run(capsys, "prune")
+    assert (code, out) == (2, "") and err.startswith("orchestrator: UsageError: prune needs a criterion: --idle")
+    code, out, err = run(capsys, "prune", "--idle", "0")
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "only with --yes" in err
+    assert not [call for call in fake.calls if call[0] == "prune"]
+    assert run(capsys, "prune", "--orphans", "--yes")[0] == 0
+    assert ("prune", {"idle_for": None, "older_than": None, "hibernate_only": False, "dry_run": False}) in fake.calls
+
+
+@pytest.mark.parametrize(("answer", "pruned"), [("y\n", True), ("yes\n", True), ("\n", False), ("", False)])
+def test_prune_on_a_terminal_shows_what_it_would_do_and_asks(fake, capsys, monkeypatch, answer, pruned):
+    monkeypatch.setattr(render, "_isatty", lambda stream: True)
+    monkeypatch.setattr("sys.stdin", io.StringIO(answer))
+    fake.report = PruneReport([PruneAction("remove", "s1", "idle 2h")], dry_run=False)
+    code, out, err = run(capsys, "prune", "--idle", "0")
+    prunes = [call[1]["dry_run"] for call in fake.calls if call[0] == "prune"]  # type: ignore[index]
+    assert code == 0 and "would remove s1 (idle 2h)\n" in err and "[y/N]" in err
+    assert prunes == ([True, False] if pruned else [True])
+    assert ("remove s1 (idle 2h)\n" in out) is pruned and ("prune cancelled" in err) is not pruned
 
 
 def test_image_build_make_default_records_the_base(fake, capsys):
@@ -820,7 +842,7 @@ def test_errors_tables_and_prune_lines_show_sandbox_text_on_one_line(fake, capsy
         assert code == 0 and no_control(out), argv
         assert not any(line.startswith("orchestrator") for line in out.splitlines()), argv
     fake.report = PruneReport([PruneAction("quarantine-record", "s1", f"unreadable: {FORGED}{CLIPBOARD}")], False)
-    code, out, _ = run(capsys, "prune")
+    code, out, _ = run(capsys, "prune", "--orphans", "--yes")
     assert code == 0 and no_control(out) and len(out.splitlines()) == 2
 
 
