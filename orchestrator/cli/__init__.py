@@ -22,6 +22,7 @@ from ..ops import janitor
 from ..safe_text import log_to_stderr, visible
 from ..units import duration_argument, positive_duration_argument
 from . import commands, evaluate, filters, shell
+from . import logs as session_logs
 from .render import EXIT_HELP, Exit, Output
 
 __all__ = ["build_parser", "main"]
@@ -186,11 +187,26 @@ def build_parser() -> argparse.ArgumentParser:
         many.add_argument("session_ids", metavar="ID", nargs="+")
         many.set_defaults(func=func)
 
-    logs = command("logs", "print a session's container log (the agent's stderr)")
+    logs = command(
+        "logs",
+        "print a session's container log (the agent's messages, what cells wrote to the process's own stderr or "
+        "stdout), or with --output the whole outputs the host kept of its calls; -f follows",
+    )
     logs.add_argument("session_id", metavar="ID")
     logs.add_argument("--tail", type=_tail, default=200, metavar="N", help="last N lines, or 'all' (default 200)")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="then print new lines as they come, across restarts, until the session is removed or Ctrl-C",
+    )
+    logs.add_argument(
+        "--output",
+        action="store_true",
+        help="the files where the host kept the whole stdout/stderr of calls past ORCH_MAX_OUTPUT_BYTES",
+    )
     _sandbox_text_options(logs, "escape")
-    logs.set_defaults(func=commands.logs)
+    logs.set_defaults(func=session_logs.run)
 
     prune = command(
         "prune",

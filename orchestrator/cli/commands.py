@@ -266,16 +266,6 @@ def rm(ctx: Context, args: argparse.Namespace) -> int:
     return for_each(ctx, args.session_ids, act)
 
 
-def logs(ctx: Context, args: argparse.Namespace) -> int:
-    """The container log of a session (the agent's stderr)."""
-    text = ctx.orch.logs(args.session_id, tail=args.tail)
-    if ctx.out.json_mode:
-        ctx.out.json({"id": args.session_id, "tail": args.tail, "log": text})
-    else:
-        ctx.out.sandbox_log(text if not text or text.endswith("\n") else text + "\n")
-    return Exit.OK
-
-
 def prune(ctx: Context, args: argparse.Namespace) -> int:
     """Remove (or hibernate) stale sessions and orphans; one line per action, a summary; 3 on a partial failure.
 

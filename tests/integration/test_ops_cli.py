@@ -454,3 +454,22 @@ def test_prune_asks_on_a_terminal_and_refuses_without_one_or_without_a_criterion
     t.expect(f"remove {sid} (")
     assert t.close() == 0
     assert cli("ls", "-q").stdout == ""
+
+
+def test_logs_follow_across_a_resume_until_removed_and_kept_outputs(cli, make, terminal):
+    sid = make()
+    t = terminal("logs", sid, "-f", "--tail", "1")
+    assert cli("exec", sid, "import os\nn = os.write(2, b'first from fd 2\\n')").returncode == 0
+    t.expect("first from fd 2\n")
+    assert cli("hibernate", sid).returncode == 0
+    t.expect("has no container now; waiting for one")
+    assert cli("exec", sid, "n = os.write(2, b'second, in the next container\\n')").returncode == 0
+    t.expect("runs in a new container; its log follows")
+    t.expect("second, in the next container\n")
+    big = cli("exec", sid, "print('y' * 2_000_000)")
+    assert big.returncode == 0 and len(big.stdout) == 2_000_001
+    kept = cli("logs", sid, "--output")
+    assert kept.returncode == 0 and kept.stdout == big.stdout and "orchestrator: " in kept.stderr
+    assert cli("rm", sid).returncode == 0
+    t.expect(f"session {sid} was removed; nothing more to follow")
+    assert t.close() == 0

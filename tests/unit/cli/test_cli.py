@@ -27,6 +27,7 @@ from orchestrator import (
 from orchestrator.api.events import OutputEvent
 from orchestrator.api.session import SessionState
 from orchestrator.cli import commands, render, shell
+from orchestrator.cli import logs as session_logs
 from orchestrator.cli.render import Exit
 from orchestrator.config import DEFAULTS_FILE
 from orchestrator.errors import CapacityExceeded, CheckpointError, ProtocolError
@@ -546,6 +547,38 @@ def test_logs(fake, capsys):
     fake.errors[("logs", "s2")] = ConfigError("session s2 has no container now")
     code, out, err = run(capsys, "logs", "s2")
     assert code == 2 and out == "" and err == "orchestrator: ConfigError: session s2 has no container now\n"
+
+
+def test_logs_follow_prints_whole_new_lines_and_notes_each_new_container(fake, capsys, monkeypatch):
+    monkeypatch.setattr(session_logs, "POLL_SECONDS", 0)
+    polls: list[object] = [
+        "a\nb\nc\n",
+        "a\nb\nc\nd",  # "d" is not a whole line yet
+        "a\nb\nc\nd\n",
+        ConfigError("no container now"),
+        ConfigError("no container now"),
+        "fresh\n",
+        "other\n",  # a restart without a gap
+        SessionNotFound("gone"),
+    ]
+
+    def logs(session_id: str, tail: int | None = 200) -> str:
+        assert tail is None
+        outcome = polls.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return str(outcome)
+
+    fake.logs = logs  # type: ignore[method-assign]
+    code, out, err = run(capsys, "logs", "s1", "-f", "--tail", "2")
+    assert (code, out) == (0, "b\nc\nd\nfresh\nother\n")
+    assert err.splitlines() == [
+        "orchestrator: session s1 has no container now; waiting for one",
+        "orchestrator: session s1 runs in a new container; its log follows",
+        "orchestrator: session s1 runs in a new container; its log follows",
+        "orchestrator: session s1 was removed; nothing more to follow",
+    ]
+    assert run(capsys, "logs", "s1", "-f", "--json")[0] == Exit.USAGE
 
 
 def test_prune_prints_each_action_and_a_summary(fake, capsys):
