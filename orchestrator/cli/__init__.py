@@ -1,4 +1,4 @@
-"""The ``orchestrator`` command: list, inspect, use, hibernate, resume, remove and prune sessions; build images.
+"""The ``orchestrator`` command: create, list, inspect, use, follow, hibernate, resume, remove and prune sessions.
 
 Human-readable by default, --json on every command that prints; each error is one line on
 stderr and has its own exit status (below; docs/cli.md has the whole guide).
@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     printing = _Parser(add_help=False, parents=[common])
     printing.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of text")
 
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # A bare command prints its help (as docker and kubectl do): no subcommand is required.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.set_defaults(func=None, help_of=parser)
 
     def command(name: str, help: str, *, json: bool = True, aliases: Sequence[str] = ()) -> argparse.ArgumentParser:
         return sub.add_parser(
@@ -249,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     jan.set_defaults(func=_janitor, needs_orchestrator=False)
 
     image = sub.add_parser("image", help="sandbox image commands", parents=[common])
-    images = image.add_subparsers(dest="image_command", required=True, metavar="COMMAND")
+    image.set_defaults(func=None, help_of=image)
+    images = image.add_subparsers(dest="image_command", metavar="COMMAND")
     build = images.add_parser(
         "build",
         help="build (or reuse) the sandbox image; prints its tag",
@@ -283,12 +286,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version, a usage error
         return exc.code if isinstance(exc.code, int) else Exit.USAGE
+    if args.func is None:  # `orchestrator`, `orchestrator image`: what there is to do
+        args.help_of.print_help()
+        return Exit.OK
     log_to_stderr(logging.INFO if args.verbose else logging.WARNING)
     out = Output(json_mode=args.json, sandbox_text=getattr(args, "sandbox_text", "auto"))
     try:
         if not getattr(args, "needs_orchestrator", True):
             return int(args.func(args))
         return _run(args, out)
+    except OrchestratorError as exc:
+        return out.error(exc)
+    except Exception as exc:
+        return _unexpected(out, exc, verbose=args.verbose)
     except KeyboardInterrupt as exc:
         if str(exc):  # the cell was stopped, and the message says what the session kept
             return out.error(exc)
@@ -316,9 +326,14 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         return out.error(exc)
     except (KeyboardInterrupt, BrokenPipeError):
         raise
-    except Exception as exc:  # a bug: still one line, the traceback with -v
-        if args.verbose:  # its messages may quote the sandbox
-            out.stderr.write(visible(traceback.format_exc()))
-        return out.error(exc, hint="" if args.verbose else " (unexpected: run with -v for the traceback)")
+    except Exception as exc:
+        return _unexpected(out, exc, verbose=args.verbose)
     finally:
         ctx.close()
+
+
+def _unexpected(out: Output, exc: Exception, *, verbose: bool) -> int:
+    """A bug: still one line, the traceback with -v."""
+    if verbose:  # its messages may quote the sandbox
+        out.stderr.write(visible(traceback.format_exc()))
+    return out.error(exc, hint="" if verbose else " (unexpected: run with -v for the traceback)")

@@ -68,7 +68,8 @@ class Context:
             self.detach(session)
 
     def attach(self, session_id: str) -> Session:
-        session = self.orch.attach(session_id)
+        with self.out.progress(f"attaching {session_id} (a hibernated session is restored) ..."):
+            session = self.orch.attach(session_id)
         self._handles.append(session)
         return session
 

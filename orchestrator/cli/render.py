@@ -37,7 +37,7 @@ class Exit(enum.IntEnum):
 
     OK = 0
     CODE_RAISED = 1
-    """``exec``: the user's code raised (its traceback is on stderr)."""
+    """``exec``/``run``: the user's code raised (its traceback is on stderr)."""
     USAGE = 2
     """Bad arguments or settings (argparse, ``ConfigError``)."""
     PARTIAL = 3
@@ -62,7 +62,7 @@ class Exit(enum.IntEnum):
 EXIT_HELP = """\
 exit status:
   0    success
-  1    exec: the code raised (its traceback is on stderr)
+  1    exec/run: the code raised (its traceback is on stderr)
   2    usage: bad arguments or settings (ConfigError)
   3    partial failure: some of several ids, or some prune actions, failed
   4    no such session (SessionNotFound)
@@ -106,7 +106,12 @@ def error_line(exc: BaseException) -> str:
     """``orchestrator: <ErrorType>: <message>`` on one line (the message's own line breaks folded, and anything a
     terminal would act on made visible: a message may quote the sandbox)."""
     message = one_line(" ".join(str(exc).split())) or "(no message)"
-    return f"orchestrator: {type(exc).__name__}: {message}"
+    step = next((step for kind, step in _NEXT_STEP if isinstance(exc, kind)), "")
+    return f"orchestrator: {type(exc).__name__}: {message}" + (f"; {step}" if step and step not in message else "")
+
+
+_NEXT_STEP: tuple[tuple[type[BaseException], str], ...] = ((SessionNotFound, "`orchestrator ls` lists the sessions"),)
+"""What to do next, for errors whose message (written for the Python API) does not say it in CLI terms."""
 
 
 OUR_PREFIX = "orchestrator"

@@ -246,12 +246,28 @@ def test_usage_errors_are_one_line_and_exit_2(capsys, argv):
 def test_help_lists_the_exit_statuses_and_every_command(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0
-    for line in ("0    success", "1    exec: the code raised", "3    partial failure", "130  interrupted"):
+    for line in ("0    success", "1    exec/run: the code raised", "3    partial failure", "9    exec/run: output"):
         assert line in out
-    for name in ("ls", "inspect", "exec", "shell", "hibernate", "resume", "rm", "logs", "prune", "janitor", "image"):
+    commands = ("ls", "inspect", "exec", "create", "run", "shell", "hibernate", "resume", "rm", "logs", "prune")
+    for name in (*commands, "janitor", "image"):
         assert f"\n    {name}" in out
     code, out, _ = run(capsys, "exec", "--help")
     assert code == 0 and "exit status:" in out and "'-' reads it from standard input" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"), [([], "usage: orchestrator [-h]"), (["image"], "usage: orchestrator image")]
+)
+def test_a_bare_command_prints_its_help(capsys, argv, usage):
+    code, out, err = run(capsys, *argv)
+    assert (code, err) == (0, "") and out.startswith(usage) and "COMMAND" in out
+
+
+def test_a_missing_session_says_how_to_list_them(fake, capsys):
+    fake.errors[("attach", "nope")] = SessionNotFound("no session 'nope' in /state/sessions")
+    assert run(capsys, "exec", "nope", "1")[2] == (
+        "orchestrator: SessionNotFound: no session 'nope' in /state/sessions; `orchestrator ls` lists the sessions\n"
+    )
 
 
 def test_janitor_is_registered_from_its_module():
@@ -422,10 +438,13 @@ def test_inspect_shows_everything_and_json(fake, capsys):
     )
 
 
+LS_HINT = "`orchestrator ls` lists the sessions\n"
+
+
 def test_inspect_missing_session_is_one_line_and_exit_4(fake, capsys):
     code, out, err = run(capsys, "inspect", "nope")
     assert code == Exit.NOT_FOUND == 4 and out == ""
-    assert err == "orchestrator: SessionNotFound: no session 'nope' in /state/sessions\n"
+    assert err == "orchestrator: SessionNotFound: no session 'nope' in /state/sessions; " + LS_HINT
     code, out, err = run(capsys, "inspect", "nope", "--json")
     assert code == 4 and json.loads(out) == {
         "error": {"type": "SessionNotFound", "message": "no session 'nope' in /state/sessions", "exit_code": 4}
@@ -527,7 +546,7 @@ def test_many_ids_partial_failure_exits_3_with_json_per_id(fake, capsys):
             "error": {"type": "SessionNotFound", "message": "no session 'nope'", "exit_code": 4},
         },
     ]
-    assert err == "orchestrator: nope: SessionNotFound: no session 'nope'\n"
+    assert err == "orchestrator: nope: SessionNotFound: no session 'nope'; " + LS_HINT
 
 
 def test_many_ids_all_failing_alike_exit_with_that_status(fake, capsys):
