@@ -53,23 +53,8 @@ class Context:
             raise
         self.detach(session)
 
-    @contextlib.contextmanager
-    def created(self, *, name: str | None, image: str | None, labels: dict[str, str]) -> Iterator[Session]:
-        """Create a session for the block (a spinner while it starts), then detach it, unless the block closed it."""
-        with self.out.progress("starting a session ..."):
-            session = self.orch.create_session(session_id=name, image=image, labels=labels)
-        self._handles.append(session)
-        try:
-            yield session
-        except BaseException:
-            self.abandon(session)
-            raise
-        if session.state is SessionState.READY:
-            self.detach(session)
-
     def attach(self, session_id: str) -> Session:
-        with self.out.progress(f"attaching {session_id} (a hibernated session is restored) ..."):
-            session = self.orch.attach(session_id)
+        session = self.orch.attach(session_id)
         self._handles.append(session)
         return session
 
@@ -98,6 +83,20 @@ class Context:
             self.orch.backend.close()
         else:
             self.orch.close()
+
+    @contextlib.contextmanager
+    def created(self, *, name: str | None, image: str | None, labels: dict[str, str]) -> Iterator[Session]:
+        """Create a session for the block (a spinner while it starts), then detach it, unless the block closed it."""
+        with self.out.progress("starting a session ..."):
+            session = self.orch.create_session(session_id=name, image=image, labels=labels)
+        self._handles.append(session)
+        try:
+            yield session
+        except BaseException:
+            self.abandon(session)
+            raise
+        if session.state is SessionState.READY:
+            self.detach(session)
 
 
 def image_build(ctx: Context, args: argparse.Namespace) -> int:
