@@ -27,7 +27,7 @@ def run_cell(
 ) -> tuple[ExecResult, LiveOutput | None]:
     """Run ``code``; its stdout and stderr reach ``out`` as the cell prints them (not in JSON mode).
 
-    ``stdin``: where the cell's ``input()`` reads a line (the prompt goes to stdout), or None when it
+    ``stdin``: where the cell's ``input()`` reads a line (its prompt is on the cell's stdout), or None when it
     has nothing to read (the code came from stdin); at its end ``input()`` gets an empty string.
 
     Returns:
@@ -44,9 +44,7 @@ def run_cell(
         if isinstance(event, OutputEvent):
             if live is not None:
                 live.write(event.stream, event.text)
-        elif isinstance(event, InputRequest):
-            if live is not None:
-                live.write("stdout", event.prompt)
+        elif isinstance(event, InputRequest):  # its prompt came on stdout already, as the cell's own output
             _answer_from(session, event.request_id, stdin)
         return None
 

@@ -401,6 +401,8 @@ def test_exec_to_a_file_gets_the_whole_output_or_exits_9(cli, make):
     assert cut.returncode == 9 and cut.stdout == "x" * 2_000_000
     one_line(cut.stderr, "OutputCut")
     assert "stdout past its first 1.9 MiB" in cut.stderr
+    asked = cli("exec", sid, "a = input('name? ')\nb = input()\nprint('hello', a, repr(b))", input="Ada\n")
+    assert (asked.returncode, asked.stdout) == (0, "name? hello Ada ''\n")  # end of input: an empty line
 
 
 # ---------------------------------------------------------------------------- create, run, ls

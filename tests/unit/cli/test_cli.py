@@ -944,3 +944,30 @@ def test_run_creates_then_runs_with_the_exit_status_of_the_cell(fake, capsys):
 def test_create_and_run_usage_errors(capsys, argv):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == "" and err.count("\n") == 1 and "UsageError" in err
+
+
+# ---------------------------------------------------------------------------- streamed output
+
+
+@pytest.mark.parametrize(
+    ("pieces", "shown"),
+    [
+        (["a\nor", "ch", "estrator: x\n"], "a\n[sandbox] orchestrator: x\n"),
+        (["orc", "\n", "o", "k\n"], "orc\nok\n"),
+        (["x orchestrator\n", "orchestrator"], "x orchestrator\n[sandbox] orchestrator"),
+        (["\x1b[2J", "or"], "\\x1b[2Jor"),
+        (["or"], "or"),  # held back until the end, then written as it is
+    ],
+)
+def test_streamed_pieces_are_marked_and_escaped_as_whole_lines_would_be(pieces, shown):
+    stdout = io.StringIO()
+    live = render.LiveOutput(render.Output(stdout, io.StringIO(), sandbox_text="escape"))
+    for piece in pieces:
+        live.write("stdout", piece)
+    live.finish()
+    assert stdout.getvalue() == shown == render.shown("".join(pieces))
+
+
+def test_streamed_pieces_pass_raw_to_a_pipe_and_the_value_starts_a_new_line(fake, capsys):
+    fake.results.append(ExecResult(stdout="no newline \x1b[1m", return_value="3"))
+    assert run(capsys, "exec", "s1", "x")[1] == "no newline \x1b[1m\n3\n"
