@@ -295,10 +295,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "needs_orchestrator", True):
             return int(args.func(args))
         return _run(args, out)
-    except OrchestratorError as exc:
-        return out.error(exc)
-    except Exception as exc:
-        return _unexpected(out, exc, verbose=args.verbose)
     except KeyboardInterrupt as exc:
         if str(exc):  # the cell was stopped, and the message says what the session kept
             return out.error(exc)
@@ -309,6 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return Exit.FAILED
+    except OrchestratorError as exc:  # eval's and the janitor's own (the others are reported by ``_run``)
+        return out.error(exc)
+    except Exception as exc:
+        return _unexpected(out, exc, verbose=args.verbose)
 
 
 def _run(args: argparse.Namespace, out: Output) -> int:

@@ -442,6 +442,7 @@ class LiveStream:
         self.raw = out.sandbox_text == "raw" or (out.sandbox_text == "auto" and not _isatty(stream))
         self._at_start = True  # the next character the cell writes begins a line
         self._held = ""
+        self.broken = False  # the stream's reader went away
 
     @property
     def ends_line(self) -> bool:
@@ -478,9 +479,12 @@ class LiveStream:
             self._held, self._at_start = "", False
 
     def _emit(self, text: str) -> None:
-        if text:
-            self.stream.write(text)
-            self.stream.flush()
+        if text and not self.broken:
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except BrokenPipeError:  # the reader went away (`| head`): the call goes on, unread
+                self.broken = True
 
 
 class LiveOutput:
@@ -494,5 +498,12 @@ class LiveOutput:
         (self.stderr if stream == "stderr" else self.stdout).write(text)
 
     def finish(self) -> None:
+        """The call ended: what was held back goes out.
+
+        Raises:
+            BrokenPipeError: a stream's reader went away meanwhile (reported as the CLI reports it: quietly).
+        """
         self.stdout.finish()
         self.stderr.finish()
+        if self.stdout.broken or self.stderr.broken:
+            raise BrokenPipeError("the reader of the cell's output went away")

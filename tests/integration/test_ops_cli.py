@@ -393,7 +393,7 @@ def test_exec_streams_as_the_cell_prints_and_ctrl_c_stops_only_the_cell(terminal
     assert cli("exec", sid, "'z' in globals(), x").stdout == "(False, 41)\n"
 
 
-def test_exec_to_a_file_gets_the_whole_output_or_exits_9(cli, make):
+def test_exec_to_a_file_gets_the_whole_output_or_exits_9(cli, make, store):
     sid = make()
     whole = cli("exec", sid, "print('x' * 3_000_000)\n'done'")
     assert (whole.returncode, len(whole.stdout), whole.stderr) == (0, 3_000_001 + len("'done'\n"), "")
@@ -401,6 +401,22 @@ def test_exec_to_a_file_gets_the_whole_output_or_exits_9(cli, make):
     assert cut.returncode == 9 and cut.stdout == "x" * 2_000_000
     one_line(cut.stderr, "OutputCut")
     assert "stdout past its first 1.9 MiB" in cut.stderr
+    cell = "for i in range(100_000):\n    print(i)\ni"
+    reader_gone = subprocess.run(  # `| head -2`: the reader goes away, the call ends and its state is kept
+        [
+            "bash",
+            "-c",
+            f'"$0" -m orchestrator exec {sid} "$1" | head -2; exit "${{PIPESTATUS[0]}}"',
+            sys.executable,
+            cell,
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(store),
+        timeout=120,
+    )
+    assert (reader_gone.returncode, reader_gone.stdout, reader_gone.stderr) == (8, "0\n1\n", "")
+    assert cli("exec", sid, "i").stdout == "99999\n"
     asked = cli("exec", sid, "a = input('name? ')\nb = input()\nprint('hello', a, repr(b))", input="Ada\n")
     assert (asked.returncode, asked.stdout) == (0, "name? hello Ada ''\n")  # end of input: an empty line
 
