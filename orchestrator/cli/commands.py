@@ -313,7 +313,8 @@ def _show_prune(ctx: Context, report: PruneReport) -> None:
 def demo(ctx: Context, args: argparse.Namespace) -> int:
     """Create a session, set state, kill its container from outside, and show the state come back."""
     orch, line = ctx.orch, ctx.out.line
-    image = orch.build_image()
+    with ctx.out.progress(f"building the sandbox image on {orch.settings.base_image} ..."):
+        image = orch.build_image()
     line(f"sandbox image: {image}")
     started = time.monotonic()
     with orch.create_session() as session:
