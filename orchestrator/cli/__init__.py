@@ -47,13 +47,6 @@ def _tail(text: str) -> int | None:
     return lines
 
 
-def _label(text: str) -> tuple[str, str]:
-    key, equals, value = text.partition("=")
-    if not equals or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key, value
-
-
 def _sandbox_text_options(parser: argparse.ArgumentParser, default: str) -> None:
     """``--raw`` / ``--escape``: how text the sandbox made reaches the terminal (docs/cli.md, "Text from a sandbox")."""
     group = parser.add_mutually_exclusive_group()
@@ -72,6 +65,13 @@ def _sandbox_text_options(parser: argparse.ArgumentParser, default: str) -> None
         help="show control characters of what the sandbox made as escapes, even to a pipe or a file",
     )
     parser.set_defaults(sandbox_text=default)
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
 
 
 def build_parser() -> argparse.ArgumentParser:
