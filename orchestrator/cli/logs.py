@@ -40,7 +40,12 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
 def show_log(ctx: Context, session_id: str, tail: int | None, follow: bool) -> int:
     """The container log's last ``tail`` lines; with ``follow``, then every new line until the session is removed."""
     if not follow:
-        text = ctx.orch.logs(session_id, tail=tail)
+        try:
+            text = ctx.orch.logs(session_id, tail=tail)
+        except ConfigError as exc:  # no container now
+            raise ConfigError(
+                f"{exc}; `orchestrator resume {session_id}` starts one, `orchestrator logs -f {session_id}` waits for it"
+            ) from None
         if ctx.out.json_mode:
             ctx.out.json({"id": session_id, "tail": tail, "log": text})
         else:

@@ -565,7 +565,15 @@ def test_logs(fake, capsys):
     assert code == 0 and json.loads(out) == {"id": "s1", "tail": None, "log": "line 1\nline 2"}
     fake.errors[("logs", "s2")] = ConfigError("session s2 has no container now")
     code, out, err = run(capsys, "logs", "s2")
-    assert code == 2 and out == "" and err == "orchestrator: ConfigError: session s2 has no container now\n"
+    assert (
+        code == 2
+        and out == ""
+        and err
+        == (
+            "orchestrator: ConfigError: session s2 has no container now; `orchestrator resume s2` starts one, "
+            "`orchestrator logs -f s2` waits for it\n"
+        )
+    )
 
 
 def test_logs_follow_prints_whole_new_lines_and_notes_each_new_container(fake, capsys, monkeypatch):
