@@ -44,7 +44,8 @@ def show_log(ctx: Context, session_id: str, tail: int | None, follow: bool) -> i
             text = ctx.orch.logs(session_id, tail=tail)
         except ConfigError as exc:  # no container now
             raise ConfigError(
-                f"{exc}; `orchestrator resume {session_id}` starts one, `orchestrator logs -f {session_id}` waits for it"
+                f"{exc}; `orchestrator resume {session_id}` starts one, "
+                f"`orchestrator logs -f {session_id}` waits for it"
             ) from None
         if ctx.out.json_mode:
             ctx.out.json({"id": session_id, "tail": tail, "log": text})
