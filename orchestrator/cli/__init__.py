@@ -1,4 +1,4 @@
-"""The ``orchestrator`` command: list, inspect, use, hibernate, resume, remove and prune sessions; build images.
+"""The ``orchestrator`` command: create, list, inspect, use, follow, hibernate, resume, remove and prune sessions.
 
 Human-readable by default, --json on every command that prints; each error is one line on
 stderr and has its own exit status (below; docs/cli.md has the whole guide).
@@ -21,7 +21,8 @@ from ..errors import OrchestratorError
 from ..ops import janitor
 from ..safe_text import log_to_stderr, visible
 from ..units import duration_argument, positive_duration_argument
-from . import commands, evaluate, shell
+from . import commands, evaluate, filters, shell
+from . import logs as session_logs
 from .render import EXIT_HELP, Exit, Output
 
 __all__ = ["build_parser", "main"]
@@ -75,6 +76,13 @@ def _sandbox_text_options(parser: argparse.ArgumentParser, default: str) -> None
     parser.set_defaults(sandbox_text=default)
 
 
+def _label(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command (``func`` in the namespace runs the command)."""
     formatter = argparse.RawDescriptionHelpFormatter
@@ -88,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     printing = _Parser(add_help=False, parents=[common])
     printing.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of text")
 
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # A bare command prints its help (as docker and kubectl do): no subcommand is required.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.set_defaults(func=None, help_of=parser)
 
     def command(name: str, help: str, *, json: bool = True, aliases: Sequence[str] = ()) -> argparse.ArgumentParser:
         return sub.add_parser(
@@ -102,6 +112,21 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     ls = command("ls", "list stored sessions: id, state, image, age, idle, memory, checkpoint size", aliases=["list"])
+    ls.add_argument("-q", "--quiet", action="store_true", help="print only the ids, one a line")
+    ls.add_argument(
+        "-f",
+        "--filter",
+        dest="filters",
+        type=filters.parse_filter,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"only sessions that match ({', '.join(filters.KEYS)}; id, image and node take * patterns; "
+        "label=KEY or label=KEY=VALUE); repeatable: different keys must all match, the same key any",
+    )
+    ls.add_argument(
+        "--format", choices=("table", "json"), default="table", help="table (default) or json (the same as --json)"
+    )
     ls.set_defaults(func=commands.ls)
 
     inspect = command("inspect", "show everything known of one session (without touching it)")
@@ -121,6 +146,37 @@ def build_parser() -> argparse.ArgumentParser:
     _sandbox_text_options(exec_, "auto")
     _force_option(exec_)
     exec_.set_defaults(func=commands.exec_code)
+
+    for name, func, what in (
+        ("create", commands.create, "start a session and leave it running; print its id"),
+        (
+            "run",
+            commands.run,
+            "start a session and run CODE in it, like exec (the session keeps running unless --rm); "
+            "exit status as exec",
+        ),
+    ):
+        new = command(name, what)
+        new.add_argument("--name", metavar="ID", help="the session's id (3-63 lowercase letters, digits, dashes)")
+        new.add_argument("--image", help="a sandbox image with the agent (default: the image `image build` makes)")
+        new.add_argument(
+            "--label",
+            dest="labels",
+            type=_label,
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a label to keep with the session (key like orchestrator.<you>.<name>); repeatable",
+        )
+        new.add_argument("-q", "--quiet", action="store_true", help="print only the id (create) or the output (run)")
+        new.set_defaults(func=func)
+        if name == "run":
+            new.add_argument("code", metavar="CODE", help="Python source; '-' reads it from standard input")
+            new.add_argument(
+                "--timeout", type=positive_duration_argument, metavar="S", help="seconds (or 90s, 5m) the cell may run"
+            )
+            new.add_argument("--rm", action="store_true", help="remove the session when the cell has run")
+            _sandbox_text_options(new, "auto")
 
     sh = command(
         "shell",
@@ -146,19 +202,46 @@ def build_parser() -> argparse.ArgumentParser:
             _force_option(many)
         many.set_defaults(func=func)
 
-    logs = command("logs", "print a session's container log (the agent's stderr)")
+    logs = command(
+        "logs",
+        "print a session's container log (the agent's messages, what cells wrote to the process's own stderr or "
+        "stdout), or with --output the whole outputs the host kept of its calls; -f follows",
+    )
     logs.add_argument("session_id", metavar="ID")
     logs.add_argument("--tail", type=_tail, default=200, metavar="N", help="last N lines, or 'all' (default 200)")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="then print new lines as they come, across restarts, until the session is removed or Ctrl-C",
+    )
+    logs.add_argument(
+        "--output",
+        action="store_true",
+        help="the files where the host kept the whole stdout/stderr of calls past ORCH_MAX_OUTPUT_BYTES",
+    )
     _sandbox_text_options(logs, "escape")
-    logs.set_defaults(func=commands.logs)
+    logs.set_defaults(func=session_logs.run)
 
-    prune = command("prune", "remove (or hibernate) stale sessions and what crashed controllers left behind")
+    prune = command(
+        "prune",
+        "remove (or hibernate) stale sessions and what crashed controllers left behind; asks first "
+        "on a terminal (--yes does not)",
+    )
     prune.add_argument("--idle", type=duration_argument, metavar="D", help="stale after D without a call (30m, 2h, 1d)")
     prune.add_argument(
         "--older-than", type=duration_argument, metavar="D", help="stale when created more than D ago (24h)"
     )
     prune.add_argument("--hibernate-only", action="store_true", help="hibernate stale sessions instead of removing")
+    prune.add_argument(
+        "--orphans",
+        action="store_true",
+        help="the criterion when no session is stale: clean only what crashed controllers left (always cleaned)",
+    )
     prune.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+    prune.add_argument(
+        "-y", "--yes", action="store_true", help="do not ask (needed without a terminal, unless --dry-run)"
+    )
     prune.set_defaults(func=commands.prune)
 
     evaluation = sub.add_parser(
@@ -181,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     jan.set_defaults(func=_janitor, needs_orchestrator=False)
 
     image = sub.add_parser("image", help="sandbox image commands", parents=[common])
-    images = image.add_subparsers(dest="image_command", required=True, metavar="COMMAND")
+    image.set_defaults(func=None, help_of=image)
+    images = image.add_subparsers(dest="image_command", metavar="COMMAND")
     build = images.add_parser(
         "build",
         help="build (or reuse) the sandbox image; prints its tag",
@@ -215,13 +299,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version, a usage error
         return exc.code if isinstance(exc.code, int) else Exit.USAGE
+    if args.func is None:  # `orchestrator`, `orchestrator image`: what there is to do
+        args.help_of.print_help()
+        return Exit.OK
     log_to_stderr(logging.INFO if args.verbose else logging.WARNING)
     out = Output(json_mode=args.json, sandbox_text=getattr(args, "sandbox_text", "auto"))
     try:
         if not getattr(args, "needs_orchestrator", True):
             return int(args.func(args))
         return _run(args, out)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if str(exc):  # the cell was stopped, and the message says what the session kept
+            return out.error(exc)
         out.note("")
         return out.error(KeyboardInterrupt("interrupted"))
     except BrokenPipeError:
@@ -229,6 +318,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return Exit.FAILED
+    except OrchestratorError as exc:  # eval's and the janitor's own (the others are reported by ``_run``)
+        return out.error(exc)
+    except Exception as exc:
+        return _unexpected(out, exc, verbose=args.verbose)
 
 
 def _run(args: argparse.Namespace, out: Output) -> int:
@@ -246,9 +339,14 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         return out.error(exc)
     except (KeyboardInterrupt, BrokenPipeError):
         raise
-    except Exception as exc:  # a bug: still one line, the traceback with -v
-        if args.verbose:  # its messages may quote the sandbox
-            out.stderr.write(visible(traceback.format_exc()))
-        return out.error(exc, hint="" if args.verbose else " (unexpected: run with -v for the traceback)")
+    except Exception as exc:
+        return _unexpected(out, exc, verbose=args.verbose)
     finally:
         ctx.close()
+
+
+def _unexpected(out: Output, exc: Exception, *, verbose: bool) -> int:
+    """A bug: still one line, the traceback with -v."""
+    if verbose:  # its messages may quote the sandbox
+        out.stderr.write(visible(traceback.format_exc()))
+    return out.error(exc, hint="" if verbose else " (unexpected: run with -v for the traceback)")

@@ -7,22 +7,28 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 from ..api.manager import Orchestrator
 from ..api.session import Session, SessionState
 from ..config import save_default_base_image
 from ..errors import OrchestratorError, SandboxError
+from ..ops.prune import PruneReport
+from . import filters
+from .cell import cut_streams, run_cell
 from .render import (
     Exit,
     Output,
+    UsageError,
     error_json,
     error_line,
     exec_json,
+    fit_columns,
     key_value_table,
     one_line,
+    plain_table,
+    session_columns,
     session_rows,
-    sessions_table,
     write_exec_result,
 )
 
@@ -79,6 +85,20 @@ class Context:
         else:
             self.orch.close()
 
+    @contextlib.contextmanager
+    def created(self, *, name: str | None, image: str | None, labels: dict[str, str]) -> Iterator[Session]:
+        """Create a session for the block (a spinner while it starts), then detach it, unless the block closed it."""
+        with self.out.progress("starting a session ..."):
+            session = self.orch.create_session(session_id=name, image=image, labels=labels)
+        self._handles.append(session)
+        try:
+            yield session
+        except BaseException:
+            self.abandon(session)
+            raise
+        if session.state is SessionState.READY:
+            self.detach(session)
+
 
 def image_build(ctx: Context, args: argparse.Namespace) -> int:
     """Build (or reuse) the sandbox image; with --make-default record its base for later ``Orchestrator()``s."""
@@ -102,18 +122,21 @@ def image_build(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def ls(ctx: Context, args: argparse.Namespace) -> int:
-    """Every stored session: a table, or a JSON list."""
-    infos = ctx.orch.list_sessions()
-    if ctx.out.json_mode:
+    """The stored sessions (those ``--filter`` selects): a table that fits the terminal, ids only, or JSON."""
+    infos = filters.select(ctx.orch.list_sessions(), args.filters)
+    if ctx.out.json_mode or args.format == "json":
         ctx.out.json([info.to_json() for info in infos])
-        return Exit.OK
-    if not infos:
-        ctx.out.line(f"no sessions (state dir {ctx.orch.settings.state_dir})")
-        return Exit.OK
-    ctx.out.table(sessions_table(infos))
-    for info in infos:
+    elif args.quiet:
+        ctx.out.write("".join(f"{one_line(info.id)}\n" for info in infos))
+    elif not infos and not args.filters:
+        ctx.out.note(
+            f"orchestrator: no sessions (state dir {ctx.orch.settings.state_dir}); `orchestrator create` starts one"
+        )
+    elif infos:
+        ctx.out.write(plain_table(fit_columns(session_columns(infos), ctx.out.width)))
+    for info in infos if not (args.quiet or ctx.out.json_mode) else ():
         if info.problem:
-            ctx.out.line(f"{info.id}: {one_line(info.problem)}")
+            ctx.out.note(f"orchestrator: {one_line(info.id)}: {one_line(info.problem)}")
     return Exit.OK
 
 
@@ -128,28 +151,61 @@ def inspect(ctx: Context, args: argparse.Namespace) -> int:
     return Exit.OK
 
 
+def create(ctx: Context, args: argparse.Namespace) -> int:
+    """Start a session and leave it running (detached); print its id."""
+    with ctx.created(name=args.name, image=args.image, labels=dict(args.labels)) as session:
+        if ctx.out.json_mode:
+            ctx.out.json({"id": session.id, "image": args.image or ctx.orch.default_image, "status": "running"})
+        else:
+            ctx.out.line(session.id)
+    if not (args.quiet or ctx.out.json_mode):
+        ctx.out.note(f"orchestrator: session {session.id} is running; `orchestrator exec {session.id} CODE` uses it")
+    return Exit.OK
+
+
+def run(ctx: Context, args: argparse.Namespace) -> int:
+    """``create`` then ``exec``: start a session, run CODE in it, leave it running (``--rm``: remove it)."""
+    code = read_code(args.code)
+    with ctx.created(name=args.name, image=args.image, labels=dict(args.labels)) as session:
+        if not (args.quiet or args.rm or ctx.out.json_mode):
+            ctx.out.note(
+                f"orchestrator: session {session.id} (it keeps running: `orchestrator rm {session.id}` ends it)"
+            )
+        try:
+            return run_and_show(ctx, session, code, args.timeout, stdin=None if args.code == "-" else sys.stdin)
+        finally:
+            if args.rm:
+                with ctx.out.progress(f"removing {session.id} ..."):
+                    session.close()
+
+
 def read_code(code: str, stdin: Any = None) -> str:
     """The CODE argument, or standard input when it is ``-``."""
     return (stdin or sys.stdin).read() if code == "-" else code
 
 
 def exec_code(ctx: Context, args: argparse.Namespace) -> int:
-    """Run code in a session (attach, execute, detach); exit 1 when the code raised."""
+    """Run code in a session (attach, execute, detach), its output streamed; exit 1 when the code raised."""
     code = read_code(args.code)
     with ctx.attached(args.session_id, force=args.force) as session:
-        try:
-            result = session.execute(code, timeout=args.timeout)
-        except SandboxError as exc:
-            # A timed-out cell's partial output is still worth showing (before the one error line).
-            if not ctx.out.json_mode:
-                ctx.out.program_output(getattr(exc, "stdout", ""))
-                ctx.out.program_output(getattr(exc, "stderr", ""), ctx.out.stderr)
-            raise
+        return run_and_show(ctx, session, code, args.timeout, stdin=None if args.code == "-" else sys.stdin)
+
+
+def run_and_show(ctx: Context, session: Session, code: str, timeout: float | None, *, stdin: TextIO | None) -> int:
+    """Run one cell of ``exec`` or ``run`` and show it; the exit status of the cell (docs/cli.md, "exec")."""
+    result, live = run_cell(session, code, timeout=timeout, out=ctx.out, stdin=stdin)
     if ctx.out.json_mode:
-        ctx.out.json(exec_json(args.session_id, result))
+        ctx.out.json(exec_json(session.id, result))
     else:
-        write_exec_result(ctx.out, result)
-    return Exit.OK if result.ok else Exit.CODE_RAISED
+        write_exec_result(ctx.out, result, live)
+    cut = cut_streams(result, ctx.orch.settings.limits.max_output_file_bytes)
+    if cut:
+        ctx.out.note(
+            f"orchestrator: OutputCut: the host dropped {'; '.join(cut)}; raise ORCH_MAX_OUTPUT_FILE_BYTES for more"
+        )
+    if not result.ok:
+        return Exit.CODE_RAISED
+    return Exit.OUTPUT_CUT if cut else Exit.OK
 
 
 def for_each(ctx: Context, session_ids: list[str], act: Callable[[str], str]) -> int:
@@ -208,28 +264,33 @@ def rm(ctx: Context, args: argparse.Namespace) -> int:
     return for_each(ctx, args.session_ids, act)
 
 
-def logs(ctx: Context, args: argparse.Namespace) -> int:
-    """The container log of a session (the agent's stderr)."""
-    text = ctx.orch.logs(args.session_id, tail=args.tail)
-    if ctx.out.json_mode:
-        ctx.out.json({"id": args.session_id, "tail": args.tail, "log": text})
-    else:
-        ctx.out.sandbox_log(text if not text or text.endswith("\n") else text + "\n")
-    return Exit.OK
-
-
 def prune(ctx: Context, args: argparse.Namespace) -> int:
-    """Remove (or hibernate) stale sessions and orphans; one line per action, a summary; 3 on a partial failure."""
-    with ctx.out.progress("pruning ..."):
-        report = ctx.orch.prune(
-            idle_for=args.idle, older_than=args.older_than, hibernate_only=args.hibernate_only, dry_run=args.dry_run
+    """Remove (or hibernate) stale sessions and orphans; one line per action, a summary; 3 on a partial failure.
+
+    It needs a criterion, and asks first on a terminal (what it would do, then ``[y/N]``) unless ``--yes``;
+    without a terminal it needs ``--yes`` (or ``--dry-run``).
+    """
+    if args.idle is None and args.older_than is None and not args.orphans:
+        raise UsageError(
+            "prune needs a criterion: --idle D, --older-than D, or --orphans (only what crashed controllers left)"
         )
-    if ctx.out.json_mode:
-        ctx.out.json(report.to_json())
-    else:
-        for action in report.actions:
-            ctx.out.line(one_line(action.describe(report.dry_run)))
-        ctx.out.line(report.summary())
+    options = {"idle_for": args.idle, "older_than": args.older_than, "hibernate_only": args.hibernate_only}
+    if not (args.dry_run or args.yes):
+        if not ctx.out.interactive:
+            raise UsageError("prune changes sessions without asking only with --yes (or see first with --dry-run)")
+        with ctx.out.progress("looking for what to prune ..."):
+            plan = ctx.orch.prune(**options, dry_run=True)
+        if not [action for action in plan.actions if action.action != "skip"]:
+            _show_prune(ctx, plan)
+            return Exit.OK
+        for action in plan.actions:
+            ctx.out.note(one_line(action.describe(True)))
+        if not ctx.out.confirm("prune these (they are decided again as it runs)? [y/N] "):
+            ctx.out.note("orchestrator: prune cancelled; nothing was changed")
+            return Exit.OK
+    with ctx.out.progress("pruning ..."):
+        report = ctx.orch.prune(**options, dry_run=args.dry_run)
+    _show_prune(ctx, report)
     if report.failed:
         ctx.out.note(
             f"orchestrator: PartialFailure: {len(report.failed)} of {len(report.actions)} prune actions failed"
@@ -238,10 +299,20 @@ def prune(ctx: Context, args: argparse.Namespace) -> int:
     return Exit.OK
 
 
+def _show_prune(ctx: Context, report: PruneReport) -> None:
+    if ctx.out.json_mode:
+        ctx.out.json(report.to_json())
+        return
+    for action in report.actions:
+        ctx.out.line(one_line(action.describe(report.dry_run)))
+    ctx.out.line(report.summary())
+
+
 def demo(ctx: Context, args: argparse.Namespace) -> int:
     """Create a session, set state, kill its container from outside, and show the state come back."""
     orch, line = ctx.orch, ctx.out.line
-    image = orch.build_image()
+    with ctx.out.progress(f"building the sandbox image on {orch.settings.base_image} ..."):
+        image = orch.build_image()
     line(f"sandbox image: {image}")
     started = time.monotonic()
     with orch.create_session() as session:

@@ -9,10 +9,9 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -38,7 +37,7 @@ class Exit(enum.IntEnum):
 
     OK = 0
     CODE_RAISED = 1
-    """``exec``: the user's code raised (its traceback is on stderr)."""
+    """``exec``/``run``: the user's code raised (its traceback is on stderr)."""
     USAGE = 2
     """Bad arguments or settings (argparse, ``ConfigError``)."""
     PARTIAL = 3
@@ -53,6 +52,9 @@ class Exit(enum.IntEnum):
     """The call failed in the sandbox or its channel (``ExecutionTimeout``, ``SandboxCrashed``, ``ProtocolError``)."""
     FAILED = 8
     """Any other failure (``CheckpointError``, ``SessionClosed``, an unexpected error)."""
+    OUTPUT_CUT = 9
+    """``exec``/``run``: the cell ended, but output past the per-call limit (``ORCH_MAX_OUTPUT_FILE_BYTES``) was
+    dropped: what reached stdout or stderr is not all the cell wrote."""
     INTERRUPTED = 130
     """Ctrl-C."""
 
@@ -60,7 +62,7 @@ class Exit(enum.IntEnum):
 EXIT_HELP = """\
 exit status:
   0    success
-  1    exec: the code raised (its traceback is on stderr)
+  1    exec/run: the code raised (its traceback is on stderr)
   2    usage: bad arguments or settings (ConfigError)
   3    partial failure: some of several ids, or some prune actions, failed
   4    no such session (SessionNotFound)
@@ -68,10 +70,16 @@ exit status:
   6    engine: unreachable, refused, image missing (EngineError)
   7    the call failed in the sandbox or its channel (SandboxError, TransportError)
   8    any other failure
+  9    exec/run: output past the per-call limit was dropped (ORCH_MAX_OUTPUT_FILE_BYTES)
   130  interrupted (Ctrl-C)
 
 Errors are one line on stderr: "orchestrator: <ErrorType>: <message>".
 See docs/cli.md for every command, its output and its JSON shape."""
+
+
+class UsageError(ConfigError):
+    """The command line asks for something the command will not do as given (exit status 2, like argparse's)."""
+
 
 _BY_ERROR: tuple[tuple[type[BaseException], Exit], ...] = (
     (ConfigError, Exit.USAGE),
@@ -98,7 +106,12 @@ def error_line(exc: BaseException) -> str:
     """``orchestrator: <ErrorType>: <message>`` on one line (the message's own line breaks folded, and anything a
     terminal would act on made visible: a message may quote the sandbox)."""
     message = one_line(" ".join(str(exc).split())) or "(no message)"
-    return f"orchestrator: {type(exc).__name__}: {message}"
+    step = next((step for kind, step in _NEXT_STEP if isinstance(exc, kind)), "")
+    return f"orchestrator: {type(exc).__name__}: {message}" + (f"; {step}" if step and step not in message else "")
+
+
+_NEXT_STEP: tuple[tuple[type[BaseException], str], ...] = ((SessionNotFound, "`orchestrator ls` lists the sessions"),)
+"""What to do next, for errors whose message (written for the Python API) does not say it in CLI terms."""
 
 
 OUR_PREFIX = "orchestrator"
@@ -142,14 +155,6 @@ def human_time(stamp: float | None, now: float) -> str:
     return f"{local} ({describe_duration(now - stamp)} ago)"
 
 
-_STATUS_STYLE = {
-    SessionStatus.RUNNING: "green",
-    SessionStatus.BUSY: "yellow",
-    SessionStatus.HIBERNATED: "cyan",
-    SessionStatus.BROKEN: "bold red",
-}
-
-
 class Output:
     """Where one command writes: its stdout and stderr, as text, rich tables or JSON."""
 
@@ -158,6 +163,7 @@ class Output:
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
         *,
+        stdin: TextIO | None = None,
         json_mode: bool = False,
         sandbox_text: str = "auto",
     ) -> None:
@@ -167,6 +173,7 @@ class Output:
             raise ValueError(f"sandbox_text must be one of {SANDBOX_TEXT_MODES}, not {sandbox_text!r}")
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
+        self.stdin = stdin or sys.stdin
         self.json_mode = json_mode
         self.sandbox_text = sandbox_text
         self.console = _console(self.stdout)
@@ -210,6 +217,11 @@ class Output:
             self.json({"error": error_json(exc)})
         return exit_code(exc)
 
+    @property
+    def width(self) -> int | None:
+        """The terminal's width when stdout is one, else None (a pipe or a file: whole rows, nothing dropped)."""
+        return self.console.width if self.console.is_terminal else None
+
     def table(self, table: Table) -> None:
         if self.console.is_terminal:
             self.console.print(table)
@@ -218,6 +230,17 @@ class Output:
         with self.console.capture() as captured:
             self.console.print(table)
         self.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
+    @property
+    def interactive(self) -> bool:
+        """A person is there to answer: stdin and stderr are terminals."""
+        return _isatty(self.stdin) and _isatty(self.stderr)
+
+    def confirm(self, question: str) -> bool:
+        """Ask on stderr, read the answer from stdin: True only for y or yes (end of input is no)."""
+        self.stderr.write(question)
+        self.stderr.flush()
+        return self.stdin.readline().strip().lower() in ("y", "yes")
 
     @contextlib.contextmanager
     def progress(self, message: str) -> Iterator[None]:
@@ -249,31 +272,94 @@ def _console(stream: TextIO) -> Console:
     )
 
 
-def sessions_table(infos: Sequence[SessionInfo]) -> Table:
-    """The table of ``orchestrator ls``: one row per session, with a NODE column when sandboxes run on several
-    machines (the Swarm backend)."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    with_node = any(info.node for info in infos)
-    columns = [("ID", "left"), ("STATE", "left"), ("IMAGE", "left")]
-    columns += [("NODE", "left")] if with_node else []
-    columns += [("AGE", "right"), ("IDLE", "right"), ("MEMORY", "right"), ("CHECKPOINT", "right")]
-    for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    for info in infos:
+@dataclass(frozen=True)
+class Column:
+    """One column of a plain table: its header and cells, right-aligned for numbers."""
+
+    name: str
+    cells: list[str]
+    right: bool = False
+
+    @property
+    def width(self) -> int:
+        return max(len(text) for text in [self.name, *self.cells])
+
+
+TABLE_GAP = "   "
+"""Between columns: three spaces, as ``docker ps`` (no cell holds a space, so ``awk`` reads each as one field)."""
+_DROPPED_FIRST = ("CHECKPOINT", "MEMORY", "NODE", "IDLE", "AGE", "IMAGE", "STATE")
+"""What ``ls`` gives up, in this order, to fit the terminal; ID is never dropped nor cut."""
+_SHORTEST_IMAGE = 16
+
+
+def _compact(text: str) -> str:
+    return text.replace(" ", "")  # "3m 12s" -> "3m12s", "4.2 MiB" -> "4.2MiB": one field per cell
+
+
+def session_columns(infos: Sequence[SessionInfo]) -> list[Column]:
+    """The columns of ``orchestrator ls`` (NODE only when sandboxes run on several machines: the Swarm backend)."""
+    columns = [
+        Column("ID", [one_line(info.id) for info in infos]),
+        Column("STATE", [info.status.value for info in infos]),
+        Column("IMAGE", [_compact(one_line(info.image or "-")) for info in infos]),
+    ]
+    if any(info.node for info in infos):
+        columns.append(Column("NODE", [_compact(one_line(info.node or "-")) for info in infos]))
+    idle = ["-" if i.status is SessionStatus.BUSY else describe_duration(i.idle_seconds) for i in infos]
+    columns += [
+        Column("AGE", [_compact(describe_duration(info.age_seconds)) for info in infos], right=True),
+        Column("IDLE", [_compact(text) for text in idle], right=True),
+        Column("MEMORY", [_compact(describe_bytes(info.memory_bytes)) for info in infos], right=True),
+        Column("CHECKPOINT", [_compact(describe_bytes(info.checkpoint_bytes)) for info in infos], right=True),
+    ]
+    return columns
+
+
+def fit_columns(columns: Sequence[Column], width: int | None) -> list[Column]:
+    """The columns that fit in ``width`` characters (all of them for None: a pipe or a file).
+
+    The IMAGE column is shortened first (its middle elided), then columns are dropped in the order of
+    ``_DROPPED_FIRST``; ID is always whole, even when it alone is wider than ``width``.
+    """
+    if width is None:
+        return list(columns)
+    kept = list(columns)
+    for name in (None, *_DROPPED_FIRST):
+        kept = [column for column in kept if column.name != name]
+        over = _table_width(kept) - width
+        if over <= 0:
+            return kept
+        image = next((c for c in kept if c.name == "IMAGE"), None)
+        if image is not None and image.width - over >= _SHORTEST_IMAGE:
+            size = image.width - over
+            shortened = Column(image.name, [_elide(text, size) for text in image.cells], image.right)
+            return [shortened if column is image else column for column in kept]
+    return kept
+
+
+def _table_width(columns: Sequence[Column]) -> int:
+    return sum(column.width for column in columns) + len(TABLE_GAP) * (len(columns) - 1)
+
+
+def _elide(text: str, size: int) -> str:
+    if len(text) <= size:
+        return text
+    head = (size - 1) // 2
+    return text[:head] + "…" + text[len(text) - (size - 1 - head) :]
+
+
+def plain_table(columns: Sequence[Column]) -> str:
+    """Aligned columns, a header row, no rules or boxes; no line ends in spaces."""
+    widths = [column.width for column in columns]
+    rows = [[column.name for column in columns], *zip(*(column.cells for column in columns), strict=True)]
+    lines = []
+    for row in rows:
         cells = [
-            Text(one_line(info.id)),
-            Text(info.status.value, style=_STATUS_STYLE[info.status]),
-            Text(one_line(info.image or "-")),
+            text.rjust(size) if column.right else text.ljust(size)
+            for text, size, column in zip(row, widths, columns, strict=True)
         ]
-        cells += [Text(one_line(info.node or "-"))] if with_node else []
-        cells += [
-            Text(describe_duration(info.age_seconds)),
-            Text("-" if info.status is SessionStatus.BUSY else describe_duration(info.idle_seconds)),
-            Text(describe_bytes(info.memory_bytes)),
-            Text(describe_bytes(info.checkpoint_bytes)),
-        ]
-        table.add_row(*cells)
-    return table
+        lines.append(TABLE_GAP.join(cells).rstrip() + "\n")
+    return "".join(lines)
 
 
 def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
@@ -317,15 +403,22 @@ def exec_json(session_id: str, result: ExecResult) -> dict[str, Any]:
     return {"id": session_id, "ok": result.ok, **asdict(result)}
 
 
-def write_exec_result(out: Output, result: ExecResult) -> None:
+def write_exec_result(out: Output, result: ExecResult, live: LiveOutput | None = None) -> None:
     """A cell's output as a REPL shows it: stdout and stderr as written, the value's repr, the traceback (each
-    the program's own bytes to a pipe, made visible on a terminal); then our notes, always made visible."""
-    if result.stdout:
-        out.program_output(result.stdout)
-    if result.stderr:
-        out.program_output(result.stderr, out.stderr)
+    the program's own bytes to a pipe, made visible on a terminal); then our notes, always made visible.
+
+    ``live``: the streams already went out as the cell printed them; only what follows them is written.
+    """
+    if live is not None:
+        live.finish()
+    else:
+        if result.stdout:
+            out.program_output(result.stdout)
+        if result.stderr:
+            out.program_output(result.stderr, out.stderr)
     if result.return_value is not None:
-        if result.stdout and not result.stdout.endswith("\n"):
+        ended = live.stdout.ends_line if live is not None else not result.stdout or result.stdout.endswith("\n")
+        if not ended:
             out.write("\n")
         out.program_output(result.return_value + "\n")
     if result.error is not None:
@@ -334,3 +427,83 @@ def write_exec_result(out: Output, result: ExecResult) -> None:
         out.note(f"orchestrator: not saved (lost if the sandbox restarts): {one_line(name)}: {one_line(reason)}")
     for name, reason in sorted(result.restore_failures.items()):
         out.note(f"orchestrator: dropped by a restore before this call: {one_line(name)}: {one_line(reason)}")
+
+
+class LiveStream:
+    """One stream of a running cell, written piece by piece as it comes, by the rules of ``Output.program_output``.
+
+    Made visible (a terminal, ``--escape``), a line of the cell that starts like one of ours gets its
+    ``[sandbox]`` mark even when the line comes in several pieces: the start of a line that could
+    still become ``orchestrator`` is held back until the next piece (or the end) decides it.
+    """
+
+    def __init__(self, out: Output, stream: TextIO) -> None:
+        self.stream = stream
+        self.raw = out.sandbox_text == "raw" or (out.sandbox_text == "auto" and not _isatty(stream))
+        self._at_start = True  # the next character the cell writes begins a line
+        self._held = ""
+        self.broken = False  # the stream's reader went away
+
+    @property
+    def ends_line(self) -> bool:
+        """Nothing was written, or the last of it was a newline."""
+        return self._at_start and not self._held
+
+    def write(self, text: str) -> None:
+        if not text:
+            return
+        if self.raw:
+            self._emit(text)
+            self._at_start = text.endswith("\n")
+            return
+        text, self._held = self._held + visible(text), ""
+        at_start = self._at_start
+        lines = text.split("\n")
+        shown = []
+        for line in lines[:-1]:
+            shown.append((SANDBOX_MARK if at_start and line.startswith(OUR_PREFIX) else "") + line + "\n")
+            at_start = True
+        last = lines[-1]
+        if at_start and len(last) < len(OUR_PREFIX) and OUR_PREFIX.startswith(last):
+            self._held = last  # "orch" (or nothing): cannot tell yet
+        else:
+            shown.append((SANDBOX_MARK if at_start and last.startswith(OUR_PREFIX) else "") + last)
+            at_start = False
+        self._at_start = at_start
+        self._emit("".join(shown))
+
+    def finish(self) -> None:
+        """The cell ended: write what was held back."""
+        if self._held:
+            self._emit(self._held)
+            self._held, self._at_start = "", False
+
+    def _emit(self, text: str) -> None:
+        if text and not self.broken:
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except BrokenPipeError:  # the reader went away (`| head`): the call goes on, unread
+                self.broken = True
+
+
+class LiveOutput:
+    """A running cell's stdout and stderr as they come (``Session.execute``'s ``on_output`` events)."""
+
+    def __init__(self, out: Output) -> None:
+        self.stdout = LiveStream(out, out.stdout)
+        self.stderr = LiveStream(out, out.stderr)
+
+    def write(self, stream: str, text: str) -> None:
+        (self.stderr if stream == "stderr" else self.stdout).write(text)
+
+    def finish(self) -> None:
+        """The call ended: what was held back goes out.
+
+        Raises:
+            BrokenPipeError: a stream's reader went away meanwhile (reported as the CLI reports it: quietly).
+        """
+        self.stdout.finish()
+        self.stderr.finish()
+        if self.stdout.broken or self.stderr.broken:
+            raise BrokenPipeError("the reader of the cell's output went away")

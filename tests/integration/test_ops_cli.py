@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,7 +69,7 @@ def test_ls_inspect_exec_and_state_across_commands(cli, make):
     sid = make("x = 41\nblob = 'a' * 100_000")
     listed = cli("ls")
     assert listed.returncode == 0, listed.stderr
-    header, _, row = listed.stdout.splitlines()[:3]
+    header, row = listed.stdout.splitlines()  # no rule line under the header
     assert header.split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
     assert row.split()[:2] == [sid, "running"] and "KiB" in row and "MiB" in row
     (entry,) = json.loads(cli("ls", "--json").stdout)
@@ -125,7 +128,9 @@ def test_exec_interrupted_exits_130_and_the_call_is_not_kept(cli, make, store):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and err.endswith("orchestrator: KeyboardInterrupt: interrupted\n")
+    assert proc.returncode == 130, err
+    *_, last = err.splitlines()  # Ctrl-C stops the cell: the session keeps what it did before
+    assert last.startswith(f"orchestrator: KeyboardInterrupt: the cell was interrupted; session {sid} keeps what")
     assert cli("exec", sid, "'z' in globals(), x").stdout == "(False, 41)\n"
 
 
@@ -165,7 +170,7 @@ def test_prune_dry_run_then_for_real(cli, make):
     assert {s["id"] for s in json.loads(cli("ls", "--json").stdout)} == {stale, fresh}
 
     assert cli("exec", fresh, "x").returncode == 0  # the CLI calls above may have taken it past 2 s idle (busy CI)
-    done = cli("prune", "--idle", "2s", "--json")
+    done = cli("prune", "--idle", "2s", "--json", "--yes")
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["dry_run"] is False and report["failed"] == 0
     assert [(a["action"], a["target"]) for a in report["actions"]] == [("remove", stale)]
@@ -216,8 +221,10 @@ def test_shell_from_a_pipe_and_state_across_shells(cli, make):
 class Terminal:
     """A subprocess on a pseudo-terminal: what a person at a shell sees and types."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], columns: int | None = None) -> None:
         self.master, child = os.openpty()
+        if columns is not None:  # a terminal of that width (else the size is unknown: 0 x 0)
+            fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
         self.proc = subprocess.Popen(argv, stdin=child, stdout=child, stderr=child, env=env, close_fds=True)
         os.close(child)
         self.seen = ""
@@ -268,8 +275,8 @@ class Terminal:
 def terminal(store: Settings) -> Iterator[Callable[..., Terminal]]:
     opened: list[Terminal] = []
 
-    def open_(*argv: str) -> Terminal:
-        opened.append(Terminal([sys.executable, "-m", "orchestrator", *argv], cli_env(store, TERM="dumb")))
+    def open_(*argv: str, columns: int | None = None) -> Terminal:
+        opened.append(Terminal([sys.executable, "-m", "orchestrator", *argv], cli_env(store, TERM="dumb"), columns))
         return opened[-1]
 
     yield open_
@@ -368,3 +375,119 @@ def test_exec_on_a_terminal_shows_escapes_and_nothing_a_terminal_obeys(terminal,
     assert t.close() == 0
     assert "\x1b" not in t.seen and "\u202e" not in t.seen and "\r" not in t.seen
     assert "before\\x1b]52;c;cm0gLXJmIH4=\\x07" in t.seen and "[sandbox] orchestrator: InfoLeak" in t.seen
+
+
+# ---------------------------------------------------------------------------- exec: streaming, Ctrl-C, big output
+
+
+def test_exec_streams_as_the_cell_prints_and_ctrl_c_stops_only_the_cell(terminal, make, cli):
+    sid = make()
+    t = terminal(
+        "exec", sid, "import sys, time\nprint('out', flush=True)\nprint('err', file=sys.stderr)\ntime.sleep(60)\nz = 1"
+    )
+    t.expect("out\n")  # while the cell still sleeps: it came as it was printed
+    t.expect("err\n")
+    t.proc.send_signal(signal.SIGINT)
+    t.expect(f"orchestrator: KeyboardInterrupt: the cell was interrupted; session {sid} keeps what")
+    assert t.close() == 130
+    assert cli("exec", sid, "'z' in globals(), x").stdout == "(False, 41)\n"
+
+
+def test_exec_to_a_file_gets_the_whole_output_or_exits_9(cli, make, store):
+    sid = make()
+    whole = cli("exec", sid, "print('x' * 3_000_000)\n'done'")
+    assert (whole.returncode, len(whole.stdout), whole.stderr) == (0, 3_000_001 + len("'done'\n"), "")
+    cut = cli("exec", sid, "print('x' * 3_000_000)", ORCH_MAX_OUTPUT_FILE_BYTES="2000000")
+    assert cut.returncode == 9 and cut.stdout == "x" * 2_000_000
+    one_line(cut.stderr, "OutputCut")
+    assert "stdout past its first 1.9 MiB" in cut.stderr
+    cell = "for i in range(100_000):\n    print(i)\ni"
+    reader_gone = subprocess.run(  # `| head -2`: the reader goes away, the call ends and its state is kept
+        [
+            "bash",
+            "-c",
+            f'"$0" -m orchestrator exec {sid} "$1" | head -2; exit "${{PIPESTATUS[0]}}"',
+            sys.executable,
+            cell,
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(store),
+        timeout=120,
+    )
+    assert (reader_gone.returncode, reader_gone.stdout, reader_gone.stderr) == (8, "0\n1\n", "")
+    assert cli("exec", sid, "i").stdout == "99999\n"
+    asked = cli("exec", sid, "a = input('name? ')\nb = input()\nprint('hello', a, repr(b))", input="Ada\n")
+    assert (asked.returncode, asked.stdout) == (0, "name? hello Ada ''\n")  # end of input: an empty line
+
+
+# ---------------------------------------------------------------------------- create, run, ls
+
+LONG_ID = "an-operator-chose-this-id-for-the-nightly-build-cache-of-team-a"
+
+
+def test_create_run_and_ls_with_whole_ids_on_80_columns_and_plain_when_piped(cli, terminal):
+    made = cli("create", "--name", LONG_ID, "--label", "orchestrator.ops.team=a", "-q")
+    assert (made.returncode, made.stdout, made.stderr) == (0, f"{LONG_ID}\n", "")
+    short = cli("create", "-q").stdout.strip()
+    assert cli("exec", LONG_ID, "x = 6").returncode == 0
+    ran = cli("run", "--rm", "-q", "print(6 * 7)")
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, "42\n", "")
+
+    t = terminal("ls", columns=80)
+    t.expect(short)  # the rows are sorted by id
+    t.expect("\n")
+    assert t.close() == 0
+    lines = t.seen.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "─" not in t.seen
+    assert sorted(line.split()[0] for line in lines[1:]) == sorted([LONG_ID, short])
+
+    piped = cli("ls")
+    rows = [line.split() for line in piped.stdout.splitlines()]
+    assert rows[0] == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
+    assert all(len(row) == 7 for row in rows) and sorted(row[0] for row in rows[1:]) == sorted([LONG_ID, short])
+    assert sorted(cli("ls", "-q").stdout.split()) == sorted([LONG_ID, short])
+    assert cli("ls", "-q", "--filter", "label=orchestrator.ops.team=a").stdout == f"{LONG_ID}\n"
+    assert [s["id"] for s in json.loads(cli("ls", "--format", "json", "-f", "id=an-*").stdout)] == [LONG_ID]
+    assert cli("exec", LONG_ID, "x").stdout == "6\n"
+    assert cli("rm", LONG_ID, short).returncode == 0
+
+
+def test_prune_asks_on_a_terminal_and_refuses_without_one_or_without_a_criterion(cli, make, terminal):
+    sid = make()
+    for argv in (["prune"], ["prune", "--idle", "0"]):
+        refused = cli(*argv)
+        assert refused.returncode == 2 and refused.stdout == ""
+        one_line(refused.stderr, "UsageError")
+    t = terminal("prune", "--idle", "0")
+    t.expect(f"would remove {sid} (")
+    t.expect("[y/N] ")
+    t.type("n\n")
+    t.expect("orchestrator: prune cancelled; nothing was changed")
+    assert t.close() == 0
+    assert cli("ls", "-q").stdout == f"{sid}\n"
+    t = terminal("prune", "--idle", "0")
+    t.expect("[y/N] ")
+    t.type("y\n")
+    t.expect(f"remove {sid} (")
+    assert t.close() == 0
+    assert cli("ls", "-q").stdout == ""
+
+
+def test_logs_follow_across_a_resume_until_removed_and_kept_outputs(cli, make, terminal):
+    sid = make()
+    t = terminal("logs", sid, "-f", "--tail", "1")
+    assert cli("exec", sid, "import os\nn = os.write(2, b'first from fd 2\\n')").returncode == 0
+    t.expect("first from fd 2\n")
+    assert cli("hibernate", sid).returncode == 0
+    t.expect("has no container now; waiting for one")
+    assert cli("exec", sid, "n = os.write(2, b'second, in the next container\\n')").returncode == 0
+    t.expect("runs in a new container; its log follows")
+    t.expect("second, in the next container\n")
+    big = cli("exec", sid, "print('y' * 2_000_000)")
+    assert big.returncode == 0 and len(big.stdout) == 2_000_001
+    kept = cli("logs", sid, "--output")
+    assert kept.returncode == 0 and kept.stdout == big.stdout and "orchestrator: " in kept.stderr
+    assert cli("rm", sid).returncode == 0
+    t.expect(f"session {sid} was removed; nothing more to follow")
+    assert t.close() == 0

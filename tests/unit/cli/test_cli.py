@@ -25,8 +25,10 @@ from orchestrator import (
     Settings,
     units,
 )
+from orchestrator.api.events import OutputEvent
 from orchestrator.api.session import SessionState
 from orchestrator.cli import commands, render, shell
+from orchestrator.cli import logs as session_logs
 from orchestrator.cli.render import Exit
 from orchestrator.config import DEFAULTS_FILE
 from orchestrator.errors import CapacityExceeded, CheckpointError, ProtocolError
@@ -71,21 +73,30 @@ class FakeSession:
         self.codes: list[tuple[str, float | None]] = []
         self.detach_error: Exception | None = None
 
-    def execute(self, code: str, timeout: float | None = None) -> ExecResult:
+    def execute(self, code: str, timeout: float | None = None, *, on_output: object = None) -> ExecResult:
+        """Streams the result's stdout and stderr (or a timeout's) through ``on_output`` first, as the agent does."""
         self.codes.append((code, timeout))
         outcome = self.results.pop(0) if self.results else ExecResult()
+        if callable(on_output):
+            for stream in ("stdout", "stderr"):
+                text = getattr(outcome, stream, "")
+                if isinstance(text, str) and text:
+                    on_output(OutputEvent(stream, text))
         if isinstance(outcome, BaseException):
             raise outcome
         assert isinstance(outcome, ExecResult)
         return outcome
 
+    def interrupt(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.state = SessionState.CLOSED
+
     def detach(self) -> None:
         if self.detach_error is not None:
             raise self.detach_error
         self.state = SessionState.DETACHED
-
-    def close(self) -> None:  # pragma: no cover - the CLI must never call it
-        raise AssertionError("the CLI closed a session")
 
 
 class FakeBackend:
@@ -151,6 +162,16 @@ class FakeOrchestrator:
     def attach(self, session_id: str, *, force: bool = False) -> FakeSession:
         self._check("attach", session_id, force)
         session = FakeSession(session_id, self.results)
+        self.sessions.append(session)
+        return session
+
+    default_image = "orchestrator-sandbox:0123"
+
+    def create_session(
+        self, *, session_id: str | None = None, image: str | None = None, labels: dict[str, str] | None = None
+    ) -> FakeSession:
+        self.calls.append(("create", (session_id, image, labels)))
+        session = FakeSession(session_id or "s0123456789ab", self.results)
         self.sessions.append(session)
         return session
 
@@ -229,12 +250,28 @@ def test_usage_errors_are_one_line_and_exit_2(capsys, argv):
 def test_help_lists_the_exit_statuses_and_every_command(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0
-    for line in ("0    success", "1    exec: the code raised", "3    partial failure", "130  interrupted"):
+    for line in ("0    success", "1    exec/run: the code raised", "3    partial failure", "9    exec/run: output"):
         assert line in out
-    for name in ("ls", "inspect", "exec", "shell", "hibernate", "resume", "rm", "logs", "prune", "janitor", "image"):
+    commands = ("ls", "inspect", "exec", "create", "run", "shell", "hibernate", "resume", "rm", "logs", "prune")
+    for name in (*commands, "janitor", "image"):
         assert f"\n    {name}" in out
     code, out, _ = run(capsys, "exec", "--help")
     assert code == 0 and "exit status:" in out and "'-' reads it from standard input" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"), [([], "usage: orchestrator [-h]"), (["image"], "usage: orchestrator image")]
+)
+def test_a_bare_command_prints_its_help(capsys, argv, usage):
+    code, out, err = run(capsys, *argv)
+    assert (code, err) == (0, "") and out.startswith(usage) and "COMMAND" in out
+
+
+def test_a_missing_session_says_how_to_list_them(fake, capsys):
+    fake.errors[("attach", "nope")] = SessionNotFound("no session 'nope' in /state/sessions")
+    assert run(capsys, "exec", "nope", "1")[2] == (
+        "orchestrator: SessionNotFound: no session 'nope' in /state/sessions; `orchestrator ls` lists the sessions\n"
+    )
 
 
 def test_janitor_is_registered_from_its_module():
@@ -305,26 +342,39 @@ def test_an_error_is_one_line():
     assert line == "orchestrator: EngineUnavailable: no engine start one with: scripts/setup-engine"
 
 
-def test_sessions_table_shows_human_units():
-    out = render.Output(io.StringIO(), io.StringIO())
-    out.table(render.sessions_table([info("s1"), info("s2", status=SessionStatus.BUSY, memory_bytes=None)]))
-    text = out.stdout.getvalue()  # type: ignore[attr-defined]
-    lines = text.splitlines()
+def table_lines(infos: list[SessionInfo], width: int | None) -> list[str]:
+    return render.plain_table(render.fit_columns(render.session_columns(infos), width)).splitlines()
+
+
+def test_sessions_table_shows_human_units_one_field_per_cell():
+    lines = table_lines([info("s1"), info("s2", status=SessionStatus.BUSY, memory_bytes=None)], None)
     assert lines[0].split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
-    assert lines[2].split() == [
-        "s1",
-        "running",
-        "orchestrator-sandbox:abc",
-        "3m",
-        "12s",
-        "40s",
-        "18.0",
-        "MiB",
-        "4.2",
-        "MiB",
-    ]
-    assert lines[-1].split()[:2] == ["s2", "busy"] and lines[-1].split()[-4:] == ["-", "-", "4.2", "MiB"]
-    assert all(line == line.rstrip() for line in lines)
+    assert lines[1].split() == ["s1", "running", "orchestrator-sandbox:abc", "3m12s", "40s", "18.0MiB", "4.2MiB"]
+    assert lines[2].split() == ["s2", "busy", "orchestrator-sandbox:abc", "3m12s", "-", "-", "4.2MiB"]
+    assert len(lines) == 3 and all(line == line.rstrip() and "─" not in line for line in lines)  # no rules
+
+
+LONG_ID = "a-session-id-of-the-longest-kind-sixty-three-characters-long-xyz"
+
+
+@pytest.mark.parametrize("session_id", ["s0123456789ab", "build-cache-worker-17", LONG_ID])
+def test_sessions_table_fits_80_columns_with_whole_ids(session_id):
+    image = "registry.example.com/team/orchestrator-sandbox:e046d1fcaaddf11c"
+    infos = [info(session_id, image=image, node="worker-node-03"), info("s2", status=SessionStatus.HIBERNATED)]
+    lines = table_lines(infos, 80)
+    assert lines[1].split()[0] == session_id and lines[2].split()[0] == "s2"
+    assert all(len(line) <= 80 for line in lines) or lines[0].split() == ["ID"]
+    assert (lines[0].split()[:2] == ["ID", "STATE"] and "IMAGE" in lines[0]) or len(session_id) > 40
+    assert table_lines(infos, None)[0].split()[-1] == "CHECKPOINT"  # a pipe: everything
+    assert table_lines(infos, 30)[1].split()[0] == session_id  # never cut, even when it alone does not fit
+
+
+def test_a_table_on_a_terminal_shortens_the_image_before_dropping_columns():
+    infos = [info("s0123456789ab", image="orchestrator-sandbox:e046d1fcaaddf11c")]
+    header, row = table_lines(infos, 80)
+    assert header.split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
+    assert len(row) <= 80 and "…" in row.split()[2] and row.split()[2].endswith("f11c")
+    assert table_lines(infos, 60)[0].split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE"]
 
 
 # ---------------------------------------------------------------------------- commands
@@ -333,7 +383,7 @@ def test_sessions_table_shows_human_units():
 def test_ls_table_and_json(fake, capsys):
     code, out, err = run(capsys, "ls")
     assert code == 0 and err == ""
-    assert "s1" in out and "hibernated" in out and "4.2 MiB" in out and "3m 12s" in out
+    assert "s1" in out and "hibernated" in out and "4.2MiB" in out and "3m12s" in out
     code, out, _ = run(capsys, "ls", "--json")
     rows = json.loads(out)
     assert code == 0 and [r["id"] for r in rows] == ["s1", "s2"]
@@ -344,11 +394,40 @@ def test_ls_table_and_json(fake, capsys):
 
 def test_ls_names_broken_sessions_problems_and_says_when_there_are_none(fake, capsys):
     fake.infos = [info("s3", status=SessionStatus.BROKEN, problem="its container is gone")]
-    assert "s3: its container is gone" in run(capsys, "ls")[1]
+    code, out, err = run(capsys, "ls")
+    assert out.splitlines()[1].split()[:2] == ["s3", "broken"] and err == "orchestrator: s3: its container is gone\n"
     fake.infos = []
-    code, out, _ = run(capsys, "ls")
-    assert code == 0 and out.startswith("no sessions")
+    code, out, err = run(capsys, "ls")
+    assert code == 0 and out == "" and err.startswith("orchestrator: no sessions")
     assert run(capsys, "ls", "--json")[1].strip() == "[]"
+    assert run(capsys, "ls", "-q") == (0, "", "")
+
+
+def test_ls_quiet_filter_and_format(fake, capsys):
+    fake.infos = [
+        info("web-1", labels={"orchestrator.me.app": "web"}),
+        info("web-2", status=SessionStatus.HIBERNATED, labels={"orchestrator.me.app": "web"}),
+        info("db-1", image="other:1", labels={"orchestrator.me.app": "db"}),
+    ]
+    assert run(capsys, "ls", "-q") == (0, "web-1\nweb-2\ndb-1\n", "")
+    assert run(capsys, "ls", "-q", "--filter", "status=running")[1] == "web-1\ndb-1\n"
+    assert run(capsys, "ls", "-q", "-f", "state=running", "-f", "id=web-*")[1] == "web-1\n"
+    assert run(capsys, "ls", "-q", "-f", "id=db-*", "-f", "id=web-2")[1] == "web-2\ndb-1\n"  # one key: any
+    assert run(capsys, "ls", "-q", "-f", "label=orchestrator.me.app=db")[1] == "db-1\n"
+    assert run(capsys, "ls", "-q", "-f", "label=orchestrator.me.app", "-f", "image=other:*")[1] == "db-1\n"
+    assert run(capsys, "ls", "-q", "-f", "node=*")[1] == ""  # no node on the docker backend
+    for argv in (("--format", "json"), ("--json",), ("--format=json", "-f", "status=hibernated")):
+        code, out, _ = run(capsys, "ls", *argv)
+        assert code == 0 and {row["id"] for row in json.loads(out)} <= {"web-1", "web-2", "db-1"}
+    assert [row["id"] for row in json.loads(run(capsys, "ls", "--json", "-f", "status=hibernated")[1])] == ["web-2"]
+    code, out, _ = run(capsys, "ls", "-f", "status=hibernated")
+    assert out.splitlines()[1].split()[0] == "web-2" and len(out.splitlines()) == 2
+
+
+@pytest.mark.parametrize("bad", ["status=sleepy", "colour=red", "status", "id="])
+def test_ls_refuses_a_filter_it_does_not_know_in_one_line(capsys, bad):
+    code, out, err = run(capsys, "ls", "--filter", bad)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "UsageError" in err
 
 
 def test_inspect_shows_everything_and_json(fake, capsys):
@@ -363,10 +442,13 @@ def test_inspect_shows_everything_and_json(fake, capsys):
     )
 
 
+LS_HINT = "`orchestrator ls` lists the sessions\n"
+
+
 def test_inspect_missing_session_is_one_line_and_exit_4(fake, capsys):
     code, out, err = run(capsys, "inspect", "nope")
     assert code == Exit.NOT_FOUND == 4 and out == ""
-    assert err == "orchestrator: SessionNotFound: no session 'nope' in /state/sessions\n"
+    assert err == "orchestrator: SessionNotFound: no session 'nope' in /state/sessions; " + LS_HINT
     code, out, err = run(capsys, "inspect", "nope", "--json")
     assert code == 4 and json.loads(out) == {
         "error": {"type": "SessionNotFound", "message": "no session 'nope' in /state/sessions", "exit_code": 4}
@@ -468,7 +550,7 @@ def test_many_ids_partial_failure_exits_3_with_json_per_id(fake, capsys):
             "error": {"type": "SessionNotFound", "message": "no session 'nope'", "exit_code": 4},
         },
     ]
-    assert err == "orchestrator: nope: SessionNotFound: no session 'nope'\n"
+    assert err == "orchestrator: nope: SessionNotFound: no session 'nope'; " + LS_HINT
 
 
 def test_many_ids_all_failing_alike_exit_with_that_status(fake, capsys):
@@ -487,7 +569,47 @@ def test_logs(fake, capsys):
     assert code == 0 and json.loads(out) == {"id": "s1", "tail": None, "log": "line 1\nline 2"}
     fake.errors[("logs", "s2")] = ConfigError("session s2 has no container now")
     code, out, err = run(capsys, "logs", "s2")
-    assert code == 2 and out == "" and err == "orchestrator: ConfigError: session s2 has no container now\n"
+    assert (
+        code == 2
+        and out == ""
+        and err
+        == (
+            "orchestrator: ConfigError: session s2 has no container now; `orchestrator resume s2` starts one, "
+            "`orchestrator logs -f s2` waits for it\n"
+        )
+    )
+
+
+def test_logs_follow_prints_whole_new_lines_and_notes_each_new_container(fake, capsys, monkeypatch):
+    monkeypatch.setattr(session_logs, "POLL_SECONDS", 0)
+    polls: list[object] = [
+        "a\nb\nc\n",
+        "a\nb\nc\nd",  # "d" is not a whole line yet
+        "a\nb\nc\nd\n",
+        ConfigError("no container now"),
+        ConfigError("no container now"),
+        "fresh\n",
+        "other\n",  # a restart without a gap
+        SessionNotFound("gone"),
+    ]
+
+    def logs(session_id: str, tail: int | None = 200) -> str:
+        assert tail is None
+        outcome = polls.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return str(outcome)
+
+    fake.logs = logs  # type: ignore[method-assign]
+    code, out, err = run(capsys, "logs", "s1", "-f", "--tail", "2")
+    assert (code, out) == (0, "b\nc\nd\nfresh\nother\n")
+    assert err.splitlines() == [
+        "orchestrator: session s1 has no container now; waiting for one",
+        "orchestrator: session s1 runs in a new container; its log follows",
+        "orchestrator: session s1 runs in a new container; its log follows",
+        "orchestrator: session s1 was removed; nothing more to follow",
+    ]
+    assert run(capsys, "logs", "s1", "-f", "--json")[0] == Exit.USAGE
 
 
 def test_prune_prints_each_action_and_a_summary(fake, capsys):
@@ -499,7 +621,7 @@ def test_prune_prints_each_action_and_a_summary(fake, capsys):
         ],
         dry_run=True,
     )
-    code, out, err = run(capsys, "prune", "--idle", "30m", "--older-than", "24h", "--dry-run")
+    code, out, err = run(capsys, "prune", "--idle", "30m", "--older-than", "24h", "--dry-run")  # no --yes needed
     assert code == 0 and err == ""
     assert out.splitlines() == [
         "would remove s1 (idle 2h)",
@@ -520,12 +642,34 @@ def test_prune_partial_failure_exits_3(fake, capsys):
         ],
         dry_run=False,
     )
-    code, out, err = run(capsys, "prune", "--idle", "1h")
+    code, out, err = run(capsys, "prune", "--idle", "1h", "--yes")
     assert code == Exit.PARTIAL
     assert "remove s2 (idle 3h): FAILED: engine said no" in out and out.endswith("1 remove; 0 B freed; 1 failed\n")
     assert err == "orchestrator: PartialFailure: 1 of 2 prune actions failed\n"
-    code, out, _ = run(capsys, "prune", "--idle", "1h", "--json")
+    code, out, _ = run(capsys, "prune", "--idle", "1h", "--json", "-y")
     assert code == 3 and json.loads(out) == fake.report.to_json()
+
+
+def test_prune_needs_a_criterion_and_yes_without_a_terminal(fake, capsys):
+    code, out, err = run(capsys, "prune")
+    assert (code, out) == (2, "") and err.startswith("orchestrator: UsageError: prune needs a criterion: --idle")
+    code, out, err = run(capsys, "prune", "--idle", "0")
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "only with --yes" in err
+    assert not [call for call in fake.calls if call[0] == "prune"]
+    assert run(capsys, "prune", "--orphans", "--yes")[0] == 0
+    assert ("prune", {"idle_for": None, "older_than": None, "hibernate_only": False, "dry_run": False}) in fake.calls
+
+
+@pytest.mark.parametrize(("answer", "pruned"), [("y\n", True), ("yes\n", True), ("\n", False), ("", False)])
+def test_prune_on_a_terminal_shows_what_it_would_do_and_asks(fake, capsys, monkeypatch, answer, pruned):
+    monkeypatch.setattr(render, "_isatty", lambda stream: True)
+    monkeypatch.setattr("sys.stdin", io.StringIO(answer))
+    fake.report = PruneReport([PruneAction("remove", "s1", "idle 2h")], dry_run=False)
+    code, out, err = run(capsys, "prune", "--idle", "0")
+    prunes = [call[1]["dry_run"] for call in fake.calls if call[0] == "prune"]  # type: ignore[index]
+    assert code == 0 and "would remove s1 (idle 2h)\n" in err and "[y/N]" in err
+    assert prunes == ([True, False] if pruned else [True])
+    assert ("remove s1 (idle 2h)\n" in out) is pruned and ("prune cancelled" in err) is not pruned
 
 
 def test_image_build_make_default_records_the_base(fake, capsys):
@@ -762,7 +906,7 @@ def test_errors_tables_and_prune_lines_show_sandbox_text_on_one_line(fake, capsy
         assert code == 0 and no_control(out), argv
         assert not any(line.startswith("orchestrator") for line in out.splitlines()), argv
     fake.report = PruneReport([PruneAction("quarantine-record", "s1", f"unreadable: {FORGED}{CLIPBOARD}")], False)
-    code, out, _ = run(capsys, "prune")
+    code, out, _ = run(capsys, "prune", "--orphans", "--yes")
     assert code == 0 and no_control(out) and len(out.splitlines()) == 2
 
 
