@@ -253,16 +253,19 @@ class Terminal:
     def interrupt_line(self) -> str:
         """Ctrl-C while a line is being typed at the prompt; return what came before the next prompt.
 
-        A SIGINT that lands while readline is inside a keystroke is raised by CPython only at the next key
-        (the interpreter's own REPL does the same), so when none came within a few seconds, Ctrl-E (end of
-        line: changes nothing) is that key.
+        CPython's readline sees a SIGINT only when it interrupts readline's own wait for a key: one that
+        the kernel hands to another thread of the process (the shell has several) sets Python's flag but
+        wakes nothing, and that key press is lost, as it can be at the interpreter's own prompt. So, like a
+        person, press Ctrl-C again when no new prompt came within a few seconds.
         """
+        for _ in range(3):
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                return self.expect(">>> ", timeout=5.0)
+            except AssertionError:
+                continue
         self.proc.send_signal(signal.SIGINT)
-        try:
-            return self.expect(">>> ", timeout=5.0)
-        except AssertionError:
-            self.type("\x05")
-            return self.expect(">>> ")
+        return self.expect(">>> ")
 
     def close(self) -> int:
         try:
