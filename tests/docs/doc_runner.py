@@ -27,6 +27,7 @@ from typing import Any
 
 from doc_fences import Fence
 
+from orchestrator import Orchestrator, Settings
 from orchestrator.rlm.testing import ScriptedOpenAIServer
 
 _USES_RLMS = re.compile(r"^\s*(import|from)\s+(rlm|orchestrator\.rlm)\b", re.MULTILINE)
@@ -170,20 +171,20 @@ class DocumentRun:
 
     def close(self) -> None:
         """Close what the blocks left open, remove every session of the document's store, stop the fake LM."""
-        from orchestrator import Orchestrator, Settings
-
         try:
             with self.inside():
                 for value in list(self.namespace.values()):
                     if isinstance(value, Orchestrator):
                         value.close()
+                if not (self.directory / "state").exists():
+                    return  # no example made a store (or none ran: no engine), so there is nothing to sweep
                 with Orchestrator(Settings.from_env()) as sweeper:
                     for info in sweeper.list_sessions():
                         sweeper.remove(info.id)
                     sweeper.prune()  # containers no record names, channel directories
         finally:
             if self.uses_rlms:  # a document's register() must not outlive it
-                from orchestrator.rlm import unregister
+                from orchestrator.rlm import unregister  # here: it imports rlms, which only such documents need
 
                 unregister()
             with self._rlms_leftovers_ignored():
