@@ -182,6 +182,8 @@ class DocumentRun:
                     for info in sweeper.list_sessions():
                         sweeper.remove(info.id)
                     sweeper.prune()  # containers no record names, channel directories
+                    left = [container.name for container in sweeper.containers()]
+                assert not left, f"{self.document.name}: containers left after removing every session: {left}"
         finally:
             if self.uses_rlms:  # a document's register() must not outlive it
                 from orchestrator.rlm import unregister  # here: it imports rlms, which only such documents need
