@@ -1,4 +1,4 @@
-"""The fenced blocks of a Markdown document, with what the docs tests do with each (see tests/docs/README.md).
+"""The fenced blocks of a Markdown document and the steps of a console transcript (see tests/docs/README.md).
 
 A fence is three or more backticks at the start of a line (indented as a list item's may be),
 with an optional language; it ends at a line of at least as many backticks. The line before a
@@ -104,3 +104,29 @@ def _marker(path: Path, lines: list[str], fence_index: int) -> str | None:
     if not marker["why"]:
         raise FenceError(f"{path.name}:{before + 1}: a 'not run' marker must say why: <!-- not run: <reason> -->")
     return str(marker["why"])
+
+
+@dataclass
+class Transcript:
+    """One ``$ `` command of a console block and what the block shows after it."""
+
+    command: str
+    output: list[str]
+
+    @property
+    def typed_input(self) -> str | None:
+        """What a transcript shows typed at an interactive prompt (``>>> `` / ``... `` lines), as stdin; else None."""
+        typed = [line[4:] for line in self.output if line.startswith((">>> ", "... ")) or line in (">>>", "...")]
+        typed = [line for line in typed if line != "^D"]
+        return "\n".join(typed) + "\n" if typed else None
+
+
+def read_transcript(source: str) -> list[Transcript]:
+    """The commands of a console block, each with the lines it shows (its output, or typed input)."""
+    steps: list[Transcript] = []
+    for line in source.splitlines():
+        if line.startswith("$ "):
+            steps.append(Transcript(line[2:], []))
+        elif steps:
+            steps[-1].output.append(line)
+    return steps

@@ -21,11 +21,10 @@ import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from doc_fences import Fence
+from doc_fences import Fence, read_transcript
 
 from orchestrator import Orchestrator, Settings
 from orchestrator.rlm.testing import ScriptedOpenAIServer
@@ -47,25 +46,6 @@ def fake_model(messages: list[dict[str, Any]], model: str) -> str:
     return f"offline reply to: {prompt[:60]}"
 
 
-@dataclass
-class Transcript:
-    """One ``$ `` command of a console block and what the block shows after it."""
-
-    command: str
-    output: list[str]
-
-
-def read_transcript(source: str) -> list[Transcript]:
-    """The commands of a console block, each with the lines it shows (its output, or typed input)."""
-    steps: list[Transcript] = []
-    for line in source.splitlines():
-        if line.startswith("$ "):
-            steps.append(Transcript(line[2:], []))
-        elif steps:
-            steps[-1].output.append(line)
-    return steps
-
-
 class DocumentRun:
     """One document's blocks, run in order in one namespace, directory and store."""
 
@@ -74,6 +54,9 @@ class DocumentRun:
         self.directory = Path(tempfile.mkdtemp(prefix="orch-docs-"))
         self.lm = ScriptedOpenAIServer(fake_model)
         self.environment = {
+            # The image the user's set-up resolves to, read before XDG_CONFIG_HOME hides their recorded default.
+            "ORCH_BASE_IMAGE": Settings.from_env().base_image,
+            "XDG_CONFIG_HOME": str(self.directory / "config"),  # `image build --make-default` records it there
             "ORCH_STATE_DIR": str(self.directory / "state"),
             "ORCH_RUNTIME_DIR": str(self.directory / "run"),
             "OPENAI_BASE_URL": self.lm.base_url,
@@ -154,7 +137,7 @@ class DocumentRun:
                 unchecked = None
                 continue
             _succeeded(fence, unchecked)
-            unchecked = self._bash(step.command, stdin=_typed_input(step.output))
+            unchecked = self._bash(step.command, stdin=step.typed_input)
         _succeeded(fence, unchecked)
 
     def _bash(self, script: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -193,13 +176,6 @@ class DocumentRun:
                 self.namespace.clear()
             self.lm.close()
             shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def _typed_input(shown: list[str]) -> str | None:
-    """What a transcript shows typed at an interactive prompt (``>>> `` / ``... `` lines), as stdin; else None."""
-    typed = [line[4:] for line in shown if line.startswith((">>> ", "... ")) or line in (">>>", "...")]
-    typed = [line for line in typed if line != "^D"]
-    return "\n".join(typed) + "\n" if typed else None
 
 
 def _succeeded(fence: Fence, done: subprocess.CompletedProcess[str] | None) -> None:

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from doc_fences import FenceError, read_fences
-from doc_runner import DocumentRun, read_transcript
+from doc_fences import FenceError, read_fences, read_transcript
+from doc_runner import DocumentRun
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -48,6 +48,8 @@ def test_a_transcript_is_commands_with_what_follows_each() -> None:
         ("orchestrator shell s", [">>> 1 + 1", "2", ">>> ^D"]),
         ("echo $?", ["0"]),
     ]
+    assert steps[0].typed_input == "1 + 1\n"
+    assert steps[1].typed_input is None
 
 
 @pytest.fixture
