@@ -181,7 +181,10 @@ class DocumentRun:
 def _succeeded(fence: Fence, done: subprocess.CompletedProcess[str] | None) -> None:
     """A transcript's command whose status the transcript does not show must succeed."""
     if done is not None and done.returncode != 0:
-        raise AssertionError(f"{fence.where}: '$ {done.args[-1]}' exited {done.returncode}\n{_shown(done)}")
+        raise AssertionError(
+            f"{fence.where}: '$ {done.args[-1]}' exited {done.returncode} (a command meant to fail is followed by "
+            f"'$ echo $?' and its status)\n{_shown(done)}"
+        )
 
 
 def _shown(done: subprocess.CompletedProcess[str]) -> str:
