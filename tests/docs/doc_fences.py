@@ -23,6 +23,7 @@ NOT_EXAMPLES = frozenset({"", "text"})
 """Blocks that are not examples: diagrams, synopses, sample output."""
 
 _OPEN = re.compile(r"^(?P<indent> *)(?P<fence>`{3,})(?P<info>[^`]*)$")
+_ERROR_LINE = re.compile(r"^orchestrator: (?:[^:\s]+: )?([A-Z][A-Za-z]*):")
 _NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(?P<why>.*?)\s*-->\s*$")
 
 
@@ -112,6 +113,11 @@ class Transcript:
 
     command: str
     output: list[str]
+
+    @property
+    def errors_shown(self) -> list[str]:
+        """The error kinds the command is shown to report (``orchestrator: [ID: ]Kind: ...``)."""
+        return [match[1] for line in self.output if (match := _ERROR_LINE.match(line))]
 
     @property
     def typed_input(self) -> str | None:

@@ -138,6 +138,11 @@ class DocumentRun:
                 continue
             _succeeded(fence, unchecked)
             unchecked = self._bash(step.command, stdin=step.typed_input)
+            for kind in step.errors_shown:
+                assert f"{kind}:" in unchecked.stderr + unchecked.stdout, (
+                    f"{fence.where}: the transcript shows '$ {step.command}' report {kind}, it did not\n"
+                    f"{_shown(unchecked)}"
+                )
         _succeeded(fence, unchecked)
 
     def _bash(self, script: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -50,6 +50,11 @@ def test_a_transcript_is_commands_with_what_follows_each() -> None:
     ]
     assert steps[0].typed_input == "1 + 1\n"
     assert steps[1].typed_input is None
+    (shown,) = read_transcript(
+        "$ orchestrator hibernate a nope\na: hibernated\norchestrator: nope: SessionNotFound: no\n"
+    )
+    assert shown.errors_shown == ["SessionNotFound"]
+    assert read_transcript("$ orchestrator exec s 'x'\norchestrator: all good\n")[0].errors_shown == []
 
 
 @pytest.fixture
@@ -71,6 +76,8 @@ def test_a_transcript_checks_the_status_echo_shows_and_that_the_others_succeed(
     console(run, tmp_path, "$ echo hi > f\n$ cat f\nhi\n$ exit 3\n$ echo $?\n3\n")
     with pytest.raises(AssertionError, match=r"'\$ exit 3' exited 3, the transcript shows 4"):
         console(run, tmp_path, "$ exit 3\n$ echo $?\n4\n")
+    with pytest.raises(AssertionError, match=r"shows '\$ echo ok' report SessionNotFound, it did not"):
+        console(run, tmp_path, "$ echo ok\norchestrator: SessionNotFound: no session\n")
     with pytest.raises(AssertionError, match=r"'\$ false' exited 1"):
         console(run, tmp_path, "$ false\n$ true\n")
 
