@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .api.aio import AsyncContext, AsyncOrchestrator, AsyncPythonTool, AsyncSession
 from .api.contexts import Context
 from .api.events import InputRequest, OutputEvent
 from .api.manager import Orchestrator
@@ -37,6 +38,7 @@ from .errors import (
     SessionBusy,
     SessionClosed,
     SessionError,
+    SessionHeld,
     SessionNotFound,
     SessionsNotClosed,
     TransportError,
@@ -48,6 +50,10 @@ from .runtime.hostcalls import HostCallError, HostCalls
 __all__ = [
     "AgentStartTimeout",
     "AgentTimeoutError",
+    "AsyncContext",
+    "AsyncOrchestrator",
+    "AsyncPythonTool",
+    "AsyncSession",
     "Capacity",
     "CapacityExceeded",
     "ChannelLost",
@@ -86,6 +92,7 @@ __all__ = [
     "SessionBusy",
     "SessionClosed",
     "SessionError",
+    "SessionHeld",
     "SessionInfo",
     "SessionNotFound",
     "SessionStatus",

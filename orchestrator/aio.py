@@ -1,7 +1,10 @@
-"""The asynchronous API as coroutines: AsyncOrchestrator and AsyncSession (implemented in ``api/aio.py``)."""
+"""The asynchronous API: the twins of Orchestrator, Session, Context and PythonTool whose calls are coroutines.
+
+Implemented in ``api/aio.py``; also exported from ``orchestrator`` itself.
+"""
 
 from __future__ import annotations
 
-from .api.aio import AsyncOrchestrator, AsyncSession
+from .api.aio import AsyncContext, AsyncOrchestrator, AsyncPythonTool, AsyncSession
 
-__all__ = ["AsyncOrchestrator", "AsyncSession"]
+__all__ = ["AsyncContext", "AsyncOrchestrator", "AsyncPythonTool", "AsyncSession"]

@@ -15,6 +15,7 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     │   ├── ContextNotFound (LookupError)    no context with that id in the session (or it was destroyed)
     │   ├── SessionClosed                    the session was closed
     │   ├── SessionAttachedElsewhere         another controller owns the session now (epoch moved on)
+    │   │   └── SessionHeld                  attach refused: a live controller holds it (named); force=True takes it
     │   ├── SessionBusy (TimeoutError)       another process held the session's store lock too long
     │   ├── CapacityExceeded                 Settings.capacity.max_running sessions run and none could make room
     │   ├── CheckpointQuotaExceeded          a value would take the checkpoint past its quota or bounds; nothing stored
@@ -78,6 +79,26 @@ class SessionClosed(SessionError):
 
 class SessionAttachedElsewhere(SessionError):
     """Another controller attached to this session and now owns its channel."""
+
+
+class SessionHeld(SessionAttachedElsewhere):
+    """``attach`` (``resume``, ``remove``; the CLI's ``exec``, ``shell``, ``resume``, ``rm``) was refused: a live
+    controller holds the session (its lease is renewed). Nothing was changed; the holder's calls go on.
+
+    Wait for it to detach or close the session, or take it over with ``force=True`` (``--force``): its running call
+    is then stopped and not kept, and its handle goes stale.
+
+    Attributes:
+        host: the holder's host name.
+        pid: the holder's process id on that host.
+        since: when it took the session (seconds since the epoch).
+    """
+
+    def __init__(self, message: str, *, host: str, pid: int, since: float) -> None:
+        super().__init__(message)
+        self.host = host
+        self.pid = pid
+        self.since = since
 
 
 class SessionBusy(SessionError, TimeoutError):

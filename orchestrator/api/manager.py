@@ -8,6 +8,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from ..runtime.restore import SessionSandbox
 from ..runtime.sandbox import Sandbox
 from ..state.activity import Activity
 from ..state.controllers import controller_labels
+from ..state.lease import RENEW_EVERY
 from ..state.ledger import CheckpointLedger, new_owner_token
 from ..state.store import SessionRecord, SessionStore, validate_session_id
 from ..wire.endpoint import ensure_private_dir
@@ -82,6 +84,7 @@ class Orchestrator:
         self._closing = threading.Event()
         self._idle_watch: threading.Thread | None = None
         self._pool: SandboxPool | None = None
+        self._renewer: threading.Thread | None = None
         if self.settings.capacity.hibernate_after is not None:
             self._idle_watch = threading.Thread(
                 target=self._hibernate_idle_sessions, args=(self.settings.capacity.hibernate_after,), daemon=True
@@ -147,9 +150,8 @@ class Orchestrator:
             owner=new_owner_token(),
             epoch=1,
         )
-        self.store.create(record)
         session, sandbox = self._session(
-            CheckpointLedger(self.store, record, self.settings.limits.checkpoint_quota_bytes)
+            CheckpointLedger.create(self.store, record, self.settings.limits.checkpoint_quota_bytes)
         )
         try:
             sandbox.start()
@@ -160,21 +162,47 @@ class Orchestrator:
         logger.info("created session %s on %s", session_id, image)
         return session
 
-    def attach(self, session_id: str) -> Session:
-        """Take a session over: from now on this handle owns it and every earlier handle is stale.
+    def attach(self, session_id: str, *, force: bool = False) -> Session:
+        """A handle on a stored session, owned by this orchestrator.
 
-        A live container is taken over in band (a call it was running for the previous owner is
-        stopped and not kept); otherwise a new container starts and the checkpoint is restored.
+        A session this orchestrator holds already gives the handle it has (nothing changes). A session
+        no live controller holds (detached, or its controller died: its lease lapsed, or its process is
+        gone on this host) is taken: this handle owns it from now on and every earlier handle is stale.
+        A live container is taken over in band; otherwise a new container starts and the checkpoint is
+        restored when the session is next used.
+
+        Args:
+            force: take the session even from a live controller: the call it runs is stopped and not kept,
+                and its handle goes stale.
 
         Raises:
+            SessionHeld: a live controller holds the session (it is named) and ``force`` is False.
             SessionNotFound: no session with that id was stored.
             SessionBusy: another process held the session's lock too long.
             SessionAttachedElsewhere: another controller attached it meanwhile (it won).
         """
-        return self._attach(session_id)[0]
+        return self._attach(session_id, force=force)[0]
 
-    def _attach(self, session_id: str) -> tuple[Session, SessionSandbox]:
-        ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.limits.checkpoint_quota_bytes)
+    def _held(self, session_id: str) -> tuple[Session, SessionSandbox] | None:
+        """This orchestrator's handle on the session, if it still owns it."""
+        with self._lock:
+            held = self._sessions.get(validate_session_id(session_id))
+        if held is None or held[0].state is not SessionState.READY:
+            return None
+        try:
+            held[1].ledger.check_owner()
+        except SessionAttachedElsewhere:
+            held[1].become_stale()  # taken by force meanwhile: this handle is stale, the next attach decides
+            return None
+        return held
+
+    def _attach(self, session_id: str, *, force: bool) -> tuple[Session, SessionSandbox]:
+        held = self._held(session_id)
+        if held is not None:
+            return held
+        ledger = CheckpointLedger.take_ownership(
+            self.store, session_id, self.settings.limits.checkpoint_quota_bytes, force=force
+        )
         session, sandbox = self._session(ledger)
         try:
             takeover.serve(sandbox)
@@ -265,21 +293,28 @@ class Orchestrator:
             hibernation.forget_sandbox(held[1])
         return done
 
-    def resume(self, session_id: str) -> None:
-        """Start a hibernated (or broken) session's sandbox now and restore it, then let go of it (detached).
+    def resume(self, session_id: str, *, force: bool = False) -> bool:
+        """Start a hibernated (or broken) session's sandbox now and restore it; False if it was running already.
 
-        This attaches the session: a handle that held it (here or in another process) is stale afterwards.
+        A session this orchestrator holds is resumed in place (its handle stays). Any other is attached
+        (as ``attach``: refused while a live controller holds it, unless ``force``), resumed, and let go
+        of (detached), so its next owner finds it running.
 
         Raises:
+            SessionHeld: a live controller holds the session and ``force`` is False.
             SessionNotFound: no session with that id was stored.
             SandboxError, EngineError: the sandbox could not be started.
         """
-        session, sandbox = self._attach(session_id)
+        held = self._held(session_id)
+        session, sandbox = held or self._attach(session_id, force=force)
         try:
-            if sandbox.sandbox is None:
-                sandbox.start()
+            if sandbox.sandbox is not None:
+                return False
+            sandbox.start()
+            return True
         finally:
-            session.detach()
+            if held is None:
+                session.detach()
 
     def logs(self, session_id: str, tail: int | None = 200) -> str:
         """The log of the session's container (the agent's messages), its last ``tail`` lines or all.
@@ -324,15 +359,23 @@ class Orchestrator:
         )
         return pruner.run(idle_for, older_than, hibernate_only)
 
-    def remove(self, session_id: str) -> None:
-        """Remove a session whoever holds it: its containers, channel directories and stored state.
+    def remove(self, session_id: str, *, force: bool = False) -> None:
+        """Remove a session: its containers, channel directories and stored state.
 
-        Its handles elsewhere become stale (``SessionAttachedElsewhere``).
+        The session is attached first (as ``attach``), so one a live controller holds is removed only
+        with ``force``; its handles elsewhere then become stale (``SessionAttachedElsewhere``).
 
         Raises:
+            SessionHeld: a live controller holds the session and ``force`` is False.
             SessionNotFound: no session with that id was stored.
         """
-        ledger = CheckpointLedger.take_ownership(self.store, session_id, self.settings.limits.checkpoint_quota_bytes)
+        held = self._held(session_id)
+        if held is not None:
+            held[0].close()
+            return
+        ledger = CheckpointLedger.take_ownership(
+            self.store, session_id, self.settings.limits.checkpoint_quota_bytes, force=force
+        )
         self._session(ledger)[0].close()
 
     def _session(self, ledger: CheckpointLedger) -> tuple[Session, SessionSandbox]:
@@ -361,7 +404,17 @@ class Orchestrator:
         session = Session(sandbox, on_close=self._forget)
         with self._lock:
             self._sessions[session.id] = (session, sandbox)
+            if self._renewer is None and not self._closing.is_set():
+                self._renewer = threading.Thread(
+                    target=_renew_leases, args=(weakref.ref(self), self._closing), name="lease-renewal", daemon=True
+                )
+                self._renewer.start()
         return session, sandbox
+
+    def _held_sandboxes(self) -> list[SessionSandbox]:
+        """The sessions this orchestrator holds now (not detached, stale or closed)."""
+        with self._lock:
+            return [sandbox for session, sandbox in self._sessions.values() if session.state is SessionState.READY]
 
     def _pooled_sandbox(self, image: str) -> Sandbox | None:
         """A started sandbox from the warm pool (``Settings.capacity.pool_size``), or None: no pool, another image, or
@@ -445,6 +498,8 @@ class Orchestrator:
         self._closing.set()
         if self._idle_watch is not None:
             self._idle_watch.join()
+        if self._renewer is not None:
+            self._renewer.join()
         with self._lock:
             held = [session for session, _ in self._sessions.values()]
         failures: dict[str, Exception] = {}
@@ -481,3 +536,24 @@ class Orchestrator:
             if exc_type is None:
                 raise
             # The block's own exception goes on (the close failures were logged, one line per session).
+
+
+def _renew_leases(orchestrator: weakref.ref[Orchestrator], closing: threading.Event) -> None:
+    """The proof of life of the sessions an orchestrator holds: their leases renewed every ``RENEW_EVERY`` seconds
+    until it closes (or is collected: its leases then lapse, and others may take its sessions)."""
+    while not closing.wait(RENEW_EVERY):
+        orch = orchestrator()
+        if orch is None:
+            return
+        held = orch._held_sandboxes()
+        del orch
+        for sandbox in held:
+            try:
+                if not sandbox.ledger.renew_lease():
+                    logger.debug("session %s: its lease is another handle's now", sandbox.session_id)
+            except SessionNotFound:
+                pass  # removed meanwhile: its handle learns it at its next call
+            except Exception as exc:  # the thread must go on: the other sessions' leases depend on it
+                logger.warning(
+                    "session %s: its lease was not renewed: %s: %s", sandbox.session_id, type(exc).__name__, exc
+                )

@@ -51,7 +51,7 @@ from .contexts import (
 )
 from .events import Event, LiveCall, OnOutput
 from .results import ExecError, ExecResult
-from .tools import PythonTool
+from .tools import DEFAULT_ANSWER_CHARS, PythonTool
 
 __all__ = ["Session", "SessionState"]
 
@@ -299,9 +299,19 @@ class Session:
         live = self._live
         return live is not None and live.interrupt()
 
-    def as_tool(self, *, max_timeout: float | None = None) -> PythonTool:
-        """This session as OpenAI-style function tools for a model (``execute_code``, ``reset_repl``); docs/tools.md."""
-        return PythonTool(self, max_timeout=max_timeout)
+    def as_tool(self, *, max_timeout: float | None = None, max_answer_chars: int = DEFAULT_ANSWER_CHARS) -> PythonTool:
+        """This session as OpenAI-style function tools for a model (``execute_code``, ``reset_repl``); docs/tools.md.
+
+        Answers are at most ``max_answer_chars`` characters; the whole text of what one cuts is kept with the
+        session's output files (``Settings.limits.max_output_files``), and the answer names the file.
+        """
+        return PythonTool(
+            self,
+            max_timeout=max_timeout,
+            max_answer_chars=max_answer_chars,
+            output_dir=self._ledger.store.outputs_dir(self.id),
+            max_output_files=self._settings.limits.max_output_files,
+        )
 
     def set_scaffold(self, code: str, *, names: Collection[str] = ()) -> None:
         """Install the code that supports this session's cells in every worker, now and after each restart.
@@ -390,17 +400,16 @@ class Session:
     def detach(self) -> None:
         """Let go of the session but keep its container and checkpoint, for ``Orchestrator.attach``.
 
-        Raises:
-            SessionAttachedElsewhere: another controller owns the session (nothing was touched).
+        Its lease ends, so any controller may attach it without ``force``. A stale handle (another controller took
+        the session) only lets go of what it holds here, and logs that.
         """
         with self._turn(call=False):
             if self.state is not SessionState.READY:
                 return
             try:
                 self._ledger.check_owner()
-            except SessionAttachedElsewhere:
-                self._sandbox.become_stale()
-                raise
+            except SessionAttachedElsewhere as exc:
+                logger.info("session %s: detached a stale handle (%s)", self.id, exc)
             self._sandbox.become_stale()
 
     def hibernate(self) -> None:
@@ -421,9 +430,9 @@ class Session:
     def close(self) -> None:
         """Remove the container and the stored state. Closing twice is fine.
 
-        Raises:
-            SessionAttachedElsewhere: another controller owns the session; its container and
-                state were left alone.
+        A stale handle (another controller took the session over) does not raise: it lets go of what it holds
+        here (channel, threads, files) and leaves the session, its container and its stored state to their owner,
+        which it logs as a warning.
         """
         with self._turn(call=False):
             if self.state is SessionState.CLOSED:
@@ -434,9 +443,15 @@ class Session:
                     sandbox.drop()
                     sandbox.discard_all(current)
                     self._ledger.delete()
-            except SessionAttachedElsewhere:
+            except SessionAttachedElsewhere as exc:
                 sandbox.become_stale()
-                raise
+                logger.warning(
+                    "session %s: this handle was stale (%s); closing it released only this handle: the session, its "
+                    "container and its stored state were left to the controller that holds it",
+                    self.id,
+                    exc,
+                )
+                return
             except SessionNotFound:
                 pass  # removed already (``Orchestrator.remove``): nothing left to remove
             finally:
@@ -451,11 +466,7 @@ class Session:
         return self
 
     def __exit__(self, exc_type: object, *exc_info: object) -> None:
-        try:
-            self.close()
-        except SessionAttachedElsewhere:
-            if exc_type is None:
-                raise
+        self.close()
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.state.value} generation={self.generation} epoch={self.epoch}>"

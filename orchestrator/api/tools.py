@@ -4,7 +4,9 @@
 each call into text: the status, the time, the output, the value, and for an error its type,
 message, line, column, source line with a caret under the column, and the user's traceback.
 Nothing a model sends makes it raise: bad arguments and failures of the sandbox (a timeout, a
-crash) are answers too, so a tool-calling loop can hand every call back to the model.
+crash) are answers too, so a tool-calling loop can hand every call back to the model. An answer
+is model-sized: at most ``max_answer_chars`` characters, sandbox text cut to its head and tail
+with a note naming the file on the host that holds all of it (``answers.py``).
 The text format and an example loop are in docs/tools.md.
 """
 
@@ -13,18 +15,27 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
-from ..checks import is_number
+from ..checks import is_count, is_integer, is_number
 from ..errors import ConfigError, ExecutionTimeout, OrchestratorError, SandboxCrashed, SandboxOutOfMemory
+from ..runtime.output import keep_newest, save_output
+from .answers import FIELD_CHARS, Answer, field
 from .results import ExecResult
 
 logger = logging.getLogger(__name__)
 
 EXECUTE = "execute_code"
 RESET = "reset_repl"
+DEFAULT_ANSWER_CHARS = 20_000
+"""The default cap of one answer, in characters (about 5,000 tokens); docs/tools.md says why."""
+MIN_ANSWER_CHARS = 2_000
+"""The smallest cap: room for the status lines, an error's location and the notes, with some output."""
+_NOTE_CHARS = 1_000  # the names and reasons of a note (unsaved variables...); more are counted
 
 
 class ToolSession(Protocol):
@@ -46,13 +57,41 @@ class PythonTool:
         session: the session the code runs in (``Orchestrator.create_session()``, or anything
             with ``execute(code, timeout=...)`` and ``reset()``).
         max_timeout: the most seconds a model may ask for with ``timeout_seconds``; None for no cap.
+        max_answer_chars: the most characters of one answer (default 20,000): longer output, values and
+            tracebacks are cut to their head and tail, with a marker saying what was left out.
+        output_dir: a directory on the host where the whole text of what an answer cut is kept, when the session
+            kept no file of it (``Session.as_tool`` gives the session's own); None keeps nothing more.
+        max_output_files: files kept in ``output_dir``; the oldest go first.
+
+    Raises:
+        ConfigError: an argument out of range (a cap below ``MIN_ANSWER_CHARS``, a timeout cap that is not positive).
     """
 
-    def __init__(self, session: ToolSession, *, max_timeout: float | None = None) -> None:
-        if max_timeout is not None and not (isinstance(max_timeout, int | float) and max_timeout > 0):
+    def __init__(
+        self,
+        session: ToolSession,
+        *,
+        max_timeout: float | None = None,
+        max_answer_chars: int = DEFAULT_ANSWER_CHARS,
+        output_dir: str | os.PathLike[str] | None = None,
+        max_output_files: int = 64,
+    ) -> None:
+        if max_timeout is not None and not (is_number(max_timeout) and 0 < max_timeout < math.inf):
             raise ConfigError(f"max_timeout must be a positive number of seconds, got {max_timeout!r}")
+        if not (is_integer(max_answer_chars) and max_answer_chars >= MIN_ANSWER_CHARS):
+            raise ConfigError(
+                f"max_answer_chars must be a number of characters of at least {MIN_ANSWER_CHARS:,}, "
+                f"got {max_answer_chars!r}"
+            )
+        if not (is_count(max_output_files) and max_output_files > 0):
+            raise ConfigError(f"max_output_files must be a positive int, got {max_output_files!r}")
+        if output_dir is not None and not isinstance(output_dir, str | os.PathLike):
+            raise ConfigError(f"output_dir must be a path (str or os.PathLike), got {type(output_dir).__name__}")
         self.session = session
         self.max_timeout = max_timeout
+        self.max_answer_chars = max_answer_chars
+        self.output_dir = None if output_dir is None else Path(output_dir)
+        self.max_output_files = max_output_files
 
     @property
     def definitions(self) -> list[dict[str, Any]]:
@@ -103,7 +142,10 @@ class PythonTool:
             raise _BadCall(f"There is no tool {str(name)[:100]!r}; the tools are {EXECUTE} and {RESET}.")
         except _BadCall as exc:
             logger.debug("tool call %.100r rejected: %s", name, exc)
-            return f"status: invalid call\n{exc}\n"
+            answer = Answer()
+            answer.line("status: invalid call")
+            answer.line(field(str(exc), 4 * FIELD_CHARS))
+            return self._render(answer)
 
     def handle_tool_call(self, tool_call: Any) -> dict[str, str]:
         """Run a tool call from a chat completion and build the message that answers it.
@@ -150,57 +192,76 @@ class PythonTool:
         except ConfigError as exc:  # the session refused the arguments (e.g. text that is not valid Unicode)
             raise _BadCall(str(exc)) from None
         except OrchestratorError as exc:
-            return describe_failure(exc, time.monotonic() - started)
-        return describe_result(result)
+            return self._render(describe_failure(exc, time.monotonic() - started))
+        return self._render(describe_result(result))
 
     def _reset(self) -> str:
         started = time.monotonic()
         try:
             self.session.reset()
         except OrchestratorError as exc:
-            return describe_failure(exc, time.monotonic() - started)
+            return self._render(describe_failure(exc, time.monotonic() - started))
         return (
             "status: success\n"
             "The Python session was reset: all variables, imports and functions are gone. "
             "The sandbox keeps running.\n"
         )
 
+    def _render(self, answer: Answer) -> str:
+        return answer.render(self.max_answer_chars, self._keep)
 
-def describe_result(result: ExecResult) -> str:
+    def _keep(self, label: str, text: str) -> Path | None:
+        """Save the whole text of a section an answer cut, in ``output_dir``; None when there is none or it failed."""
+        if self.output_dir is None:
+            return None
+        try:
+            path = save_output(self.output_dir, label.replace(" ", "-"), text.encode("utf-8", "surrogatepass"))
+        except OSError as exc:
+            logger.warning("could not keep the whole %s of a tool answer in %s: %s", label, self.output_dir, exc)
+            return None
+        keep_newest(self.output_dir, self.max_output_files)
+        return path
+
+
+def describe_result(result: ExecResult) -> Answer:
     """The model's view of a completed call: status, time, output, value or error, and notes."""
-    parts = [f"status: {'success' if result.ok else 'error'}\n", f"elapsed: {_seconds(result.duration)}\n"]
-    parts += _output("stdout", result.stdout, result.stdout_path)
-    parts += _output("stderr", result.stderr, result.stderr_path)
+    answer = Answer()
+    answer.line(f"status: {'success' if result.ok else 'error'}")
+    answer.line(f"elapsed: {_seconds(result.duration)}")
+    if result.stdout or result.stdout_path is not None:
+        answer.section("stdout", result.stdout, file=result.stdout_path)
+    if result.stderr or result.stderr_path is not None:
+        answer.section("stderr", result.stderr, file=result.stderr_path)
     if result.return_value is not None:
-        parts.append(_block("return value", result.return_value))
+        answer.section("return value", result.return_value, inline=True)
     error = result.error
     if error is not None:
-        parts.append(f"error: {error.summary}\n")
+        answer.line(f"error: {field(error.summary, 2 * FIELD_CHARS)}")
         if "\n" in error.message.strip():  # the summary has its first line only
-            parts.append(_block("error message", error.message))
+            answer.section("error message", error.message, inline=True)
         if error.snippet:
-            pointer = error.pointer
-            parts.append(f"    {error.snippet}\n" + (f"    {pointer}\n" if pointer else ""))
+            source = error.snippet.expandtabs()  # the pointer copies the snippet's tabs: expanded alike, they line up
+            snippet = field(source)
+            pointer = error.pointer.expandtabs() if snippet == source else ""  # under the source as written only
+            answer.line(f"    {snippet}" + (f"\n    {pointer}" if pointer else ""))
         if error.traceback.startswith("Traceback"):  # the user's frames (none for a cell that did not parse)
-            parts.append(_block("traceback", error.traceback))
+            answer.section("traceback", error.traceback)
     if not (result.stdout or result.stderr or result.return_value is not None or error is not None):
-        parts.append("(no output and no value)\n")
+        answer.line("(no output and no value)")
     if result.unsaved:
-        parts.append(
+        answer.line(
             "note: these variables could not be saved and will be lost if the sandbox restarts: "
-            + "; ".join(f"{name} ({reason})" for name, reason in sorted(result.unsaved.items()))
-            + "\n"
+            + _listed(result.unsaved)
         )
     if result.restore_failures:
-        parts.append(
+        answer.line(
             "note: the sandbox had restarted and these variables could not be brought back: "
-            + "; ".join(f"{name} ({reason})" for name, reason in sorted(result.restore_failures.items()))
-            + "\n"
+            + _listed(result.restore_failures)
         )
-    return "".join(parts)
+    return answer
 
 
-def describe_failure(exc: OrchestratorError, elapsed: float) -> str:
+def describe_failure(exc: OrchestratorError, elapsed: float) -> Answer:
     """The model's view of a call the sandbox could not complete: a timeout, a crash, another failure."""
     if isinstance(exc, ExecutionTimeout):
         status = "timeout"
@@ -210,16 +271,35 @@ def describe_failure(exc: OrchestratorError, elapsed: float) -> str:
         status = "crashed"
     else:
         status = "failed"
-    parts = [f"status: {status}\n", f"elapsed: {_seconds(elapsed)}\n", _block("what happened", str(exc))]
+    answer = Answer()
+    answer.line(f"status: {status}")
+    answer.line(f"elapsed: {_seconds(elapsed)}")
+    answer.section("what happened", str(exc), inline=True)
     if isinstance(exc, ExecutionTimeout):
-        parts += _output("stdout before the interrupt", exc.stdout, None)
-        parts += _output("stderr before the interrupt", exc.stderr, None)
+        if exc.stdout:
+            answer.section("stdout before the interrupt", exc.stdout)
+        if exc.stderr:
+            answer.section("stderr before the interrupt", exc.stderr)
     if getattr(exc, "restored", False):
-        parts.append(
+        answer.line(
             "note: the session was restored to its last saved state: what earlier calls defined is "
-            "there, what this call changed is lost.\n"
+            "there, what this call changed is lost."
         )
-    return "".join(parts)
+    return answer
+
+
+def _listed(reasons: Mapping[str, str]) -> str:
+    """``name (reason); ...`` for a note: sandbox text made safe, as many as fit ``_NOTE_CHARS``, the rest counted."""
+    names = sorted(reasons)
+    listed: list[str] = []
+    size = 0
+    for name in names:
+        entry = f"{field(name, 100)} ({field(reasons[name], 200)})"
+        if size + len(entry) > _NOTE_CHARS and listed:
+            return "; ".join(listed) + f"; and {len(names) - len(listed):,} more"
+        listed.append(entry)
+        size += len(entry) + 2
+    return "; ".join(listed)
 
 
 def _function(
@@ -270,22 +350,3 @@ def _field(obj: Any, name: str) -> Any:
 
 def _seconds(value: float) -> str:
     return f"{value:.3f} s"
-
-
-def _block(label: str, text: str) -> str:
-    """``label: text`` on one line, or the label alone above a multi-line text."""
-    text = text.rstrip("\n")
-    if "\n" in text:
-        return f"{label}:\n{text}\n"
-    return f"{label}: {text}\n"
-
-
-def _output(label: str, text: str, path: object) -> list[str]:
-    if not text and path is None:
-        return []
-    parts = [f"{label}:\n{text}" + ("" if text.endswith("\n") or not text else "\n")]
-    if path is not None:
-        parts.append(
-            f"note: {label} was too long: above is its beginning and end only; the full text is in the file {path}\n"
-        )
-    return parts

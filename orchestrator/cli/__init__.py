@@ -46,6 +46,15 @@ def _tail(text: str) -> int | None:
     return lines
 
 
+def _force_option(parser: argparse.ArgumentParser) -> None:
+    """``--force``: take a session a live controller holds (its running call is stopped, its handle goes stale)."""
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="take the session even from a live controller that holds it (its running call is stopped and lost)",
+    )
+
+
 def _sandbox_text_options(parser: argparse.ArgumentParser, default: str) -> None:
     """``--raw`` / ``--escape``: how text the sandbox made reaches the terminal (docs/cli.md, "Text from a sandbox")."""
     group = parser.add_mutually_exclusive_group()
@@ -102,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     exec_ = command(
         "exec",
         "run CODE in a session and print its output; exit 1 when the code raised "
-        "(attaches the session: a handle another process holds goes stale)",
+        "(refused while a live controller holds the session, unless --force)",
     )
     exec_.add_argument("session_id", metavar="ID")
     exec_.add_argument("code", metavar="CODE", help="Python source; '-' reads it from standard input")
@@ -110,18 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=positive_duration_argument, metavar="S", help="seconds (or 90s, 5m) the cell may run"
     )
     _sandbox_text_options(exec_, "auto")
+    _force_option(exec_)
     exec_.set_defaults(func=commands.exec_code)
 
     sh = command(
         "shell",
         "an interactive Python prompt in a session (Ctrl-D detaches; the session keeps running; "
-        "attaches the session like exec)",
+        "refused like exec while a live controller holds the session, unless --force)",
     )
     sh.add_argument("session_id", metavar="ID")
     sh.add_argument(
         "--timeout", type=positive_duration_argument, metavar="S", help="seconds (or 90s, 5m) each input may run"
     )
     _sandbox_text_options(sh, "auto")
+    _force_option(sh)
     sh.set_defaults(func=shell.shell)
 
     for name, func, what in (
@@ -131,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         many = command(name, what)
         many.add_argument("session_ids", metavar="ID", nargs="+")
+        if name != "hibernate":  # hibernating never takes a session: it refuses a busy one
+            _force_option(many)
         many.set_defaults(func=func)
 
     logs = command("logs", "print a session's container log (the agent's stderr)")

@@ -13,7 +13,6 @@ from ..api.manager import Orchestrator
 from ..api.session import Session, SessionState
 from ..config import save_default_base_image
 from ..errors import OrchestratorError, SandboxError
-from ..ops.survey import SessionStatus
 from .render import (
     Exit,
     Output,
@@ -37,9 +36,9 @@ class Context:
         self._handles: list[Session] = []
 
     @contextlib.contextmanager
-    def attached(self, session_id: str) -> Iterator[Session]:
+    def attached(self, session_id: str, *, force: bool = False) -> Iterator[Session]:
         """Attach a session for the block, then detach it: the session keeps running for the next command."""
-        session = self.attach(session_id)
+        session = self.attach(session_id, force=force)
         try:
             yield session
         except BaseException:
@@ -47,8 +46,9 @@ class Context:
             raise
         self.detach(session)
 
-    def attach(self, session_id: str) -> Session:
-        session = self.orch.attach(session_id)
+    def attach(self, session_id: str, *, force: bool = False) -> Session:
+        """Attach a session (``SessionHeld`` while a live controller holds it, unless ``force``)."""
+        session = self.orch.attach(session_id, force=force)
         self._handles.append(session)
         return session
 
@@ -62,7 +62,8 @@ class Context:
     def abandon(self, session: Session) -> None:
         """Let go of a handle while already failing (its call raised or was interrupted); the first error counts.
 
-        A later ``attach`` takes the session over whatever this left behind (and stops a cell still running).
+        It lets go of the lease too, so a later ``attach`` takes the session over without force whatever this left
+        behind (and stops a cell still running).
         """
         with contextlib.suppress(OrchestratorError):
             self.detach(session)
@@ -135,7 +136,7 @@ def read_code(code: str, stdin: Any = None) -> str:
 def exec_code(ctx: Context, args: argparse.Namespace) -> int:
     """Run code in a session (attach, execute, detach); exit 1 when the code raised."""
     code = read_code(args.code)
-    with ctx.attached(args.session_id) as session:
+    with ctx.attached(args.session_id, force=args.force) as session:
         try:
             result = session.execute(code, timeout=args.timeout)
         except SandboxError as exc:
@@ -191,12 +192,9 @@ def hibernate(ctx: Context, args: argparse.Namespace) -> int:
 
 def resume(ctx: Context, args: argparse.Namespace) -> int:
     def act(session_id: str) -> str:
-        # Resuming attaches, which would take a running session away from its owner: leave those alone.
-        if ctx.orch.describe(session_id).status in (SessionStatus.RUNNING, SessionStatus.BUSY):
-            return "already running"
         with ctx.out.progress(f"resuming {session_id} ..."):
-            ctx.orch.resume(session_id)
-        return "running"
+            started = ctx.orch.resume(session_id, force=args.force)  # refused while a live controller holds it
+        return "running" if started else "already running"
 
     return for_each(ctx, args.session_ids, act)
 
@@ -204,7 +202,7 @@ def resume(ctx: Context, args: argparse.Namespace) -> int:
 def rm(ctx: Context, args: argparse.Namespace) -> int:
     def act(session_id: str) -> str:
         with ctx.out.progress(f"removing {session_id} ..."):
-            ctx.orch.remove(session_id)
+            ctx.orch.remove(session_id, force=args.force)
         return "removed"
 
     return for_each(ctx, args.session_ids, act)

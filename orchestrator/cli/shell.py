@@ -93,8 +93,17 @@ class InputBuffer:
 class Shell:
     """One shell on one session: reads inputs, runs each, shows what it wrote, returned or raised."""
 
-    def __init__(self, ctx: Context, session_id: str, *, timeout: float | None, stdin: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        session_id: str,
+        *,
+        timeout: float | None,
+        stdin: TextIO | None = None,
+        force: bool = False,
+    ) -> None:
         self.ctx = ctx
+        self.force = force
         self.out = ctx.out
         self.session_id = session_id
         self.timeout = timeout
@@ -105,7 +114,7 @@ class Shell:
 
     def main(self) -> int:
         """Attach, read and run until end of input, detach. Returns the exit status."""
-        self.session = self.ctx.attach(self.session_id)
+        self.session = self.ctx.attach(self.session_id, force=self.force)
         try:
             with self._history():
                 if self.interactive:
@@ -161,7 +170,8 @@ class Shell:
         except KeyboardInterrupt:
             self.out.write("\n")
             self.ctx.abandon(session)
-            self.session = self.ctx.attach(self.session_id)  # taking it over stops the abandoned cell
+            # Taking it over stops the abandoned cell (its lease went with the abandoned handle).
+            self.session = self.ctx.attach(self.session_id, force=self.force)
             self.out.note(
                 f"orchestrator shell: KeyboardInterrupt: the call was abandoned; session {self.session_id} is at "
                 f"generation {self.session.generation} (the last call that completed)"
@@ -207,4 +217,4 @@ class Shell:
 
 def shell(ctx: Context, args: argparse.Namespace) -> int:
     """The ``shell`` command."""
-    return Shell(ctx, args.session_id, timeout=args.timeout).main()
+    return Shell(ctx, args.session_id, timeout=args.timeout, force=args.force).main()

@@ -51,9 +51,7 @@ class StreamRecorder:
             self._head += data
             if len(self._head) <= self.limit:
                 return
-            self.directory.mkdir(mode=0o700, exist_ok=True)
-            self.path = self.directory / f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}.{self.stream}"
-            self._fd = os.open(self.path, _FILE_FLAGS, 0o600)
+            self.path, self._fd = _new_file(self.directory, self.stream)
             _write_all(self._fd, self._head)
             self._tail = self._head[-(self.limit // 2) :]
             del self._head[self.limit // 2 :]
@@ -97,6 +95,24 @@ class StreamRecorder:
         head, tail = bytes(self._head[:half]), bytes(self._tail[len(self._tail) - half :])
         hidden = self.received - len(head) - len(tail)
         return head.decode("utf-8", "replace") + marker.format(hidden=hidden) + tail.decode("utf-8", "replace")
+
+
+def save_output(directory: Path, kind: str, data: bytes) -> Path:
+    """A new private file of ``directory`` (``<time>-<n>.<kind>``) holding ``data``: text kept whole for whoever reads
+    a shortened view of it (``PythonTool``'s answers)."""
+    path, fd = _new_file(directory, kind)
+    try:
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _new_file(directory: Path, kind: str) -> tuple[Path, int]:
+    """A new file of ``directory`` (made 0700 if missing), open to write: 0600, never through a link or over a file."""
+    directory.mkdir(mode=0o700, exist_ok=True)
+    path = directory / f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}.{kind}"
+    return path, os.open(path, _FILE_FLAGS, 0o600)
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:

@@ -251,10 +251,11 @@ class SessionSandbox:
             self.sandbox = None
 
     def release(self) -> None:
-        """No more calls on this handle: the channel, the host-call threads and the activity file go."""
+        """No more calls on this handle: the channel, the host-call threads, the activity file and the lease go."""
         self.drop()
         self.stop_host_calls()
         self.activity.close()
+        self.ledger.release_lease()
 
     def become_stale(self) -> None:
         """Another controller owns the session now: let go of everything, keep nothing."""

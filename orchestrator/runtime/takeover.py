@@ -1,7 +1,8 @@
 """Taking a session from another controller: ownership first, then its live sandbox, moved over in band.
 
 ``Orchestrator.attach`` makes this controller the owner (``CheckpointLedger.take_ownership``: a
-new owner token and the next epoch, which makes every other handle stale), then ``serve`` gives
+new owner token and the next epoch, which makes every other handle stale; refused while the
+holder's lease proves it alive, ``state/lease.py``, unless forced), then ``serve`` gives
 the session a sandbox: its live one, taken over (new socket, SIGUSR1, handshake:
 ``Sandbox.take_over``; the agent says goodbye to the previous controller), else a new one
 restored from the checkpoint. The previous owner notices at its next step: its store

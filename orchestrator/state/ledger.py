@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import secrets
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -33,10 +34,14 @@ from ..errors import (
     CheckpointQuotaExceeded,
     ProtocolError,
     SessionAttachedElsewhere,
+    SessionHeld,
 )
 from ..runtime import background
 from ..units import describe_bytes
+from . import lease
 from .store import SessionRecord, SessionStore, new_host_blob_id
+
+logger = logging.getLogger(__name__)
 
 
 def new_owner_token() -> str:
@@ -104,13 +109,62 @@ class CheckpointLedger:
         return self._store
 
     @classmethod
-    def take_ownership(cls, store: SessionStore, session_id: str, quota: int) -> CheckpointLedger:
-        """Become the session's owner: a new token and the next epoch, which makes every other handle stale."""
+    def create(cls, store: SessionStore, record: SessionRecord, quota: int) -> CheckpointLedger:
+        """Store a new session's ``record``, held by this process from now (its lease written with it)."""
+        store.create(record, lease.new_lease(record.owner, record.epoch, now=time.time()))
+        return cls(store, record, quota)
+
+    @classmethod
+    def take_ownership(
+        cls, store: SessionStore, session_id: str, quota: int, *, force: bool = False
+    ) -> CheckpointLedger:
+        """Become the session's owner: a new token and the next epoch, which makes every other handle stale.
+
+        A session whose lease proves a live holder (``lease.is_live``) is taken only with ``force``.
+
+        Raises:
+            SessionHeld: a live controller holds the session and ``force`` is False; nothing was changed.
+        """
         with store.transaction(session_id) as record:
-            record.owner = new_owner_token()
-            record.epoch += 1
+            leases = store.lease(session_id)
+            with leases.locked():
+                held, now = leases.read(), time.time()
+                live = lease.is_live(
+                    held,
+                    owner=record.owner,
+                    now=now,
+                    ttl=lease.LEASE_TTL,
+                    here=lease.this_machine(),
+                    probe=lease.process_start,
+                )
+                if live and held is not None:
+                    if not force:
+                        raise SessionHeld(
+                            f"session {session_id} is held by a live controller ({held.describe(now)}); nothing "
+                            "was changed. Wait until it detaches or closes the session, or take it over with "
+                            "--force (attach(..., force=True)): its running call is stopped and its handle goes stale",
+                            host=held.host,
+                            pid=held.pid,
+                            since=held.since,
+                        )
+                    logger.warning("session %s: taken over by force from %s", session_id, held.describe(now))
+                record.owner = new_owner_token()
+                record.epoch += 1
+                leases.write(lease.new_lease(record.owner, record.epoch, now=now))
             store.save(record)
         return cls(store, record, quota)
+
+    def renew_lease(self) -> bool:
+        """Renew this handle's lease on the session; False when it holds none any more (taken over, or released).
+
+        Raises:
+            SessionNotFound: the session was removed.
+        """
+        return self._store.lease(self.session_id).renew(self.record.owner, now=time.time())
+
+    def release_lease(self) -> None:
+        """End this handle's lease, if it still holds one (a lease another handle took is left alone)."""
+        self._store.lease(self.session_id).release(self.record.owner)
 
     @property
     def session_id(self) -> str:

@@ -6,6 +6,8 @@ Layout under ``Settings.state_dir`` (created 0700)::
     sessions/<session_id>/meta.json      SessionRecord as JSON (the checkpoint manifest included)
     sessions/<session_id>/lock           flock(2) target of the session's transactions
     sessions/<session_id>/activity       held by calls, touched when they run (``activity``): busy and idle time
+    sessions/<session_id>/lease          who holds the session and when they last renewed (``lease``)
+    sessions/<session_id>/lease.lock     flock(2) target of the lease's writes
     sessions/<session_id>/blobs/<blob id> one pickle blob per distinct variable value, opaque bytes
 
 A blob id is either the content digest of the blob (32 lowercase hex: blobs the agent made) or,
@@ -44,6 +46,7 @@ from ..checks import is_count, is_number
 from ..errors import CheckpointError, ConfigError, SessionNotFound
 from ..files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
 from .activity import ACTIVITY_FILE, lock_within
+from .lease import Lease, LeaseFile
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
 _SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")  # what new_sandbox_id makes
@@ -231,8 +234,9 @@ class SessionStore:
             raise CheckpointError(f"invalid blob id {blob_id!r}")
         return self._dir(session_id) / "blobs" / blob_id
 
-    def create(self, record: SessionRecord) -> None:
-        """Write a new session's record; the id must be free.
+    def create(self, record: SessionRecord, lease: Lease | None = None) -> None:
+        """Write a new session's record (and its creator's ``lease``, first: the record makes it visible); the id
+        must be free.
 
         Raises:
             ConfigError: a session with that id exists.
@@ -248,6 +252,8 @@ class SessionStore:
         except OSError as exc:
             raise CheckpointError(f"cannot create session state in {self.root}: {exc}") from exc
         (directory / "blobs").mkdir(mode=0o700)
+        if lease is not None:
+            LeaseFile(directory).write(lease)
         self.save(record)
 
     def save(self, record: SessionRecord) -> None:
@@ -358,6 +364,10 @@ class SessionStore:
     def outputs_dir(self, session_id: str) -> Path:
         """Where whole outputs of the session's calls are kept (``outputs/``); removed with the session."""
         return self._dir(session_id) / "outputs"
+
+    def lease(self, session_id: str) -> LeaseFile:
+        """The session's lease (``lease``): who holds it, renewed while they live."""
+        return LeaseFile(self._dir(session_id))
 
     def activity_path(self, session_id: str) -> Path:
         """The session's activity file (``activity``): busy while a call runs, its mtime the last use."""

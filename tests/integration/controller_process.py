@@ -7,11 +7,11 @@ command object with an ``op``; each answer is one JSON line on stdout:
 raised. Ops:
 
 - ``ping``: answers once the orchestrator is up (so a later ``delay`` is measured from a ready process).
-- ``attach {sid, delay?}``: (after ``delay`` seconds) ``Orchestrator.attach``; the handle becomes current.
+- ``attach {sid, delay?, force?}``: (after ``delay`` seconds) ``Orchestrator.attach``; the handle becomes current.
 - ``execute {code, timeout?, delay?}``: ``execute`` on the current handle.
 - ``call {method}``: ``close`` / ``detach`` / ``reset`` on the current handle.
-- ``race {sid, seconds, code, timeout?, seed?}``: for ``seconds``, attach and run ``code`` over and over, re-attaching
-  when taken over and now and then on purpose; answers how many calls succeeded and how others failed.
+- ``race {sid, seconds, code, timeout?, seed?, force?}``: for ``seconds``, attach and run ``code`` over and over,
+  re-attaching when taken over and now and then on purpose; answers how many calls succeeded and how others failed.
 - ``quit``: detach the current handle if it is still ours (never close it), close the orchestrator, exit.
 
 Nothing here closes a session unless told to: ``quit`` must leave the session to the test.
@@ -53,7 +53,9 @@ def failure(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def race(orch: Orchestrator, sid: str, seconds: float, code: str, timeout: float, seed: int) -> dict[str, Any]:
+def race(
+    orch: Orchestrator, sid: str, seconds: float, code: str, timeout: float, seed: int, force: bool
+) -> dict[str, Any]:
     """Attach and execute ``code`` for ``seconds``; count what each call was told."""
     rng = random.Random(seed)
     ends = time.monotonic() + seconds
@@ -67,7 +69,7 @@ def race(orch: Orchestrator, sid: str, seconds: float, code: str, timeout: float
         if session is None:
             started = time.monotonic()
             try:
-                session = orch.attach(sid)
+                session = orch.attach(sid, force=force)
                 attaches += 1
                 containers.add(str(session.container_id))
             except SessionAttachedElsewhere:
@@ -95,7 +97,8 @@ def race(orch: Orchestrator, sid: str, seconds: float, code: str, timeout: float
         else:
             successes += 1
         if rng.random() < 0.3:
-            session = None  # take it back on purpose, even though we may still own it
+            session.detach()  # let go on purpose and take it back (from the other racer if it came first)
+            session = None
         time.sleep(rng.random() * 0.02)
     if session is not None:
         with contextlib.suppress(SessionAttachedElsewhere):
@@ -129,7 +132,7 @@ def main() -> None:
                 if op == "ping":
                     answer = {"ok": True}
                 elif op == "attach":
-                    current = orch.attach(command["sid"])
+                    current = orch.attach(command["sid"], force=command.get("force", False))
                     answer = {"ok": True, **describe(current)}
                 elif op == "execute":
                     assert current is not None, "no session attached"
@@ -155,6 +158,7 @@ def main() -> None:
                         command["code"],
                         command.get("timeout", 30.0),
                         command.get("seed", 0),
+                        command.get("force", False),
                     )
                 else:
                     answer = {"ok": False, "exc": "UnknownOp", "message": op}

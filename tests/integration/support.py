@@ -25,12 +25,13 @@ def close_quietly(session: Session) -> None:
 def tree_snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``root`` (relative path -> (size, mtime_ns)), to show that nothing changed there.
 
-    The activity file is left out: any attempt at a call (a stale handle's too) marks it used.
+    The activity file is left out: any attempt at a call (a stale handle's too) marks it used; so is the lease,
+    which its holder renews every second (check whose it is with ``LeaseFile.read``).
     """
     return {
         str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
         for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != "activity"
+        if p.is_file() and p.name not in ("activity", "lease", "lease.lock")
     }
 
 

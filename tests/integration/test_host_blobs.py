@@ -155,13 +155,13 @@ def test_a_second_controller_sees_the_value(
     session.set_value("raw", DATA)
     orch2 = make_orch(settings)
     # Live takeover: the agent holds the values; then a restore from the host-made blobs.
-    s2 = orch2.attach(session.id)
+    s2 = orch2.attach(session.id, force=True)
     assert sandbox_hash(s2, "context") == text_hash(TEXT)
     assert s2.execute("more = 1").ok
     container = s2.container_id
     assert container is not None
     orch2.backend.remove(container)
-    s3 = orch.attach(session.id)  # s2 is stale now; s3 closes the session
+    s3 = orch.attach(session.id, force=True)  # s2 is stale now; s3 closes the session
     try:
         assert s3.container_id != container and s3.restore_failures == {}
         assert sandbox_hash(s3, "context") == text_hash(TEXT)

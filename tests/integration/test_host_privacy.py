@@ -221,7 +221,7 @@ def test_a_peer_without_the_secret_gets_nothing(orch: Orchestrator, settings_for
         assert value(s, "n += 1\nn") == "2"
         kill_and_wait(orch, s.container_id)  # the controller will wait for a new sandbox's agent
         assert value(s, "n += 1\nkept, n") == f"({sentinel!r}, 3)"
-        taker = make_orch(settings).attach(s.id)  # and for the same sandbox's agent to reconnect
+        taker = make_orch(settings).attach(s.id, force=True)  # and for the same sandbox's agent to reconnect
         try:
             assert value(taker, "n += 1\nkept, n") == f"({sentinel!r}, 4)"
             time.sleep(0.5)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from support import kill_and_wait
 
-from orchestrator import Capacity, ConfigError, SessionAttachedElsewhere, SessionBusy, SessionNotFound
+from orchestrator import Capacity, ConfigError, SessionAttachedElsewhere, SessionBusy, SessionHeld, SessionNotFound
 from orchestrator.errors import CapacityExceeded
 from orchestrator.ops.survey import SessionStatus
 
@@ -143,12 +143,12 @@ def test_hibernate_keeps_the_state_and_the_owner(settings_for, make_orch, new_se
     assert s.container_id not in (None, container)
     assert orch.hibernate(s.id) is True
     assert s.container_id is None and orch.containers(s.id) == []
-    # resume(): starts it now (no call needed), and lets go of it
+    # resume(): starts it now (no call needed); the handle this orchestrator holds stays its handle
     orch.resume(s.id)
     info = orch.describe(s.id)
     assert info.status is SessionStatus.RUNNING and info.container_status == "running"
     again = orch.attach(s.id)
-    assert again.container_id == info.container_id, "resume started a container that attach did not take over"
+    assert again is s and again.container_id == info.container_id, "resume started a container attach did not get"
     assert again.execute("f()").return_value == "3"
     with pytest.raises(SessionNotFound):
         orch.hibernate("no-such-session")
@@ -187,7 +187,7 @@ def test_orchestrator_hibernate_works_beside_a_stale_local_handle(settings_for, 
     orch_a, orch_b = make_orch(settings), make_orch(settings)
     s = new_session(orch_a)
     assert s.execute("x = 1").ok
-    taken = orch_b.attach(s.id)
+    taken = orch_b.attach(s.id, force=True)
     assert orch_a.hibernate(s.id) is True
     assert orch_a.describe(s.id).status is SessionStatus.HIBERNATED
     assert taken.execute("x").return_value == "1"
@@ -212,9 +212,12 @@ def test_orchestrator_hibernate_of_a_held_session_in_a_call_is_refused(settings_
         caller.join(30)
 
 
-def test_resume_by_another_controller_takes_the_session_over(settings_for, make_orch, new_session) -> None:
-    """Hibernating is not a change of owner, but ``resume`` is an attach (documented): the live owner's handle
-    learns it is stale with a typed error, and nothing it stored is lost."""
+def test_resume_by_another_controller_is_refused_then_takes_over_with_force(
+    settings_for, make_orch, new_session
+) -> None:
+    """Hibernating is not a change of owner, but ``resume`` is an attach (documented): refused while the owner
+    lives (``SessionHeld``, nothing changed); with ``force`` the owner's handle learns it is stale with a typed
+    error, and nothing it stored is lost."""
     settings = settings_for()
     owner_orch, ops = make_orch(settings), make_orch(settings)
     s = new_session(owner_orch)
@@ -223,7 +226,10 @@ def test_resume_by_another_controller_takes_the_session_over(settings_for, make_
     assert ops.hibernate(s.id) is True
     assert s.execute("x").return_value == "'mine'" and s.epoch == epoch  # hibernation: the owner goes on
     assert ops.hibernate(s.id) is True
-    ops.resume(s.id)
+    with pytest.raises(SessionHeld):
+        ops.resume(s.id)
+    assert ops.describe(s.id).status is SessionStatus.HIBERNATED and s.epoch == epoch
+    assert ops.resume(s.id, force=True) is True
     assert ops.describe(s.id).status is SessionStatus.RUNNING
     with pytest.raises(SessionAttachedElsewhere):
         s.execute("x")

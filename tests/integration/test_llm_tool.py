@@ -7,16 +7,18 @@ out canned replies in order and records what it was sent; nothing leaves the mac
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from orchestrator import PythonTool, Session
+from orchestrator import ConfigError, PythonTool, Session
 
 pytestmark = pytest.mark.docker
 
@@ -175,3 +177,39 @@ def test_the_text_of_bad_arguments_and_a_reset(shared_session: Session) -> None:
     assert "return value: 3" in tool.handle("execute_code", {"code": "y = 3\ny"})
     assert tool.handle("reset_repl", "{}").startswith("status: success\nThe Python session was reset")
     assert "error: NameError" in tool.handle("execute_code", {"code": "y"})
+
+
+def _safe(text: str) -> bool:
+    return text.replace("\n", "").replace("\t", "").isprintable()
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        ("print('\\x1b[2J\\x1b]52;c;SGk=\\x07\\rforged\\u202e' * 20_000)", "characters of one line left out"),
+        ("import sys\nsys.stdout.write('x' * 10_000_000)", "bytes left out"),  # one 10 MB line, kept in a file
+        ("list(range(200_000))", "characters of one line left out"),  # a repr of 64 KiB (the agent's cap)
+        ("raise ValueError('\\n'.join(map(str, range(100_000))))", "lines) left out"),  # a long message and traceback
+        ("import sys\nfor i in range(100_000):\n    print(i)\n    print(-i, file=sys.stderr)", "lines) left out"),
+    ],
+    ids=["escape sequences", "one 10 MB line", "a huge repr", "a long traceback", "both streams"],
+)
+def test_a_hostile_cell_gets_a_model_sized_safe_answer_naming_the_file_with_all_of_it(
+    session: Session, code: str, words: str
+) -> None:
+    tool = session.as_tool()
+    text = tool.handle("execute_code", {"code": code})
+    assert len(text) <= 20_000 and _safe(text), text[:2000]
+    assert words in text
+    files = re.findall(r"all of it is in the file (\S+) on the host", text)
+    assert files and all(Path(f).parent == tool.output_dir and Path(f).stat().st_size > 20_000 for f in files)
+    assert "return value: 'alive'" in tool.handle("execute_code", {"code": "'alive'"})  # the session goes on
+
+
+def test_the_cap_is_the_callers(session: Session) -> None:
+    small = session.as_tool(max_answer_chars=2_000).handle("execute_code", {"code": "print('z' * 5_000)"})
+    assert len(small) <= 2_000 and "left out" in small
+    large = session.as_tool(max_answer_chars=100_000).handle("execute_code", {"code": "print('z' * 5_000)"})
+    assert "left out" not in large and "z" * 5_000 in large
+    with pytest.raises(ConfigError, match="max_answer_chars must be a number of characters of at least 2,000"):
+        session.as_tool(max_answer_chars=100)

@@ -31,7 +31,7 @@ def test_attach_takes_over_the_live_container(session: Session, orch2: Orchestra
     assert "gen" in session.execute("numbers.append(4)").unsaved
     container = session.container_id
 
-    s2 = orch2.attach(session.id)
+    s2 = orch2.attach(session.id, force=True)
     try:
         assert s2.id == session.id
         assert s2.container_id == container
@@ -73,7 +73,7 @@ def test_attach_after_the_container_was_removed_restores_the_checkpoint(
     assert old is not None
     orch.backend.remove(old)
 
-    s2 = orch2.attach(session.id)
+    s2 = orch2.attach(session.id, force=True)
     try:
         assert s2.container_id not in (None, old)
         assert s2.restore_failures == {}
@@ -114,8 +114,8 @@ def test_attach_twice_in_a_row(session: Session, orch2: Orchestrator, make_orch,
     session.execute("value = 'v'")
     container = session.container_id
     orch3 = make_orch(settings)
-    s2 = orch2.attach(session.id)
-    s3 = orch3.attach(session.id)
+    s2 = orch2.attach(session.id, force=True)
+    s3 = orch3.attach(session.id, force=True)
     try:
         assert s3.execute("value").return_value == "'v'"
         with pytest.raises(SessionAttachedElsewhere):

@@ -33,6 +33,8 @@ RANK = {
 UPWARD = {
     ("api.manager", "evaluation"),  # Orchestrator.evaluate runs the evaluation, which runs on sessions
     ("api.manager", "evaluation.evaluator"),
+    ("api.aio", "evaluation"),  # AsyncOrchestrator.evaluate, the twin of Orchestrator.evaluate: its argument types
+    ("api.aio", "evaluation.evaluator"),
     ("ops.janitor", "api.manager"),  # the janitor is a service built on an Orchestrator
     ("ops.prune", "evaluation.evaluator"),  # the label of an eval run's containers
     ("backends.swarm.backend", "ops"),  # the relays run the sandbox image (ops.images)

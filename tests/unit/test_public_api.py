@@ -16,7 +16,10 @@ EXPECTED = {
     "Placement", "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed",
     "SandboxError",
     "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError",
-    "SessionInfo", "SessionNotFound", "SessionsNotClosed", "SessionStatus", "Settings", "TransportError", "__version__",
+    "SessionHeld", "SessionInfo", "SessionNotFound", "SessionsNotClosed", "SessionStatus", "Settings", "TransportError",
+    "__version__",
+    # the async twins (also in orchestrator.aio)
+    "AsyncContext", "AsyncOrchestrator", "AsyncPythonTool", "AsyncSession",
     # Settings' groups
     "Capacity", "Confinement", "ResourceLimits", "SwarmSettings", "Timeouts",
 }  # fmt: skip

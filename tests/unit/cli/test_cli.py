@@ -20,6 +20,7 @@ from orchestrator import (
     SandboxCrashed,
     SessionAttachedElsewhere,
     SessionBusy,
+    SessionHeld,
     SessionNotFound,
     Settings,
     units,
@@ -110,8 +111,10 @@ class FakeOrchestrator:
         self.report = PruneReport([], dry_run=False)
         self.log = "agent started\n"
 
-    def _check(self, method: str, session_id: str) -> None:
+    def _check(self, method: str, session_id: str, force: bool = False) -> None:
         self.calls.append((method, session_id))
+        if force:
+            self.calls.append(("force", session_id))
         if (method, session_id) in self.errors:
             raise self.errors[(method, session_id)]
 
@@ -129,11 +132,12 @@ class FakeOrchestrator:
         self._check("hibernate", session_id)
         return session_id != "s2"
 
-    def resume(self, session_id: str) -> None:
-        self._check("resume", session_id)
+    def resume(self, session_id: str, *, force: bool = False) -> bool:
+        self._check("resume", session_id, force)
+        return self.describe(session_id).status is not SessionStatus.RUNNING
 
-    def remove(self, session_id: str) -> None:
-        self._check("remove", session_id)
+    def remove(self, session_id: str, *, force: bool = False) -> None:
+        self._check("remove", session_id, force)
 
     def logs(self, session_id: str, tail: int | None = 200) -> str:
         self._check("logs", session_id)
@@ -144,8 +148,8 @@ class FakeOrchestrator:
         self.calls.append(("prune", kwargs))
         return self.report
 
-    def attach(self, session_id: str) -> FakeSession:
-        self._check("attach", session_id)
+    def attach(self, session_id: str, *, force: bool = False) -> FakeSession:
+        self._check("attach", session_id, force)
         session = FakeSession(session_id, self.results)
         self.sessions.append(session)
         return session
@@ -431,8 +435,8 @@ def test_a_session_that_could_not_be_detached_is_never_closed(fake, capsys):
     """Orchestrator.close() removes the sessions it holds: after a failed detach only the engine client closes."""
     original = fake.attach
 
-    def attach(session_id: str) -> FakeSession:
-        session = original(session_id)
+    def attach(session_id: str, *, force: bool = False) -> FakeSession:
+        session = original(session_id, force=force)
         session.detach_error = SessionBusy("store lock held")
         return session
 
@@ -447,7 +451,7 @@ def test_hibernate_resume_rm_report_each_id(fake, capsys):
     code, out, _ = run(capsys, "hibernate", "s1", "s2", "s1")
     assert code == 0 and out == "s1: hibernated\ns2: already hibernated\n"
     assert run(capsys, "resume", "s2", "s1")[:2] == (0, "s2: running\ns1: already running\n")
-    assert ("resume", "s2") in fake.calls and ("resume", "s1") not in fake.calls  # s1's owner keeps it
+    assert ("resume", "s2") in fake.calls and ("resume", "s1") in fake.calls
     assert run(capsys, "rm", "s1", "s2")[:2] == (0, "s1: removed\ns2: removed\n")
 
 
@@ -779,3 +783,31 @@ def test_log_records_quoting_the_sandbox_cannot_start_a_line(capsys):
     text = VisibleFormatter("%(levelname)s %(name)s: %(message)s").format(record)
     assert no_control(text)
     assert all(line.startswith("    ") for line in text.splitlines()[1:])
+
+
+# ---------------------------------------------------------------------------- ownership
+
+
+HELD = SessionHeld(
+    "session s1 is held by a live controller (pid 4242 on host h, since 2026-11-26 09:00:00 UTC, renewed 0.5 s ago); "
+    "nothing was changed. Wait until it detaches or closes the session, or take it over with --force",
+    host="h",
+    pid=4242,
+    since=0.0,
+)
+
+
+@pytest.mark.parametrize(("argv", "method"), [(["exec", "s2", "1"], "attach"), (["rm", "s2"], "remove"),
+                                              (["resume", "s2"], "resume"), (["shell", "s2"], "attach")])  # fmt: skip
+def test_a_session_a_live_controller_holds_is_refused_in_one_line_and_taken_with_force(
+    fake, capsys, monkeypatch, argv, method
+):
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    fake.errors[(method, "s2")] = HELD
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (Exit.UNAVAILABLE, "") and ("force", "s2") not in fake.calls
+    assert err.count("\n") == 1 and "SessionHeld" in err and "pid 4242 on host h" in err and "--force" in err
+    del fake.errors[(method, "s2")]
+    fake.results.append(ExecResult(return_value="1"))
+    assert run(capsys, *argv, "--force")[0] == Exit.OK
+    assert ("force", "s2") in fake.calls
