@@ -32,6 +32,7 @@ from ..errors import (
     SessionNotFound,
 )
 from ..runtime.hostcalls import HostCalls
+from ..units import describe_bytes
 from . import outcome
 from ._upstream import NonIsolatedEnv, RLMChatCompletion, validate_custom_tools
 from .bridge import Address, LMBridge, SubcallFn
@@ -285,7 +286,11 @@ class DockerREPL(NonIsolatedEnv):
         seconds = time.perf_counter() - started
         if failure is not None:
             return outcome.from_failure(
-                failure, made, seconds, timeout=self.cell_timeout, memory=self._settings.limits.memory
+                failure,
+                made,
+                seconds,
+                timeout=self.cell_timeout,
+                memory=describe_bytes(self._settings.limits.memory_bytes),
             )
         if result.unsaved:
             logger.debug("DockerREPL session %s: not saved: %s", session.id, result.unsaved)
