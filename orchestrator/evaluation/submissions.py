@@ -16,7 +16,7 @@ from typing import Any
 from ..checks import is_integer, is_number
 from ..config import MIN_MEMORY_WHY, MIN_SANDBOX_MEMORY
 from ..errors import ConfigError
-from ..units import parse_duration, parse_size
+from ..units import describe_bytes, describe_duration, parse_duration, parse_size
 
 MAX_ID_CHARS = 200
 MAX_FIELD_BYTES = 4 << 20
@@ -198,7 +198,7 @@ def read_timeout(what: str, value: object) -> float:
     except ConfigError as exc:
         raise ConfigError(f"{what}: {exc}") from None
     if not 0 < seconds <= MAX_TIMEOUT:
-        raise ConfigError(f"{what} must be more than 0 and at most {MAX_TIMEOUT} seconds, got {value!r}")
+        raise ConfigError(f"{what} must be more than 0 and at most a day, got {describe_duration(seconds)}")
     return seconds
 
 
@@ -215,7 +215,9 @@ def read_memory(what: str, value: object) -> int:
     except ConfigError as exc:
         raise ConfigError(f"{what}: {exc}") from None
     if size < MIN_SANDBOX_MEMORY:
-        raise ConfigError(f"{what} must be at least {MIN_SANDBOX_MEMORY >> 20} MiB{MIN_MEMORY_WHY}, got {value!r}")
+        raise ConfigError(
+            f"{what} must be at least {MIN_SANDBOX_MEMORY >> 20} MiB{MIN_MEMORY_WHY}, got {describe_bytes(size)}"
+        )
     return size
 
 
