@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,6 +68,19 @@ def _open_session(
     return orch.create_session(session_id=session_id, image=image, labels={LABEL: "DockerREPL", **labels}), True
 
 
+def _release_session(session: Session, orch: Orchestrator, *, keep: bool) -> None:
+    """Detach (``keep``) or remove the session, then close the orchestrator; never raises an engine's error."""
+    try:
+        if keep:
+            session.detach()
+        else:
+            session.close()
+    except OrchestratorError as exc:
+        logger.warning("DockerREPL: releasing session %s failed: %s", session.id, exc)
+    finally:
+        orch.close()
+
+
 class DockerREPL(NonIsolatedEnv):
     """rlms' Docker environment on an orchestrator session.
 
@@ -74,6 +88,9 @@ class DockerREPL(NonIsolatedEnv):
     ``orchestrator.rlm.RLM`` or after ``orchestrator.rlm.register()``), or directly. Leave it
     with ``cleanup()`` (or a ``with`` block), which removes the container and the stored state;
     ``detach()`` keeps both for a later ``DockerREPL(session_id=...)``, in this process or another.
+    One left without either is cleaned up when it is collected or, at the latest, when the process
+    exits (as rlms' own DockerREPL is): a ``weakref.finalize``, not ``__del__``, so it runs once and
+    before the interpreter tears its modules down.
     """
 
     def __init__(
@@ -150,6 +167,7 @@ class DockerREPL(NonIsolatedEnv):
         self._compaction_history: list[Any] = []
         self._orch: Orchestrator | None = None
         self._session: Session | None = None
+        self._finalizer: weakref.finalize[..., DockerREPL] | None = None
         self._closed = False
         self.setup()
         try:
@@ -190,6 +208,8 @@ class DockerREPL(NonIsolatedEnv):
             orch.close()  # removes a session created here
             raise
         self._orch, self._session = orch, session
+        # It must not hold self: it is what runs when self is collected (or at exit) without cleanup().
+        self._finalizer = weakref.finalize(self, _release_session, session, orch, keep=False)
         logger.info("DockerREPL on session %s (container %s)", session.id, (session.container_id or "?")[:12])
 
     def cleanup(self) -> None:
@@ -204,19 +224,10 @@ class DockerREPL(NonIsolatedEnv):
         if self._closed:
             return
         self._closed = True
-        session, orch = self._session, self._orch
-        self._session = self._orch = None
-        try:
-            if session is not None:
-                if keep:
-                    session.detach()
-                else:
-                    session.close()
-        except OrchestratorError as exc:
-            logger.warning("DockerREPL: releasing session %s failed: %s", session.id if session else "?", exc)
-        finally:
-            if orch is not None:
-                orch.close()
+        session, orch, finalizer = self._session, self._orch, self._finalizer
+        self._session = self._orch = self._finalizer = None
+        if session is not None and orch is not None and finalizer is not None and finalizer.detach() is not None:
+            _release_session(session, orch, keep=keep)
 
     def __enter__(self) -> DockerREPL:
         return self
