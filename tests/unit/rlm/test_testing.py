@@ -196,20 +196,22 @@ def test_a_tool_loop_runs_offline_through_the_openai_client() -> None:
 def test_a_streamed_reply_carries_the_text_and_the_tool_calls_in_pieces() -> None:
     text = "one two three four five six seven"
     reply = ScriptedReply(text, [ToolCall("add", {"a": 2, "b": 3}), ToolCall("add", {"a": 10, "b": 20})])
-    with ScriptedOpenAIServer([reply, "plain words only"]) as server:
-        with openai.OpenAI(api_key="test", base_url=server.base_url) as client:
-            chunks = list(
-                client.chat.completions.create(
-                    model="m",
-                    messages=[{"role": "user", "content": "go"}],
-                    tools=TOOLS,
-                    stream=True,
-                    stream_options={"include_usage": True},
-                )
+    with (
+        ScriptedOpenAIServer([reply, "plain words only"]) as server,
+        openai.OpenAI(api_key="test", base_url=server.base_url) as client,
+    ):
+        chunks = list(
+            client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "go"}],
+                tools=TOOLS,
+                stream=True,
+                stream_options={"include_usage": True},
             )
-            plain = list(
-                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
-            )
+        )
+        plain = list(
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
+        )
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert content == text and sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 1
     calls: dict[int, dict[str, str]] = {}
