@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 import weakref
 from collections.abc import Mapping
@@ -21,7 +22,6 @@ from typing import Any
 from ..agent import protocol
 from ..api.manager import Orchestrator
 from ..api.session import Session
-from ..checks import is_number
 from ..config import Settings
 from ..errors import (
     ConfigError,
@@ -33,7 +33,7 @@ from ..errors import (
     SessionNotFound,
 )
 from ..runtime.hostcalls import HostCalls
-from ..units import describe_bytes
+from ..units import describe_bytes, parse_duration
 from . import outcome
 from ._upstream import NonIsolatedEnv, RLMChatCompletion, validate_custom_tools
 from .bridge import Address, LMBridge, SubcallFn
@@ -108,7 +108,7 @@ class DockerREPL(NonIsolatedEnv):
         max_concurrent_subcalls: int = 4,
         *,
         settings: Settings | None = None,
-        cell_timeout: float | None = DEFAULT_CELL_TIMEOUT,
+        cell_timeout: float | str | None = DEFAULT_CELL_TIMEOUT,
         session_id: str | None = None,
         labels: Mapping[str, str] | None = None,
         **kwargs: Any,
@@ -129,7 +129,8 @@ class DockerREPL(NonIsolatedEnv):
             custom_sub_tools: the tools of sub-calls (default: ``custom_tools``); kept for rlms.
             compaction: ``history`` is the running list rlms appends to.
             settings: limits, security and paths of the sandbox (default ``Settings.from_env()``).
-            cell_timeout: seconds one cell may run before it is interrupted (None: ``settings.timeouts.exec``).
+            cell_timeout: seconds (or a duration: "10m") one cell may run before it is interrupted (None:
+                ``settings.timeouts.exec``).
             session_id: resume this stored session if it exists, else create it under this id.
             labels: extra container labels (keys ``orchestrator.<you>.<name>``).
 
@@ -151,9 +152,14 @@ class DockerREPL(NonIsolatedEnv):
         self.custom_sub_tools: dict[str, Any] = custom_sub_tools if custom_sub_tools is not None else self.custom_tools
         self._tools = plan_tools(self.custom_tools)
         self._settings = resolve_settings(settings, image)
-        timeout = self._settings.timeouts.exec if cell_timeout is None else cell_timeout
-        if not is_number(timeout) or not timeout > 0:
-            raise ConfigError(f"cell_timeout must be a positive number of seconds or None, got {cell_timeout!r}")
+        try:
+            timeout = self._settings.timeouts.exec if cell_timeout is None else parse_duration(cell_timeout)
+        except ConfigError:
+            timeout = 0
+        if not 0 < timeout < math.inf:
+            raise ConfigError(
+                f"cell_timeout must be a positive duration (seconds, or 90s, 10m) or None, got {cell_timeout!r}"
+            )
         self.cell_timeout = float(timeout)
         self.image = self._settings.base_image
         self._requested_id = session_id
