@@ -177,6 +177,18 @@ def test_list_is_ls(cli, make):
     assert [s["id"] for s in json.loads(cli("list", "--json").stdout)] == [sid]
 
 
+def test_a_misspelt_variable_is_one_line_on_stderr_and_a_bad_value_names_its_variable(cli):
+    listed = cli("ls", "--json", ORCH_MEM_LMIT="2g", ORCH_RELAY_DIR="/x")  # the relay's variable is known: not named
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
+    assert listed.stderr == (
+        "WARNING orchestrator.config: unknown ORCH_ variable, ignored: ORCH_MEM_LMIT (did you mean ORCH_MEM_LIMIT?)\n"
+    )
+    refused = cli("ls", ORCH_EXEC_TIMEOUT="5 min")
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith("orchestrator: ConfigError: ORCH_EXEC_TIMEOUT='5 min': '5 min' is not a duration")
+    assert cli("ls", ORCH_EXEC_TIMEOUT="5m", ORCH_MAX_OUTPUT_BYTES="64k").returncode == 0
+
+
 def test_image_build_make_default(cli, store, image, tmp_path):
     """The recorded base is the user's, not the state dir's: a new state dir starts a session on it with no
     variable naming it (nothing is pulled: the image is here)."""
