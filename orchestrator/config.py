@@ -177,7 +177,10 @@ _S = TypeVar("_S", bound=_Fields)
 
 @dataclass(frozen=True)
 class Timeouts(_Fields):
-    """How long each wait of the controller and the agent may last, in seconds (each finite and > 0)."""
+    """How long each wait of the controller and the agent may last, in seconds (each finite and > 0).
+
+    A field given as text is read as its variable is, a duration: ``Timeouts(exec="5m")`` is ``Timeouts(exec=300)``.
+    """
 
     exec: float = field(default=300.0, metadata=_env("ORCH_EXEC_TIMEOUT", _DURATION))
     """A cell's run when the call gives no timeout."""
@@ -204,7 +207,11 @@ class Timeouts(_Fields):
 
 @dataclass(frozen=True)
 class ResourceLimits(_Fields):
-    """What one sandbox may use, and how much of what it sends the controller accepts and keeps."""
+    """What one sandbox may use, and how much of what it sends the controller accepts and keeps.
+
+    A byte field (``checkpoint_quota``, ``max_*_bytes``) given as text is read as its variable is, a size:
+    ``ResourceLimits(max_output_bytes="64k")``.
+    """
 
     memory: str | int = field(default="1g", metadata=_env("ORCH_MEM_LIMIT", _TEXT))
     """Memory limit of the container: a size ("512m", "2g") or bytes, at least ``MIN_SANDBOX_MEMORY``; swap is
