@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import time
 import weakref
 from collections.abc import Mapping
@@ -79,6 +80,15 @@ def _release_session(session: Session, orch: Orchestrator, *, keep: bool) -> Non
         logger.warning("DockerREPL: releasing session %s failed: %s", session.id, exc)
     finally:
         orch.close()
+
+
+def _release_left(session: Session, orch: Orchestrator, pid: int) -> None:
+    """An environment collected or left at exit without ``cleanup()``: clean it up, as ``cleanup()`` would.
+
+    Only in the process that made it: a forked child inherits the finalizer, not the environment.
+    """
+    if os.getpid() == pid:
+        _release_session(session, orch, keep=False)
 
 
 class DockerREPL(NonIsolatedEnv):
@@ -215,7 +225,7 @@ class DockerREPL(NonIsolatedEnv):
             raise
         self._orch, self._session = orch, session
         # It must not hold self: it is what runs when self is collected (or at exit) without cleanup().
-        self._finalizer = weakref.finalize(self, _release_session, session, orch, keep=False)
+        self._finalizer = weakref.finalize(self, _release_left, session, orch, os.getpid())
         logger.info("DockerREPL on session %s (container %s)", session.id, (session.container_id or "?")[:12])
 
     def cleanup(self) -> None:

@@ -540,6 +540,7 @@ def test_an_environment_collected_without_cleanup_removes_its_container(repl_set
 
 
 LEFT_AT_EXIT = """
+import os
 import sys
 from orchestrator.rlm import DockerREPL, register
 
@@ -551,12 +552,19 @@ kept = [DockerREPL(labels={label: mark}), Registered(labels={label: mark})]
 assert Registered is DockerREPL
 for repl in kept:
     repl.execute_code("x = 1")
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # the child's exit runs the finalizers it inherited: they must leave the parent's sandboxes alone
+os.waitpid(child, 0)
+for repl in kept:
+    assert repl.execute_code("print(x)").stdout.strip() == "1"
 print(" ".join(repl.container_id for repl in kept), flush=True)
 """
 
 
 def test_an_environment_left_at_exit_removes_its_container(repl_settings: Settings) -> None:
-    """A real process makes two environments (one through rlms after register()) and exits without close."""
+    """A real process makes two environments (one through rlms after register()), forks a child that exits, and
+    exits without close."""
     mark = secrets.token_hex(6)
     done = subprocess.run(
         [sys.executable, "-c", LEFT_AT_EXIT, TEST_LABEL, mark],
