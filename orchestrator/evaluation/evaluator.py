@@ -145,6 +145,8 @@ class Evaluator:
         if image_id is None:
             raise ImageMissing(f"sandbox image {image!r} does not exist; build it with `orchestrator image build`")
         sweep_dead_runs(self._backend)
+        if results_file is not None:
+            results_file.begin()
         report = EvalReport(image=image)
         done = results_file.finished() if results_file is not None else set()
         previous = results_file.previous if results_file is not None else {}

@@ -483,10 +483,12 @@ def test_cli_exits_2_on_an_infrastructure_error_or_bad_arguments(cli: Callable[.
     source = write_jsonl(tmp_path / "in.jsonl", [submission("one")])
     out = tmp_path / "out.jsonl"
 
+    out.write_text("kept\n")
     missing = cli("eval", str(source), "--out", str(out), ORCH_IMAGE="does-not-exist:latest")
     assert missing.returncode == 2, (missing.stdout, missing.stderr)
     assert missing.stderr.startswith("orchestrator: ImageMissing: ") and "does-not-exist:latest" in missing.stderr
     assert missing.stderr.count("\n") == 1 and missing.stdout == ""
+    assert out.read_text() == "kept\n", "a run that could not start must not empty the results of the one before"
 
     for argv in (
         ["eval", str(source), "--out", str(out), "--jobs", "0"],
@@ -497,7 +499,6 @@ def test_cli_exits_2_on_an_infrastructure_error_or_bad_arguments(cli: Callable[.
         assert usage.returncode == 2, (argv, usage.stderr)
         assert usage.stderr.startswith("orchestrator: UsageError: "), usage.stderr
 
-    out.write_text("kept\n")
     for argv, env, message in (
         (
             ["--memory", "10m"],
