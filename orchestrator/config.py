@@ -7,12 +7,15 @@ variable and ``EnvVariable.parse`` is the one place a variable's text becomes a 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import logging
 import math
 import os
 import re
 import shlex
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,55 +25,20 @@ from .agent.confinement import MAX_WORKER_UID
 from .checks import is_count, is_integer, is_number
 from .errors import ConfigError
 from .files import replace_file
+from .units import DURATION_HELP, SIZE_HELP, parse_duration, parse_size
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
 DEFAULTS_FILE = "defaults.json"
-"""Under the state dir: what set-up chose (the base image), for every later ``Settings.from_env()``."""
+"""What set-up chose (the base image), for every later ``Settings.from_env()`` of this user on this machine, whatever
+its state dir: ``$XDG_CONFIG_HOME/orchestrator/defaults.json`` (``defaults_path``)."""
+MIN_SANDBOX_MEMORY = 32 << 20
+"""The smallest memory limit a sandbox is given: below it the agent cannot start (measured: docs/eval.md)."""
+MIN_MEMORY_WHY = ": below it the sandbox's agent cannot start"
 CAPACITY_POLICIES = ("hibernate", "refuse")
 BACKENDS = ("docker", "swarm")
-_MEMORY = re.compile(r"^\s*(\d+)\s*([kmg]?)b?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _UID_RANGE = re.compile(r"^\s*(\d{1,10})\s*-\s*(\d{1,10})\s*$")
-
-
-def parse_memory(text: str | int) -> int:
-    """Bytes in a Docker-style size ("512m", "1g", "2048").
-
-    Raises:
-        ConfigError: not a size.
-    """
-    if is_integer(text):
-        return text
-    match = _MEMORY.match(str(text))
-    if not match:
-        raise ConfigError(f"{text!r} is not a size: use bytes or a number with k, m or g (e.g. 512m)")
-    return int(match.group(1)) * _UNITS[match.group(2).lower()]
-
-
-def parse_duration(text: str | float) -> float:
-    """Seconds in a duration: "90", "30s", "30m", "24h", "7d", or combined like "1h30m".
-
-    Raises:
-        ConfigError: not a duration, or negative.
-    """
-    if is_number(text):
-        seconds = float(text)
-    else:
-        spelled = str(text).strip().lower()
-        try:
-            seconds = float(spelled)
-        except ValueError:
-            parts = _DURATION.findall(spelled)
-            if not parts or _DURATION.sub("", spelled).strip():
-                raise ConfigError(
-                    f"{text!r} is not a duration: use seconds or a number with s, m, h or d (e.g. 30m, 1h30m)"
-                ) from None
-            seconds = sum(float(number) * _SECONDS[unit] for number, unit in parts)
-    if not seconds >= 0:
-        raise ConfigError(f"a duration must not be negative, got {text!r}")
-    return seconds
 
 
 def parse_uid_range(text: str) -> tuple[int, int]:
@@ -85,22 +53,32 @@ def parse_uid_range(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def save_default_base_image(state_dir: Path, base_image: str) -> Path:
-    """Record ``base_image`` as the default of every later ``Settings.from_env()`` on this state dir.
+def defaults_path() -> Path:
+    """The user's defaults file: ``$XDG_CONFIG_HOME/orchestrator/defaults.json`` (``~/.config/...`` without it).
+
+    Per user and machine, not per state dir, so a new state dir (a test's, a second store) starts sessions on the
+    base image set-up chose, offline too.
+    """
+    root = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(root) / "orchestrator" / DEFAULTS_FILE
+
+
+def save_default_base_image(base_image: str) -> Path:
+    """Record ``base_image`` as the default of every later ``Settings.from_env()`` of this user (``defaults_path``).
 
     Set-up (``orchestrator image build --make-default``) calls it, so a new shell needs no
     ``ORCH_BASE_IMAGE``; the variable still overrides it. Returns the file written.
     """
-    path = Path(state_dir) / DEFAULTS_FILE
+    path = defaults_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     replace_file(path, (json.dumps({"base_image": base_image}, indent=1) + "\n").encode())
     return path
 
 
-def _recorded_defaults(state_dir: Path) -> dict[str, str]:
+def _recorded_defaults() -> dict[str, str]:
     """What set-up recorded (an unreadable or foreign file counts as nothing recorded)."""
     try:
-        data = json.loads((state_dir / DEFAULTS_FILE).read_text())
+        data = json.loads(defaults_path().read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):
@@ -130,15 +108,15 @@ class Reader:
 
     read: Callable[[str], object]
     kind: str
-    """What the text is not when ``read`` raises ``ValueError``: "ORCH_X='a' is not a valid <kind>"."""
+    """What the text is not when ``read`` raises ``ValueError``: "ORCH_EXEC_TIMEOUT='a' is not a valid <kind>"."""
 
 
 _TEXT = Reader(str, "str")
 _PATH = Reader(Path, "Path")
 _FLAG = Reader(_flag, "bool")
 _INTEGER = Reader(int, "int")
-_NUMBER = Reader(float, "float")
-_SIZE = Reader(parse_memory, "size")
+_SIZE = Reader(parse_size, "size")
+_DURATION = Reader(parse_duration, "duration")
 _UIDS = Reader(parse_uid_range, "range of uids")
 _COMMAND = Reader(lambda raw: tuple(shlex.split(raw)) or None, "command line")
 _COMMA_LIST = Reader(lambda raw: tuple(part.strip() for part in raw.split(",") if part.strip()), "list")
@@ -163,14 +141,34 @@ class _Fields:
         named = f" ({variable})" if variable else ""
         return ConfigError(f"{type(self).__name__}.{name} must be {rule}, got {getattr(self, name)!r}{why}{named}")
 
-    def _check_finite_positive(self, *names: str) -> None:
+    def _read_text(self, parse: Callable[[str], object], rule: str, *names: str) -> None:
+        """Read fields given as text in Python (``Timeouts(exec="5m")``) as their variables' text is read."""
         for name in names:
-            if not 0 < getattr(self, name) < math.inf:  # every wait has a finite deadline (NaN fails too)
-                raise self._invalid(name, "a finite number > 0")
+            value = getattr(self, name)
+            if isinstance(value, str):
+                try:
+                    object.__setattr__(self, name, parse(value))
+                except ConfigError:
+                    raise self._invalid(name, rule) from None
+
+    def _check_finite_positive(self, *names: str) -> None:
+        self._read_text(parse_duration, f"a duration > 0: {DURATION_HELP}", *names)
+        for name in names:
+            value = getattr(self, name)
+            if not (is_number(value) and 0 < value < math.inf):  # every wait has a finite deadline (NaN fails too)
+                raise self._invalid(name, f"a duration > 0: {DURATION_HELP}")
+
+    def _check_positive_size(self, *names: str) -> None:
+        self._read_text(parse_size, f"a size > 0: {SIZE_HELP}", *names)
+        for name in names:
+            value = getattr(self, name)
+            if not (is_integer(value) and value > 0):
+                raise self._invalid(name, f"a size > 0: {SIZE_HELP}")
 
     def _check_positive_integer(self, *names: str) -> None:
         for name in names:
-            if int(getattr(self, name)) <= 0:
+            value = getattr(self, name)
+            if not (is_integer(value) and value > 0):
                 raise self._invalid(name, "a positive integer")
 
 
@@ -179,25 +177,28 @@ _S = TypeVar("_S", bound=_Fields)
 
 @dataclass(frozen=True)
 class Timeouts(_Fields):
-    """How long each wait of the controller and the agent may last, in seconds (each finite and > 0)."""
+    """How long each wait of the controller and the agent may last, in seconds (each finite and > 0).
 
-    exec: float = field(default=300.0, metadata=_env("ORCH_EXEC_TIMEOUT", _NUMBER))
+    A field given as text is read as its variable is, a duration: ``Timeouts(exec="5m")`` is ``Timeouts(exec=300)``.
+    """
+
+    exec: float = field(default=300.0, metadata=_env("ORCH_EXEC_TIMEOUT", _DURATION))
     """A cell's run when the call gives no timeout."""
-    interrupt_grace: float = field(default=2.0, metadata=_env("ORCH_INTERRUPT_GRACE", _NUMBER))
+    interrupt_grace: float = field(default=2.0, metadata=_env("ORCH_INTERRUPT_GRACE", _DURATION))
     """A timed-out cell's time to stop after the interrupt before its worker is killed."""
-    start: float = field(default=30.0, metadata=_env("ORCH_START_TIMEOUT", _NUMBER))
+    start: float = field(default=30.0, metadata=_env("ORCH_START_TIMEOUT", _DURATION))
     """A new container's agent to connect."""
-    reply_margin: float = field(default=10.0, metadata=_env("ORCH_REPLY_MARGIN", _NUMBER))
+    reply_margin: float = field(default=10.0, metadata=_env("ORCH_REPLY_MARGIN", _DURATION))
     """Beyond timeout + grace, before the controller gives up on the agent and recycles the container."""
-    frame: float = field(default=10.0, metadata=_env("ORCH_FRAME_TIMEOUT", _NUMBER))
+    frame: float = field(default=10.0, metadata=_env("ORCH_FRAME_TIMEOUT", _DURATION))
     """The agent's wait on a frame its worker started before it kills the worker (a stalled forgery)."""
-    checkpoint: float = field(default=60.0, metadata=_env("ORCH_CHECKPOINT_TIMEOUT", _NUMBER))
+    checkpoint: float = field(default=60.0, metadata=_env("ORCH_CHECKPOINT_TIMEOUT", _DURATION))
     """A call's checkpoint after its cell ended; apart from (not part of) the cell's timeout."""
-    restore_value: float = field(default=30.0, metadata=_env("ORCH_RESTORE_VALUE_TIMEOUT", _NUMBER))
+    restore_value: float = field(default=30.0, metadata=_env("ORCH_RESTORE_VALUE_TIMEOUT", _DURATION))
     """One value's unpickling during a restore before it is skipped (and named)."""
-    lock: float = field(default=30.0, metadata=_env("ORCH_LOCK_TIMEOUT", _NUMBER))
+    lock: float = field(default=30.0, metadata=_env("ORCH_LOCK_TIMEOUT", _DURATION))
     """A session's store lock held by another process, before ``SessionBusy``."""
-    input: float = field(default=300.0, metadata=_env("ORCH_INPUT_TIMEOUT", _NUMBER))
+    input: float = field(default=300.0, metadata=_env("ORCH_INPUT_TIMEOUT", _DURATION))
     """A cell's ``input()`` waiting for an answer before it raises ``EOFError`` (not counted as cell time)."""
 
     def __post_init__(self) -> None:
@@ -206,20 +207,25 @@ class Timeouts(_Fields):
 
 @dataclass(frozen=True)
 class ResourceLimits(_Fields):
-    """What one sandbox may use, and how much of what it sends the controller accepts and keeps."""
+    """What one sandbox may use, and how much of what it sends the controller accepts and keeps.
 
-    memory: str = field(default="1g", metadata=_env("ORCH_MEM_LIMIT", _TEXT))
-    """Memory limit of the container, Docker-style ("512m"); swap is disabled by setting the same memswap limit."""
+    A byte field (``checkpoint_quota``, ``max_*_bytes``) given as text is read as its variable is, a size:
+    ``ResourceLimits(max_output_bytes="64k")``.
+    """
+
+    memory: str | int = field(default="1g", metadata=_env("ORCH_MEM_LIMIT", _TEXT))
+    """Memory limit of the container: a size ("512m", "2g") or bytes, at least ``MIN_SANDBOX_MEMORY``; swap is
+    disabled by setting the same memswap limit. ``memory_bytes`` is it in bytes."""
     nano_cpus: int = field(default=1_000_000_000, metadata=_env("ORCH_NANO_CPUS", _INTEGER))
     """CPU quota in billionths of a CPU (1e9 = one CPU)."""
     pids: int = field(default=256, metadata=_env("ORCH_PIDS_LIMIT", _INTEGER))
     """Most processes and threads the container may have."""
     checkpoint_quota: int | None = field(default=None, metadata=_env("ORCH_CHECKPOINT_QUOTA", _SIZE))
     """Most bytes a session's stored checkpoint may hold; None means 4 x ``memory``. Values past it are unsaved."""
-    max_output_bytes: int = field(default=1 << 20, metadata=_env("ORCH_MAX_OUTPUT_BYTES", _INTEGER))
+    max_output_bytes: int = field(default=1 << 20, metadata=_env("ORCH_MAX_OUTPUT_BYTES", _SIZE))
     """Most bytes of stdout and of stderr a result holds per call; past it the result holds a head-and-tail preview
     and the whole stream is kept in a file (``ExecResult.stdout_path``)."""
-    max_output_file_bytes: int = field(default=100 << 20, metadata=_env("ORCH_MAX_OUTPUT_FILE_BYTES", _INTEGER))
+    max_output_file_bytes: int = field(default=100 << 20, metadata=_env("ORCH_MAX_OUTPUT_FILE_BYTES", _SIZE))
     """Most bytes of one stream of one call kept in its file on the host; the rest is counted and dropped."""
     max_output_files: int = field(default=64, metadata=_env("ORCH_MAX_OUTPUT_FILES", _INTEGER))
     """Output files kept per session (under its state directory); the oldest go first. Removed with the session."""
@@ -229,33 +235,38 @@ class ResourceLimits(_Fields):
     max_host_calls_per_session: int = field(default=128, metadata=_env("ORCH_MAX_HOST_CALLS_PER_SESSION", _INTEGER))
     """Host calls of one session waiting or running at once, across its cells (a handler still running after its
     cell ended counts until it returns), and the most threads its handlers get; more are refused at once."""
-    max_header_bytes: int = field(default=8 << 20, metadata=_env("ORCH_MAX_HEADER_BYTES", _INTEGER))
+    max_header_bytes: int = field(default=8 << 20, metadata=_env("ORCH_MAX_HEADER_BYTES", _SIZE))
     """Largest JSON header accepted from an agent."""
-    max_body_bytes: int = field(default=1 << 30, metadata=_env("ORCH_MAX_BODY_BYTES", _INTEGER))
+    max_body_bytes: int = field(default=1 << 30, metadata=_env("ORCH_MAX_BODY_BYTES", _SIZE))
     """Largest binary body (checkpoint delta) accepted from an agent."""
 
     def __post_init__(self) -> None:
         self._check_positive_integer(
-            "pids",
-            "max_output_bytes",
-            "max_output_file_bytes",
-            "max_output_files",
-            "max_header_bytes",
-            "max_body_bytes",
-            "nano_cpus",
-            "max_host_calls_per_cell",
-            "max_host_calls_per_session",
+            "pids", "max_output_files", "nano_cpus", "max_host_calls_per_cell", "max_host_calls_per_session"
         )
-        if self.checkpoint_quota is not None and int(self.checkpoint_quota) <= 0:
-            raise self._invalid("checkpoint_quota", "a positive number of bytes")
-        parse_memory(self.memory)
+        self._check_positive_size("max_output_bytes", "max_output_file_bytes", "max_header_bytes", "max_body_bytes")
+        if self.checkpoint_quota is not None:
+            self._check_positive_size("checkpoint_quota")
+        if not (isinstance(self.memory, str) or is_integer(self.memory)):
+            raise self._invalid("memory", f"a size: {SIZE_HELP}")
+        try:
+            memory = parse_size(self.memory)
+        except ConfigError:
+            raise self._invalid("memory", f"a size: {SIZE_HELP}") from None
+        if memory < MIN_SANDBOX_MEMORY:
+            raise self._invalid("memory", f"at least {MIN_SANDBOX_MEMORY >> 20} MiB", MIN_MEMORY_WHY)
+
+    @property
+    def memory_bytes(self) -> int:
+        """The memory limit in bytes."""
+        return parse_size(self.memory)
 
     @property
     def checkpoint_quota_bytes(self) -> int:
         """The checkpoint quota in bytes (the default follows the memory limit)."""
         if self.checkpoint_quota is not None:
             return int(self.checkpoint_quota)
-        return 4 * parse_memory(self.memory)
+        return 4 * self.memory_bytes
 
 
 @dataclass(frozen=True)
@@ -345,10 +356,7 @@ class Capacity(_Fields):
 
     def __post_init__(self) -> None:
         if self.hibernate_after is not None:
-            if isinstance(self.hibernate_after, str):
-                object.__setattr__(self, "hibernate_after", parse_duration(self.hibernate_after))
-            if not float(self.hibernate_after) > 0:
-                raise self._invalid("hibernate_after", "> 0 seconds or None")
+            self._check_finite_positive("hibernate_after")
         if self.max_running is not None and not (is_integer(self.max_running) and self.max_running > 0):
             raise self._invalid("max_running", "a positive integer or None")
         if not is_count(self.pool_size):
@@ -378,7 +386,7 @@ class SwarmSettings(_Fields):
             raise self._invalid("constraints", "non-empty strings")
         object.__setattr__(self, "node_dir", Path(self.node_dir))
         if not self.node_dir.is_absolute():
-            raise ConfigError(f"SwarmSettings.node_dir must be an absolute path, got {str(self.node_dir)!r}")
+            raise self._invalid("node_dir", "an absolute path")
 
 
 _GROUPS = {
@@ -446,13 +454,15 @@ class Settings(_Fields):
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Read the ``ORCH_*`` variables (``ENV_VARIABLES``) over the defaults.
 
-        Without ``ORCH_BASE_IMAGE`` (and ``ORCH_IMAGE``), the base image set-up recorded in the
-        state dir is used (``save_default_base_image``).
+        Without ``ORCH_BASE_IMAGE`` (and ``ORCH_IMAGE``), the base image set-up recorded for this user is used
+        (``save_default_base_image``). A variable named ``ORCH_*`` that is neither one of them nor one of
+        ``OTHER_VARIABLES`` is logged once as a warning, with the known name closest to it.
 
         Raises:
             ConfigError: a variable has a value of the wrong type, or one its field does not take.
         """
         environ = os.environ if environ is None else environ
+        warn_unknown_variables(environ)
         changes: dict[str | None, dict[str, object]] = {}
         for variable in ENV_VARIABLES:
             raw = environ.get(variable.name)
@@ -460,8 +470,7 @@ class Settings(_Fields):
                 changes.setdefault(variable.group, {})[variable.field] = variable.parse(raw)
         top = changes.pop(None, {})
         if "base_image" not in top and "image" not in top:
-            state_dir = Path(top.get("state_dir", _default_state_dir()))  # type: ignore[arg-type]
-            top.update(_recorded_defaults(state_dir))
+            top.update(_recorded_defaults())
         for group, fields in changes.items():
             top[group] = _GROUPS[group](**fields)  # type: ignore[index]
         return cls(**top)  # type: ignore[arg-type]
@@ -510,3 +519,76 @@ ENV_VARIABLES = _variables()
 _FIELD_VARIABLES = {
     ((Settings if v.group is None else _GROUPS[v.group]).__name__, v.field): v.name for v in ENV_VARIABLES
 }
+
+
+OTHER_VARIABLES = frozenset(
+    {
+        # Set by the controller in a sandbox's environment, read by the agent (orchestrator/agent/config.py).
+        "ORCH_CHANNEL",
+        "ORCH_SECRET_FILE",
+        "ORCH_SANDBOX_ID",
+        "ORCH_OUTPUT_LIMIT",
+        "ORCH_MAX_BODY",
+        "ORCH_HOST_CALL_MAX_BYTES",
+        "ORCH_WORKER_UID",
+        # The Swarm node relay's (orchestrator/agent/node_relay.py).
+        "ORCH_RELAY_LISTEN",
+        "ORCH_RELAY_DIR",
+        "ORCH_RELAY_CERT",
+        "ORCH_RELAY_KEY",
+        "ORCH_RELAY_CA",
+        "ORCH_RELAY_MAX_CONNECTIONS",
+        # The janitor's compose file and scripts/janitor (compose/README.md).
+        "ORCH_UID",
+        "ORCH_GID",
+        "ORCH_DOCKER_SOCKET",
+        "ORCH_DOCKER_GID",
+        "ORCH_JANITOR_IDLE",
+        "ORCH_JANITOR_OLDER_THAN",
+        "ORCH_JANITOR_INTERVAL",
+        "ORCH_JANITOR_HEALTH_INTERVAL",
+        # Set-up scripts and the test harness (scripts/, images/, tests/).
+        "ORCH_OLDEST_BASE_IMAGE",
+        "ORCH_BASE_SUITE",
+        "ORCH_REBUILD_BASE",
+        "ORCH_REQUIRE_DOCKER",
+        "ORCH_SWARM_MANAGER",
+        "ORCH_SWARM_NODES",
+        "ORCH_SWARM_IMAGES",
+        "ORCH_REBUILD_SWARM_NODE",
+        "ORCH_KEEP_SWARM",
+        "ORCH_RLMS_UPSTREAM",
+        "ORCH_TEST_ENGINE_RESTART",
+        "ORCH_TEST_DIR",
+    }
+)
+"""``ORCH_*`` variables that are not ``Settings``' but are meant for another part (the agent, the relay, the janitor's
+compose file, set-up scripts, the tests): never warned about as unknown."""
+_KNOWN_VARIABLES = frozenset(v.name for v in ENV_VARIABLES) | OTHER_VARIABLES
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
+    """Each ``ORCH_*`` name of ``environ`` nobody reads, with the ``Settings`` variable closest to it (or None)."""
+    suffixes = [v.name.removeprefix("ORCH_") for v in ENV_VARIABLES]  # the shared prefix would make all look close
+
+    def closest(name: str) -> str | None:
+        found = difflib.get_close_matches(name.removeprefix("ORCH_"), suffixes, n=1, cutoff=0.6)
+        return "ORCH_" + found[0] if found else None
+
+    return {
+        name: closest(name) for name in sorted(environ) if name.startswith("ORCH_") and name not in _KNOWN_VARIABLES
+    }
+
+
+def warn_unknown_variables(environ: Mapping[str, str]) -> None:
+    """Log one warning naming the unknown ``ORCH_*`` variables of ``environ`` not warned about before in this
+    process (a misspelt variable would otherwise be ignored without a word)."""
+    unknown = unknown_variables(environ)
+    with _warned_lock:
+        new = {name: closest for name, closest in unknown.items() if name not in _warned}
+        _warned.update(new)
+    if new:
+        named = ", ".join(name + (f" (did you mean {closest}?)" if closest else "") for name, closest in new.items())
+        logger.warning("unknown ORCH_ variable%s, ignored: %s", "s" if len(new) > 1 else "", named)

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..checks import is_number
-from ..config import Settings, parse_memory
+from ..config import Settings
 from ..errors import ConfigError
+from ..units import parse_size
 from ..wire.endpoint import Endpoint
 from .swarm.nodes import parse_constraint
 
@@ -81,7 +82,7 @@ class Placement:
         if self.reserve_cpus is not None and not self.reserve_cpus > 0:
             raise ConfigError(f"Placement.reserve_cpus must be > 0, got {self.reserve_cpus!r}")
         if self.reserve_memory is not None:
-            parse_memory(self.reserve_memory)
+            parse_size(self.reserve_memory)
 
     def is_empty(self) -> bool:
         return not self.constraints and self.reserve_cpus is None and self.reserve_memory is None

@@ -105,7 +105,7 @@ def image_build(ctx: Context, args: argparse.Namespace) -> int:
     settings = ctx.orch.settings
     with ctx.out.progress(f"building the sandbox image on {settings.base_image} ..."):
         tag = ctx.orch.build_image(rebuild=args.rebuild)
-    recorded = save_default_base_image(settings.state_dir, settings.base_image) if args.make_default else None
+    recorded = save_default_base_image(settings.base_image) if args.make_default else None
     if ctx.out.json_mode:
         ctx.out.json(
             {

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..api.manager import Orchestrator
-from ..config import Settings, parse_memory
+from ..config import Settings
 from ..errors import ConfigError, OrchestratorError
 from ..evaluation import (
     EvalOptions,
@@ -34,7 +34,7 @@ from ..evaluation import (
     read_submissions,
 )
 from ..evaluation.evaluator import Evaluator, OnResult
-from ..units import positive_duration_argument
+from ..units import positive_duration_argument, size_argument
 from .render import Output, error_line, one_line
 
 INFRA = 2
@@ -47,13 +47,6 @@ exit status:
   2    an infrastructure error (a submission's infra_error, no engine, no image, bad arguments)
 
 Results: one JSON record per submission in --out, written as each ends. See docs/eval.md."""
-
-
-def _memory(text: str) -> int:
-    try:
-        return parse_memory(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _jobs(text: str) -> int:
@@ -75,11 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds for code and tests of a submission without its own timeout (default 10)",
     )
     parser.add_argument(
-        "--memory", type=_memory, metavar="SIZE", help="memory limit per sandbox (default ORCH_MEM_LIMIT)"
+        "--memory", type=size_argument, metavar="SIZE", help="memory limit per sandbox (default ORCH_MEM_LIMIT)"
     )
     parser.add_argument(
         "--max-output",
-        type=_memory,
+        type=size_argument,
         default=1 << 20,
         metavar="SIZE",
         help="most bytes a submission may print, stdout and stderr together (default 1m)",

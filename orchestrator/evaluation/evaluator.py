@@ -21,15 +21,16 @@ from typing import Any
 
 from ..backends.base import Backend
 from ..checks import is_integer
-from ..config import Settings, parse_memory
+from ..config import Settings
 from ..errors import ConfigError, ImageMissing, OrchestratorError
 from ..ops.pool import SandboxPool
 from ..runtime.sandbox import Sandbox
 from ..state.controllers import controller_labels, discard_left_behind, left_behind
+from ..units import parse_size
 from .grading import Status, error_json
 from .records import EvalResult, ResultsFile, status_counts, write_junit
 from .runner import SubmissionRunner
-from .submissions import InvalidLine, Submission, check_timeout
+from .submissions import InvalidLine, Submission, read_memory, read_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +42,16 @@ class EvalOptions:
     """How a run grades: the defaults a submission can override (``timeout``, ``memory``) and the run's shape."""
 
     jobs: int = 2
-    """Submissions running at once."""
+    """Submissions running at once (1 to 256)."""
     timeout: float = 10.0
-    """Seconds for a submission's code and tests together, unless it sets ``timeout``."""
+    """Seconds (or a duration: "90s", "2m") for a submission's code and tests together, unless it sets
+    ``timeout``; more than 0, at most a day."""
     memory: int | str | None = None
-    """The sandbox's memory limit unless a submission sets ``memory`` (None: ``Settings.limits.memory``)."""
+    """The sandbox's memory limit (bytes, or a size: "512m") unless a submission sets ``memory``, at least
+    ``MIN_SANDBOX_MEMORY`` (None: ``Settings.limits.memory``)."""
     output_limit: int = 1 << 20
-    """Most bytes a submission may print (stdout and stderr together); past it: ``output_limit``."""
+    """Most bytes (or a size: "1m") a submission may print (stdout and stderr together), 1 KiB to 1 GiB; past it:
+    ``output_limit``."""
     pool_size: int | None = None
     """Sandboxes started ahead (None: ``jobs``)."""
     share_network: bool = True
@@ -59,11 +63,16 @@ class EvalOptions:
     def __post_init__(self) -> None:
         if not is_integer(self.jobs) or not 1 <= self.jobs <= 256:
             raise ConfigError(f"jobs must be an integer from 1 to 256, got {self.jobs!r}")
-        check_timeout("timeout", self.timeout)
-        if not isinstance(self.output_limit, int) or not 1024 <= self.output_limit <= 1 << 30:
-            raise ConfigError(f"output_limit must be from 1 KiB to 1 GiB, got {self.output_limit!r}")
+        object.__setattr__(self, "timeout", read_timeout("timeout", self.timeout))
         if self.memory is not None:
-            object.__setattr__(self, "memory", parse_memory(self.memory))
+            object.__setattr__(self, "memory", read_memory("memory", self.memory))
+        try:
+            output_limit = parse_size(self.output_limit)
+        except ConfigError:
+            output_limit = -1
+        if not 1024 <= output_limit <= 1 << 30:
+            raise ConfigError(f"output_limit must be a size from 1 KiB to 1 GiB, got {self.output_limit!r}")
+        object.__setattr__(self, "output_limit", output_limit)
         if self.pool_size is not None and (not isinstance(self.pool_size, int) or self.pool_size < 0):
             raise ConfigError(f"pool_size must be a non-negative integer, got {self.pool_size!r}")
         if not isinstance(self.strict, bool):
@@ -109,7 +118,7 @@ class Evaluator:
         self._settings = settings.replace(
             limits=settings.limits.replace(max_output_bytes=self._options.output_limit, memory=memory)
         )
-        self._default_memory = parse_memory(self._settings.limits.memory)
+        self._default_memory = self._settings.limits.memory_bytes
         self._run_id = secrets.token_hex(4)
         self._labels = {EVAL_RUN: self._run_id, **controller_labels("eval", self._settings.runtime_dir)}
         self._lock = threading.Lock()
@@ -136,6 +145,8 @@ class Evaluator:
         if image_id is None:
             raise ImageMissing(f"sandbox image {image!r} does not exist; build it with `orchestrator image build`")
         sweep_dead_runs(self._backend)
+        if results_file is not None:
+            results_file.begin()
         report = EvalReport(image=image)
         done = results_file.finished() if results_file is not None else set()
         previous = results_file.previous if results_file is not None else {}

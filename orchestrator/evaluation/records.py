@@ -91,24 +91,39 @@ class EvalResult:
 
 
 class ResultsFile:
-    """The ``--out`` file: read what an earlier run finished (resume), then append one flushed line per result."""
+    """The ``--out`` file: replaced by a new run, or kept (resume) with what an earlier run finished read; then one
+    flushed line per result."""
 
     def __init__(self, path: Path, *, resume: bool, fsync: bool = True) -> None:
-        """Open ``path``: emptied (a new run), or kept and repaired (``resume``).
+        """Open ``path``: to be emptied when the run begins (a new run), or kept and repaired (``resume``).
+
+        A new run's file keeps what it holds until ``begin()`` (or the first ``append``), so a run
+        that cannot start (no image, no engine) leaves the results of the run before it.
 
         Raises:
             ConfigError: the file cannot be opened, or a complete line of it is not a result record.
         """
         self.path = path
         self._fsync = fsync
+        self._empty_at_begin = not resume
         self.previous: dict[str, EvalResult] = {}
         try:
             if resume and path.exists():
                 self.previous = _read_records(path)
             # errors="replace": a lone surrogate (valid in the JSON a sandbox sends) must not stop the run's writes
-            self._file: IO[str] = open(path, "a" if resume else "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+            self._file: IO[str] = open(path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
         except OSError as exc:
             raise ConfigError(f"cannot open the results file {path}: {exc}") from None
+
+    def begin(self) -> None:
+        """The run starts: a new run's file is emptied now. Calling it again does nothing."""
+        if self._empty_at_begin:
+            self._empty_at_begin = False
+            self._file.close()  # opened again as "w" empties it: also what cannot be truncated (/dev/null, a pipe)
+            try:
+                self._file = open(self.path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+            except OSError as exc:
+                raise ConfigError(f"cannot open the results file {self.path}: {exc}") from None
 
     def finished(self) -> set[str]:
         """Ids an earlier run finished (an ``infra_error`` is not finished: it runs again)."""
@@ -116,6 +131,7 @@ class ResultsFile:
 
     def append(self, result: EvalResult) -> None:
         """Write one record and make it durable before returning."""
+        self.begin()
         self._file.write(json.dumps(result.to_json(), ensure_ascii=False, allow_nan=False) + "\n")
         self._file.flush()
         if self._fsync:

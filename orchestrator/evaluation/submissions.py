@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checks import is_integer, is_number
-from ..config import parse_memory
+from ..config import MIN_MEMORY_WHY, MIN_SANDBOX_MEMORY
 from ..errors import ConfigError
+from ..units import describe_bytes, describe_duration, parse_duration, parse_size
 
 MAX_ID_CHARS = 200
 MAX_FIELD_BYTES = 4 << 20
 """Most bytes each of ``code``, ``tests``, ``stdin`` and ``files`` may take as they travel to the sandbox (JSON text:
 an escaped character takes 2 to 6 bytes). Each request to the agent stays well within its 16 MiB header limit."""
-MIN_MEMORY = 32 << 20
 MAX_TIMEOUT = 24 * 3600
 """Most seconds a submission may run (its own ``timeout`` or the run's default)."""
 FIELDS = ("id", "code", "tests", "stdin", "expected_stdout", "timeout", "memory", "files", "grading")
@@ -39,8 +39,8 @@ class Submission:
         tests: Python run after ``code`` in the same namespace; an ``AssertionError`` there means failed.
         stdin: what ``input()`` and ``sys.stdin`` read while ``code`` runs (None: nothing, ``input()`` raises EOFError).
         expected_stdout: what ``code`` must print (compared line by line, trailing spaces and blank lines aside).
-        timeout: seconds for ``code`` and ``tests`` together (None: the run's default).
-        memory: the sandbox's memory limit in bytes (None: the run's default).
+        timeout: seconds for ``code`` and ``tests`` together, or a duration ("90s"; None: the run's default).
+        memory: the sandbox's memory limit, bytes or a size ("256m"; None: the run's default).
         files: relative path -> text, written in the workspace before ``code`` runs.
         grading: "strict" (the tests run in an interpreter of their own and reach the code's functions through
             plain data only) or "default"; None: the run's (``EvalOptions.strict``).
@@ -149,22 +149,14 @@ def submission_from_json(data: dict[str, Any], line: int = 0) -> Submission:
         raise ConfigError(f"'id' must be a string or an integer, not {type(raw_id).__name__}")
     if "code" not in data:
         raise ConfigError("missing 'code'")
-    memory = data.get("memory")
-    if memory is not None:
-        if not (isinstance(memory, str) or is_integer(memory)):
-            raise ConfigError(f"'memory' must be a size like \"256m\" or bytes, not {type(memory).__name__}")
-        memory = parse_memory(memory)
-    timeout = data.get("timeout")
-    if timeout is not None and not is_number(timeout):
-        raise ConfigError(f"'timeout' must be a number of seconds, not {type(timeout).__name__}")
     return Submission(
         id=str(raw_id),
         code=data["code"],
         tests=data.get("tests"),
         stdin=data.get("stdin"),
         expected_stdout=data.get("expected_stdout"),
-        timeout=None if timeout is None else float(timeout),
-        memory=memory,
+        timeout=data.get("timeout"),
+        memory=data.get("memory"),
         files=data.get("files") or {},
         grading=data.get("grading"),
         line=line,
@@ -184,22 +176,49 @@ def _check_submission(submission: Submission) -> None:
         if name != "expected_stdout":  # compared on the host: it never travels
             _check_size(name, json.dumps(value, ensure_ascii=False))
     if submission.timeout is not None:
-        check_timeout("'timeout'", submission.timeout)
-    if submission.memory is not None and submission.memory < MIN_MEMORY:
-        raise ConfigError(f"'memory' must be at least {MIN_MEMORY >> 20} MiB, got {submission.memory} bytes")
+        object.__setattr__(submission, "timeout", read_timeout("'timeout'", submission.timeout))
+    if submission.memory is not None:
+        object.__setattr__(submission, "memory", read_memory("'memory'", submission.memory))
     _check_files(submission.files)
     if submission.grading is not None and submission.grading not in GRADING_MODES:
         raise ConfigError(f"'grading' must be one of {', '.join(map(repr, GRADING_MODES))}, got {submission.grading!r}")
 
 
-def check_timeout(what: str, seconds: float) -> None:
-    """A submission's time limit (its own or the run's default): more than 0 seconds, at most a day.
+def read_timeout(what: str, value: object) -> float:
+    """A submission's time limit (its own or the run's default) in seconds, from a number or a duration ("90s",
+    "2m"): more than 0 seconds, at most a day.
 
     Raises:
         ConfigError: naming ``what``.
     """
+    if not (isinstance(value, str) or is_number(value)):
+        raise ConfigError(f"{what} must be a number of seconds or a duration, not {type(value).__name__}")
+    try:
+        seconds = parse_duration(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
     if not 0 < seconds <= MAX_TIMEOUT:
-        raise ConfigError(f"{what} must be more than 0 and at most {MAX_TIMEOUT} seconds, got {seconds!r}")
+        raise ConfigError(f"{what} must be more than 0 and at most a day, got {describe_duration(seconds)}")
+    return seconds
+
+
+def read_memory(what: str, value: object) -> int:
+    """A sandbox's memory limit in bytes, from bytes or a size ("256m"): at least ``MIN_SANDBOX_MEMORY``.
+
+    Raises:
+        ConfigError: naming ``what``.
+    """
+    if not (isinstance(value, str) or is_integer(value)):
+        raise ConfigError(f'{what} must be a size like "256m" or bytes, not {type(value).__name__}')
+    try:
+        size = parse_size(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    if size < MIN_SANDBOX_MEMORY:
+        raise ConfigError(
+            f"{what} must be at least {MIN_SANDBOX_MEMORY >> 20} MiB{MIN_MEMORY_WHY}, got {describe_bytes(size)}"
+        )
+    return size
 
 
 def _check_files(files: Any) -> None:

@@ -13,14 +13,16 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import os
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from ..agent import protocol
 from ..api.manager import Orchestrator
 from ..api.session import Session
-from ..checks import is_number
 from ..config import Settings
 from ..errors import (
     ConfigError,
@@ -32,6 +34,7 @@ from ..errors import (
     SessionNotFound,
 )
 from ..runtime.hostcalls import HostCalls
+from ..units import describe_bytes, parse_duration
 from . import outcome
 from ._upstream import NonIsolatedEnv, RLMChatCompletion, validate_custom_tools
 from .bridge import Address, LMBridge, SubcallFn
@@ -66,6 +69,28 @@ def _open_session(
     return orch.create_session(session_id=session_id, image=image, labels={LABEL: "DockerREPL", **labels}), True
 
 
+def _release_session(session: Session, orch: Orchestrator, *, keep: bool) -> None:
+    """Detach (``keep``) or remove the session, then close the orchestrator; never raises an engine's error."""
+    try:
+        if keep:
+            session.detach()
+        else:
+            session.close()
+    except OrchestratorError as exc:
+        logger.warning("DockerREPL: releasing session %s failed: %s", session.id, exc)
+    finally:
+        orch.close()
+
+
+def _release_left(session: Session, orch: Orchestrator, pid: int) -> None:
+    """An environment collected or left at exit without ``cleanup()``: clean it up, as ``cleanup()`` would.
+
+    Only in the process that made it: a forked child inherits the finalizer, not the environment.
+    """
+    if os.getpid() == pid:
+        _release_session(session, orch, keep=False)
+
+
 class DockerREPL(NonIsolatedEnv):
     """rlms' Docker environment on an orchestrator session.
 
@@ -73,6 +98,9 @@ class DockerREPL(NonIsolatedEnv):
     ``orchestrator.rlm.RLM`` or after ``orchestrator.rlm.register()``), or directly. Leave it
     with ``cleanup()`` (or a ``with`` block), which removes the container and the stored state;
     ``detach()`` keeps both for a later ``DockerREPL(session_id=...)``, in this process or another.
+    One left without either is cleaned up when it is collected or, at the latest, when the process
+    exits (as rlms' own DockerREPL is): a ``weakref.finalize``, not ``__del__``, so it runs once and
+    before the interpreter tears its modules down.
     """
 
     def __init__(
@@ -90,7 +118,7 @@ class DockerREPL(NonIsolatedEnv):
         max_concurrent_subcalls: int = 4,
         *,
         settings: Settings | None = None,
-        cell_timeout: float | None = DEFAULT_CELL_TIMEOUT,
+        cell_timeout: float | str | None = DEFAULT_CELL_TIMEOUT,
         session_id: str | None = None,
         labels: Mapping[str, str] | None = None,
         **kwargs: Any,
@@ -111,7 +139,8 @@ class DockerREPL(NonIsolatedEnv):
             custom_sub_tools: the tools of sub-calls (default: ``custom_tools``); kept for rlms.
             compaction: ``history`` is the running list rlms appends to.
             settings: limits, security and paths of the sandbox (default ``Settings.from_env()``).
-            cell_timeout: seconds one cell may run before it is interrupted (None: ``settings.timeouts.exec``).
+            cell_timeout: seconds (or a duration: "10m") one cell may run before it is interrupted (None:
+                ``settings.timeouts.exec``).
             session_id: resume this stored session if it exists, else create it under this id.
             labels: extra container labels (keys ``orchestrator.<you>.<name>``).
 
@@ -133,9 +162,14 @@ class DockerREPL(NonIsolatedEnv):
         self.custom_sub_tools: dict[str, Any] = custom_sub_tools if custom_sub_tools is not None else self.custom_tools
         self._tools = plan_tools(self.custom_tools)
         self._settings = resolve_settings(settings, image)
-        timeout = self._settings.timeouts.exec if cell_timeout is None else cell_timeout
-        if not is_number(timeout) or not timeout > 0:
-            raise ConfigError(f"cell_timeout must be a positive number of seconds or None, got {cell_timeout!r}")
+        try:
+            timeout = self._settings.timeouts.exec if cell_timeout is None else parse_duration(cell_timeout)
+        except ConfigError:
+            timeout = 0
+        if not 0 < timeout < math.inf:
+            raise ConfigError(
+                f"cell_timeout must be a positive duration (seconds, or 90s, 10m) or None, got {cell_timeout!r}"
+            )
         self.cell_timeout = float(timeout)
         self.image = self._settings.base_image
         self._requested_id = session_id
@@ -149,6 +183,7 @@ class DockerREPL(NonIsolatedEnv):
         self._compaction_history: list[Any] = []
         self._orch: Orchestrator | None = None
         self._session: Session | None = None
+        self._finalizer: weakref.finalize[..., DockerREPL] | None = None
         self._closed = False
         self.setup()
         try:
@@ -189,6 +224,8 @@ class DockerREPL(NonIsolatedEnv):
             orch.close()  # removes a session created here
             raise
         self._orch, self._session = orch, session
+        # It must not hold self: it is what runs when self is collected (or at exit) without cleanup().
+        self._finalizer = weakref.finalize(self, _release_left, session, orch, os.getpid())
         logger.info("DockerREPL on session %s (container %s)", session.id, (session.container_id or "?")[:12])
 
     def cleanup(self) -> None:
@@ -203,19 +240,10 @@ class DockerREPL(NonIsolatedEnv):
         if self._closed:
             return
         self._closed = True
-        session, orch = self._session, self._orch
-        self._session = self._orch = None
-        try:
-            if session is not None:
-                if keep:
-                    session.detach()
-                else:
-                    session.close()
-        except OrchestratorError as exc:
-            logger.warning("DockerREPL: releasing session %s failed: %s", session.id if session else "?", exc)
-        finally:
-            if orch is not None:
-                orch.close()
+        session, orch, finalizer = self._session, self._orch, self._finalizer
+        self._session = self._orch = self._finalizer = None
+        if session is not None and orch is not None and finalizer is not None and finalizer.detach() is not None:
+            _release_session(session, orch, keep=keep)
 
     def __enter__(self) -> DockerREPL:
         return self
@@ -285,7 +313,11 @@ class DockerREPL(NonIsolatedEnv):
         seconds = time.perf_counter() - started
         if failure is not None:
             return outcome.from_failure(
-                failure, made, seconds, timeout=self.cell_timeout, memory=self._settings.limits.memory
+                failure,
+                made,
+                seconds,
+                timeout=self.cell_timeout,
+                memory=describe_bytes(self._settings.limits.memory_bytes),
             )
         if result.unsaved:
             logger.debug("DockerREPL session %s: not saved: %s", session.id, result.unsaved)

@@ -17,32 +17,93 @@ order. Every request is recorded, so a test can assert what the root model and t
         ...
         server.requests                               # what was asked, and answered
 
-The server speaks just enough of the API for a non-streaming client: ``POST .../chat/completions``
-answers with ``id``, ``choices[0].message.content``, ``finish_reason`` and ``usage`` (prompt,
-completion and total tokens, counted as whitespace-separated words, not by a tokenizer).
-A script that fails (raises, returns something other than a str, or a list that ran out)
-answers HTTP 500 with ``x-should-retry: false``, so the ``openai`` client raises at once
-instead of retrying; the failure is in ``ScriptedRequest.error``. It uses only the standard
-library and never imports rlms.
+A reply can also call tools: return a ``ScriptedReply`` with ``ToolCall``s and the answer's
+message carries OpenAI's ``tool_calls`` (``finish_reason`` "tool_calls"), so a tool loop runs
+offline; the next request holds the ``role: "tool"`` messages the loop sent back::
+
+    def model(messages, model_name):
+        if messages[-1]["role"] == "tool":                        # the loop ran the tool: answer with it
+            return "the sum is " + messages[-1]["content"]
+        return ScriptedReply(tool_calls=[ToolCall("execute_code", {"code": "print(1 + 1)"})])
+
+The server speaks enough of the API for the ``openai`` client: ``POST .../chat/completions``
+answers with ``id``, ``choices[0].message`` (``content``, ``tool_calls``), ``finish_reason`` and
+``usage`` (prompt, completion and total tokens, counted as whitespace-separated words, not by a
+tokenizer); with ``stream=true`` the same reply comes as server-sent ``chat.completion.chunk``
+events (the text a few words at a time, each tool call's name and then its arguments in pieces,
+``usage`` in a last chunk when ``stream_options.include_usage`` asks for it), then ``[DONE]``.
+A script that fails (raises, returns something other than a str or a ``ScriptedReply``, or a
+list that ran out) answers HTTP 500 with ``x-should-retry: false``, so the ``openai`` client
+raises at once instead of retrying; the failure is in ``ScriptedRequest.error``. It uses only
+the standard library and never imports rlms.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import json
 import logging
+import re
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-Script = Callable[[list[dict[str, Any]], str], str]
-"""A scripted model: ``(messages, model) -> reply text``. It may be called from several threads at once."""
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call a scripted reply makes (an entry of OpenAI's ``tool_calls``)."""
+
+    name: str
+    """The function's name (the ``tools`` the request offered are not checked: a test may call one it did not)."""
+    arguments: Mapping[str, Any] | str = field(default_factory=dict)
+    """The arguments: a mapping (sent as JSON text) or the text itself (to test a model's malformed JSON)."""
+    id: str | None = None
+    """The call's id, which the ``role: "tool"`` answer names; None: ``call_<request>_<index>``."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError("a ToolCall's name must be a non-empty str")
+        if not isinstance(self.arguments, (str, Mapping)):
+            raise TypeError("a ToolCall's arguments must be a mapping or a str of JSON")
+        if self.id is not None and not isinstance(self.id, str):
+            raise TypeError("a ToolCall's id must be a str or None")
+
+    @property
+    def arguments_json(self) -> str:
+        """The arguments as the wire carries them: JSON text."""
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(dict(self.arguments))
+
+
+@dataclass(frozen=True)
+class ScriptedReply:
+    """A scripted model's answer with tool calls, text, or both (a plain str is text alone)."""
+
+    content: str | None = None
+    """The text; None (the default) with tool calls is what models send when they only call."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The calls, in order (a list is accepted)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if self.content is not None and not isinstance(self.content, str):
+            raise TypeError("a ScriptedReply's content must be a str or None")
+        if not all(isinstance(call, ToolCall) for call in self.tool_calls):
+            raise TypeError("a ScriptedReply's tool_calls must be ToolCalls")
+        if self.content is None and not self.tool_calls:
+            raise TypeError("a ScriptedReply needs content, tool calls, or both")
+
+
+Reply = str | ScriptedReply
+Script = Callable[[list[dict[str, Any]], str], Reply]
+"""A scripted model: ``(messages, model) -> reply`` (a str, or a ``ScriptedReply`` with tool calls). It may be
+called from several threads at once."""
 
 MAX_BODY_BYTES = 64 * 2**20
 """Largest request body the server reads; a bigger one gets HTTP 413."""
@@ -59,11 +120,15 @@ class ScriptedRequest:
     body: dict[str, Any]
     """The whole JSON body (sampling arguments, ``extra_body`` fields, ...)."""
     reply: str | None
-    """The reply text sent back, or None when the script failed."""
+    """The reply text sent back ("" for tool calls alone), or None when the script failed."""
     error: str | None
     """Why the script failed (the reply was HTTP 500), or None."""
     prompt_tokens: int
     completion_tokens: int
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The tool calls sent back (their ids filled in)."""
+    streamed: bool = False
+    """Whether the request asked for ``stream=true`` (and got server-sent events)."""
 
     @property
     def prompt(self) -> str:
@@ -77,11 +142,11 @@ class ScriptedRequest:
 class _ListScript:
     """Replies from a list, one per request, in the order the requests arrive."""
 
-    def __init__(self, replies: Iterable[str]) -> None:
+    def __init__(self, replies: Iterable[Reply]) -> None:
         self._replies = collections.deque(replies)
         self._lock = threading.Lock()
 
-    def __call__(self, messages: list[dict[str, Any]], model: str) -> str:
+    def __call__(self, messages: list[dict[str, Any]], model: str) -> Reply:
         with self._lock:
             if not self._replies:
                 raise LookupError("the scripted replies ran out: the list had fewer replies than requests came")
@@ -138,57 +203,75 @@ class _Handler(BaseHTTPRequestHandler):
     def _complete(self, body: dict[str, Any]) -> None:
         messages: list[dict[str, Any]] = body["messages"]
         model: str = body["model"]
+        streamed = bool(body.get("stream"))
+        number = self.server.log.next_id()
         prompt_tokens = _message_words(messages)
-        reply: str | None = None
+        answer: ScriptedReply | None = None
         error: str | None = None
         try:
-            answer = self.server.script(messages, model)
-            if not isinstance(answer, str):
-                raise TypeError(f"the script returned {type(answer).__name__}, not a str")
-            reply = answer
+            answer = _as_reply(self.server.script(messages, model), number)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             logger.warning("scripted server: the script failed: %s", error)
-        completion_tokens = count_words(reply) if reply is not None else 0
+        completion_tokens = 0 if answer is None else _reply_words(answer)
         self.server.log.record(
             ScriptedRequest(
                 messages=messages,
                 model=model,
                 body=body,
-                reply=reply,
+                reply=None if answer is None else answer.content or "",
                 error=error,
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
+                tool_calls=() if answer is None else answer.tool_calls,
+                streamed=streamed,
             )
         )
-        if reply is None:
+        if answer is None:
             self._error(500, f"the scripted model failed: {error}", "server_error")
             return
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        head = {"id": f"chatcmpl-scripted-{number}", "created": int(time.time()), "model": model}
+        if streamed:
+            options = body.get("stream_options")
+            with_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            self._send_events(_chunks(head, answer, usage if with_usage else None))
+            return
+        message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+        if answer.tool_calls:
+            message["tool_calls"] = [_wire_call(call) for call in answer.tool_calls]
         self._send(
             200,
             {
-                "id": f"chatcmpl-scripted-{self.server.log.next_id()}",
+                **head,
                 "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model,
                 "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": reply},
-                        "finish_reason": "stop",
-                        "logprobs": None,
-                    }
+                    {"index": 0, "message": message, "finish_reason": _finish_reason(answer), "logprobs": None}
                 ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
+                "usage": usage,
             },
         )
 
     def _error(self, status: int, message: str, kind: str) -> None:
         self._send(status, {"error": {"message": message, "type": kind, "param": None, "code": None}})
+
+    def _send_events(self, events: Iterator[dict[str, Any]]) -> None:
+        """Server-sent events, one ``data:`` line each, then ``[DONE]``; the closed connection ends the body."""
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            for event in events:
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+        except OSError:
+            logger.debug("scripted server: the client closed during the stream")
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
@@ -213,9 +296,65 @@ def _check_body(body: Any) -> str | None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         return "'messages' must be a list of objects"
-    if body.get("stream"):
-        return "stream=true is not supported by ScriptedOpenAIServer"
     return None
+
+
+def _as_reply(answer: object, number: int) -> ScriptedReply:
+    """The script's answer as a ``ScriptedReply`` whose tool calls all have ids.
+
+    Raises:
+        TypeError: the answer is neither a str nor a ``ScriptedReply``.
+    """
+    if isinstance(answer, str):
+        return ScriptedReply(content=answer)
+    if not isinstance(answer, ScriptedReply):
+        raise TypeError(f"the script returned {type(answer).__name__}, not a str or a ScriptedReply")
+    calls = tuple(
+        call if call.id is not None else dataclasses.replace(call, id=f"call_{number}_{index}")
+        for index, call in enumerate(answer.tool_calls)
+    )
+    return dataclasses.replace(answer, tool_calls=calls)
+
+
+def _reply_words(answer: ScriptedReply) -> int:
+    return count_words(answer.content or "") + sum(
+        count_words(f"{call.name} {call.arguments_json}") for call in answer.tool_calls
+    )
+
+
+def _finish_reason(answer: ScriptedReply) -> str:
+    return "tool_calls" if answer.tool_calls else "stop"
+
+
+def _wire_call(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
+
+
+def _pieces(text: str, size: int = 3) -> Iterator[str]:
+    """``text`` a few words at a time (spaces kept), as a model streams it."""
+    words = re.findall(r"\S+\s*|\s+", text)
+    for start in range(0, len(words), size):
+        yield "".join(words[start : start + size])
+
+
+def _chunks(head: dict[str, Any], answer: ScriptedReply, usage: dict[str, int] | None) -> Iterator[dict[str, Any]]:
+    """The ``chat.completion.chunk`` events of one streamed reply, in the order OpenAI sends them."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+
+    yield chunk({"role": "assistant", "content": "" if answer.content is not None else None})
+    for piece in _pieces(answer.content or ""):
+        yield chunk({"content": piece})
+    for index, call in enumerate(answer.tool_calls):
+        opening = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+        yield chunk({"tool_calls": [opening]})
+        for piece in _pieces(call.arguments_json, size=2):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    yield chunk({}, _finish_reason(answer))
+    if usage is not None:
+        yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
 
 
 class _Log:
@@ -251,27 +390,27 @@ class ScriptedOpenAIServer:
     end of its ``with`` block, serving each request on its own thread.
     """
 
-    def __init__(self, script: Script | Iterable[str], *, host: str = "127.0.0.1", start: bool = True) -> None:
+    def __init__(self, script: Script | Iterable[Reply], *, host: str = "127.0.0.1", start: bool = True) -> None:
         """Make the server (and start it, unless ``start=False``).
 
         Args:
-            script: ``(messages, model) -> str`` called for every request (possibly from several
-                threads at once), or an iterable of reply strings given out in arrival order.
+            script: ``(messages, model) -> str | ScriptedReply`` called for every request (possibly from several
+                threads at once), or an iterable of replies (str or ScriptedReply) given out in arrival order.
             host: the loopback address to listen on.
             start: listen at once; otherwise call ``start()`` or enter the ``with`` block.
 
         Raises:
-            TypeError: ``script`` is neither callable nor an iterable of str (a single str included).
+            TypeError: ``script`` is neither callable nor an iterable of replies (a single str included).
             ValueError: ``host`` is not a loopback address.
         """
         if callable(script):
             self._script: Script = script
         elif isinstance(script, (str, bytes)) or not isinstance(script, Iterable):
-            raise TypeError("script must be a callable (messages, model) -> str or an iterable of reply strings")
+            raise TypeError("script must be a callable (messages, model) -> reply or an iterable of replies")
         else:
             replies = list(script)
-            if not all(isinstance(reply, str) for reply in replies):
-                raise TypeError("every scripted reply must be a str")
+            if not all(isinstance(reply, (str, ScriptedReply)) for reply in replies):
+                raise TypeError("every scripted reply must be a str or a ScriptedReply")
             self._script = _ListScript(replies)
         if host not in ("127.0.0.1", "::1", "localhost"):
             raise ValueError(f"the scripted server listens on loopback only, not {host!r}")

@@ -483,10 +483,12 @@ def test_cli_exits_2_on_an_infrastructure_error_or_bad_arguments(cli: Callable[.
     source = write_jsonl(tmp_path / "in.jsonl", [submission("one")])
     out = tmp_path / "out.jsonl"
 
+    out.write_text("kept\n")
     missing = cli("eval", str(source), "--out", str(out), ORCH_IMAGE="does-not-exist:latest")
     assert missing.returncode == 2, (missing.stdout, missing.stderr)
     assert missing.stderr.startswith("orchestrator: ImageMissing: ") and "does-not-exist:latest" in missing.stderr
     assert missing.stderr.count("\n") == 1 and missing.stdout == ""
+    assert out.read_text() == "kept\n", "a run that could not start must not empty the results of the one before"
 
     for argv in (
         ["eval", str(source), "--out", str(out), "--jobs", "0"],
@@ -496,6 +498,21 @@ def test_cli_exits_2_on_an_infrastructure_error_or_bad_arguments(cli: Callable[.
         usage = cli(*argv)
         assert usage.returncode == 2, (argv, usage.stderr)
         assert usage.stderr.startswith("orchestrator: UsageError: "), usage.stderr
+
+    for argv, env, message in (
+        (
+            ["--memory", "10m"],
+            {},
+            "ConfigError: memory must be at least 32 MiB: below it the sandbox's agent cannot start, got 10.0 MiB",
+        ),
+        (["--timeout", "2d"], {}, "ConfigError: timeout must be more than 0 and at most a day, got 2d"),
+        ([], {"ORCH_MEM_LIMIT": "10m"}, "ResourceLimits.memory must be at least 32 MiB, got '10m'"),
+        ([], {"ORCH_EXEC_TIMEOUT": "soon"}, "ORCH_EXEC_TIMEOUT='soon': 'soon' is not a duration"),
+    ):
+        refused = cli("eval", str(source), "--out", str(out), *argv, **env)  # no sandbox starts: the fixture checks
+        assert refused.returncode == 2 and message in refused.stderr, (argv, env, refused.stderr)
+        assert refused.stderr.count("\n") == 1 and refused.stdout == ""
+    assert out.read_text() == "kept\n", "a refused run must not empty its results file"
 
     unreadable = cli("eval", str(tmp_path / "nothing-here.jsonl"), "--out", str(out))
     assert unreadable.returncode == 2 and "cannot read the submissions file" in unreadable.stderr, unreadable.stderr

@@ -182,24 +182,53 @@ def test_list_is_ls(cli, make):
     assert [s["id"] for s in json.loads(cli("list", "--json").stdout)] == [sid]
 
 
-def test_image_build_make_default(cli, store, image):
-    built = cli("image", "build", "--make-default", "--json")
+def test_a_misspelt_variable_is_one_line_on_stderr_and_a_bad_value_names_its_variable(cli):
+    listed = cli("ls", "--json", ORCH_MEM_LMIT="2g", ORCH_RELAY_DIR="/x")  # the relay's variable is known: not named
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
+    assert listed.stderr == (
+        "WARNING orchestrator.config: unknown ORCH_ variable, ignored: ORCH_MEM_LMIT (did you mean ORCH_MEM_LIMIT?)\n"
+    )
+    refused = cli("ls", ORCH_EXEC_TIMEOUT="5 min")
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith("orchestrator: ConfigError: ORCH_EXEC_TIMEOUT='5 min': '5 min' is not a duration")
+    assert cli("ls", ORCH_EXEC_TIMEOUT="5m", ORCH_MAX_OUTPUT_BYTES="64k").returncode == 0
+
+
+def test_image_build_make_default(cli, store, image, tmp_path):
+    """The recorded base is the user's, not the state dir's: a new state dir starts a session on it with no
+    variable naming it (nothing is pulled: the image is here)."""
+    config_home = str(tmp_path / "config")
+    built = cli("image", "build", "--make-default", "--json", XDG_CONFIG_HOME=config_home)
     assert built.returncode == 0, built.stderr
     assert json.loads(built.stdout) == {
         "image": image,
         "base_image": store.base_image,
-        "default_recorded": str(Path(store.state_dir) / DEFAULTS_FILE),
+        "default_recorded": str(tmp_path / "config" / "orchestrator" / DEFAULTS_FILE),
     }
-    env = cli_env(store)
+    env = cli_env(store, XDG_CONFIG_HOME=config_home, ORCH_STATE_DIR=str(tmp_path / "a new state dir"))
     del env["ORCH_BASE_IMAGE"]
-    seen = subprocess.run(
-        [sys.executable, "-c", "from orchestrator import Settings; print(Settings.from_env().base_image)"],
+    env.pop("ORCH_IMAGE", None)
+    started = subprocess.run(
+        [sys.executable, "-c", NEW_STATE_DIR_SESSION],
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=120,
     )
-    assert seen.stdout.strip() == store.base_image
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.split() == [store.base_image, image, "42"]
+
+
+NEW_STATE_DIR_SESSION = """
+from orchestrator import Orchestrator
+with Orchestrator() as orch:
+    print(orch.settings.base_image, orch.default_image)
+    session = orch.create_session()
+    try:
+        print(session.execute("print(6 * 7)").stdout.strip())
+    finally:
+        orch.remove(session.id)
+"""
 
 
 # ---------------------------------------------------------------------------- shell

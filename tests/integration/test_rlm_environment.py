@@ -8,16 +8,21 @@ environment made here is cleaned up after its test, and the conftest sweep remov
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
+import secrets
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import docker
 import pytest
 from rlm_support import EchoLM, completion, lm_handlers, stop
-from support import kill_and_wait
+from support import cli_env, closing_orch, kill_and_wait
 
 from orchestrator import ConfigError, Orchestrator, SessionClosed, Settings
 from orchestrator.rlm import DockerREPL, DockerREPLResult
@@ -504,3 +509,71 @@ def test_the_scaffold_runs_on_the_oldest_supported_python(make_repl, handlers) -
     )
     assert out(result).startswith("(3, 9) echo:hi 4 Available variables:")
     assert result.final_answer == "ok" and result.locals["CFG"] == "[1, 2]"
+
+
+# ----------------------------------------------------------------- left without cleanup()
+
+
+def _labelled(label: str, value: str) -> list[str]:
+    """Containers (running or not) that carry ``label=value``."""
+    client = docker.from_env()
+    try:
+        return [c.id for c in client.containers.list(all=True, filters={"label": f"{label}={value}"}, sparse=True)]
+    finally:
+        client.close()
+
+
+def _stored(settings: Settings) -> list[str]:
+    with closing_orch(Orchestrator(settings)) as orch:
+        return list(orch.store.ids())
+
+
+def test_an_environment_collected_without_cleanup_removes_its_container(repl_settings: Settings) -> None:
+    mark = secrets.token_hex(6)
+    repl = DockerREPL(settings=repl_settings, labels={TEST_LABEL: mark})
+    assert repl.execute_code("x = 1").stderr == ""
+    assert len(_labelled(TEST_LABEL, mark)) == 1
+    del repl
+    gc.collect()
+    assert _labelled(TEST_LABEL, mark) == [], "a collected DockerREPL left its container"
+    assert _stored(repl_settings) == [], "and its stored state"
+
+
+LEFT_AT_EXIT = """
+import os
+import sys
+from orchestrator.rlm import DockerREPL, register
+
+register()
+from rlm.environments.docker_repl import DockerREPL as Registered  # what rlms makes after register()
+
+label, mark = sys.argv[1], sys.argv[2]
+kept = [DockerREPL(labels={label: mark}), Registered(labels={label: mark})]
+assert Registered is DockerREPL
+for repl in kept:
+    repl.execute_code("x = 1")
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # the child's exit runs the finalizers it inherited: they must leave the parent's sandboxes alone
+os.waitpid(child, 0)
+for repl in kept:
+    assert repl.execute_code("print(x)").stdout.strip() == "1"
+print(" ".join(repl.container_id for repl in kept), flush=True)
+"""
+
+
+def test_an_environment_left_at_exit_removes_its_container(repl_settings: Settings) -> None:
+    """A real process makes two environments (one through rlms after register()), forks a child that exits, and
+    exits without close."""
+    mark = secrets.token_hex(6)
+    done = subprocess.run(
+        [sys.executable, "-c", LEFT_AT_EXIT, TEST_LABEL, mark],
+        capture_output=True,
+        text=True,
+        env=cli_env(repl_settings),
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split()) == 2, done.stdout
+    assert _labelled(TEST_LABEL, mark) == [], "the process exited and left its containers"
+    assert _stored(repl_settings) == [], "and their stored state"

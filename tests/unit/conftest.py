@@ -52,3 +52,9 @@ def ledger(store):
     )
     store.create(record)
     return CheckpointLedger(store, record, QUOTA)
+
+
+@pytest.fixture(autouse=True)
+def _own_config_home(tmp_path_factory, monkeypatch):
+    """No unit test reads or writes the user's defaults file (``config.defaults_path``, under XDG_CONFIG_HOME)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config-home")))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 from pathlib import Path
 
 import pytest
 
 from orchestrator import Capacity, ConfigError, Confinement, ResourceLimits, Settings, SwarmSettings, Timeouts
-from orchestrator.config import ENV_VARIABLES
+from orchestrator.config import ENV_VARIABLES, unknown_variables
 
 
 def test_secure_defaults():
@@ -55,7 +57,7 @@ def test_checkpoint_quota_follows_the_memory_limit():
     assert ResourceLimits(memory="512m").checkpoint_quota_bytes == 2 << 30
     assert ResourceLimits(checkpoint_quota=1000).checkpoint_quota_bytes == 1000
     assert Settings.from_env({"ORCH_CHECKPOINT_QUOTA": "20m"}).limits.checkpoint_quota == 20 << 20
-    with pytest.raises(ConfigError, match="not a size"):
+    with pytest.raises(ConfigError, match="must be a size"):
         ResourceLimits(memory="lots")
 
 
@@ -250,13 +252,18 @@ def test_dataclasses_replace_works_on_settings_and_groups():
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"ORCH_EXEC_TIMEOUT": "soon"}, "ORCH_EXEC_TIMEOUT='soon' is not a valid float"),
+        ({"ORCH_EXEC_TIMEOUT": "soon"}, "ORCH_EXEC_TIMEOUT='soon': 'soon' is not a duration"),
         ({"ORCH_PIDS_LIMIT": "x"}, "ORCH_PIDS_LIMIT='x' is not a valid int"),
         ({"ORCH_FSYNC": "maybe"}, "ORCH_FSYNC='maybe' is not a valid bool"),
         ({"ORCH_MAX_RUNNING": "many"}, "ORCH_MAX_RUNNING='many' is not a valid integer"),
         ({"ORCH_CHECKPOINT_QUOTA": "lots"}, "ORCH_CHECKPOINT_QUOTA='lots': 'lots' is not a size"),
         ({"ORCH_HIBERNATE_AFTER": "soon"}, "ORCH_HIBERNATE_AFTER='soon': 'soon' is not a duration"),
-        ({"ORCH_START_TIMEOUT": "0"}, r"Timeouts.start must be a finite number > 0, got 0.0 \(ORCH_START_TIMEOUT\)"),
+        ({"ORCH_START_TIMEOUT": "0"}, r"Timeouts.start must be a duration > 0: .*, got 0.0 \(ORCH_START_TIMEOUT\)"),
+        ({"ORCH_MEM_LIMIT": "lots"}, r"ResourceLimits.memory must be a size: .*, got 'lots' \(ORCH_MEM_LIMIT\)"),
+        ({"ORCH_MEM_LIMIT": "10m"}, r"ResourceLimits.memory must be at least 32 MiB, got '10m': .*\(ORCH_MEM_LIMIT\)"),
+        ({"ORCH_MAX_OUTPUT_BYTES": "0"}, r"ResourceLimits.max_output_bytes must be a size > 0.*MAX_OUTPUT_BYTES"),
+        ({"ORCH_SWARM_NODE_DIR": "relative"}, r"SwarmSettings.node_dir must be an absolute path.*SWARM_NODE_DIR"),
+        ({"ORCH_USER": "nobody"}, r"Confinement.user must be .*\(ORCH_USER\)"),
         ({"ORCH_MAX_OUTPUT_FILES": "0"}, r"ResourceLimits.max_output_files must be a positive integer.*OUTPUT_FILES"),
         ({"ORCH_CAPACITY_POLICY": "evict"}, r"Capacity.policy must be one of hibernate, refuse.*CAPACITY_POLICY"),
         ({"ORCH_SWARM_RELAY_PORT": "70000"}, r"SwarmSettings.relay_port must be a TCP port.*SWARM_RELAY_PORT"),
@@ -266,3 +273,71 @@ def test_dataclasses_replace_works_on_settings_and_groups():
 def test_from_env_errors_name_the_variable(env, message):
     with pytest.raises(ConfigError, match=message):
         Settings.from_env(env)
+
+
+@pytest.mark.parametrize("raw", ["junk", "-1", "0", "1e999", "nan", " "])
+def test_every_refused_variable_is_named(raw):
+    """Whatever a variable's field refuses, the error names that variable (the one person-facing fix)."""
+    for variable in ENV_VARIABLES:
+        try:
+            Settings.from_env({variable.name: raw})
+        except ConfigError as exc:
+            assert variable.name in str(exc), (variable.name, str(exc))
+
+
+@pytest.mark.parametrize(
+    ("env", "field", "value"),
+    [
+        ({"ORCH_EXEC_TIMEOUT": "5m"}, "timeouts.exec", 300.0),
+        ({"ORCH_EXEC_TIMEOUT": "90"}, "timeouts.exec", 90.0),
+        ({"ORCH_START_TIMEOUT": "1m30s"}, "timeouts.start", 90.0),
+        ({"ORCH_INPUT_TIMEOUT": "1.5h"}, "timeouts.input", 5400.0),
+        ({"ORCH_HIBERNATE_AFTER": "10m"}, "capacity.hibernate_after", 600.0),
+        ({"ORCH_MAX_OUTPUT_BYTES": "64k"}, "limits.max_output_bytes", 64 << 10),
+        ({"ORCH_MAX_OUTPUT_BYTES": "65536"}, "limits.max_output_bytes", 64 << 10),
+        ({"ORCH_MAX_BODY_BYTES": "2GB"}, "limits.max_body_bytes", 2 << 30),
+        ({"ORCH_CHECKPOINT_QUOTA": "1.5g"}, "limits.checkpoint_quota", 3 << 29),
+        ({"ORCH_MEM_LIMIT": "512MiB"}, "limits.memory_bytes", 512 << 20),
+    ],
+)
+def test_durations_and_sizes_read_alike_everywhere(env, field, value):
+    """One grammar (units.py) for every duration and size variable, and for the same fields given in Python."""
+    group, name = field.split(".")
+    assert getattr(getattr(Settings.from_env(env), group), name) == value
+    if name != "memory_bytes":
+        kind = type(getattr(Settings(), group))
+        assert getattr(kind(**{name: next(iter(env.values()))}), name) == value
+
+
+def test_an_unknown_variable_is_warned_about_once_with_the_closest_name(caplog):
+    env = {"ORCH_MEM_LIMT": "2g", "ORCH_EXEC_TIMOUT": "5m", "ORCH_NOTHING_LIKE_IT": "1", "ORCH_RELAY_DIR": "/x"}
+    with caplog.at_level(logging.WARNING, logger="orchestrator.config"):
+        Settings.from_env(env)
+        Settings.from_env(env)
+    assert [r.getMessage() for r in caplog.records] == [
+        "unknown ORCH_ variables, ignored: ORCH_EXEC_TIMOUT (did you mean ORCH_EXEC_TIMEOUT?), ORCH_MEM_LIMT "
+        "(did you mean ORCH_MEM_LIMIT?), ORCH_NOTHING_LIKE_IT"
+    ]
+    assert unknown_variables({"ORCH_POOL_SIZ": "1", "PATH": "/bin", "ORCH_OUTPUT_LIMIT": "9"}) == {
+        "ORCH_POOL_SIZ": "ORCH_POOL_SIZE"
+    }
+
+
+def test_every_orch_variable_in_the_repository_is_known():
+    """A name the agent, the relay, the janitor's compose file, a script or a test reads is listed in
+    ``OTHER_VARIABLES`` (or is a Settings variable), so nobody using it is warned about it."""
+    root = Path(__file__).resolve().parents[2]
+    found: set[str] = set()
+    for path in root.rglob("*"):
+        if ".git" in path.parts or not path.is_file() or path.suffix in (".pyc", ".png", ".gz"):
+            continue
+        found.update(re.findall(r"\bORCH_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")))
+    examples = {
+        "ORCH_MEM_LIMT",
+        "ORCH_MEM_LMIT",
+        "ORCH_EXEC_TIMOUT",
+        "ORCH_NOTHING_LIKE_IT",
+        "ORCH_POOL_SIZ",
+        "ORCH_UNKNOWN",
+    }
+    assert set(unknown_variables(dict.fromkeys(found - examples, ""))) == set()

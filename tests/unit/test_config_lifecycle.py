@@ -7,7 +7,8 @@ import json
 import pytest
 
 from orchestrator import Capacity, ConfigError, Settings
-from orchestrator.config import DEFAULT_BASE_IMAGE, DEFAULTS_FILE, parse_duration, save_default_base_image
+from orchestrator.config import DEFAULT_BASE_IMAGE, DEFAULTS_FILE, defaults_path, save_default_base_image
+from orchestrator.units import parse_duration
 
 # ---------------------------------------------------------------- parse_duration
 
@@ -134,48 +135,56 @@ def test_a_bad_lifecycle_variable_gets_a_useful_message(tmp_path, env, expected)
 # ---------------------------------------------------------------- the recorded default base image
 
 
-def test_a_recorded_base_image_is_the_default_of_later_settings(tmp_path):
-    state = tmp_path / "state"
-    path = save_default_base_image(state, "orchestrator-base:recorded-1")
-    assert path == state / DEFAULTS_FILE and path.is_file()
+def test_a_recorded_base_image_is_the_default_of_later_settings():
+    path = save_default_base_image("orchestrator-base:recorded-1")
+    assert path == defaults_path() and path.is_file()
     assert json.loads(path.read_text()) == {"base_image": "orchestrator-base:recorded-1"}
-    assert Settings.from_env({"ORCH_STATE_DIR": str(state)}).base_image == "orchestrator-base:recorded-1"
+    assert Settings.from_env({}).base_image == "orchestrator-base:recorded-1"
     # Recording again replaces it, and leaves no temp file behind.
-    save_default_base_image(state, "orchestrator-base:recorded-2")
-    assert Settings.from_env({"ORCH_STATE_DIR": str(state)}).base_image == "orchestrator-base:recorded-2"
-    assert sorted(p.name for p in state.iterdir()) == [DEFAULTS_FILE]
+    save_default_base_image("orchestrator-base:recorded-2")
+    assert Settings.from_env({}).base_image == "orchestrator-base:recorded-2"
+    assert sorted(p.name for p in path.parent.iterdir()) == [DEFAULTS_FILE]
 
 
-def test_the_environment_overrides_the_recorded_base_image(tmp_path):
-    save_default_base_image(tmp_path, "orchestrator-base:recorded-1")
-    env = {"ORCH_STATE_DIR": str(tmp_path), "ORCH_BASE_IMAGE": "mine:2"}
-    assert Settings.from_env(env).base_image == "mine:2"
+def test_the_defaults_file_is_the_users_not_the_state_dirs(tmp_path, monkeypatch):
+    """A new state dir (a test's, a second store) starts on the recorded base image, with no variable and offline."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    assert defaults_path() == tmp_path / "config" / "orchestrator" / DEFAULTS_FILE
+    save_default_base_image("orchestrator-base:recorded-1")
+    for state in ("a", "b"):
+        assert Settings.from_env({"ORCH_STATE_DIR": str(tmp_path / state)}).base_image == "orchestrator-base:recorded-1"
+    assert not (tmp_path / "a").exists()
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert defaults_path() == tmp_path / "home" / ".config" / "orchestrator" / DEFAULTS_FILE
+
+
+def test_the_environment_overrides_the_recorded_base_image():
+    save_default_base_image("orchestrator-base:recorded-1")
+    assert Settings.from_env({"ORCH_BASE_IMAGE": "mine:2"}).base_image == "mine:2"
     # An explicit sandbox image wins too: the recorded base is not applied beside it.
-    chosen = Settings.from_env({"ORCH_STATE_DIR": str(tmp_path), "ORCH_IMAGE": "sandbox:3"})
+    chosen = Settings.from_env({"ORCH_IMAGE": "sandbox:3"})
     assert chosen.image == "sandbox:3" and chosen.base_image == DEFAULT_BASE_IMAGE
-
-
-def test_the_recorded_default_is_read_from_the_default_state_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    save_default_base_image(tmp_path / "orchestrator", "recorded:1")
-    assert Settings.from_env({}).base_image == "recorded:1"
 
 
 @pytest.mark.parametrize(
     "content",
     ["not json", "[1, 2]", '"a string"', '{"base_image": 7}', '{"base_image": ""}', '{"other": "x"}', ""],
 )
-def test_a_foreign_or_broken_defaults_file_counts_as_nothing_recorded(tmp_path, content):
-    (tmp_path / DEFAULTS_FILE).write_text(content)
-    assert Settings.from_env({"ORCH_STATE_DIR": str(tmp_path)}).base_image == DEFAULT_BASE_IMAGE
+def test_a_foreign_or_broken_defaults_file_counts_as_nothing_recorded(content):
+    defaults_path().parent.mkdir(parents=True)
+    defaults_path().write_text(content)
+    assert Settings.from_env({}).base_image == DEFAULT_BASE_IMAGE
 
 
-def test_the_defaults_file_sets_nothing_but_the_base_image(tmp_path):
-    (tmp_path / DEFAULTS_FILE).write_text(json.dumps({"base_image": "b:1", "mem_limit": "1k", "network_mode": "host"}))
-    s = Settings.from_env({"ORCH_STATE_DIR": str(tmp_path)})
+def test_the_defaults_file_sets_nothing_but_the_base_image():
+    defaults_path().parent.mkdir(parents=True)
+    defaults_path().write_text(json.dumps({"base_image": "b:1", "mem_limit": "1k", "network_mode": "host"}))
+    s = Settings.from_env({})
     assert s.base_image == "b:1"
     assert s.limits.memory == Settings().limits.memory and s.confinement.network_mode == "none"
 
 
-def test_no_defaults_file_means_the_built_in_default(tmp_path):
-    assert Settings.from_env({"ORCH_STATE_DIR": str(tmp_path / "absent")}).base_image == DEFAULT_BASE_IMAGE
+def test_no_defaults_file_means_the_built_in_default():
+    assert not defaults_path().exists()
+    assert Settings.from_env({}).base_image == DEFAULT_BASE_IMAGE

@@ -40,9 +40,10 @@ from docker.types import (
 from docker.types import Placement as SwarmPlacement
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, stop_when_event_set, wait_fixed
 
-from ...config import Settings, parse_memory
+from ...config import Settings
 from ...errors import ConfigError, EngineError, RelayUnavailable
 from ...ops import images
+from ...units import parse_size
 from ...wire.endpoint import leftover_dir_grace
 from ..base import MANAGED, SANDBOX_ID, STORE_ID, SUPERVISOR_CAPABILITIES, ContainerState, Placement, SandboxSpec
 from ..docker import DockerBackend, endpoint_options, engine_errors
@@ -245,9 +246,9 @@ class SwarmBackend:
         placement = spec.placement
         resources = Resources(
             cpu_limit=settings.limits.nano_cpus,
-            mem_limit=parse_memory(settings.limits.memory),
+            mem_limit=settings.limits.memory_bytes,
             cpu_reservation=int(placement.reserve_cpus * 1e9) if placement.reserve_cpus else None,
-            mem_reservation=parse_memory(placement.reserve_memory) if placement.reserve_memory else None,
+            mem_reservation=parse_size(placement.reserve_memory) if placement.reserve_memory else None,
         )
         resources.setdefault("Limits", {})["Pids"] = settings.limits.pids  # no SDK argument; the engine enforces it
         template = TaskTemplate(
@@ -498,7 +499,7 @@ def _label_filter(labels: Mapping[str, str]) -> list[str]:
 def _tmpfs(path: str, options: str) -> Mount:
     """A tmpfs mount from Docker's ``size=256m,mode=1777`` option string."""
     parsed = dict(part.partition("=")[::2] for part in options.split(",") if part)
-    size = parse_memory(parsed["size"]) if "size" in parsed else None
+    size = parse_size(parsed["size"]) if "size" in parsed else None
     mode = int(parsed["mode"], 8) if "mode" in parsed else None
     return Mount(path, None, type="tmpfs", tmpfs_size=size, tmpfs_mode=mode)
 

@@ -30,7 +30,7 @@ from orchestrator.api.session import SessionState
 from orchestrator.cli import commands, render, shell
 from orchestrator.cli import logs as session_logs
 from orchestrator.cli.render import Exit
-from orchestrator.config import DEFAULTS_FILE
+from orchestrator.config import defaults_path
 from orchestrator.errors import CapacityExceeded, CheckpointError, ProtocolError
 from orchestrator.ops.prune import PruneAction, PruneReport
 from orchestrator.ops.survey import SessionInfo, SessionStatus
@@ -675,7 +675,7 @@ def test_prune_on_a_terminal_shows_what_it_would_do_and_asks(fake, capsys, monke
 def test_image_build_make_default_records_the_base(fake, capsys):
     code, out, err = run(capsys, "image", "build", "--base", "orchestrator-base:bookworm", "--make-default")
     assert code == 0 and out == "orchestrator-sandbox:0123\n"
-    recorded = Path(fake.settings.state_dir) / DEFAULTS_FILE
+    recorded = defaults_path()
     assert json.loads(recorded.read_text()) == {"base_image": "orchestrator-base:bookworm"}
     assert "default base image is now orchestrator-base:bookworm" in err
     assert Settings.from_env({"ORCH_STATE_DIR": str(fake.settings.state_dir)}).base_image == (

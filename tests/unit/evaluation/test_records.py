@@ -46,8 +46,13 @@ def test_results_file_appends_and_resumes(tmp_path: Path) -> None:
 def test_a_new_run_empties_the_file_and_a_foreign_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "out.jsonl"
     path.write_text('{"id": "a", "status": "passed", "message": ""}\n')
-    ResultsFile(path, resume=False).close()
-    assert path.read_text() == ""
+    ResultsFile(path, resume=False).close()  # a run that never began (no image, no engine) leaves it
+    assert path.read_text() != ""
+    with ResultsFile(path, resume=False) as results:
+        results.begin()
+        assert path.read_text() == ""
+        results.append(_result("b"))
+    assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ["b"]
     path.write_text("hello\n")
     with pytest.raises(ConfigError, match="line 1 is not a result record"):
         ResultsFile(path, resume=True)

@@ -47,6 +47,14 @@ def test_reads_every_field_and_numbers_lines() -> None:
     assert second.files == {"data/in.txt": "text"} and second.stdin == "hi\n"
 
 
+def test_a_submission_takes_durations_and_sizes_as_everywhere_else() -> None:
+    """The same grammar as the CLI's flags and the ORCH_* variables (units.py)."""
+    (submission,) = read_submissions([json.dumps({"id": "a", "code": "", "timeout": "1m30s", "memory": "1.5g"})])
+    assert isinstance(submission, Submission)
+    assert (submission.timeout, submission.memory) == (90.0, 3 << 29)
+    assert Submission(id="b", code="", timeout="90s", memory="512MiB").memory == 512 << 20  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
@@ -57,7 +65,10 @@ def test_reads_every_field_and_numbers_lines() -> None:
         (json.dumps({"id": True, "code": ""}), "'id' must be a string or an integer"),
         (json.dumps({"id": "a", "code": 3}), "'code' must be a string"),
         (json.dumps({"id": "a", "code": "", "timeout": 0}), "'timeout' must be more than 0"),
-        (json.dumps({"id": "a", "code": "", "timeout": "5"}), "'timeout' must be a number"),
+        (json.dumps({"id": "a", "code": "", "timeout": "soon"}), "'timeout': 'soon' is not a duration"),
+        (json.dumps({"id": "a", "code": "", "timeout": [5]}), "'timeout' must be a number of seconds or a duration"),
+        (json.dumps({"id": "a", "code": "", "timeout": "2d"}), "at most a day, got 2d"),
+        (json.dumps({"id": "a", "code": "", "memory": 1.5}), "'memory' must be a size"),
         (json.dumps({"id": "a", "code": "", "memory": "lots"}), "is not a size"),
         (json.dumps({"id": "a", "code": "", "memory": "1m"}), "at least 32 MiB"),
         (json.dumps({"id": "a", "code": "", "files": {"../x": ""}}), "relative path inside the workspace"),

@@ -20,9 +20,9 @@ from rlm.clients.base_lm import BaseLM
 from rlm.core.lm_handler import LMHandler
 from rlm.core.types import ModelUsageSummary, RLMChatCompletion, UsageSummary
 
-from orchestrator import ExecutionTimeout, SandboxCrashed, SandboxOutOfMemory
+from orchestrator import ConfigError, ExecutionTimeout, SandboxCrashed, SandboxOutOfMemory, Settings
 from orchestrator.api.results import ExecError, ExecResult
-from orchestrator.rlm import RLMSession, outcome, routing
+from orchestrator.rlm import DockerREPL, RLMSession, outcome, routing
 from orchestrator.rlm.bridge import LMBridge
 from orchestrator.rlm.calls import CellCalls
 from orchestrator.rlm.tools import plan_tools
@@ -252,3 +252,10 @@ def test_rlm_session_over_a_local_repl(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chat.message_history[-2]["content"].startswith("[The prompt of this turn is in session_context_1")
     with pytest.raises(ValueError, match="persistent"):
         RLMSession(persistent=False)
+
+
+def test_cell_timeout_takes_a_duration_and_refuses_the_rest_before_any_engine_is_used() -> None:
+    settings = Settings(base_image="never-pulled:1")
+    for bad in (0, -1, "soon", float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="cell_timeout must be a positive duration"):
+            DockerREPL(cell_timeout=bad, settings=settings)

@@ -16,7 +16,7 @@ import openai
 import pytest
 from rlm.clients.openai import OpenAIClient
 
-from orchestrator.rlm.testing import ScriptedOpenAIServer
+from orchestrator.rlm.testing import ScriptedOpenAIServer, ScriptedReply, ToolCall
 
 
 def chat(server: ScriptedOpenAIServer, content: str, model: str = "m", **extra: Any) -> Any:
@@ -89,7 +89,7 @@ def test_a_script_that_raises_or_returns_no_str_is_a_500(caplog: pytest.LogCaptu
             chat(server, "a")
         with pytest.raises(openai.InternalServerError, match="returned int"):
             chat(server, "b")
-    assert server.errors == ["ValueError: boom", "TypeError: the script returned int, not a str"]
+    assert server.errors == ["ValueError: boom", "TypeError: the script returned int, not a str or a ScriptedReply"]
 
 
 def _post(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -110,7 +110,6 @@ def test_malformed_requests_get_openai_shaped_errors_and_never_reach_the_script(
             (b"[]", 400, "JSON object"),
             (json.dumps({"messages": []}).encode(), 400, "'model'"),
             (json.dumps({"model": "m", "messages": "hi"}).encode(), 400, "'messages'"),
-            (json.dumps({"model": "m", "messages": [], "stream": True}).encode(), 400, "stream"),
         ]:
             code, payload = _post(url, body)
             assert code == status
@@ -134,3 +133,116 @@ def test_construction_checks_and_lifecycle() -> None:
         assert chat(server, "a").choices[0].message.content == "x"
     server.close()  # again: nothing to do
     assert "stopped" in repr(server)
+
+
+# ----------------------------------------------------------------- tool calls
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "add two numbers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+
+
+def test_a_reply_can_call_tools_and_the_openai_client_reads_the_calls() -> None:
+    calls = [ToolCall("add", {"a": 2, "b": 3}), ToolCall("add", '{"a": 1', id="mine")]
+    with ScriptedOpenAIServer([ScriptedReply(tool_calls=calls), ScriptedReply("both", [ToolCall("add")])]) as server:
+        first = chat(server, "add", tools=TOOLS).choices[0]
+        second = chat(server, "again", tools=TOOLS).choices[0]
+    assert first.finish_reason == "tool_calls" and first.message.content is None
+    got = [(c.id, c.type, c.function.name, c.function.arguments) for c in first.message.tool_calls]
+    assert got == [("call_1_0", "function", "add", '{"a": 2, "b": 3}'), ("mine", "function", "add", '{"a": 1')]
+    assert second.finish_reason == "tool_calls" and second.message.content == "both"
+    assert second.message.tool_calls[0].function.arguments == "{}"
+    recorded = server.requests[0]
+    assert recorded.reply == "" and [c.id for c in recorded.tool_calls] == ["call_1_0", "mine"]
+    assert recorded.body["tools"] == TOOLS
+
+
+def test_a_tool_loop_runs_offline_through_the_openai_client() -> None:
+    """The loop an agent runs: the model calls a tool, the loop answers with a ``tool`` message, the model ends."""
+
+    def model(messages: list[dict[str, Any]], model_name: str) -> str | ScriptedReply:
+        if messages[-1]["role"] == "tool":
+            return f"the sum is {messages[-1]['content']}"
+        return ScriptedReply(tool_calls=[ToolCall("add", {"a": 2, "b": 40})])
+
+    tools = {"add": lambda a, b: a + b}
+    with ScriptedOpenAIServer(model) as server, openai.OpenAI(api_key="test", base_url=server.base_url) as client:
+        messages: list[Any] = [{"role": "user", "content": "what is 2 + 40?"}]
+        while True:
+            message = client.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                break
+            for call in message.tool_calls:
+                result = tools[call.function.name](**json.loads(call.function.arguments))
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
+    assert message.content == "the sum is 42"
+    first, second = server.requests
+    assert first.tool_calls[0].name == "add"
+    assert second.messages[-1] == {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "42"}
+
+
+def test_a_streamed_reply_carries_the_text_and_the_tool_calls_in_pieces() -> None:
+    text = "one two three four five six seven"
+    reply = ScriptedReply(text, [ToolCall("add", {"a": 2, "b": 3}), ToolCall("add", {"a": 10, "b": 20})])
+    with (
+        ScriptedOpenAIServer([reply, "plain words only"]) as server,
+        openai.OpenAI(api_key="test", base_url=server.base_url) as client,
+    ):
+        chunks = list(
+            client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "go"}],
+                tools=TOOLS,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        plain = list(
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
+        )
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == text and sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 1
+    calls: dict[int, dict[str, str]] = {}
+    for c in chunks:
+        for delta in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            entry = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            entry["id"] += delta.id or ""
+            entry["name"] += (delta.function.name or "") if delta.function else ""
+            entry["arguments"] += (delta.function.arguments or "") if delta.function else ""
+    assert [(v["name"], json.loads(v["arguments"])) for _, v in sorted(calls.items())] == [
+        ("add", {"a": 2, "b": 3}),
+        ("add", {"a": 10, "b": 20}),
+    ]
+    assert [v["id"] for _, v in sorted(calls.items())] == ["call_1_0", "call_1_1"]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["tool_calls"]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == server.requests[0].completion_tokens
+    assert "".join(c.choices[0].delta.content or "" for c in plain) == "plain words only"
+    assert plain[-1].choices[0].finish_reason == "stop" and all(c.usage is None for c in plain)
+    assert [r.streamed for r in server.requests] == [True, True]
+
+
+def test_scripted_replies_are_checked_when_made() -> None:
+    with pytest.raises(TypeError, match="needs content"):
+        ScriptedReply()
+    with pytest.raises(TypeError, match="ToolCalls"):
+        ScriptedReply(tool_calls=[{"name": "add"}])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="non-empty"):
+        ToolCall("")
+    with pytest.raises(TypeError, match="mapping or a str"):
+        ToolCall("add", [1])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="str or a ScriptedReply"):
+        ScriptedOpenAIServer(["ok", 3])  # type: ignore[list-item]
