@@ -64,8 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout",
         type=positive_duration_argument,
         default=10.0,
-        metavar="S",
-        help="seconds for code and tests of a submission without its own timeout (default 10)",
+        metavar="D",
+        help="time (10, 90s, 2m) for code and tests of a submission without its own timeout (default 10 s)",
     )
     parser.add_argument(
         "--memory", type=size_argument, metavar="SIZE", help="memory limit per sandbox (default ORCH_MEM_LIMIT)"
