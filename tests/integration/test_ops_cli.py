@@ -320,7 +320,7 @@ def terminal(store: Settings) -> Iterator[Callable[..., Terminal]]:
 
 def test_shell_on_a_terminal(terminal, make, store, cli):
     sid = make()
-    t = terminal("shell", sid)
+    t = terminal("shell", sid, columns=80)
     assert f"session {sid}" in t.expect(">>> ")
     t.type("def g(n):\n")
     t.expect("... ")
