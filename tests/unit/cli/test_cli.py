@@ -359,7 +359,7 @@ LONG_ID = "a-session-id-of-the-longest-kind-sixty-three-characters-long-xyz"
 
 @pytest.mark.parametrize("session_id", ["s0123456789ab", "build-cache-worker-17", LONG_ID])
 def test_sessions_table_fits_80_columns_with_whole_ids(session_id):
-    image = "registry.example.com/team/orchestrator-sandbox:e046d1fcaaddf11c"
+    image = "registry.invalid/team/orchestrator-sandbox:e046d1fcaaddf11c"  # text in a table, never pulled
     infos = [info(session_id, image=image, node="worker-node-03"), info("s2", status=SessionStatus.HIBERNATED)]
     lines = table_lines(infos, 80)
     assert lines[1].split()[0] == session_id and lines[2].split()[0] == "s2"
