@@ -262,11 +262,12 @@ class Pruner:
             )
 
     def _orphan_blobs(self) -> None:
-        """Blobs no manifest names and unfinished temp files, judged under each session's store lock."""
+        """Blobs no manifest names (the current one or a kept generation) and unfinished temp files, judged under each
+        session's store lock."""
         for session_id in self.store.ids():
             try:
                 with self.store.transaction(session_id) as record:
-                    stray = self.store.stray_files(session_id, record.blob_sizes)
+                    stray = self.store.stray_files(session_id, record.named_blobs())
                     if not stray:
                         continue
                     self._record(
