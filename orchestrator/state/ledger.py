@@ -142,10 +142,12 @@ class CheckpointLedger:
         *,
         at: int | None = None,
         keep: int = 0,
+        placement: dict[str, Any] | None = None,
     ) -> list[CheckpointLedger]:
         """Store ``children`` (new records: id, image, labels, times, owner set) as forks of ``source_id`` at its
-        last committed generation, or at the kept generation ``at``: each gets that generation's state and shares
-        its blobs (``SessionStore.fork``). The source is read under its lock, never changed; nobody needs to own it.
+        last committed generation, or at the kept generation ``at``: each gets that generation's state, scaffold
+        and placement (or ``placement``) and shares its blobs (``SessionStore.fork``). The source is read under its
+        lock, never changed; nobody needs to own it.
 
         Each child is whole or absent: one written before a failure (or a kill) stays, an ordinary session that
         names its source in ``forked_from``.
@@ -169,7 +171,8 @@ class CheckpointLedger:
                 child.apply(snapshot)
                 child.committed_at, child.changed = snapshot.at, list(snapshot.changed)
                 child.forked_from = {"session_id": source_id, "generation": snapshot.generation}
-                child.placement, child.scaffold = dict(source.placement), dict(source.scaffold)
+                child.placement = dict(source.placement if placement is None else placement)
+                child.scaffold = dict(source.scaffold)
                 store.fork(source_id, child, lease.new_lease(child.owner, child.epoch, now=time.time()))
                 made.append(cls(store, child, quota, keep=keep))
         return made
