@@ -385,10 +385,10 @@ class CheckpointLedger:
             for blob_id, blob in host.items():
                 if blob_id in blob_sizes:
                     blob.place()
+            changes: dict[str, Any] = {"unsaved": unsaved, **(counters or {})}
             if contexts is not None:
-                current.contexts = contexts
-            current.unsaved = unsaved
-            self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **(counters or {}))
+                changes["contexts"] = contexts
+            self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **changes)
         return delta["unsaved"]
 
     def _check_limits(self, variables: dict[str, str], blob_sizes: dict[str, int]) -> None:
@@ -461,10 +461,10 @@ class CheckpointLedger:
         current.generation, current.committed_at, current.rewound_from = generation, time.time(), None
 
     def _replace_manifest(
-        self, current: SessionRecord, variables: dict[str, str], blob_sizes: dict[str, int], **fields: int
+        self, current: SessionRecord, variables: dict[str, str], blob_sizes: dict[str, int], **fields: Any
     ) -> None:
-        """Switch to a new manifest in one rename (a new generation keeps the one before in the history), then delete
-        the blobs no kept manifest names any more (under the store lock)."""
+        """Switch to a new manifest and ``fields`` in one rename (a new generation keeps the one before in the
+        history), then delete the blobs no kept manifest names any more (under the store lock)."""
         named = current.named_blobs()
         generation = fields.pop("generation", current.generation)
         if generation != current.generation:
