@@ -113,7 +113,7 @@ def _amount(size: int) -> str:
 class CheckpointLedger:
     """The stored record of one session, changed only by its owner."""
 
-    def __init__(self, store: SessionStore, record: SessionRecord, quota: int, *, keep: int = 0) -> None:
+    def __init__(self, store: SessionStore, record: SessionRecord, quota: int, *, keep: int) -> None:
         """``quota``: the checkpoint quota in bytes; ``keep``: earlier generations kept (``history.retain``)."""
         self._store = store
         self.record = record
@@ -127,7 +127,7 @@ class CheckpointLedger:
         return self._store
 
     @classmethod
-    def create(cls, store: SessionStore, record: SessionRecord, quota: int, *, keep: int = 0) -> CheckpointLedger:
+    def create(cls, store: SessionStore, record: SessionRecord, quota: int, *, keep: int) -> CheckpointLedger:
         """Store a new session's ``record``, held by this process from now (its lease written with it)."""
         store.create(record, lease.new_lease(record.owner, record.epoch, now=time.time()))
         return cls(store, record, quota, keep=keep)
@@ -141,7 +141,7 @@ class CheckpointLedger:
         quota: int,
         *,
         at: int | None = None,
-        keep: int = 0,
+        keep: int,
         placement: dict[str, Any] | None = None,
     ) -> list[CheckpointLedger]:
         """Store ``children`` (new records: id, image, labels, times, owner set) as forks of ``source_id`` at its
@@ -179,7 +179,7 @@ class CheckpointLedger:
 
     @classmethod
     def take_ownership(
-        cls, store: SessionStore, session_id: str, quota: int, *, force: bool = False, keep: int = 0
+        cls, store: SessionStore, session_id: str, quota: int, *, keep: int, force: bool = False
     ) -> CheckpointLedger:
         """Become the session's owner: a new token and the next epoch, which makes every other handle stale.
 
