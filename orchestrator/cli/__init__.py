@@ -208,7 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
         "print their ids, one a line (ID is only read: it may be held or busy)",
     )
     fork.add_argument("session_id", metavar="ID")
-    fork.add_argument("-n", "--count", type=_count, default=1, metavar="N", help="how many forks (default 1)")
+    fork.add_argument("-n", "--count", type=_count, metavar="N", help="how many forks (default 1, or one per --name)")
+    fork.add_argument(
+        "--name",
+        dest="names",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a fork's id (3-63 lowercase letters, digits, dashes); repeatable, one per fork",
+    )
     fork.add_argument(
         "--at", type=_generation, metavar="GEN", help="fork from this kept generation (`history ID` lists them)"
     )

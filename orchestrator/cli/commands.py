@@ -174,8 +174,13 @@ def create(ctx: Context, args: argparse.Namespace) -> int:
 
 def fork(ctx: Context, args: argparse.Namespace) -> int:
     """Fork a stored session into new sessions left running (detached), as ``create`` leaves one; print their ids."""
+    count = args.count or len(args.names) or 1
+    if args.names and count != len(args.names):
+        raise UsageError(f"-n {count} with {len(args.names)} --name: give one --name per fork, or none")
     with ctx.out.progress(f"forking {args.session_id} ..."):
-        forks = ctx.orch.fork(args.session_id, args.count, at=args.at, labels=dict(args.labels))
+        forks = ctx.orch.fork(
+            args.session_id, count, at=args.at, labels=dict(args.labels), session_ids=args.names or None
+        )
     ctx.keep_running(forks)
     if ctx.out.json_mode:
         ctx.out.json([_fork_json(session) for session in forks])

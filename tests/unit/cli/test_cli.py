@@ -183,11 +183,17 @@ class FakeOrchestrator:
         return session
 
     def fork(
-        self, session_id: str, count: int = 1, *, at: int | None = None, labels: dict[str, str] | None = None
+        self,
+        session_id: str,
+        count: int = 1,
+        *,
+        at: int | None = None,
+        labels: dict[str, str] | None = None,
+        session_ids: list[str] | None = None,
     ) -> list[FakeSession]:
         self._check("fork", session_id)
         self.calls.append(("fork", (count, at, labels)))
-        forks = [FakeSession(f"f{n}", self.results) for n in range(count)]
+        forks = [FakeSession(name, self.results) for name in session_ids or [f"f{n}" for n in range(count)]]
         for session in forks:
             session.forked_from = (session_id, 3 if at is None else at)
         self.sessions.extend(forks)

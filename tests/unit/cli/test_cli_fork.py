@@ -37,6 +37,14 @@ def test_fork_prints_one_id_a_line_and_leaves_the_forks_running(fake, capsys):
     assert run(capsys, "fork", "s1", "-q") == (0, "f0\n", "")
 
 
+def test_fork_names_its_forks_one_name_each(fake, capsys):
+    assert run(capsys, "fork", "s1", "--name", "try-1", "--name", "try-2", "-q") == (0, "try-1\ntry-2\n", "")
+    assert ("fork", (2, None, {})) in fake.calls
+    assert run(capsys, "fork", "s1", "--name", "try-3", "-n", "1", "-q")[1] == "try-3\n"
+    code, out, err = run(capsys, "fork", "s1", "--name", "try-1", "-n", "2")
+    assert (code, out) == (Exit.USAGE, "") and err.startswith("orchestrator: UsageError: -n 2 with 1 --name")
+
+
 def test_fork_json_and_at(fake, capsys):
     code, out, err = run(capsys, "fork", "s1", "--at", "2", "-n", "2", "--json")
     assert (code, err) == (0, "") and ("fork", (2, 2, {})) in fake.calls
