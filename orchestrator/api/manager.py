@@ -391,14 +391,15 @@ class Orchestrator:
         return survey(self.store, self.backend, now=time.time() if now is None else now)
 
     def describe(self, session_id: str, *, now: float | None = None) -> SessionInfo:
-        """One session as ``list_sessions`` shows it.
+        """One session as ``list_sessions`` shows it, and the bytes it shares with other sessions (``shared_bytes``).
 
         Raises:
             SessionNotFound: no session with that id was stored.
         """
         if not self.store.exists(validate_session_id(session_id)):
             self.store.load(session_id)  # raises SessionNotFound with the store's path
-        return survey(self.store, self.backend, now=time.time() if now is None else now, session_ids=[session_id])[0]
+        now = time.time() if now is None else now
+        return survey(self.store, self.backend, now=now, session_ids=[session_id], shared=True)[0]
 
     def hibernate(self, session_id: str) -> bool:
         """Remove a session's container and keep its checkpoint; its next call (from any owner) resumes it.
