@@ -515,6 +515,19 @@ def test_rewind_and_fork_at_an_earlier_generation(make_repl) -> None:
         repl.fork(at=9999)
 
 
+def test_a_fork_that_cannot_be_made_leaves_nothing_behind(make_repl, repl_settings: Settings) -> None:
+    repl = make_repl()
+    repl.execute_code("x = 1")
+    for bad in ("Not An Id!", repl.session_id):
+        with pytest.raises(ConfigError):
+            repl.fork(session_id=bad)
+    assert _stored(repl_settings) == [repl.session_id]
+    assert out(repl.execute_code("print(x)")) == "1"
+    repl.cleanup()
+    with pytest.raises(SessionClosed):
+        repl.fork()
+
+
 def test_two_environments_are_isolated(make_repl) -> None:
     one = make_repl(subcall_fn=lambda p, m=None: completion("A"))
     two = make_repl(subcall_fn=lambda p, m=None: completion("B"))
