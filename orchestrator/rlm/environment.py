@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -73,8 +74,36 @@ def _open_session(
     return orch.create_session(session_id=session_id, image=image, labels={LABEL: "DockerREPL", **labels}), True
 
 
-def _release_session(session: Session, orch: Orchestrator, *, keep: bool) -> None:
-    """Detach (``keep``) or remove the session, then close the orchestrator; never raises an engine's error."""
+class _SharedOrchestrator:
+    """The orchestrator of an environment and of the forks made from it (one engine client, one warm pool), closed
+    when the last of them lets go of its session."""
+
+    def __init__(self, orch: Orchestrator) -> None:
+        self.orch = orch
+        self._users = 1
+        self._lock = threading.Lock()
+
+    def join(self) -> None:
+        """One more environment uses it.
+
+        Raises:
+            SessionClosed: the last one let go meanwhile (the orchestrator is closed).
+        """
+        with self._lock:
+            if self._users == 0:
+                raise SessionClosed("this DockerREPL was cleaned up or detached while it was being forked")
+            self._users += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self.orch.close()
+
+
+def _release_session(session: Session, shared: _SharedOrchestrator, *, keep: bool) -> None:
+    """Detach (``keep``) or remove the session, then let go of the orchestrator; never raises an engine's error."""
     try:
         if keep:
             session.detach()
@@ -83,16 +112,16 @@ def _release_session(session: Session, orch: Orchestrator, *, keep: bool) -> Non
     except OrchestratorError as exc:
         logger.warning("DockerREPL: releasing session %s failed: %s", session.id, exc)
     finally:
-        orch.close()
+        shared.leave()
 
 
-def _release_left(session: Session, orch: Orchestrator, pid: int) -> None:
+def _release_left(session: Session, shared: _SharedOrchestrator, pid: int) -> None:
     """An environment collected or left at exit without ``cleanup()``: clean it up, as ``cleanup()`` would.
 
     Only in the process that made it: a forked child inherits the finalizer, not the environment.
     """
     if os.getpid() == pid:
-        _release_session(session, orch, keep=False)
+        _release_session(session, shared, keep=False)
 
 
 class DockerREPL(NonIsolatedEnv):
@@ -180,7 +209,7 @@ class DockerREPL(NonIsolatedEnv):
         self._labels = dict(labels or {})
         self._bridge = self._new_bridge()
         self._compaction_history: list[Any] = []
-        self._orch: Orchestrator | None = None
+        self._orch: _SharedOrchestrator | None = None
         self._session: Session | None = None
         self._finalizer: weakref.finalize[..., DockerREPL] | None = None
         self._closed = False
@@ -222,14 +251,14 @@ class DockerREPL(NonIsolatedEnv):
                     session.detach()  # a resumed session outlives a failed start: it holds someone's state
             orch.close()  # removes a session created here
             raise
-        self._hold(orch, session)
+        self._hold(_SharedOrchestrator(orch), session)
         logger.info("DockerREPL on session %s (container %s)", session.id, (session.container_id or "?")[:12])
 
-    def _hold(self, orch: Orchestrator, session: Session) -> None:
-        """Make ``session`` (owned by ``orch``, which only this environment uses) this environment's."""
-        self._orch, self._session, self._closed = orch, session, False
+    def _hold(self, shared: _SharedOrchestrator, session: Session) -> None:
+        """Make ``session`` (owned by ``shared``'s orchestrator, which this environment has joined) this one's."""
+        self._orch, self._session, self._closed = shared, session, False
         # It must not hold self: it is what runs when self is collected (or at exit) without cleanup().
-        self._finalizer = weakref.finalize(self, _release_left, session, orch, os.getpid())
+        self._finalizer = weakref.finalize(self, _release_left, session, shared, os.getpid())
 
     def _new_bridge(self) -> LMBridge:
         """The host side of this environment's LM calls: its own handler address, depth and sub-call slots."""
@@ -361,12 +390,13 @@ class DockerREPL(NonIsolatedEnv):
             ConfigError: ``session_id`` is invalid or taken.
             SessionClosed: this environment was cleaned up.
         """
-        source = self._live()
-        orch = Orchestrator(self._settings)
+        source, shared = self._live(), self._orch
+        assert shared is not None  # held with the session
+        shared.join()
         try:
-            session = orch.fork(source.id, at=at, session_ids=None if session_id is None else [session_id])[0]
+            session = source.fork(at=at, session_id=session_id)
         except BaseException:
-            orch.close()
+            shared.leave()
             raise
         # The configuration (what rlms' base and __init__ set) is the same; what is one environment's is made anew.
         child = copy.copy(self)
@@ -374,7 +404,7 @@ class DockerREPL(NonIsolatedEnv):
         child._labels = dict(self._labels)
         child._bridge = child._new_bridge()
         child._compaction_history = list(self._compaction_history)
-        child._hold(orch, session)
+        child._hold(shared, session)
         logger.info("DockerREPL on session %s forked from %s", session.id, source.id)
         return child
 
