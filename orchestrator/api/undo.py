@@ -77,7 +77,7 @@ class UndoLog:
         try:
             rewound = self._session.rewind(target)
         except GenerationNotFound:
-            self._before.clear()  # history is kept newest first: every earlier one is gone too
+            self._before.clear()  # the oldest generations go first: every earlier one is gone too
             return _not_undone(
                 "The session no longer keeps the state from before that call (it keeps only its most recent "
                 "states), so it cannot be undone."
