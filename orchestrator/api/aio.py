@@ -219,10 +219,11 @@ class AsyncSession:
         return self.sync.interrupt()
 
     async def as_tool(
-        self, *, max_timeout: float | None = None, max_answer_chars: int = DEFAULT_ANSWER_CHARS
+        self, *, max_timeout: float | None = None, max_answer_chars: int = DEFAULT_ANSWER_CHARS, undo: bool = False
     ) -> AsyncPythonTool:
         """This session as tools for a model (``Session.as_tool``), answering through coroutines."""
-        return AsyncPythonTool._of(self, self.sync.as_tool(max_timeout=max_timeout, max_answer_chars=max_answer_chars))
+        tool = self.sync.as_tool(max_timeout=max_timeout, max_answer_chars=max_answer_chars, undo=undo)
+        return AsyncPythonTool._of(self, tool)
 
     async def set_scaffold(self, code: str, *, names: Collection[str] = ()) -> None:
         await self._threads.run(self.sync.set_scaffold, code, names=names)
@@ -382,6 +383,7 @@ class AsyncPythonTool:
         max_answer_chars: int = DEFAULT_ANSWER_CHARS,
         output_dir: str | os.PathLike[str] | None = None,
         max_output_files: int = 64,
+        undo: bool = False,
     ) -> None:
         self.session = session
         self.sync = PythonTool(
@@ -390,6 +392,7 @@ class AsyncPythonTool:
             max_answer_chars=max_answer_chars,
             output_dir=output_dir,
             max_output_files=max_output_files,
+            undo=undo,
         )
 
     @classmethod
@@ -401,6 +404,10 @@ class AsyncPythonTool:
     @property
     def definitions(self) -> list[dict[str, Any]]:
         return self.sync.definitions
+
+    @property
+    def undo(self) -> bool:
+        return self.sync.undo
 
     async def handle(self, name: str, arguments: str | Mapping[str, Any] | None) -> str:
         """``PythonTool.handle`` as a coroutine: the text for the model (bad calls and failures are answers)."""

@@ -368,8 +368,11 @@ class Session:
         logger.info("session %s: rewound to generation %d as %d", self.id, generation, self.generation)
         return self.history()[-1]
 
-    def as_tool(self, *, max_timeout: float | None = None, max_answer_chars: int = DEFAULT_ANSWER_CHARS) -> PythonTool:
-        """This session as OpenAI-style function tools for a model (``execute_code``, ``reset_repl``); docs/tools.md.
+    def as_tool(
+        self, *, max_timeout: float | None = None, max_answer_chars: int = DEFAULT_ANSWER_CHARS, undo: bool = False
+    ) -> PythonTool:
+        """This session as OpenAI-style function tools for a model (``execute_code``, ``reset_repl``, and with
+        ``undo`` ``undo_last_cell``); docs/tools.md.
 
         Answers are at most ``max_answer_chars`` characters; the whole text of what one cuts is kept with the
         session's output files (``Settings.limits.max_output_files``), and the answer names the file.
@@ -380,6 +383,7 @@ class Session:
             max_answer_chars=max_answer_chars,
             output_dir=self._ledger.store.outputs_dir(self.id),
             max_output_files=self._settings.limits.max_output_files,
+            undo=undo,
         )
 
     def set_scaffold(self, code: str, *, names: Collection[str] = ()) -> None:
