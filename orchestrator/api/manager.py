@@ -41,7 +41,7 @@ from ..runtime.sandbox import Sandbox
 from ..state.activity import Activity
 from ..state.controllers import controller_labels
 from ..state.lease import RENEW_EVERY
-from ..state.ledger import CheckpointLedger, new_owner_token
+from ..state.ledger import CheckpointLedger, generation_not_found, new_owner_token
 from ..state.store import SessionRecord, SessionStore, validate_session_id
 from ..wire.endpoint import ensure_private_dir
 from .results import Generation, generations
@@ -329,6 +329,10 @@ class Orchestrator:
             SessionNotFound: no session with that id was stored.
         """
         held = self._held(session_id)
+        if held is None and is_count(generation):  # refused before the session is taken from anyone
+            record = self.store.load(validate_session_id(session_id))
+            if record.generation_at(generation) is None:
+                raise generation_not_found(record, generation)
         session, _ = held or self._attach(session_id, force=force)
         try:
             return session.rewind(generation)

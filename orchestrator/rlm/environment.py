@@ -52,7 +52,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CELL_TIMEOUT = 600.0
 """Seconds a cell may run (the peer has no limit at all; long LM sub-calls need a generous one)."""
-LABEL = "orchestrator.rlm.environment"
 
 
 def _address(address: Any) -> Address | None:
@@ -71,7 +70,8 @@ def _open_session(
             return orch.attach(session_id), False
         except SessionNotFound:
             pass
-    return orch.create_session(session_id=session_id, image=image, labels={LABEL: "DockerREPL", **labels}), True
+    # No label of our own: a session with labels never takes a sandbox from the warm pool, and forks should.
+    return orch.create_session(session_id=session_id, image=image, labels=labels), True
 
 
 class _SharedOrchestrator:

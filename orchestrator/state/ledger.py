@@ -101,9 +101,13 @@ def _key_bytes(variables: dict[str, str]) -> int:
     return sum(protocol.key_bytes(key) for key in variables)
 
 
-def _generations(record: SessionRecord) -> str:
-    kept = [s.generation for s in record.history] + [record.generation]
-    return "generation " + ", ".join(map(str, kept))
+def generation_not_found(record: SessionRecord, generation: int) -> GenerationNotFound:
+    """The error for a generation ``record`` does not keep, naming those it keeps."""
+    kept = ", ".join(str(g) for g in [*(s.generation for s in record.history), record.generation])
+    return GenerationNotFound(
+        f"session {record.session_id} keeps no generation {generation}; it keeps generation {kept} "
+        "(Settings.limits.history_generations, ORCH_HISTORY_GENERATIONS, keeps more)"
+    )
 
 
 def _amount(size: int) -> str:
@@ -162,10 +166,7 @@ class CheckpointLedger:
         with store.transaction(source_id) as source:
             snapshot = source.snapshot() if at is None else source.generation_at(at)
             if snapshot is None:
-                raise GenerationNotFound(
-                    f"session {source_id} keeps no generation {at}; it keeps "
-                    f"{_generations(source)} (Settings.limits.history_generations keeps more)"
-                )
+                raise generation_not_found(source, at or 0)
             for child in children:
                 child.generation = snapshot.generation
                 child.apply(snapshot)
@@ -443,10 +444,7 @@ class CheckpointLedger:
         with self.owned() as current:
             target = current.generation_at(generation)
             if target is None:
-                raise GenerationNotFound(
-                    f"session {self.session_id} keeps no generation {generation}; it keeps {_generations(current)} "
-                    "(Settings.limits.history_generations keeps more)"
-                )
+                raise generation_not_found(current, generation)
             before = dict(current.variables)
             self._advance(current, current.generation + 1)
             current.apply(target)
