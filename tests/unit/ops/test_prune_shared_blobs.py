@@ -4,6 +4,7 @@ names; removing the last session that names it frees it."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from orchestrator.ops.janitor import Janitor
 
 BIG = "x" * 200_000
 BIG_BLOB = protocol.blob_digest(BIG.encode())
+HOUR = 3600.0
 
 
 @pytest.fixture
@@ -121,4 +123,29 @@ def test_removing_the_last_holder_frees_the_bytes(orch: Orchestrator, sweep) -> 
     fork.close()
     sweep()
     assert disk_bytes(orch.settings.state_dir) < after_source - len(BIG)
+    assert holders(orch) == {}
+
+
+def test_prune_reports_as_freed_only_the_bytes_no_fork_shares(orch: Orchestrator) -> None:
+    source = orch.create_session()
+    source.execute(f"big = {BIG}")
+    (fork,) = orch.fork(source.id)
+    own = "y" * 50_000
+    source.execute(f"own = {own}")  # the source's alone
+    source.execute("own = z")  # still its alone: a kept generation names it
+
+    def remove(session_id: str) -> int:
+        past = time.time() - 2 * HOUR
+        os.utime(orch.store.activity_path(session_id), (past, past))
+        report = orch.prune(idle_for=HOUR)
+        (removed,) = [a for a in report.actions if a.action == "remove"]
+        assert removed.ok and removed.target == session_id
+        return removed.freed_bytes
+
+    before = disk_bytes(orch.settings.state_dir)
+    freed = remove(source.id)
+    assert len(own) <= freed < len(own) + 100  # not the big blob: the fork still holds it
+    assert before - disk_bytes(orch.settings.state_dir) >= freed
+    assert holders(orch) == {fork.id: os.stat(orch.store.blob_path(fork.id, BIG_BLOB)).st_ino}
+    assert len(BIG) <= remove(fork.id) < len(BIG) + 100
     assert holders(orch) == {}
