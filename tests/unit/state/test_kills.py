@@ -260,3 +260,46 @@ def test_prune_within_the_grace_leaves_a_fork_being_written(tmp_path: Path) -> N
     assert_every_named_blob_is_there(store)
     with pytest.raises(SessionNotFound):
         store.load("s-f1")
+
+
+def _churn(root: Path, rounds: int) -> None:
+    """Fork the source, check the fork, change the source (a generation leaves the history), remove an old fork."""
+    store = SessionStore(root)
+    source = owned(store, "s-src")
+    cycle = [D1, D2, D3, D4]
+    for i in range(rounds):
+        (child,) = CheckpointLedger.fork(store, "s-src", [new_record(f"s-c{i}")], QUOTA, keep=KEEP)
+        assert child.record.variables == source.record.variables
+        for blob_id in child.record.named_blobs():
+            assert store.blob_path(child.session_id, blob_id).read_bytes() == CONTENT[blob_id]
+        commit(source, source.record.generation + 1, {"a": cycle[i % 4], "b": cycle[(i + 1) % 4]})
+        if i >= 2:
+            CheckpointLedger(store, store.load(f"s-c{i - 2}"), QUOTA).delete()
+
+
+def _prune_until(settings_root: Path, stop: Any, prunes: Any) -> None:
+    with Orchestrator(fake_settings(settings_root), backend=FakeBackend()) as orch:
+        while not stop.is_set():
+            report = orch.prune()
+            assert not report.failed, report.summary()
+            prunes.value += 1
+
+
+def test_forks_commits_and_removals_beside_prunes_in_another_process_lose_nothing(tmp_path: Path) -> None:
+    settings = fake_settings(tmp_path)
+    store = SessionStore(settings.state_dir)
+    prepare(store)
+    context = multiprocessing.get_context("fork")
+    stop, prunes = context.Event(), context.Value("i", 0)
+    pruner = context.Process(target=_prune_until, args=(tmp_path, stop, prunes))
+    pruner.start()
+    churn = context.Process(target=_churn, args=(store.base, 60))
+    churn.start()
+    churn.join(120)
+    stop.set()
+    pruner.join(120)
+    assert (churn.exitcode, pruner.exitcode) == (0, 0)
+    assert prunes.value > 0
+    assert sorted(store.ids()) == ["s-c58", "s-c59", "s-old", "s-src"]
+    assert_every_named_blob_is_there(store)
+    assert leftovers(store) == []
