@@ -47,6 +47,7 @@ def main(orch, args):
 FORKER = """
 import signal
 from orchestrator.runtime.restore import SessionSandbox
+from orchestrator.runtime.sandbox import Sandbox
 from orchestrator.state.ledger import CheckpointLedger
 
 def die(*_):
@@ -65,6 +66,9 @@ def main(orch, args):
     elif point == "stored":
         real_fork = CheckpointLedger.fork.__func__
         CheckpointLedger.fork = classmethod(lambda cls, *a, **k: die(real_fork(cls, *a, **k)))
+    elif point == "container":
+        real_sandbox = Sandbox.start.__func__
+        Sandbox.start = classmethod(lambda cls, *a, **k: die(real_sandbox(cls, *a, **k)))
     elif point == "started":
         real_start = SessionSandbox.start
         SessionSandbox.start = lambda self: die(real_start(self))
@@ -87,9 +91,10 @@ def main(orch, args):
 """
 """Rewinds the session and is SIGKILLed once the rewound record is stored, before its live sandbox is restored."""
 
-POINTS = [("link:1", 0), ("link:4", 1), ("stored", 2), ("started", 2)]
+POINTS = [("link:1", 0), ("link:4", 1), ("stored", 2), ("container", 2), ("started", 2)]
 """Where B is killed, and how many of its two forks are then whole: the first link of the first fork; the first
-link of the second (the first fork's three are done); both records stored, no sandbox; the first fork started."""
+link of the second (the first fork's three are done); both records stored, no sandbox; the first fork's container
+running, not yet recorded; the first fork started."""
 
 
 @pytest.fixture
@@ -177,6 +182,8 @@ def test_forks_killed_at_each_step_while_another_process_runs_calls(
             generation = orch.store.load(fork_id).forked_from["generation"]
             assert fork.generation == generation
             assert fork.execute("n, len(data), len(words)").return_value == f"({generation - base}, {DATA_BYTES}, 1000)"
+            # One container each: one a killed controller started and never recorded is removed on attach.
+            assert [c.id for c in orch.containers(fork_id)] == [fork.container_id]
 
         # The source goes; the forks keep every blob, and restore from them into new sandboxes.
         orch.attach(sid).close()
