@@ -55,6 +55,7 @@ class PruneAction:
     ok: bool = True
     error: str | None = None
     freed_bytes: int = 0
+    """Bytes that leave the disk: a removed session's blobs (its kept generations' too) that no fork shares."""
 
     def describe(self, dry_run: bool) -> str:
         """One line for logs and the CLI."""
