@@ -2,7 +2,7 @@
 
 Process A holds a session and runs calls on it the whole time, while processes B fork it and are killed at
 chosen steps (after the first blob link, inside the second fork, once the forks are stored, once the first
-fork's sandbox started). After each kill: each fork is listed with every blob or not at all; afterwards A's
+fork's container runs but is not recorded, once the first fork's sandbox started). After each kill: each fork is listed with every blob or not at all; afterwards A's
 session and every fork that survived work (attached by another controller, their state the source's at the
 generation they name), prune removes only the leftovers, and the forks outlive the source's removal.
 The store-level steps one by one (every link, rename and unlink) are in tests/unit/state/test_kills.py.
