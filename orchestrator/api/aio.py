@@ -474,10 +474,11 @@ class AsyncOrchestrator:
         at: int | None = None,
         labels: Mapping[str, str] | None = None,
         session_ids: Sequence[str] | None = None,
+        placement: Placement | None = None,
     ) -> list[AsyncSession]:
         """``Orchestrator.fork`` (same arguments), the forks as async handles."""
         forks = await self._threads.run(
-            self.sync.fork, session_id, count, at=at, labels=labels, session_ids=session_ids
+            self.sync.fork, session_id, count, at=at, labels=labels, session_ids=session_ids, placement=placement
         )
         return [self._handle(fork) for fork in forks]
 

@@ -10,6 +10,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,9 @@ from .results import Generation, generations
 from .session import Session, SessionState
 
 logger = logging.getLogger(__name__)
+
+_FORK_STARTS = 8
+"""Forks whose sandboxes ``Orchestrator.fork`` starts and restores at once."""
 
 
 def _check_labels(labels: Mapping[str, str] | None) -> None:
@@ -135,11 +139,7 @@ class Orchestrator:
         session_id = validate_session_id(session_id) if session_id else f"s{secrets.token_hex(6)}"
         _check_labels(labels)
         placement = placement or Placement()
-        if not placement.is_empty() and self.settings.backend != "swarm":
-            raise ConfigError(
-                "a session placement (constraints, reservations) needs Settings.backend='swarm' (ORCH_BACKEND=swarm); "
-                "the docker backend runs every sandbox on one engine"
-            )
+        self._check_placement(placement)
         image = image or self.default_image
         if not self.backend.image_exists(image):
             raise ImageMissing(
@@ -214,6 +214,13 @@ class Orchestrator:
             raise
         return session, sandbox
 
+    def _check_placement(self, placement: Placement | None) -> None:
+        if placement is not None and not placement.is_empty() and self.settings.backend != "swarm":
+            raise ConfigError(
+                "a session placement (constraints, reservations) needs Settings.backend='swarm' (ORCH_BACKEND=swarm); "
+                "the docker backend runs every sandbox on one engine"
+            )
+
     @property
     def _quota(self) -> int:
         return self.settings.limits.checkpoint_quota_bytes
@@ -230,6 +237,7 @@ class Orchestrator:
         at: int | None = None,
         labels: Mapping[str, str] | None = None,
         session_ids: Sequence[str] | None = None,
+        placement: Placement | None = None,
     ) -> list[Session]:
         """``count`` new sessions, owned by this orchestrator, each with the state of stored session ``session_id``:
         its last committed generation, or the kept generation ``at`` (``history``).
@@ -247,6 +255,7 @@ class Orchestrator:
 
         Args:
             session_ids: the forks' ids (``count`` of them); default: new random ones.
+            placement: where the forks' sandboxes may run (Swarm backend); default: the source's placement.
 
         Raises:
             GenerationNotFound: ``at`` is not a generation the source keeps.
@@ -262,6 +271,7 @@ class Orchestrator:
             raise ConfigError(f"session_ids must name {count} different ids, got {ids!r}")
         ids = [validate_session_id(child) for child in ids]
         _check_labels(labels)
+        self._check_placement(placement)
         source = self.store.load(validate_session_id(session_id))
         now = time.time()
         children = [
@@ -276,11 +286,20 @@ class Orchestrator:
             )
             for child in ids
         ]
-        ledgers = CheckpointLedger.fork(self.store, session_id, children, self._quota, at=at, keep=self._keep)
+        ledgers = CheckpointLedger.fork(
+            self.store,
+            session_id,
+            children,
+            self._quota,
+            at=at,
+            keep=self._keep,
+            placement=None if placement is None else placement.to_json(),
+        )
         forks = [self._session(ledger) for ledger in ledgers]
         try:
-            for _, sandbox in forks:
-                sandbox.start()
+            with ThreadPoolExecutor(min(count, _FORK_STARTS), thread_name_prefix="fork-start") as starts:
+                for started in [starts.submit(sandbox.start) for _, sandbox in forks]:
+                    started.result()
         except BaseException:
             for fork, _ in forks:
                 with contextlib.suppress(OrchestratorError):

@@ -114,7 +114,7 @@ def _amount(size: int) -> str:
 class CheckpointLedger:
     """The stored record of one session, changed only by its owner."""
 
-    def __init__(self, store: SessionStore, record: SessionRecord, quota: int, *, keep: int = 0) -> None:
+    def __init__(self, store: SessionStore, record: SessionRecord, quota: int, *, keep: int) -> None:
         """``quota``: the checkpoint quota in bytes; ``keep``: earlier generations kept (``history.retain``)."""
         self._store = store
         self.record = record
@@ -128,7 +128,7 @@ class CheckpointLedger:
         return self._store
 
     @classmethod
-    def create(cls, store: SessionStore, record: SessionRecord, quota: int, *, keep: int = 0) -> CheckpointLedger:
+    def create(cls, store: SessionStore, record: SessionRecord, quota: int, *, keep: int) -> CheckpointLedger:
         """Store a new session's ``record``, held by this process from now (its lease written with it)."""
         store.create(record, lease.new_lease(record.owner, record.epoch, now=time.time()))
         return cls(store, record, quota, keep=keep)
@@ -142,11 +142,13 @@ class CheckpointLedger:
         quota: int,
         *,
         at: int | None = None,
-        keep: int = 0,
+        keep: int,
+        placement: dict[str, Any] | None = None,
     ) -> list[CheckpointLedger]:
         """Store ``children`` (new records: id, image, labels, times, owner set) as forks of ``source_id`` at its
-        last committed generation, or at the kept generation ``at``: each gets that generation's state and shares
-        its blobs (``SessionStore.fork``). The source is read under its lock, never changed; nobody needs to own it.
+        last committed generation, or at the kept generation ``at``: each gets that generation's state, scaffold
+        and placement (or ``placement``) and shares its blobs (``SessionStore.fork``). The source is read under its
+        lock, never changed; nobody needs to own it.
 
         Each child is whole or absent. When one cannot be made, those made before it are removed again and the error
         raised; a kill leaves those written before it, ordinary sessions that name their source in ``forked_from``.
@@ -171,7 +173,8 @@ class CheckpointLedger:
                     child.apply(snapshot)
                     child.committed_at, child.changed = snapshot.at, list(snapshot.changed)
                     child.forked_from = {"session_id": source_id, "generation": snapshot.generation}
-                    child.placement, child.scaffold = dict(source.placement), dict(source.scaffold)
+                    child.placement = dict(source.placement if placement is None else placement)
+                    child.scaffold = dict(source.scaffold)
                     store.fork(source_id, child, lease.new_lease(child.owner, child.epoch, now=time.time()))
                     made.append(cls(store, child, quota, keep=keep))
             except BaseException:
@@ -183,7 +186,7 @@ class CheckpointLedger:
 
     @classmethod
     def take_ownership(
-        cls, store: SessionStore, session_id: str, quota: int, *, force: bool = False, keep: int = 0
+        cls, store: SessionStore, session_id: str, quota: int, *, keep: int, force: bool = False
     ) -> CheckpointLedger:
         """Become the session's owner: a new token and the next epoch, which makes every other handle stale.
 
@@ -389,10 +392,10 @@ class CheckpointLedger:
             for blob_id, blob in host.items():
                 if blob_id in blob_sizes:
                     blob.place()
+            changes: dict[str, Any] = {"unsaved": unsaved, **(counters or {})}
             if contexts is not None:
-                current.contexts = contexts
-            current.unsaved = unsaved
-            self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **(counters or {}))
+                changes["contexts"] = contexts
+            self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **changes)
         return delta["unsaved"]
 
     def _check_limits(self, variables: dict[str, str], blob_sizes: dict[str, int]) -> None:
@@ -465,10 +468,10 @@ class CheckpointLedger:
         current.generation, current.committed_at, current.rewound_from = generation, time.time(), None
 
     def _replace_manifest(
-        self, current: SessionRecord, variables: dict[str, str], blob_sizes: dict[str, int], **fields: int
+        self, current: SessionRecord, variables: dict[str, str], blob_sizes: dict[str, int], **fields: Any
     ) -> None:
-        """Switch to a new manifest in one rename (a new generation keeps the one before in the history), then delete
-        the blobs no kept manifest names any more (under the store lock)."""
+        """Switch to a new manifest and ``fields`` in one rename (a new generation keeps the one before in the
+        history), then delete the blobs no kept manifest names any more (under the store lock)."""
         named = current.named_blobs()
         generation = fields.pop("generation", current.generation)
         if generation != current.generation:

@@ -1,11 +1,12 @@
 """Fork and rewind with controllers SIGKILLed in the middle, against a real engine and real processes.
 
 Process A holds a session and runs calls on it the whole time, while processes B fork it and are killed at
-chosen steps (after the first blob link, inside the second fork, once the forks are stored, once the first
-fork's container runs but is not recorded, once the first fork's sandbox started). After each kill: each fork is listed with every blob or not at all; afterwards A's
-session and every fork that survived work (attached by another controller, their state the source's at the
-generation they name), prune removes only the leftovers, and the forks outlive the source's removal.
-The store-level steps one by one (every link, rename and unlink) are in tests/unit/state/test_kills.py.
+chosen steps (after the first blob link, inside the second fork, once the forks are stored, once a fork's
+container runs but is not recorded, once a fork's sandbox started). After each kill: each fork is listed with
+every blob or not at all; afterwards A's session and every fork that survived work (attached by another
+controller, their state the source's at the generation they name), prune removes only the leftovers, and the
+forks outlive the source's removal. The store-level steps one by one (every link, rename and unlink) are in
+tests/unit/state/test_kills.py.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def main(orch, args):
 POINTS = [("link:1", 0), ("link:4", 1), ("stored", 2), ("container", 2), ("started", 2)]
 """Where B is killed, and how many of its two forks are then whole: the first link of the first fork; the first
 link of the second (the first fork's three are done); both records stored, no sandbox; the first fork's container
-running, not yet recorded; the first fork started."""
+running, not yet recorded; the first fork started (the forks start side by side)."""
 
 
 @pytest.fixture

@@ -274,7 +274,7 @@ def _churn(root: Path, rounds: int) -> None:
             assert store.blob_path(child.session_id, blob_id).read_bytes() == CONTENT[blob_id]
         commit(source, source.record.generation + 1, {"a": cycle[i % 4], "b": cycle[(i + 1) % 4]})
         if i >= 2:
-            CheckpointLedger(store, store.load(f"s-c{i - 2}"), QUOTA).delete()
+            CheckpointLedger(store, store.load(f"s-c{i - 2}"), QUOTA, keep=KEEP).delete()
 
 
 def _prune_until(settings_root: Path, stop: Any, prunes: Any) -> None:
