@@ -81,16 +81,31 @@ def main(orch, args):
 
 REWINDER = """
 import signal
+from orchestrator.agent import protocol
 from orchestrator.runtime.restore import SessionSandbox
+from orchestrator.runtime.sandbox import Sandbox
+
+def die(*_):
+    os.kill(os.getpid(), signal.SIGKILL)
 
 def main(orch, args):
     session = orch.attach(args["sid"])
-    SessionSandbox.load_current = lambda self: os.kill(os.getpid(), signal.SIGKILL)
+    if args["point"] == "rewound":
+        SessionSandbox.load_current = die
+    else:
+        real_control = Sandbox._control
+        def control(self, header, *a, **k):
+            if header["type"] == protocol.RESTORE_END:
+                die()
+            return real_control(self, header, *a, **k)
+        Sandbox._control = control
     emit("ready")
     session.rewind(args["generation"])
     return "not killed"
 """
-"""Rewinds the session and is SIGKILLed once the rewound record is stored, before its live sandbox is restored."""
+"""Rewinds the session, SIGKILLed once the rewound record is stored: before its live sandbox is restored
+("rewound"), or when every value is loaded into it but the restore is not ended ("restoring")."""
+
 
 POINTS = [("link:1", 0), ("link:4", 1), ("stored", 2), ("container", 2), ("started", 2)]
 """Where B is killed, and how many of its two forks are then whole: the first link of the first fork; the first
@@ -201,7 +216,9 @@ def test_forks_killed_at_each_step_while_another_process_runs_calls(
                 close_quietly(orch.attach(fork_id, force=True))
 
 
+@pytest.mark.parametrize("point", ["rewound", "restoring"])
 def test_a_rewind_killed_before_its_sandbox_is_restored_is_whole_for_the_next_controller(
+    point: str,
     settings_for: Callable[..., Settings],
     make_orch: Callable[[Settings], Orchestrator],
     new_session: Callable[..., Session],
@@ -216,20 +233,21 @@ def test_a_rewind_killed_before_its_sandbox_is_restored_is_whole_for_the_next_co
     container = session.container_id
     session.detach()
 
-    _killed(script(settings, REWINDER, {"sid": session.id, "generation": good}))
+    _killed(script(settings, REWINDER, {"sid": session.id, "generation": good, "point": point}))
     record = orch.store.load(session.id)
     assert record.rewound_from == good and record.generation == good + 2
     _whole(orch, session.id)
 
-    # The next controller takes the live sandbox over (its worker still holds the state before the rewind) and
-    # brings it to the stored, rewound generation.
+    # The next controller takes the live sandbox over (its worker holds the state before the rewind, or a restore
+    # that never ended) and brings it to the stored, rewound generation.
     again = orch.attach(session.id)
     try:
         assert again.container_id == container
         assert again.generation == good + 2
         assert again.execute("x, y, 'z' in globals()").return_value == "(1, [1, 2], False)"
+        assert again.execute("w = 4").generation == good + 3  # the worker and the record agree on the generation
         assert not orch.prune().failed
         _whole(orch, session.id)
-        assert [g.generation for g in again.history()][-3:] == [good, good + 1, good + 2]
+        assert [g.generation for g in again.history()][-4:] == [good, good + 1, good + 2, good + 3]
     finally:
         close_quietly(again)
