@@ -33,6 +33,7 @@ from ..errors import (
     CheckpointLimitExceeded,
     CheckpointQuotaExceeded,
     GenerationNotFound,
+    OrchestratorError,
     ProtocolError,
     SessionAttachedElsewhere,
     SessionHeld,
@@ -153,8 +154,8 @@ class CheckpointLedger:
         and placement (or ``placement``) and shares its blobs (``SessionStore.fork``). The source is read under its
         lock, never changed; nobody needs to own it.
 
-        Each child is whole or absent: one written before a failure (or a kill) stays, an ordinary session that
-        names its source in ``forked_from``.
+        Each child is whole or absent. When one cannot be made, those made before it are removed again and the error
+        raised; a kill leaves those written before it, ordinary sessions that name their source in ``forked_from``.
 
         Raises:
             GenerationNotFound: ``at`` is not a generation the source keeps (the message names those it keeps).
@@ -167,15 +168,21 @@ class CheckpointLedger:
             snapshot = source.snapshot() if at is None else source.generation_at(at)
             if snapshot is None:
                 raise generation_not_found(source, at or 0)
-            for child in children:
-                child.generation = snapshot.generation
-                child.apply(snapshot)
-                child.committed_at, child.changed = snapshot.at, list(snapshot.changed)
-                child.forked_from = {"session_id": source_id, "generation": snapshot.generation}
-                child.placement = dict(source.placement if placement is None else placement)
-                child.scaffold = dict(source.scaffold)
-                store.fork(source_id, child, lease.new_lease(child.owner, child.epoch, now=time.time()))
-                made.append(cls(store, child, quota, keep=keep))
+            try:
+                for child in children:
+                    child.generation = snapshot.generation
+                    child.apply(snapshot)
+                    child.committed_at, child.changed = snapshot.at, list(snapshot.changed)
+                    child.forked_from = {"session_id": source_id, "generation": snapshot.generation}
+                    child.placement = dict(source.placement if placement is None else placement)
+                    child.scaffold = dict(source.scaffold)
+                    store.fork(source_id, child, lease.new_lease(child.owner, child.epoch, now=time.time()))
+                    made.append(cls(store, child, quota, keep=keep))
+            except BaseException:
+                for ledger in made:
+                    with contextlib.suppress(OrchestratorError):  # taken meanwhile (by force), or gone: left alone
+                        ledger.delete()
+                raise
         return made
 
     @classmethod
