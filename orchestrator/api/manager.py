@@ -22,6 +22,7 @@ from ..config import Settings
 from ..errors import (
     CheckpointError,
     ConfigError,
+    EngineError,
     ImageMissing,
     OrchestratorError,
     SessionAttachedElsewhere,
@@ -454,9 +455,17 @@ class Orchestrator:
             ConfigError: the session has no container now (hibernated, or never started).
         """
         record = self.store.load(session_id)
+        gone = ConfigError(f"session {session_id} has no container now (hibernated or gone); its log went with it")
         if record.container_id is None or self.backend.inspect(record.container_id) is None:
-            raise ConfigError(f"session {session_id} has no container now (hibernated or gone); its log went with it")
-        return self.backend.logs(record.container_id, tail)
+            raise gone
+        try:
+            return self.backend.logs(record.container_id, tail)
+        except EngineError:  # removed meanwhile ("dead or marked for removal"): say which, as above
+            self.store.load(session_id)  # SessionNotFound when the session went with it
+            state = self.backend.inspect(record.container_id)
+            if state is None or state.status in ("removing", "dead"):
+                raise gone from None
+            raise
 
     def prune(
         self,
