@@ -363,6 +363,7 @@ class SessionStore:
         if lease is not None:
             LeaseFile(directory).write(lease)
         self.save(record)
+        self._flush_root()
 
     def fork(self, source_id: str, child: SessionRecord, lease: Lease) -> None:
         """Store ``child``, a new session whose manifests name blobs of ``source_id``: each blob is hard-linked, not
@@ -391,6 +392,7 @@ class SessionStore:
                 fsync_dir(directory / "blobs")
             LeaseFile(directory).write(lease)
             self.save(child)
+            self._flush_root()
         except FileNotFoundError as exc:
             shutil.rmtree(directory, ignore_errors=True)
             raise CheckpointError(
@@ -411,6 +413,14 @@ class SessionStore:
                 if info.st_nlink > 1:
                     shared += info.st_size
         return shared
+
+    def _flush_root(self) -> None:
+        """With ``fsync``, make a new session directory's entry in ``sessions/`` durable too."""
+        if self.fsync:
+            try:
+                fsync_dir(self.root)
+            except OSError as exc:
+                raise CheckpointError(f"cannot flush {self.root}: {exc}") from exc
 
     def save(self, record: SessionRecord) -> None:
         """Replace the record atomically (call it inside ``transaction``)."""
