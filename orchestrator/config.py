@@ -25,6 +25,7 @@ from .agent.confinement import MAX_WORKER_UID
 from .checks import is_count, is_integer, is_number
 from .errors import ConfigError
 from .files import replace_file
+from .metrics import parse_address
 from .units import DURATION_HELP, SIZE_HELP, parse_duration, parse_size
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ _UIDS = Reader(parse_uid_range, "range of uids")
 _COMMAND = Reader(lambda raw: tuple(shlex.split(raw)) or None, "command line")
 _COMMA_LIST = Reader(lambda raw: tuple(part.strip() for part in raw.split(",") if part.strip()), "list")
 _OPTIONAL_INTEGER = Reader(lambda raw: int(raw) if raw.strip() else None, "integer")
+_OPTIONAL_TEXT = Reader(lambda raw: raw.strip() or None, "str")
 _OPTIONAL_DURATION = Reader(lambda raw: parse_duration(raw) if raw.strip() else None, "duration")
 
 
@@ -430,6 +432,9 @@ class Settings(_Fields):
     """Where sandboxes run: "docker", containers on the engine DOCKER_HOST names; "swarm", one-replica services
     spread over the nodes of the Swarm whose manager DOCKER_HOST names, reached through a relay on each node
     (docs/swarm.md)."""
+    metrics_address: str | None = field(default=None, metadata=_env("ORCH_METRICS_ADDRESS", _OPTIONAL_TEXT))
+    """Where an ``Orchestrator`` serves Prometheus metrics (``/metrics``): "PORT" (on loopback), "HOST:PORT" or
+    "[::1]:PORT"; port 0 takes a free one. None serves none (docs/metrics.md)."""
     timeouts: Timeouts = field(default_factory=Timeouts)
     """How long each wait may last."""
     limits: ResourceLimits = field(default_factory=ResourceLimits)
@@ -454,6 +459,11 @@ class Settings(_Fields):
             object.__setattr__(self, "agent_command", command)
         object.__setattr__(self, "state_dir", Path(self.state_dir))
         object.__setattr__(self, "runtime_dir", Path(self.runtime_dir))
+        if self.metrics_address is not None:
+            try:
+                parse_address(self.metrics_address)
+            except ConfigError:
+                raise self._invalid("metrics_address", "PORT, HOST:PORT or [IPv6]:PORT") from None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

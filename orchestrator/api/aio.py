@@ -452,6 +452,10 @@ class AsyncOrchestrator:
     def default_image(self) -> str:
         return self.sync.default_image
 
+    @property
+    def metrics_address(self) -> str | None:
+        return self.sync.metrics_address
+
     async def build_image(self, *, rebuild: bool = False) -> str:
         return await self._threads.run(self.sync.build_image, rebuild=rebuild)
 

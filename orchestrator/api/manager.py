@@ -32,6 +32,7 @@ from ..errors import (
 )
 from ..evaluation import EvalOptions, EvalReport, Evaluator, ResultsFile, Submission, read_submissions, submissions_from
 from ..evaluation.evaluator import OnResult
+from ..metrics import NO_METRICS, Metrics, MetricsServer, Recorder
 from ..ops import capacity, hibernation, images
 from ..ops.pool import SandboxPool
 from ..ops.prune import Pruner, PruneReport
@@ -99,11 +100,37 @@ class Orchestrator:
         self._idle_watch: threading.Thread | None = None
         self._pool: SandboxPool | None = None
         self._renewer: threading.Thread | None = None
+        self.metrics: Recorder = NO_METRICS
+        """What this orchestrator's sessions, pool and evaluations are measured with (``Settings.metrics_address``)."""
+        self._metrics_server: MetricsServer | None = None
+        if self.settings.metrics_address is not None:
+            metrics = Metrics()
+            metrics.watch_sessions(self._session_states)
+            self._metrics_server = MetricsServer(metrics, self.settings.metrics_address)
+            self.metrics = metrics
         if self.settings.capacity.hibernate_after is not None:
             self._idle_watch = threading.Thread(
                 target=self._hibernate_idle_sessions, args=(self.settings.capacity.hibernate_after,), daemon=True
             )
             self._idle_watch.start()
+
+    @property
+    def metrics_address(self) -> str | None:
+        """Where this orchestrator serves ``/metrics`` (HOST:PORT, the port bound), or None (docs/metrics.md)."""
+        return None if self._metrics_server is None else self._metrics_server.address
+
+    def _session_states(self) -> list[str]:
+        """The state of each session this orchestrator holds, for ``orchestrator_sessions`` (no engine call)."""
+        states = []
+        for sandbox in self._held_sandboxes():
+            if sandbox.sandbox is None:
+                states.append("hibernated")
+            elif sandbox.lock.acquire(blocking=False):  # a call (or a start, a restore) holds it while it runs
+                sandbox.lock.release()
+                states.append("running")
+            else:
+                states.append("busy")
+        return states
 
     @property
     def default_image(self) -> str:
@@ -380,7 +407,7 @@ class Orchestrator:
             raise ConfigError("resume needs the results file (out) of the earlier run")
         results = None if out is None else ResultsFile(Path(out), resume=resume, fsync=True)
         try:
-            evaluator = Evaluator(self.backend, self.settings, options, image=self.default_image)
+            evaluator = Evaluator(self.backend, self.settings, options, image=self.default_image, metrics=self.metrics)
             return evaluator.run(
                 items, results_file=results, junit=None if junit is None else Path(junit), on_result=on_result
             )
@@ -537,6 +564,7 @@ class Orchestrator:
             # A pooled container has only the pool's labels and runs anywhere: a session with labels or a placement
             # of its own starts its own.
             take_pooled=(lambda image: None) if record.labels or record.placement else self._pooled_sandbox,
+            metrics=self.metrics,
         )
         session = Session(sandbox, on_close=self._forget, forker=self.fork)
         with self._lock:
@@ -581,6 +609,7 @@ class Orchestrator:
                     size=self.settings.capacity.pool_size,
                     share_network=False,  # a session keeps its sandbox for long: a namespace of its own
                     prepare=Sandbox.warm_up,  # its first checkpoint or restore then needs no import
+                    metrics=self.metrics,
                 )
             pool = self._pool
         try:
@@ -658,6 +687,8 @@ class Orchestrator:
                 if pool is not None:
                     pool.close()
             finally:
+                if self._metrics_server is not None:
+                    self._metrics_server.close()
                 if self._owns_backend:
                     self.backend.close()
         if failures:

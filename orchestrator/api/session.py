@@ -78,7 +78,7 @@ class Session:
         self._forker = forker
         self._ledger = sandbox.ledger
         self._settings = sandbox.settings
-        self._recovery = Recoverer(sandbox)
+        self._recovery = Recoverer(sandbox, sandbox.metrics)
         self._on_close = on_close
         self._live: LiveCall | None = None  # the running exec's output, input and interrupt (read by other threads)
         self._context_calls = ContextCalls(
@@ -228,6 +228,7 @@ class Session:
                     self._sandbox.handler_pool(),
                     max_held=self._settings.limits.max_host_calls_per_cell,
                     owner=self._sandbox,
+                    metrics=self._sandbox.metrics,
                 )
             )
             live = self._live = LiveCall(

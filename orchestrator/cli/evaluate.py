@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             out.note(f"orchestrator eval: invalid input: {one_line(line.describe())}")
         results = ResultsFile(args.out, resume=args.resume)
         try:
-            evaluator = Evaluator(orch.backend, orch.settings, options, image=orch.default_image)
+            evaluator = Evaluator(orch.backend, orch.settings, options, image=orch.default_image, metrics=orch.metrics)
             total = sum(1 for item in items if not isinstance(item, InvalidLine))
             with _progress(out, total, args.quiet) as advance:
                 report = evaluator.run(items, results_file=results, junit=args.junit, on_result=advance)

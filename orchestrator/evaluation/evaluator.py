@@ -23,6 +23,7 @@ from ..backends.base import Backend
 from ..checks import is_integer
 from ..config import Settings
 from ..errors import ConfigError, ImageMissing, OrchestratorError
+from ..metrics import NO_METRICS, Recorder
 from ..ops.pool import SandboxPool
 from ..runtime.sandbox import Sandbox
 from ..state.controllers import controller_labels, discard_left_behind, left_behind
@@ -109,8 +110,17 @@ OnResult = Callable[[EvalResult], None]
 class Evaluator:
     """Runs submissions under one ``Settings`` and ``EvalOptions`` on one backend."""
 
-    def __init__(self, backend: Backend, settings: Settings, options: EvalOptions | None = None, *, image: str) -> None:
-        """``image``: the sandbox image (with the agent) every submission runs in."""
+    def __init__(
+        self,
+        backend: Backend,
+        settings: Settings,
+        options: EvalOptions | None = None,
+        *,
+        image: str,
+        metrics: Recorder = NO_METRICS,
+    ) -> None:
+        """``image``: the sandbox image (with the agent) every submission runs in; ``metrics``: told each outcome."""
+        self._metrics = metrics
         self._backend = backend
         self._image = image
         self._options = options or EvalOptions()
@@ -172,6 +182,7 @@ class Evaluator:
             labels=self._labels,
             size=min(size, sum(1 for s in todo if s.memory in (None, self._default_memory))),
             share_network=self._options.share_network,
+            metrics=self._metrics,
         )
 
         def finish(result: EvalResult) -> None:
@@ -181,6 +192,7 @@ class Evaluator:
                 if results_file is not None:
                     results_file.append(result)
                 finished[result.id] = result
+            self._metrics.eval_result(result.status.value)
             if on_result is not None:
                 try:
                     on_result(result)

@@ -35,6 +35,7 @@ from typing import Any
 
 from ..agent import protocol
 from ..errors import ConfigError
+from ..metrics import NO_METRICS, Recorder
 from ..wire.wakeup import Wakeup
 
 logger = logging.getLogger(__name__)
@@ -193,8 +194,18 @@ class CallDesk:
     a handler that finishes later is only logged.
     """
 
-    def __init__(self, calls: HostCalls, pool: HandlerPool, *, max_held: int, owner: object = None) -> None:
-        """``owner``: what the calls serve (the session); ``serving(owner)`` is True in its handlers."""
+    def __init__(
+        self,
+        calls: HostCalls,
+        pool: HandlerPool,
+        *,
+        max_held: int,
+        owner: object = None,
+        metrics: Recorder = NO_METRICS,
+    ) -> None:
+        """``owner``: what the calls serve (the session); ``serving(owner)`` is True in its handlers. ``metrics`` is
+        told each call's outcome."""
+        self._metrics = metrics
         self._calls = calls
         self._pool = pool
         self._max_held = max_held
@@ -226,6 +237,8 @@ class CallDesk:
                 self._answer(call, f"host call {name!r} refused: {refused}")
             else:
                 self._start_waiting()
+                return
+        self._metrics.host_call("refused")
 
     def _queue(self, call: int, name: str, body: bytearray, expiry: float) -> str | None:
         """Put a call in the waiting line, or say why not (the sandbox must not fill the host's memory or threads)."""
@@ -265,6 +278,7 @@ class CallDesk:
                     )
             expired = [item for item in self._waiting if item[3] <= now]
             for item in expired:
+                self._metrics.host_call("expired")
                 self._waiting.remove(item)
                 self._answers.append(
                     answer_error(item[0], f"host call {item[1]!r} waited longer than {self._calls.timeout:g} s")
@@ -333,6 +347,7 @@ class CallDesk:
         except Exception as exc:  # a handler's failure is the sandbox's error, never the controller's
             logger.info("host call %r failed: %s", name, exc, exc_info=True)
             answer = answer_error(call, f"host call {name!r} failed: {type(exc).__name__}: {exc}")
+        self._metrics.host_call("ok" if answer[0]["status"] == protocol.STATUS_OK else "error")
         self._finish(call, name, answer)
 
     def _finish(self, call: int, name: str, answer: Answer | None) -> None:

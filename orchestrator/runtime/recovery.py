@@ -11,6 +11,7 @@ engines or callers.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -29,6 +30,7 @@ from ..errors import (
     SandboxOutOfMemory,
     SessionAttachedElsewhere,
 )
+from ..metrics import NO_METRICS, Recorder
 from ..wire.connection import Header, TakenOver
 from ..wire.replies import WorkerFailure, worker_failure
 from .hostcalls import CallDesk
@@ -53,6 +55,8 @@ class Recovery:
     """True: remove the container and start another; False: the agent lives, restore into its fresh worker."""
     error: Callable[[BaseException, ContainerState | None], type[OrchestratorError]]
     """The error class, from the failure and (for a dead container) how the container ended."""
+    cause: str
+    """The failure's short name: the ``cause`` label of the restore it makes (docs/metrics.md)."""
 
 
 def _crash_kind(exc: BaseException, death: ContainerState | None) -> type[OrchestratorError]:
@@ -60,15 +64,17 @@ def _crash_kind(exc: BaseException, death: ContainerState | None) -> type[Orches
     return SandboxOutOfMemory if oom else SandboxCrashed
 
 
-# The failure model (README "Failure model"): failure -> (sandbox action, error raised after the restore).
+# The failure model (README "Failure model"): failure -> (sandbox action, error raised after the restore, cause label).
 RECOVERY: dict[str, Recovery] = {
-    "worker died (crash, kill -9, OOM)": Recovery(False, _crash_kind),
-    "worker ignored the interrupt and was killed": Recovery(False, lambda e, d: ExecutionTimeout),
-    "worker sent a forged or invalid frame": Recovery(False, lambda e, d: ProtocolError),
-    "container died or was removed during the call": Recovery(True, _crash_kind),
-    "agent did not answer by the deadline": Recovery(True, lambda e, d: ExecutionTimeout),
-    "agent sent an invalid reply": Recovery(True, lambda e, d: ProtocolError),
-    "agent sent a checkpoint past the session's limits": Recovery(True, lambda e, d: CheckpointLimitExceeded),
+    "worker died (crash, kill -9, OOM)": Recovery(False, _crash_kind, "worker_crash"),
+    "worker ignored the interrupt and was killed": Recovery(False, lambda e, d: ExecutionTimeout, "worker_timeout"),
+    "worker sent a forged or invalid frame": Recovery(False, lambda e, d: ProtocolError, "worker_protocol_error"),
+    "container died or was removed during the call": Recovery(True, _crash_kind, "container_died"),
+    "agent did not answer by the deadline": Recovery(True, lambda e, d: ExecutionTimeout, "agent_timeout"),
+    "agent sent an invalid reply": Recovery(True, lambda e, d: ProtocolError, "agent_protocol_error"),
+    "agent sent a checkpoint past the session's limits": Recovery(
+        True, lambda e, d: CheckpointLimitExceeded, "checkpoint_limit"
+    ),
 }
 
 
@@ -112,11 +118,11 @@ class Recoverable(Protocol):
         """A live, idle sandbox that the caller owns (started and restored if needed)."""
         ...
 
-    def restore(self) -> None:
-        """Load the checkpoint into the sandbox's fresh worker."""
+    def restore(self, cause: str) -> None:
+        """Load the checkpoint into the sandbox's fresh worker (``cause``: why, for the metrics)."""
         ...
 
-    def replace(self) -> None:
+    def replace(self, cause: str) -> None:
         """Remove the sandbox, start another and restore into it."""
         ...
 
@@ -140,8 +146,9 @@ class Recoverable(Protocol):
 class Recoverer:
     """Sends requests to a session's sandbox and applies ``RECOVERY`` when one fails."""
 
-    def __init__(self, target: Recoverable) -> None:
+    def __init__(self, target: Recoverable, metrics: Recorder = NO_METRICS) -> None:
         self._target = target
+        self._metrics = metrics
 
     def call(
         self,
@@ -164,6 +171,25 @@ class Recoverer:
             OrchestratorError: the error of the failure's row (``restored=True``), or what stopped the
                 recovery itself (the sandbox is then dropped and the next call starts another).
         """
+        started, outcome = time.monotonic(), "ok"
+        try:
+            return self._call(header, body, seconds, accept, checkpoint_seconds, desk, live)
+        except BaseException as exc:
+            outcome = type(exc).__name__
+            raise
+        finally:
+            self._metrics.call(header["type"], outcome, time.monotonic() - started)
+
+    def _call(
+        self,
+        header: protocol.Request,
+        body: bytes,
+        seconds: float,
+        accept: Callable[[dict[str, Any], bytearray], T],
+        checkpoint_seconds: float | None,
+        desk: CallDesk | None,
+        live: LiveCall | None,
+    ) -> T:
         target = self._target
         try:
             try:
@@ -193,7 +219,7 @@ class Recoverer:
         reply = self._send(header, body, seconds, checkpoint_seconds, desk, live)
         failure = worker_failure(reply[0])
         if failure is not None and failure["status"] == protocol.STATUS_CRASHED and not failure["ran"]:
-            self._target.restore()  # the worker had died between calls; the request never ran
+            self._target.restore("worker_gone")  # the worker had died between calls; the request never ran
             reply = self._send(header, body, seconds, checkpoint_seconds, desk, live)
             failure = worker_failure(reply[0])
         if failure is not None:
@@ -224,11 +250,11 @@ class Recoverer:
         death = None
         try:
             if not recovery.replace_sandbox:
-                target.restore()
+                target.restore(recovery.cause)
                 return None
             if isinstance(exc, ChannelLost):
                 death = target.death()
-            target.replace()
+            target.replace(recovery.cause)
         except (TakenOver, SessionAttachedElsewhere):
             raise
         except OrchestratorError:

@@ -15,6 +15,7 @@ import contextlib
 import enum
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
@@ -22,6 +23,7 @@ from ..agent import protocol
 from ..backends.base import SESSION_ID, STORE_ID, Backend, ContainerState, Placement
 from ..config import Settings
 from ..errors import ChannelLost, ConfigError, OrchestratorError, SessionAttachedElsewhere, SessionClosed
+from ..metrics import NO_METRICS, Recorder
 from ..state.activity import Activity
 from ..state.ledger import CheckpointLedger
 from ..state.store import SessionRecord
@@ -55,8 +57,11 @@ class SessionSandbox:
         activity: Activity,
         make_room: Callable[[str], AbstractContextManager[object]] = lambda session_id: contextlib.nullcontext(),
         take_pooled: Callable[[str], Sandbox | None] = lambda image: None,
+        metrics: Recorder = NO_METRICS,
     ) -> None:
         self.ledger = ledger
+        self.metrics = metrics
+        ledger.metrics = metrics
         self.backend = backend
         self.settings = settings
         self.activity = activity
@@ -122,7 +127,7 @@ class SessionSandbox:
                 ) from None
             except ChannelLost as exc:
                 logger.info("session %s: the sandbox went away between calls (%s); restarting it", self.session_id, exc)
-                self.start()
+                self.start("sandbox_gone")
         if self.sandbox is None:
             self.start()
         assert self.sandbox is not None
@@ -130,8 +135,12 @@ class SessionSandbox:
 
     # ----------------------------------------------------------------- a new sandbox
 
-    def start(self) -> None:
-        """Start a new sandbox for this session and restore its checkpoint into it (busy meanwhile, for prune)."""
+    def start(self, cause: str | None = None) -> None:
+        """Start a new sandbox for this session and restore its checkpoint into it (busy meanwhile, for prune).
+
+        ``cause``: why, for the metrics (default "resume" for a hibernated session, else "start").
+        """
+        cause = cause or ("resume" if self.ledger.record.hibernated_at is not None else "start")
         with self.turn():
             if self.sandbox is not None:
                 self.discard()
@@ -154,11 +163,11 @@ class SessionSandbox:
                 sandbox.remove()  # never registered: nobody else knows it
                 raise
             self.sandbox = sandbox
-            self.restore()
+            self.restore(cause)
 
-    def replace(self) -> None:
+    def replace(self, cause: str) -> None:
         """Remove the sandbox and start another, restored (``start``)."""
-        self.start()
+        self.start(cause)
 
     def adopt(self, sandbox: Sandbox) -> None:
         """Serve this session from a live sandbox (taken over); restore unless it already holds our generation."""
@@ -171,15 +180,17 @@ class SessionSandbox:
                 sandbox.release()
                 raise
             if sandbox.generation != self.generation:
-                self.restore()
+                self.restore("takeover")
 
     # ----------------------------------------------------------------- restore
 
-    def restore(self) -> None:
+    def restore(self, cause: str) -> None:
         """Load the stored checkpoint (and the scaffold) into the sandbox; a takeover meanwhile makes this handle
-        stale."""
+        stale. ``cause``: why (the metrics' label: docs/metrics.md)."""
+        started = time.monotonic()
         try:
             self._load_checkpoint()
+            self.metrics.restore(cause, time.monotonic() - started)
         except TakenOver:
             self.become_stale()
             raise SessionAttachedElsewhere(
@@ -192,7 +203,7 @@ class SessionSandbox:
         if self.sandbox is None:
             return
         try:
-            self.restore()
+            self.restore("rewind")
         except SessionAttachedElsewhere:
             raise
         except OrchestratorError as exc:

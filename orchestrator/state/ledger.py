@@ -38,6 +38,7 @@ from ..errors import (
     SessionAttachedElsewhere,
     SessionHeld,
 )
+from ..metrics import NO_METRICS, Recorder
 from ..runtime import background
 from ..units import describe_bytes
 from . import history, lease
@@ -124,6 +125,8 @@ class CheckpointLedger:
         self.record = record
         self.quota = quota
         self.keep = keep
+        self.metrics: Recorder = NO_METRICS
+        """Told the bytes of each commit (its session's runtime sets it)."""
         self._held: SessionRecord | None = None
 
     @property
@@ -388,8 +391,9 @@ class CheckpointLedger:
         }
         blob_sizes = {d: sizes[d] for d in set(variables.values())}
         self._check_limits(variables, blob_sizes)
+        written: dict[str, bytes | bytearray | memoryview] = {d: blobs[d] for d in blobs if d in blob_sizes}
         with self.owned() as current:
-            self._store.write_blobs(self.session_id, {d: blobs[d] for d in blobs if d in blob_sizes})
+            self._store.write_blobs(self.session_id, written)
             for blob_id, blob in host.items():
                 if blob_id in blob_sizes:
                     blob.place()
@@ -397,6 +401,10 @@ class CheckpointLedger:
             if contexts is not None:
                 changes["contexts"] = contexts
             self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **changes)
+        self.metrics.checkpoint(
+            sum(map(len, written.values())) + sum(b.size for i, b in host.items() if i in blob_sizes),
+            self.record.checkpoint_bytes,
+        )
         return delta["unsaved"]
 
     def _check_limits(self, variables: dict[str, str], blob_sizes: dict[str, int]) -> None:

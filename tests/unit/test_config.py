@@ -157,6 +157,7 @@ VARIABLES = {
     "ORCH_SWARM_NODE_DIR": "swarm.node_dir",
     "ORCH_SWARM_RELAY_PORT": "swarm.relay_port",
     "ORCH_SWARM_CONSTRAINTS": "swarm.constraints",
+    "ORCH_METRICS_ADDRESS": "metrics_address",
 }
 # A value each variable takes, unlike its default, and what the field then holds.
 SAMPLES = {
@@ -201,6 +202,7 @@ SAMPLES = {
     "ORCH_SWARM_NODE_DIR": ("/srv/n", Path("/srv/n")),
     "ORCH_SWARM_RELAY_PORT": ("9000", 9000),
     "ORCH_SWARM_CONSTRAINTS": ("a==1,b==2", ("a==1", "b==2")),
+    "ORCH_METRICS_ADDRESS": ("9464", "9464"),
 }
 
 
@@ -270,6 +272,7 @@ def test_dataclasses_replace_works_on_settings_and_groups():
         ({"ORCH_CAPACITY_POLICY": "evict"}, r"Capacity.policy must be one of hibernate, refuse.*CAPACITY_POLICY"),
         ({"ORCH_SWARM_RELAY_PORT": "70000"}, r"SwarmSettings.relay_port must be a TCP port.*SWARM_RELAY_PORT"),
         ({"ORCH_BACKEND": "k8s"}, r"Settings.backend must be one of docker, swarm, got 'k8s' \(ORCH_BACKEND\)"),
+        ({"ORCH_METRICS_ADDRESS": "host:port"}, r"Settings.metrics_address must be PORT.*\(ORCH_METRICS_ADDRESS\)"),
     ],
 )
 def test_from_env_errors_name_the_variable(env, message):

@@ -17,6 +17,7 @@ RANK = {
     "files": 0,
     "units": 0,
     "safe_text": 0,
+    "metrics": 0,
     "agent": 0,
     "wire": 1,
     "backends": 2,
