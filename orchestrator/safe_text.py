@@ -17,8 +17,13 @@ when the output is not a terminal and the command documents that it passes bytes
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import json
 import logging
+import time
 import unicodedata
+from collections.abc import Iterator
 
 _KEPT_MULTILINE = frozenset("\n\t")
 _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -66,8 +71,44 @@ class VisibleFormatter(logging.Formatter):
         return visible(super().format(record)).replace("\n", "\n    ")
 
 
-def log_to_stderr(level: int, fmt: str = "%(levelname)s %(name)s: %(message)s") -> None:
-    """Configure the root logger (only commands do this, never the library) with a ``VisibleFormatter``."""
+_LOGGED_SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("logged_session", default=None)
+
+
+@contextlib.contextmanager
+def logging_session(session_id: str) -> Iterator[None]:
+    """Records logged in the block (on this thread) are about ``session_id``: ``JsonFormatter`` says so."""
+    token = _LOGGED_SESSION.set(session_id)
+    try:
+        yield
+    finally:
+        _LOGGED_SESSION.reset(token)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, for a log collector: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
+    ``message``, and ``session_id`` when the record is about one (``extra={"session_id": ...}`` or
+    ``logging_session``), ``exception`` with its traceback. ASCII only: a control character or a bidi override a
+    message quotes from a sandbox is a JSON escape, never obeyed, and no message can start a line of its own."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        document: dict[str, object] = {
+            "time": f"{stamp}.{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        session_id = getattr(record, "session_id", None) or _LOGGED_SESSION.get()
+        if session_id is not None:
+            document["session_id"] = str(session_id)
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        return json.dumps(document, ensure_ascii=True)
+
+
+def log_to_stderr(level: int, fmt: str = "%(levelname)s %(name)s: %(message)s", *, as_json: bool = False) -> None:
+    """Configure the root logger (only commands do this, never the library): a ``VisibleFormatter``, or with
+    ``as_json`` a ``JsonFormatter``."""
     handler = logging.StreamHandler()
-    handler.setFormatter(VisibleFormatter(fmt))
+    handler.setFormatter(JsonFormatter() if as_json else VisibleFormatter(fmt))
     logging.basicConfig(level=level, handlers=[handler])

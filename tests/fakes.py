@@ -28,7 +28,7 @@ from typing import Any
 import reply_support
 
 from orchestrator.agent import protocol
-from orchestrator.backends.base import SANDBOX_ID, ContainerState, Placement, SandboxSpec
+from orchestrator.backends.base import SANDBOX_ID, ContainerState, Placement, ResourceUsage, SandboxSpec
 from orchestrator.config import Settings
 from orchestrator.wire.transport import Channel
 
@@ -81,6 +81,8 @@ class FakeBackend:
         self.handler = handler
         self.containers: dict[str, FakeContainer] = {}
         self.removed: list[str] = []
+        self.usage: dict[str, ResourceUsage] = {}
+        """What ``resource_usage`` reports of a container (by id) while it exists; a test sets it."""
         self._lock = threading.Lock()
 
     def image_exists(self, tag: str) -> bool:
@@ -130,8 +132,9 @@ class FakeBackend:
             found = list(self.containers.values())
         return [c.state() for c in found if all(c.spec.labels.get(k) == v for k, v in labels.items())]
 
-    def memory_usage(self, container_ids: Iterable[str]) -> dict[str, int]:
-        return {}
+    def resource_usage(self, container_ids: Iterable[str]) -> dict[str, ResourceUsage]:
+        with self._lock:
+            return {c: self.usage[c] for c in container_ids if c in self.usage and c in self.containers}
 
     def logs(self, container_id: str, tail: int | None) -> str:
         return ""

@@ -33,6 +33,15 @@ set that the worker inherits. The worker, another uid, holds none of them."""
 
 
 @dataclass(frozen=True)
+class ResourceUsage:
+    """What a running container uses now, as its cgroup counts it (None: the engine does not say)."""
+
+    memory_bytes: int | None = None
+    cpu_seconds: float | None = None
+    """CPU time its processes used since it started (all cores together); two readings give the live CPU share."""
+
+
+@dataclass(frozen=True)
 class ContainerState:
     """What the engine says about one sandbox container."""
 
@@ -170,8 +179,8 @@ class Backend(Protocol):
         """
         ...
 
-    def memory_usage(self, container_ids: Iterable[str]) -> dict[str, int]:
-        """Bytes of memory each running container uses now, for those the engine can tell quickly."""
+    def resource_usage(self, container_ids: Iterable[str]) -> dict[str, ResourceUsage]:
+        """Memory and CPU time each running container uses now, for those the engine can tell quickly."""
         ...
 
     def logs(self, container_id: str, tail: int | None) -> str:

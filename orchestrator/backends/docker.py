@@ -6,7 +6,6 @@ caller ever sees a Docker SDK exception.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import re
@@ -23,7 +22,7 @@ from docker.types import LogConfig
 from ..config import Settings
 from ..errors import EngineError, EngineUnavailable, ImageMissing
 from ..wire.endpoint import UnixSocketEndpoint
-from .base import MANAGED, SUPERVISOR_CAPABILITIES, ContainerState, Placement, SandboxSpec
+from .base import MANAGED, SUPERVISOR_CAPABILITIES, ContainerState, Placement, ResourceUsage, SandboxSpec
 
 logger = logging.getLogger(__name__)
 
@@ -207,18 +206,21 @@ class DockerBackend:
             containers = self.client.containers.list(all=True, filters={"label": wanted}, sparse=True)
             return [_listed_state(c.attrs) for c in containers]
 
-    def memory_usage(self, container_ids: Iterable[str]) -> dict[str, int]:
-        """Read from the containers' memory cgroups (cgroup v1 or v2) when the engine runs on this host.
+    def resource_usage(self, container_ids: Iterable[str]) -> dict[str, ResourceUsage]:
+        """Read from the containers' cgroups (v1 or v2, cgroupfs or systemd driver) when the engine runs on this host.
 
-        The stats API takes about a second per container, too slow for a listing; an engine on
-        another host (or a cgroup layout we do not know) gives no numbers.
+        A few small files per container (measured: docs/metrics.md); the stats API takes about a second per
+        container, too slow for a listing. An engine on another host (or a cgroup layout we do not know) gives
+        no numbers.
         """
         usage = {}
         for container_id in container_ids:
-            for template in _MEMORY_FILES:
-                with contextlib.suppress(OSError, ValueError):
-                    usage[container_id] = int(Path(template.format(id=container_id)).read_text())
-                    break
+            memory = _first_number(_MEMORY_FILES, container_id)
+            cpu = _first_number(_CPU_FILES, container_id)
+            if memory is not None or cpu is not None:
+                usage[container_id] = ResourceUsage(
+                    memory_bytes=None if memory is None else int(memory), cpu_seconds=cpu
+                )
         return usage
 
     def logs(self, container_id: str, tail: int | None) -> str:
@@ -239,10 +241,37 @@ def endpoint_options(settings: Settings) -> dict[str, Any]:
 
 
 _MEMORY_FILES = (
-    "/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes",
-    "/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.current",
-    "/sys/fs/cgroup/docker/{id}/memory.current",
+    ("/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes", 1.0),
+    ("/sys/fs/cgroup/memory/system.slice/docker-{id}.scope/memory.usage_in_bytes", 1.0),
+    ("/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.current", 1.0),
+    ("/sys/fs/cgroup/docker/{id}/memory.current", 1.0),
 )
+"""Where a container's memory cgroup says its usage in bytes (each file with the factor to bytes)."""
+_CPU_FILES = (
+    ("/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage", 1e-9),
+    ("/sys/fs/cgroup/cpu,cpuacct/system.slice/docker-{id}.scope/cpuacct.usage", 1e-9),
+    ("/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat", 1e-6),
+    ("/sys/fs/cgroup/docker/{id}/cpu.stat", 1e-6),
+)
+"""Where its CPU time is: cgroup v1's cpuacct.usage (nanoseconds), v2's cpu.stat "usage_usec" (microseconds)."""
+
+
+def _first_number(files: tuple[tuple[str, float], ...], container_id: str) -> float | None:
+    """The first of ``files`` that can be read for the container, in its unit (None: none can)."""
+    for template, factor in files:
+        try:
+            text = Path(template.format(id=container_id)).read_text()
+        except OSError:
+            continue
+        if template.endswith("cpu.stat"):  # "usage_usec 1234" among other lines
+            text = next((line.split()[1] for line in text.splitlines() if line.startswith("usage_usec ")), "")
+        try:
+            return int(text) * factor
+        except ValueError:
+            continue
+    return None
+
+
 _EXITED = re.compile(r"^Exited \((-?\d+)\)")
 
 

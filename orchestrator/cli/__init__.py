@@ -121,10 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="orchestrator", description=__doc__, epilog=EXIT_HELP, formatter_class=formatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log lifecycle events to stderr")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text (also after the command)")
+    parser.add_argument(
+        "--log-json", action="store_true", help="log one JSON object per line to stderr (also after the command)"
+    )
     parser.add_argument("--version", action="version", version=f"orchestrator {__version__}")
     # The same options after the command; SUPPRESS keeps a value given before it.
     common = _Parser(add_help=False)
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("--log-json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     printing = _Parser(add_help=False, parents=[common])
     printing.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of text")
 
@@ -362,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.func is None:  # `orchestrator`, `orchestrator image`: what there is to do
         args.help_of.print_help()
         return Exit.OK
-    log_to_stderr(logging.INFO if args.verbose else logging.WARNING)
+    log_to_stderr(logging.INFO if args.verbose else logging.WARNING, as_json=args.log_json)
     out = Output(json_mode=args.json, sandbox_text=getattr(args, "sandbox_text", "auto"))
     try:
         if not getattr(args, "needs_orchestrator", True):

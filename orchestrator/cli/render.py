@@ -289,7 +289,7 @@ class Column:
 
 TABLE_GAP = "   "
 """Between columns: three spaces, as ``docker ps`` (no cell holds a space, so ``awk`` reads each as one field)."""
-_DROPPED_FIRST = ("CHECKPOINT", "MEMORY", "NODE", "IDLE", "AGE", "IMAGE", "STATE")
+_DROPPED_FIRST = ("CHECKPOINT", "MEMORY", "CPU", "NODE", "IDLE", "AGE", "IMAGE", "STATE")
 """What ``ls`` gives up, in this order, to fit the terminal; ID is never dropped nor cut."""
 _SHORTEST_IMAGE = 16
 
@@ -311,6 +311,7 @@ def session_columns(infos: Sequence[SessionInfo]) -> list[Column]:
     columns += [
         Column("AGE", [_compact(describe_duration(info.age_seconds)) for info in infos], right=True),
         Column("IDLE", [_compact(text) for text in idle], right=True),
+        Column("CPU", [_percent(info.cpu_percent) for info in infos], right=True),
         Column("MEMORY", [_compact(describe_bytes(info.memory_bytes)) for info in infos], right=True),
         Column("CHECKPOINT", [_compact(describe_bytes(info.checkpoint_bytes)) for info in infos], right=True),
     ]
@@ -390,8 +391,17 @@ def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
         ("container status", info.container_status or "-"),
         ("node", info.node or "-"),
         ("memory", describe_bytes(info.memory_bytes)),
+        (
+            "cpu",
+            _percent(info.cpu_percent) + ("" if info.cpu_seconds is None else f" ({info.cpu_seconds:.1f} s in all)"),
+        ),
         ("labels", ", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())) or "-"),
     ]
+
+
+def _percent(value: float | None) -> str:
+    """A CPU share as ``docker stats`` shows it ("12.5%"; 200% is two cores), "-" when unknown."""
+    return "-" if value is None else f"{value:.1f}%"
 
 
 def _origin(forked_from: dict[str, Any] | None) -> str:

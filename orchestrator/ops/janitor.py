@@ -5,7 +5,9 @@ meet the removal criteria (``--idle``, ``--older-than``); every prune also clean
 so a janitor with no criterion at all still reaps what crashed controllers left behind. It logs
 one line per action and touches a heartbeat file after every good pass, which ``--health``
 (the container's healthcheck) reads: a janitor that cannot reach the engine turns unhealthy
-instead of dying, and comes back by itself when the engine does.
+instead of dying, and comes back by itself when the engine does. With ``--metrics`` it serves
+Prometheus metrics: its passes and actions, and the store's sessions by state as its last pass
+saw them (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..api.manager import Orchestrator
 from ..config import Settings
 from ..errors import ConfigError
 from ..files import replace_file
+from ..metrics import Metrics, MetricsServer
 from ..safe_text import log_to_stderr
 from ..units import describe_duration, optional_duration_argument, positive_duration_argument
 from .images import write_janitor_context
@@ -53,17 +56,36 @@ class Janitor:
         older_than: float | None = None,
         hibernate_after: float | None = None,
         heartbeat: Path = DEFAULT_HEARTBEAT,
+        metrics_address: str | None = None,
     ) -> None:
+        """``metrics_address``: where to serve ``/metrics`` (``Settings.metrics_address``'s forms), or None.
+
+        Raises:
+            ConfigError: the interval is not positive, or the metrics address cannot be served on.
+        """
         if not interval > 0:
             raise ConfigError(f"the janitor's interval must be more than 0 seconds, got {interval!r}")
-        # Its own idle policy would watch sessions this orchestrator holds: it holds none.
-        self.settings = settings.replace(capacity=settings.capacity.replace(hibernate_after=None))
+        # Its own idle policy would watch sessions this orchestrator holds: it holds none. Its metrics: the janitor's.
+        self.settings = settings.replace(capacity=settings.capacity.replace(hibernate_after=None), metrics_address=None)
         self.interval = interval
         self.idle_for = idle_for
         self.older_than = older_than
         self.hibernate_after = hibernate_after
         self.heartbeat = Path(heartbeat)
         self._orch: Orchestrator | None = None
+        self.metrics: Metrics | None = None
+        self._metrics_server: MetricsServer | None = None
+        self._states: list[str] = []
+        """Each session's state as the last pass's survey saw it (``orchestrator_sessions``)."""
+        if metrics_address is not None:
+            self.metrics = Metrics()
+            self.metrics.watch_sessions(lambda: self._states)
+            self._metrics_server = MetricsServer(self.metrics, metrics_address)
+
+    @property
+    def metrics_address(self) -> str | None:
+        """Where it serves ``/metrics`` (HOST:PORT), or None."""
+        return None if self._metrics_server is None else self._metrics_server.address
 
     def run_pass(self) -> list[PruneAction]:
         """One pass: hibernate, then remove; log each action and a summary; return the actions.
@@ -80,6 +102,8 @@ class Janitor:
             actions += self._log(self._orch.prune(idle_for=self.hibernate_after, hibernate_only=True).actions)
         # With no removal criterion no session is stale: this prune then only reaps orphans.
         actions += self._log(self._orch.prune(idle_for=self.idle_for, older_than=self.older_than).actions)
+        if self.metrics is not None:
+            self._states = [info.status.value for info in self._orch.list_sessions()]
         if actions:
             logger.info("pass %s (%.1f s)", PruneReport(actions, dry_run=False).summary(), time.monotonic() - started)
         return actions
@@ -108,9 +132,13 @@ class Janitor:
                     logger.error("pass failed: %s: %s", type(exc).__name__, exc)
                     logger.debug("pass failed", exc_info=True)
                     status = 1
+                    if self.metrics is not None:
+                        self.metrics.janitor_passes.labels("failed").inc()
                 else:
                     self._beat()
                     status = 1 if any(not a.ok for a in actions) else 0
+                    if self.metrics is not None:
+                        self.metrics.janitor_passes.labels("ok").inc()
                 if once or stop.wait(self.interval):
                     break
         finally:
@@ -118,7 +146,9 @@ class Janitor:
         return status if once else 0
 
     def close(self) -> None:
-        """Close the engine client (the janitor holds no session)."""
+        """Close the engine client (the janitor holds no session) and stop serving metrics."""
+        if self._metrics_server is not None:
+            self._metrics_server.close()
         if self._orch is not None:
             self._orch.close()
             self._orch = None
@@ -132,11 +162,15 @@ class Janitor:
 
     def _log(self, actions: list[PruneAction]) -> list[PruneAction]:
         for action in actions:
-            if action.ok:
-                logger.info("%s", _line(action))
-            else:
-                logger.warning("%s", _line(action))
+            logger.log(logging.INFO if action.ok else logging.WARNING, "%s", _line(action), extra=_about(action))
+            if self.metrics is not None:
+                self.metrics.janitor_actions.labels(action.action, "true" if action.ok else "false").inc()
         return actions
+
+
+def _about(action: PruneAction) -> dict[str, str]:
+    """The session a logged action is about, for ``--log-json`` (its target, when that is a session)."""
+    return {"session_id": action.target} if action.action in ("remove", "hibernate", "skip") else {}
 
 
 def _verb(action: str) -> str:
@@ -244,6 +278,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help=f"file touched after every good pass (default {DEFAULT_HEARTBEAT})",
     )
+    parser.add_argument(
+        "--metrics",
+        metavar="ADDRESS",
+        help="serve Prometheus metrics on ADDRESS: PORT (loopback), HOST:PORT or [::1]:PORT "
+        "(default: ORCH_METRICS_ADDRESS, else none; docs/metrics.md)",
+    )
+    parser.add_argument(
+        "--log-json", action="store_true", default=argparse.SUPPRESS, help="log one JSON object per line"
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="one pass, then exit: 1 if it or any action failed")
     mode.add_argument(
@@ -286,12 +329,13 @@ def run(args: argparse.Namespace) -> int:
             older_than=args.older_than,
             hibernate_after=settings.capacity.hibernate_after if args.hibernate_after is None else args.hibernate_after,
             heartbeat=args.heartbeat,
+            metrics_address=settings.metrics_address if args.metrics is None else args.metrics,
         )
     except ConfigError as exc:
         print(f"orchestrator: ConfigError: {exc}", file=sys.stderr)
         return 2
     # The janitor logs one line per action itself; prune's own lines would repeat them.
-    log_to_stderr(logging.WARNING)
+    log_to_stderr(logging.WARNING, as_json=getattr(args, "log_json", False))
     logger.setLevel(logging.DEBUG if getattr(args, "verbose", False) else logging.INFO)
     logging.getLogger("orchestrator.ops.prune").setLevel(logging.ERROR)
     stop = threading.Event()

@@ -7,14 +7,19 @@ session over, never starts a container, and never waits for a session that is in
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends.base import STORE_ID, Backend, ContainerState
+from ..backends.base import STORE_ID, Backend, ContainerState, ResourceUsage
 from ..errors import CheckpointError, SessionNotFound
 from ..state.activity import is_busy, last_active
 from ..state.store import SessionRecord, SessionStore
+
+CPU_WINDOW = 0.2
+"""Seconds between the two readings of each running container's CPU time that give its live CPU share: a survey
+reads the store in between, and waits only for what is left of it (and only when a container runs)."""
 
 
 class SessionStatus(enum.Enum):
@@ -52,7 +57,7 @@ class SessionInfo:
     container_status: str | None
     """The engine's word for the recorded container ("running", "exited", ...); None when there is none."""
     memory_bytes: int | None
-    """Memory the container uses now; None when it is not running or the engine does not say."""
+    """Memory the container uses now; None when it is not running or the engine does not say (docs/metrics.md)."""
     hibernated_at: float | None
     problem: str | None
     """Why the session is broken (or None)."""
@@ -72,6 +77,11 @@ class SessionInfo:
     shared_bytes: int | None = None
     """Bytes of its blobs that other sessions hold too (hard links of a fork: stored once on the host); measured
     for one session (``describe``), None in a listing (it reads every blob's inode)."""
+    cpu_percent: float | None = None
+    """CPU its container used over the last ``CPU_WINDOW`` seconds, in percent of one core (as ``docker stats``: 200
+    is two cores busy); None when it is not running or the engine does not say."""
+    cpu_seconds: float | None = None
+    """CPU time its container used since it started (all cores together); None as for ``cpu_percent``."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (status as its string)."""
@@ -100,6 +110,8 @@ def survey(
     """
     ids = list(store.ids()) if session_ids is None else list(session_ids)
     containers = {c.id: c for c in backend.find({STORE_ID: store.store_id})}
+    live = [c.id for c in containers.values() if c.running]
+    first, sampled = (backend.resource_usage(live) if live else {}), time.monotonic()
     records: dict[str, SessionRecord | CheckpointError] = {}
     for session_id in ids:
         try:
@@ -115,7 +127,7 @@ def survey(
         for r in records.values()
         if isinstance(r, SessionRecord) and r.container_id in containers and containers[r.container_id].running
     ]
-    memory = backend.memory_usage(running) if running else {}
+    usage = _live_usage(backend, running, first, sampled) if running else {}
     infos = []
     for session_id, record in records.items():
         path = store.activity_path(session_id)
@@ -144,7 +156,9 @@ def survey(
                 container_id=record.container_id,
                 container_status=container.status if container else None,
                 node=container.node if container else None,
-                memory_bytes=memory.get(record.container_id or ""),
+                memory_bytes=usage.get(record.container_id or "", _NONE)[0],
+                cpu_percent=usage.get(record.container_id or "", _NONE)[1],
+                cpu_seconds=usage.get(record.container_id or "", _NONE)[2],
                 hibernated_at=record.hibernated_at,
                 problem=problem,
                 checkpoint_damaged=bool(missing),
@@ -156,6 +170,26 @@ def survey(
             )
         )
     return infos
+
+
+_NONE: tuple[None, None, None] = (None, None, None)
+
+
+def _live_usage(
+    backend: Backend, running: list[str], first: Mapping[str, ResourceUsage], sampled: float
+) -> dict[str, tuple[int | None, float | None, float | None]]:
+    """Each running container's memory, CPU percent and CPU seconds: read again once ``CPU_WINDOW`` has passed since
+    ``first`` (``sampled``), the CPU share from the two readings."""
+    time.sleep(max(0.0, CPU_WINDOW - (time.monotonic() - sampled)))
+    second, elapsed = backend.resource_usage(running), time.monotonic() - sampled
+    usage = {}
+    for container_id, now in second.items():
+        before = first.get(container_id)
+        percent = None
+        if before is not None and before.cpu_seconds is not None and now.cpu_seconds is not None:
+            percent = max(0.0, now.cpu_seconds - before.cpu_seconds) / elapsed * 100
+        usage[container_id] = (now.memory_bytes, percent, now.cpu_seconds)
+    return usage
 
 
 def _status(

@@ -45,7 +45,16 @@ from ...errors import ConfigError, EngineError, RelayUnavailable
 from ...ops import images
 from ...units import parse_size
 from ...wire.endpoint import leftover_dir_grace
-from ..base import MANAGED, SANDBOX_ID, STORE_ID, SUPERVISOR_CAPABILITIES, ContainerState, Placement, SandboxSpec
+from ..base import (
+    MANAGED,
+    SANDBOX_ID,
+    STORE_ID,
+    SUPERVISOR_CAPABILITIES,
+    ContainerState,
+    Placement,
+    ResourceUsage,
+    SandboxSpec,
+)
 from ..docker import DockerBackend, endpoint_options, engine_errors
 from .nodes import Node, choose
 from .relay_client import RelayClient, RelayEndpoint
@@ -428,8 +437,8 @@ class SwarmBackend:
         nodes = self._node_map()
         return [_state(s, _newest(by_service.get(s["ID"], [])), nodes) for s in services]
 
-    def memory_usage(self, container_ids: Iterable[str]) -> dict[str, int]:
-        """Not known: the tasks run on other machines (the stats API would take a second per task)."""
+    def resource_usage(self, container_ids: Iterable[str]) -> dict[str, ResourceUsage]:
+        """Not known yet: the tasks run on other machines (the stats API would take a second per task)."""
         return {}
 
     def logs(self, container_id: str, tail: int | None) -> str:

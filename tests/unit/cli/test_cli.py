@@ -57,6 +57,8 @@ def info(session_id: str = "s1", **changes: object) -> SessionInfo:
         container_id="c" * 64,
         container_status="running",
         memory_bytes=18 << 20,
+        cpu_percent=12.5,
+        cpu_seconds=3.25,
         hibernated_at=None,
         problem=None,
         labels={"orchestrator.test.x": "1"},
@@ -381,10 +383,20 @@ def table_lines(infos: list[SessionInfo], width: int | None) -> list[str]:
 
 
 def test_sessions_table_shows_human_units_one_field_per_cell():
-    lines = table_lines([info("s1"), info("s2", status=SessionStatus.BUSY, memory_bytes=None)], None)
-    assert lines[0].split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
-    assert lines[1].split() == ["s1", "running", "orchestrator-sandbox:abc", "3m12s", "40s", "18.0MiB", "4.2MiB"]
-    assert lines[2].split() == ["s2", "busy", "orchestrator-sandbox:abc", "3m12s", "-", "-", "4.2MiB"]
+    busy = info("s2", status=SessionStatus.BUSY, memory_bytes=None, cpu_percent=None)
+    lines = table_lines([info("s1"), busy], None)
+    assert lines[0].split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "CPU", "MEMORY", "CHECKPOINT"]
+    assert lines[1].split() == [
+        "s1",
+        "running",
+        "orchestrator-sandbox:abc",
+        "3m12s",
+        "40s",
+        "12.5%",
+        "18.0MiB",
+        "4.2MiB",
+    ]
+    assert lines[2].split() == ["s2", "busy", "orchestrator-sandbox:abc", "3m12s", "-", "-", "-", "4.2MiB"]
     assert len(lines) == 3 and all(line == line.rstrip() and "─" not in line for line in lines)  # no rules
 
 
@@ -405,9 +417,11 @@ def test_sessions_table_fits_80_columns_with_whole_ids(session_id):
 
 def test_a_table_on_a_terminal_shortens_the_image_before_dropping_columns():
     infos = [info("s0123456789ab", image="orchestrator-sandbox:e046d1fcaaddf11c")]
-    header, row = table_lines(infos, 80)
-    assert header.split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
-    assert len(row) <= 80 and "…" in row.split()[2] and row.split()[2].endswith("f11c")
+    header, row = table_lines(infos, 90)
+    assert header.split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "CPU", "MEMORY", "CHECKPOINT"]
+    assert len(row) <= 90 and "…" in row.split()[2] and row.split()[2].endswith("f11c")
+    # 80 columns: the checkpoint's size goes first, the live CPU and memory stay
+    assert table_lines(infos, 80)[0].split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "CPU", "MEMORY"]
     assert table_lines(infos, 60)[0].split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE"]
 
 
