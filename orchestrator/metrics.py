@@ -222,9 +222,11 @@ def parse_address(text: str) -> tuple[str, int]:
     """
     if not isinstance(text, str):
         raise ConfigError(f"{text!r} is not an address to serve metrics on: use PORT, HOST:PORT or [::1]:PORT")
-    host, _, port = text.strip().rpartition(":")
-    host = host.removeprefix("[").removesuffix("]") if host.startswith("[") else host
-    if not port.isdigit() or not 0 <= int(port) < 65536 or (":" in host and not _is_ip(host)):
+    given, _, port = text.strip().rpartition(":")
+    bracketed = given.startswith("[") and given.endswith("]")
+    host = given[1:-1] if bracketed else given
+    plain_host = not bracketed and not any(c in host for c in ":[]")
+    if not (port.isdigit() and int(port) < 65536 and (plain_host or (":" in host and _is_ip(host)))):
         raise ConfigError(
             f"{text!r} is not an address to serve metrics on: use PORT (loopback), HOST:PORT or [::1]:PORT"
         )

@@ -24,6 +24,7 @@ from ..backends.base import SESSION_ID, STORE_ID, Backend, ContainerState, Place
 from ..config import Settings
 from ..errors import ChannelLost, ConfigError, OrchestratorError, SessionAttachedElsewhere, SessionClosed
 from ..metrics import NO_METRICS, Recorder
+from ..safe_text import logging_session
 from ..state.activity import Activity
 from ..state.ledger import CheckpointLedger
 from ..state.store import SessionRecord
@@ -92,7 +93,7 @@ class SessionSandbox:
     @contextlib.contextmanager
     def turn(self, *, call: bool = True) -> Iterator[None]:
         """One call at a time: the session's lock, and (for a ``call``) its activity file held (busy for prune)
-        and touched.
+        and touched. What is logged meanwhile on this thread names the session (``--log-json``).
 
         Raises:
             ConfigError: called from a handler serving this session's running cell (it would wait for ever).
@@ -103,7 +104,7 @@ class SessionSandbox:
                 f"a host-call handler or on_output callback of session {self.session_id} called back into that "
                 "session, whose cell waits for it; use another session (or do the work in the handler)"
             )
-        with self.lock, self.activity if call else contextlib.nullcontext():
+        with self.lock, logging_session(self.session_id), self.activity if call else contextlib.nullcontext():
             yield
 
     def check_usable(self) -> None:
