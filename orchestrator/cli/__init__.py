@@ -147,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=formatter,
         )
 
-    ls = command("ls", "list stored sessions: id, state, image, age, idle, memory, checkpoint size", aliases=["list"])
+    ls = command(
+        "ls", "list stored sessions: id, state, image, age, idle, cpu, memory, checkpoint size", aliases=["list"]
+    )
     ls.add_argument("-q", "--quiet", action="store_true", help="print only the ids, one a line")
     ls.add_argument(
         "-f",
