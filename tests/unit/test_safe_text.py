@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import sys
 import unicodedata
 
 import pytest
 
-from orchestrator.safe_text import visible
+from orchestrator.safe_text import JsonFormatter, logging_session, visible
 
 
 @pytest.mark.parametrize(
@@ -36,3 +39,45 @@ def test_nothing_a_terminal_acts_on_is_left() -> None:
     every = "".join(chr(c) for c in range(0x0, 0x30000) if not 0xD800 <= c < 0xE000)
     left = {unicodedata.category(c) for c in visible(every, multiline=False)}
     assert not left & {"Cc", "Cf", "Zl", "Zp", "Cs"}
+
+
+# ---------------------------------------------------------------- JSON logs (--log-json)
+
+
+def _record(message: str, *args: object, **extra: object) -> logging.LogRecord:
+    record = logging.LogRecord("orchestrator.test", logging.WARNING, __file__, 1, message, args, None)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_a_json_record_is_one_line_of_its_fields() -> None:
+    line = JsonFormatter().format(_record("session %s: could not restore %s", "s1", "f"))
+    document = json.loads(line)
+    assert set(document) == {"time", "level", "logger", "message"}
+    assert document["level"] == "WARNING" and document["logger"] == "orchestrator.test"
+    assert document["message"] == "session s1: could not restore f"
+    assert document["time"].endswith("Z") and "T" in document["time"]
+
+
+def test_a_json_record_names_its_session() -> None:
+    assert json.loads(JsonFormatter().format(_record("removed", session_id="s9")))["session_id"] == "s9"
+    with logging_session("s7"):
+        assert json.loads(JsonFormatter().format(_record("restored")))["session_id"] == "s7"
+    assert "session_id" not in json.loads(JsonFormatter().format(_record("after")))
+
+
+def test_sandbox_text_in_a_json_record_is_escaped_and_stays_on_its_line() -> None:
+    hostile = 'name\x1b]52;c;aGk=\x07\n{"level": "forged"}\u202e'
+    line = JsonFormatter().format(_record("could not restore %s", hostile))
+    assert "\n" not in line and line.isascii() and "\x1b" not in line
+    assert json.loads(line)["message"] == f"could not restore {hostile}"
+
+
+def test_a_json_record_carries_its_traceback() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = _record("failed")
+        record.exc_info = sys.exc_info()
+    document = json.loads(JsonFormatter().format(record))
+    assert "ValueError: boom" in document["exception"]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -263,6 +266,24 @@ def test_verbose_after_the_command_and_defaults():
     assert cli.build_parser().parse_args(["ls", "-v"]).verbose is True
     args = cli.build_parser().parse_args(["ls"])
     assert args.verbose is False and args.json is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "as_json"),
+    [
+        (["ls"], False),
+        (["--log-json", "ls"], True),
+        (["ls", "--log-json"], True),
+        (["--log-json", "janitor"], True),
+        (["janitor", "--log-json", "--metrics", "9464"], True),
+        (["janitor"], False),
+    ],
+)
+def test_log_json_before_or_after_the_command(argv, as_json):
+    args = cli.build_parser().parse_args(argv)
+    assert args.log_json is as_json
+    if argv[-1] == "9464":
+        assert args.metrics == "9464"
 
 
 @pytest.mark.parametrize(
@@ -1004,3 +1025,19 @@ def test_a_session_a_live_controller_holds_is_refused_in_one_line_and_taken_with
     fake.results.append(ExecResult(return_value="1"))
     assert run(capsys, *argv, "--force")[0] == Exit.OK
     assert ("force", "s2") in fake.calls
+
+
+def test_log_json_writes_json_lines_on_stderr(tmp_path):
+    env = {
+        **os.environ,
+        "ORCH_STATE_DIR": str(tmp_path / "state"),
+        "ORCH_RUNTIME_DIR": str(tmp_path / "run"),
+        "ORCH_TYPO": "1",  # warned about, in the log
+        "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock",  # no engine needed: the warning comes first
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "--log-json", "ls"], capture_output=True, text=True, env=env, timeout=60
+    )
+    logged = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert [r["logger"] for r in logged] == ["orchestrator.config"] and "ORCH_TYPO" in logged[0]["message"]
+    assert logged[0]["level"] == "WARNING"
