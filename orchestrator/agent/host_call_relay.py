@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import selectors
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Set
 
 from . import protocol
 from .channel import ControllerLink
@@ -49,6 +49,7 @@ class HostCallRelay(object):
         self._worker = worker
         self._selectors = watchers
         self.open_calls: Dict[int, Any] = {}  # host calls relayed for the running exec: call -> its request id
+        self.blob_calls: Set[int] = set()  # open calls for a deferred value's blob: answered up to max_body
         self.input_waits: Dict[int, float] = {}  # open calls that are input() of the cell: call -> since when
         self.cell_running = False  # an exec's cell runs: the controller may interrupt it
         self.input_allowed = False  # the running exec lets its cell's input() ask the controller
@@ -66,6 +67,7 @@ class HostCallRelay(object):
     def worker_gone(self) -> None:
         """The worker is being replaced: its link goes with it, and its callers are gone."""
         self.open_calls.clear()
+        self.blob_calls.clear()
         self.controller.watch(False)
 
     def link_fd(self) -> int:
@@ -101,6 +103,8 @@ class HostCallRelay(object):
             try:
                 self.controller.send({"type": protocol.HOST_CALL, "id": request_id, "call": call, "name": name}, body)
                 self.open_calls[call] = request_id
+                if name == protocol.BLOB_CALL:
+                    self.blob_calls.add(call)
                 if name == protocol.INPUT_CALL and self.input_allowed:  # a forged one does not stop the clock
                     self.input_waits[call] = time.monotonic()
                 self.controller.watch(True)
@@ -145,12 +149,13 @@ class HostCallRelay(object):
             if header["type"] != protocol.HOST_REPLY or call not in self.open_calls:
                 self.controller.discard(body_len)
                 return False
-            if body_len > self.config.host_call_max:
+            limit = self.config.max_body if call in self.blob_calls else self.config.host_call_max
+            if body_len > limit:
                 self.controller.discard(body_len)
                 header = {
                     "status": protocol.STATUS_ERROR,
                     "error": "the result is %d bytes, over the sandbox's %d-byte limit for host calls"
-                    % (body_len, self.config.host_call_max),
+                    % (body_len, limit),
                 }
                 body: Any = b""
             else:
@@ -159,6 +164,7 @@ class HostCallRelay(object):
             self._lose_controller("reading a host call's answer: %s" % (exc or type(exc).__name__))
             return False
         del self.open_calls[call]
+        self.blob_calls.discard(call)
         self.input_waits.pop(call, None)
         self.controller.watch(self.cell_running or bool(self.open_calls))
         self._answer_worker({"call": call, "status": header.get("status"), "error": header.get("error")}, body)
@@ -178,6 +184,7 @@ class HostCallRelay(object):
     def end_calls(self, reason: str) -> None:
         """Answer every host call still open with an error: its cell ended (or its answer cannot come)."""
         calls, self.open_calls = list(self.open_calls), {}
+        self.blob_calls.clear()
         self.input_waits.clear()
         self.cell_running = False
         self.controller.watch(False)
@@ -187,6 +194,7 @@ class HostCallRelay(object):
     def _forget_link(self, worker: WorkerProcess) -> None:
         """Stop serving the worker's host-call link (its callers see it close and fail)."""
         self.open_calls.clear()
+        self.blob_calls.clear()
         self.input_waits.clear()
         self.controller.watch(False)
         if worker.calls is not None:

@@ -6,7 +6,8 @@ runs the handshake of docs/protocol.md (both sides prove they know the sandbox's
 both directions under the caller's deadline. A ``goodbye`` (another controller took the
 sandbox over) ends the connection with ``TakenOver``. Host calls that arrive while a request
 waits for its reply go to the request's ``CallDesk``; the loop keeps reading while their
-answers are written, so neither side can block the other.
+answers are written, so neither side can block the other. A deferred value's blob
+(``protocol.BLOB_CALL``) is answered by the connection's ``blobs`` itself (runtime/deferred.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from ..agent import protocol
 from ..agent.protocol import Goodbye, Hello
 from ..api.events import LiveCall
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
-from ..runtime.hostcalls import CallDesk, answer_error
+from ..runtime.deferred import BlobRefused, DeferredBlobs
+from ..runtime.hostcalls import CallDesk, answer_error, answer_ok
 from .endpoint import Endpoint
 from .replies import parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel
@@ -86,6 +88,7 @@ class AgentConnection:
     def __init__(self, channel: Channel, hello: Hello) -> None:
         self._channel = channel
         self.hello = hello
+        self.blobs: DeferredBlobs | None = None  # serves the sandbox's deferred values (None: none are served)
 
     @classmethod
     def open(cls, endpoint: Endpoint, *, sandbox_id: str, deadline: float) -> AgentConnection:
@@ -227,11 +230,25 @@ class AgentConnection:
         call, name = _call_number(frame), frame.get("name")
         if not isinstance(name, str):
             raise ProtocolError("a host_call frame without a handler name")
-        if desk is None:
+        if name == protocol.BLOB_CALL:
+            self._channel.enqueue(*self._blob(call, body))
+        elif desk is None:
             error = f"host call {name[:64]!r}: this cell was run without host calls"
             self._channel.enqueue(*answer_error(call, error))
         else:
             desk.submit(call, name, body)
+
+    def _blob(self, call: int, body: bytearray) -> tuple[protocol.HostReply, bytes]:
+        """The answer to a deferred value's blob call: the blob, or why not (the sandbox's request is hostile)."""
+        if self.blobs is None:
+            return answer_error(call, "this sandbox has no deferred values")
+        try:
+            payload = protocol.decode_json(body, "blob call payload")
+            return answer_ok(call, self.blobs.serve(payload))
+        except protocol.ProtocolViolation as exc:
+            return answer_error(call, f"a blob call whose payload is not JSON: {exc}")
+        except BlobRefused as exc:
+            return answer_error(call, f"deferred value not served: {exc}")
 
     def check_idle(self) -> None:
         """Between calls the agent is silent; if it spoke, find out why.
