@@ -992,6 +992,7 @@ Request = Union[
     ResetRequest,
     RestoreBeginRequest,
     LoadRequest,
+    DeferRequest,
     RestoreEndRequest,
     InstallRequest,
     ContextCreateRequest,
