@@ -47,6 +47,9 @@ on purpose would otherwise hold the controller for about N * N / 2 loads."""
 class Sandbox:
     """A running container with an authenticated connection to its agent."""
 
+    deferred: DeferredBlobs | None = None
+    """Answers the agent's requests for deferred values' blobs (``serve_deferred``); None: none are served."""
+
     def __init__(
         self,
         backend: Backend,
@@ -191,6 +194,7 @@ class Sandbox:
             checkpoint_seconds=checkpoint_seconds,
             desk=desk,
             live=live,
+            blobs=self.deferred,
         )
 
     def serve_deferred(
@@ -198,7 +202,7 @@ class Sandbox:
     ) -> None:
         """Answer the agent's requests for deferred values' blobs (runtime/deferred.py): ``named`` gives the blob
         the session's current record names for a checkpoint key."""
-        self.connection.blobs = DeferredBlobs(self.sandbox_id, named, open_blob)
+        self.deferred = DeferredBlobs(self.sandbox_id, named, open_blob)
 
     def restore(
         self,
@@ -222,8 +226,8 @@ class Sandbox:
         The whole restore sends at most ``_RESTORE_LOADS_PER_VALUE`` loads per value (plus a slack); the
         values still not loaded when that runs out are named as failed, so the work stays linear.
         """
-        if self.connection.blobs is not None:
-            self.connection.blobs.restored()
+        if self.deferred is not None:
+            self.deferred.restored()
         else:
             defer_at = None  # nobody would answer the agent's requests for them
         deferred = _sizes_at_least(manifest, open_blob, defer_at)

@@ -88,7 +88,6 @@ class AgentConnection:
     def __init__(self, channel: Channel, hello: Hello) -> None:
         self._channel = channel
         self.hello = hello
-        self.blobs: DeferredBlobs | None = None  # serves the sandbox's deferred values (None: none are served)
 
     @classmethod
     def open(cls, endpoint: Endpoint, *, sandbox_id: str, deadline: float) -> AgentConnection:
@@ -136,6 +135,7 @@ class AgentConnection:
         checkpoint_seconds: float | None = None,
         desk: CallDesk | None = None,
         live: LiveCall | None = None,
+        blobs: DeferredBlobs | None = None,
     ) -> tuple[Header, bytearray]:
         """Send one request and return its reply; every byte both ways must move before ``deadline``.
 
@@ -143,7 +143,8 @@ class AgentConnection:
         the deadline to that many seconds from its arrival, once. Host calls made meanwhile go
         to ``desk`` (without one, each is answered with an error); the cell's output and its
         ``input()`` requests go to ``live``, which may also ask for an interrupt. While an
-        ``input()`` waits for its answer the deadline stands still, as the agent's clock does.
+        ``input()`` waits for its answer the deadline stands still, as the agent's clock does. ``blobs``
+        answers the agent's requests for deferred values (``protocol.BLOB_CALL``; without it, refused).
 
         Raises:
             TakenOver: the agent said goodbye (the request was not kept).
@@ -188,7 +189,7 @@ class AgentConnection:
                 if reply.get("name") == protocol.INPUT_CALL and live is not None:
                     live.input_request(_call_number(reply), reply_body)
                 else:
-                    self._host_call(reply, reply_body, desk)
+                    self._host_call(reply, reply_body, desk, blobs)
                 continue
             if kind == protocol.GOODBYE:
                 raise TakenOver(parse_goodbye(reply))
@@ -225,30 +226,18 @@ class AgentConnection:
         if channel.has_queued:
             channel.flush()
 
-    def _host_call(self, frame: Header, body: bytearray, desk: CallDesk | None) -> None:
+    def _host_call(self, frame: Header, body: bytearray, desk: CallDesk | None, blobs: DeferredBlobs | None) -> None:
         """A host call of the running cell: to the desk, or refused at once."""
         call, name = _call_number(frame), frame.get("name")
         if not isinstance(name, str):
             raise ProtocolError("a host_call frame without a handler name")
         if name == protocol.BLOB_CALL:
-            self._channel.enqueue(*self._blob(call, body))
+            self._channel.enqueue(*_blob_answer(call, body, blobs))
         elif desk is None:
             error = f"host call {name[:64]!r}: this cell was run without host calls"
             self._channel.enqueue(*answer_error(call, error))
         else:
             desk.submit(call, name, body)
-
-    def _blob(self, call: int, body: bytearray) -> tuple[protocol.HostReply, bytes]:
-        """The answer to a deferred value's blob call: the blob, or why not (the sandbox's request is hostile)."""
-        if self.blobs is None:
-            return answer_error(call, "this sandbox has no deferred values")
-        try:
-            payload = protocol.decode_json(body, "blob call payload")
-            return answer_ok(call, self.blobs.serve(payload))
-        except protocol.ProtocolViolation as exc:
-            return answer_error(call, f"a blob call whose payload is not JSON: {exc}")
-        except BlobRefused as exc:
-            return answer_error(call, f"deferred value not served: {exc}")
 
     def check_idle(self) -> None:
         """Between calls the agent is silent; if it spoke, find out why.
@@ -279,3 +268,15 @@ def _call_number(frame: Header) -> int:
     if type(call) is not int:
         raise ProtocolError("a host_call frame without a call number")
     return call
+
+
+def _blob_answer(call: int, body: bytearray, blobs: DeferredBlobs | None) -> tuple[protocol.HostReply, bytes]:
+    """The answer to a deferred value's blob call: the blob, or why not (the sandbox's request is hostile)."""
+    if blobs is None:
+        return answer_error(call, "deferred value not served: this sandbox has no deferred values")
+    try:
+        return answer_ok(call, blobs.serve(protocol.decode_json(body, "blob call payload")))
+    except protocol.ProtocolViolation as exc:
+        return answer_error(call, f"deferred value not served: {exc}")
+    except BlobRefused as exc:
+        return answer_error(call, f"deferred value not served: {exc}")

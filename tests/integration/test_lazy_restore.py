@@ -42,7 +42,7 @@ def ask(key, digest):
 
 def served(s: Session) -> int:
     """Bytes of deferred values the controller handed to the session's sandbox since its restore."""
-    blobs = s._sandbox.sandbox.connection.blobs  # type: ignore[union-attr]
+    blobs = s._sandbox.sandbox.deferred  # type: ignore[union-attr]
     assert blobs is not None
     return blobs.served_bytes
 

@@ -175,3 +175,24 @@ def test_builtins_and_input_stay_live_while_values_are_pending(agent: Agent, sto
     assert run(agent, store, "f()")["error"]["ename"] == "NameError"
     assert "input() has no one" in run(agent, store, "input()")["error"]["evalue"]
     assert store.asked == []
+
+
+def test_an_interrupt_while_loading_leaves_the_value_pending(agent: Agent, store: Store) -> None:
+    restore(agent, store, {}, {"big": BIG})
+    request_id = uuid.uuid4().hex
+    agent.link.send({"type": protocol.EXEC, "id": request_id, "code": "len(big)", "timeout": 20})
+    call, _ = agent.link.recv(30)
+    assert call["type"] == protocol.HOST_CALL and call["name"] == protocol.BLOB_CALL
+    agent.link.send(protocol.interrupt_message(request_id))  # the answer never comes
+    while True:
+        reply, _ = agent.link.recv(30)
+        if reply["type"] not in (protocol.CHECKPOINTING, protocol.OUTPUT):
+            break
+    assert reply["error"]["ename"] == "KeyboardInterrupt" and reply["checkpoint"]["deleted"] == []
+    assert run(agent, store, "len(big)")["return_value"] == "100000"
+
+
+def test_a_context_destroyed_with_a_pending_value_reports_it_deleted(agent: Agent, store: Store, tmp_path: Any) -> None:
+    restore(agent, store, {}, {"c1/big": BIG}, c1=str(tmp_path / "c1"))
+    reply, _ = agent.request(protocol.CONTEXT_DESTROY, context="c1", checkpoint_timeout=10)
+    assert reply["checkpoint"]["deleted"] == ["c1/big"] and store.asked == []
