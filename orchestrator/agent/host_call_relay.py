@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Set
 from . import protocol
 from .channel import ControllerLink
 from .config import Config
-from .frames import PEEK_NOW
+from .frames import PEEK_NOW, Copier, Movers
 from .log import log
 from .worker_process import WorkerProcess
 
@@ -43,8 +43,10 @@ class HostCallRelay(object):
         controller: ControllerLink,
         worker: Callable[[], WorkerProcess],
         watchers: Sequence[selectors.BaseSelector],
+        movers: Optional[Movers] = None,
     ) -> None:
         self.config = config
+        self._movers = movers or Movers()
         self.controller = controller
         self._worker = worker
         self._selectors = watchers
@@ -158,17 +160,67 @@ class HostCallRelay(object):
                     % (body_len, limit),
                 }
                 body: Any = b""
+            elif call in self.blob_calls and header.get("status") == protocol.STATUS_OK:
+                self._settle(call)
+                self._stream_blob(call, body_len)
+                return False
             else:
                 body = inbox.read_exactly(body_len)
         except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
             self._lose_controller("reading a host call's answer: %s" % (exc or type(exc).__name__))
             return False
+        self._settle(call)
+        self._answer_worker({"call": call, "status": header.get("status"), "error": header.get("error")}, body)
+        return False
+
+    def _settle(self, call: int) -> None:
+        """Host call ``call`` is answered: it is open no more."""
         del self.open_calls[call]
         self.blob_calls.discard(call)
         self.input_waits.pop(call, None)
         self.controller.watch(self.cell_running or bool(self.open_calls))
-        self._answer_worker({"call": call, "status": header.get("status"), "error": header.get("error")}, body)
-        return False
+
+    def _stream_blob(self, call: int, size: int) -> None:
+        """Pass a deferred value's blob (``size`` bytes, up to the request body limit) from the controller to the
+        worker without holding it here: spliced or copied through, as a request's body is. A controller that stops
+        in the middle is lost; a worker that stops reading loses its link, and the rest of the body is read and
+        dropped, so the controller's stream stays in step."""
+        inbox = self.controller.inbox
+        assert inbox is not None
+        worker = self._worker()
+        first = inbox.take(size)  # the body bytes that came with the head
+        remaining = size - len(first)
+        head = protocol.frame_head({"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_OK}, size)
+        target = worker.calls
+        try:
+            if target is not None:
+                target.sendall(head)
+                target.sendall(first)
+        except OSError as exc:
+            log("closed the worker's host-call link: %s" % (exc or type(exc).__name__))
+            self._forget_link(worker)
+            target = None
+        mover = self._movers.mover(remaining)
+        while remaining:
+            try:
+                got = mover.fill(inbox.sock, remaining)
+                if not got:
+                    raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
+            except (OSError, protocol.ChannelClosed) as exc:
+                if target is not None:
+                    self._forget_link(worker)  # it holds half a frame
+                self._lose_controller("reading a deferred value's blob: %s" % (exc or type(exc).__name__))
+                return
+            remaining -= got
+            if target is None:
+                continue  # read and dropped
+            try:
+                mover.drain(target, got)
+            except OSError as exc:
+                log("closed the worker's host-call link while passing a blob on: %s" % (exc or type(exc).__name__))
+                self._forget_link(worker)
+                target = None
+                mover = Copier(remaining)  # (a pipe that failed closed itself, with the bytes in it)
 
     def _answer_worker(self, header: Dict[str, Any], body: Any = b"") -> None:
         worker = self._worker()

@@ -12,8 +12,9 @@ unchanged, and they are not in the namespace until something uses them. Two ways
   builtins when the (exact) globals dict misses, so the cell, and every function defined before,
   finds the value where it always was.
 
-Loading asks the controller for the blob by a host call of the reserved name ``BLOB_CALL`` and
-unpickles it with the context's module as dill's ``__main__``. A value that cannot be loaded
+Loading asks the controller for the blob by a host call of the reserved name ``BLOB_CALL``,
+unpickles it with the context's module as dill's ``__main__`` while the controller checks the blob
+against its digest, and binds it once the controller confirms (``BLOB_CHECK_CALL``). A value that cannot be loaded
 raises ``DeferredValueLost`` (a NameError) in the cell and leaves the checkpoint: the next delta
 reports it deleted. An interrupt while loading leaves it pending.
 """
@@ -29,13 +30,22 @@ from typing import Any, Callable, Iterator, Set
 
 from . import checkpoint, protocol
 
-Fetch = Callable[[str, str], Any]  # (checkpoint key, digest) -> the blob's bytes
 _LOAD_ALL = frozenset(("globals", "vars", "dir", "locals", "__builtins__"))
 _DELETES = frozenset(("DELETE_NAME", "DELETE_GLOBAL"))
 
 
 class DeferredValueLost(NameError):
     """A value of the restored checkpoint could not be loaded on first use (its blob is damaged or gone)."""
+
+
+class Blobs(object):
+    """How the worker reaches the controller for deferred values (host calls)."""
+
+    __slots__ = ("check", "fetch")
+
+    def __init__(self, fetch: Callable[[str, str], Any], check: Callable[[str, str], None]) -> None:
+        self.fetch = fetch  # (checkpoint key, digest) -> the blob's bytes
+        self.check = check  # (checkpoint key, digest): raises unless the blob handed out matched its digest
 
 
 class _LazyBuiltins(dict):  # type: ignore[type-arg]
@@ -61,10 +71,10 @@ class _LazyBuiltins(dict):  # type: ignore[type-arg]
 class Deferred(object):
     """The pending values of one context and how they are loaded."""
 
-    def __init__(self, context: Any, fetch: Fetch) -> None:
-        """``context``: the worker's context (its module, tracker and id); ``fetch``: asks the controller."""
+    def __init__(self, context: Any, blobs: Blobs) -> None:
+        """``context``: the worker's context (its module, tracker and id); ``blobs``: asks the controller."""
         self._context = context
-        self._fetch = fetch
+        self._blobs = blobs
         self._lock = threading.RLock()  # a cell's threads may miss the same name at once
         self._builtins: Any = None  # made when the first value is deferred; kept by functions made meanwhile
 
@@ -119,8 +129,10 @@ class Deferred(object):
                 raise KeyError(name)
             digest, size = entry
             prefix = "" if self._context.context_id is None else self._context.context_id + protocol.CONTEXT_SEPARATOR
+            key = prefix + name
             try:
-                value = self._unpickle(self._fetch(prefix + name, digest), digest)
+                value = self._unpickle(self._blobs.fetch(key, digest), digest)
+                self._blobs.check(key, digest)
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # a host-call failure, or anything the unpickling raised

@@ -69,6 +69,9 @@ INPUT_CALL = "__input__"
 # A value a restore deferred (``defer``) is fetched on first use by a host call of this reserved name: the
 # controller answers it itself from the store, with the raw blob as the body (docs/protocol.md, "Deferred values").
 BLOB_CALL = "__blob__"
+# ... and unpickled while the controller checks the blob against its digest; this call (same payload) asks its
+# verdict before the value is bound: the answer is JSON true, or an error saying why the value is lost.
+BLOB_CHECK_CALL = "__blob_check__"
 
 NONCE_BYTES = 16
 

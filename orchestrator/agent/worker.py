@@ -75,14 +75,14 @@ class _Context(object):
         tracker: checkpoint.Tracker,
         cwd: str,
         environ: Any,
-        fetch: lazy.Fetch,
+        blobs: lazy.Blobs,
     ) -> None:
         self.context_id = context_id  # None: the default context
         self.module = module
         self.tracker = tracker
         self.cwd = cwd
         self.environ = environ  # Dict[str, str]
-        self.deferred = lazy.Deferred(self, fetch)  # its values a restore deferred (lazy.py)
+        self.deferred = lazy.Deferred(self, blobs)  # its values a restore deferred (lazy.py)
 
 
 def _current_dir(fallback: str) -> str:
@@ -165,10 +165,9 @@ class Worker:
         self.namespace = _session_module.__dict__
         _fresh_namespace(self.namespace)
         self.tracker = checkpoint.Tracker(quota)
+        self._blobs = lazy.Blobs(self._fetch_blob, self._check_blob)  # deferred values' blobs, from the controller
         self.base_environ = dict(os.environ)  # what a new context's environment starts from
-        self.default = _Context(
-            None, _session_module, self.tracker, _current_dir("/"), self.base_environ, self._fetch_blob
-        )
+        self.default = _Context(None, _session_module, self.tracker, _current_dir("/"), self.base_environ, self._blobs)
         self.active = self.default  # the context of the last request; self.namespace and self.tracker are its
         self.contexts: Dict[str, _Context] = {}
         self.excluded: Any = frozenset()  # the scaffold's names, left out of every context's checkpoint
@@ -320,7 +319,7 @@ class Worker:
             self.contexts = {}
             _fresh_namespace(self.namespace)
             self.tracker = self.default.tracker = checkpoint.Tracker(self.quota)
-            self.default.deferred = lazy.Deferred(self.default, self._fetch_blob)
+            self.default.deferred = lazy.Deferred(self.default, self._blobs)
             self.restored_frozen = {}
             gc.collect()
             return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK}, []
@@ -554,7 +553,7 @@ class Worker:
             tracker.excluded = self.excluded
             environ = dict(self.base_environ)
             environ.update(env)
-            self.contexts[context_id] = _Context(context_id, module, tracker, cwd, environ, self._fetch_blob)
+            self.contexts[context_id] = _Context(context_id, module, tracker, cwd, environ, self._blobs)
         return reply, parts
 
     @staticmethod
@@ -642,6 +641,12 @@ class Worker:
         if self.calls is None:
             raise hostcall.HostCallError("this worker has no link for host calls")
         return self.calls.call_raw(protocol.BLOB_CALL, protocol.blob_call(key, digest))
+
+    def _check_blob(self, key: str, digest: str) -> None:
+        """Whether the blob the controller handed out matched its digest (it checked while the blob was unpickled)."""
+        assert self.calls is not None  # a blob was fetched
+        if self.calls.call(protocol.BLOB_CHECK_CALL, protocol.blob_call(key, digest)) is not True:
+            raise hostcall.HostCallError("the controller did not confirm the blob")
 
     @staticmethod
     def _load_error(reason: str) -> Dict[str, Any]:

@@ -231,8 +231,8 @@ class AgentConnection:
         call, name = _call_number(frame), frame.get("name")
         if not isinstance(name, str):
             raise ProtocolError("a host_call frame without a handler name")
-        if name == protocol.BLOB_CALL:
-            self._channel.enqueue(*_blob_answer(call, body, blobs))
+        if name in (protocol.BLOB_CALL, protocol.BLOB_CHECK_CALL):
+            self._channel.enqueue(*_blob_answer(call, name, body, blobs))
         elif desk is None:
             error = f"host call {name[:64]!r}: this cell was run without host calls"
             self._channel.enqueue(*answer_error(call, error))
@@ -270,12 +270,18 @@ def _call_number(frame: Header) -> int:
     return call
 
 
-def _blob_answer(call: int, body: bytearray, blobs: DeferredBlobs | None) -> tuple[protocol.HostReply, bytes]:
-    """The answer to a deferred value's blob call: the blob, or why not (the sandbox's request is hostile)."""
+def _blob_answer(
+    call: int, name: str, body: bytearray, blobs: DeferredBlobs | None
+) -> tuple[protocol.HostReply, bytes]:
+    """The answer to a deferred value's blob call (the blob) or check call (``true``), or why not (the sandbox's
+    request is hostile)."""
     if blobs is None:
         return answer_error(call, "deferred value not served: this sandbox has no deferred values")
     try:
-        return answer_ok(call, blobs.serve(protocol.decode_json(body, "blob call payload")))
+        payload = protocol.decode_json(body, "blob call payload")
+        if name == protocol.BLOB_CHECK_CALL:
+            return answer_ok(call, b"true" if blobs.verdict(payload) else b"false")
+        return answer_ok(call, blobs.serve(payload))
     except protocol.ProtocolViolation as exc:
         return answer_error(call, f"deferred value not served: {exc}")
     except BlobRefused as exc:

@@ -19,7 +19,8 @@ class Store:
     def __init__(self) -> None:
         self.blobs: dict[str, bytes] = {}
         self.asked: list[str] = []
-        self.refuse: set[str] = set()
+        self.refuse: set[str] = set()  # keys whose blob is not handed out
+        self.damaged: set[str] = set()  # keys whose blob is handed out, then found damaged
 
     def add(self, value: Any) -> str:
         blob = dill.dumps(value)
@@ -36,6 +37,13 @@ def run(agent: Agent, store: Store, code: str, context: str | None = None) -> di
     agent.link.send(header)
     while True:
         reply, body = agent.link.recv(30)
+        if reply["type"] == protocol.HOST_CALL and reply["name"] == protocol.BLOB_CHECK_CALL:
+            key = json.loads(body)["key"]
+            if key in store.damaged:
+                agent.link.send(protocol.host_reply(reply["call"], "its stored blob does not match its digest"))
+            else:
+                agent.link.send(protocol.host_reply(reply["call"]), b"true")
+            continue
         if reply["type"] == protocol.HOST_CALL:
             assert reply["name"] == protocol.BLOB_CALL, reply
             call = json.loads(body)
@@ -141,6 +149,14 @@ def test_a_value_that_cannot_be_loaded_fails_its_cell_by_name_and_leaves(agent: 
     again = run(agent, store, "big")
     assert again["error"]["ename"] == "NameError" and store.asked == ["big"]
     assert run(agent, store, "other")["return_value"] == "'o'"
+
+
+def test_a_value_whose_blob_is_found_damaged_is_not_bound(agent: Agent, store: Store) -> None:
+    restore(agent, store, {}, {"big": BIG})
+    store.damaged.add("big")
+    reply = run(agent, store, "len(big)")
+    assert reply["error"]["ename"] == "DeferredValueLost" and "digest" in reply["error"]["evalue"]
+    assert store.asked == ["big"] and reply["checkpoint"]["deleted"] == ["big"]
 
 
 def test_a_scanned_value_that_cannot_be_loaded_stops_the_cell(agent: Agent, store: Store) -> None:
