@@ -8,11 +8,13 @@ the container) and the bytes the controller handed out for deferred values (its 
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Callable
 
 import pytest
+from support import kill_and_wait
 
-from orchestrator import Orchestrator, Session
+from orchestrator import Orchestrator, Session, Settings
 from orchestrator.runtime.deferred import DEFER_BYTES
 
 pytestmark = pytest.mark.docker
@@ -167,3 +169,22 @@ def test_a_cell_gets_no_blob_it_was_not_given(
     assert s.execute("small").return_value == "[1, 2, 3]"
     restored(s, kill_container)
     assert s.execute("size()").return_value == str(BIG_MB << 20)
+
+
+def test_deferred_values_on_the_oldest_supported_python(settings: Settings, make_orch, new_session) -> None:
+    """Python 3.9 looks globals up in a dict subclass of builtins as 3.11 does (``__missing__``)."""
+    base = os.environ.get("ORCH_OLDEST_BASE_IMAGE")
+    if not base:
+        pytest.skip("ORCH_OLDEST_BASE_IMAGE is not set (scripts/ensure-image sets it)")
+    orch: Orchestrator = make_orch(settings.replace(base_image=base))
+    orch.build_image()
+    s = new_session(orch)
+    assert s.agent_info["python"].startswith("3.9"), s.agent_info
+    assert s.execute(SETUP).ok
+    kill_and_wait(orch, s.container_id)
+    assert s.execute("point.x").return_value == "5" and served(s) == 0
+    assert s.execute("size()").return_value == str(BIG_MB << 20)
+    kill_and_wait(orch, s.container_id)
+    assert s.execute("len(globals()['big'])").return_value == str(BIG_MB << 20)
+    kill_and_wait(orch, s.container_id)
+    assert s.execute("del big").ok and "big" not in s.variables
