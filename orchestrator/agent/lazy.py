@@ -26,7 +26,7 @@ import dis
 import sys
 import threading
 import types
-from typing import Any, Callable, Iterator, Set
+from typing import Any, Callable, Iterator, List, Set
 
 from . import checkpoint, protocol
 
@@ -39,13 +39,19 @@ class DeferredValueLost(NameError):
 
 
 class Blobs(object):
-    """How the worker reaches the controller for deferred values (host calls)."""
+    """How the worker reaches the controller for deferred values (host calls), and every context's ``Deferred``."""
 
-    __slots__ = ("check", "fetch")
+    __slots__ = ("check", "everywhere", "fetch")
 
-    def __init__(self, fetch: Callable[[str, str], Any], check: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        fetch: Callable[[str, str], Any],
+        check: Callable[[str, str], None],
+        everywhere: Callable[[], List["Deferred"]],
+    ) -> None:
         self.fetch = fetch  # (checkpoint key, digest) -> the blob's bytes
         self.check = check  # (checkpoint key, digest): raises unless the blob handed out matched its digest
+        self.everywhere = everywhere  # the deferred values of every context of the worker
 
 
 class _LazyBuiltins(dict):  # type: ignore[type-arg]
@@ -127,7 +133,7 @@ class Deferred(object):
             entry = tracker.pending.get(name)
             if entry is None:
                 raise KeyError(name)
-            digest, size = entry
+            digest = entry[0]
             prefix = "" if self._context.context_id is None else self._context.context_id + protocol.CONTEXT_SEPARATOR
             key = prefix + name
             try:
@@ -144,11 +150,27 @@ class Deferred(object):
                     "name %r of the restored checkpoint could not be loaded on first use (%s); it is no longer "
                     "in the session" % (name, reason)
                 ) from None
-            namespace[name] = value
-            tracker.record(name, value, digest, size)
-            if not tracker.pending and namespace.get("__builtins__") is self._builtins:
-                namespace["__builtins__"] = builtins.__dict__
+            if checkpoint.deeply_immutable(value):  # one object for every name of the blob, as a restore gives
+                for deferred in self._blobs.everywhere():
+                    deferred.bind_loaded(digest, value)
+            else:
+                self.bind(name, value)
             return value
+
+    def bind_loaded(self, digest: str, value: Any) -> None:
+        """Bind every pending name of this context saved in blob ``digest`` to ``value`` (immutable), just loaded."""
+        for name in [name for name, entry in self.pending.items() if entry[0] == digest]:
+            self.bind(name, value)
+
+    def bind(self, name: str, value: Any) -> None:
+        """Pending ``name`` is loaded: in the namespace and saved in its blob, as a restored value is."""
+        namespace = self._context.module.__dict__
+        tracker = self._context.tracker
+        digest, size = tracker.pending[name]
+        namespace[name] = value
+        tracker.record(name, value, digest, size)
+        if not tracker.pending and namespace.get("__builtins__") is self._builtins:
+            namespace["__builtins__"] = builtins.__dict__
 
     def _unpickle(self, body: Any, digest: str) -> Any:
         if protocol.is_host_blob(digest) and not protocol.host_blob_framed(body):

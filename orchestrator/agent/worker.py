@@ -165,7 +165,8 @@ class Worker:
         self.namespace = _session_module.__dict__
         _fresh_namespace(self.namespace)
         self.tracker = checkpoint.Tracker(quota)
-        self._blobs = lazy.Blobs(self._fetch_blob, self._check_blob)  # deferred values' blobs, from the controller
+        # deferred values' blobs, from the controller
+        self._blobs = lazy.Blobs(self._fetch_blob, self._check_blob, self._all_deferred)
         self.base_environ = dict(os.environ)  # what a new context's environment starts from
         self.default = _Context(None, _session_module, self.tracker, _current_dir("/"), self.base_environ, self._blobs)
         self.active = self.default  # the context of the last request; self.namespace and self.tracker are its
@@ -641,6 +642,9 @@ class Worker:
         if self.calls is None:
             raise hostcall.HostCallError("this worker has no link for host calls")
         return self.calls.call_raw(protocol.BLOB_CALL, protocol.blob_call(key, digest))
+
+    def _all_deferred(self) -> List[lazy.Deferred]:
+        return [context.deferred for context in (self.default, *self.contexts.values())]
 
     def _check_blob(self, key: str, digest: str) -> None:
         """Whether the blob the controller handed out matched its digest (it checked while the blob was unpickled)."""

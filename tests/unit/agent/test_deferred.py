@@ -212,3 +212,11 @@ def test_a_context_destroyed_with_a_pending_value_reports_it_deleted(agent: Agen
     restore(agent, store, {}, {"c1/big": BIG}, c1=str(tmp_path / "c1"))
     reply, _ = agent.request(protocol.CONTEXT_DESTROY, context="c1", checkpoint_timeout=10)
     assert reply["checkpoint"]["deleted"] == ["c1/big"] and store.asked == []
+
+
+def test_names_of_one_immutable_blob_load_as_one_object(agent: Agent, store: Store, tmp_path: Any) -> None:
+    restore(agent, store, {}, {"a": BIG, "b": BIG, "c1/c": BIG, "m": [1], "n": [1]}, c1=str(tmp_path / "c1"))
+    assert run(agent, store, "a is b")["return_value"] == "True"
+    assert store.asked == ["a"]
+    assert run(agent, store, "len(c)", context="c1")["return_value"] == "100000" and store.asked == ["a"]
+    assert run(agent, store, "m is n, m == n")["return_value"] == "(False, True)"  # mutable: one copy each
