@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 
 from ..agent import protocol
 from ..errors import OrchestratorError
@@ -53,6 +53,7 @@ class DeferredBlobs:
         self._open_blob = open_blob
         self._served: dict[str, int] = {}
         self._checks: dict[tuple[str, str], Future[bool]] = {}  # the digest checks of blobs handed out
+        self._mapped = ExitStack()  # the blobs handed out during the running request, mapped until it ends
         self.served_bytes = 0
         """Bytes of blobs handed out since the last restore (what lazy loading cost the host)."""
 
@@ -62,8 +63,9 @@ class DeferredBlobs:
         self._checks.clear()
         self.served_bytes = 0
 
-    def serve(self, payload: object) -> bytes:
-        """The blob a ``BLOB_CALL`` asks for (its JSON payload decoded); its digest check starts beside.
+    def serve(self, payload: object) -> memoryview:
+        """The blob a ``BLOB_CALL`` asks for (its JSON payload decoded), mapped until ``release``; its digest check
+        starts beside.
 
         Raises:
             BlobRefused: it names no blob the session's record names under that key, it was served
@@ -75,8 +77,7 @@ class DeferredBlobs:
             raise BlobRefused(f"the blob of {key!r} was handed out {count} times since the restore, the most it may")
         self._served[key] = count + 1
         try:
-            with self._open_blob(digest) as blob:
-                data = bytes(blob)
+            blob = self._mapped.enter_context(self._open_blob(digest))
         except (OSError, OrchestratorError) as exc:
             logger.error("sandbox %s: the blob of deferred value %r cannot be read: %s", self._sandbox_id, key, exc)
             raise BlobRefused(f"its stored blob cannot be read: {exc}") from None
@@ -84,10 +85,24 @@ class DeferredBlobs:
             check: Future[bool] = Future()
             check.set_result(True)
         else:
-            check = background.beside().submit(lambda: protocol.blob_digest(data) == digest)
+            check = background.beside().submit(lambda: protocol.blob_digest(blob) == digest)
         self._checks[(key, digest)] = check
-        self.served_bytes += len(data)
-        return data
+        self.served_bytes += len(blob)
+        return blob
+
+    def release(self) -> None:
+        """The request ended (its answers were sent): unmap the blobs it handed out.
+
+        A mapping something still reads (a request that failed with the blob half sent, a check the
+        cell never asked for) cannot close now; it closes when the last reader lets go of it.
+        """
+        mapped, self._mapped = self._mapped, ExitStack()
+        try:
+            mapped.close()
+        except BufferError:
+            logger.debug(
+                "sandbox %s: a deferred value's blob is still in use; unmapped when released", self._sandbox_id
+            )
 
     def verdict(self, payload: object) -> bool:
         """The answer to a ``BLOB_CHECK_CALL``: True when the blob last handed out for that key matched its digest.
@@ -99,7 +114,11 @@ class DeferredBlobs:
         check = self._checks.pop((key, digest), None)
         if check is None:
             raise BlobRefused(f"no blob of {key[:200]!r} was handed out to check")
-        if not check.result():
+        try:
+            matched = check.result()
+        except (ValueError, BufferError):  # its mapping was closed before the check ran (a later request)
+            raise BlobRefused(f"the blob of {key[:200]!r} handed out earlier cannot be checked any more") from None
+        if not matched:
             logger.error("sandbox %s: the blob of deferred value %r does not match its digest", self._sandbox_id, key)
             raise BlobRefused("its stored blob does not match its digest: the checkpoint file is damaged")
         return True

@@ -185,17 +185,22 @@ class Sandbox:
     ) -> tuple[Header, bytearray]:
         """One request to the agent within ``seconds`` (and ``checkpoint_seconds`` once the cell ended).
 
-        Host calls the cell makes meanwhile go to ``desk``; its output and ``input()`` requests to ``live``.
+        Host calls the cell makes meanwhile go to ``desk``; its output and ``input()`` requests to ``live``; the
+        agent's requests for deferred values' blobs to ``deferred``.
         """
-        return self.connection.request(
-            header,
-            body,
-            deadline=time.monotonic() + seconds,
-            checkpoint_seconds=checkpoint_seconds,
-            desk=desk,
-            live=live,
-            blobs=self.deferred,
-        )
+        try:
+            return self.connection.request(
+                header,
+                body,
+                deadline=time.monotonic() + seconds,
+                checkpoint_seconds=checkpoint_seconds,
+                desk=desk,
+                live=live,
+                blobs=self.deferred,
+            )
+        finally:
+            if self.deferred is not None:
+                self.deferred.release()
 
     def serve_deferred(
         self, named: Callable[[str], str | None], open_blob: Callable[[str], AbstractContextManager[memoryview]]
