@@ -155,6 +155,7 @@ def test_a_cell_gets_no_blob_it_was_not_given(
         "own key, foreign blob": f"ask('big', {secret_digest!r})",
         "a name that is not deferred": "ask('small', 'x' * 32)",
         "not an object": "len(worker.calls.call_raw('__blob__', [1, 2]))",
+        "a verdict for nothing handed out": f"worker.calls.call('__blob_check__', {{'key': 'big', 'digest': {own!r}}})",
     }
     for what, code in refusals.items():
         result = s.execute(code)
