@@ -26,9 +26,9 @@ import dis
 import sys
 import threading
 import types
-from typing import Any, Callable, Iterator, List, Set
+from typing import Any, Callable, Iterator, List, NoReturn, Set
 
-from . import checkpoint, protocol
+from . import checkpoint, hostcall, protocol
 
 _LOAD_ALL = frozenset(("globals", "vars", "dir", "locals", "__builtins__"))
 _DELETES = frozenset(("DELETE_NAME", "DELETE_GLOBAL"))
@@ -36,6 +36,11 @@ _DELETES = frozenset(("DELETE_NAME", "DELETE_GLOBAL"))
 
 class DeferredValueLost(NameError):
     """A value of the restored checkpoint could not be loaded on first use (its blob is damaged or gone)."""
+
+
+class DeferredValueUnavailable(NameError):
+    """A value of the restored checkpoint cannot be loaded now (no cell runs, the controller is not connected);
+    it stays in the session and loads at a later use."""
 
 
 class Blobs(object):
@@ -123,6 +128,7 @@ class Deferred(object):
 
         Raises:
             DeferredValueLost: it could not be loaded (it is pending no more).
+            DeferredValueUnavailable: the controller cannot be asked now (it stays pending).
             KeyboardInterrupt: the cell was interrupted meanwhile (it stays pending).
         """
         with self._lock:
@@ -141,21 +147,32 @@ class Deferred(object):
                 self._blobs.check(key, digest)
             except KeyboardInterrupt:
                 raise
-            except BaseException as exc:  # a host-call failure, or anything the unpickling raised
-                tracker.forget_pending(name)
-                reason = checkpoint.describe(exc)
-                if sys.__stderr__ is not None:  # the container's log (sys.stderr is the cell's output now)
-                    print("orchestrator worker: deferred value %r lost: %s" % (name, reason), file=sys.__stderr__)
-                raise DeferredValueLost(
-                    "name %r of the restored checkpoint could not be loaded on first use (%s); it is no longer "
-                    "in the session" % (name, reason)
-                ) from None
+            except hostcall.HostCallError as exc:
+                if not str(exc).startswith(protocol.BLOB_REFUSED):
+                    raise DeferredValueUnavailable(
+                        "name %r of the restored checkpoint cannot be loaded now (%s); it is still in the session"
+                        % (name, checkpoint.describe(exc))
+                    ) from None
+                self._lose(name, exc)
+            except BaseException as exc:  # anything the unpickling raised
+                self._lose(name, exc)
             if checkpoint.deeply_immutable(value):  # one object for every name of the blob, as a restore gives
                 for deferred in self._blobs.everywhere():
                     deferred.bind_loaded(digest, value)
             else:
                 self.bind(name, value)
             return value
+
+    def _lose(self, name: str, exc: BaseException) -> NoReturn:
+        """Pending ``name`` cannot be loaded ever: it leaves the checkpoint (the next delta says deleted)."""
+        self._context.tracker.forget_pending(name)
+        reason = checkpoint.describe(exc)
+        if sys.__stderr__ is not None:  # the container's log (sys.stderr is the cell's output now)
+            print("orchestrator worker: deferred value %r lost: %s" % (name, reason), file=sys.__stderr__)
+        raise DeferredValueLost(
+            "name %r of the restored checkpoint could not be loaded on first use (%s); it is no longer "
+            "in the session" % (name, reason)
+        ) from None
 
     def bind_loaded(self, digest: str, value: Any) -> None:
         """Bind every pending name of this context saved in blob ``digest`` to ``value`` (immutable), just loaded."""

@@ -72,6 +72,9 @@ BLOB_CALL = "__blob__"
 # ... and unpickled while the controller checks the blob against its digest; this call (same payload) asks its
 # verdict before the value is bound: the answer is JSON true, or an error saying why the value is lost.
 BLOB_CHECK_CALL = "__blob_check__"
+# How the controller's refusal of either call begins: the value is lost. Any other failure of the call (no cell
+# running, the link or the controller gone) leaves it deferred.
+BLOB_REFUSED = "deferred value not served: "
 
 NONCE_BYTES = 16
 

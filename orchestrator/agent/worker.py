@@ -444,11 +444,11 @@ class Worker:
             reply["output_limited"] = True
         return reply, parts
 
-    def _load_needed(self, code: str) -> Optional[lazy.DeferredValueLost]:
-        """Load the deferred values ``code`` needs before it runs (lazy.py); the one that could not be, if any."""
+    def _load_needed(self, code: str) -> Optional[NameError]:
+        """Load the deferred values ``code`` needs before it runs (lazy.py); why one could not be, if one could not."""
         try:
             self.active.deferred.before_cell(code)
-        except lazy.DeferredValueLost as exc:
+        except (lazy.DeferredValueLost, lazy.DeferredValueUnavailable) as exc:
             return exc
         return None
 

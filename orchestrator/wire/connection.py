@@ -295,13 +295,13 @@ def _blob_answer(
     """The answer to a deferred value's blob call (the blob) or check call (``true``), or why not (the sandbox's
     request is hostile)."""
     if blobs is None:
-        return answer_error(call, "deferred value not served: this sandbox has no deferred values")
+        return answer_error(call, protocol.BLOB_REFUSED + "this sandbox has no deferred values")
     try:
         payload = protocol.decode_json(body, "blob call payload")
         if name == protocol.BLOB_CHECK_CALL:
             return answer_ok(call, b"true" if blobs.verdict(payload) else b"false")
         return protocol.host_reply(call), blobs.serve(payload)  # mapped: sent before the request ends
     except protocol.ProtocolViolation as exc:
-        return answer_error(call, f"deferred value not served: {exc}")
+        return answer_error(call, protocol.BLOB_REFUSED + str(exc))
     except BlobRefused as exc:
-        return answer_error(call, f"deferred value not served: {exc}")
+        return answer_error(call, protocol.BLOB_REFUSED + str(exc))

@@ -21,6 +21,7 @@ class Store:
         self.asked: list[str] = []
         self.refuse: set[str] = set()  # keys whose blob is not handed out
         self.damaged: set[str] = set()  # keys whose blob is handed out, then found damaged
+        self.unreachable: set[str] = set()  # keys whose call fails on the way (the controller is not connected)
 
     def add(self, value: Any) -> str:
         blob = dill.dumps(value)
@@ -40,7 +41,9 @@ def run(agent: Agent, store: Store, code: str, context: str | None = None) -> di
         if reply["type"] == protocol.HOST_CALL and reply["name"] == protocol.BLOB_CHECK_CALL:
             key = json.loads(body)["key"]
             if key in store.damaged:
-                agent.link.send(protocol.host_reply(reply["call"], "its stored blob does not match its digest"))
+                agent.link.send(
+                    protocol.host_reply(reply["call"], protocol.BLOB_REFUSED + "it does not match its digest")
+                )
             else:
                 agent.link.send(protocol.host_reply(reply["call"]), b"true")
             continue
@@ -49,8 +52,10 @@ def run(agent: Agent, store: Store, code: str, context: str | None = None) -> di
             call = json.loads(body)
             store.asked.append(call["key"])
             blob = store.blobs.get(call["digest"])
-            if blob is None or call["key"] in store.refuse:
-                agent.link.send(protocol.host_reply(reply["call"], "gone"))
+            if call["key"] in store.unreachable:
+                agent.link.send(protocol.host_reply(reply["call"], "the controller is not connected"))
+            elif blob is None or call["key"] in store.refuse:
+                agent.link.send(protocol.host_reply(reply["call"], protocol.BLOB_REFUSED + "gone"))
             else:
                 agent.link.send(protocol.host_reply(reply["call"]), blob)
             continue
@@ -157,6 +162,19 @@ def test_a_value_whose_blob_is_found_damaged_is_not_bound(agent: Agent, store: S
     reply = run(agent, store, "len(big)")
     assert reply["error"]["ename"] == "DeferredValueLost" and "digest" in reply["error"]["evalue"]
     assert store.asked == ["big"] and reply["checkpoint"]["deleted"] == ["big"]
+
+
+def test_a_value_that_cannot_be_asked_for_now_stays(agent: Agent, store: Store) -> None:
+    restore(agent, store, {}, {"big": BIG})
+    store.unreachable.add("big")
+    for code in ("len(big)", "del big"):  # by a miss, and by the scan before the cell
+        reply = run(agent, store, code)
+        assert (
+            reply["error"]["ename"] == "DeferredValueUnavailable" and "still in the session" in reply["error"]["evalue"]
+        )
+        assert reply["checkpoint"]["deleted"] == []
+    store.unreachable.clear()
+    assert run(agent, store, "len(big)")["return_value"] == "100000"
 
 
 def test_a_scanned_value_that_cannot_be_loaded_stops_the_cell(agent: Agent, store: Store) -> None:
