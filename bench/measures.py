@@ -73,6 +73,10 @@ class Reps:
     idle_budget: Count = Count(600, 150)
     """Seconds a system may spend opening idle sessions; a step that would exceed it is not taken."""
     rlm_conversation: int = 3
+    fork: Count = Count(5, 2)
+    """Forks of 100 MB into 8 (each sample: the 8 children)."""
+    rewind: Count = Count(5, 3)
+    """Rewinds of 100 MB, of each kind."""
 
 
 FULL = Reps()
@@ -92,6 +96,8 @@ QUICK = Reps(
     idle_probes=2,
     idle_budget=Count(120, 30),
     rlm_conversation=1,
+    fork=Count(1, 1),
+    rewind=Count(1, 1),
 )
 
 
@@ -343,12 +349,14 @@ def _open_used(runner: Runner, count: int) -> list[Any]:
         except Exception as exc:
             errors.append(exc)
     if errors:
-        _close_all(runner, handles)
+        close_all(runner, handles)
         raise errors[0]
     return handles
 
 
-def _close_all(runner: Runner, handles: Sequence[Any]) -> None:
+def close_all(runner: Runner, handles: Sequence[Any]) -> None:
+    """Close every handle, a few threads at a time; one that fails does not stop the others (the run's end sweeps
+    any container left)."""
     with ThreadPoolExecutor(OPEN_THREADS * 2) as pool:
         for future in [pool.submit(runner.close, h) for h in handles]:
             with contextlib.suppress(Exception):
@@ -415,7 +423,7 @@ def measure_idle(runner: Runner, reps: Reps) -> Measured:
             open_threads=OPEN_THREADS,
         )
     finally:
-        _close_all(runner, handles)
+        close_all(runner, handles)
         for fd in filler:
             os.close(fd)
     return out

@@ -38,6 +38,8 @@ def fmt_range(side: Side, unit: str) -> str:
     if unit == "B":
         scale, suffix = (2**20, "MiB") if abs(median) >= 2**20 else (2**10, "KiB")
         return f"{median / scale:,.1f} {suffix} [{lo / scale:,.1f}-{hi / scale:,.1f}]"
+    if unit == "x":
+        return f"{median:.2f}x [{lo:.2f}-{hi:.2f}]"
     return f"{median:,.0f} [{lo:,.0f}-{hi:,.0f}]"
 
 
@@ -74,24 +76,62 @@ def print_table(results: list[RowResult]) -> None:
 
 
 NOTES = (
-    "times are wall clock, measured here in this run for both systems; min-max in the median's unit",
-    "peer: rlms' DockerREPL(image=<peer image>, persistent=True), `docker exec python` per cell that loads and saves "
-    "the whole dill state; its execute_code returns output, not values, so values are read with print(repr(...))",
-    "(*) warm pool: ours only (Settings.capacity.pool_size=2, a pause before each session so the pool refilled); the "
-    "peer has no pool, its plain new session is shown for the ratio",
-    "add_context: each sample into a fresh session holding nothing else, so the peer (which reloads and re-saves "
-    "all state in every call) is at its fastest",
-    "restore: ours, on a warm pool of 2: `docker kill` the container, time the next call (a started sandbox from "
-    "the pool + restore + cell); the peer has no restore (its container is --rm'd): a new DockerREPL whose "
-    "workspace gets the old state.dill, then the cell",
-    "idle sessions: each used once, opened by threads (untimed), then one more created alone (timed) at each step; "
-    "memory per session is the container's (docker stats) and this controller's RSS growth divided by the sessions",
+    (
+        "",
+        "times are wall clock, measured here in this run for both systems; min-max in the median's unit",
+    ),
+    (
+        "",
+        "peer: rlms' DockerREPL(image=<peer image>, persistent=True), `docker exec python` per cell that loads and "
+        "saves the whole dill state; its execute_code returns output, not values, so values are read with "
+        "print(repr(...))",
+    ),
+    (
+        "pooled_session",
+        "(*) warm pool: ours only (Settings.capacity.pool_size=2, a pause before each session so the pool refilled); "
+        "the peer has no pool, its plain new session is shown for the ratio",
+    ),
+    (
+        "add_context",
+        "add_context: each sample into a fresh session holding nothing else, so the peer (which reloads and re-saves "
+        "all state in every call) is at its fastest",
+    ),
+    (
+        "restore",
+        "restore: ours, on a warm pool of 2: `docker kill` the container, time the next call (a started sandbox from "
+        "the pool + restore + cell); the peer has no restore (its container is --rm'd): a new DockerREPL whose "
+        "workspace gets the old state.dill, then the cell",
+    ),
+    (
+        "fork",
+        "fork: ours, `Orchestrator.fork(source, 8)` on a warm pool of 8 (full before each fork); the peer has no "
+        "fork: 8 new DockerREPLs made at once, each given a copy of the source's state.dill. Then each child's first "
+        "call `1 + 1` (not touching the 100 MB) in a thread of its own, all at once; a child's time runs from the "
+        "fork call until it answered. Host bytes: every file under the nine state directories (ours: the store's; "
+        "the peer: the workspaces), allocated blocks, each inode once (a hard-linked blob is one copy); copies: "
+        "against the source's before the fork",
+    ),
+    (
+        "rewind",
+        "rewind: ours, `Session.rewind(generation)` to the generation before the cell; the peer has no rewind: its "
+        "user copies state.dill aside before the cell (not timed: a cost before every cell) and copies it back "
+        "(timed); its next cell then loads the whole state, as each of its cells does. Target: ours at most its "
+        "restore of 100 MB in this run",
+    ),
+    (
+        "idle",
+        "idle sessions: each used once, opened by threads (untimed), then one more created alone (timed) at each "
+        "step; memory per session is the container's (docker stats) and this controller's RSS growth divided by the "
+        "sessions",
+    ),
 )
+"""Each note with the start of the row keys it explains: printed when such a row ran (an empty start: always)."""
 
 
 def print_notes(results: list[RowResult], facts: dict[str, Any], reps: Reps) -> None:
-    for note in NOTES:
-        print(f"- {note}")
+    for prefix, note in NOTES:
+        if any(r.row.key.startswith(prefix) for r in results):
+            print(f"- {note}")
     for system in SYSTEMS:
         idle = facts[system].get("idle sessions") or {}
         if idle:

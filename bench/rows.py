@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fork import FIRST_CALL, FORK_CHILDREN, FORK_SIZE, measure_fork, measure_rewind
 from measures import (
     BATCH_PROMPTS,
     MB,
@@ -145,6 +146,46 @@ def metrics(reps: Reps) -> list[Metric]:
             measure_restore,
         ),
         Metric(
+            "fork",
+            (
+                Row(
+                    "fork_call",
+                    f"fork of {FORK_SIZE // MB} MB into {FORK_CHILDREN}: the fork call (ours: warm pool of "
+                    f"{FORK_CHILDREN}; peer: new environments + copies)",
+                ),
+                Row("fork_first_call", f"fork into {FORK_CHILDREN}: a child's first call `{FIRST_CALL}` answered"),
+                Row(
+                    "fork_slowest",
+                    f"fork into {FORK_CHILDREN}: the last child's first call answered",
+                    ours_max=0.5,
+                ),
+                Row("fork_bytes", f"fork into {FORK_CHILDREN}: host bytes, source + children", unit="B"),
+                Row(
+                    "fork_copies",
+                    f"fork into {FORK_CHILDREN}: host bytes, source + children, in copies of the source",
+                    unit="x",
+                    ours_max=1.1,
+                ),
+            ),
+            measure_fork,
+        ),
+        Metric(
+            "rewind",
+            (
+                Row(
+                    "rewind_small",
+                    f"rewind of {FORK_SIZE // MB} MB after `n = n + 1` (peer: copy back a kept state.dill)",
+                    within=(f"restore_{mb(FORK_SIZE)}", 1.0),
+                ),
+                Row(
+                    "rewind_replaced",
+                    f"rewind of {FORK_SIZE // MB} MB after a cell replaced it (peer: the same copy)",
+                    within=(f"restore_{mb(FORK_SIZE)}", 1.0),
+                ),
+            ),
+            measure_rewind,
+        ),
+        Metric(
             "llm_query_batched",
             (Row("batched", f"cell with llm_query_batched of {BATCH_PROMPTS}, instant LM"),),
             measure_batched,
@@ -198,7 +239,7 @@ class RowResult:
     @property
     def ratio(self) -> float | None:
         """peer / ours: how many times faster (or smaller) ours is."""
-        if self.row.unit == "n" or not self.ours.median or not self.peer.median:
+        if self.row.unit in ("n", "x") or not self.ours.median or not self.peer.median:
             return None
         if self.ours.median < 0 or self.peer.median < 0:
             return None
@@ -251,9 +292,12 @@ class RowResult:
 
 
 def fmt(value: float | None, unit: str) -> str:
-    """``value`` in a row's unit (``s``, ``B`` or ``n``), as the table and the targets write it."""
+    """``value`` in a row's unit (``s``, ``B``, ``n`` or ``x``: times another amount), as the table and the targets
+    write it."""
     if value is None:
         return "n/a"
+    if unit == "x":
+        return f"{value:.2f}x"
     if unit == "B":
         return f"{value / 2**20:,.1f} MiB" if abs(value) >= 2**20 else f"{value / 2**10:,.0f} KiB"
     if unit == "n":

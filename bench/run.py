@@ -1,6 +1,6 @@
 """Benchmark: our sessions and the peer's (rlms' DockerREPL) side by side, every number measured in this run.
 
-    python bench/run.py [--quick] [--json PATH] [--chart PATH]
+    python bench/run.py [--quick] [--only WORD ...] [--json PATH] [--chart PATH]
 
 Every row is measured for both systems on the same base image (``ORCH_BASE_IMAGE``): ours is
 ``orchestrator`` (``Orchestrator(settings).create_session()``); the peer is rlms' own
@@ -29,7 +29,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +44,28 @@ from orchestrator import OrchestratorError
 DEFAULT_CHART = Path(__file__).resolve().parent / "latency-vs-state.png"
 
 
+def chosen(plan: list[Metric], only: Sequence[str]) -> list[Metric]:
+    """The metrics whose name contains one of ``only`` (case-insensitive); all of them when ``only`` is empty.
+
+    Raises:
+        ValueError: a word matches no metric (the message names them all).
+    """
+    words = [word.lower() for word in only]
+    unmatched = [word for word in words if not any(word in metric.name.lower() for metric in plan)]
+    if unmatched:
+        names = ", ".join(repr(metric.name) for metric in plan)
+        raise ValueError(f"--only {', '.join(unmatched)} matches no metric; the metrics are {names}")
+    return [metric for metric in plan if not words or any(word in metric.name.lower() for word in words)]
+
+
 def run(
-    reps: Reps, runners: dict[str, Runner | None], runner_errors: dict[str, str]
+    reps: Reps, runners: dict[str, Runner | None], runner_errors: dict[str, str], only: Sequence[str] = ()
 ) -> tuple[list[RowResult], dict[str, Any]]:
-    """Run every metric for each system; a failure is printed and fills that system's rows with the error."""
+    """Run every metric (or those ``only`` names) for each system; a failure is printed and fills that system's rows
+    with the error."""
     measured: dict[str, dict[str, Side]] = {system: {} for system in SYSTEMS}
     facts: dict[str, Any] = {system: {} for system in SYSTEMS}
-    plan = metrics(reps)
+    plan = chosen(metrics(reps), only)
 
     def record(metric: Metric, system: str, outcome: Measured | str) -> None:
         for row in metric.rows:
@@ -108,18 +123,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="far fewer repetitions (a smoke run, ~2 min)")
     parser.add_argument(
+        "--only",
+        metavar="WORD",
+        action="append",
+        default=[],
+        help="run only the metrics whose name contains WORD (repeatable; e.g. --only fork --only rewind --only "
+        "restore); no chart unless --chart is given",
+    )
+    parser.add_argument(
         "--json", metavar="PATH", type=Path, help="also write every sample and the host's facts as JSON"
     )
     parser.add_argument(
         "--chart",
         metavar="PATH",
         type=Path,
-        default=DEFAULT_CHART,
-        help=f"PNG of latency against state size (default {DEFAULT_CHART.name} beside this script)",
+        help=f"PNG of latency against state size (default {DEFAULT_CHART.name} beside this script; none with --only)",
     )
     args = parser.parse_args(argv)
     reps = QUICK if args.quick else FULL
-    mode = "quick" if args.quick else "full"
+    try:
+        chosen(metrics(reps), args.only)
+    except ValueError as exc:
+        parser.error(str(exc))
+    mode = ("quick" if args.quick else "full") + (f" (only {', '.join(args.only)})" if args.only else "")
+    chart = args.chart or (None if args.only else DEFAULT_CHART)
     started = time.perf_counter()
     try:
         ours = OrchestratorRunner()
@@ -139,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             runner_errors[PEER] = f"the peer could not start: {type(exc).__name__}: {exc}"
         print(f"bench: {mode} mode, base image {ours.settings.base_image}", file=sys.stderr)
         host = host_facts(runners, ours.client)
-        results, facts = run(reps, runners, runner_errors)
+        results, facts = run(reps, runners, runner_errors, args.only)
     finally:
         leftovers += shut_down([runner for runner in (runners[PEER], ours) if runner is not None])
     wall = time.perf_counter() - started
@@ -152,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     print(line)
     for container in leftovers:
         print(f"LEFT OVER container: {container}")
-    skipped = draw_chart(results, args.chart, line)
-    print(f"chart skipped: {skipped}" if skipped else f"chart written to {args.chart}")
+    skipped = "--only without --chart" if chart is None else draw_chart(results, chart, line)
+    print(f"chart skipped: {skipped}" if skipped else f"chart written to {chart}")
     if args.json:
         write_json(args.json, mode, reps, wall, host, results, facts, leftovers)
         print(f"results written to {args.json}")

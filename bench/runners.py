@@ -16,7 +16,8 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,10 +27,13 @@ import docker.errors
 import orchestrator
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.backends.base import STORE_ID
+from orchestrator.state.controllers import ROLE
 
 OURS = "ours"
 PEER = "peer"
 SYSTEMS = (OURS, PEER)
+POOL_SETTLE = 1.5
+"""Seconds waited after a warm pool's containers all run: each one's agent connects and warms up after that."""
 
 
 class Runner(Protocol):
@@ -76,6 +80,32 @@ class Runner(Protocol):
 
     def for_restarts(self) -> contextlib.AbstractContextManager[Any]:
         """This runner set up as its users would for crash recovery (ours: with a warm pool; the peer: as it is)."""
+        ...
+
+    def for_forks(self, count: int) -> contextlib.AbstractContextManager[Any]:
+        """This runner set up as its users would to branch into ``count`` (ours: a warm pool of ``count``)."""
+        ...
+
+    def settle(self, open_handles: Collection[Any]) -> None:
+        """Return once a new sample may start (ours: its warm pool, if any, is full again beside ``open_handles``)."""
+        ...
+
+    def fork(self, handle: Any, count: int) -> list[Any]:
+        """``count`` new sessions with ``handle``'s state, ready for calls (the peer: its state file copied into new
+        environments)."""
+        ...
+
+    def state_paths(self, handle: Any) -> list[Path]:
+        """The host directories that hold the session's state (ours: its store directory; the peer: its workspace)."""
+        ...
+
+    def mark(self, handle: Any) -> Any:
+        """Keep the session's current state so that ``rewind`` can bring it back (ours: its generation, kept by
+        itself; the peer: a copy of its state file, which replaces the one kept before)."""
+        ...
+
+    def rewind(self, handle: Any, mark: Any) -> None:
+        """Bring the session back to the state ``mark`` kept."""
         ...
 
     def leftovers(self) -> list[str]:
@@ -132,6 +162,11 @@ def container_memory(client: docker.DockerClient, container_id: str) -> int | No
     detail = mem.get("stats") or {}
     inactive = int(detail.get("total_inactive_file", detail.get("inactive_file", 0)))
     return usage - inactive if 0 < inactive < usage else usage or None
+
+
+def _state_file(handle: Any) -> Path:
+    """The peer's whole state: the dill file in its workspace, loaded and saved by every cell."""
+    return Path(handle.temp_dir) / "state.dill"
 
 
 def _wait_dead(client: docker.DockerClient, container_id: str, timeout: float = 10.0) -> None:
@@ -227,12 +262,56 @@ class OrchestratorRunner:
             orch.close()
 
     @contextlib.contextmanager
-    def for_restarts(self) -> Iterator[OrchestratorRunner]:
-        """This runner with its sessions on a warm pool of 2: a killed sandbox is replaced by a started one."""
-        with self.pooled(pool_size=2) as orch:
+    def on_pool(self, pool_size: int) -> Iterator[OrchestratorRunner]:
+        """This runner with its sessions on a warm pool of ``pool_size`` (``pooled``)."""
+        with self.pooled(pool_size=pool_size) as orch:
             view = copy.copy(self)
             view.orch = orch
             yield view
+
+    def for_restarts(self) -> contextlib.AbstractContextManager[OrchestratorRunner]:
+        """This runner with its sessions on a warm pool of 2: a killed sandbox is replaced by a started one."""
+        return self.on_pool(2)
+
+    def for_forks(self, count: int) -> contextlib.AbstractContextManager[OrchestratorRunner]:
+        """This runner with its sessions on a warm pool of ``count``: each fork takes a started sandbox."""
+        return self.on_pool(count)
+
+    def settle(self, open_handles: Collection[Session], timeout: float = 120.0) -> None:
+        """Return once the warm pool (if any) holds its full size of started sandboxes beside those of
+        ``open_handles``, and ``POOL_SETTLE`` seconds more (a pooled sandbox's agent connects and warms up after its
+        container runs).
+
+        Raises:
+            RuntimeError: the pool did not fill within ``timeout`` seconds.
+        """
+        size = self.orch.settings.capacity.pool_size
+        if size == 0:
+            return
+        labels = {STORE_ID: self.orch.store.store_id, ROLE: "pool"}
+        taken = {h.container_id for h in open_handles}
+        deadline = time.monotonic() + timeout
+        while True:
+            running = self.client.containers.list(filters={"label": [f"{k}={v}" for k, v in labels.items()]})
+            spare = [c for c in running if c.id not in taken]
+            if len(spare) >= size:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the warm pool holds {len(spare)} of {size} sandboxes after {timeout:.0f} s")
+            time.sleep(0.1)
+        time.sleep(POOL_SETTLE)
+
+    def fork(self, handle: Session, count: int) -> list[Session]:
+        return self.orch.fork(handle.id, count)
+
+    def state_paths(self, handle: Session) -> list[Path]:
+        return [self.orch.store.root / handle.id]
+
+    def mark(self, handle: Session) -> int:
+        return handle.generation
+
+    def rewind(self, handle: Session, mark: int) -> None:
+        handle.rewind(mark)
 
     def leftovers(self) -> list[str]:
         found = []
@@ -317,14 +396,58 @@ class PeerRunner:
 
     def recover(self, handle: Any) -> Any:
         """The peer has no restore: a new DockerREPL whose workspace gets the dead one's ``state.dill``."""
-        state = Path(handle.temp_dir) / "state.dill"
+        return self._copy(_state_file(handle))
+
+    def _copy(self, state: Path) -> Any:
+        """A new DockerREPL whose workspace gets a copy of ``state`` (its next cell loads it)."""
         fresh = self.create()
         try:
-            shutil.copyfile(state, Path(fresh.temp_dir) / "state.dill")
+            shutil.copyfile(state, _state_file(fresh))
         except BaseException:
             self.close(fresh)
             raise
         return fresh
+
+    def fork(self, handle: Any, count: int) -> list[Any]:
+        """The peer has no fork: ``count`` new DockerREPLs, made at once (a thread each), each given a copy of
+        ``handle``'s ``state.dill``; all closed if one fails."""
+        state = _state_file(handle)
+        with ThreadPoolExecutor(count) as pool:
+            futures = [pool.submit(self._copy, state) for _ in range(count)]
+        made, errors = [], []
+        for future in futures:
+            try:
+                made.append(future.result())
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            for env in made:
+                with contextlib.suppress(Exception):
+                    self.close(env)
+            raise errors[0]
+        return made
+
+    def for_forks(self, count: int) -> contextlib.AbstractContextManager[PeerRunner]:
+        """As it is: the peer has no pool."""
+        return contextlib.nullcontext(self)
+
+    def settle(self, open_handles: Collection[Any]) -> None:
+        """Nothing to wait for: the peer keeps nothing started ahead."""
+
+    def state_paths(self, handle: Any) -> list[Path]:
+        return [Path(handle.temp_dir)]
+
+    def mark(self, handle: Any) -> Path:
+        """What its user does to be able to go back: copy ``state.dill`` aside (one kept copy per session, beside
+        its workspace)."""
+        kept = Path(handle.temp_dir).with_name(Path(handle.temp_dir).name + ".kept.dill")
+        shutil.copyfile(_state_file(handle), kept)
+        return kept
+
+    def rewind(self, handle: Any, mark: Path) -> None:
+        """Copy the kept state file back over ``state.dill`` (the kept one stays, as a generation of ours does); the
+        next cell loads it, as every cell of the peer loads the whole state."""
+        shutil.copyfile(mark, _state_file(handle))
 
     def close(self, handle: Any) -> None:
         handle.cleanup()

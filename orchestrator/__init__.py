@@ -8,7 +8,7 @@ from .api.aio import AsyncContext, AsyncOrchestrator, AsyncPythonTool, AsyncSess
 from .api.contexts import Context
 from .api.events import InputRequest, OutputEvent
 from .api.manager import Orchestrator
-from .api.results import ExecError, ExecResult
+from .api.results import ExecError, ExecResult, Generation
 from .api.session import Session
 from .api.tools import PythonTool
 from .backends.base import Placement
@@ -26,6 +26,7 @@ from .errors import (
     EngineError,
     EngineUnavailable,
     ExecutionTimeout,
+    GenerationNotFound,
     ImageMissing,
     InputRequestNotFound,
     OrchestratorError,
@@ -69,6 +70,8 @@ __all__ = [
     "ExecError",
     "ExecResult",
     "ExecutionTimeout",
+    "Generation",
+    "GenerationNotFound",
     "HostCallError",
     "HostCalls",
     "ImageMissing",

@@ -222,6 +222,9 @@ class ResourceLimits(_Fields):
     """Most processes and threads the container may have."""
     checkpoint_quota: int | None = field(default=None, metadata=_env("ORCH_CHECKPOINT_QUOTA", _SIZE))
     """Most bytes a session's stored checkpoint may hold; None means 4 x ``memory``. Values past it are unsaved."""
+    history_generations: int = field(default=10, metadata=_env("ORCH_HISTORY_GENERATIONS", _INTEGER))
+    """Earlier generations a session keeps for ``rewind`` and ``fork(at=...)`` (0: none). They stay within
+    ``checkpoint_quota`` with the current one, each blob counted once: the oldest go first when they would not."""
     max_output_bytes: int = field(default=1 << 20, metadata=_env("ORCH_MAX_OUTPUT_BYTES", _SIZE))
     """Most bytes of stdout and of stderr a result holds per call; past it the result holds a head-and-tail preview
     and the whole stream is kept in a file (``ExecResult.stdout_path``)."""
@@ -247,6 +250,8 @@ class ResourceLimits(_Fields):
         self._check_positive_size("max_output_bytes", "max_output_file_bytes", "max_header_bytes", "max_body_bytes")
         if self.checkpoint_quota is not None:
             self._check_positive_size("checkpoint_quota")
+        if not (is_integer(self.history_generations) and self.history_generations >= 0):
+            raise self._invalid("history_generations", "an integer >= 0 (0 keeps no history)")
         if not (isinstance(self.memory, str) or is_integer(self.memory)):
             raise self._invalid("memory", f"a size: {SIZE_HELP}")
         try:

@@ -6,6 +6,7 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
 
     OrchestratorError
     ├── ConfigError (ValueError)             a setting or argument is invalid
+    │   └── GenerationNotFound (LookupError) the session keeps no such generation (rewind, fork(at=...))
     ├── InputRequestNotFound (LookupError)   no input() request with that id waits
     ├── EngineError                          the Docker engine refused or failed
     │   ├── EngineUnavailable (ConnectionError)  no engine answers; how to start one
@@ -71,6 +72,11 @@ class SessionNotFound(SessionError, LookupError):
 
 class ContextNotFound(SessionError, LookupError):
     """The session has no context with that id: it never existed or was destroyed; the message says what to do."""
+
+
+class GenerationNotFound(ConfigError, LookupError):
+    """The session keeps no such generation (``Session.history()`` lists those it keeps): it was never committed, or
+    the history's depth or the checkpoint quota let it go (``Settings.limits.history_generations``)."""
 
 
 class SessionClosed(SessionError):

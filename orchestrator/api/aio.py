@@ -26,7 +26,7 @@ import functools
 import inspect
 import os
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -41,7 +41,7 @@ from ..runtime.restore import SessionState
 from .contexts import Context
 from .events import Event, InputRequest
 from .manager import Orchestrator
-from .results import ExecResult
+from .results import ExecResult, Generation
 from .session import Session
 from .tools import DEFAULT_ANSWER_CHARS, PythonTool
 
@@ -66,9 +66,16 @@ class _Threads:
 class AsyncSession:
     """A ``Session`` whose calls are coroutines; ``sync`` is the session itself (``Session`` documents every call)."""
 
-    def __init__(self, session: Session, executor: ThreadPoolExecutor) -> None:
+    def __init__(
+        self,
+        session: Session,
+        executor: ThreadPoolExecutor,
+        handle: Callable[[Session], AsyncSession] | None = None,
+    ) -> None:
+        """``handle`` gives the one async handle of another session (a fork) of the same orchestrator."""
         self.sync = session
         self._threads = _Threads(executor)
+        self._handle = handle or (lambda other: AsyncSession(other, executor))
         self._cells = asyncio.Lock()  # calls that run a cell, one at a time: a cancelled one interrupts only its own
 
     # ----------------------------------------------------------------- properties: what the handle holds
@@ -112,6 +119,14 @@ class AsyncSession:
     @property
     def agent_info(self) -> dict[str, Any]:
         return self.sync.agent_info
+
+    @property
+    def unsaved(self) -> dict[str, str]:
+        return self.sync.unsaved
+
+    @property
+    def forked_from(self) -> tuple[str, int] | None:
+        return self.sync.forked_from
 
     @property
     def contexts(self) -> list[AsyncContext]:
@@ -204,13 +219,27 @@ class AsyncSession:
         return self.sync.interrupt()
 
     async def as_tool(
-        self, *, max_timeout: float | None = None, max_answer_chars: int = DEFAULT_ANSWER_CHARS
+        self, *, max_timeout: float | None = None, max_answer_chars: int = DEFAULT_ANSWER_CHARS, undo: bool = False
     ) -> AsyncPythonTool:
         """This session as tools for a model (``Session.as_tool``), answering through coroutines."""
-        return AsyncPythonTool._of(self, self.sync.as_tool(max_timeout=max_timeout, max_answer_chars=max_answer_chars))
+        tool = self.sync.as_tool(max_timeout=max_timeout, max_answer_chars=max_answer_chars, undo=undo)
+        return AsyncPythonTool._of(self, tool)
 
     async def set_scaffold(self, code: str, *, names: Collection[str] = ()) -> None:
         await self._threads.run(self.sync.set_scaffold, code, names=names)
+
+    async def fork(
+        self, *, at: int | None = None, session_id: str | None = None, labels: Mapping[str, str] | None = None
+    ) -> AsyncSession:
+        """A new session with this one's state (``Session.fork``), as an async handle."""
+        return self._handle(await self._threads.run(self.sync.fork, at=at, session_id=session_id, labels=labels))
+
+    async def history(self) -> list[Generation]:
+        return self.sync.history()
+
+    async def rewind(self, generation: int) -> Generation:
+        async with self._cells:
+            return await self._threads.run(self.sync.rewind, generation)
 
     async def set_value(
         self, name: str, payload: str | bytes | dict[str, Any] | list[Any], *, aliases: Collection[str] = ()
@@ -354,6 +383,7 @@ class AsyncPythonTool:
         max_answer_chars: int = DEFAULT_ANSWER_CHARS,
         output_dir: str | os.PathLike[str] | None = None,
         max_output_files: int = 64,
+        undo: bool = False,
     ) -> None:
         self.session = session
         self.sync = PythonTool(
@@ -362,6 +392,7 @@ class AsyncPythonTool:
             max_answer_chars=max_answer_chars,
             output_dir=output_dir,
             max_output_files=max_output_files,
+            undo=undo,
         )
 
     @classmethod
@@ -373,6 +404,10 @@ class AsyncPythonTool:
     @property
     def definitions(self) -> list[dict[str, Any]]:
         return self.sync.definitions
+
+    @property
+    def undo(self) -> bool:
+        return self.sync.undo
 
     async def handle(self, name: str, arguments: str | Mapping[str, Any] | None) -> str:
         """``PythonTool.handle`` as a coroutine: the text for the model (bad calls and failures are answers)."""
@@ -406,7 +441,7 @@ class AsyncOrchestrator:
         """The one async handle of ``session`` (attaching a session held here gives the handle already held)."""
         handle = self._handles.get(session)
         if handle is None:
-            handle = self._handles[session] = AsyncSession(session, self._executor)
+            handle = self._handles[session] = AsyncSession(session, self._executor, self._handle)
         return handle
 
     @property
@@ -437,6 +472,28 @@ class AsyncOrchestrator:
     async def attach(self, session_id: str, *, force: bool = False) -> AsyncSession:
         """``Orchestrator.attach`` (this orchestrator's own handle when it holds the session already)."""
         return self._handle(await self._threads.run(self.sync.attach, session_id, force=force))
+
+    async def fork(
+        self,
+        session_id: str,
+        count: int = 1,
+        *,
+        at: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        session_ids: Sequence[str] | None = None,
+        placement: Placement | None = None,
+    ) -> list[AsyncSession]:
+        """``Orchestrator.fork`` (same arguments), the forks as async handles."""
+        forks = await self._threads.run(
+            self.sync.fork, session_id, count, at=at, labels=labels, session_ids=session_ids, placement=placement
+        )
+        return [self._handle(fork) for fork in forks]
+
+    async def history(self, session_id: str) -> list[Generation]:
+        return await self._threads.run(self.sync.history, session_id)
+
+    async def rewind(self, session_id: str, generation: int, *, force: bool = False) -> Generation:
+        return await self._threads.run(self.sync.rewind, session_id, generation, force=force)
 
     async def evaluate(
         self,

@@ -9,17 +9,20 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ..agent import protocol
 from ..backends.base import LABEL_PREFIX, SESSION_ID, STORE_ID, Backend, ContainerState, Placement
 from ..backends.docker import DockerBackend
+from ..checks import is_count
 from ..config import Settings
 from ..errors import (
     CheckpointError,
     ConfigError,
+    EngineError,
     ImageMissing,
     OrchestratorError,
     SessionAttachedElsewhere,
@@ -39,12 +42,23 @@ from ..runtime.sandbox import Sandbox
 from ..state.activity import Activity
 from ..state.controllers import controller_labels
 from ..state.lease import RENEW_EVERY
-from ..state.ledger import CheckpointLedger, new_owner_token
+from ..state.ledger import CheckpointLedger, generation_not_found, new_owner_token
 from ..state.store import SessionRecord, SessionStore, validate_session_id
 from ..wire.endpoint import ensure_private_dir
+from .results import Generation, generations
 from .session import Session, SessionState
 
 logger = logging.getLogger(__name__)
+
+_FORK_STARTS = 8
+"""Forks whose sandboxes ``Orchestrator.fork`` starts and restores at once."""
+
+
+def _check_labels(labels: Mapping[str, str] | None) -> None:
+    """Raises ConfigError for a label outside our namespace (``orchestrator.<you>.<name>``)."""
+    for key in labels or {}:
+        if not key.startswith(LABEL_PREFIX) or key.count(".") < 2:
+            raise ConfigError(f"label {key!r} must be namespaced like 'orchestrator.<you>.<name>'")
 
 
 def _connect(settings: Settings, scope: str) -> Backend:
@@ -124,15 +138,9 @@ class Orchestrator:
             AgentStartTimeout: the container started but its agent never connected.
         """
         session_id = validate_session_id(session_id) if session_id else f"s{secrets.token_hex(6)}"
-        for key in labels or {}:
-            if not key.startswith(LABEL_PREFIX) or key.count(".") < 2:
-                raise ConfigError(f"label {key!r} must be namespaced like 'orchestrator.<you>.<name>'")
+        _check_labels(labels)
         placement = placement or Placement()
-        if not placement.is_empty() and self.settings.backend != "swarm":
-            raise ConfigError(
-                "a session placement (constraints, reservations) needs Settings.backend='swarm' (ORCH_BACKEND=swarm); "
-                "the docker backend runs every sandbox on one engine"
-            )
+        self._check_placement(placement)
         image = image or self.default_image
         if not self.backend.image_exists(image):
             raise ImageMissing(
@@ -150,9 +158,7 @@ class Orchestrator:
             owner=new_owner_token(),
             epoch=1,
         )
-        session, sandbox = self._session(
-            CheckpointLedger.create(self.store, record, self.settings.limits.checkpoint_quota_bytes)
-        )
+        session, sandbox = self._session(CheckpointLedger.create(self.store, record, self._quota, keep=self._keep))
         try:
             sandbox.start()
         except BaseException:
@@ -200,9 +206,7 @@ class Orchestrator:
         held = self._held(session_id)
         if held is not None:
             return held
-        ledger = CheckpointLedger.take_ownership(
-            self.store, session_id, self.settings.limits.checkpoint_quota_bytes, force=force
-        )
+        ledger = CheckpointLedger.take_ownership(self.store, session_id, self._quota, force=force, keep=self._keep)
         session, sandbox = self._session(ledger)
         try:
             takeover.serve(sandbox)
@@ -210,6 +214,132 @@ class Orchestrator:
             self._forget(session)
             raise
         return session, sandbox
+
+    def _check_placement(self, placement: Placement | None) -> None:
+        if placement is not None and not placement.is_empty() and self.settings.backend != "swarm":
+            raise ConfigError(
+                "a session placement (constraints, reservations) needs Settings.backend='swarm' (ORCH_BACKEND=swarm); "
+                "the docker backend runs every sandbox on one engine"
+            )
+
+    @property
+    def _quota(self) -> int:
+        return self.settings.limits.checkpoint_quota_bytes
+
+    @property
+    def _keep(self) -> int:
+        return self.settings.limits.history_generations
+
+    def fork(
+        self,
+        session_id: str,
+        count: int = 1,
+        *,
+        at: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        session_ids: Sequence[str] | None = None,
+        placement: Placement | None = None,
+    ) -> list[Session]:
+        """``count`` new sessions, owned by this orchestrator, each with the state of stored session ``session_id``:
+        its last committed generation, or the kept generation ``at`` (``history``).
+
+        The source is only read (under its store lock, for a moment): it is not taken over, whoever holds it, and a
+        call it runs goes on (what it commits later is not in the forks). Each fork gets the source's variables,
+        contexts, scaffold and unsaved report, its image and placement, and its labels with ``labels`` added. Stored
+        values are shared, not copied: the host's cost is the number of names, not their bytes, and removing any of
+        the sessions never breaks another. Each fork's sandbox is started (from the warm pool where one is
+        configured) and restored before this returns.
+
+        Each fork is stored whole or not at all. When one cannot be made or started, the ones made by this call are
+        removed and the error raised; a controller killed meanwhile leaves the forks it had stored as ordinary
+        sessions (``forked_from`` names the source).
+
+        Args:
+            session_ids: the forks' ids (``count`` of them); default: new random ones.
+            placement: where the forks' sandboxes may run (Swarm backend); default: the source's placement.
+
+        Raises:
+            GenerationNotFound: ``at`` is not a generation the source keeps.
+            SessionNotFound: no session ``session_id`` is stored.
+            ConfigError: ``count`` is not a positive integer, an id is invalid or taken, or a label is outside our
+                namespace.
+            CheckpointError: the source's checkpoint is damaged.
+        """
+        if not is_count(count) or count < 1:
+            raise ConfigError(f"count must be a positive integer, got {count!r}")
+        ids = [f"s{secrets.token_hex(6)}" for _ in range(count)] if session_ids is None else list(session_ids)
+        if len(ids) != count or len(set(ids)) != count:
+            raise ConfigError(f"session_ids must name {count} different ids, got {ids!r}")
+        ids = [validate_session_id(child) for child in ids]
+        _check_labels(labels)
+        self._check_placement(placement)
+        source = self.store.load(validate_session_id(session_id))
+        now = time.time()
+        children = [
+            SessionRecord(
+                session_id=child,
+                image=source.image,
+                created_at=now,
+                last_used_at=now,
+                labels={**source.labels, **(labels or {})},
+                owner=new_owner_token(),
+                epoch=1,
+            )
+            for child in ids
+        ]
+        ledgers = CheckpointLedger.fork(
+            self.store,
+            session_id,
+            children,
+            self._quota,
+            at=at,
+            keep=self._keep,
+            placement=None if placement is None else placement.to_json(),
+        )
+        forks = [self._session(ledger) for ledger in ledgers]
+        try:
+            with ThreadPoolExecutor(min(count, _FORK_STARTS), thread_name_prefix="fork-start") as starts:
+                for started in [starts.submit(sandbox.start) for _, sandbox in forks]:
+                    started.result()
+        except BaseException:
+            for fork, _ in forks:
+                with contextlib.suppress(OrchestratorError):
+                    fork.close()
+            raise
+        logger.info("forked session %s into %s", session_id, ", ".join(ids))
+        return [fork for fork, _ in forks]
+
+    def history(self, session_id: str) -> list[Generation]:
+        """The generations stored session ``session_id`` keeps, oldest first (the last is the current one); reads
+        only, whoever holds it.
+
+        Raises:
+            SessionNotFound: no session with that id was stored.
+        """
+        return generations(self.store.load(validate_session_id(session_id)))
+
+    def rewind(self, session_id: str, generation: int, *, force: bool = False) -> Generation:
+        """Rewind stored session ``session_id`` to its kept generation ``generation`` (``Session.rewind``).
+
+        A session this orchestrator holds is rewound in place. Any other is attached (as ``attach``: refused while
+        a live controller holds it, unless ``force``), rewound, and let go of (detached).
+
+        Raises:
+            GenerationNotFound: the session keeps no such generation.
+            SessionHeld: a live controller holds the session and ``force`` is False.
+            SessionNotFound: no session with that id was stored.
+        """
+        held = self._held(session_id)
+        if held is None and is_count(generation):  # refused before the session is taken from anyone
+            record = self.store.load(validate_session_id(session_id))
+            if record.generation_at(generation) is None:
+                raise generation_not_found(record, generation)
+        session, _ = held or self._attach(session_id, force=force)
+        try:
+            return session.rewind(generation)
+        finally:
+            if held is None:
+                session.detach()
 
     def evaluate(
         self,
@@ -266,14 +396,15 @@ class Orchestrator:
         return survey(self.store, self.backend, now=time.time() if now is None else now)
 
     def describe(self, session_id: str, *, now: float | None = None) -> SessionInfo:
-        """One session as ``list_sessions`` shows it.
+        """One session as ``list_sessions`` shows it, and the bytes it shares with other sessions (``shared_bytes``).
 
         Raises:
             SessionNotFound: no session with that id was stored.
         """
         if not self.store.exists(validate_session_id(session_id)):
             self.store.load(session_id)  # raises SessionNotFound with the store's path
-        return survey(self.store, self.backend, now=time.time() if now is None else now, session_ids=[session_id])[0]
+        now = time.time() if now is None else now
+        return survey(self.store, self.backend, now=now, session_ids=[session_id], shared=True)[0]
 
     def hibernate(self, session_id: str) -> bool:
         """Remove a session's container and keep its checkpoint; its next call (from any owner) resumes it.
@@ -324,9 +455,17 @@ class Orchestrator:
             ConfigError: the session has no container now (hibernated, or never started).
         """
         record = self.store.load(session_id)
+        gone = ConfigError(f"session {session_id} has no container now (hibernated or gone); its log went with it")
         if record.container_id is None or self.backend.inspect(record.container_id) is None:
-            raise ConfigError(f"session {session_id} has no container now (hibernated or gone); its log went with it")
-        return self.backend.logs(record.container_id, tail)
+            raise gone
+        try:
+            return self.backend.logs(record.container_id, tail)
+        except EngineError:  # removed meanwhile ("dead or marked for removal"): say which, as above
+            self.store.load(session_id)  # SessionNotFound when the session went with it
+            state = self.backend.inspect(record.container_id)
+            if state is None or state.status in ("removing", "dead"):
+                raise gone from None
+            raise
 
     def prune(
         self,
@@ -373,9 +512,7 @@ class Orchestrator:
         if held is not None:
             held[0].close()
             return
-        ledger = CheckpointLedger.take_ownership(
-            self.store, session_id, self.settings.limits.checkpoint_quota_bytes, force=force
-        )
+        ledger = CheckpointLedger.take_ownership(self.store, session_id, self._quota, force=force, keep=self._keep)
         self._session(ledger)[0].close()
 
     def _session(self, ledger: CheckpointLedger) -> tuple[Session, SessionSandbox]:
@@ -401,7 +538,7 @@ class Orchestrator:
             # of its own starts its own.
             take_pooled=(lambda image: None) if record.labels or record.placement else self._pooled_sandbox,
         )
-        session = Session(sandbox, on_close=self._forget)
+        session = Session(sandbox, on_close=self._forget, forker=self.fork)
         with self._lock:
             self._sessions[session.id] = (session, sandbox)
             if self._renewer is None and not self._closing.is_set():

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ..agent.protocol import ExecReply
+from ..state.history import Snapshot
+from ..state.store import SessionRecord
 from ..wire.replies import expect, expect_count
 
 _MAX_POSITION = 1 << 31  # a line or column number of a cell
@@ -141,3 +143,48 @@ class ExecResult:
             restore_failures=restore_failures,
             scaffold=reply["scaffold"],
         )
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generation a session keeps (``Session.history()``): a state ``rewind`` and ``fork(at=...)`` can go back to.
+
+    Attributes:
+        generation: its number (the checkpoint generation of ``ExecResult.generation``).
+        at: when it was committed (seconds since the epoch, the host's clock).
+        changed: names set or deleted to reach it from the generation before (for the first of a fork or a rewind:
+            relative to the state before it).
+        names: how many names it holds (a context's as ``<id>/<name>``).
+        size: bytes of its checkpoint.
+        current: whether it is the session's state now.
+        rewound_from: the generation it copies, when ``rewind`` made it; else None.
+        unsaved: names the worker held then that the checkpoint could not hold, with why (lost in a fork or rewind).
+    """
+
+    generation: int
+    at: float
+    changed: tuple[str, ...]
+    names: int
+    size: int
+    current: bool
+    rewound_from: int | None = None
+    unsaved: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot, *, current: bool) -> Generation:
+        return cls(
+            generation=snapshot.generation,
+            at=snapshot.at,
+            changed=tuple(snapshot.changed),
+            names=len(snapshot.variables),
+            size=snapshot.size,
+            current=current,
+            rewound_from=snapshot.rewound_from,
+            unsaved=dict(snapshot.unsaved),
+        )
+
+
+def generations(record: SessionRecord) -> list[Generation]:
+    """The generations ``record`` keeps, oldest first; the last is the current one."""
+    kept = [Generation.from_snapshot(s, current=False) for s in record.history]
+    return [*kept, Generation.from_snapshot(record.snapshot(), current=True)]

@@ -50,7 +50,7 @@ from .contexts import (
     workspace,
 )
 from .events import Event, LiveCall, OnOutput
-from .results import ExecError, ExecResult
+from .results import ExecError, ExecResult, Generation, generations
 from .tools import DEFAULT_ANSWER_CHARS, PythonTool
 
 __all__ = ["Session", "SessionState"]
@@ -65,10 +65,17 @@ class Session:
     to ``close()`` the session (container and stored state) on exit.
     """
 
-    def __init__(self, sandbox: SessionSandbox, *, on_close: Callable[[Session], None] | None = None) -> None:
+    def __init__(
+        self,
+        sandbox: SessionSandbox,
+        *,
+        on_close: Callable[[Session], None] | None = None,
+        forker: Callable[..., list[Session]] | None = None,
+    ) -> None:
         """Use ``Orchestrator.create_session`` or ``attach``; ``sandbox`` is the session's runtime, which
-        ``Orchestrator`` also drives (start, take over, hibernate when idle)."""
+        ``Orchestrator`` also drives (start, take over, hibernate when idle); ``forker``: its ``Orchestrator.fork``."""
         self._sandbox = sandbox
+        self._forker = forker
         self._ledger = sandbox.ledger
         self._settings = sandbox.settings
         self._recovery = Recoverer(sandbox)
@@ -128,6 +135,18 @@ class Session:
     def checkpoint_bytes(self) -> int:
         """Size of the stored checkpoint in bytes (at most ``Settings.limits.checkpoint_quota_bytes``)."""
         return self._ledger.record.checkpoint_bytes
+
+    @property
+    def unsaved(self) -> dict[str, str]:
+        """Names the worker holds that the checkpoint does not (a context's as ``<id>/<name>``), with why: a restart,
+        a fork or a rewind loses them. A fork starts with its source's (it does not have those names)."""
+        return dict(self._ledger.record.unsaved)
+
+    @property
+    def forked_from(self) -> tuple[str, int] | None:
+        """The session and generation this one was forked from, or None."""
+        origin = self._ledger.record.forked_from
+        return (origin["session_id"], origin["generation"]) if origin else None
 
     @property
     def agent_info(self) -> dict[str, Any]:
@@ -224,7 +243,7 @@ class Session:
                     header,
                     b"",
                     limit + slack,
-                    lambda r, b: self._exec_result(r, b, limit, live, time.monotonic() - started),
+                    lambda r, b: self._exec_result(r, b, limit, live, time.monotonic() - started, context),
                     checkpoint_seconds=self._settings.timeouts.checkpoint + slack,
                     desk=desk,
                     live=live,
@@ -299,8 +318,61 @@ class Session:
         live = self._live
         return live is not None and live.interrupt()
 
-    def as_tool(self, *, max_timeout: float | None = None, max_answer_chars: int = DEFAULT_ANSWER_CHARS) -> PythonTool:
-        """This session as OpenAI-style function tools for a model (``execute_code``, ``reset_repl``); docs/tools.md.
+    def fork(
+        self, *, at: int | None = None, session_id: str | None = None, labels: Mapping[str, str] | None = None
+    ) -> Session:
+        """A new session, owned by the same orchestrator, whose state is this one's: its last committed generation
+        (a call running now is not waited for and not included), or the kept generation ``at`` (``history()``).
+
+        Variables, contexts, the scaffold and the unsaved report are the source's; stored values are shared with
+        it, not copied. Each goes its own way after: removing either never breaks the other. ``labels`` are added
+        to the source's. See ``Orchestrator.fork``.
+
+        Raises:
+            GenerationNotFound: ``at`` is not a generation this session keeps.
+            ConfigError: ``session_id`` is invalid or taken.
+            SessionClosed: this session was closed.
+        """
+        self._sandbox.check_usable()
+        if self._forker is None:
+            raise ConfigError(f"session {self.id} has no orchestrator to fork it with; use Orchestrator.fork")
+        ids = None if session_id is None else [session_id]
+        return self._forker(self.id, 1, at=at, labels=labels, session_ids=ids)[0]
+
+    def history(self) -> list[Generation]:
+        """The generations this session keeps, oldest first; the last is the current one.
+
+        How many are kept: ``Settings.limits.history_generations``, all within the checkpoint quota (a blob that
+        several of them name counts once; the oldest go first).
+        """
+        return generations(self._ledger.record)
+
+    def rewind(self, generation: int) -> Generation:
+        """Bring the session back to the state of the kept generation ``generation``, as a new generation (history
+        stays linear: nothing is rewritten, and the generation left can be rewound to in turn).
+
+        The sandbox's namespace is replaced by that state, restored as after a restart: imported modules stay
+        loaded, names the checkpoint did not hold (``unsaved``) are gone, and files in the working directory are
+        not part of a checkpoint (they stay as they are). Returns the new generation.
+
+        Raises:
+            GenerationNotFound: the session keeps no such generation (the message names those it keeps).
+            SessionAttachedElsewhere: another controller owns the session; nothing changed.
+        """
+        if not is_count(generation):
+            raise ConfigError(f"generation must be an integer >= 0, got {generation!r}")
+        with self._turn():
+            self._sandbox.check_usable()
+            self._ledger.rewind(generation)
+            self._sandbox.load_current()
+        logger.info("session %s: rewound to generation %d as %d", self.id, generation, self.generation)
+        return self.history()[-1]
+
+    def as_tool(
+        self, *, max_timeout: float | None = None, max_answer_chars: int = DEFAULT_ANSWER_CHARS, undo: bool = False
+    ) -> PythonTool:
+        """This session as OpenAI-style function tools for a model (``execute_code``, ``reset_repl``, and with
+        ``undo`` ``undo_last_cell``); docs/tools.md.
 
         Answers are at most ``max_answer_chars`` characters; the whole text of what one cuts is kept with the
         session's output files (``Settings.limits.max_output_files``), and the answer names the file.
@@ -311,6 +383,7 @@ class Session:
             max_answer_chars=max_answer_chars,
             output_dir=self._ledger.store.outputs_dir(self.id),
             max_output_files=self._settings.limits.max_output_files,
+            undo=undo,
         )
 
     def set_scaffold(self, code: str, *, names: Collection[str] = ()) -> None:
@@ -496,7 +569,7 @@ class Session:
         return fields
 
     def _exec_result(
-        self, reply: dict[str, Any], body: bytearray, limit: float, live: LiveCall, elapsed: float
+        self, reply: dict[str, Any], body: bytearray, limit: float, live: LiveCall, elapsed: float, context: str | None
     ) -> ExecResult:
         """The result of an exec reply, its checkpoint committed; ``elapsed`` is the call's time on the host's clock.
 
@@ -508,7 +581,7 @@ class Session:
             ExecError.from_reply(parsed["error"])  # every field checked before anything is stored
         parsed["duration"] = min(parsed["duration"], elapsed)
         parsed["checkpoint_duration"] = min(parsed["checkpoint_duration"], elapsed)
-        unsaved = local_names(self._ledger.commit(parsed["checkpoint"], body))
+        unsaved = local_names(self._ledger.commit(parsed["checkpoint"], body, context=self._context_of(context)))
         failures = self._sandbox.take_unreported()
         output = self._output(parsed, live)
         if parsed["status"] == protocol.STATUS_TIMEOUT:
@@ -535,11 +608,12 @@ class Session:
         context: str | None = None,
         staged: Collection[StagedBlob] = (),
     ) -> dict[str, str]:
+        context = self._context_of(context)
         if context is None:
             return self._ledger.commit(parse_state_reply(reply), body, counters=counters, staged=staged)
         contexts = dict(self._ledger.record.contexts)
         contexts[context] = {**contexts[context], **counters}
-        return self._ledger.commit(parse_state_reply(reply), body, contexts=contexts, staged=staged)
+        return self._ledger.commit(parse_state_reply(reply), body, contexts=contexts, staged=staged, context=context)
 
     def _control_seconds(self) -> float:
         return self._settings.timeouts.start + self._settings.timeouts.checkpoint + self._settings.timeouts.reply_margin
@@ -683,6 +757,11 @@ class Session:
                 f"{known}); make one with session.create_context()"
             )
         return spec
+
+    @staticmethod
+    def _context_of(context: str | None) -> str | None:
+        """The context id a delta's names are prefixed with (None for the default context)."""
+        return None if context == DEFAULT_CONTEXT else context
 
     def _name_context(self, header: protocol.InContext, context: str | None) -> None:
         """Put the context a request runs in into its header (nothing for the default context)."""

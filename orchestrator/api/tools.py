@@ -1,8 +1,9 @@
 """A session as an LLM tool: OpenAI-style function definitions, and plain-text answers the model can read.
 
-``PythonTool`` offers two functions to a model, ``execute_code`` and ``reset_repl``, and turns
-each call into text: the status, the time, the output, the value, and for an error its type,
-message, line, column, source line with a caret under the column, and the user's traceback.
+``PythonTool`` offers two functions to a model, ``execute_code`` and ``reset_repl`` (and, when
+asked, ``undo_last_cell``: ``undo.py``), and turns each call into text: the status, the time,
+the output, the value, and for an error its type, message, line, column, source line with a
+caret under the column, and the user's traceback.
 Nothing a model sends makes it raise: bad arguments and failures of the sandbox (a timeout, a
 crash) are answers too, so a tool-calling loop can hand every call back to the model. An answer
 is model-sized: at most ``max_answer_chars`` characters, sandbox text cut to its head and tail
@@ -12,20 +13,23 @@ The text format and an example loop are in docs/tools.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..checks import is_count, is_integer, is_number
 from ..errors import ConfigError, ExecutionTimeout, OrchestratorError, SandboxCrashed, SandboxOutOfMemory
 from ..runtime.output import keep_newest, save_output
 from .answers import FIELD_CHARS, Answer, field
 from .results import ExecResult
+from .undo import UNDO, Rewindable, UndoLog
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +55,7 @@ class _BadCall(Exception):
 
 
 class PythonTool:
-    """Two tools for a model over one persistent session: run code, and reset the variables.
+    """Tools for a model over one persistent session: run code, reset the variables, and (``undo``) take a call back.
 
     Args:
         session: the session the code runs in (``Orchestrator.create_session()``, or anything
@@ -62,9 +66,13 @@ class PythonTool:
         output_dir: a directory on the host where the whole text of what an answer cut is kept, when the session
             kept no file of it (``Session.as_tool`` gives the session's own); None keeps nothing more.
         max_output_files: files kept in ``output_dir``; the oldest go first.
+        undo: also offer ``undo_last_cell``, which rewinds the session to before the model's last call that changed
+            its variables (again: the call before that); the session needs ``generation``, ``history()`` and
+            ``rewind()``, as ``orchestrator.Session`` has. Off by default.
 
     Raises:
-        ConfigError: an argument out of range (a cap below ``MIN_ANSWER_CHARS``, a timeout cap that is not positive).
+        ConfigError: an argument out of range (a cap below ``MIN_ANSWER_CHARS``, a timeout cap that is not positive),
+            or ``undo`` for a session that cannot rewind.
     """
 
     def __init__(
@@ -75,6 +83,7 @@ class PythonTool:
         max_answer_chars: int = DEFAULT_ANSWER_CHARS,
         output_dir: str | os.PathLike[str] | None = None,
         max_output_files: int = 64,
+        undo: bool = False,
     ) -> None:
         if max_timeout is not None and not (is_number(max_timeout) and 0 < max_timeout < math.inf):
             raise ConfigError(f"max_timeout must be a positive number of seconds, got {max_timeout!r}")
@@ -87,17 +96,30 @@ class PythonTool:
             raise ConfigError(f"max_output_files must be a positive int, got {max_output_files!r}")
         if output_dir is not None and not isinstance(output_dir, str | os.PathLike):
             raise ConfigError(f"output_dir must be a path (str or os.PathLike), got {type(output_dir).__name__}")
+        if not isinstance(undo, bool):
+            raise ConfigError(f"undo must be True or False, got {undo!r}")
+        if undo and not all(hasattr(session, name) for name in ("generation", "history", "rewind")):
+            raise ConfigError(
+                f"undo=True needs a session that can rewind (generation, history(), rewind()), which a "
+                f"{type(session).__name__} cannot; orchestrator.Session can"
+            )
         self.session = session
         self.max_timeout = max_timeout
         self.max_answer_chars = max_answer_chars
         self.output_dir = None if output_dir is None else Path(output_dir)
         self.max_output_files = max_output_files
+        self._undo = UndoLog(cast(Rewindable, session)) if undo else None
+
+    @property
+    def undo(self) -> bool:
+        """Whether the model is offered ``undo_last_cell``."""
+        return self._undo is not None
 
     @property
     def definitions(self) -> list[dict[str, Any]]:
         """The tools in OpenAI's ``tools=`` format (a new list each time, free to change)."""
         limit = f" (at most {self.max_timeout:g})" if self.max_timeout is not None else ""
-        return [
+        tools = [
             _function(
                 EXECUTE,
                 "Run Python code in a persistent Python session in a sandbox (no network). Variables, "
@@ -120,6 +142,17 @@ class PythonTool:
                 {},
             ),
         ]
+        if self._undo is not None:
+            tools.append(
+                _function(
+                    UNDO,
+                    f"Undo your last {EXECUTE} (or {RESET}) call that changed variables: they go back to what they "
+                    "were before it. Call it again to undo the call before that one. Only variables are undone: "
+                    "files the code wrote stay, and what it printed is not taken back.",
+                    {},
+                )
+            )
+        return tools
 
     def handle(self, name: str, arguments: str | Mapping[str, Any] | None) -> str:
         """Run one tool call and describe its outcome for the model.
@@ -139,7 +172,12 @@ class PythonTool:
             if name == RESET:
                 _no_other_keys(args, set())
                 return self._reset()
-            raise _BadCall(f"There is no tool {str(name)[:100]!r}; the tools are {EXECUTE} and {RESET}.")
+            if name == UNDO and self._undo is not None:
+                _no_other_keys(args, set())
+                return self._undo_last()
+            names = [tool["function"]["name"] for tool in self.definitions]
+            listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+            raise _BadCall(f"There is no tool {str(name)[:100]!r}; the tools are {listed}.")
         except _BadCall as exc:
             logger.debug("tool call %.100r rejected: %s", name, exc)
             answer = Answer()
@@ -188,7 +226,8 @@ class PythonTool:
     def _execute(self, code: str, timeout: float | None) -> str:
         started = time.monotonic()
         try:
-            result = self.session.execute(code, timeout=timeout)
+            with self._changes():
+                result = self.session.execute(code, timeout=timeout)
         except ConfigError as exc:  # the session refused the arguments (e.g. text that is not valid Unicode)
             raise _BadCall(str(exc)) from None
         except OrchestratorError as exc:
@@ -198,7 +237,8 @@ class PythonTool:
     def _reset(self) -> str:
         started = time.monotonic()
         try:
-            self.session.reset()
+            with self._changes():
+                self.session.reset()
         except OrchestratorError as exc:
             return self._render(describe_failure(exc, time.monotonic() - started))
         return (
@@ -206,6 +246,18 @@ class PythonTool:
             "The Python session was reset: all variables, imports and functions are gone. "
             "The sandbox keeps running.\n"
         )
+
+    def _changes(self) -> AbstractContextManager[None]:
+        """Around a call that may change the variables: noted for ``undo_last_cell`` when it is offered."""
+        return contextlib.nullcontext() if self._undo is None else self._undo.call()
+
+    def _undo_last(self) -> str:
+        assert self._undo is not None
+        started = time.monotonic()
+        try:
+            return self._render(self._undo.undo())
+        except OrchestratorError as exc:
+            return self._render(describe_failure(exc, time.monotonic() - started))
 
     def _render(self, answer: Answer) -> str:
         return answer.render(self.max_answer_chars, self._keep)

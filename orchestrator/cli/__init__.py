@@ -1,4 +1,4 @@
-"""The ``orchestrator`` command: create, list, inspect, use, follow, hibernate, resume, remove and prune sessions.
+"""The ``orchestrator`` command: create, list, inspect, use, follow, fork, rewind, hibernate, resume, remove, prune.
 
 Human-readable by default, --json on every command that prints; each error is one line on
 stderr and has its own exit status (below; docs/cli.md has the whole guide).
@@ -74,6 +74,38 @@ def _sandbox_text_options(parser: argparse.ArgumentParser, default: str) -> None
         help="show control characters of what the sandbox made as escapes, even to a pipe or a file",
     )
     parser.set_defaults(sandbox_text=default)
+
+
+def _generation(text: str) -> int:
+    try:
+        generation = int(text)
+    except ValueError:
+        generation = -1
+    if generation < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a generation (an integer >= 0; `history ID` lists them)")
+    return generation
+
+
+def _count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of forks (1 or more)")
+    return count
+
+
+def _labels_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--label",
+        dest="labels",
+        type=_label,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"a label to keep with {what} (key like orchestrator.<you>.<name>); repeatable",
+    )
 
 
 def _label(text: str) -> tuple[str, str]:
@@ -159,15 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         new = command(name, what)
         new.add_argument("--name", metavar="ID", help="the session's id (3-63 lowercase letters, digits, dashes)")
         new.add_argument("--image", help="a sandbox image with the agent (default: the image `image build` makes)")
-        new.add_argument(
-            "--label",
-            dest="labels",
-            type=_label,
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="a label to keep with the session (key like orchestrator.<you>.<name>); repeatable",
-        )
+        _labels_option(new, "the session")
         new.add_argument("-q", "--quiet", action="store_true", help="print only the id (create) or the output (run)")
         new.set_defaults(func=func)
         if name == "run":
@@ -177,6 +201,42 @@ def build_parser() -> argparse.ArgumentParser:
             )
             new.add_argument("--rm", action="store_true", help="remove the session when the cell has run")
             _sandbox_text_options(new, "auto")
+
+    fork = command(
+        "fork",
+        "new sessions with the state of session ID (its last committed generation, or --at GEN), left running; "
+        "print their ids, one a line (ID is only read: it may be held or busy)",
+    )
+    fork.add_argument("session_id", metavar="ID")
+    fork.add_argument("-n", "--count", type=_count, metavar="N", help="how many forks (default 1, or one per --name)")
+    fork.add_argument(
+        "--name",
+        dest="names",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a fork's id (3-63 lowercase letters, digits, dashes); repeatable, one per fork",
+    )
+    fork.add_argument(
+        "--at", type=_generation, metavar="GEN", help="fork from this kept generation (`history ID` lists them)"
+    )
+    _labels_option(fork, "each fork, added to ID's labels")
+    fork.add_argument("-q", "--quiet", action="store_true", help="print only the ids (no note on stderr)")
+    fork.set_defaults(func=commands.fork)
+
+    hist = command("history", "list the generations a session keeps for rewind and fork --at (without touching it)")
+    hist.add_argument("session_id", metavar="ID")
+    hist.set_defaults(func=commands.history)
+
+    rew = command(
+        "rewind",
+        "bring a session back to the state of a kept generation, as a new generation; print its number "
+        "(refused while a live controller holds the session, unless --force)",
+    )
+    rew.add_argument("session_id", metavar="ID")
+    rew.add_argument("generation", metavar="GEN", type=_generation, help="a generation `history ID` lists")
+    _force_option(rew)
+    rew.set_defaults(func=commands.rewind)
 
     sh = command(
         "shell",

@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 from ..api.manager import Orchestrator
@@ -24,6 +24,9 @@ from .render import (
     error_line,
     exec_json,
     fit_columns,
+    fit_last_column,
+    generation_json,
+    history_columns,
     key_value_table,
     one_line,
     plain_table,
@@ -84,6 +87,12 @@ class Context:
             self.orch.backend.close()
         else:
             self.orch.close()
+
+    def keep_running(self, sessions: Sequence[Session]) -> None:
+        """Detach sessions this command made (forks): they keep running for the next command."""
+        self._handles.extend(sessions)
+        for session in sessions:
+            self.detach(session)
 
     @contextlib.contextmanager
     def created(self, *, name: str | None, image: str | None, labels: dict[str, str]) -> Iterator[Session]:
@@ -160,6 +169,66 @@ def create(ctx: Context, args: argparse.Namespace) -> int:
             ctx.out.line(session.id)
     if not (args.quiet or ctx.out.json_mode):
         ctx.out.note(f"orchestrator: session {session.id} is running; `orchestrator exec {session.id} CODE` uses it")
+    return Exit.OK
+
+
+def fork(ctx: Context, args: argparse.Namespace) -> int:
+    """Fork a stored session into new sessions left running (detached), as ``create`` leaves one; print their ids."""
+    count = args.count or len(args.names) or 1
+    if args.names and count != len(args.names):
+        raise UsageError(f"-n {count} with {len(args.names)} --name: give one --name per fork, or none")
+    with ctx.out.progress(f"forking {args.session_id} ..."):
+        forks = ctx.orch.fork(
+            args.session_id, count, at=args.at, labels=dict(args.labels), session_ids=args.names or None
+        )
+    ctx.keep_running(forks)
+    if ctx.out.json_mode:
+        ctx.out.json([_fork_json(session) for session in forks])
+        return Exit.OK
+    ctx.out.write("".join(f"{session.id}\n" for session in forks))
+    if not args.quiet:
+        origin = forks[0].forked_from
+        at = f" at generation {origin[1]}" if origin else ""
+        ctx.out.note(
+            f"orchestrator: forked {args.session_id}{at} into {len(forks)} running session(s); "
+            f"`orchestrator exec {forks[0].id} CODE` uses one"
+        )
+    return Exit.OK
+
+
+def _fork_json(session: Session) -> dict[str, Any]:
+    origin = session.forked_from
+    forked_from = None if origin is None else {"session_id": origin[0], "generation": origin[1]}
+    return {"id": session.id, "forked_from": forked_from, "generation": session.generation}
+
+
+def history(ctx: Context, args: argparse.Namespace) -> int:
+    """The generations a session keeps, oldest first (the last is the current one), without touching it."""
+    generations = ctx.orch.history(args.session_id)
+    if ctx.out.json_mode:
+        ctx.out.json([generation_json(generation) for generation in generations])
+    else:
+        ctx.out.write(plain_table(fit_last_column(history_columns(generations, time.time()), ctx.out.width)))
+    return Exit.OK
+
+
+def rewind(ctx: Context, args: argparse.Namespace) -> int:
+    """Bring a session back to a kept generation's state, as a new generation; print its number.
+
+    Like ``resume``: the session is attached (refused while a live controller holds it, unless ``--force``),
+    rewound and detached again.
+    """
+    with ctx.out.progress(f"rewinding {args.session_id} to generation {args.generation} ..."):
+        generation = ctx.orch.rewind(args.session_id, args.generation, force=args.force)
+    if ctx.out.json_mode:
+        ctx.out.json(generation_json(generation, args.session_id))
+        return Exit.OK
+    ctx.out.line(str(generation.generation))
+    changed = ", ".join(one_line(name) for name in generation.changed) or "nothing"
+    ctx.out.note(
+        f"orchestrator: session {args.session_id} has generation {args.generation}'s state again, as generation "
+        f"{generation.generation} (changed: {changed})"
+    )
     return Exit.OK
 
 

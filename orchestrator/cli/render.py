@@ -16,11 +16,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..api.results import ExecResult
+from ..api.results import ExecResult, Generation
 from ..errors import (
     CapacityExceeded,
     ConfigError,
     EngineError,
+    GenerationNotFound,
     SandboxError,
     SessionAttachedElsewhere,
     SessionBusy,
@@ -43,7 +44,7 @@ class Exit(enum.IntEnum):
     PARTIAL = 3
     """Some of several targets failed (``hibernate``/``resume``/``rm`` with several ids, ``prune``)."""
     NOT_FOUND = 4
-    """No session with that id (``SessionNotFound``)."""
+    """No session with that id (``SessionNotFound``), or no such generation kept (``GenerationNotFound``)."""
     UNAVAILABLE = 5
     """The session is in use: in a call, locked, attached elsewhere, or no room (``SessionBusy``, ...)."""
     ENGINE = 6
@@ -65,7 +66,7 @@ exit status:
   1    exec/run: the code raised (its traceback is on stderr)
   2    usage: bad arguments or settings (ConfigError)
   3    partial failure: some of several ids, or some prune actions, failed
-  4    no such session (SessionNotFound)
+  4    no such session or kept generation (SessionNotFound, GenerationNotFound)
   5    session unavailable: in a call, locked, attached elsewhere, no room (SessionBusy, ...)
   6    engine: unreachable, refused, image missing (EngineError)
   7    the call failed in the sandbox or its channel (SandboxError, TransportError)
@@ -82,6 +83,7 @@ class UsageError(ConfigError):
 
 
 _BY_ERROR: tuple[tuple[type[BaseException], Exit], ...] = (
+    (GenerationNotFound, Exit.NOT_FOUND),  # a ConfigError too: the first match counts
     (ConfigError, Exit.USAGE),
     (SessionNotFound, Exit.NOT_FOUND),
     (SessionBusy, Exit.UNAVAILABLE),
@@ -378,6 +380,10 @@ def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
         ("variables", str(info.variables)),
         ("checkpoint", f"{describe_bytes(info.checkpoint_bytes)} ({info.checkpoint_bytes} bytes)"),
         ("checkpoint damaged", "yes" if info.checkpoint_damaged else "no"),
+        ("forked from", _origin(info.forked_from)),
+        ("generations kept", str(info.generations_kept)),
+        ("history", f"{describe_bytes(info.history_bytes)} ({info.history_bytes} bytes, each blob once)"),
+        ("shared", "-" if info.shared_bytes is None else _shared(info.shared_bytes)),
         ("epoch", str(info.epoch)),
         ("sandbox", info.sandbox_id or "-"),
         ("container", info.container_id or "-"),
@@ -386,6 +392,51 @@ def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
         ("memory", describe_bytes(info.memory_bytes)),
         ("labels", ", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())) or "-"),
     ]
+
+
+def _origin(forked_from: dict[str, Any] | None) -> str:
+    if not forked_from:
+        return "-"
+    return f"{forked_from['session_id']} at generation {forked_from['generation']}"
+
+
+def _shared(size: int) -> str:
+    return f"{describe_bytes(size)} ({size} bytes) with other sessions: stored once on the host"
+
+
+def history_columns(generations: Sequence[Generation], now: float) -> list[Column]:
+    """The columns of ``orchestrator history``, oldest generation first: COMMITTED is how long ago (as ``ls``'s AGE);
+    CHANGED, the widest, is last."""
+    return [
+        Column("GENERATION", [str(g.generation) for g in generations], right=True),
+        Column("COMMITTED", [_compact(describe_duration(now - g.at)) for g in generations], right=True),
+        Column("NAMES", [str(g.names) for g in generations], right=True),
+        Column("SIZE", [_compact(describe_bytes(g.size)) for g in generations], right=True),
+        Column("CURRENT", ["*" if g.current else "-" for g in generations]),
+        Column("REWOUND-FROM", ["-" if g.rewound_from is None else str(g.rewound_from) for g in generations]),
+        Column("CHANGED", [_names(g.changed) for g in generations]),
+    ]
+
+
+def _names(names: Sequence[str]) -> str:
+    """Names on one line, comma-separated without spaces (one field for ``awk``); "-" for none."""
+    return ",".join(_compact(one_line(name)) for name in names) or "-"
+
+
+def fit_last_column(columns: Sequence[Column], width: int | None) -> list[Column]:
+    """The last column's cells cut (their end elided) so every row fits ``width`` (all of them for None: a pipe or a
+    file); never below the column's header."""
+    if width is None or not columns:
+        return list(columns)
+    *head, last = columns
+    room = max(len(last.name), width - _table_width(head) - len(TABLE_GAP))
+    cells = [text if len(text) <= room else text[: room - 1] + "…" for text in last.cells]
+    return [*head, Column(last.name, cells, last.right)]
+
+
+def generation_json(generation: Generation, session_id: str | None = None) -> dict[str, Any]:
+    """A ``Generation`` as JSON (``history --json``), with the session's id first when given (``rewind --json``)."""
+    return {**({"id": session_id} if session_id else {}), **asdict(generation)}
 
 
 def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:

@@ -55,6 +55,7 @@ class PruneAction:
     ok: bool = True
     error: str | None = None
     freed_bytes: int = 0
+    """Bytes that leave the disk: a removed session's blobs (its kept generations' too) that no fork shares."""
 
     def describe(self, dry_run: bool) -> str:
         """One line for logs and the CLI."""
@@ -144,12 +145,20 @@ class Pruner:
                     info.id,
                     reason,
                     lambda: held(self.store, self.backend, self.settings.runtime_dir, info.id),
-                    freed=0 if action == "hibernate" else info.checkpoint_bytes,
+                    freed=0 if action == "hibernate" else self._own_bytes(info.id),
                 )
         except SessionNotFound:
             return  # removed meanwhile (another prune, or its owner): nothing left to do
         except OrchestratorError as exc:
             self.actions.append(PruneAction(action, info.id, reason, ok=False, error=str(exc)))
+
+    def _own_bytes(self, session_id: str) -> int:
+        """Bytes removing the session gives back: its blobs (kept generations' too) that no fork's directory shares."""
+        try:
+            record = self.store.load(session_id)
+        except (SessionNotFound, CheckpointError):
+            return 0
+        return record.history_bytes - self.store.shared_bytes(record)
 
     def _quarantine(self, info: SessionInfo) -> None:
         """Move an unreadable record aside instead of removing anything: its container may serve a live session.
@@ -262,11 +271,12 @@ class Pruner:
             )
 
     def _orphan_blobs(self) -> None:
-        """Blobs no manifest names and unfinished temp files, judged under each session's store lock."""
+        """Blobs no manifest names (the current one or a kept generation) and unfinished temp files, judged under each
+        session's store lock."""
         for session_id in self.store.ids():
             try:
                 with self.store.transaction(session_id) as record:
-                    stray = self.store.stray_files(session_id, record.blob_sizes)
+                    stray = self.store.stray_files(session_id, record.named_blobs())
                     if not stray:
                         continue
                     self._record(

@@ -63,6 +63,15 @@ class SessionInfo:
     labels: dict[str, str] = field(default_factory=dict)
     node: str | None = None
     """The machine its container runs (or last ran) on, when the backend spreads sandboxes (Swarm); else None."""
+    forked_from: dict[str, Any] | None = None
+    """``{"session_id", "generation"}`` of the session it was forked from; None when it was not forked."""
+    generations_kept: int = 1
+    """Generations it keeps for ``rewind`` and ``fork(at=...)``, the current one included."""
+    history_bytes: int = 0
+    """Bytes of the blobs the current generation and the kept ones name, each blob counted once."""
+    shared_bytes: int | None = None
+    """Bytes of its blobs that other sessions hold too (hard links of a fork: stored once on the host); measured
+    for one session (``describe``), None in a listing (it reads every blob's inode)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (status as its string)."""
@@ -78,10 +87,12 @@ def survey(
     now: float,
     session_ids: Iterable[str] | None = None,
     held: bool = False,
+    shared: bool = False,
 ) -> list[SessionInfo]:
     """Describe stored sessions (all, or ``session_ids``) with one engine listing for all of them.
 
-    ``held``: the caller holds these sessions still (``activity.quiet``), so none is busy.
+    ``held``: the caller holds these sessions still (``activity.quiet``), so none is busy. ``shared``: measure
+    ``shared_bytes`` (a stat of each blob: for one session, not for a listing).
 
     Raises:
         SessionNotFound: one of ``session_ids`` is not stored.
@@ -138,6 +149,10 @@ def survey(
                 problem=problem,
                 checkpoint_damaged=bool(missing),
                 labels=dict(record.labels),
+                forked_from=dict(record.forked_from) or None,
+                generations_kept=len(record.history) + 1,
+                history_bytes=record.history_bytes,
+                shared_bytes=store.shared_bytes(record) if shared else None,
             )
         )
     return infos

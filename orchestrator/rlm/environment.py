@@ -5,16 +5,20 @@ rlms' ``SupportsPersistence``; underneath, one long-lived sandbox instead of a `
 and a full state load and dump per cell. Nothing listens on a network port: the sandbox has
 no network, and its LM calls reach the host as host calls on the controller channel
 (``bridge``). A cell that times out keeps the session, a crash restores it, and values that
-cannot be saved are named (``DockerREPLResult.unsaved``) instead of dropped.
+cannot be saved are named (``DockerREPLResult.unsaved``) instead of dropped. For tree search
+over one conversation, ``fork()`` branches an environment (its session forked, values shared
+with it) and ``rewind()`` takes one back to an earlier generation.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import math
 import os
+import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -22,6 +26,7 @@ from typing import Any
 
 from ..agent import protocol
 from ..api.manager import Orchestrator
+from ..api.results import Generation
 from ..api.session import Session
 from ..config import Settings
 from ..errors import (
@@ -47,7 +52,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CELL_TIMEOUT = 600.0
 """Seconds a cell may run (the peer has no limit at all; long LM sub-calls need a generous one)."""
-LABEL = "orchestrator.rlm.environment"
 
 
 def _address(address: Any) -> Address | None:
@@ -66,11 +70,40 @@ def _open_session(
             return orch.attach(session_id), False
         except SessionNotFound:
             pass
-    return orch.create_session(session_id=session_id, image=image, labels={LABEL: "DockerREPL", **labels}), True
+    # No label of our own: a session with labels never takes a sandbox from the warm pool, and forks should.
+    return orch.create_session(session_id=session_id, image=image, labels=labels), True
 
 
-def _release_session(session: Session, orch: Orchestrator, *, keep: bool) -> None:
-    """Detach (``keep``) or remove the session, then close the orchestrator; never raises an engine's error."""
+class _SharedOrchestrator:
+    """The orchestrator of an environment and of the forks made from it (one engine client, one warm pool), closed
+    when the last of them lets go of its session."""
+
+    def __init__(self, orch: Orchestrator) -> None:
+        self.orch = orch
+        self._users = 1
+        self._lock = threading.Lock()
+
+    def join(self) -> None:
+        """One more environment uses it.
+
+        Raises:
+            SessionClosed: the last one let go meanwhile (the orchestrator is closed).
+        """
+        with self._lock:
+            if self._users == 0:
+                raise SessionClosed("this DockerREPL was cleaned up or detached while it was being forked")
+            self._users += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self.orch.close()
+
+
+def _release_session(session: Session, shared: _SharedOrchestrator, *, keep: bool) -> None:
+    """Detach (``keep``) or remove the session, then let go of the orchestrator; never raises an engine's error."""
     try:
         if keep:
             session.detach()
@@ -79,16 +112,16 @@ def _release_session(session: Session, orch: Orchestrator, *, keep: bool) -> Non
     except OrchestratorError as exc:
         logger.warning("DockerREPL: releasing session %s failed: %s", session.id, exc)
     finally:
-        orch.close()
+        shared.leave()
 
 
-def _release_left(session: Session, orch: Orchestrator, pid: int) -> None:
+def _release_left(session: Session, shared: _SharedOrchestrator, pid: int) -> None:
     """An environment collected or left at exit without ``cleanup()``: clean it up, as ``cleanup()`` would.
 
     Only in the process that made it: a forked child inherits the finalizer, not the environment.
     """
     if os.getpid() == pid:
-        _release_session(session, orch, keep=False)
+        _release_session(session, shared, keep=False)
 
 
 class DockerREPL(NonIsolatedEnv):
@@ -174,14 +207,9 @@ class DockerREPL(NonIsolatedEnv):
         self.image = self._settings.base_image
         self._requested_id = session_id
         self._labels = dict(labels or {})
-        self._bridge = LMBridge(
-            address=lambda: self.lm_handler_address,
-            depth=lambda: self.depth,
-            subcall_fn=subcall_fn,
-            max_concurrent_subcalls=max_concurrent_subcalls,
-        )
+        self._bridge = self._new_bridge()
         self._compaction_history: list[Any] = []
-        self._orch: Orchestrator | None = None
+        self._orch: _SharedOrchestrator | None = None
         self._session: Session | None = None
         self._finalizer: weakref.finalize[..., DockerREPL] | None = None
         self._closed = False
@@ -223,10 +251,23 @@ class DockerREPL(NonIsolatedEnv):
                     session.detach()  # a resumed session outlives a failed start: it holds someone's state
             orch.close()  # removes a session created here
             raise
-        self._orch, self._session = orch, session
-        # It must not hold self: it is what runs when self is collected (or at exit) without cleanup().
-        self._finalizer = weakref.finalize(self, _release_left, session, orch, os.getpid())
+        self._hold(_SharedOrchestrator(orch), session)
         logger.info("DockerREPL on session %s (container %s)", session.id, (session.container_id or "?")[:12])
+
+    def _hold(self, shared: _SharedOrchestrator, session: Session) -> None:
+        """Make ``session`` (owned by ``shared``'s orchestrator, which this environment has joined) this one's."""
+        self._orch, self._session, self._closed = shared, session, False
+        # It must not hold self: it is what runs when self is collected (or at exit) without cleanup().
+        self._finalizer = weakref.finalize(self, _release_left, session, shared, os.getpid())
+
+    def _new_bridge(self) -> LMBridge:
+        """The host side of this environment's LM calls: its own handler address, depth and sub-call slots."""
+        return LMBridge(
+            address=lambda: self.lm_handler_address,
+            depth=lambda: self.depth,
+            subcall_fn=self.subcall_fn,
+            max_concurrent_subcalls=self.max_concurrent_subcalls,
+        )
 
     def cleanup(self) -> None:
         """Remove the container and the stored state. Calling it again does nothing."""
@@ -294,11 +335,7 @@ class DockerREPL(NonIsolatedEnv):
             RuntimeError: called from this environment's own ``subcall_fn`` (it would wait for itself).
         """
         session = self._live()
-        if self._bridge.in_subcall:
-            raise RuntimeError(
-                "execute_code was called from this DockerREPL's own subcall_fn while a cell of it is running; "
-                "a sub-call needs an environment of its own"
-            )
+        self._refuse_in_subcall("execute_code")
         started = time.perf_counter()
         calls = CellCalls()
         host_calls = HostCalls(handlers=self._bridge.handlers(calls), timeout=None)
@@ -322,6 +359,81 @@ class DockerREPL(NonIsolatedEnv):
         if result.unsaved:
             logger.debug("DockerREPL session %s: not saved: %s", session.id, result.unsaved)
         return outcome.from_exec(result, made, seconds)
+
+    def _refuse_in_subcall(self, what: str) -> None:
+        if self._bridge.in_subcall:
+            raise RuntimeError(
+                f"{what} was called from this DockerREPL's own subcall_fn while a cell of it is running; "
+                "a sub-call needs an environment of its own (fork() gives one)"
+            )
+
+    # ----------------------------------------------------------------- branches: fork and rewind
+
+    def fork(self, *, at: int | None = None, session_id: str | None = None) -> DockerREPL:
+        """A new environment of the same kind whose session is a fork of this one's, for tree search.
+
+        The fork starts where this environment's last completed cell left it (or at the kept generation ``at``:
+        ``generations()``): variables, contexts and histories with their counters, custom tools, the scaffold,
+        ``answer``; stored values are shared with this session, not copied. It has this environment's
+        settings, cell timeout, depth, ``subcall_fn`` and LM handler address, each its own from then on:
+        ``update_handler_address`` on either changes only that one, and each has its own
+        ``max_concurrent_subcalls`` slots. A cell running here meanwhile is not waited for and not included, so
+        a ``subcall_fn`` of this environment may fork it. Leave the fork with ``cleanup()`` or ``detach()`` as
+        any environment; cleaning up either never breaks the other.
+
+        Args:
+            at: a generation this session keeps (``generations()``); default its current one.
+            session_id: the fork's session id (to resume it with ``DockerREPL(session_id=...)``); default a new one.
+
+        Raises:
+            GenerationNotFound: ``at`` is not a generation this session keeps.
+            ConfigError: ``session_id`` is invalid or taken.
+            SessionClosed: this environment was cleaned up.
+        """
+        source, shared = self._live(), self._orch
+        assert shared is not None  # held with the session
+        shared.join()
+        try:
+            session = source.fork(at=at, session_id=session_id)
+        except BaseException:
+            shared.leave()
+            raise
+        # The configuration (what rlms' base and __init__ set) is the same; what is one environment's is made anew.
+        child = copy.copy(self)
+        child._requested_id = session.id
+        child._labels = dict(self._labels)
+        child._bridge = child._new_bridge()
+        child._compaction_history = list(self._compaction_history)
+        child._hold(shared, session)
+        logger.info("DockerREPL on session %s forked from %s", session.id, source.id)
+        return child
+
+    @property
+    def generation(self) -> int:
+        """The generation of the session's state now (every cell that changed a variable makes a new one)."""
+        return self._live().generation
+
+    def generations(self) -> list[Generation]:
+        """The generations the session keeps, oldest first, the current one last (``Session.history()``): what
+        ``rewind`` and ``fork(at=...)`` can go back to. Named so because rlms' ``history`` is a message history."""
+        return self._live().history()
+
+    def rewind(self, generation: int) -> Generation:
+        """Bring the session back to a generation it keeps (``Session.rewind``): variables, contexts and their
+        counters, ``answer`` and (with compaction) ``history`` as they were then. Files the cells wrote and the LM
+        handler address stay as they are. Returns the new generation (history stays linear).
+
+        Raises:
+            GenerationNotFound: the session keeps no such generation (the message names those it keeps).
+            SessionClosed: the environment was cleaned up.
+            RuntimeError: called from this environment's own ``subcall_fn`` (it would wait for itself).
+        """
+        session = self._live()
+        self._refuse_in_subcall("rewind")
+        rewound = session.rewind(generation)
+        if self.compaction:
+            self._compaction_history = self._stored_compaction_history(session)
+        return rewound
 
     # ----------------------------------------------------------------- SupportsPersistence
 

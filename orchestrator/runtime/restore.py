@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from ..agent import protocol
 from ..backends.base import SESSION_ID, STORE_ID, Backend, ContainerState, Placement
 from ..config import Settings
-from ..errors import ChannelLost, ConfigError, SessionAttachedElsewhere, SessionClosed
+from ..errors import ChannelLost, ConfigError, OrchestratorError, SessionAttachedElsewhere, SessionClosed
 from ..state.activity import Activity
 from ..state.ledger import CheckpointLedger
 from ..state.store import SessionRecord
@@ -68,7 +68,9 @@ class SessionSandbox:
         self.lock = threading.RLock()
         self.sandbox: Sandbox | None = None
         self.state = SessionState.READY
-        self.scaffold: tuple[str, list[str]] | None = None
+        stored = ledger.record.scaffold
+        self.scaffold: tuple[str, list[str]] | None = (stored["code"], list(stored["names"])) if stored else None
+        """The scaffold every new worker gets (kept in the record: a later owner or a fork installs it too)."""
         self.restore_failures: dict[str, str] = {}
         """Values the last restore could not bring back, with the reason (they were dropped)."""
         self._unreported_failures: dict[str, str] = {}
@@ -187,6 +189,21 @@ class SessionSandbox:
                 f"session {self.session_id} was attached by another controller while restoring"
             ) from None
 
+    def load_current(self) -> None:
+        """Bring the live sandbox (if any) to the stored record's state, which changed under it (a rewind); a sandbox
+        that fails meanwhile is dropped, and the next call starts and restores a new one."""
+        if self.sandbox is None:
+            return
+        try:
+            self.restore()
+        except SessionAttachedElsewhere:
+            raise
+        except OrchestratorError as exc:
+            logger.warning(
+                "session %s: restoring into the sandbox failed (%s); the next call starts another", self.session_id, exc
+            )
+            self.discard()
+
     def _load_checkpoint(self) -> None:
         assert self.sandbox is not None
         record = self.ledger.record
@@ -227,6 +244,8 @@ class SessionSandbox:
         except ConfigError:
             self.scaffold = previous
             raise
+        code, names = scaffold
+        self.ledger.update(lambda record: setattr(record, "scaffold", {"code": code, "names": list(names)}))
 
     def install_scaffold(self) -> None:
         """Run the scaffold in the (fresh or restored) worker; a scaffold that raises there is the caller's error."""

@@ -32,13 +32,15 @@ from ..errors import (
     CheckpointError,
     CheckpointLimitExceeded,
     CheckpointQuotaExceeded,
+    GenerationNotFound,
+    OrchestratorError,
     ProtocolError,
     SessionAttachedElsewhere,
     SessionHeld,
 )
 from ..runtime import background
 from ..units import describe_bytes
-from . import lease
+from . import history, lease
 from .store import SessionRecord, SessionStore, new_host_blob_id
 
 logger = logging.getLogger(__name__)
@@ -86,8 +88,27 @@ class StagedBlob:
                 temp.unlink()
 
 
+def _unsaved_after(before: dict[str, str], reported: dict[str, str], context: str | None) -> dict[str, str]:
+    """The record's unsaved report after a delta of ``context`` reported ``reported`` (its names, complete)."""
+
+    def of_context(key: str) -> bool:
+        owner, separator, _ = key.partition(protocol.CONTEXT_SEPARATOR)
+        return owner == context if separator else context is None
+
+    return {**{k: v for k, v in before.items() if not of_context(k)}, **reported}
+
+
 def _key_bytes(variables: dict[str, str]) -> int:
     return sum(protocol.key_bytes(key) for key in variables)
+
+
+def generation_not_found(record: SessionRecord, generation: int) -> GenerationNotFound:
+    """The error for a generation ``record`` does not keep, naming those it keeps."""
+    kept = ", ".join(str(g) for g in [*(s.generation for s in record.history), record.generation])
+    return GenerationNotFound(
+        f"session {record.session_id} keeps no generation {generation}; it keeps generation {kept} "
+        "(Settings.limits.history_generations, ORCH_HISTORY_GENERATIONS, keeps more)"
+    )
 
 
 def _amount(size: int) -> str:
@@ -97,10 +118,12 @@ def _amount(size: int) -> str:
 class CheckpointLedger:
     """The stored record of one session, changed only by its owner."""
 
-    def __init__(self, store: SessionStore, record: SessionRecord, quota: int) -> None:
+    def __init__(self, store: SessionStore, record: SessionRecord, quota: int, *, keep: int) -> None:
+        """``quota``: the checkpoint quota in bytes; ``keep``: earlier generations kept (``history.retain``)."""
         self._store = store
         self.record = record
         self.quota = quota
+        self.keep = keep
         self._held: SessionRecord | None = None
 
     @property
@@ -109,14 +132,62 @@ class CheckpointLedger:
         return self._store
 
     @classmethod
-    def create(cls, store: SessionStore, record: SessionRecord, quota: int) -> CheckpointLedger:
+    def create(cls, store: SessionStore, record: SessionRecord, quota: int, *, keep: int) -> CheckpointLedger:
         """Store a new session's ``record``, held by this process from now (its lease written with it)."""
         store.create(record, lease.new_lease(record.owner, record.epoch, now=time.time()))
-        return cls(store, record, quota)
+        return cls(store, record, quota, keep=keep)
+
+    @classmethod
+    def fork(
+        cls,
+        store: SessionStore,
+        source_id: str,
+        children: Sequence[SessionRecord],
+        quota: int,
+        *,
+        at: int | None = None,
+        keep: int,
+        placement: dict[str, Any] | None = None,
+    ) -> list[CheckpointLedger]:
+        """Store ``children`` (new records: id, image, labels, times, owner set) as forks of ``source_id`` at its
+        last committed generation, or at the kept generation ``at``: each gets that generation's state, scaffold
+        and placement (or ``placement``) and shares its blobs (``SessionStore.fork``). The source is read under its
+        lock, never changed; nobody needs to own it.
+
+        Each child is whole or absent. When one cannot be made, those made before it are removed again and the error
+        raised; a kill leaves those written before it, ordinary sessions that name their source in ``forked_from``.
+
+        Raises:
+            GenerationNotFound: ``at`` is not a generation the source keeps (the message names those it keeps).
+            SessionNotFound: no source.
+            ConfigError: a child's id is taken.
+            CheckpointError: the source's checkpoint is damaged.
+        """
+        made = []
+        with store.transaction(source_id) as source:
+            snapshot = source.snapshot() if at is None else source.generation_at(at)
+            if snapshot is None:
+                raise generation_not_found(source, at or 0)
+            try:
+                for child in children:
+                    child.generation = snapshot.generation
+                    child.apply(snapshot)
+                    child.committed_at, child.changed = snapshot.at, list(snapshot.changed)
+                    child.forked_from = {"session_id": source_id, "generation": snapshot.generation}
+                    child.placement = dict(source.placement if placement is None else placement)
+                    child.scaffold = dict(source.scaffold)
+                    store.fork(source_id, child, lease.new_lease(child.owner, child.epoch, now=time.time()))
+                    made.append(cls(store, child, quota, keep=keep))
+            except BaseException:
+                for ledger in made:
+                    with contextlib.suppress(OrchestratorError):  # taken meanwhile (by force), or gone: left alone
+                        ledger.delete()
+                raise
+        return made
 
     @classmethod
     def take_ownership(
-        cls, store: SessionStore, session_id: str, quota: int, *, force: bool = False
+        cls, store: SessionStore, session_id: str, quota: int, *, keep: int, force: bool = False
     ) -> CheckpointLedger:
         """Become the session's owner: a new token and the next epoch, which makes every other handle stale.
 
@@ -152,7 +223,7 @@ class CheckpointLedger:
                 record.epoch += 1
                 leases.write(lease.new_lease(record.owner, record.epoch, now=now))
             store.save(record)
-        return cls(store, record, quota)
+        return cls(store, record, quota, keep=keep)
 
     def renew_lease(self) -> bool:
         """Renew this handle's lease on the session; False when it holds none any more (taken over, or released).
@@ -253,10 +324,12 @@ class CheckpointLedger:
         counters: dict[str, int] | None = None,
         contexts: dict[str, dict[str, Any]] | None = None,
         staged: Collection[StagedBlob] = (),
+        context: str | None = None,
     ) -> dict[str, str]:
         """Validate a reply's checkpoint delta and store it; return the names that could not be saved.
 
-        ``contexts`` (when given) replaces the record's contexts in the same manifest write.
+        ``contexts`` (when given) replaces the record's contexts in the same manifest write. ``context`` is the
+        context the delta is from (None: the default one): its names in the record's unsaved report are replaced.
         ``staged`` are host-made blobs the delta may name without sending them; those it names are
         stored with it (the caller discards the others).
 
@@ -271,7 +344,11 @@ class CheckpointLedger:
         expected = self.record.generation + (1 if changed or deleted else 0)
         if delta["generation"] != expected:
             raise ProtocolError(f"checkpoint generation {delta['generation']} out of step (expected {expected})")
-        if not (changed or deleted or delta["blobs"] or counters or contexts is not None):
+        unsaved = _unsaved_after(self.record.unsaved, delta["unsaved"], context)
+        if (
+            not (changed or deleted or delta["blobs"] or counters or contexts is not None)
+            and unsaved == self.record.unsaved
+        ):
             return delta["unsaved"]  # nothing to store; the activity file (not the record) says it was used
         for key in changed:
             problem = protocol.checkpoint_key_problem(key)
@@ -290,6 +367,11 @@ class CheckpointLedger:
         variables = {k: v for k, v in self.record.variables.items() if k not in gone}
         variables.update(changed)
         known = self.record.contexts if contexts is None else contexts
+        unsaved = {
+            k: v
+            for k, v in unsaved.items()
+            if k.partition(protocol.CONTEXT_SEPARATOR)[0] in known or (protocol.CONTEXT_SEPARATOR not in k)
+        }
         if any(
             protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known for k in changed
         ):
@@ -311,9 +393,10 @@ class CheckpointLedger:
             for blob_id, blob in host.items():
                 if blob_id in blob_sizes:
                     blob.place()
+            changes: dict[str, Any] = {"unsaved": unsaved, **(counters or {})}
             if contexts is not None:
-                current.contexts = contexts
-            self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **(counters or {}))
+                changes["contexts"] = contexts
+            self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **changes)
         return delta["unsaved"]
 
     def _check_limits(self, variables: dict[str, str], blob_sizes: dict[str, int]) -> None:
@@ -357,16 +440,52 @@ class CheckpointLedger:
             live = set(variables.values())
             self._replace_manifest(current, variables, {d: s for d, s in current.blob_sizes.items() if d in live})
 
+    def rewind(self, generation: int) -> SessionRecord:
+        """Make a new generation whose state is the kept generation ``generation``'s, in one switch of the manifest;
+        history stays linear (the generation left is kept like any other). Returns the record as stored.
+
+        Raises:
+            GenerationNotFound: the session keeps no such generation (the message names those it keeps).
+            SessionAttachedElsewhere: we no longer own the session; nothing was changed.
+        """
+        with self.owned() as current:
+            target = current.generation_at(generation)
+            if target is None:
+                raise generation_not_found(current, generation)
+            before = dict(current.variables)
+            self._advance(current, current.generation + 1)
+            current.apply(target)
+            current.changed = history.changed_names(before, current.variables)
+            current.rewound_from = generation
+            self._store_manifest(current, current.named_blobs())
+        return self.record
+
+    def _advance(self, current: SessionRecord, generation: int) -> None:
+        """Keep the current generation in the history and begin ``generation`` (its state set by the caller)."""
+        current.history = [*current.history, current.snapshot()]
+        current.generation, current.committed_at, current.rewound_from = generation, time.time(), None
+
     def _replace_manifest(
-        self, current: SessionRecord, variables: dict[str, str], blob_sizes: dict[str, int], **fields: int
+        self, current: SessionRecord, variables: dict[str, str], blob_sizes: dict[str, int], **fields: Any
     ) -> None:
-        """Switch to a new manifest in one rename, then delete the blobs that left it (under the store lock)."""
-        gone = set(current.blob_sizes) - set(blob_sizes)
+        """Switch to a new manifest and ``fields`` in one rename (a new generation keeps the one before in the
+        history), then delete the blobs no kept manifest names any more (under the store lock)."""
+        named = current.named_blobs()
+        generation = fields.pop("generation", current.generation)
+        if generation != current.generation:
+            changed = history.changed_names(current.variables, variables)
+            self._advance(current, generation)
+            current.changed = changed
         current.variables, current.blob_sizes = variables, blob_sizes
         for name, value in fields.items():
             setattr(current, name, value)
+        self._store_manifest(current, named)
+
+    def _store_manifest(self, current: SessionRecord, named_before: set[str]) -> None:
+        """Trim the history to the retention rule, save, then delete the blobs that left every kept manifest."""
+        current.history = history.retain(current.history, current.blob_sizes, keep=self.keep, quota=self.quota)
         self._save(current)
-        self._store.delete_blobs(self.session_id, gone)
+        self._store.delete_blobs(self.session_id, named_before - current.named_blobs())
 
     def delete(self) -> None:
         """Remove the record and every blob."""

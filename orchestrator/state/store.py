@@ -8,7 +8,8 @@ Layout under ``Settings.state_dir`` (created 0700)::
     sessions/<session_id>/activity       held by calls, touched when they run (``activity``): busy and idle time
     sessions/<session_id>/lease          who holds the session and when they last renewed (``lease``)
     sessions/<session_id>/lease.lock     flock(2) target of the lease's writes
-    sessions/<session_id>/blobs/<blob id> one pickle blob per distinct variable value, opaque bytes
+    sessions/<session_id>/blobs/<blob id> one pickle blob per distinct variable value, opaque bytes; a fork's
+                                         blobs are hard links of its source's (``fork``), so they count once
 
 A blob id is either the content digest of the blob (32 lowercase hex: blobs the agent made) or,
 for a str or bytes value the controller made itself (``set_value``, ``add_context``), a fresh
@@ -28,7 +29,10 @@ point outside the store.
 from __future__ import annotations
 
 import contextlib
+import copy
+import errno
 import fcntl
+import itertools
 import json
 import mmap
 import os
@@ -46,6 +50,7 @@ from ..checks import is_count, is_number
 from ..errors import CheckpointError, ConfigError, SessionNotFound
 from ..files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
 from .activity import ACTIVITY_FILE, lock_within
+from .history import Snapshot, distinct_bytes, named_blobs
 from .lease import Lease, LeaseFile
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
@@ -117,10 +122,61 @@ class SessionRecord:
     placement: dict[str, Any] = field(default_factory=dict)
     """Where its sandboxes may run (``backend.Placement`` as JSON: constraints, reserve_cpus, reserve_memory);
     empty for anywhere."""
+    committed_at: float = 0.0
+    """When the current generation was committed."""
+    changed: list[str] = field(default_factory=list)
+    """Names set or deleted to reach the current generation."""
+    unsaved: dict[str, str] = field(default_factory=dict)
+    """Names the worker holds that the checkpoint does not (``<id>/<name>`` in contexts), with why."""
+    rewound_from: int | None = None
+    """The generation the current one copies, when ``rewind`` made it."""
+    history: list[Snapshot] = field(default_factory=list)
+    """Earlier generations kept for ``rewind`` and ``fork(at=...)``, oldest first (``history.retain``)."""
+    forked_from: dict[str, Any] = field(default_factory=dict)
+    """``{"session_id", "generation"}`` of the session this one was forked from; empty otherwise."""
+    scaffold: dict[str, Any] = field(default_factory=dict)
+    """``{"code", "names"}`` of the scaffold installed in every new worker (``Session.set_scaffold``); empty: none."""
 
     @property
     def checkpoint_bytes(self) -> int:
         return sum(self.blob_sizes.values())
+
+    @property
+    def history_bytes(self) -> int:
+        """Bytes of every blob the current generation and the kept ones name, each counted once."""
+        return distinct_bytes([self.blob_sizes, *(s.blob_sizes for s in self.history)])
+
+    def named_blobs(self) -> set[str]:
+        """Every blob the current manifest or a kept generation names: none of them may leave the disk."""
+        return named_blobs([self.blob_sizes, *(s.blob_sizes for s in self.history)])
+
+    def snapshot(self) -> Snapshot:
+        """The current generation as a ``Snapshot`` (copies: later changes of the record do not reach it)."""
+        return Snapshot(
+            generation=self.generation,
+            at=self.committed_at or self.created_at,
+            variables=dict(self.variables),
+            blob_sizes=dict(self.blob_sizes),
+            contexts=copy.deepcopy(self.contexts),
+            context_count=self.context_count,
+            history_count=self.history_count,
+            changed=list(self.changed),
+            unsaved=dict(self.unsaved),
+            rewound_from=self.rewound_from,
+        )
+
+    def generation_at(self, generation: int) -> Snapshot | None:
+        """The kept generation ``generation`` (the current one included), or None."""
+        if generation == self.generation:
+            return self.snapshot()
+        return next((s for s in self.history if s.generation == generation), None)
+
+    def apply(self, snapshot: Snapshot) -> None:
+        """Make ``snapshot``'s state the current one (manifest, contexts, counters, unsaved; not the generation)."""
+        self.variables, self.blob_sizes = dict(snapshot.variables), dict(snapshot.blob_sizes)
+        self.contexts = copy.deepcopy(snapshot.contexts)
+        self.context_count, self.history_count = snapshot.context_count, snapshot.history_count
+        self.unsaved = dict(snapshot.unsaved)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
@@ -130,7 +186,14 @@ class SessionRecord:
         """Parse and validate a stored record; anything off is a CheckpointError naming the field."""
         if not isinstance(data, dict) or set(data) - {f.name for f in fields(cls)}:
             raise ValueError("not a session record")
-        record = cls(**data)
+        history = data.get("history", [])
+        if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
+            raise ValueError("invalid field(s): history")
+        try:
+            snapshots = [Snapshot(**entry) for entry in history]
+        except TypeError:
+            raise ValueError("invalid field(s): history") from None
+        record = cls(**{**data, "history": snapshots})
         checks = {
             "session_id": record.session_id == session_id,
             "image": isinstance(record.image, str),
@@ -146,23 +209,68 @@ class SessionRecord:
             "container_id": record.container_id is None or bool(_CONTAINER_ID.match(str(record.container_id))),
             "labels": _str_map(record.labels),
             "placement": _placement(record.placement),
-            "variables": _str_map(record.variables)
-            and all(checkpoint_key_problem(k) is None and BLOB_ID.match(v) for k, v in record.variables.items()),
-            "blob_sizes": isinstance(record.blob_sizes, dict)
-            and all(isinstance(k, str) and BLOB_ID.match(k) and is_count(v) for k, v in record.blob_sizes.items())
-            and set(record.variables.values()) <= set(record.blob_sizes),
-            "contexts": isinstance(record.contexts, dict)
-            and all(isinstance(k, str) and CONTEXT_ID.match(k) and _context_spec(v) for k, v in record.contexts.items())
-            and all(
-                key.partition(CONTEXT_SEPARATOR)[0] in record.contexts
-                for key in record.variables
-                if CONTEXT_SEPARATOR in key
+            **_manifest_checks(record.variables, record.blob_sizes, record.contexts),
+            "committed_at": is_number(record.committed_at),
+            "changed": isinstance(record.changed, list) and all(isinstance(name, str) for name in record.changed),
+            "unsaved": _str_map(record.unsaved),
+            "rewound_from": record.rewound_from is None or is_count(record.rewound_from),
+            "history": all(_snapshot_ok(s) for s in record.history)
+            and all(a.generation < b.generation for a, b in itertools.pairwise(record.history))
+            and all(s.generation < record.generation for s in record.history),
+            "forked_from": record.forked_from == {}
+            or (
+                isinstance(record.forked_from, dict)
+                and set(record.forked_from) == {"session_id", "generation"}
+                and isinstance(record.forked_from["session_id"], str)
+                and bool(_SESSION_ID.match(record.forked_from["session_id"]))
+                and is_count(record.forked_from["generation"])
+            ),
+            "scaffold": record.scaffold == {}
+            or (
+                isinstance(record.scaffold, dict)
+                and set(record.scaffold) == {"code", "names"}
+                and isinstance(record.scaffold["code"], str)
+                and isinstance(record.scaffold["names"], list)
+                and all(isinstance(name, str) and name.isidentifier() for name in record.scaffold["names"])
             ),
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"invalid field(s): {', '.join(bad)}")
         return record
+
+
+def _manifest_checks(variables: Any, blob_sizes: Any, contexts: Any) -> dict[str, bool]:
+    """Whether each part of a manifest can be read back: valid names and blob ids, sizes for every blob, contexts
+    that exist."""
+    variables_ok = _str_map(variables) and all(
+        checkpoint_key_problem(k) is None and BLOB_ID.match(v) for k, v in variables.items()
+    )
+    return {
+        "variables": variables_ok,
+        "blob_sizes": isinstance(blob_sizes, dict)
+        and all(isinstance(k, str) and BLOB_ID.match(k) and is_count(v) for k, v in blob_sizes.items())
+        and variables_ok
+        and set(variables.values()) <= set(blob_sizes),
+        "contexts": isinstance(contexts, dict)
+        and all(isinstance(k, str) and CONTEXT_ID.match(k) and _context_spec(v) for k, v in contexts.items())
+        and variables_ok
+        and all(key.partition(CONTEXT_SEPARATOR)[0] in contexts for key in variables if CONTEXT_SEPARATOR in key),
+    }
+
+
+def _snapshot_ok(snapshot: Snapshot) -> bool:
+    return (
+        is_count(snapshot.generation)
+        and is_number(snapshot.at)
+        and all(_manifest_checks(snapshot.variables, snapshot.blob_sizes, snapshot.contexts).values())
+        and is_count(snapshot.context_count)
+        and is_count(snapshot.history_count)
+        and isinstance(snapshot.changed, list)
+        and all(isinstance(name, str) for name in snapshot.changed)
+        and _str_map(snapshot.unsaved)
+        and (snapshot.rewound_from is None or is_count(snapshot.rewound_from))
+    )
 
 
 def _placement(value: Any) -> bool:
@@ -255,6 +363,64 @@ class SessionStore:
         if lease is not None:
             LeaseFile(directory).write(lease)
         self.save(record)
+        self._flush_root()
+
+    def fork(self, source_id: str, child: SessionRecord, lease: Lease) -> None:
+        """Store ``child``, a new session whose manifests name blobs of ``source_id``: each blob is hard-linked, not
+        copied (call inside the source's ``transaction``, where none of them can leave its disk).
+
+        Like ``create``, the record is written last: until then the child's directory is an orphan that prune
+        removes after a grace period, and a failure here removes it at once. Deleting either session later
+        removes only its own links.
+
+        Raises:
+            ConfigError: a session with the child's id exists.
+            CheckpointError: a blob of the source is missing (its checkpoint is damaged) or the links cannot be made.
+        """
+        directory = self._dir(child.session_id)
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            raise ConfigError(f"session {child.session_id!r} already exists; fork into a new id") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot create session state in {self.root}: {exc}") from exc
+        try:
+            (directory / "blobs").mkdir(mode=0o700)
+            for blob_id in sorted(child.named_blobs()):
+                _link_or_copy(self.blob_path(source_id, blob_id), directory / "blobs" / blob_id, fsync=self.fsync)
+            if self.fsync:
+                fsync_dir(directory / "blobs")
+            LeaseFile(directory).write(lease)
+            self.save(child)
+            self._flush_root()
+        except FileNotFoundError as exc:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise CheckpointError(
+                f"cannot fork session {source_id}: its checkpoint is damaged ({exc.filename} is missing)"
+            ) from None
+        except BaseException as exc:
+            shutil.rmtree(directory, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise CheckpointError(f"cannot fork session {source_id} into {child.session_id}: {exc}") from exc
+            raise
+
+    def shared_bytes(self, record: SessionRecord) -> int:
+        """Bytes of the record's blobs that other sessions' directories hold too (hard links of a fork)."""
+        shared = 0
+        for blob_id in record.named_blobs():
+            with contextlib.suppress(OSError):
+                info = os.stat(self.blob_path(record.session_id, blob_id), follow_symlinks=False)
+                if info.st_nlink > 1:
+                    shared += info.st_size
+        return shared
+
+    def _flush_root(self) -> None:
+        """With ``fsync``, make a new session directory's entry in ``sessions/`` durable too."""
+        if self.fsync:
+            try:
+                fsync_dir(self.root)
+            except OSError as exc:
+                raise CheckpointError(f"cannot flush {self.root}: {exc}") from exc
 
     def save(self, record: SessionRecord) -> None:
         """Replace the record atomically (call it inside ``transaction``)."""
@@ -535,6 +701,21 @@ class SessionStore:
         for entry in sorted(self.root.iterdir()):
             if entry.name.startswith(_REMOVED_PREFIX) and entry.is_dir() and not entry.is_symlink():
                 yield entry
+
+
+def _link_or_copy(source: Path, target: Path, *, fsync: bool) -> None:
+    """Give ``target`` the bytes of ``source``: a hard link, or a copy where the filesystem allows no more links.
+
+    Raises:
+        FileNotFoundError: ``source`` is missing.
+    """
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno != errno.EMLINK:
+            raise
+        data = source.read_bytes()
+        replace_file(target, data, fsync=fsync, mode=0o600)
 
 
 def _files(folder: Path) -> list[os.DirEntry[str]]:

@@ -106,16 +106,28 @@ def test_host_made_values_are_stored_once_and_survive_a_kill(
     assert blob_names(settings, session) - before == {stored(settings, session)["m"]}
 
 
-def test_replacing_a_context_drops_its_old_blob(session: Session, settings: Settings) -> None:
+def test_replacing_a_context_drops_its_old_blob_once_no_generation_keeps_it(
+    session: Session,
+    settings: Settings,
+    settings_for: Callable[..., Settings],
+    make_orch: Callable[[Settings], Orchestrator],
+    new_session: Callable[..., Session],
+) -> None:
     session.add_context("first ✓ " * 1000)
     first = stored(settings, session)["context_0"]
     session.add_context(b"second", index=0)
     second = stored(settings, session)["context_0"]
     assert first != second and HOST_ID.match(second)
-    assert blob_names(settings, session) == {second}
-    assert session.execute("context, context_0").return_value == "(b'second', b'second')"
-    session.reset()
-    assert blob_names(settings, session) == set() and stored(settings, session) == {}
+    assert blob_names(settings, session) == {first, second}  # the generation before still names the first
+
+    keeps_none = settings_for(limits=settings.limits.replace(history_generations=0))
+    forgetful = new_session(make_orch(keeps_none))
+    forgetful.add_context("first ✓ " * 1000)
+    forgetful.add_context(b"second", index=0)
+    assert blob_names(keeps_none, forgetful) == {stored(keeps_none, forgetful)["context_0"]}
+    assert forgetful.execute("context, context_0").return_value == "(b'second', b'second')"
+    forgetful.reset()
+    assert blob_names(keeps_none, forgetful) == set() and stored(keeps_none, forgetful) == {}
 
 
 def test_a_value_over_the_quota_is_refused_before_it_is_sent(

@@ -86,31 +86,25 @@ def scripted_model() -> Iterator[ScriptedModel]:
         thread.join(10)
 
 
-def tool_call(call_id: str, code: str) -> dict[str, Any]:
-    arguments = json.dumps({"code": code})
+def tool_call(call_id: str, code: str | None = None) -> dict[str, Any]:
+    """The model calls execute_code with ``code``, or (None) undo_last_cell."""
+    name, arguments = ("execute_code", json.dumps({"code": code})) if code is not None else ("undo_last_cell", "{}")
     return {
         "role": "assistant",
         "content": None,
-        "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "execute_code", "arguments": arguments}}
-        ],
+        "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}],
     }
 
 
-def test_a_tool_calling_loop_with_the_openai_client(scripted_model: ScriptedModel, session: Session) -> None:
-    scripted_model.replies = [
-        tool_call("call_1", "x = 21 * 2"),
-        tool_call("call_2", "print(x)"),
-        {"role": "assistant", "content": "x is 42."},
-    ]
-    tool = session.as_tool()
+def converse(model: ScriptedModel, tool: PythonTool, prompt: str) -> tuple[list[Any], list[dict[str, str]]]:
+    """The loop of docs/tools.md with the real client against ``model``: the messages, and the tool's answers."""
     # trust_env=False: no proxy from the environment, the request stays on loopback.
     http_client = openai.DefaultHttpxClient(trust_env=False)
-    client = openai.OpenAI(base_url=scripted_model.base_url, api_key="x", max_retries=0, http_client=http_client)
-    messages: list[Any] = [{"role": "user", "content": "Compute 21 * 2 in Python, then print it."}]
+    client = openai.OpenAI(base_url=model.base_url, api_key="x", max_retries=0, http_client=http_client)
+    messages: list[Any] = [{"role": "user", "content": prompt}]
     tool_results: list[dict[str, str]] = []
     try:
-        for _ in range(5):
+        for _ in range(10):
             response = client.chat.completions.create(model="scripted", messages=messages, tools=tool.definitions)
             message = response.choices[0].message
             messages.append(message.model_dump(exclude_none=True))
@@ -121,6 +115,17 @@ def test_a_tool_calling_loop_with_the_openai_client(scripted_model: ScriptedMode
                 messages.append(tool_results[-1])
     finally:
         client.close()
+    return messages, tool_results
+
+
+def test_a_tool_calling_loop_with_the_openai_client(scripted_model: ScriptedModel, session: Session) -> None:
+    scripted_model.replies = [
+        tool_call("call_1", "x = 21 * 2"),
+        tool_call("call_2", "print(x)"),
+        {"role": "assistant", "content": "x is 42."},
+    ]
+    tool = session.as_tool()
+    messages, tool_results = converse(scripted_model, tool, "Compute 21 * 2 in Python, then print it.")
 
     assert messages[-1] == {"role": "assistant", "content": "x is 42."}
     assert [r["tool_call_id"] for r in tool_results] == ["call_1", "call_2"]
@@ -134,6 +139,44 @@ def test_a_tool_calling_loop_with_the_openai_client(scripted_model: ScriptedMode
         (r["tool_call_id"], r["content"]) for r in tool_results
     ]
     assert requests[2]["messages"][1]["tool_calls"][0]["function"]["name"] == "execute_code"
+
+
+def test_a_model_undoes_the_cell_that_broke_its_data(scripted_model: ScriptedModel, session: Session) -> None:
+    scripted_model.replies = [
+        tool_call("c1", "class Stats:\n    def mean(self, v):\n        return sum(v) / len(v)\ndata = [3, 1, 2]"),
+        tool_call("c2", "data = sorted(data)[5:]  # a slip: data is now empty"),
+        tool_call("c3"),
+        tool_call("c4", "print(Stats().mean(data), data)"),
+        {"role": "assistant", "content": "The mean is 2.0."},
+    ]
+    tool = session.as_tool(undo=True)
+    messages, results = converse(scripted_model, tool, "Find the mean of the data.")
+
+    assert messages[-1]["content"] == "The mean is 2.0."
+    assert [t["function"]["name"] for t in scripted_model.requests[0]["tools"]][-1] == "undo_last_cell"
+    undone = results[2]["content"]
+    assert undone.startswith("status: success\n") and "names restored or removed: data\n" in undone, undone
+    assert "note: 1 earlier call can be undone in turn." in undone
+    assert "stdout:\n2.0 [3, 1, 2]\n" in results[3]["content"]
+
+
+def test_undo_on_a_real_sandbox_whatever_the_call_did(session: Session) -> None:
+    tool = session.as_tool(undo=True)
+    assert tool.handle("execute_code", {"code": "x = 'first'\nopen('kept.txt', 'w').write('file')"}).startswith(
+        "status: success"
+    )
+    code = "import time\nx = 'partial'\nwhile True:\n    time.sleep(0.01)"
+    assert tool.handle("execute_code", {"code": code, "timeout_seconds": 1}).startswith("status: timeout")
+    assert "return value: 'partial'" in tool.handle("execute_code", {"code": "x"})  # the interrupt kept it
+    assert tool.handle("execute_code", {"code": "del x"}).startswith("status: success")
+
+    assert "names restored or removed: x" in tool.handle("undo_last_cell", {})  # the del
+    assert "return value: 'partial'" in tool.handle("execute_code", {"code": "x"})
+    assert "names restored or removed: time, x\n" in tool.handle("undo_last_cell", {})  # the timed-out cell
+    text = tool.handle("execute_code", {"code": "x, open('kept.txt').read()"})
+    assert "return value: ('first', 'file')" in text  # files are not undone
+    assert "names restored or removed: x" in tool.handle("undo_last_cell", {})  # the first cell
+    assert session.variables == [] and tool.handle("undo_last_cell", {}).startswith("status: not undone\n")
 
 
 def test_the_text_of_an_error(shared_session: Session) -> None:

@@ -24,7 +24,7 @@ import pytest
 from rlm_support import EchoLM, completion, lm_handlers, stop
 from support import cli_env, closing_orch, kill_and_wait
 
-from orchestrator import ConfigError, Orchestrator, SessionClosed, Settings
+from orchestrator import ConfigError, GenerationNotFound, Orchestrator, SessionClosed, Settings
 from orchestrator.rlm import DockerREPL, DockerREPLResult
 
 pytestmark = pytest.mark.docker
@@ -432,6 +432,100 @@ def test_a_sub_call_in_flight_when_the_container_dies_fails_cleanly(make_repl, o
         assert [c.response for c in result.rlm_calls] == ["c:fast"]
     finally:
         release.set()
+
+
+# ----------------------------------------------------------------- branches: fork and rewind
+
+
+def test_a_fork_branches_the_conversation_and_reaches_the_same_handler(make_repl, handlers) -> None:
+    first = handlers(EchoLM("A"))
+    repl = make_repl(
+        lm_handler_address=first.address,
+        context_payload="doc one",
+        custom_tools={"square": "def square(x):\n    return x * x", "CFG": {"k": 1}},
+    )
+    repl.add_history([{"role": "user", "content": "turn one"}])
+    repl.execute_code("x = 1\nclass Point:\n    def __init__(self, v):\n        self.v = v\np = Point(7)")
+    repl.execute_code("CFG['k'] = 2")
+    with repl.fork() as branch:
+        assert isinstance(branch, DockerREPL) and branch.session_id != repl.session_id
+        assert branch.container_id != repl.container_id and branch.cell_timeout == repl.cell_timeout
+        assert branch.get_context_count() == 1 and branch.get_history_count() == 1
+        assert branch.session.forked_from == (repl.session_id, repl.generation)
+
+        mine = branch.execute_code(
+            "x += 10\nanswer['content'] = f'branch {x} {llm_query(\"hi\")}'\nanswer['ready'] = 1"
+        )
+        theirs = repl.execute_code("x += 100\nanswer['content'] = f'trunk {x}'\nanswer['ready'] = True")
+        assert (mine.final_answer, theirs.final_answer) == ("branch 11 A:hi", "trunk 101")
+        assert [c.response for c in mine.rlm_calls] == ["A:hi"] and theirs.rlm_calls == []
+        shown = "print(x, p.v, square(3), CFG['k'], context, history[0]['content'], llm_query('q'))"
+        assert out(branch.execute_code(shown)) == "11 7 9 2 doc one turn one A:q"
+
+        second = handlers(EchoLM("B"))
+        branch.update_handler_address(second.address)  # its own: the trunk still reaches the first handler
+        assert out(branch.execute_code("print(llm_query('q'), answer['ready'])")) == "B:q False"
+        assert out(repl.execute_code("print(llm_query('q'), answer['ready'])")) == "A:q True"
+
+        repl.cleanup()  # the trunk goes; the branch keeps every value it shared with it
+        assert out(branch.execute_code("print(x, p.v, context)")) == "11 7 doc one"
+
+
+def test_a_sub_call_forks_its_environment_while_the_cell_runs(make_repl) -> None:
+    """Tree search from inside a cell: rlm_query's subcall_fn runs each candidate on a fork of the running REPL."""
+    repl: DockerREPL
+
+    def explore(prompt: str, model: str | None = None):
+        with repl.fork() as branch:
+            result = branch.execute_code(f"base = base * {prompt}\nprint(base)")
+        return completion(out(result), prompt)
+
+    repl = make_repl(subcall_fn=explore)
+    repl.execute_code("base = 3")
+    result = repl.execute_code("base = 1000\nprint(rlm_query_batched(['2', '5']))")
+    assert out(result) == "['6', '15']"  # forks of the last completed cell: base = 3, not 1000
+    assert out(repl.execute_code("print(base)")) == "1000"
+
+
+def test_rewind_and_fork_at_an_earlier_generation(make_repl) -> None:
+    repl = make_repl(compaction=True)
+    repl.append_compaction_entry({"type": "summary", "content": "one"})
+    repl.execute_code("state = 'good'")
+    good = repl.generation
+    repl.append_compaction_entry({"type": "summary", "content": "two"})
+    repl.add_context("late context")
+    repl.execute_code("del state\nbroken = True")
+    assert [g.generation for g in repl.generations()][-1] == repl.generation and good in {
+        g.generation for g in repl.generations()
+    }
+
+    with repl.fork(at=good) as earlier:
+        assert out(earlier.execute_code("print(state, len(history))")) == "good 1"
+        assert earlier.get_context_count() == 0
+
+    rewound = repl.rewind(good)
+    assert rewound.rewound_from == good and rewound.current and repl.generation == rewound.generation
+    assert out(repl.execute_code("print(state, 'broken' in globals(), len(history))")) == "good False 1"
+    assert repl.get_context_count() == 0
+    repl.append_compaction_entry({"type": "summary", "content": "three"})  # the host's list was read back
+    assert out(repl.execute_code("print([h['content'] for h in history])")) == "['one', 'three']"
+    with pytest.raises(GenerationNotFound, match="keeps no generation 9999"):
+        repl.rewind(9999)
+    with pytest.raises(GenerationNotFound):
+        repl.fork(at=9999)
+
+
+def test_a_fork_that_cannot_be_made_leaves_nothing_behind(make_repl, repl_settings: Settings) -> None:
+    repl = make_repl()
+    repl.execute_code("x = 1")
+    for bad in ("Not An Id!", repl.session_id):
+        with pytest.raises(ConfigError):
+            repl.fork(session_id=bad)
+    assert _stored(repl_settings) == [repl.session_id]
+    assert out(repl.execute_code("print(x)")) == "1"
+    repl.cleanup()
+    with pytest.raises(SessionClosed):
+        repl.fork()
 
 
 def test_two_environments_are_isolated(make_repl) -> None:

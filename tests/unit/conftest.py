@@ -51,7 +51,7 @@ def ledger(store):
         session_id="s-test", image="img", created_at=time.time(), last_used_at=0.0, owner=new_owner_token(), epoch=1
     )
     store.create(record)
-    return CheckpointLedger(store, record, QUOTA)
+    return CheckpointLedger(store, record, QUOTA, keep=0)
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ EXPECTED = {
     "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError",
     "CheckpointLimitExceeded", "CheckpointQuotaExceeded", "ConfigError", "Context", "ContextNotFound", "EngineError",
     "EngineUnavailable",
-    "ExecError", "ExecResult", "ExecutionTimeout", "HostCallError", "HostCalls",
+    "ExecError", "ExecResult", "ExecutionTimeout", "Generation", "GenerationNotFound", "HostCallError", "HostCalls",
     "ImageMissing", "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent",
     "Placement", "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed",
     "SandboxError",

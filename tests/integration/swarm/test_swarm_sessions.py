@@ -85,6 +85,23 @@ def test_sessions_spread_over_the_nodes_and_ls_names_them(orch: Orchestrator, sw
             session.close()
 
 
+def test_a_fork_lands_on_another_node_with_its_sources_state(orch: Orchestrator, swarm_cluster) -> None:  # type: ignore[no-untyped-def]
+    here, there = hostnames(swarm_cluster)[:2]
+    source = pinned(orch, here)
+    try:
+        source.execute("def twice(v):\n    return 2 * v\ndata = list(range(1000))")
+        (fork,) = orch.fork(source.id, placement=Placement((f"node.hostname=={there}",)))
+        try:
+            assert node_of(orch, fork) == there and node_of(orch, source) == here
+            assert fork.execute("twice(sum(data))").return_value == str(2 * sum(range(1000)))
+            fork.execute("data.append(-1)")
+            assert source.execute("len(data)").return_value == "1000"
+        finally:
+            fork.close()
+    finally:
+        source.close()
+
+
 def test_state_survives_its_node_being_drained(orch: Orchestrator, swarm_cluster) -> None:  # type: ignore[no-untyped-def]
     session = orch.create_session(placement=Placement(("node.role==worker",)))
     try:

@@ -16,6 +16,8 @@ from orchestrator import (
     ExecError,
     ExecResult,
     ExecutionTimeout,
+    Generation,
+    GenerationNotFound,
     ImageMissing,
     SandboxCrashed,
     SessionAttachedElsewhere,
@@ -72,6 +74,7 @@ class FakeSession:
         self.variables = ["x"]
         self.codes: list[tuple[str, float | None]] = []
         self.detach_error: Exception | None = None
+        self.forked_from: tuple[str, int] | None = None
 
     def execute(self, code: str, timeout: float | None = None, *, on_output: object = None) -> ExecResult:
         """Streams the result's stdout and stderr (or a timeout's) through ``on_output`` first, as the agent does."""
@@ -121,6 +124,10 @@ class FakeOrchestrator:
         self.closed = False
         self.report = PruneReport([], dry_run=False)
         self.log = "agent started\n"
+        self.generations = [
+            Generation(2, NOW - 192, ("data",), 1, 100, False),
+            Generation(3, NOW - 40, ("data", "extra"), 2, 5 << 20, True),
+        ]
 
     def _check(self, method: str, session_id: str, force: bool = False) -> None:
         self.calls.append((method, session_id))
@@ -174,6 +181,32 @@ class FakeOrchestrator:
         session = FakeSession(session_id or "s0123456789ab", self.results)
         self.sessions.append(session)
         return session
+
+    def fork(
+        self,
+        session_id: str,
+        count: int = 1,
+        *,
+        at: int | None = None,
+        labels: dict[str, str] | None = None,
+        session_ids: list[str] | None = None,
+    ) -> list[FakeSession]:
+        self._check("fork", session_id)
+        self.calls.append(("fork", (count, at, labels)))
+        forks = [FakeSession(name, self.results) for name in session_ids or [f"f{n}" for n in range(count)]]
+        for session in forks:
+            session.forked_from = (session_id, 3 if at is None else at)
+        self.sessions.extend(forks)
+        return forks
+
+    def history(self, session_id: str) -> list[Generation]:
+        self._check("history", session_id)
+        return list(self.generations)
+
+    def rewind(self, session_id: str, generation: int, *, force: bool = False) -> Generation:
+        self._check("rewind", session_id, force)
+        self.calls.append(("rewind", generation))
+        return Generation(9, NOW, ("data", "extra"), 2, 120, True, rewound_from=generation)
 
     def build_image(self, *, rebuild: bool = False) -> str:
         self.calls.append(("build", rebuild))
@@ -253,7 +286,7 @@ def test_help_lists_the_exit_statuses_and_every_command(capsys):
     for line in ("0    success", "1    exec/run: the code raised", "3    partial failure", "9    exec/run: output"):
         assert line in out
     commands = ("ls", "inspect", "exec", "create", "run", "shell", "hibernate", "resume", "rm", "logs", "prune")
-    for name in (*commands, "janitor", "image"):
+    for name in (*commands, "fork", "history", "rewind", "janitor", "image"):
         assert f"\n    {name}" in out
     code, out, _ = run(capsys, "exec", "--help")
     assert code == 0 and "exit status:" in out and "'-' reads it from standard input" in out
@@ -320,6 +353,7 @@ def test_human_duration(seconds, text):
     [
         (ConfigError("x"), 2),
         (SessionNotFound("x"), 4),
+        (GenerationNotFound("x"), 4),
         (SessionBusy("x"), 5),
         (SessionAttachedElsewhere("x"), 5),
         (CapacityExceeded("x"), 5),
@@ -942,7 +976,8 @@ HELD = SessionHeld(
 
 
 @pytest.mark.parametrize(("argv", "method"), [(["exec", "s2", "1"], "attach"), (["rm", "s2"], "remove"),
-                                              (["resume", "s2"], "resume"), (["shell", "s2"], "attach")])  # fmt: skip
+                                              (["resume", "s2"], "resume"), (["shell", "s2"], "attach"),
+                                              (["rewind", "s2", "2"], "rewind")])  # fmt: skip
 def test_a_session_a_live_controller_holds_is_refused_in_one_line_and_taken_with_force(
     fake, capsys, monkeypatch, argv, method
 ):

@@ -288,7 +288,7 @@ def test_a_staged_file_a_prune_removed_meanwhile_is_written_again_under_the_lock
 
 def test_a_stale_owner_cannot_place_a_staged_blob(store, ledger):
     staged = ledger.stage(protocol.host_blob_parts("bytes", b"abc"))
-    CheckpointLedger.take_ownership(store, "s-test", ledger.quota)
+    CheckpointLedger.take_ownership(store, "s-test", ledger.quota, keep=0)
     with pytest.raises(SessionAttachedElsewhere):
         ledger.commit(host_delta(1, {"x": staged.blob_id}), bytearray(), staged=[staged])
     staged.discard()

@@ -64,7 +64,7 @@ def test_unreferenced_blobs_are_collected_under_the_lock(store, ledger):
 
 def test_a_stale_owner_cannot_commit_delete_or_touch_the_sandbox(store, ledger):
     ledger.commit(*delta(1, [(D1, b"one")], {"x": D1}))
-    newer = CheckpointLedger.take_ownership(store, "s-test", ledger.quota)
+    newer = CheckpointLedger.take_ownership(store, "s-test", ledger.quota, keep=0)
     assert newer.record.epoch == ledger.record.epoch + 1
     with pytest.raises(SessionAttachedElsewhere, match="epoch"):
         ledger.commit(*delta(2, [(D2, b"two")], {"x": D2}))
@@ -150,7 +150,7 @@ def test_ids_are_validated_and_taken_ids_refused(store, ledger):
     with pytest.raises(SessionNotFound):
         store.load("s-none")
     with pytest.raises(SessionNotFound):
-        CheckpointLedger.take_ownership(store, "s-none", QUOTA)
+        CheckpointLedger.take_ownership(store, "s-none", QUOTA, keep=0)
 
 
 def test_store_id_is_stable_and_state_is_private(tmp_path):
@@ -164,7 +164,7 @@ def test_fsync_mode_commits(tmp_path):
     store = SessionStore(tmp_path, fsync=True)
     record = SessionRecord(session_id="s-sync", image="i", created_at=0.0, last_used_at=0.0, owner="o", epoch=1)
     store.create(record)
-    CheckpointLedger(store, record, QUOTA).commit(*delta(1, [(D1, b"one")], {"a": D1}))
+    CheckpointLedger(store, record, QUOTA, keep=0).commit(*delta(1, [(D1, b"one")], {"a": D1}))
     assert store.load("s-sync").variables == {"a": D1}
 
 
