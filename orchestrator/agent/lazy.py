@@ -14,9 +14,11 @@ unchanged, and they are not in the namespace until something uses them. Two ways
 
 Loading asks the controller for the blob by a host call of the reserved name ``BLOB_CALL``,
 unpickles it with the context's module as dill's ``__main__`` while the controller checks the blob
-against its digest, and binds it once the controller confirms (``BLOB_CHECK_CALL``). A value that cannot be loaded
-raises ``DeferredValueLost`` (a NameError) in the cell and leaves the checkpoint: the next delta
-reports it deleted. An interrupt while loading leaves it pending.
+against its digest, and binds it once the controller confirms (``BLOB_CHECK_CALL``). A value the
+controller refuses or that does not unpickle raises ``DeferredValueLost`` (a NameError) in the cell
+and leaves the checkpoint: the next delta reports it deleted. A call that fails on the way (no cell
+runs, the controller is gone) raises ``DeferredValueUnavailable`` and, like an interrupt while
+loading, leaves the value pending.
 """
 
 from __future__ import annotations
