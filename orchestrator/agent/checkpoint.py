@@ -327,10 +327,13 @@ class _BufferReader:
         return bytes(self.view[start : self.pos])
 
 
-def loads(data: Union[bytes, bytearray, memoryview]) -> Any:
-    """Unpickle one blob straight from its buffer (no copy of the buffer), as ``dill.loads`` would."""
+def loads(data: Union[bytes, bytearray, memoryview], main: Optional[types.ModuleType] = None) -> Any:
+    """Unpickle one blob straight from its buffer (no copy of the buffer), as ``dill.loads`` would.
+
+    ``main``: the session module its functions belong to (default: the active context's).
+    """
     unpickler = dill_module().Unpickler(_BufferReader(data))
-    unpickler._main = sys.modules["__main__"]  # the active context's module
+    unpickler._main = sys.modules["__main__"] if main is None else main
     return unpickler.load()
 
 
@@ -345,6 +348,7 @@ class _Saved:
 
 
 DumpsFunction = Callable[[str, Any], Blob]
+_NOT_LOADED = object()  # the value a deferred name is saved with until it is loaded
 
 
 class HeldBlobs:
@@ -381,6 +385,7 @@ class Tracker:
         self._sizes = self.held.sizes
         self._unsaved_last: Set[str] = set()
         self.excluded: FrozenSet[str] = frozenset()  # names the session's scaffold owns: never saved
+        self.pending: Dict[str, Tuple[str, int]] = {}  # deferred names not loaded yet: name -> (digest, size)
 
     @property
     def held_bytes(self) -> int:
@@ -455,11 +460,25 @@ class Tracker:
     def record(self, name: str, value: Any, blob_digest: str, size: int) -> None:
         """Count ``value`` as saved under ``name`` with this blob (a value just restored from it)."""
         self._drop(name)
+        self.pending.pop(name, None)
         saved = self._saved[name] = _Saved(value, blob_digest, size)
         self.held.names += 1
         self.held.name_bytes += self._key_bytes(name)
         self._index(saved)
         self._hold(blob_digest, size)
+
+    def defer(self, name: str, blob_digest: str, size: int) -> None:
+        """Count ``name`` as saved in this blob though its value is not loaded yet (a deferred value).
+
+        Until it is loaded (``record``) or given up (``forget_pending``) a checkpoint treats it as
+        present and unchanged, and the quota counts its blob.
+        """
+        self.record(name, _NOT_LOADED, blob_digest, size)
+        self.pending[name] = (blob_digest, size)
+
+    def forget_pending(self, name: str) -> None:
+        """A deferred value could not be loaded: the next delta reports ``name`` deleted."""
+        self.pending.pop(name, None)
 
     def adopt(self, names: List[str], value: Any, blob_id: str, size: int) -> None:
         """Count ``value`` as saved under ``names`` in a blob the controller made and stores (``set_value``).
@@ -496,6 +515,9 @@ class Tracker:
             (name, value) for name, value in list(namespace.items()) if not is_internal(name) and name not in excluded
         ]
         present = {name for name, _ in items}
+        for name in [n for n in self.pending if n in present]:  # bound again meanwhile: its new value counts
+            del self.pending[name]
+        present.update(self.pending)
         # Deletions first: they free quota for what follows. Values that failed last time go last,
         # so one that keeps timing out cannot starve the values after it.
         for name in [n for n in self._saved if n not in present]:

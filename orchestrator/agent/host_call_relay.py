@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 import selectors
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Set
 
 from . import protocol
 from .channel import ControllerLink
 from .config import Config
-from .frames import PEEK_NOW
+from .frames import PEEK_NOW, Copier, Movers
 from .log import log
 from .worker_process import WorkerProcess
 
@@ -43,12 +43,15 @@ class HostCallRelay(object):
         controller: ControllerLink,
         worker: Callable[[], WorkerProcess],
         watchers: Sequence[selectors.BaseSelector],
+        movers: Optional[Movers] = None,
     ) -> None:
         self.config = config
+        self._movers = movers or Movers()
         self.controller = controller
         self._worker = worker
         self._selectors = watchers
         self.open_calls: Dict[int, Any] = {}  # host calls relayed for the running exec: call -> its request id
+        self.blob_calls: Set[int] = set()  # open calls for a deferred value's blob: answered up to max_body
         self.input_waits: Dict[int, float] = {}  # open calls that are input() of the cell: call -> since when
         self.cell_running = False  # an exec's cell runs: the controller may interrupt it
         self.input_allowed = False  # the running exec lets its cell's input() ask the controller
@@ -66,6 +69,7 @@ class HostCallRelay(object):
     def worker_gone(self) -> None:
         """The worker is being replaced: its link goes with it, and its callers are gone."""
         self.open_calls.clear()
+        self.blob_calls.clear()
         self.controller.watch(False)
 
     def link_fd(self) -> int:
@@ -101,6 +105,8 @@ class HostCallRelay(object):
             try:
                 self.controller.send({"type": protocol.HOST_CALL, "id": request_id, "call": call, "name": name}, body)
                 self.open_calls[call] = request_id
+                if name == protocol.BLOB_CALL:
+                    self.blob_calls.add(call)
                 if name == protocol.INPUT_CALL and self.input_allowed:  # a forged one does not stop the clock
                     self.input_waits[call] = time.monotonic()
                 self.controller.watch(True)
@@ -145,24 +151,76 @@ class HostCallRelay(object):
             if header["type"] != protocol.HOST_REPLY or call not in self.open_calls:
                 self.controller.discard(body_len)
                 return False
-            if body_len > self.config.host_call_max:
+            limit = self.config.max_body if call in self.blob_calls else self.config.host_call_max
+            if body_len > limit:
                 self.controller.discard(body_len)
                 header = {
                     "status": protocol.STATUS_ERROR,
                     "error": "the result is %d bytes, over the sandbox's %d-byte limit for host calls"
-                    % (body_len, self.config.host_call_max),
+                    % (body_len, limit),
                 }
                 body: Any = b""
+            elif call in self.blob_calls and header.get("status") == protocol.STATUS_OK:
+                self._settle(call)
+                self._stream_blob(call, body_len)
+                return False
             else:
                 body = inbox.read_exactly(body_len)
         except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
             self._lose_controller("reading a host call's answer: %s" % (exc or type(exc).__name__))
             return False
-        del self.open_calls[call]
-        self.input_waits.pop(call, None)
-        self.controller.watch(self.cell_running or bool(self.open_calls))
+        self._settle(call)
         self._answer_worker({"call": call, "status": header.get("status"), "error": header.get("error")}, body)
         return False
+
+    def _settle(self, call: int) -> None:
+        """Host call ``call`` is answered: it is open no more."""
+        del self.open_calls[call]
+        self.blob_calls.discard(call)
+        self.input_waits.pop(call, None)
+        self.controller.watch(self.cell_running or bool(self.open_calls))
+
+    def _stream_blob(self, call: int, size: int) -> None:
+        """Pass a deferred value's blob (``size`` bytes, up to the request body limit) from the controller to the
+        worker without holding it here: spliced or copied through, as a request's body is. A controller that stops
+        in the middle is lost; a worker that stops reading loses its link, and the rest of the body is read and
+        dropped, so the controller's stream stays in step."""
+        inbox = self.controller.inbox
+        assert inbox is not None
+        worker = self._worker()
+        first = inbox.take(size)  # the body bytes that came with the head
+        remaining = size - len(first)
+        head = protocol.frame_head({"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_OK}, size)
+        target = worker.calls
+        try:
+            if target is not None:
+                target.sendall(head)
+                target.sendall(first)
+        except OSError as exc:
+            log("closed the worker's host-call link: %s" % (exc or type(exc).__name__))
+            self._forget_link(worker)
+            target = None
+        mover = self._movers.mover(remaining)
+        while remaining:
+            try:
+                got = mover.fill(inbox.sock, remaining)
+                if not got:
+                    raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
+            except (OSError, protocol.ChannelClosed) as exc:
+                if target is not None:
+                    self._forget_link(worker)  # it holds half a frame
+                self._lose_controller("reading a deferred value's blob: %s" % (exc or type(exc).__name__))
+                return
+            remaining -= got
+            if target is None:
+                continue  # read and dropped
+            try:
+                mover.drain(target, got)
+            except OSError as exc:
+                log("closed the worker's host-call link while passing a blob on: %s" % (exc or type(exc).__name__))
+                self._forget_link(worker)
+                target = None
+                mover = Copier(remaining)  # (a pipe that failed closed itself, with the bytes in it)
 
     def _answer_worker(self, header: Dict[str, Any], body: Any = b"") -> None:
         worker = self._worker()
@@ -178,6 +236,7 @@ class HostCallRelay(object):
     def end_calls(self, reason: str) -> None:
         """Answer every host call still open with an error: its cell ended (or its answer cannot come)."""
         calls, self.open_calls = list(self.open_calls), {}
+        self.blob_calls.clear()
         self.input_waits.clear()
         self.cell_running = False
         self.controller.watch(False)
@@ -187,6 +246,7 @@ class HostCallRelay(object):
     def _forget_link(self, worker: WorkerProcess) -> None:
         """Stop serving the worker's host-call link (its callers see it close and fail)."""
         self.open_calls.clear()
+        self.blob_calls.clear()
         self.input_waits.clear()
         self.controller.watch(False)
         if worker.calls is not None:

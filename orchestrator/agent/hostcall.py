@@ -51,6 +51,14 @@ class HostCallClient(object):
         Raises:
             HostCallError: the call failed (the message says why).
         """
+        body = self.call_raw(name, payload, timeout)
+        try:
+            return json.loads(body.decode("utf-8", "surrogatepass"))
+        except ValueError as exc:
+            raise HostCallError("the result of host call %r is not valid JSON: %s" % (name, exc)) from None
+
+    def call_raw(self, name: str, payload: Any = None, timeout: Optional[float] = None) -> bytearray:
+        """``call``, returning the answer's body as it came (a deferred value's blob: ``protocol.BLOB_CALL``)."""
         if not isinstance(name, str) or not name:
             raise HostCallError("a host call needs a handler name (a non-empty str)")
         try:
@@ -84,10 +92,7 @@ class HostCallClient(object):
                 self._pending.pop(call_id, None)
         if slot.header.get("status") != protocol.STATUS_OK:
             raise HostCallError(str(slot.header.get("error") or "host call %r failed" % name))
-        try:
-            return json.loads(slot.body.decode("utf-8", "surrogatepass"))
-        except ValueError as exc:
-            raise HostCallError("the result of host call %r is not valid JSON: %s" % (name, exc)) from None
+        return slot.body
 
     def send_output(self, stream: str, data: bytes) -> None:
         """Send a piece of the running cell's output (one-way: no answer comes). Raises OSError if the link broke."""
@@ -97,7 +102,8 @@ class HostCallClient(object):
     def _read_replies(self) -> None:
         while True:
             try:
-                header, body = protocol.recv_frame(self._sock, protocol.MAX_HEADER_BYTES, self._max_bytes)
+                # The supervisor bounds each answer (a deferred value's blob by the request body limit).
+                header, body = protocol.recv_frame(self._sock, protocol.MAX_HEADER_BYTES, protocol.MAX_BODY_BYTES)
             except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
                 self._fail("the link to the supervisor broke (%s)" % (exc or type(exc).__name__))
                 return

@@ -30,7 +30,7 @@ import struct
 import time
 from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, Union, cast
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 MAGIC = b"ORC1"
 PREFIX = struct.Struct("!4sII")  # magic, header length, body length
 MAX_HEADER_BYTES = 16 << 20
@@ -66,6 +66,15 @@ HOST_CALL_MAX_BYTES = 16 << 20  # default bound of one host call's JSON payload 
 OUTPUT_STREAMS = ("stdout", "stderr")  # the ``stream`` of an ``output`` frame
 # input() of a cell is a host call of this reserved name; its wait does not count toward the cell's timeout.
 INPUT_CALL = "__input__"
+# A value a restore deferred (``defer``) is fetched on first use by a host call of this reserved name: the
+# controller answers it itself from the store, with the raw blob as the body (docs/protocol.md, "Deferred values").
+BLOB_CALL = "__blob__"
+# ... and unpickled while the controller checks the blob against its digest; this call (same payload) asks its
+# verdict before the value is bound: the answer is JSON true, or an error saying why the value is lost.
+BLOB_CHECK_CALL = "__blob_check__"
+# How the controller's refusal of either call begins: the value is lost. Any other failure of the call (no cell
+# running, the link or the controller gone) leaves it deferred.
+BLOB_REFUSED = "deferred value not served: "
 
 NONCE_BYTES = 16
 
@@ -586,6 +595,7 @@ SET_VALUE = "set_value"
 RESET = "reset"
 RESTORE_BEGIN = "restore_begin"
 LOAD = "load"
+DEFER = "defer"
 RESTORE_END = "restore_end"
 PING = "ping"
 INSTALL = "install"  # the session's scaffold: code run in its own module of every worker (docs/protocol.md)
@@ -619,6 +629,7 @@ REPLY_TYPES = {
     RESET: STATE_REPLY,
     RESTORE_BEGIN: RESTORE_REPLY,
     LOAD: LOAD_REPLY,
+    DEFER: LOAD_REPLY,
     RESTORE_END: RESTORE_REPLY,
     INSTALL: INSTALL_REPLY,
     CONTEXT_CREATE: STATE_REPLY,
@@ -817,6 +828,59 @@ def read_load(header: Header, reserved: Callable[[str], bool]) -> LoadRequest:
     return cast(LoadRequest, header)
 
 
+class _DeferFields(_LoadFields):
+    size: int  # the blob's size in bytes (the checkpoint and its quota count it)
+
+
+class DeferRequest(_DeferFields, total=False):
+    """Bind ``name`` to a stored blob that is loaded on first use, not now (docs/protocol.md, "Deferred values")."""
+
+
+def defer_request(name: str, digest: str, size: int, context: Optional[str] = None) -> DeferRequest:
+    request = DeferRequest(type=DEFER, name=name, digest=digest, size=size)
+    if context is not None:
+        request["context"] = context
+    return request
+
+
+def read_defer(header: Header, reserved: Callable[[str], bool]) -> DeferRequest:
+    """The defer request.
+
+    Raises:
+        BadRequest: the name is not a non-empty str or is ``reserved``, the digest is not a str, or the size
+            is not an int >= 0.
+    """
+    read_load(header, reserved)
+    size = header.get("size")
+    if type(size) is not int or size < 0:
+        raise BadRequest("the defer request needs a size")
+    return cast(DeferRequest, header)
+
+
+class BlobCall(TypedDict):
+    """The payload of a ``BLOB_CALL`` host call: the checkpoint key of a deferred value and its blob."""
+
+    key: str  # the checkpoint key (``<context>/<name>`` in a context)
+    digest: str  # the blob the ``defer`` named
+
+
+def blob_call(key: str, digest: str) -> BlobCall:
+    return BlobCall(key=key, digest=digest)
+
+
+def read_blob_call(payload: object) -> BlobCall:
+    """A ``BLOB_CALL``'s payload, as the controller reads it (it comes from the sandbox: hostile).
+
+    Raises:
+        BadRequest: it is not an object with a str key and a str digest.
+    """
+    if not isinstance(payload, dict) or not isinstance(payload.get("key"), str):
+        raise BadRequest("a blob call needs a key and a digest")
+    if not isinstance(payload.get("digest"), str):
+        raise BadRequest("a blob call needs a key and a digest")
+    return cast(BlobCall, payload)
+
+
 class RestoreEndRequest(_Request):
     """The restore is complete: the checkpoint generation the worker holds now."""
 
@@ -934,6 +998,7 @@ Request = Union[
     ResetRequest,
     RestoreBeginRequest,
     LoadRequest,
+    DeferRequest,
     RestoreEndRequest,
     InstallRequest,
     ContextCreateRequest,

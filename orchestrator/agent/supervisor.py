@@ -108,7 +108,9 @@ class Supervisor:
         for sel in (self.idle, self.busy):
             sel.register(self.wake_r, selectors.EVENT_READ)
         self.controller = ControllerLink(self.busy)
-        self.host_calls = HostCallRelay(config, self.controller, lambda: self.worker, (self.idle, self.busy))
+        self.host_calls = HostCallRelay(
+            config, self.controller, lambda: self.worker, (self.idle, self.busy), self.movers
+        )
         self.worker = self._spawn()
 
     # -- worker lifecycle

@@ -49,7 +49,7 @@ from . import capture, hostcall, protocol
 _session_module = types.ModuleType("__main__")
 sys.modules["__main__"] = _session_module
 
-from . import cells, checkpoint  # noqa: E402  (after the session module is __main__)
+from . import cells, checkpoint, lazy  # noqa: E402  (after the session module is __main__)
 
 _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
 _MISSING = object()
@@ -66,16 +66,23 @@ def _fresh_namespace(namespace: Dict[str, Any]) -> None:
 class _Context(object):
     """One namespace of the session, with the working directory and environment its requests run in."""
 
-    __slots__ = ("context_id", "cwd", "environ", "module", "tracker")
+    __slots__ = ("context_id", "cwd", "deferred", "environ", "module", "tracker")
 
     def __init__(
-        self, context_id: Optional[str], module: types.ModuleType, tracker: checkpoint.Tracker, cwd: str, environ: Any
+        self,
+        context_id: Optional[str],
+        module: types.ModuleType,
+        tracker: checkpoint.Tracker,
+        cwd: str,
+        environ: Any,
+        blobs: lazy.Blobs,
     ) -> None:
         self.context_id = context_id  # None: the default context
         self.module = module
         self.tracker = tracker
         self.cwd = cwd
         self.environ = environ  # Dict[str, str]
+        self.deferred = lazy.Deferred(self, blobs)  # its values a restore deferred (lazy.py)
 
 
 def _current_dir(fallback: str) -> str:
@@ -158,8 +165,10 @@ class Worker:
         self.namespace = _session_module.__dict__
         _fresh_namespace(self.namespace)
         self.tracker = checkpoint.Tracker(quota)
+        # deferred values' blobs, from the controller
+        self._blobs = lazy.Blobs(self._fetch_blob, self._check_blob, self._all_deferred)
         self.base_environ = dict(os.environ)  # what a new context's environment starts from
-        self.default = _Context(None, _session_module, self.tracker, _current_dir("/"), self.base_environ)
+        self.default = _Context(None, _session_module, self.tracker, _current_dir("/"), self.base_environ, self._blobs)
         self.active = self.default  # the context of the last request; self.namespace and self.tracker are its
         self.contexts: Dict[str, _Context] = {}
         self.excluded: Any = frozenset()  # the scaffold's names, left out of every context's checkpoint
@@ -294,12 +303,15 @@ class Worker:
             return self.execute(header)
         if kind == protocol.LOAD:
             return self.load(header, self._take_body())
+        if kind == protocol.DEFER:
+            return self.defer(header)
         if kind == protocol.SET_VALUE:
             self._enter(_CHECKPOINT)  # the supervisor runs the checkpoint's clock for the whole request
             return self.set_value(header, self._take_body())
         if kind == protocol.RESET:
             self._enter(_CHECKPOINT)
             _fresh_namespace(self.namespace)
+            self.active.deferred.clear()
             return self.state_reply()
         if kind == protocol.RESTORE_BEGIN:
             self._activate(self.default)
@@ -308,6 +320,7 @@ class Worker:
             self.contexts = {}
             _fresh_namespace(self.namespace)
             self.tracker = self.default.tracker = checkpoint.Tracker(self.quota)
+            self.default.deferred = lazy.Deferred(self.default, self._blobs)
             self.restored_frozen = {}
             gc.collect()
             return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK}, []
@@ -386,8 +399,12 @@ class Worker:
                 else:  # input() reads lines of the text, prints its prompt, and raises EOFError at its end
                     sys.stdin, builtins.input = io.StringIO(stdin), _BUILTIN_INPUT
                 self.armed = True
+                lost = self._load_needed(code)
                 self._hook("before_cell")
-                outcome = cells.run_cell(code, self.namespace, self.cell_number)
+                if lost is None:
+                    outcome = cells.run_cell(code, self.namespace, self.cell_number)
+                else:  # a deferred value the cell names is gone: the cell does not run
+                    outcome = {"return_value": None, "error": cells.error_info(lost)}
                 scaffold = self._hook("after_cell")
             finally:
                 self.armed = False
@@ -426,6 +443,14 @@ class Worker:
         if output.limited:
             reply["output_limited"] = True
         return reply, parts
+
+    def _load_needed(self, code: str) -> Optional[NameError]:
+        """Load the deferred values ``code`` needs before it runs (lazy.py); why one could not be, if one could not."""
+        try:
+            self.active.deferred.before_cell(code)
+        except (lazy.DeferredValueLost, lazy.DeferredValueUnavailable) as exc:
+            return exc
+        return None
 
     def _input(self, prompt: Any = "") -> str:
         """``input()`` in a cell: the caller answers it through the controller (docs/protocol.md, "input()")."""
@@ -517,6 +542,7 @@ class Worker:
         else:
             self._activate(existing)
             _fresh_namespace(self.namespace)
+            existing.deferred.clear()
             reply, parts = self.state_reply()  # its names, deleted
             self._activate(self.default)
             del self.contexts[context_id]
@@ -528,7 +554,7 @@ class Worker:
             tracker.excluded = self.excluded
             environ = dict(self.base_environ)
             environ.update(env)
-            self.contexts[context_id] = _Context(context_id, module, tracker, cwd, environ)
+            self.contexts[context_id] = _Context(context_id, module, tracker, cwd, environ, self._blobs)
         return reply, parts
 
     @staticmethod
@@ -601,6 +627,30 @@ class Worker:
         if checkpoint.deeply_immutable(value):
             self.restored_frozen[expected] = value
         return {"type": protocol.LOAD_REPLY, "status": protocol.STATUS_OK}, []
+
+    def defer(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
+        """Bind a name to a stored blob loaded when a cell first uses it (lazy.py)."""
+        try:
+            request = protocol.read_defer(header, checkpoint.is_internal)
+        except protocol.BadRequest as exc:
+            return self._load_error(str(exc)), []
+        self.active.deferred.defer(request["name"], request["digest"], request["size"])
+        return {"type": protocol.LOAD_REPLY, "status": protocol.STATUS_OK}, []
+
+    def _fetch_blob(self, key: str, digest: str) -> Any:
+        """A deferred value's blob, from the controller (a host call it answers from the store)."""
+        if self.calls is None:
+            raise hostcall.HostCallError("this worker has no link for host calls")
+        return self.calls.call_raw(protocol.BLOB_CALL, protocol.blob_call(key, digest))
+
+    def _all_deferred(self) -> List[lazy.Deferred]:
+        return [context.deferred for context in (self.default, *self.contexts.values())]
+
+    def _check_blob(self, key: str, digest: str) -> None:
+        """Whether the blob the controller handed out matched its digest (it checked while the blob was unpickled)."""
+        assert self.calls is not None  # a blob was fetched
+        if self.calls.call(protocol.BLOB_CHECK_CALL, protocol.blob_call(key, digest)) is not True:
+            raise hostcall.HostCallError("the controller did not confirm the blob")
 
     @staticmethod
     def _load_error(reason: str) -> Dict[str, Any]:

@@ -32,6 +32,7 @@ from ..wire.connection import TakenOver
 from ..wire.replies import parse_install_reply, worker_failure
 from ..wire.wakeup import Wakeup
 from . import discard
+from .deferred import DEFER_BYTES
 from .hostcalls import HandlerPool, serving
 from .sandbox import Sandbox
 
@@ -182,6 +183,8 @@ class SessionSandbox:
                 raise
             if sandbox.generation != self.generation:
                 self.restore("takeover")
+            else:  # its values deferred by another controller's restore are ours to serve
+                sandbox.serve_deferred(self._recorded_blob, self.ledger.mapped_blob)
 
     # ----------------------------------------------------------------- restore
 
@@ -216,7 +219,10 @@ class SessionSandbox:
     def _load_checkpoint(self) -> None:
         assert self.sandbox is not None
         record = self.ledger.record
-        failures = self.sandbox.restore(record.variables, record.generation, self.ledger.mapped_blob, record.contexts)
+        self.sandbox.serve_deferred(self._recorded_blob, self.ledger.mapped_blob)
+        failures = self.sandbox.restore(
+            record.variables, record.generation, self.ledger.mapped_blob, record.contexts, defer_at=DEFER_BYTES
+        )
         self.ledger.drop(failures)
         self.restore_failures = failures
         self._unreported_failures.update(failures)
@@ -224,6 +230,10 @@ class SessionSandbox:
             logger.warning("session %s: could not restore %s", self.session_id, ", ".join(sorted(failures)))
         if self.scaffold is not None:
             self.install_scaffold()
+
+    def _recorded_blob(self, key: str) -> str | None:
+        """The blob the session's current record names for a checkpoint key (what a deferred value may load)."""
+        return self.ledger.record.variables.get(key)
 
     def take_unreported(self) -> dict[str, str]:
         """Restore failures no result or error has reported yet; reported now."""

@@ -28,6 +28,7 @@ from ..wire.connection import AgentConnection, Body, Header
 from ..wire.endpoint import Endpoint
 from ..wire.replies import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
 from . import background
+from .deferred import DeferredBlobs
 from .hostcalls import CallDesk
 from .identity import choose_worker_uid
 
@@ -45,6 +46,9 @@ on purpose would otherwise hold the controller for about N * N / 2 loads."""
 
 class Sandbox:
     """A running container with an authenticated connection to its agent."""
+
+    deferred: DeferredBlobs | None = None
+    """Answers the agent's requests for deferred values' blobs (``serve_deferred``); None: none are served."""
 
     def __init__(
         self,
@@ -181,16 +185,29 @@ class Sandbox:
     ) -> tuple[Header, bytearray]:
         """One request to the agent within ``seconds`` (and ``checkpoint_seconds`` once the cell ended).
 
-        Host calls the cell makes meanwhile go to ``desk``; its output and ``input()`` requests to ``live``.
+        Host calls the cell makes meanwhile go to ``desk``; its output and ``input()`` requests to ``live``; the
+        agent's requests for deferred values' blobs to ``deferred``.
         """
-        return self.connection.request(
-            header,
-            body,
-            deadline=time.monotonic() + seconds,
-            checkpoint_seconds=checkpoint_seconds,
-            desk=desk,
-            live=live,
-        )
+        try:
+            return self.connection.request(
+                header,
+                body,
+                deadline=time.monotonic() + seconds,
+                checkpoint_seconds=checkpoint_seconds,
+                desk=desk,
+                live=live,
+                blobs=self.deferred,
+            )
+        finally:
+            if self.deferred is not None:
+                self.deferred.release()
+
+    def serve_deferred(
+        self, named: Callable[[str], str | None], open_blob: Callable[[str], AbstractContextManager[memoryview]]
+    ) -> None:
+        """Answer the agent's requests for deferred values' blobs (runtime/deferred.py): ``named`` gives the blob
+        the session's current record names for a checkpoint key."""
+        self.deferred = DeferredBlobs(self.sandbox_id, named, open_blob)
 
     def restore(
         self,
@@ -198,8 +215,14 @@ class Sandbox:
         generation: int,
         open_blob: Callable[[str], AbstractContextManager[memoryview]],
         contexts: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        defer_at: int | None = None,
     ) -> dict[str, str]:
         """Load a checkpoint into the agent value by value; return the names that could not be loaded, with why.
+
+        With ``defer_at`` (bytes), a value whose blob is at least that big is deferred (``defer``): the agent
+        loads it when a cell first uses it (runtime/deferred.py; ``serve_deferred`` first). If a value fails
+        while others are deferred (an instance whose class is deferred), the restore starts over loading all.
 
         A value that raises is tried again after the others (an instance may need its class
         first). A value that hangs or kills the worker leaves an empty worker behind, so the
@@ -208,11 +231,30 @@ class Sandbox:
         The whole restore sends at most ``_RESTORE_LOADS_PER_VALUE`` loads per value (plus a slack); the
         values still not loaded when that runs out are named as failed, so the work stays linear.
         """
+        if self.deferred is not None:
+            self.deferred.restored()
+        else:
+            defer_at = None  # nobody would answer the agent's requests for them
+        deferred = _sizes_at_least(manifest, open_blob, defer_at)
+        failed = self._restore_all(manifest, generation, open_blob, contexts or {}, deferred)
+        if failed and deferred:
+            logger.info("sandbox %s: a value failed with others deferred; restoring all at once", self.sandbox_id)
+            failed = self._restore_all(manifest, generation, open_blob, contexts or {}, {})
+        self._control(protocol.restore_end_request(generation))
+        return failed
+
+    def _restore_all(
+        self,
+        manifest: Mapping[str, str],
+        generation: int,
+        open_blob: Callable[[str], AbstractContextManager[memoryview]],
+        contexts: Mapping[str, Mapping[str, Any]],
+        deferred: Mapping[str, int],
+    ) -> dict[str, str]:
         failed: dict[str, str] = {}
         budget = _LoadBudget(_RESTORE_LOADS_PER_VALUE * len(manifest) + _RESTORE_LOADS_SLACK)
-        while not self._restore_pass(manifest, generation, open_blob, failed, contexts or {}, budget):
+        while not self._restore_pass(manifest, generation, open_blob, failed, contexts, budget, deferred):
             pass
-        self._control(protocol.restore_end_request(generation))
         return failed
 
     def _restore_pass(
@@ -223,12 +265,18 @@ class Sandbox:
         failed: dict[str, str],
         contexts: Mapping[str, Mapping[str, Any]],
         budget: _LoadBudget,
+        deferred: Mapping[str, int],
     ) -> bool:
         """One attempt from an empty namespace; False when a value took the worker down (start over)."""
         self._control(protocol.restore_begin_request(generation))
         for context_id, spec in sorted(contexts.items()):
             self._create_context(context_id, spec)
-        pending = [name for name in sorted(manifest) if name not in failed]
+        for name, size in sorted(deferred.items()):
+            if not self._defer(name, manifest[name], size):
+                if not budget.take():
+                    raise ProtocolError(f"sandbox {self.sandbox_id}: the worker keeps dying while a restore defers")
+                return False  # the worker died meanwhile: start over
+        pending = [name for name in sorted(manifest) if name not in failed and name not in deferred]
         errors: dict[str, str] = {}
         limit = self._settings.timeouts.restore_value
         seconds = limit + self._settings.timeouts.interrupt_grace + self._settings.timeouts.reply_margin
@@ -268,6 +316,21 @@ class Sandbox:
                 failed.update(errors)
                 break
             pending = retry
+        return True
+
+    def _defer(self, key: str, digest: str, size: int) -> bool:
+        """Announce a value the agent loads on first use (its context exists already); False: the worker died."""
+        context_id, separator, local = key.partition(protocol.CONTEXT_SEPARATOR)
+        if separator:
+            header = protocol.defer_request(local, digest, size, context_id)
+        else:
+            header = protocol.defer_request(key, digest, size)
+        seconds = _CONTROL_SECONDS + self._settings.timeouts.interrupt_grace
+        reply = parse_load_reply(self.request(header, seconds=seconds)[0])
+        if reply["status"] in (protocol.STATUS_CRASHED, protocol.STATUS_TIMEOUT):
+            return False
+        if reply["status"] != protocol.STATUS_OK:
+            raise ProtocolError(f"the agent refused to defer {key!r}: {reply['reason']!r:.200}")
         return True
 
     def warm_up(self) -> None:
@@ -341,6 +404,20 @@ def _check_digest(header: protocol.LoadRequest, blob: memoryview) -> Future[bool
         done.set_result(protocol.blob_digest(blob) == digest)
         return done
     return background.beside().submit(lambda: protocol.blob_digest(blob) == digest)
+
+
+def _sizes_at_least(
+    manifest: Mapping[str, str], open_blob: Callable[[str], AbstractContextManager[memoryview]], least: int | None
+) -> dict[str, int]:
+    """The keys of ``manifest`` whose blob has at least ``least`` bytes, with that size (none for None)."""
+    if least is None:
+        return {}
+    sizes: dict[str, int] = {}
+    for key, digest in manifest.items():
+        with open_blob(digest) as blob:
+            if len(blob) >= least:
+                sizes[key] = len(blob)
+    return sizes
 
 
 def _no_blobs(blob_digest: str) -> AbstractContextManager[memoryview]:

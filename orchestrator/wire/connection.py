@@ -6,7 +6,8 @@ runs the handshake of docs/protocol.md (both sides prove they know the sandbox's
 both directions under the caller's deadline. A ``goodbye`` (another controller took the
 sandbox over) ends the connection with ``TakenOver``. Host calls that arrive while a request
 waits for its reply go to the request's ``CallDesk``; the loop keeps reading while their
-answers are written, so neither side can block the other.
+answers are written, so neither side can block the other. A deferred value's blob
+(``protocol.BLOB_CALL``) is answered by the connection's ``blobs`` itself (runtime/deferred.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from ..agent import protocol
 from ..agent.protocol import Goodbye, Hello
 from ..api.events import LiveCall
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
-from ..runtime.hostcalls import CallDesk, answer_error
+from ..runtime.deferred import BlobRefused, DeferredBlobs
+from ..runtime.hostcalls import CallDesk, answer_error, answer_ok
 from .endpoint import Endpoint
 from .replies import parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel
@@ -133,6 +135,7 @@ class AgentConnection:
         checkpoint_seconds: float | None = None,
         desk: CallDesk | None = None,
         live: LiveCall | None = None,
+        blobs: DeferredBlobs | None = None,
     ) -> tuple[Header, bytearray]:
         """Send one request and return its reply; every byte both ways must move before ``deadline``.
 
@@ -140,7 +143,8 @@ class AgentConnection:
         the deadline to that many seconds from its arrival, once. Host calls made meanwhile go
         to ``desk`` (without one, each is answered with an error); the cell's output and its
         ``input()`` requests go to ``live``, which may also ask for an interrupt. While an
-        ``input()`` waits for its answer the deadline stands still, as the agent's clock does.
+        ``input()`` waits for its answer the deadline stands still, as the agent's clock does. ``blobs``
+        answers the agent's requests for deferred values (``protocol.BLOB_CALL``; without it, refused).
 
         Raises:
             TakenOver: the agent said goodbye (the request was not kept).
@@ -185,7 +189,8 @@ class AgentConnection:
                 if reply.get("name") == protocol.INPUT_CALL and live is not None:
                     live.input_request(_call_number(reply), reply_body)
                 else:
-                    self._host_call(reply, reply_body, desk)
+                    self._host_call(reply, reply_body, desk, blobs)
+                    self._send_while_quiet(deadline)
                 continue
             if kind == protocol.GOODBYE:
                 raise TakenOver(parse_goodbye(reply))
@@ -222,12 +227,32 @@ class AgentConnection:
         if channel.has_queued:
             channel.flush()
 
-    def _host_call(self, frame: Header, body: bytearray, desk: CallDesk | None) -> None:
+    def _send_while_quiet(self, deadline: float) -> None:
+        """Send the queued answers while the agent sends nothing: a deferred value's blob (100 MB) moves in one tight
+        loop instead of one round of ``_wait`` per socket buffer. Stops as soon as the agent has something to say
+        (it may be waiting for us to read before it reads), or at ``deadline``."""
+        channel = self._channel
+        if not channel.has_queued:
+            return
+        poller = select.poll()
+        poller.register(channel.fileno(), select.POLLIN | select.POLLOUT)
+        while channel.has_queued:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            events = poller.poll(math.ceil(remaining * 1000))
+            if any(event & ~select.POLLOUT for _, event in events):
+                return  # readable (or hung up): the main loop reads first
+            channel.flush()
+
+    def _host_call(self, frame: Header, body: bytearray, desk: CallDesk | None, blobs: DeferredBlobs | None) -> None:
         """A host call of the running cell: to the desk, or refused at once."""
         call, name = _call_number(frame), frame.get("name")
         if not isinstance(name, str):
             raise ProtocolError("a host_call frame without a handler name")
-        if desk is None:
+        if name in (protocol.BLOB_CALL, protocol.BLOB_CHECK_CALL):
+            self._channel.enqueue(*_blob_answer(call, name, body, blobs))
+        elif desk is None:
             error = f"host call {name[:64]!r}: this cell was run without host calls"
             self._channel.enqueue(*answer_error(call, error))
         else:
@@ -262,3 +287,21 @@ def _call_number(frame: Header) -> int:
     if type(call) is not int:
         raise ProtocolError("a host_call frame without a call number")
     return call
+
+
+def _blob_answer(
+    call: int, name: str, body: bytearray, blobs: DeferredBlobs | None
+) -> tuple[protocol.HostReply, protocol.Body]:
+    """The answer to a deferred value's blob call (the blob) or check call (``true``), or why not (the sandbox's
+    request is hostile)."""
+    if blobs is None:
+        return answer_error(call, protocol.BLOB_REFUSED + "this sandbox has no deferred values")
+    try:
+        payload = protocol.decode_json(body, "blob call payload")
+        if name == protocol.BLOB_CHECK_CALL:
+            return answer_ok(call, b"true" if blobs.verdict(payload) else b"false")
+        return protocol.host_reply(call), blobs.serve(payload)  # mapped: sent before the request ends
+    except protocol.ProtocolViolation as exc:
+        return answer_error(call, protocol.BLOB_REFUSED + str(exc))
+    except BlobRefused as exc:
+        return answer_error(call, protocol.BLOB_REFUSED + str(exc))

@@ -123,19 +123,35 @@ def test_a_session_near_its_memory_limit_is_restored(make_orch, settings, settin
     assert s.execute("small.append(3)\nlen(small)").return_value == "3"
 
 
-@pytest.mark.parametrize("size", [100, 3_000_000], ids=["small", "checked-beside"])
-def test_a_damaged_blob_file_is_reported_and_skipped(orch, new_session, size: int) -> None:
-    """The controller checks each stored blob against its digest as it sends it (the agent then need not): a blob
-    file damaged on disk is named in ``restore_failures`` and dropped, and everything else comes back."""
-    s = new_session(orch)
+def _damage(orch, s, size: int) -> None:
     s.execute(f"damaged = bytearray(b'd' * {size})\nkept = [1, 2, 3]")
     path = orch.store.blob_path(s.id, orch.store.load(s.id).variables["damaged"])
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # a flipped byte in the middle: still a pickle, with other content
     path.write_bytes(bytes(data))
     kill_and_wait(orch, s.container_id)
+
+
+def test_a_damaged_blob_file_is_reported_and_skipped(orch, new_session) -> None:
+    """The controller checks each stored blob against its digest as it sends it (the agent then need not): a blob
+    file damaged on disk is named in ``restore_failures`` and dropped, and everything else comes back."""
+    s = new_session(orch)
+    _damage(orch, s, 100)
     result = s.execute("kept, 'damaged' in globals()")
     assert result.return_value == "([1, 2, 3], False)"
     assert set(result.restore_failures) == {"damaged"}
     assert "damaged" in result.restore_failures["damaged"]
     assert "damaged" not in s.variables
+
+
+def test_a_damaged_deferred_blob_fails_at_its_first_use(orch, new_session) -> None:
+    """A blob of 1 MiB or more is deferred (loaded on first use): its damage shows at that use, by name, and the
+    value leaves the session; the restore itself and a call that does not use it go on."""
+    s = new_session(orch)
+    _damage(orch, s, 3_000_000)
+    assert s.execute("kept").return_value == "[1, 2, 3]"
+    result = s.execute("len(damaged)")
+    assert result.error is not None and result.error.type == "DeferredValueLost"
+    assert "damaged" in result.error.message and "digest" in result.error.message
+    assert result.restore_failures == {}
+    assert "damaged" not in s.variables and "kept" in s.variables

@@ -42,6 +42,7 @@ UPWARD = {
     ("runtime.sandbox", "api.events"),  # a running call's live events (LiveCall)
     ("wire.connection", "api.events"),
     ("wire.connection", "runtime.hostcalls"),  # host calls that arrive while a request waits (CallDesk)
+    ("wire.connection", "runtime.deferred"),  # deferred values' blobs the agent asks for while a request waits
     ("wire.replies", "state.store"),  # the blob id and digest patterns
     ("state.ledger", "runtime"),  # runtime.background: the thread that writes a host-made blob
     ("state.controllers", "runtime.discard"),  # a dead controller's sandboxes are discarded

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import selectors
 import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -140,6 +141,32 @@ def test_an_answer_over_the_sandboxs_bound_reaches_the_worker_as_an_error() -> N
         header, body = sandbox.worker_gets()
         assert header["status"] == "error" and body == b""
         assert "20 bytes, over the sandbox's 10-byte limit" in header["error"]
+    finally:
+        sandbox.close()
+
+
+def test_a_deferred_values_blob_passes_the_host_call_bound_and_streams_through() -> None:
+    sandbox = Sandbox(ORCH_HOST_CALL_MAX_BYTES="30", ORCH_MAX_BODY="300000")
+    try:
+        sandbox.relay.start_cell(input_allowed=False)
+        sandbox.call(1, protocol.BLOB_CALL, b'{"key": "x", "digest": "d"}')
+        sandbox.relay.take_call("r1", None)
+        sandbox.controller_gets()
+        blob = bytes(range(256)) * 1000  # past a splice's minimum, within the body bound
+        threading.Thread(target=sandbox.answer, args=({"call": 1, "status": "ok"}, blob)).start()
+        got: list[tuple[dict[str, Any], bytes]] = []
+        reader = threading.Thread(target=lambda: got.append(sandbox.worker_gets()))  # the worker's reader thread
+        reader.start()
+        sandbox.relay.take_reply("r1")
+        reader.join(5)
+        assert got == [({"type": protocol.HOST_REPLY, "call": 1, "status": "ok"}, blob)]
+        assert not sandbox.relay.open_calls and not sandbox.relay.blob_calls
+        sandbox.call(2, "lookup", b"")  # a call of another name keeps the host-call bound
+        sandbox.relay.take_call("r1", None)
+        sandbox.controller_gets()
+        sandbox.answer({"call": 2, "status": "ok"}, b"x" * 40)
+        sandbox.relay.take_reply("r1")
+        assert sandbox.worker_gets()[0]["status"] == "error"
     finally:
         sandbox.close()
 

@@ -34,7 +34,7 @@ def _message_types() -> dict[str, str]:
 
 
 _REQUESTS = {
-    protocol.EXEC, protocol.SET_VALUE, protocol.RESET, protocol.RESTORE_BEGIN, protocol.LOAD,
+    protocol.EXEC, protocol.SET_VALUE, protocol.RESET, protocol.RESTORE_BEGIN, protocol.LOAD, protocol.DEFER,
     protocol.RESTORE_END, protocol.INSTALL, protocol.CONTEXT_CREATE, protocol.CONTEXT_DESTROY, protocol.PING,
 }  # fmt: skip
 _REPLIES = {
@@ -147,6 +147,27 @@ def test_a_restore_end_is_read_and_a_bad_generation_refused() -> None:
     for generation in (-1, True, "7", 7.0, None):
         with pytest.raises(protocol.BadRequest, match="needs a generation"):
             protocol.read_restore_end({"type": "restore_end", "generation": generation})
+
+
+def test_a_defer_is_read_whole_in_a_context_or_not() -> None:
+    for built in (protocol.defer_request("x", "0" * 32, 9), protocol.defer_request("x", HOST_BLOB, 0, "ctx")):
+        assert protocol.read_defer(_wire(built), _never_reserved) == built
+    assert protocol.defer_request("x", HOST_BLOB, 5, "ctx")["context"] == "ctx"
+
+
+@pytest.mark.parametrize("changes", [{"size": -1}, {"size": None}, {"size": 1.5}, {"size": True}, {"name": ""}])
+def test_a_bad_defer_is_refused(changes: dict[str, Any]) -> None:
+    header = {"type": "defer", "name": "x", "digest": "0" * 32, "size": 3, **changes}
+    with pytest.raises(protocol.BadRequest, match="needs a"):
+        protocol.read_defer(header, _never_reserved)
+
+
+def test_a_blob_call_is_read_and_a_bad_one_refused() -> None:
+    built = protocol.blob_call("ctx/x", "0" * 32)
+    assert protocol.read_blob_call(protocol.decode_json(protocol.encode_header(built))) == built
+    for payload in (None, [1], {"key": "x"}, {"key": 1, "digest": "d"}, {"key": "x", "digest": ["d"]}):
+        with pytest.raises(protocol.BadRequest, match="needs a key and a digest"):
+            protocol.read_blob_call(payload)
 
 
 def test_an_install_is_read_and_bad_fields_refused() -> None:

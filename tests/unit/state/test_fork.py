@@ -3,43 +3,26 @@
 from __future__ import annotations
 
 import os
-import time
 
+import ledger_support
 import pytest
 
 from orchestrator.errors import CheckpointError, ConfigError, GenerationNotFound, SessionNotFound
-from orchestrator.state.ledger import CheckpointLedger, new_owner_token
-from orchestrator.state.store import SessionRecord, SessionStore
+from orchestrator.state.ledger import CheckpointLedger
+from orchestrator.state.store import SessionStore
 
 D1, D2, D3 = "1" * 32, "2" * 32, "3" * 32
 CONTENT = {D1: b"one" * 100, D2: b"two" * 10, D3: b"three"}
 QUOTA = 10_000
 
 
-def new_record(session_id: str) -> SessionRecord:
-    now = time.time()
-    return SessionRecord(session_id, "img", now, now, owner=new_owner_token(), epoch=1)
-
-
 def commit(ledger: CheckpointLedger, generation: int, variables: dict[str, str]) -> None:
-    """Store ``variables`` as ``generation`` (each blob sent whether stored or not: content-addressed)."""
-    before = ledger.record.variables
-    sent = sorted(set(variables.values()))
-    ledger.commit(
-        {
-            "generation": generation,
-            "blobs": [{"digest": d, "size": len(CONTENT[d])} for d in sent],
-            "vars": {k: v for k, v in variables.items() if before.get(k) != v},
-            "deleted": [k for k in before if k not in variables],
-            "unsaved": {},
-        },
-        bytearray(b"".join(CONTENT[d] for d in sent)),
-    )
+    ledger_support.commit(ledger, generation, variables, CONTENT)
 
 
 def make_source(store: SessionStore, session_id: str = "s-src") -> CheckpointLedger:
     """Generation 1 {a: D1}, 2 {a: D1, b: D2}, 3 {a: D3, b: D2}; all kept."""
-    ledger = CheckpointLedger.create(store, new_record(session_id), QUOTA, keep=5)
+    ledger = CheckpointLedger.create(store, ledger_support.new_record(session_id), QUOTA, keep=5)
     commit(ledger, 1, {"a": D1})
     commit(ledger, 2, {"a": D1, "b": D2})
     commit(ledger, 3, {"a": D3, "b": D2})
@@ -47,7 +30,7 @@ def make_source(store: SessionStore, session_id: str = "s-src") -> CheckpointLed
 
 
 def fork(store: SessionStore, *ids: str, at: int | None = None, source: str = "s-src") -> list[CheckpointLedger]:
-    return CheckpointLedger.fork(store, source, [new_record(i) for i in ids], QUOTA, at=at, keep=5)
+    return CheckpointLedger.fork(store, source, [ledger_support.new_record(i) for i in ids], QUOTA, at=at, keep=5)
 
 
 def blob(store: SessionStore, session_id: str, blob_id: str) -> os.stat_result:

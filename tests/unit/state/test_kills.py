@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ledger_support
 import pytest
 from fakes import FakeBackend, fake_settings
 
 from orchestrator import Orchestrator
 from orchestrator.errors import SessionNotFound
 from orchestrator.ops.prune import ORPHAN_GRACE
-from orchestrator.state.ledger import CheckpointLedger, new_owner_token
-from orchestrator.state.store import SessionRecord, SessionStore
+from orchestrator.state.ledger import CheckpointLedger
+from orchestrator.state.store import SessionStore
 
 D1, D2, D3, D4 = "1" * 32, "2" * 32, "3" * 32, "4" * 32
 CONTENT = {D1: b"one" * 100, D2: b"two" * 10, D3: b"three", D4: b"four" * 7}
@@ -37,24 +38,8 @@ MAX_STEPS = 400
 _MUTATIONS = ("mkdir", "link", "replace", "rename", "unlink", "rmdir")
 
 
-def new_record(session_id: str) -> SessionRecord:
-    now = time.time()
-    return SessionRecord(session_id, "img", now, now, owner=new_owner_token(), epoch=1)
-
-
 def commit(ledger: CheckpointLedger, generation: int, variables: dict[str, str]) -> None:
-    before = ledger.record.variables
-    sent = sorted(set(variables.values()))
-    ledger.commit(
-        {
-            "generation": generation,
-            "blobs": [{"digest": d, "size": len(CONTENT[d])} for d in sent],
-            "vars": {k: v for k, v in variables.items() if before.get(k) != v},
-            "deleted": [k for k in before if k not in variables],
-            "unsaved": {},
-        },
-        bytearray(b"".join(CONTENT[d] for d in sent)),
-    )
+    ledger_support.commit(ledger, generation, variables, CONTENT)
 
 
 def owned(store: SessionStore, session_id: str) -> CheckpointLedger:
@@ -64,22 +49,24 @@ def owned(store: SessionStore, session_id: str) -> CheckpointLedger:
 
 def prepare(store: SessionStore) -> None:
     """s-src at generation 3 ({a: D3, b: D2}), keeping 1 ({a: D1}) and 2 ({a: D2}); s-old, its fork at 1."""
-    ledger = CheckpointLedger.create(store, new_record("s-src"), QUOTA, keep=KEEP)
+    ledger = CheckpointLedger.create(store, ledger_support.new_record("s-src"), QUOTA, keep=KEEP)
     commit(ledger, 1, {"a": D1})
     commit(ledger, 2, {"a": D2})
     commit(ledger, 3, {"a": D3, "b": D2})
-    CheckpointLedger.fork(store, "s-src", [new_record("s-old")], QUOTA, at=1, keep=KEEP)
+    CheckpointLedger.fork(store, "s-src", [ledger_support.new_record("s-old")], QUOTA, at=1, keep=KEEP)
 
 
 # ---------------------------------------------------------------- the operations, as run in the child
 
 
 def fork_two(store: SessionStore) -> None:
-    CheckpointLedger.fork(store, "s-src", [new_record("s-f1"), new_record("s-f2")], QUOTA, keep=KEEP)
+    CheckpointLedger.fork(
+        store, "s-src", [ledger_support.new_record("s-f1"), ledger_support.new_record("s-f2")], QUOTA, keep=KEEP
+    )
 
 
 def fork_at(store: SessionStore) -> None:
-    CheckpointLedger.fork(store, "s-src", [new_record("s-f1")], QUOTA, at=2, keep=KEEP)
+    CheckpointLedger.fork(store, "s-src", [ledger_support.new_record("s-f1")], QUOTA, at=2, keep=KEEP)
 
 
 def rewind(store: SessionStore) -> None:
@@ -268,7 +255,7 @@ def _churn(root: Path, rounds: int) -> None:
     source = owned(store, "s-src")
     cycle = [D1, D2, D3, D4]
     for i in range(rounds):
-        (child,) = CheckpointLedger.fork(store, "s-src", [new_record(f"s-c{i}")], QUOTA, keep=KEEP)
+        (child,) = CheckpointLedger.fork(store, "s-src", [ledger_support.new_record(f"s-c{i}")], QUOTA, keep=KEEP)
         assert child.record.variables == source.record.variables
         for blob_id in child.record.named_blobs():
             assert store.blob_path(child.session_id, blob_id).read_bytes() == CONTENT[blob_id]

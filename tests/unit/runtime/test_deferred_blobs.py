@@ -1,0 +1,162 @@
+"""The controller's side of deferred values (runtime/deferred.py), and how Sandbox.restore defers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator.agent import protocol
+from orchestrator.config import Settings
+from orchestrator.errors import CheckpointError
+from orchestrator.runtime.deferred import BlobRefused, DeferredBlobs
+from orchestrator.runtime.sandbox import Sandbox
+
+BLOB = b"\x80\x04blob of a big value."
+DIGEST = protocol.blob_digest(BLOB)
+OTHER = protocol.blob_digest(b"another session's blob")
+
+
+class Store:
+    """Blobs by digest, and the record's manifest (key -> digest)."""
+
+    def __init__(self) -> None:
+        self.files = {DIGEST: bytearray(BLOB), OTHER: bytearray(b"another session's blob")}
+        self.manifest = {"big": DIGEST, "ctx/big": DIGEST}
+
+    @contextlib.contextmanager
+    def open_blob(self, digest: str) -> Iterator[memoryview]:
+        if digest not in self.files:
+            raise CheckpointError(f"blob {digest} is missing")
+        yield memoryview(bytes(self.files[digest]))
+
+
+@pytest.fixture
+def store() -> Store:
+    return Store()
+
+
+@pytest.fixture
+def blobs(store: Store) -> DeferredBlobs:
+    return DeferredBlobs("sb-test", store.manifest.get, store.open_blob)
+
+
+def test_a_blob_the_record_names_is_served_and_confirmed(blobs: DeferredBlobs) -> None:
+    for key in ("big", "ctx/big"):
+        assert bytes(blobs.serve({"key": key, "digest": DIGEST})) == BLOB
+        assert blobs.verdict({"key": key, "digest": DIGEST}) is True
+    assert blobs.served_bytes == 2 * len(BLOB)
+    blobs.release()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"key": "big", "digest": OTHER},  # another blob under its own key
+        {"key": "secret", "digest": OTHER},  # a key the record does not name
+        {"key": "big"},
+        ["big", DIGEST],
+        None,
+    ],
+)
+def test_anything_else_is_refused(blobs: DeferredBlobs, payload: Any) -> None:
+    with pytest.raises(BlobRefused):
+        blobs.serve(payload)
+    with pytest.raises(BlobRefused):
+        blobs.verdict(payload)
+    assert blobs.served_bytes == 0
+
+
+def test_a_verdict_needs_a_blob_handed_out(blobs: DeferredBlobs) -> None:
+    with pytest.raises(BlobRefused, match="no blob of 'big' was handed out"):
+        blobs.verdict({"key": "big", "digest": DIGEST})
+    blobs.serve({"key": "big", "digest": DIGEST})
+    assert blobs.verdict({"key": "big", "digest": DIGEST}) is True
+    with pytest.raises(BlobRefused, match="was handed out"):
+        blobs.verdict({"key": "big", "digest": DIGEST})  # once per blob handed out
+
+
+def test_each_key_is_handed_out_a_few_times_per_restore(blobs: DeferredBlobs) -> None:
+    call = {"key": "big", "digest": DIGEST}
+    for _ in range(4):
+        blobs.serve(call)
+    with pytest.raises(BlobRefused, match="handed out 4 times"):
+        blobs.serve(call)
+    blobs.restored()
+    assert bytes(blobs.serve(call)) == BLOB
+
+
+def test_a_damaged_blob_is_refused_at_its_verdict(blobs: DeferredBlobs, store: Store, caplog: Any) -> None:
+    store.files[DIGEST][3] ^= 0xFF
+    blobs.serve({"key": "big", "digest": DIGEST})
+    with pytest.raises(BlobRefused, match="does not match its digest"):
+        blobs.verdict({"key": "big", "digest": DIGEST})
+    assert "does not match its digest" in caplog.text
+
+
+def test_a_missing_blob_is_refused_and_logged(blobs: DeferredBlobs, store: Store, caplog: Any) -> None:
+    del store.files[DIGEST]
+    with pytest.raises(BlobRefused, match="cannot be read"):
+        blobs.serve({"key": "big", "digest": DIGEST})
+    assert "cannot be read" in caplog.text
+
+
+def test_the_record_as_it_is_now_decides(blobs: DeferredBlobs, store: Store) -> None:
+    del store.manifest["big"]  # the cell deleted it meanwhile, or it was found damaged
+    with pytest.raises(BlobRefused):
+        blobs.serve({"key": "big", "digest": DIGEST})
+
+
+class _ScriptedSandbox(Sandbox):
+    """A sandbox whose agent defers what it is told and fails the loads of ``failing`` (no engine, no channel)."""
+
+    def __init__(self, failing: set[str]) -> None:
+        self._settings = Settings()
+        self.sandbox_id = "sb-test"
+        self.failing = failing
+        self.sent: list[tuple[str, str]] = []
+
+    def request(self, header: Any, body: Any = b"", **_: Any) -> tuple[dict[str, Any], bytes]:
+        kind = header["type"]
+        if kind in (protocol.LOAD, protocol.DEFER):
+            self.sent.append((kind, header["name"]))
+            status = protocol.STATUS_ERROR if header["name"] in self.failing else protocol.STATUS_OK
+            return {"type": protocol.LOAD_REPLY, "status": status, "reason": "needs its class"}, b""
+        return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": 1}, b""
+
+
+def _sized(sizes: dict[str, int]) -> tuple[dict[str, str], Any]:
+    blobs = {f"h{index:032x}": b"x" * size for index, size in enumerate(sizes.values())}
+    manifest = dict(zip(sizes, blobs, strict=True))
+
+    @contextlib.contextmanager
+    def open_blob(digest: str) -> Iterator[memoryview]:
+        yield memoryview(blobs[digest])
+
+    return manifest, open_blob
+
+
+def test_a_restore_defers_the_big_values_and_loads_the_rest() -> None:
+    manifest, open_blob = _sized({"big": 100, "small": 99, "c/big": 100})
+    sandbox = _ScriptedSandbox(set())
+    sandbox.serve_deferred(manifest.get, open_blob)
+    assert sandbox.restore(manifest, 1, open_blob, defer_at=100) == {}
+    assert sorted(sandbox.sent) == [("defer", "big"), ("defer", "big"), ("load", "small")]
+
+
+def test_without_a_server_nothing_is_deferred() -> None:
+    manifest, open_blob = _sized({"big": 100})
+    sandbox = _ScriptedSandbox(set())
+    assert sandbox.restore(manifest, 1, open_blob, defer_at=1) == {}
+    assert sandbox.sent == [("load", "big")]
+
+
+def test_a_value_failing_beside_deferred_ones_starts_the_restore_over_loading_all() -> None:
+    manifest, open_blob = _sized({"Big": 100, "instance": 10})
+    sandbox = _ScriptedSandbox({"instance"})
+    sandbox.serve_deferred(manifest.get, open_blob)
+    failed = sandbox.restore(manifest, 1, open_blob, defer_at=100)
+    assert set(failed) == {"instance"}  # it still fails when all are loaded: named, as before
+    assert ("load", "Big") in sandbox.sent and sandbox.sent[0] == ("defer", "Big")
