@@ -1032,12 +1032,12 @@ def test_log_json_writes_json_lines_on_stderr(tmp_path):
         **os.environ,
         "ORCH_STATE_DIR": str(tmp_path / "state"),
         "ORCH_RUNTIME_DIR": str(tmp_path / "run"),
-        "ORCH_TYPO": "1",  # warned about, in the log
+        "ORCH_UNKNOWN": "1",  # warned about, in the log
         "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock",  # no engine needed: the warning comes first
     }
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator", "--log-json", "ls"], capture_output=True, text=True, env=env, timeout=60
     )
     logged = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
-    assert [r["logger"] for r in logged] == ["orchestrator.config"] and "ORCH_TYPO" in logged[0]["message"]
+    assert [r["logger"] for r in logged] == ["orchestrator.config"] and "ORCH_UNKNOWN" in logged[0]["message"]
     assert logged[0]["level"] == "WARNING"
