@@ -553,6 +553,7 @@ OTHER_VARIABLES = frozenset(
         "ORCH_RELAY_KEY",
         "ORCH_RELAY_CA",
         "ORCH_RELAY_MAX_CONNECTIONS",
+        "ORCH_RELAY_CGROUP",
         # The janitor's compose file and scripts/janitor (compose/README.md).
         "ORCH_UID",
         "ORCH_GID",

@@ -28,6 +28,10 @@ list      (none)                                              ``sandboxes``: eac
                                                               a restarted relay) by this node's clock, so
                                                               a controller can tell a leftover from a
                                                               directory being made now
+usage     ``containers``: up to ``MAX_USAGE_IDS`` full            ``usage``: each of them the node's cgroups
+          container ids of this node                          know -> ``[memory bytes, CPU seconds]``
+                                                              (either null when unknown), read from the
+                                                              node's cgroup root (``ORCH_RELAY_CGROUP``)
 ========  ==================================================  =========================================
 
 Refusal kinds: ``invalid`` (a bad request), ``exists``, ``missing``, ``unusable`` (the directory
@@ -56,10 +60,11 @@ import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any, Deque, Dict, Mapping, Optional, Set, Tuple
+from typing import Any, Deque, Dict, List, Mapping, Optional, Set, Tuple
 
 from . import protocol, rendezvous
 from .bridge import READ, WRITE, Bridge
+from .usage import CGROUP_ROOT, CONTAINER_ID, MAX_USAGE_IDS, container_usage
 
 logger = logging.getLogger("orchestrator.relay")
 
@@ -77,13 +82,14 @@ MAX_CONNECTIONS = 1024
 come."""
 MAX_ACCEPT_SECONDS = 3600.0
 
-OPS = ("create", "open", "accept", "remove", "list")
+OPS = ("create", "open", "accept", "remove", "list", "usage")
 _FIELDS = {
     "create": {"sandbox", "uid", "gid"},
     "open": {"sandbox", "uid", "gid"},
     "accept": {"sandbox", "timeout"},
     "remove": {"sandbox"},
     "list": set(),
+    "usage": {"containers"},
 }
 _SETTING = "ORCH_RELAY_DIR"
 _PEERCRED = struct.Struct("3i")
@@ -132,6 +138,12 @@ def parse_request(line: bytes) -> Dict[str, Any]:
             value = request.setdefault(name, None)
             if value is not None and (type(value) is not int or not 0 <= value <= _MAX_ID):
                 raise BadRequest("%s must be null or an integer from 0 to %d" % (name, _MAX_ID))
+    if op == "usage":
+        ids = request.get("containers")
+        if not isinstance(ids, list) or len(ids) > MAX_USAGE_IDS:
+            raise BadRequest("containers must be a list of at most %d container ids" % MAX_USAGE_IDS)
+        if not all(isinstance(i, str) and CONTAINER_ID.match(i) for i in ids):
+            raise BadRequest("containers must be full container ids (64 hex digits)")
     if op == "accept":
         timeout = request.get("timeout")
         if type(timeout) not in (int, float) or not 0 <= float(timeout) <= MAX_ACCEPT_SECONDS:
@@ -155,8 +167,17 @@ class RelayConfig:
     """The relay's settings, from ``ORCH_RELAY_*`` variables."""
 
     def __init__(
-        self, host: str, port: int, directory: Path, cert: str, key: str, ca: str, max_connections: int
+        self,
+        host: str,
+        port: int,
+        directory: Path,
+        cert: str,
+        key: str,
+        ca: str,
+        max_connections: int,
+        cgroup_root: str = CGROUP_ROOT,
     ) -> None:
+        self.cgroup_root = cgroup_root
         self.host = host
         self.port = port
         self.directory = directory
@@ -168,7 +189,7 @@ class RelayConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> RelayConfig:
         """Read ``ORCH_RELAY_LISTEN`` (host:port), ``ORCH_RELAY_DIR``, ``ORCH_RELAY_CERT``, ``_KEY`` and ``_CA``,
-        and ``ORCH_RELAY_MAX_CONNECTIONS``.
+        ``ORCH_RELAY_MAX_CONNECTIONS``, and ``ORCH_RELAY_CGROUP`` (where the node's cgroups are seen).
 
         Raises:
             ValueError: ``ORCH_RELAY_LISTEN`` is not host:port, ``ORCH_RELAY_DIR`` is not absolute, or
@@ -193,6 +214,7 @@ class RelayConfig:
             environ.get("ORCH_RELAY_KEY") or DEFAULT_KEY,
             environ.get("ORCH_RELAY_CA") or DEFAULT_CA,
             int(limit),
+            environ.get("ORCH_RELAY_CGROUP") or CGROUP_ROOT,
         )
 
     def tls(self) -> ssl.SSLContext:
@@ -286,7 +308,15 @@ class _Site:
 class Relay:
     """The relay's state: the sites by sandbox id, and the controller connections being served."""
 
-    def __init__(self, directory: Path, context: ssl.SSLContext, *, max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        context: ssl.SSLContext,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        cgroup_root: str = CGROUP_ROOT,
+    ) -> None:
+        self.cgroup_root = cgroup_root
         self.directory = Path(directory)
         self.context = context
         self.max_connections = max_connections
@@ -406,6 +436,15 @@ class Relay:
                     continue
                 ages[entry.name] = round(max(0.0, now - mtime), 3)
         return dict(sorted(ages.items()))
+
+    def usage(self, container_ids: List[str]) -> Dict[str, Any]:
+        """Memory and CPU time of the containers of this node the cgroup root knows (``usage.container_usage``)."""
+        found = {}
+        for container_id in container_ids:
+            memory, cpu = container_usage(container_id, self.cgroup_root)
+            if memory is not None or cpu is not None:
+                found[container_id] = [memory, cpu]
+        return found
 
     def _retire(self, site: _Site, why: str, kind: str) -> None:
         """Stop serving ``site``: its listener closes, its waiting accepts are refused, its agents cut off."""
@@ -599,6 +638,8 @@ class Relay:
             if op == "remove":
                 self.remove(sandbox_id, peer)
                 return {"ok": True}
+            if op == "usage":
+                return {"ok": True, "usage": self.usage(request["containers"])}
             return {"ok": True, "sandboxes": self.sandboxes()}
         except rendezvous.RendezvousError as exc:
             logger.warning("%s: %s %s refused: %s", peer, op, sandbox_id, exc)
@@ -730,7 +771,7 @@ def main(environ: Optional[Mapping[str, str]] = None) -> int:
     except (ValueError, OSError, ssl.SSLError) as exc:
         logger.error("cannot start: %s", exc)
         return 2
-    relay = Relay(config.directory, context, max_connections=config.max_connections)
+    relay = Relay(config.directory, context, max_connections=config.max_connections, cgroup_root=config.cgroup_root)
     try:
         asyncio.run(relay.serve(config.host, config.port))
     except (rendezvous.RendezvousError, OSError) as exc:

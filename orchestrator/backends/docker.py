@@ -11,7 +11,6 @@ import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import docker
@@ -19,6 +18,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import LogConfig
 
+from ..agent.usage import container_usage
 from ..config import Settings
 from ..errors import EngineError, EngineUnavailable, ImageMissing
 from ..wire.endpoint import UnixSocketEndpoint
@@ -207,7 +207,7 @@ class DockerBackend:
             return [_listed_state(c.attrs) for c in containers]
 
     def resource_usage(self, container_ids: Iterable[str]) -> dict[str, ResourceUsage]:
-        """Read from the containers' cgroups (v1 or v2, cgroupfs or systemd driver) when the engine runs on this host.
+        """Read from the containers' cgroups (``agent.usage``) when the engine runs on this host.
 
         A few small files per container (measured: docs/metrics.md); the stats API takes about a second per
         container, too slow for a listing. An engine on another host (or a cgroup layout we do not know) gives
@@ -215,12 +215,9 @@ class DockerBackend:
         """
         usage = {}
         for container_id in container_ids:
-            memory = _first_number(_MEMORY_FILES, container_id)
-            cpu = _first_number(_CPU_FILES, container_id)
+            memory, cpu = container_usage(container_id)
             if memory is not None or cpu is not None:
-                usage[container_id] = ResourceUsage(
-                    memory_bytes=None if memory is None else int(memory), cpu_seconds=cpu
-                )
+                usage[container_id] = ResourceUsage(memory_bytes=memory, cpu_seconds=cpu)
         return usage
 
     def logs(self, container_id: str, tail: int | None) -> str:
@@ -238,38 +235,6 @@ def endpoint_options(settings: Settings) -> dict[str, Any]:
         "max_header": settings.limits.max_header_bytes,
         "max_body": settings.limits.max_body_bytes,
     }
-
-
-_MEMORY_FILES = (
-    ("/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes", 1.0),
-    ("/sys/fs/cgroup/memory/system.slice/docker-{id}.scope/memory.usage_in_bytes", 1.0),
-    ("/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.current", 1.0),
-    ("/sys/fs/cgroup/docker/{id}/memory.current", 1.0),
-)
-"""Where a container's memory cgroup says its usage in bytes (each file with the factor to bytes)."""
-_CPU_FILES = (
-    ("/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage", 1e-9),
-    ("/sys/fs/cgroup/cpu,cpuacct/system.slice/docker-{id}.scope/cpuacct.usage", 1e-9),
-    ("/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat", 1e-6),
-    ("/sys/fs/cgroup/docker/{id}/cpu.stat", 1e-6),
-)
-"""Where its CPU time is: cgroup v1's cpuacct.usage (nanoseconds), v2's cpu.stat "usage_usec" (microseconds)."""
-
-
-def _first_number(files: tuple[tuple[str, float], ...], container_id: str) -> float | None:
-    """The first of ``files`` that can be read for the container, in its unit (None: none can)."""
-    for template, factor in files:
-        try:
-            text = Path(template.format(id=container_id)).read_text()
-        except OSError:
-            continue
-        if template.endswith("cpu.stat"):  # "usage_usec 1234" among other lines
-            text = next((line.split()[1] for line in text.splitlines() if line.startswith("usage_usec ")), "")
-        try:
-            return int(text) * factor
-        except ValueError:
-            continue
-    return None
 
 
 _EXITED = re.compile(r"^Exited \((-?\d+)\)")

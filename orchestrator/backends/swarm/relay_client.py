@@ -27,7 +27,8 @@ from typing import Any
 
 from ...agent import protocol, rendezvous
 from ...agent.bridge import Bridge
-from ...checks import is_number
+from ...agent.usage import MAX_USAGE_IDS
+from ...checks import is_count, is_number
 from ...errors import AgentTimeoutError, ChannelLost, ConfigError, RelayUnavailable
 from ...wire.endpoint import CHANNEL_MOUNT, channel_environment
 from ...wire.transport import Channel
@@ -119,6 +120,22 @@ class RelayClient:
         if not isinstance(ages, dict) or not all(_is_id(k) and _is_age(v) for k, v in ages.items()):
             raise RelayUnavailable(f"the relay at {self.address} sent a malformed list of sandboxes")
         return {sandbox_id: float(age) for sandbox_id, age in ages.items()}
+
+    def usage(self, container_ids: list[str]) -> dict[str, tuple[int | None, float | None]]:
+        """Memory bytes and CPU seconds of containers on the relay's node (either None when unknown), for those its
+        cgroups know; asked ``MAX_USAGE_IDS`` at a time.
+
+        Raises:
+            RelayUnavailable: the relay cannot be reached, refused us, failed or sent a malformed answer.
+        """
+        found: dict[str, tuple[int | None, float | None]] = {}
+        for start in range(0, len(container_ids), MAX_USAGE_IDS):
+            asked = container_ids[start : start + MAX_USAGE_IDS]
+            usage = self._ask({"op": "usage", "containers": asked}, limit=_LIST_REPLY_BYTES).get("usage")
+            if not isinstance(usage, dict) or not all(k in asked and _is_usage(v) for k, v in usage.items()):
+                raise RelayUnavailable(f"the relay at {self.address} sent a malformed usage answer")
+            found.update({k: (v[0], None if v[1] is None else float(v[1])) for k, v in usage.items()})
+        return found
 
     def connect(self, sandbox_id: str, deadline: float) -> ssl.SSLSocket:
         """Wait until ``deadline`` for the sandbox's agent to connect to the relay, bridged to the returned socket.
@@ -259,6 +276,16 @@ def _is_id(value: object) -> bool:
 def _is_age(value: object) -> bool:
     """A finite number of seconds, not negative (JSON's 1e999 parses as inf; True is no number here)."""
     return is_number(value) and 0 <= value < math.inf
+
+
+def _is_usage(value: object) -> bool:
+    """``[memory bytes, CPU seconds]``, each a non-negative number or null (a bool is not a number)."""
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and (value[0] is None or (is_count(value[0])))
+        and (value[1] is None or (is_number(value[1]) and math.isfinite(value[1]) and value[1] >= 0))
+    )
 
 
 def _raise_refusal(reply: dict[str, Any], where: str) -> None:

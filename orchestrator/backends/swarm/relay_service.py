@@ -1,7 +1,8 @@
 """The relays: one per Swarm node (a global service), each the node-side end of its sandboxes' channels.
 
 A relay runs our sandbox image (``python3 -m orchestrator_agent.node_relay``) with the node's
-``Settings.swarm.node_dir`` mounted, on the node's own network, and serves this store's
+``Settings.swarm.node_dir`` mounted (and its ``/sys/fs/cgroup``, read-only, for the sandboxes' live usage),
+on the node's own network, and serves this store's
 controllers over mutual TLS. Its certificate and key reach it as Swarm secrets; the CA and
 both certificates are made once per store (``tls.ensure_credentials``). Deploying is
 idempotent: the service carries a digest of its spec and is replaced only when that changes.
@@ -45,6 +46,8 @@ SPEC_DIGEST = LABEL_PREFIX + "relay-spec"
 RELAY_PORT = LABEL_PREFIX + "relay-port"
 RELAY_DIR = "/relay"
 """Where the node directory appears inside the relay."""
+CGROUP_DIR = "/host/cgroup"
+"""Where the node's ``/sys/fs/cgroup`` appears inside the relay (read-only): its sandboxes' usage for ``ls``."""
 _SECRETS_DIR = "/run/secrets"
 _CONTROL_SECONDS = 5.0
 
@@ -124,6 +127,7 @@ class RelayFleet:
             "ORCH_RELAY_CERT": f"{_SECRETS_DIR}/{RELAY_CERT}",
             "ORCH_RELAY_KEY": f"{_SECRETS_DIR}/{RELAY_KEY}",
             "ORCH_RELAY_CA": f"{_SECRETS_DIR}/{CA_CERT}",
+            "ORCH_RELAY_CGROUP": CGROUP_DIR,
         }
         # The relay makes its store's directory under the node directory, then serves it.
         command = [
@@ -142,6 +146,7 @@ class RelayFleet:
             cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER"],
             mounts=[
                 Mount(RELAY_DIR, str(self._settings.swarm.node_dir), type="bind"),
+                Mount(CGROUP_DIR, "/sys/fs/cgroup", type="bind", read_only=True),
                 Mount("/tmp", None, type="tmpfs", tmpfs_size=16 << 20),
             ],
             secrets=secrets,

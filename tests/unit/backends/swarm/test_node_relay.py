@@ -34,7 +34,7 @@ from relay_support import RelayProcess, connect_agent
 from orchestrator import Settings
 from orchestrator.agent import protocol
 from orchestrator.agent.node_relay import MAX_REQUEST, BadRequest, parse_request
-from orchestrator.backends.base import MANAGED, SANDBOX_ID, STORE_ID, Placement
+from orchestrator.backends.base import MANAGED, SANDBOX_ID, STORE_ID, Placement, ResourceUsage
 from orchestrator.backends.swarm.backend import SwarmBackend
 from orchestrator.backends.swarm.nodes import Node
 from orchestrator.backends.swarm.relay_client import RelayClient, RelayEndpoint
@@ -883,3 +883,100 @@ def test_node_choices_list_the_store_at_most_once_a_second_and_count_the_sandbox
         backend.close()
     assert api.listings == 1  # six choices within a second: one listing (it grows with the store)
     assert sorted(placed) == ["n1", "n1", "n1", "n2", "n2", "n2"]  # n3 is down; the placed ones were counted
+
+
+# --- live usage of a node's sandboxes (``orchestrator ls`` on a Swarm) --------------------------------------------
+
+ID_A, ID_B, ID_C = "a" * 64, "b" * 64, "c" * 64
+
+
+def fake_cgroups(root: Path) -> None:
+    """A node's /sys/fs/cgroup (v1, cgroupfs) knowing containers A (memory and CPU) and B (memory only)."""
+    for container_id, memory, cpu in ((ID_A, "20971520", "1500000000"), (ID_B, "1024", None)):
+        (root / "memory/docker" / container_id).mkdir(parents=True)
+        (root / "memory/docker" / container_id / "memory.usage_in_bytes").write_text(memory)
+        if cpu is not None:
+            (root / "cpuacct/docker" / container_id).mkdir(parents=True)
+            (root / "cpuacct/docker" / container_id / "cpuacct.usage").write_text(cpu)
+
+
+@pytest.fixture
+def usage_relay(base: Path, credentials: Credentials) -> Iterator[RelayProcess]:
+    fake_cgroups(base / "cgroup")
+    process = RelayProcess(base / "node", credentials, base / "relay.log", ORCH_RELAY_CGROUP=str(base / "cgroup"))
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def test_usage_requests_parse_and_bad_ones_are_refused():
+    assert parse_request(json.dumps({"op": "usage", "containers": [ID_A]}).encode())["containers"] == [ID_A]
+    for containers, says in (
+        (ID_A, "a list"),
+        ([ID_A] * 49, "at most 48"),
+        (["../../etc"], "full container ids"),
+        ([ID_A.upper()], "full container ids"),
+        ([7], "full container ids"),
+    ):
+        with pytest.raises(BadRequest, match=says):
+            parse_request(json.dumps({"op": "usage", "containers": containers}).encode())
+
+
+def test_the_relay_reads_its_nodes_cgroups_for_the_containers_asked(usage_relay):
+    client = usage_relay.client()
+    assert client.usage([ID_A, ID_B, ID_C]) == {ID_A: (20 << 20, 1.5), ID_B: (1024, None)}
+    many = [f"{n:064x}" for n in range(60)] + [ID_A]  # over one request's ids: asked in two
+    assert client.usage(many) == {ID_A: (20 << 20, 1.5)}
+    assert client.usage([]) == {}
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        b"null",
+        b'{"' + ID_C.encode() + b'": [1, 1.0]}',  # a container it was not asked about
+        b'{"' + ID_A.encode() + b'": [1]}',
+        b'{"' + ID_A.encode() + b'": [-1, 1.0]}',
+        b'{"' + ID_A.encode() + b'": [true, 1.0]}',
+        b'{"' + ID_A.encode() + b'": [1, "1"]}',
+        b'{"' + ID_A.encode() + b'": [1, 1e999]}',
+    ],
+)
+def test_a_malformed_usage_answer_is_relay_unavailable(credentials, usage):
+    with (
+        fake_relay(credentials, b'{"ok": true, "usage": ' + usage + b"}") as client,
+        pytest.raises(RelayUnavailable, match="malformed usage"),
+    ):
+        client.usage([ID_A])
+
+
+class UsageSwarmApi(FakeSwarmApi):
+    """The fake manager with the running tasks of three sandboxes: on n1 (its relay answers), n2 (nothing answers
+    there) and n3 (down)."""
+
+    def tasks(self, filters: dict[str, Any]) -> list[dict[str, Any]]:
+        assert filters["desired-state"] == "running"
+        placed = {"svc-a": ("n1", ID_A), "svc-b": ("n2", ID_B), "svc-c": ("n3", ID_C)}
+        return [
+            {
+                "ServiceID": service,
+                "NodeID": placed[service][0],
+                "Status": {"State": "running", "ContainerStatus": {"ContainerID": placed[service][1]}},
+            }
+            for service in filters["service"]
+        ]
+
+
+def test_the_swarm_backend_asks_each_nodes_relay_and_skips_those_that_do_not_answer(usage_relay, base, credentials):
+    settings = Settings(image="orchestrator-sandbox:test", state_dir=base / "state", runtime_dir=base / "run")
+    backend = SwarmBackend(settings, scope=STORE, client=FakeEngine(UsageSwarmApi({})))
+    fleet = backend._relays = FakeFleet(usage_relay, credentials)  # type: ignore[assignment]
+    try:
+        usage = backend.resource_usage(["svc-a", "svc-b", "svc-c"])
+        assert backend.resource_usage([]) == {}
+    finally:
+        backend.close()
+    assert usage == {"svc-a": ResourceUsage(memory_bytes=20 << 20, cpu_seconds=1.5)}
+    assert sorted(fleet.asked) == ["n1", "n2"]  # n3 is down: not dialled
