@@ -10,6 +10,7 @@ leaves this machine: the only addresses dialled are the nodes' and the sandboxes
 from __future__ import annotations
 
 import ast
+import contextlib
 import socket
 import ssl
 import time
@@ -20,7 +21,7 @@ from support import ATTEMPT_SOURCE
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.backends.base import SUPERVISOR_CAPABILITIES, WORKER_UID, Placement
-from orchestrator.errors import SandboxCrashed
+from orchestrator.errors import OrchestratorError, SandboxCrashed
 
 pytestmark = pytest.mark.docker
 
@@ -83,6 +84,26 @@ def test_sessions_spread_over_the_nodes_and_ls_names_them(orch: Orchestrator, sw
     finally:
         for session in sessions:
             session.close()
+
+
+def test_ls_shows_live_cpu_and_memory_read_by_each_nodes_relay(orch: Orchestrator, swarm_cluster) -> None:  # type: ignore[no-untyped-def]
+    here, there = hostnames(swarm_cluster)[:2]
+    busy, idle = pinned(orch, here), pinned(orch, there)
+    try:
+        busy.execute("import threading\ndef spin():\n    while not stop:\n        pass\nstop = False\n")
+        busy.execute("threading.Thread(target=spin, daemon=True).start()")  # burns a core after the cell
+        idle.execute("x = 1")
+        listed = {info.id: info for info in orch.list_sessions()}
+        for session in (busy, idle):
+            info = listed[session.id]
+            assert info.memory_bytes is not None and info.memory_bytes > 1 << 20, info
+            assert info.cpu_seconds is not None and info.cpu_percent is not None, info
+        assert listed[busy.id].cpu_percent > 20 > listed[idle.id].cpu_percent  # type: ignore[operator]
+    finally:
+        with contextlib.suppress(OrchestratorError):
+            busy.execute("stop = True")
+        busy.close()
+        idle.close()
 
 
 def test_a_fork_lands_on_another_node_with_its_sources_state(orch: Orchestrator, swarm_cluster) -> None:  # type: ignore[no-untyped-def]
