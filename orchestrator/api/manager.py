@@ -84,7 +84,8 @@ class Orchestrator:
         (default: ``Settings.from_env()``).
 
         Raises:
-            ConfigError: the runtime directory is not private (a symlink, not ours, or open to others).
+            ConfigError: the runtime directory is not private (a symlink, not ours, or open to others), or metrics
+                cannot be served at ``settings.metrics_address`` (in use, not this machine's).
             EngineUnavailable: no Docker engine answers; the message says how to start one.
         """
         self.settings = settings or Settings.from_env()
@@ -106,7 +107,12 @@ class Orchestrator:
         if self.settings.metrics_address is not None:
             metrics = Metrics()
             metrics.watch_sessions(self._session_states)
-            self._metrics_server = MetricsServer(metrics, self.settings.metrics_address)
+            try:
+                self._metrics_server = MetricsServer(metrics, self.settings.metrics_address)
+            except ConfigError:
+                if self._owns_backend:
+                    self.backend.close()
+                raise
             self.metrics = metrics
         if self.settings.capacity.hibernate_after is not None:
             self._idle_watch = threading.Thread(

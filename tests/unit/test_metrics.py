@@ -241,3 +241,10 @@ def test_the_survey_gives_live_cpu_from_two_readings(orch: Orchestrator, backend
     backend.usage = {}
     [info] = orch.list_sessions()  # an engine that does not say: no number rather than a wrong one
     assert (info.memory_bytes, info.cpu_percent, info.cpu_seconds) == (None, None, None)
+
+
+def test_an_address_in_use_is_refused_when_the_orchestrator_is_made(tmp_path: Path, orch: Orchestrator) -> None:
+    backend = FakeBackend()
+    taken = fake_settings(tmp_path / "other", ORCH_METRICS_ADDRESS=str(orch.metrics_address))
+    with pytest.raises(ConfigError, match="cannot serve metrics on"):
+        Orchestrator(taken, backend=backend)
