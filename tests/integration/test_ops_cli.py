@@ -70,8 +70,8 @@ def test_ls_inspect_exec_and_state_across_commands(cli, make):
     listed = cli("ls")
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()  # no rule line under the header
-    assert header.split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
-    assert row.split()[:2] == [sid, "running"] and "KiB" in row and "MiB" in row
+    assert header.split() == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "CPU", "MEMORY", "CHECKPOINT"]
+    assert row.split()[:2] == [sid, "running"] and "KiB" in row and "MiB" in row and row.split()[5].endswith("%")
     (entry,) = json.loads(cli("ls", "--json").stdout)
     assert entry["id"] == sid and entry["status"] == "running" and entry["checkpoint_bytes"] > 100_000
 
@@ -476,8 +476,8 @@ def test_create_run_and_ls_with_whole_ids_on_80_columns_and_plain_when_piped(cli
 
     piped = cli("ls")
     rows = [line.split() for line in piped.stdout.splitlines()]
-    assert rows[0] == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "MEMORY", "CHECKPOINT"]
-    assert all(len(row) == 7 for row in rows) and sorted(row[0] for row in rows[1:]) == sorted([LONG_ID, short])
+    assert rows[0] == ["ID", "STATE", "IMAGE", "AGE", "IDLE", "CPU", "MEMORY", "CHECKPOINT"]
+    assert all(len(row) == 8 for row in rows) and sorted(row[0] for row in rows[1:]) == sorted([LONG_ID, short])
     assert sorted(cli("ls", "-q").stdout.split()) == sorted([LONG_ID, short])
     assert cli("ls", "-q", "--filter", "label=orchestrator.ops.team=a").stdout == f"{LONG_ID}\n"
     assert [s["id"] for s in json.loads(cli("ls", "--format", "json", "-f", "id=an-*").stdout)] == [LONG_ID]
