@@ -23,7 +23,7 @@ from docker.types import LogConfig
 from ..config import Settings
 from ..errors import EngineError, EngineUnavailable, ImageMissing
 from ..wire.endpoint import UnixSocketEndpoint
-from .base import MANAGED, SUPERVISOR_CAPABILITIES, ContainerState, Placement, SandboxSpec
+from .base import MANAGED, SUPERVISOR_CAPABILITIES, ContainerState, ContainerUsage, Placement, SandboxSpec
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +221,28 @@ class DockerBackend:
                     break
         return usage
 
+    def usage(self, container_id: str) -> ContainerUsage | None:
+        """One sample of the engine's stats (``one-shot``: milliseconds, not the second a stream's first sample
+        takes); the peak from ``memory.peak`` on this host where the engine leaves it out (cgroup v2).
+
+        Raises:
+            EngineError: the engine refused; EngineUnavailable: it does not answer.
+        """
+        with engine_errors(f"reading the stats of container {container_id[:12]}"):
+            try:
+                stats = self.client.api.stats(container_id, stream=False, one_shot=True)
+            except docker.errors.NotFound:
+                return None
+        if not isinstance(stats, dict):
+            return None
+        cpu = _counter(stats, "cpu_stats", "cpu_usage", "total_usage")
+        peak = _counter(stats, "memory_stats", "max_usage")
+        if peak is None:
+            peak = _read_counter(template.format(id=container_id) for template in _PEAK_FILES)
+        if cpu is None and peak is None:  # a stopped container's stats are empty
+            return None
+        return ContainerUsage(cpu_ns=cpu, peak_memory=peak)
+
     def logs(self, container_id: str, tail: int | None) -> str:
         with engine_errors(f"reading the log of container {container_id[:12]}"):
             raw = self.client.containers.get(container_id).logs(tail="all" if tail is None else tail)
@@ -243,6 +265,29 @@ _MEMORY_FILES = (
     "/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.current",
     "/sys/fs/cgroup/docker/{id}/memory.current",
 )
+_PEAK_FILES = (
+    "/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.peak",
+    "/sys/fs/cgroup/docker/{id}/memory.peak",
+)
+_MAX_COUNTER = 1 << 62
+
+
+def _counter(data: Any, *path: str) -> int | None:
+    """A non-negative integer at ``path`` of the engine's JSON, or None (absent, not an integer, out of range)."""
+    for key in path:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data if type(data) is int and 0 <= data < _MAX_COUNTER else None
+
+
+def _read_counter(paths: Iterable[str]) -> int | None:
+    for path in paths:
+        with contextlib.suppress(OSError, ValueError):
+            value = int(Path(path).read_text())
+            if 0 <= value < _MAX_COUNTER:
+                return value
+    return None
+
+
 _EXITED = re.compile(r"^Exited \((-?\d+)\)")
 
 

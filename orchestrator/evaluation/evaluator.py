@@ -27,6 +27,7 @@ from ..ops.pool import SandboxPool
 from ..runtime.sandbox import Sandbox
 from ..state.controllers import controller_labels, discard_left_behind, left_behind
 from ..units import parse_size
+from .accounting import Totals, combine_runs, cpu_seconds, read_usage, totals
 from .grading import Status, error_json
 from .records import EvalResult, ResultsFile, status_counts, write_junit
 from .runner import SubmissionRunner
@@ -35,6 +36,7 @@ from .submissions import InvalidLine, Submission, read_memory, read_timeout
 logger = logging.getLogger(__name__)
 
 EVAL_RUN = "orchestrator.eval-run"
+MAX_RUNS = 100
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class EvalOptions:
     strict: bool = False
     """Grade in strict mode unless a submission sets ``grading``: its tests run in an interpreter of their own and
     reach its functions through plain data only (docs/eval.md, "Strict mode")."""
+    runs: int = 1
+    """Times each submission is graded, each in a fresh sandbox (1 to 100); its record is ``flaky`` when the runs'
+    statuses differ (docs/eval.md, "Runs and flaky submissions")."""
 
     def __post_init__(self) -> None:
         if not is_integer(self.jobs) or not 1 <= self.jobs <= 256:
@@ -77,6 +82,8 @@ class EvalOptions:
             raise ConfigError(f"pool_size must be a non-negative integer, got {self.pool_size!r}")
         if not isinstance(self.strict, bool):
             raise ConfigError(f"strict must be True or False, got {self.strict!r}")
+        if not is_integer(self.runs) or not 1 <= self.runs <= MAX_RUNS:
+            raise ConfigError(f"runs must be an integer from 1 to {MAX_RUNS}, got {self.runs!r}")
 
 
 @dataclass
@@ -93,6 +100,11 @@ class EvalReport:
     @property
     def counts(self) -> dict[Status, int]:
         return status_counts(self.results)
+
+    @property
+    def totals(self) -> Totals:
+        """CPU, wall and peak memory over every run, and how many submissions were flaky."""
+        return totals(self.results)
 
     @property
     def exit_code(self) -> int:
@@ -202,7 +214,17 @@ class Evaluator:
         ]
         report.seconds = time.monotonic() - started
         if junit is not None:
-            write_junit(junit, report.results, report.invalid, name="orchestrator eval", seconds=report.seconds)
+            figures = {
+                f"total_{key}": str(value) for key, value in report.totals.to_json().items() if value is not None
+            }
+            write_junit(
+                junit,
+                report.results,
+                report.invalid,
+                name="orchestrator eval",
+                seconds=report.seconds,
+                properties=figures,
+            )
         return report
 
     def _stop(self) -> None:
@@ -223,8 +245,17 @@ class Evaluator:
         image_id: str,
         finish: OnResult,
     ) -> None:
-        if self._stopping.is_set():
-            return
+        """Grade ``submission`` ``runs`` times, each in a fresh sandbox, and finish its one record."""
+        runs = []
+        for _ in range(self._options.runs):
+            if self._stopping.is_set():
+                return
+            runs.append(self._grade_once(pool, runner, submission, image, image_id))
+        finish(runs[0] if len(runs) == 1 else combine_runs(runs))
+
+    def _grade_once(
+        self, pool: SandboxPool, runner: SubmissionRunner, submission: Submission, image: str, image_id: str
+    ) -> EvalResult:
         started = time.monotonic()
         timeout = submission.timeout or self._options.timeout
         memory = submission.memory or self._default_memory
@@ -244,38 +275,40 @@ class Evaluator:
             else:
                 sandbox = pool.start(self._settings.replace(limits=self._settings.limits.replace(memory=memory)))
         except OrchestratorError as exc:
-            finish(_infra_error(common, started, f"no sandbox could be started: {type(exc).__name__}: {exc}"))
-            return
+            return _infra_error(common, started, f"no sandbox could be started: {type(exc).__name__}: {exc}")
         with self._lock:
             self._in_use.add(sandbox)
         try:
             waited = time.monotonic() - started
+            before = read_usage(self._backend, sandbox.container_id)
             try:
                 verdict, code, tests = runner.run(sandbox, submission, timeout, strict=strict)
             except Exception as exc:  # a fault of the controller's: this submission's infra_error, the run goes on
                 logger.exception("eval: grading %s failed", submission.id)
-                finish(_infra_error(common, started, f"grading it failed: {type(exc).__name__}: {exc}"))
-                return
+                return _infra_error(common, started, f"grading it failed: {type(exc).__name__}: {exc}")
+            after = read_usage(self._backend, sandbox.container_id)
             stdout = code.stdout + (tests.stdout if tests is not None else "")
             stderr = code.stderr + (tests.stderr if tests is not None else "")
             durations = {"total": time.monotonic() - started, "sandbox": waited, "code": code.duration}
             if tests is not None:
                 durations["tests"] = tests.duration
-            finish(
-                EvalResult(
-                    status=verdict.status,
-                    message=verdict.message,
-                    phase=verdict.phase,
-                    stdout=stdout,
-                    stderr=stderr,
-                    output_truncated=verdict.status is Status.OUTPUT_LIMIT,
-                    error=error_json(verdict.error),
-                    diff=verdict.diff,
-                    durations=durations,
-                    sandbox_id=sandbox.sandbox_id,
-                    finished_at=time.time(),
-                    **common,
-                )
+            return EvalResult(
+                status=verdict.status,
+                message=verdict.message,
+                phase=verdict.phase,
+                stdout=stdout,
+                stderr=stderr,
+                output_truncated=verdict.status is Status.OUTPUT_LIMIT,
+                error=error_json(verdict.error),
+                diff=verdict.diff,
+                durations=durations,
+                sandbox_id=sandbox.sandbox_id,
+                finished_at=time.time(),
+                cpu_seconds=cpu_seconds(before, after),
+                wall_seconds=code.duration + (tests.duration if tests is not None else 0.0),
+                peak_memory=after.peak_memory if after is not None else None,
+                signal=verdict.signal,
+                **common,
             )
         finally:
             with self._lock:

@@ -27,6 +27,7 @@ from ..runtime.output import StreamRecorder
 from ..runtime.sandbox import Sandbox
 from ..wire.replies import parse_exec_reply, worker_failure
 from ..wire.wakeup import Wakeup
+from .accounting import is_signal_name
 from .grading import CellRun, Verdict, grade
 from .submissions import Submission, files_payload
 
@@ -112,10 +113,10 @@ class SubmissionRunner:
                 return CellRun("crashed", run.stdout, run.stderr, None, run.duration, f"broke its grading ({summary})")
             return run
         try:
-            ended, reason, error = harness_report(value)
+            ended, reason, error, ended_by = harness_report(value)
         except ProtocolError as exc:
             return CellRun("crashed", run.stdout, run.stderr, None, run.duration, f"broke its grading: {exc}")
-        return CellRun(ended, run.stdout, run.stderr, error, run.duration, reason)
+        return CellRun(ended, run.stdout, run.stderr, error, run.duration, reason, ended_by)
 
     def _cell(self, sandbox: Sandbox, code: str, seconds: float, stdin: str) -> tuple[CellRun, str | None]:
         """One cell, whatever it does, and its value (the repr of its last expression, as the worker sent it);
@@ -190,8 +191,8 @@ class SubmissionRunner:
         return CellRun(ended, streams.get("stdout", ""), streams.get("stderr", ""), None, duration, reason)
 
 
-def harness_report(value: str | None) -> tuple[str, str, ExecError | None]:
-    """What the grading harness said about a phase: ``(ended, reason, error)``, checked field by field.
+def harness_report(value: str | None) -> tuple[str, str, ExecError | None, str | None]:
+    """What the grading harness said about a phase: ``(ended, reason, error, signal)``, checked field by field.
 
     The harness runs where the submission never did, but its report still crossed from the sandbox: it is read
     as strict, bounded JSON (``protocol.decode_json``) and every field is checked.
@@ -215,7 +216,10 @@ def harness_report(value: str | None) -> tuple[str, str, ExecError | None]:
     error = None if raw_error is None else _report_error(raw_error)
     if (ended == "error") != (error is not None):
         raise ProtocolError("the grading harness's report has an error exactly when it did not end in one")
-    return str(ended), reason[:_MAX_REASON_CHARS], error
+    ended_by = data.get("signal")
+    if ended_by is not None and (ended not in ("crashed", "oom") or not is_signal_name(ended_by)):
+        raise ProtocolError("the grading harness's report names a signal that is not one, or for an ending without")
+    return str(ended), reason[:_MAX_REASON_CHARS], error, ended_by
 
 
 def _report_error(raw: Any) -> ExecError:
