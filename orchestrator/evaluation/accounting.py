@@ -76,7 +76,8 @@ def combine_runs(results: Sequence[EvalResult]) -> EvalResult:
 
     Its fields are those of the run that decides: an ``infra_error`` if any run had one (no verdict then: it runs
     again on ``--resume``, and it is not called flaky), else the first run that did not pass, else the first run.
-    ``flaky``: the runs' statuses differ. ``runs``: every run's status, message and figures, in order.
+    ``flaky``: the runs' statuses differ. ``runs``: every run's status, message and figures, in the order they
+    ended.
     """
     if not results:
         raise ValueError("combine_runs needs at least one run")

@@ -182,7 +182,7 @@ class Evaluator:
             image=image,
             scope=f"eval-{self._run_id}",
             labels=self._labels,
-            size=min(size, sum(1 for s in todo if s.memory in (None, self._default_memory))),
+            size=min(size, self._options.runs * sum(1 for s in todo if s.memory in (None, self._default_memory))),
             share_network=self._options.share_network,
         )
 
@@ -202,7 +202,14 @@ class Evaluator:
         try:
             with ThreadPoolExecutor(self._options.jobs, thread_name_prefix="eval") as jobs:
                 try:
-                    for future in [jobs.submit(self._grade, pool, runner, s, image, image_id, finish) for s in todo]:
+                    futures = []
+                    for submission in todo:
+                        collect = _RunsOf(self._options.runs, finish)  # one per submission, shared by its runs
+                        futures += [
+                            jobs.submit(self._grade, pool, runner, submission, image, image_id, collect)
+                            for _ in range(self._options.runs)
+                        ]
+                    for future in futures:
                         future.result()
                 except BaseException:
                     self._stop()
@@ -243,15 +250,11 @@ class Evaluator:
         submission: Submission,
         image: str,
         image_id: str,
-        finish: OnResult,
+        collect: _RunsOf,
     ) -> None:
-        """Grade ``submission`` ``runs`` times, each in a fresh sandbox, and finish its one record."""
-        runs = []
-        for _ in range(self._options.runs):
-            if self._stopping.is_set():
-                return
-            runs.append(self._grade_once(pool, runner, submission, image, image_id))
-        finish(runs[0] if len(runs) == 1 else combine_runs(runs))
+        """One run of ``submission`` in a fresh sandbox; its runs are jobs of their own, so they run side by side."""
+        if not self._stopping.is_set():
+            collect.add(self._grade_once(pool, runner, submission, image, image_id))
 
     def _grade_once(
         self, pool: SandboxPool, runner: SubmissionRunner, submission: Submission, image: str, image_id: str
@@ -337,6 +340,24 @@ class Evaluator:
             else None,
             "tmpfs": dict(settings.confinement.tmpfs),
         }
+
+
+class _RunsOf:
+    """The runs of one submission as they end (in any order, from several jobs); the last one finishes its record."""
+
+    def __init__(self, runs: int, finish: OnResult) -> None:
+        self._runs = runs
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._ended: list[EvalResult] = []
+
+    def add(self, result: EvalResult) -> None:
+        with self._lock:
+            self._ended.append(result)
+            if len(self._ended) < self._runs:
+                return
+            ended = self._ended
+        self._finish(ended[0] if len(ended) == 1 else combine_runs(ended))
 
 
 def _infra_error(common: dict[str, Any], started: float, message: str) -> EvalResult:

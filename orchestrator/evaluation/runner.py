@@ -170,7 +170,9 @@ class SubmissionRunner:
                 ended, reason = "crashed", f"ended its interpreter: {failure['reason']}"
             else:
                 ended, reason = "crashed", f"broke the sandbox's protocol: {failure['reason']}"
-            return self._partial(live, ended, reason, started), None
+            # the signal that ended the worker, as its supervisor (another uid than the cell's) saw from waitpid
+            ended_by = reply.get("signal") if ended in ("crashed", "oom") else None
+            return self._partial(live, ended, reason, started, ended_by if is_signal_name(ended_by) else None), None
         parsed = parse_exec_reply(reply)
         error = None if parsed["error"] is None else ExecError.from_reply(parsed["error"])
         if parsed["output_limited"]:
@@ -182,13 +184,13 @@ class SubmissionRunner:
         took = time.monotonic() - started
         return CellRun(ended, parsed["stdout"], parsed["stderr"], error, took, reason), parsed["return_value"]
 
-    def _partial(self, live: LiveCall, ended: str, reason: str, started: float) -> CellRun:
+    def _partial(self, live: LiveCall, ended: str, reason: str, started: float, ended_by: str | None = None) -> CellRun:
         """A cell whose reply never came: the output it had streamed is what is left of it."""
         streams = {name: recorder.text() for name, recorder in live.recorders.items()}
         if ended == "timeout" and sum(r.received for r in live.recorders.values()) >= self._output_limit:
             ended, reason = "output_limit", f"printed more than {self._output_limit} bytes and ignored being stopped"
         duration = time.monotonic() - started
-        return CellRun(ended, streams.get("stdout", ""), streams.get("stderr", ""), None, duration, reason)
+        return CellRun(ended, streams.get("stdout", ""), streams.get("stderr", ""), None, duration, reason, ended_by)
 
 
 def harness_report(value: str | None) -> tuple[str, str, ExecError | None, str | None]:
