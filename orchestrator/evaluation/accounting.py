@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -30,14 +29,8 @@ from .records import EvalResult
 
 logger = logging.getLogger(__name__)
 
-_SIGNAL = re.compile(r"SIG[A-Z0-9]{1,12}\Z")
 SLOWEST = 5
 """Submissions the summary names as the slowest."""
-
-
-def is_signal_name(value: object) -> bool:
-    """Whether ``value`` is a signal's name as the harness writes it (``SIGSEGV``, ``SIG40``)."""
-    return isinstance(value, str) and _SIGNAL.match(value) is not None
 
 
 def read_usage(backend: Backend, container_id: str) -> ContainerUsage | None:

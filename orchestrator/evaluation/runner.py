@@ -25,9 +25,8 @@ from ..config import Settings
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 from ..runtime.output import StreamRecorder
 from ..runtime.sandbox import Sandbox
-from ..wire.replies import parse_exec_reply, worker_failure
+from ..wire.replies import is_signal_name, parse_exec_reply, worker_failure
 from ..wire.wakeup import Wakeup
-from .accounting import is_signal_name
 from .grading import CellRun, Verdict, grade
 from .submissions import Submission, files_payload
 
@@ -171,8 +170,8 @@ class SubmissionRunner:
             else:
                 ended, reason = "crashed", f"broke the sandbox's protocol: {failure['reason']}"
             # the signal that ended the worker, as its supervisor (another uid than the cell's) saw from waitpid
-            ended_by = reply.get("signal") if ended in ("crashed", "oom") else None
-            return self._partial(live, ended, reason, started, ended_by if is_signal_name(ended_by) else None), None
+            ended_by = failure["signal"] if ended in ("crashed", "oom") else None
+            return self._partial(live, ended, reason, started, ended_by), None
         parsed = parse_exec_reply(reply)
         error = None if parsed["error"] is None else ExecError.from_reply(parsed["error"])
         if parsed["output_limited"]:

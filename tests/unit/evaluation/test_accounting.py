@@ -19,11 +19,11 @@ from orchestrator.evaluation import EvalReport, EvalResult, Status, write_junit
 from orchestrator.evaluation.accounting import (
     combine_runs,
     cpu_seconds,
-    is_signal_name,
     read_usage,
     slowest,
     totals,
 )
+from orchestrator.wire.replies import is_signal_name
 
 
 def _result(key: str, status: Status = Status.PASSED, **fields: Any) -> EvalResult:
