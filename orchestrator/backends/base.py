@@ -60,8 +60,8 @@ class ContainerState:
 
 @dataclass(frozen=True)
 class ContainerUsage:
-    """What the engine measured of one container's cgroup since it started (the host's view: no process in the
-    container writes these numbers). None: the engine does not tell."""
+    """What the kernel counted for one container's cgroup since it started, read from outside the container (no
+    process in it writes these numbers). None: not known."""
 
     cpu_ns: int | None
     """CPU time of every process it ran, user and system, in nanoseconds."""

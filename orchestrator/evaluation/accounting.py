@@ -2,10 +2,11 @@
 
 Where each figure comes from (docs/eval.md, "Figures"):
 
-- ``cpu_seconds``: the CPU counter of the sandbox's cgroup as the engine reads it on its host, once when the run
-  takes the sandbox and once after its verdict: the difference (the submission, with the agent serving it).
-- ``peak_memory``: the peak of the sandbox's cgroup as the engine reads it (cgroup v1 ``max_usage_in_bytes``, v2
-  ``memory.peak``): the whole sandbox since it started, the idle agent included.
+- ``cpu_seconds``: the CPU counter of the sandbox's cgroup, read from outside it (``Backend.usage``: this host's
+  cgroup files when the engine runs here, else the engine's stats), once when the run takes the sandbox and once
+  after its verdict: the difference (the submission, with the agent serving it).
+- ``peak_memory``: the peak of the sandbox's cgroup (v1 ``max_usage_in_bytes``, v2 ``memory.peak``), read the same
+  way: the whole sandbox since it started, the idle agent included.
 - ``wall_seconds``: this host's clock around the submission's code and tests.
 - ``signal``: the signal that ended the submission's interpreter, from the grading harness's ``waitpid`` (a process
   the submission cannot ptrace), checked on the host to be a signal's name.

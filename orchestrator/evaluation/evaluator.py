@@ -252,13 +252,10 @@ class Evaluator:
         image_id: str,
         collect: _RunsOf,
     ) -> None:
-        """One run of ``submission`` in a fresh sandbox; its runs are jobs of their own, so they run side by side."""
-        if not self._stopping.is_set():
-            collect.add(self._grade_once(pool, runner, submission, image, image_id))
-
-    def _grade_once(
-        self, pool: SandboxPool, runner: SubmissionRunner, submission: Submission, image: str, image_id: str
-    ) -> EvalResult:
+        """One run of ``submission`` in a fresh sandbox (its runs are jobs of their own, so they run side by side),
+        handed to ``collect`` before its sandbox is removed: the last run's record is written first."""
+        if self._stopping.is_set():
+            return
         started = time.monotonic()
         timeout = submission.timeout or self._options.timeout
         memory = submission.memory or self._default_memory
@@ -278,7 +275,8 @@ class Evaluator:
             else:
                 sandbox = pool.start(self._settings.replace(limits=self._settings.limits.replace(memory=memory)))
         except OrchestratorError as exc:
-            return _infra_error(common, started, f"no sandbox could be started: {type(exc).__name__}: {exc}")
+            collect.add(_infra_error(common, started, f"no sandbox could be started: {type(exc).__name__}: {exc}"))
+            return
         with self._lock:
             self._in_use.add(sandbox)
         try:
@@ -288,14 +286,15 @@ class Evaluator:
                 verdict, code, tests = runner.run(sandbox, submission, timeout, strict=strict)
             except Exception as exc:  # a fault of the controller's: this submission's infra_error, the run goes on
                 logger.exception("eval: grading %s failed", submission.id)
-                return _infra_error(common, started, f"grading it failed: {type(exc).__name__}: {exc}")
+                collect.add(_infra_error(common, started, f"grading it failed: {type(exc).__name__}: {exc}"))
+                return
             after = read_usage(self._backend, sandbox.container_id)
             stdout = code.stdout + (tests.stdout if tests is not None else "")
             stderr = code.stderr + (tests.stderr if tests is not None else "")
             durations = {"total": time.monotonic() - started, "sandbox": waited, "code": code.duration}
             if tests is not None:
                 durations["tests"] = tests.duration
-            return EvalResult(
+            result = EvalResult(
                 status=verdict.status,
                 message=verdict.message,
                 phase=verdict.phase,
@@ -313,6 +312,7 @@ class Evaluator:
                 signal=verdict.signal,
                 **common,
             )
+            collect.add(result)
         finally:
             with self._lock:
                 self._in_use.discard(sandbox)
