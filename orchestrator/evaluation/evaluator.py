@@ -1,7 +1,7 @@
 """Grade many submissions, ``jobs`` at a time, each in a fresh sandbox from a pool, never losing a result.
 
-Every result is written (flushed, fsynced) to the results file the moment its submission ends,
-then its sandbox is removed; the pool starts the next sandboxes meanwhile. Containers carry the
+Every result is written (flushed, fsynced) to the results file the moment its submission ends (its last run,
+with ``runs``), then its sandbox is removed; the pool starts the next sandboxes meanwhile. Containers carry the
 run's labels (``orchestrator.eval-run``, the controller's host and pid), so a run that was
 killed leaves nothing a later run does not remove (``sweep_dead_runs``).
 """
