@@ -164,7 +164,9 @@ def _progress(out: Output, total: int, quiet: bool) -> Iterator[OnResult | None]
         def note(result: EvalResult) -> None:
             if not result.passed:
                 shown = (one_line(result.id), one_line(result.message))
-                out.note(f"{shown[0]}: {result.status.value}: {shown[1]}")
+                passes = sum(run.get("status") == Status.PASSED.value for run in result.runs)
+                flaky = f" (flaky: passed {passes} of {len(result.runs)} runs)" if result.flaky else ""
+                out.note(f"{shown[0]}: {result.status.value}{flaky}: {shown[1]}")
 
         yield note
         return

@@ -210,3 +210,5 @@ def test_a_coin_flip_graded_16_times_is_flaky(settings_for: Callable[..., Settin
     summary = {line.split()[0]: line.split()[-1] for line in done.stdout.splitlines() if line.split()}
     assert summary["flaky"] == "1" and summary["failed"] == "1", done.stdout
     assert "16 runs: CPU" in done.stdout and "slowest" in done.stdout, done.stdout
+    passes = verdicts.count("passed")
+    assert f"coin: failed (flaky: passed {passes} of 16 runs): assertion failed" in done.stderr, done.stderr
