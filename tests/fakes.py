@@ -133,6 +133,9 @@ class FakeBackend:
     def memory_usage(self, container_ids: Iterable[str]) -> dict[str, int]:
         return {}
 
+    def usage(self, container_id: str) -> None:
+        return None
+
     def logs(self, container_id: str, tail: int | None) -> str:
         return ""
 

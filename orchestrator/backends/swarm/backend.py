@@ -45,7 +45,16 @@ from ...errors import ConfigError, EngineError, RelayUnavailable
 from ...ops import images
 from ...units import parse_size
 from ...wire.endpoint import leftover_dir_grace
-from ..base import MANAGED, SANDBOX_ID, STORE_ID, SUPERVISOR_CAPABILITIES, ContainerState, Placement, SandboxSpec
+from ..base import (
+    MANAGED,
+    SANDBOX_ID,
+    STORE_ID,
+    SUPERVISOR_CAPABILITIES,
+    ContainerState,
+    ContainerUsage,
+    Placement,
+    SandboxSpec,
+)
 from ..docker import DockerBackend, endpoint_options, engine_errors
 from .nodes import Node, choose
 from .relay_client import RelayClient, RelayEndpoint
@@ -431,6 +440,10 @@ class SwarmBackend:
     def memory_usage(self, container_ids: Iterable[str]) -> dict[str, int]:
         """Not known: the tasks run on other machines (the stats API would take a second per task)."""
         return {}
+
+    def usage(self, container_id: str) -> ContainerUsage | None:
+        """Not known: the task's cgroup is on another machine."""
+        return None
 
     def logs(self, container_id: str, tail: int | None) -> str:
         with engine_errors(f"reading the log of service {container_id[:12]}"):
