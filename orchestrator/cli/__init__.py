@@ -351,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
         json=False,
     )
     mcp_command.add_arguments(mcp)
+    _labels_option(mcp, "each session it creates")
     mcp.set_defaults(func=mcp_command.run)
 
     command("demo", "show a session surviving a killed container", json=False).set_defaults(func=commands.demo)

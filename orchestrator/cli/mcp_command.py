@@ -97,7 +97,15 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     token, made = _token() if args.http else ("", False)
     if args.http and not 0 < args.port < 65536:
         raise ConfigError(f"--port must be a port number (1-65535), got {args.port}")
-    workspace = Workspace(ctx.orch, limits, named=args.session, force=args.force, keep=args.keep, image=args.image)
+    workspace = Workspace(
+        ctx.orch,
+        limits,
+        named=args.session,
+        force=args.force,
+        keep=args.keep,
+        image=args.image,
+        labels=dict(args.labels),
+    )
     with _terminate_as_interrupt():
         try:
             workspace.open()

@@ -377,15 +377,19 @@ def read_context_file(path: str, roots: Sequence[Path], limit: int) -> str | byt
         fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise BadCall(f"{field(path, 200)} cannot be opened: {exc.strerror}.") from None
-    with os.fdopen(fd, "rb") as file:
-        status = os.fstat(file.fileno())
+    try:
+        status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             raise BadCall(f"{field(path, 200)} is not a regular file.")
         if status.st_size > limit:
             raise BadCall(
                 f"{field(path, 200)} has {describe_bytes(status.st_size)}; the most is {describe_bytes(limit)}."
             )
-        data = file.read(limit + 1)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            data = file.read(limit + 1)
+    finally:
+        os.close(fd)
     if len(data) > limit:  # it grew meanwhile
         raise BadCall(f"{field(path, 200)} has more than {describe_bytes(limit)}, the most this server reads.")
     try:
