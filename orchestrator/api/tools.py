@@ -226,7 +226,7 @@ class PythonTool:
     def _execute(self, code: str, timeout: float | None) -> str:
         started = time.monotonic()
         try:
-            with self.changes():
+            with self._changes():
                 result = self.session.execute(code, timeout=timeout)
         except ConfigError as exc:  # the session refused the arguments (e.g. text that is not valid Unicode)
             raise _BadCall(str(exc)) from None
@@ -237,7 +237,7 @@ class PythonTool:
     def _reset(self) -> str:
         started = time.monotonic()
         try:
-            with self.changes():
+            with self._changes():
                 self.session.reset()
         except OrchestratorError as exc:
             return self._render(describe_failure(exc, time.monotonic() - started))
@@ -247,10 +247,9 @@ class PythonTool:
             "The sandbox keeps running.\n"
         )
 
-    def changes(self) -> AbstractContextManager[None]:
-        """Around a call that may change the variables: noted for ``undo_last_cell`` when it is offered. A program that
-        offers the model more tools over the session (``orchestrator mcp``'s rewind) wraps them too, so that
-        ``undo_last_cell`` takes them back like the model's own cells."""
+    def _changes(self) -> AbstractContextManager[None]:
+        """Around a call that may change the variables: noted for ``undo_last_cell`` when it is offered (``orchestrator
+        mcp`` wraps the model's other calls that change them in it too: a rewind, a context)."""
         return contextlib.nullcontext() if self._undo is None else self._undo.call()
 
     def _undo_last(self) -> str:

@@ -287,7 +287,8 @@ class Workspace:
                     return self._render(build(self._pick(session)[0]))
             with self._lock:
                 handle, tool = self._pick(session)
-            with tool.changes() if changes else contextlib.nullcontext():
+            # The model's own call, as its cells are: undo_last_cell (the tool's log) takes it back.
+            with tool._changes() if changes else contextlib.nullcontext():
                 return self._render(build(handle))
         except BadCall as exc:
             return self._invalid(exc)
