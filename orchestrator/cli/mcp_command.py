@@ -8,7 +8,8 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -112,14 +113,33 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
             server = build_server(workspace)
             if args.http:
                 _announce(args.host, args.port, token if made else None)
-                anyio.run(serve_http, server, token, args.host, args.port)
+                _serve_until_stopped(lambda: anyio.run(serve_http, server, token, args.host, args.port))
             else:
-                server.run("stdio")
+                _serve_until_stopped(lambda: server.run("stdio"))
         except KeyboardInterrupt:
             pass
         finally:
             workspace.close()
     return 0
+
+
+def _serve_until_stopped(serve: Callable[[], None]) -> None:
+    """Run ``serve`` on a thread of its own until it returns (stdio: the client closed the pipe), or until SIGINT or
+    SIGTERM (``KeyboardInterrupt`` here), which the server's thread may not see: a thread blocked reading stdin
+    would keep it from ever ending. Its failure is raised here."""
+    failures: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            serve()
+        except BaseException as exc:  # reported on the main thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=target, name="mcp-server", daemon=True)
+    thread.start()
+    thread.join()
+    if failures:
+        raise failures[0]
 
 
 def _limits(args: argparse.Namespace) -> Limits:

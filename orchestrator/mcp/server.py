@@ -66,7 +66,13 @@ def build_server(workspace: Workspace) -> MCPServer[Any]:
         ] = None,
         session: SessionArg = None,
     ) -> str:
-        return await _threaded(workspace.execute, code, timeout_seconds, session)
+        try:
+            return await anyio.to_thread.run_sync(
+                functools.partial(workspace.execute, code, timeout_seconds, session), abandon_on_cancel=True
+            )
+        except anyio.get_cancelled_exc_class():  # the client cancelled the call (or went): the cell is stopped
+            workspace.interrupt(session)
+            raise
 
     @tool(
         "reset_repl",

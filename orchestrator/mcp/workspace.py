@@ -234,12 +234,21 @@ class Workspace:
 
         return self._call(session, answer, table=True)
 
+    def interrupt(self, session: str | None) -> None:
+        """Stop the call running in the session the client named, if any (the client cancelled it)."""
+        with self._lock:
+            held = self._sessions.get(session if session is not None else self._default or "")
+        if held is not None:
+            held[0].interrupt()
+
     # ----------------------------------------------------------------- the client goes
 
     def close(self) -> None:
         """Let go of every session: detach the named one (all with ``keep``), remove the others; never raises."""
         with self._lock:
             held, self._sessions = list(self._sessions.values()), {}
+        for handle, _ in held:  # a call still running (its client gone) is stopped, not waited for
+            handle.interrupt()
         for handle, _ in held:
             keep = self._keep or handle.id == self._named
             try:

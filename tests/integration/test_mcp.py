@@ -3,6 +3,7 @@ the client starts, as a desktop client does) and over streamable HTTP on loopbac
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -93,6 +94,57 @@ def test_the_state_is_back_after_the_sandbox_is_killed_between_two_calls(store: 
     session_id = anyio.run(scenario)
     # The client went: the session it was given is removed, container and stored state (no leak).
     assert orch.containers(session_id) == [] and session_id not in orch.sessions()
+
+
+def test_a_call_the_client_cancels_is_stopped_in_the_sandbox(store: Settings) -> None:
+    async def scenario() -> str:
+        async with Client(server(store)) as client:
+            await call(client, "execute_code", code="kept = 'still here'")
+            with pytest.raises(TimeoutError), anyio.fail_after(3):  # the SDK cancels the request
+                await client.call_tool("execute_code", {"code": "import time\ntime.sleep(3600)"})
+            # Had the cell gone on sleeping, this call would wait for it (and the test time out).
+            return await call(client, "execute_code", code="kept")
+
+    assert "return value: 'still here'" in anyio.run(scenario)
+
+
+def test_sigterm_with_the_client_still_connected_removes_its_session(store: Settings, orch: Orchestrator) -> None:
+    """A client (or a service manager) stopping the server with SIGTERM, its stdin still open: the session goes too."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "mcp", "--label", f"{TEST_LABEL}={RUN_ID}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(store),
+    )
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        for message in (
+            {
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "1"},
+                },
+            },
+            {"method": "notifications/initialized"},
+            {"id": 2, "method": "tools/call", "params": {"name": "execute_code", "arguments": {"code": "x = 1"}}},
+        ):
+            process.stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+            process.stdin.flush()
+        replies = [json.loads(process.stdout.readline()) for _ in range(2)]
+        assert "status: success" in replies[1]["result"]["content"][0]["text"], replies
+        (session_id,) = orch.sessions()
+        process.terminate()
+        assert process.wait(timeout=120) == 0
+        assert orch.sessions() == [] and orch.containers(session_id) == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=60)
 
 
 def test_forks_rewind_and_context_through_the_tools_and_nothing_left_behind(
