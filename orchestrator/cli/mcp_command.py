@@ -89,7 +89,8 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     try:
         import anyio
 
-        from ..mcp.server import build_server, serve_http
+        from ..mcp.clients import Clients
+        from ..mcp.server import IDLE_AFTER, build_server, serve_http
     except ImportError as exc:
         if exc.name is not None and exc.name.split(".")[0] in ("mcp", "mcp_types", "starlette", "uvicorn", "pydantic"):
             raise ConfigError(INSTALL_HINT) from None
@@ -98,28 +99,33 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     token, made = _token() if args.http else ("", False)
     if args.http and not 0 < args.port < 65536:
         raise ConfigError(f"--port must be a port number (1-65535), got {args.port}")
-    workspace = Workspace(
-        ctx.orch,
-        limits,
-        named=args.session,
-        force=args.force,
-        keep=args.keep,
-        image=args.image,
-        labels=dict(args.labels),
-    )
+
+    def workspace() -> Workspace:
+        return Workspace(
+            ctx.orch,
+            limits,
+            named=args.session,
+            force=args.force,
+            keep=args.keep,
+            image=args.image,
+            labels=dict(args.labels),
+        )
+
+    # A named session has one holder: every HTTP client then shares it (docs/mcp.md, "Streamable HTTP").
+    clients = Clients(workspace, per_session=args.http and args.session is None, idle_after=IDLE_AFTER)
     with _terminate_as_interrupt():
         try:
-            workspace.open()
-            server = build_server(workspace)
+            clients.shared.open()
+            server = build_server(clients)
             if args.http:
                 _announce(args.host, args.port, token if made else None)
-                _serve_until_stopped(lambda: anyio.run(serve_http, server, token, args.host, args.port))
+                _serve_until_stopped(lambda: anyio.run(serve_http, server, clients, token, args.host, args.port))
             else:
                 _serve_until_stopped(lambda: server.run("stdio"))
         except KeyboardInterrupt:
             pass
         finally:
-            workspace.close()
+            clients.close()
     return 0
 
 

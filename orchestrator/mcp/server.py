@@ -15,13 +15,15 @@ from typing import Annotated, Any, TypeVar
 
 import anyio
 import anyio.to_thread
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.streamable_http_manager import DEFAULT_SESSION_IDLE_TIMEOUT
 from mcp.types import ToolAnnotations
 from pydantic import Field
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
+from .clients import SESSION_HEADER, Clients
 from .workspace import Workspace
 
 _T = TypeVar("_T")
@@ -41,12 +43,16 @@ SessionArg = Annotated[
 ]
 
 
-def build_server(workspace: Workspace) -> MCPServer[Any]:
-    """The MCP server whose tools act on ``workspace``'s sessions."""
+IDLE_AFTER = DEFAULT_SESSION_IDLE_TIMEOUT
+"""Seconds after which the SDK drops an HTTP client's idle MCP session (30 minutes); its sessions go then too."""
+
+
+def build_server(clients: Clients) -> MCPServer[Any]:
+    """The MCP server whose tools act on the sessions of the client that calls them (``clients``)."""
     server: MCPServer[Any] = MCPServer(
         "orchestrator", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
     )
-    limit = workspace.limits.max_timeout
+    limit = clients.shared.limits.max_timeout
     most = f" (at most {limit:g})" if limit is not None else ""
 
     def tool(name: str, description: str, *, read_only: bool = False) -> Callable[[Callable[..., Any]], Any]:
@@ -60,12 +66,14 @@ def build_server(workspace: Workspace) -> MCPServer[Any]:
         "REPL), and for an error its type, message, line, column and traceback.",
     )
     async def execute_code(
+        ctx: Context,
         code: Annotated[str, Field(description="The Python code to run.")],
         timeout_seconds: Annotated[
             float | None, Field(description=f"Seconds the code may run{most}; the session's default when left out.")
         ] = None,
         session: SessionArg = None,
     ) -> str:
+        workspace = await _on(clients, ctx, lambda w: w)
         try:
             return await anyio.to_thread.run_sync(
                 functools.partial(workspace.execute, code, timeout_seconds, session), abandon_on_cancel=True
@@ -78,24 +86,24 @@ def build_server(workspace: Workspace) -> MCPServer[Any]:
         "reset_repl",
         "Reset the Python session: clears all variables, imports and functions. The sandbox keeps running.",
     )
-    async def reset_repl(session: SessionArg = None) -> str:
-        return await _threaded(workspace.reset, session)
+    async def reset_repl(ctx: Context, session: SessionArg = None) -> str:
+        return await _on(clients, ctx, lambda w: w.reset(session))
 
     @tool(
         "undo_last_cell",
         "Undo your last execute_code (or reset_repl) call that changed variables: they go back to what they were "
         "before it. Call it again to undo the call before that one. Only variables are undone.",
     )
-    async def undo_last_cell(session: SessionArg = None) -> str:
-        return await _threaded(workspace.undo, session)
+    async def undo_last_cell(ctx: Context, session: SessionArg = None) -> str:
+        return await _on(clients, ctx, lambda w: w.undo(session))
 
     @tool(
         "list_variables",
         "List the variable names the session holds (saved, so they survive a restart).",
         read_only=True,
     )
-    async def list_variables(session: SessionArg = None) -> str:
-        return await _threaded(workspace.list_variables, session)
+    async def list_variables(ctx: Context, session: SessionArg = None) -> str:
+        return await _on(clients, ctx, lambda w: w.list_variables(session))
 
     @tool(
         "add_context",
@@ -104,11 +112,12 @@ def build_server(workspace: Workspace) -> MCPServer[Any]:
         "allowed). A UTF-8 file becomes a str, any other a bytes.",
     )
     async def add_context(
+        ctx: Context,
         text: Annotated[str | None, Field(description="The context itself.")] = None,
         path: Annotated[str | None, Field(description="A file to read instead of text.")] = None,
         session: SessionArg = None,
     ) -> str:
-        return await _threaded(workspace.add_context, text, path, session)
+        return await _on(clients, ctx, lambda w: w.add_context(text, path, session))
 
     @tool(
         "fork_session",
@@ -116,44 +125,48 @@ def build_server(workspace: Workspace) -> MCPServer[Any]:
         "to try something without touching the original. Returns the new session's name, for the session argument.",
     )
     async def fork_session(
+        ctx: Context,
         session: SessionArg = None,
         at: Annotated[
             int | None, Field(description="A generation the session keeps (history lists them); default: now.", ge=0)
         ] = None,
     ) -> str:
-        return await _threaded(workspace.fork, session, at)
+        return await _on(clients, ctx, lambda w: w.fork(session, at))
 
     @tool(
         "history",
         "List the earlier states (generations) the session keeps, for rewind and fork_session.",
         read_only=True,
     )
-    async def history(session: SessionArg = None) -> str:
-        return await _threaded(workspace.history, session)
+    async def history(ctx: Context, session: SessionArg = None) -> str:
+        return await _on(clients, ctx, lambda w: w.history(session))
 
     @tool(
         "rewind",
         "Bring the session's variables back to a generation history lists (as a new generation: nothing is lost).",
     )
     async def rewind(
+        ctx: Context,
         generation: Annotated[int, Field(description="The generation to go back to.", ge=0)],
         session: SessionArg = None,
     ) -> str:
-        return await _threaded(workspace.rewind, generation, session)
+        return await _on(clients, ctx, lambda w: w.rewind(generation, session))
 
     @tool("list_sessions", "List your sessions: the default one and the forks you made.", read_only=True)
-    async def list_sessions() -> str:
-        return await _threaded(workspace.sessions)
+    async def list_sessions(ctx: Context) -> str:
+        return await _on(clients, ctx, lambda w: w.sessions())
 
     @tool("close_session", "Remove one of your forks (its sandbox and its stored state) when you are done with it.")
-    async def close_session(session: Annotated[str, Field(description="The fork to remove.")]) -> str:
-        return await _threaded(workspace.close_session, session)
+    async def close_session(ctx: Context, session: Annotated[str, Field(description="The fork to remove.")]) -> str:
+        return await _on(clients, ctx, lambda w: w.close_session(session))
 
     return server
 
 
-async def _threaded(call: Callable[..., _T], *args: Any) -> _T:
-    return await anyio.to_thread.run_sync(functools.partial(call, *args))
+async def _on(clients: Clients, ctx: Context, call: Callable[[Workspace], _T]) -> _T:
+    """``call`` on the workspace of the client that sent the request, on a worker thread (both may block)."""
+    headers = ctx.headers
+    return await anyio.to_thread.run_sync(lambda: call(clients.of(headers)))
 
 
 class BearerToken:
@@ -179,14 +192,30 @@ class BearerToken:
         await self._app(scope, receive, send)
 
 
-def http_app(server: MCPServer[Any], token: str, host: str) -> ASGIApp:
+class SessionEnds:
+    """ASGI middleware: a ``DELETE`` of an MCP session (the client ends it) closes that client's workspace too."""
+
+    def __init__(self, app: ASGIApp, clients: Clients) -> None:
+        self._app = app
+        self._clients = clients
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "DELETE":  # before the reply: the client sees them gone
+            key = next((value for name, value in scope["headers"] if name == SESSION_HEADER.encode()), None)
+            if key is not None:
+                await anyio.to_thread.run_sync(self._clients.end, key.decode("latin-1"))
+        await self._app(scope, receive, send)
+
+
+def http_app(server: MCPServer[Any], clients: Clients, token: str, host: str) -> ASGIApp:
     """The streamable HTTP app at ``/mcp``, behind the bearer token (DNS-rebinding checks on for a loopback host)."""
-    return BearerToken(server.streamable_http_app(host=host), token)
+    app = server.streamable_http_app(host=host, session_idle_timeout=IDLE_AFTER)
+    return BearerToken(SessionEnds(app, clients), token)
 
 
-async def serve_http(server: MCPServer[Any], token: str, host: str, port: int) -> None:
-    """Serve streamable HTTP on ``host:port`` until cancelled (SIGINT/SIGTERM)."""
+async def serve_http(server: MCPServer[Any], clients: Clients, token: str, host: str, port: int) -> None:
+    """Serve streamable HTTP on ``host:port`` until the process ends."""
     import uvicorn
 
-    config = uvicorn.Config(http_app(server, token, host), host=host, port=port, log_level="warning")
+    config = uvicorn.Config(http_app(server, clients, token, host), host=host, port=port, log_level="warning")
     await uvicorn.Server(config).serve()

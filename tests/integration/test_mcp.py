@@ -292,7 +292,31 @@ def test_http_refuses_a_request_without_the_token_and_serves_one_with_it(
 
     names, answer = anyio.run(scenario)
     assert names == TOOLS and "return value: 42" in answer
-    assert len(orch.sessions()) == 1
+    assert len(orch.sessions()) == 1  # the 2026-07-28 protocol has no client sessions: its clients share one
     process.terminate()  # as a service manager stops it: the sessions it made go with it
     assert process.wait(timeout=60) == 0
     assert orch.sessions() == [] and orch.containers() == []
+
+
+def test_http_clients_that_keep_an_mcp_session_each_get_their_own(
+    http_server: tuple[str, str, subprocess.Popen[str]], orch: Orchestrator
+) -> None:
+    url, token, _ = http_server
+
+    async def scenario() -> tuple[str, str]:
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
+            Client(streamable_http_client(url, http_client=http), mode="legacy") as first,
+            Client(streamable_http_client(url, http_client=http), mode="legacy") as second,
+        ):
+            await call(first, "execute_code", code="who = 'first'")
+            await call(second, "execute_code", code="who = 'second'")
+            mine = default_session(await call(first, "list_sessions"))
+            assert mine != default_session(await call(second, "list_sessions"))
+            assert "no session" in await call(second, "list_variables", session=mine)  # out of its reach
+            return await call(first, "execute_code", code="who"), await call(second, "execute_code", code="who")
+
+    first, second = anyio.run(scenario)
+    assert "'first'" in first and "'second'" in second
+    # Each client ended its MCP session (DELETE) on the way out: its sandbox session went with it.
+    assert orch.sessions() == []

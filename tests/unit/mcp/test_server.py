@@ -15,21 +15,22 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from orchestrator import Orchestrator
+from orchestrator.mcp.clients import Clients
 from orchestrator.mcp.server import BearerToken, build_server
 from orchestrator.mcp.workspace import Limits, Workspace
 
 
 @pytest.fixture
-def workspace(tmp_path: Path) -> Iterator[Workspace]:
+def clients(tmp_path: Path) -> Iterator[Clients]:
     with Orchestrator(fake_settings(tmp_path), backend=FakeBackend()) as orch:
-        workspace = Workspace(orch, Limits(max_timeout=30))
-        yield workspace
-        workspace.close()
+        clients = Clients(lambda: Workspace(orch, Limits(max_timeout=30)), per_session=False, idle_after=None)
+        yield clients
+        clients.close()
 
 
-def test_the_tools_their_arguments_and_a_call(workspace: Workspace) -> None:
+def test_the_tools_their_arguments_and_a_call(clients: Clients) -> None:
     async def scenario() -> tuple[dict[str, dict], str, str, bool]:
-        async with Client(build_server(workspace)) as client:
+        async with Client(build_server(clients)) as client:
             tools = {tool.name: tool.input_schema for tool in (await client.list_tools()).tools}
             ran = await client.call_tool("execute_code", {"code": "x = 'one'"})
             bad = await client.call_tool("execute_code", {"code": "1", "timeout_seconds": 31})
