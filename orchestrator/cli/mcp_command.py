@@ -119,7 +119,12 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
             server = build_server(clients)
             if args.http:
                 _announce(args.host, args.port, token if made else None)
-                _serve_until_stopped(lambda: anyio.run(serve_http, server, clients, token, args.host, args.port))
+                try:
+                    _serve_until_stopped(lambda: anyio.run(serve_http, server, clients, token, args.host, args.port))
+                except SystemExit:  # uvicorn's way to say it could not listen (its error is on stderr)
+                    raise ConfigError(
+                        f"could not serve on {args.host} port {args.port} (see the error above)"
+                    ) from None
             else:
                 _serve_until_stopped(lambda: server.run("stdio"))
         except KeyboardInterrupt:

@@ -1,9 +1,9 @@
-"""The MCP server: a ``Workspace``'s calls as tools of the official ``mcp`` SDK, over stdio or streamable HTTP.
+"""The MCP server: a client's ``Workspace`` calls as tools of the official ``mcp`` SDK, over stdio or streamable HTTP.
 
-Each tool runs its blocking call on a worker thread (``anyio.to_thread``), so a long cell does not
-stop the server from answering pings. Over HTTP every request must carry the bearer token
-(``BearerToken``, compared in constant time) before the SDK sees it; the server binds to loopback
-unless told otherwise.
+Each tool finds the calling client's workspace (``Clients``) and runs its blocking call on a
+worker thread (``anyio.to_thread``), so a long cell does not stop the server from answering.
+Over HTTP every request must carry the bearer token (``BearerToken``, compared in constant
+time) before the SDK sees it; the server binds to loopback unless told otherwise.
 """
 
 # No "from __future__ import annotations": the SDK reads the tools' annotations, some made in build_server.

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from orchestrator.cli import build_parser
-from orchestrator.cli.mcp_command import _is_loopback, _limits, _token
+from orchestrator.cli.mcp_command import _is_loopback, _limits, _token, run
 from orchestrator.errors import ConfigError
 
 
@@ -51,3 +54,12 @@ def test_the_token_is_made_unless_given_and_a_weak_one_is_refused(monkeypatch: p
 )
 def test_loopback_addresses(host: str, loopback: bool) -> None:
     assert _is_loopback(host) is loopback
+
+
+def test_without_the_sdk_the_command_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "orchestrator.mcp.server", raising=False)
+    for name in [name for name in sys.modules if name == "mcp" or name.startswith("mcp.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "mcp", None)
+    with pytest.raises(ConfigError, match=re.escape("pip install 'orchestrator[mcp]'")):
+        run(SimpleNamespace(orch=None), parse())
