@@ -108,6 +108,18 @@ def test_a_call_the_client_cancels_is_stopped_in_the_sandbox(store: Settings) ->
     assert "return value: 'still here'" in anyio.run(scenario)
 
 
+def test_hostile_and_huge_output_reaches_the_client_made_safe_and_cut(store: Settings) -> None:
+    async def scenario() -> tuple[str, str]:
+        async with Client(server(store, "--max-answer-chars", "2000")) as client:
+            huge = await call(client, "execute_code", code="print('x' * 1_000_000)")
+            hostile = await call(client, "execute_code", code="print('\\x1b]0;owned\\x07\\x1b[2J\\u202e')")
+            return huge, hostile
+
+    huge, hostile = anyio.run(scenario)
+    assert len(huge) <= 2000 and "left out" in huge and "all of it is in the file" in huge, huge
+    assert not any(char in hostile for char in "\x1b\x07\u202e") and "\\x1b" in hostile, hostile
+
+
 def test_sigterm_with_the_client_still_connected_removes_its_session(store: Settings, orch: Orchestrator) -> None:
     """A client (or a service manager) stopping the server with SIGTERM, its stdin still open: the session goes too."""
     process = subprocess.Popen(
