@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from ..api.tools import DEFAULT_ANSWER_CHARS, MIN_ANSWER_CHARS
 from ..errors import ConfigError
 from ..mcp import INSTALL_HINT
 from ..mcp.workspace import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSIONS, Limits, Workspace
@@ -62,9 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-answer-chars",
         type=int,
-        default=20_000,
+        default=DEFAULT_ANSWER_CHARS,
         metavar="N",
-        help="the most characters of one answer (default 20000; at least 2000)",
+        help=f"the most characters of one answer (default {DEFAULT_ANSWER_CHARS}; at least {MIN_ANSWER_CHARS})",
     )
     parser.add_argument(
         "--max-sessions",
@@ -154,8 +155,8 @@ def _serve_until_stopped(serve: Callable[[], None]) -> None:
 
 
 def _limits(args: argparse.Namespace) -> Limits:
-    if args.max_answer_chars < 2_000:
-        raise ConfigError(f"--max-answer-chars must be at least 2000, got {args.max_answer_chars}")
+    if args.max_answer_chars < MIN_ANSWER_CHARS:
+        raise ConfigError(f"--max-answer-chars must be at least {MIN_ANSWER_CHARS}, got {args.max_answer_chars}")
     if args.max_sessions < 1:
         raise ConfigError(f"--max-sessions must be at least 1, got {args.max_sessions}")
     roots = []

@@ -26,7 +26,7 @@ from typing import Any
 from ..api.answers import FIELD_CHARS, Answer, field
 from ..api.manager import Orchestrator
 from ..api.session import Session, SessionState
-from ..api.tools import EXECUTE, RESET, PythonTool, describe_failure
+from ..api.tools import DEFAULT_ANSWER_CHARS, EXECUTE, RESET, PythonTool, describe_failure
 from ..api.undo import UNDO
 from ..errors import ConfigError, OrchestratorError, SessionNotFound
 from ..units import describe_bytes
@@ -49,7 +49,7 @@ class Limits:
     """What a client may ask of the server (the flags of ``orchestrator mcp``; docs/mcp.md)."""
 
     max_timeout: float | None = None
-    max_answer_chars: int = 20_000
+    max_answer_chars: int = DEFAULT_ANSWER_CHARS
     max_sessions: int = DEFAULT_MAX_SESSIONS
     max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES
     file_roots: tuple[Path, ...] = ()
