@@ -90,6 +90,7 @@ class Workspace:
         self._lock = threading.Lock()  # the session table; the calls themselves are serialized by each Session
         self._sessions: dict[str, tuple[Session, PythonTool]] = {}
         self._default: str | None = None
+        self._closed = False  # a call that comes after close (the client is gone) must not start a session
 
     def open(self) -> None:
         """Bind the named session now, so that a session held elsewhere is refused before the client is served.
@@ -246,7 +247,7 @@ class Workspace:
     def close(self) -> None:
         """Let go of every session: detach the named one (all with ``keep``), remove the others; never raises."""
         with self._lock:
-            held, self._sessions = list(self._sessions.values()), {}
+            held, self._sessions, self._closed = list(self._sessions.values()), {}, True
         for handle, _ in held:  # a call still running (its client gone) is stopped, not waited for
             handle.interrupt()
         for handle, _ in held:
@@ -308,6 +309,8 @@ class Workspace:
 
     def _pick(self, session: str | None) -> tuple[Session, PythonTool]:
         """The session the client named (its default one when None); the table lock is held."""
+        if self._closed:
+            raise BadCall("This client's sessions were let go of (it went away, or the server is stopping).")
         if session is None:
             return self._default_session()
         held = self._sessions.get(session)

@@ -84,6 +84,8 @@ def test_closing_removes_what_the_client_made(orch: Orchestrator) -> None:
     assert len(orch.sessions()) == 2
     workspace.close()
     assert orch.sessions() == []
+    assert "let go of" in workspace.execute("x", None, None)  # a late call starts nothing
+    assert orch.sessions() == []
 
 
 def test_a_named_session_is_created_at_open_and_detached_at_close(orch: Orchestrator, tmp_path: Path) -> None:
