@@ -563,6 +563,8 @@ OTHER_VARIABLES = frozenset(
         "ORCH_JANITOR_OLDER_THAN",
         "ORCH_JANITOR_INTERVAL",
         "ORCH_JANITOR_HEALTH_INTERVAL",
+        # `orchestrator mcp --http`: its bearer token (docs/mcp.md).
+        "ORCH_MCP_TOKEN",
         # Set-up scripts and the test harness (scripts/, images/, tests/).
         "ORCH_OLDEST_BASE_IMAGE",
         "ORCH_BASE_SUITE",

@@ -81,7 +81,7 @@ class FakeBackend:
         self.handler = handler
         self.containers: dict[str, FakeContainer] = {}
         self.removed: list[str] = []
-        self.usage: dict[str, ResourceUsage] = {}
+        self.resources: dict[str, ResourceUsage] = {}
         """What ``resource_usage`` reports of a container (by id) while it exists; a test sets it."""
         self._lock = threading.Lock()
 
@@ -134,7 +134,10 @@ class FakeBackend:
 
     def resource_usage(self, container_ids: Iterable[str]) -> dict[str, ResourceUsage]:
         with self._lock:
-            return {c: self.usage[c] for c in container_ids if c in self.usage and c in self.containers}
+            return {c: self.resources[c] for c in container_ids if c in self.resources and c in self.containers}
+
+    def usage(self, container_id: str) -> None:
+        return None
 
     def logs(self, container_id: str, tail: int | None) -> str:
         return ""

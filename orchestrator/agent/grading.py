@@ -60,10 +60,13 @@ _error_info = cells.error_info
 
 
 class Report(object):
-    """The value of a grading cell: its repr is the JSON the controller reads (``ended``, ``reason``, ``error``)."""
+    """The value of a grading cell: its repr is the JSON the controller reads (``ended``, ``reason``, ``error``,
+    ``signal``: the name of the signal that ended the child, when one did and the harness did not send it)."""
 
-    def __init__(self, ended: str, reason: str = "", error: Optional[Dict[str, Any]] = None) -> None:
-        self.data = {"ended": ended, "reason": reason, "error": error}
+    def __init__(
+        self, ended: str, reason: str = "", error: Optional[Dict[str, Any]] = None, signal: Optional[str] = None
+    ) -> None:
+        self.data = {"ended": ended, "reason": reason, "error": error, "signal": signal}
 
     def __repr__(self) -> str:
         error = self.data["error"]
@@ -438,6 +441,17 @@ def _readable(sock: socket.socket) -> bool:
     return bool(select.select([sock], [], [], 0)[0])
 
 
+def _signal_name(status: int) -> Optional[str]:
+    """The signal that ended a child (``SIGSEGV``), from its wait status; None when it exited."""
+    if not os.WIFSIGNALED(status):
+        return None
+    number = os.WTERMSIG(status)
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "SIG%d" % number
+
+
 def _describe_status(status: int) -> str:
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
@@ -649,9 +663,12 @@ class Grading(object):
             return Report("error" if error is not None else "ok", "", error)
         child.reap(block=True)
         assert child.status is not None
+        ended_by = _signal_name(child.status)
         if oom_kill_count() > oom_before:
-            return Report("oom", "ran out of its memory limit (the kernel's out-of-memory killer stopped it)")
-        return Report("crashed", "ended %s before it finished: it %s" % (who, _describe_status(child.status)))
+            reason = "ran out of its memory limit (the kernel's out-of-memory killer stopped it)"
+            return Report("oom", reason, signal=ended_by)
+        reason = "ended %s before it finished: it %s" % (who, _describe_status(child.status))
+        return Report("crashed", reason, signal=ended_by)
 
 
 _current: Optional[Grading] = None

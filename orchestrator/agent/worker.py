@@ -488,6 +488,9 @@ class Worker:
             "__builtins__": __builtins__,
             "host_call": self.calls.call if self.calls is not None else _no_host_calls,
             "HostCallError": hostcall.HostCallError,
+            # Values a restore deferred are not in the namespace until used (lazy.py): the hooks can see and load them.
+            "deferred_values": self._deferred_values,
+            "load_deferred": self._load_deferred,
         }
         self._enter(_CELL)
         try:
@@ -642,6 +645,16 @@ class Worker:
         if self.calls is None:
             raise hostcall.HostCallError("this worker has no link for host calls")
         return self.calls.call_raw(protocol.BLOB_CALL, protocol.blob_call(key, digest))
+
+    def _deferred_values(self) -> Dict[str, int]:
+        """The active context's deferred names, with their stored sizes (for the scaffold's hooks); a name the cell
+        bound again is its own value now."""
+        pending = self.active.deferred.pending
+        return dict((name, size) for name, (_, size) in pending.items() if name not in self.namespace)
+
+    def _load_deferred(self, name: str) -> Any:
+        """Load a deferred name of the active context now and return it (for the scaffold's hooks; lazy.py's errors)."""
+        return self.active.deferred.load(name)
 
     def _all_deferred(self) -> List[lazy.Deferred]:
         return [context.deferred for context in (self.default, *self.contexts.values())]

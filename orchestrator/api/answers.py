@@ -82,7 +82,7 @@ def _demand(section: _Section) -> int:
     if section.file is not None:
         with contextlib.suppress(OSError):
             return section.file.stat().st_size
-    return len(section.text)
+    return len(visible(section.text))  # what it takes to show: an escape is longer than the character it shows
 
 
 def _fair_shares(demands: list[int], budget: int) -> list[int]:

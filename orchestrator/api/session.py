@@ -390,8 +390,10 @@ class Session:
     def set_scaffold(self, code: str, *, names: Collection[str] = ()) -> None:
         """Install the code that supports this session's cells in every worker, now and after each restart.
 
-        ``code`` runs in a module of its own (not the session namespace), with ``host_call``
-        and ``HostCallError`` among its globals. It may define ``before_cell(namespace)``,
+        ``code`` runs in a module of its own (not the session namespace), with ``host_call``,
+        ``HostCallError``, ``deferred_values()`` (names a restore has not loaded yet, with their stored sizes: they
+        are not in ``namespace`` until used) and ``load_deferred(name)`` among its globals (docs/protocol.md, "The
+        scaffold"). It may define ``before_cell(namespace)``,
         called before every cell (to install helpers or restore names a cell overwrote), and
         ``after_cell(namespace)``, whose JSON-able result every ``ExecResult.scaffold`` carries.
         ``names`` are the session names the scaffold makes: they are never checkpointed.

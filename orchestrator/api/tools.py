@@ -248,7 +248,8 @@ class PythonTool:
         )
 
     def _changes(self) -> AbstractContextManager[None]:
-        """Around a call that may change the variables: noted for ``undo_last_cell`` when it is offered."""
+        """Around a call that may change the variables: noted for ``undo_last_cell`` when it is offered (``orchestrator
+        mcp`` wraps the model's other calls that change them in it too: a rewind, a context)."""
         return contextlib.nullcontext() if self._undo is None else self._undo.call()
 
     def _undo_last(self) -> str:

@@ -68,6 +68,18 @@ class ContainerState:
 
 
 @dataclass(frozen=True)
+class ContainerUsage:
+    """What the kernel counted for one container's cgroup since it started, read from outside the container (no
+    process in it writes these numbers). None: not known."""
+
+    cpu_ns: int | None
+    """CPU time of every process it ran, user and system, in nanoseconds."""
+    peak_memory: int | None
+    """The most memory (bytes) its cgroup was charged at once: cgroup v1 ``memory.max_usage_in_bytes``, v2
+    ``memory.peak``."""
+
+
+@dataclass(frozen=True)
 class Placement:
     """Where a session's sandboxes may run and what they reserve there; only a multi-node backend (Swarm) uses it.
 
@@ -181,6 +193,10 @@ class Backend(Protocol):
 
     def resource_usage(self, container_ids: Iterable[str]) -> dict[str, ResourceUsage]:
         """Memory and CPU time each running container uses now, for those the engine can tell quickly."""
+        ...
+
+    def usage(self, container_id: str) -> ContainerUsage | None:
+        """Its CPU time and peak memory as the engine reads them from its cgroup (None: not known, or it is gone)."""
         ...
 
     def logs(self, container_id: str, tail: int | None) -> str:

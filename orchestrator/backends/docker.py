@@ -6,11 +6,13 @@ caller ever sees a Docker SDK exception.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -22,7 +24,15 @@ from ..agent.usage import container_usage
 from ..config import Settings
 from ..errors import EngineError, EngineUnavailable, ImageMissing
 from ..wire.endpoint import UnixSocketEndpoint
-from .base import MANAGED, SUPERVISOR_CAPABILITIES, ContainerState, Placement, ResourceUsage, SandboxSpec
+from .base import (
+    MANAGED,
+    SUPERVISOR_CAPABILITIES,
+    ContainerState,
+    ContainerUsage,
+    Placement,
+    ResourceUsage,
+    SandboxSpec,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -220,6 +230,32 @@ class DockerBackend:
                 usage[container_id] = ResourceUsage(memory_bytes=memory, cpu_seconds=cpu)
         return usage
 
+    def usage(self, container_id: str) -> ContainerUsage | None:
+        """Read from the container's cgroup on this host when the engine runs here (a file read); else one sample of
+        the engine's stats (``one-shot``, which still waits for the engine's next collection: up to a second).
+
+        Raises:
+            EngineError: the engine refused; EngineUnavailable: it does not answer.
+        """
+        cpu = _read_counter(path.format(id=container_id) for path in _CPU_NS_FILES)
+        if cpu is None:
+            cpu = _cpu_stat_usec(container_id)
+        peak = _read_counter(path.format(id=container_id) for path in _PEAK_FILES)
+        if cpu is not None and peak is not None:
+            return ContainerUsage(cpu_ns=cpu, peak_memory=peak)
+        with engine_errors(f"reading the stats of container {container_id[:12]}"):
+            try:
+                stats = self.client.api.stats(container_id, stream=False, one_shot=True)
+            except (docker.errors.NotFound, requests.exceptions.JSONDecodeError):  # an empty body: it is being removed
+                return None
+        if not isinstance(stats, dict):
+            return None
+        cpu = _counter(stats, "cpu_stats", "cpu_usage", "total_usage")
+        peak = _counter(stats, "memory_stats", "max_usage")
+        if not cpu and peak is None:  # a stopped container's stats are empty
+            return None
+        return ContainerUsage(cpu_ns=cpu, peak_memory=peak)
+
     def logs(self, container_id: str, tail: int | None) -> str:
         with engine_errors(f"reading the log of container {container_id[:12]}"):
             raw = self.client.containers.get(container_id).logs(tail="all" if tail is None else tail)
@@ -235,6 +271,45 @@ def endpoint_options(settings: Settings) -> dict[str, Any]:
         "max_header": settings.limits.max_header_bytes,
         "max_body": settings.limits.max_body_bytes,
     }
+
+
+_CGROUP_V2_DIRS = ("/sys/fs/cgroup/system.slice/docker-{id}.scope", "/sys/fs/cgroup/docker/{id}")
+_CPU_NS_FILES = (
+    "/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage",
+    "/sys/fs/cgroup/cpu,cpuacct/docker/{id}/cpuacct.usage",
+)
+_PEAK_FILES = (
+    "/sys/fs/cgroup/memory/docker/{id}/memory.max_usage_in_bytes",
+    *(folder + "/memory.peak" for folder in _CGROUP_V2_DIRS),
+)
+_MAX_COUNTER = 1 << 62
+
+
+def _counter(data: Any, *path: str) -> int | None:
+    """A non-negative integer at ``path`` of the engine's JSON, or None (absent, not an integer, out of range)."""
+    for key in path:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data if type(data) is int and 0 <= data < _MAX_COUNTER else None
+
+
+def _cpu_stat_usec(container_id: str) -> int | None:
+    """cgroup v2: ``usage_usec`` of the container's ``cpu.stat``, in nanoseconds."""
+    for folder in _CGROUP_V2_DIRS:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(folder.format(id=container_id), "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec" and 0 <= int(value) < _MAX_COUNTER // 1000:
+                    return int(value) * 1000
+    return None
+
+
+def _read_counter(paths: Iterable[str]) -> int | None:
+    for path in paths:
+        with contextlib.suppress(OSError, ValueError):
+            value = int(Path(path).read_text())
+            if 0 <= value < _MAX_COUNTER:
+                return value
+    return None
 
 
 _EXITED = re.compile(r"^Exited \((-?\d+)\)")

@@ -21,7 +21,7 @@ from ..errors import OrchestratorError
 from ..ops import janitor
 from ..safe_text import log_to_stderr, visible
 from ..units import duration_argument, positive_duration_argument
-from . import commands, evaluate, filters, shell
+from . import commands, evaluate, filters, mcp_command, shell
 from . import logs as session_logs
 from .render import EXIT_HELP, Exit, Output
 
@@ -350,6 +350,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="record the base image as the default of later runs on this state dir (no ORCH_BASE_IMAGE needed)",
     )
     build.set_defaults(func=commands.image_build)
+
+    mcp = command(
+        "mcp",
+        "serve persistent sessions to an MCP client (stdio, or --http on loopback with a token); docs/mcp.md",
+        json=False,
+    )
+    mcp_command.add_arguments(mcp)
+    _labels_option(mcp, "each session it creates")
+    mcp.set_defaults(func=mcp_command.run)
 
     command("demo", "show a session surviving a killed container", json=False).set_defaults(func=commands.demo)
     return parser

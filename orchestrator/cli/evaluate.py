@@ -19,6 +19,7 @@ from pathlib import Path
 from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ..api.manager import Orchestrator
 from ..config import Settings
@@ -33,8 +34,9 @@ from ..evaluation import (
     Submission,
     read_submissions,
 )
-from ..evaluation.evaluator import Evaluator, OnResult
-from ..units import positive_duration_argument, size_argument
+from ..evaluation.accounting import slowest
+from ..evaluation.evaluator import MAX_RUNS, Evaluator, OnResult
+from ..units import describe_bytes, positive_duration_argument, size_argument
 from .render import Output, error_line, one_line
 
 INFRA = 2
@@ -52,6 +54,12 @@ Results: one JSON record per submission in --out, written as each ends. See docs
 def _jobs(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 256:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of jobs from 1 to 256")
+    return int(text)
+
+
+def _runs(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_RUNS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs from 1 to {MAX_RUNS}")
     return int(text)
 
 
@@ -83,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="strict grading: tests run in an interpreter of their own and reach the code through plain data only "
         "(a submission's own 'grading' field wins; docs/eval.md)",
     )
+    parser.add_argument(
+        "--runs",
+        type=_runs,
+        default=1,
+        metavar="N",
+        help="grade each submission N times, each in a fresh sandbox; 'flaky' when the verdicts differ (default 1)",
+    )
     parser.add_argument("--resume", action="store_true", help="keep --out and skip the ids it already holds")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no per-problem lines")
 
@@ -97,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             memory=args.memory,
             output_limit=args.max_output,
             strict=args.strict,
+            runs=args.runs,
         )
         items = list(_read(args.submissions))
         orch = Orchestrator(Settings.from_env())
@@ -148,7 +164,9 @@ def _progress(out: Output, total: int, quiet: bool) -> Iterator[OnResult | None]
         def note(result: EvalResult) -> None:
             if not result.passed:
                 shown = (one_line(result.id), one_line(result.message))
-                out.note(f"{shown[0]}: {result.status.value}: {shown[1]}")
+                passes = sum(run.get("status") == Status.PASSED.value for run in result.runs)
+                flaky = f" (flaky: passed {passes} of {len(result.runs)} runs)" if result.flaky else ""
+                out.note(f"{shown[0]}: {result.status.value}{flaky}: {shown[1]}")
 
         yield note
         return
@@ -173,10 +191,24 @@ def _progress(out: Output, total: int, quiet: bool) -> Iterator[OnResult | None]
 
 def _summary(out: Output, report: EvalReport) -> None:
     counts = report.counts
+    figures = report.totals
+    slow = slowest(report.results)
     if out.json_mode:
         out.json(
             {
                 "counts": {status.value: count for status, count in counts.items()},
+                "flaky": figures.flaky,
+                "totals": figures.to_json(),
+                "slowest": [
+                    {
+                        "id": result.id,
+                        "status": result.status.value,
+                        "wall_seconds": result.wall_seconds,
+                        "cpu_seconds": result.cpu_seconds,
+                        "peak_memory": result.peak_memory,
+                    }
+                    for result in slow
+                ],
                 "total": len(report.results),
                 "invalid": [{"line": i.line, "id": i.id, "message": i.message} for i in report.invalid],
                 "resumed": report.resumed,
@@ -194,7 +226,29 @@ def _summary(out: Output, report: EvalReport) -> None:
             table.add_row(status.value, str(count), style=_STYLE.get(status, "yellow"))
     if report.invalid:
         table.add_row("invalid input", str(len(report.invalid)), style="red")
+    if figures.flaky:
+        table.add_row("flaky", str(figures.flaky), style="yellow")
     out.table(table)
+    if slow:
+        slowest_table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title="slowest")
+        for column in ("ID", "STATUS", "WALL", "CPU", "PEAK"):
+            slowest_table.add_column(column, justify="left" if column in ("ID", "STATUS") else "right")
+        for result in slow:
+            slowest_table.add_row(
+                Text(one_line(result.id)),  # a Text: an id is never read as markup
+                result.status.value,
+                _seconds(result.wall_seconds),
+                _seconds(result.cpu_seconds),
+                describe_bytes(result.peak_memory),
+            )
+        out.table(slowest_table)
+    peak = describe_bytes(figures.peak_memory)
+    unmeasured = figures.runs - figures.measured
+    missing = f" ({unmeasured} runs without a CPU figure)" if unmeasured else ""
+    out.line(
+        f"{figures.runs} runs: CPU {figures.cpu_seconds:.2f} s{missing}, wall {figures.wall_seconds:.2f} s, "
+        f"largest peak memory {peak}"
+    )
     rate = len(report.results) - report.resumed
     pace = f", {rate / report.seconds:.1f}/s" if report.seconds > 0 and rate else ""
     resumed = f" ({report.resumed} from the earlier run)" if report.resumed else ""
@@ -202,3 +256,7 @@ def _summary(out: Output, report: EvalReport) -> None:
         f"{counts[Status.PASSED]} of {len(report.results)} passed{resumed} in "
         f"{report.seconds:.1f} s{pace}; image {report.image}"
     )
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"

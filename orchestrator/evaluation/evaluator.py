@@ -1,7 +1,7 @@
 """Grade many submissions, ``jobs`` at a time, each in a fresh sandbox from a pool, never losing a result.
 
-Every result is written (flushed, fsynced) to the results file the moment its submission ends,
-then its sandbox is removed; the pool starts the next sandboxes meanwhile. Containers carry the
+Every result is written (flushed, fsynced) to the results file the moment its submission ends (its last run,
+with ``runs``), then its sandbox is removed; the pool starts the next sandboxes meanwhile. Containers carry the
 run's labels (``orchestrator.eval-run``, the controller's host and pid), so a run that was
 killed leaves nothing a later run does not remove (``sweep_dead_runs``).
 """
@@ -28,6 +28,7 @@ from ..ops.pool import SandboxPool
 from ..runtime.sandbox import Sandbox
 from ..state.controllers import controller_labels, discard_left_behind, left_behind
 from ..units import parse_size
+from .accounting import Totals, combine_runs, cpu_seconds, read_usage, totals
 from .grading import Status, error_json
 from .records import EvalResult, ResultsFile, status_counts, write_junit
 from .runner import SubmissionRunner
@@ -36,6 +37,7 @@ from .submissions import InvalidLine, Submission, read_memory, read_timeout
 logger = logging.getLogger(__name__)
 
 EVAL_RUN = "orchestrator.eval-run"
+MAX_RUNS = 100
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,9 @@ class EvalOptions:
     strict: bool = False
     """Grade in strict mode unless a submission sets ``grading``: its tests run in an interpreter of their own and
     reach its functions through plain data only (docs/eval.md, "Strict mode")."""
+    runs: int = 1
+    """Times each submission is graded, each in a fresh sandbox (1 to 100); its record is ``flaky`` when the runs'
+    statuses differ (docs/eval.md, "Runs and flaky submissions")."""
 
     def __post_init__(self) -> None:
         if not is_integer(self.jobs) or not 1 <= self.jobs <= 256:
@@ -78,6 +83,8 @@ class EvalOptions:
             raise ConfigError(f"pool_size must be a non-negative integer, got {self.pool_size!r}")
         if not isinstance(self.strict, bool):
             raise ConfigError(f"strict must be True or False, got {self.strict!r}")
+        if not is_integer(self.runs) or not 1 <= self.runs <= MAX_RUNS:
+            raise ConfigError(f"runs must be an integer from 1 to {MAX_RUNS}, got {self.runs!r}")
 
 
 @dataclass
@@ -94,6 +101,11 @@ class EvalReport:
     @property
     def counts(self) -> dict[Status, int]:
         return status_counts(self.results)
+
+    @property
+    def totals(self) -> Totals:
+        """CPU, wall and peak memory over every run, and how many submissions were flaky."""
+        return totals(self.results)
 
     @property
     def exit_code(self) -> int:
@@ -180,7 +192,7 @@ class Evaluator:
             image=image,
             scope=f"eval-{self._run_id}",
             labels=self._labels,
-            size=min(size, sum(1 for s in todo if s.memory in (None, self._default_memory))),
+            size=min(size, self._options.runs * sum(1 for s in todo if s.memory in (None, self._default_memory))),
             share_network=self._options.share_network,
             metrics=self._metrics,
         )
@@ -202,7 +214,14 @@ class Evaluator:
         try:
             with ThreadPoolExecutor(self._options.jobs, thread_name_prefix="eval") as jobs:
                 try:
-                    for future in [jobs.submit(self._grade, pool, runner, s, image, image_id, finish) for s in todo]:
+                    futures = []
+                    for submission in todo:
+                        collect = _RunsOf(self._options.runs, finish)  # one per submission, shared by its runs
+                        futures += [
+                            jobs.submit(self._grade, pool, runner, submission, image, image_id, collect)
+                            for _ in range(self._options.runs)
+                        ]
+                    for future in futures:
                         future.result()
                 except BaseException:
                     self._stop()
@@ -214,7 +233,17 @@ class Evaluator:
         ]
         report.seconds = time.monotonic() - started
         if junit is not None:
-            write_junit(junit, report.results, report.invalid, name="orchestrator eval", seconds=report.seconds)
+            figures = {
+                f"total_{key}": str(value) for key, value in report.totals.to_json().items() if value is not None
+            }
+            write_junit(
+                junit,
+                report.results,
+                report.invalid,
+                name="orchestrator eval",
+                seconds=report.seconds,
+                properties=figures,
+            )
         return report
 
     def _stop(self) -> None:
@@ -233,8 +262,10 @@ class Evaluator:
         submission: Submission,
         image: str,
         image_id: str,
-        finish: OnResult,
+        collect: _RunsOf,
     ) -> None:
+        """One run of ``submission`` in a fresh sandbox (its runs are jobs of their own, so they run side by side),
+        handed to ``collect`` before its sandbox is removed: the last run's record is written first."""
         if self._stopping.is_set():
             return
         started = time.monotonic()
@@ -256,39 +287,44 @@ class Evaluator:
             else:
                 sandbox = pool.start(self._settings.replace(limits=self._settings.limits.replace(memory=memory)))
         except OrchestratorError as exc:
-            finish(_infra_error(common, started, f"no sandbox could be started: {type(exc).__name__}: {exc}"))
+            collect.add(_infra_error(common, started, f"no sandbox could be started: {type(exc).__name__}: {exc}"))
             return
         with self._lock:
             self._in_use.add(sandbox)
         try:
             waited = time.monotonic() - started
+            before = read_usage(self._backend, sandbox.container_id)
             try:
                 verdict, code, tests = runner.run(sandbox, submission, timeout, strict=strict)
             except Exception as exc:  # a fault of the controller's: this submission's infra_error, the run goes on
                 logger.exception("eval: grading %s failed", submission.id)
-                finish(_infra_error(common, started, f"grading it failed: {type(exc).__name__}: {exc}"))
+                collect.add(_infra_error(common, started, f"grading it failed: {type(exc).__name__}: {exc}"))
                 return
+            after = read_usage(self._backend, sandbox.container_id)
             stdout = code.stdout + (tests.stdout if tests is not None else "")
             stderr = code.stderr + (tests.stderr if tests is not None else "")
             durations = {"total": time.monotonic() - started, "sandbox": waited, "code": code.duration}
             if tests is not None:
                 durations["tests"] = tests.duration
-            finish(
-                EvalResult(
-                    status=verdict.status,
-                    message=verdict.message,
-                    phase=verdict.phase,
-                    stdout=stdout,
-                    stderr=stderr,
-                    output_truncated=verdict.status is Status.OUTPUT_LIMIT,
-                    error=error_json(verdict.error),
-                    diff=verdict.diff,
-                    durations=durations,
-                    sandbox_id=sandbox.sandbox_id,
-                    finished_at=time.time(),
-                    **common,
-                )
+            result = EvalResult(
+                status=verdict.status,
+                message=verdict.message,
+                phase=verdict.phase,
+                stdout=stdout,
+                stderr=stderr,
+                output_truncated=verdict.status is Status.OUTPUT_LIMIT,
+                error=error_json(verdict.error),
+                diff=verdict.diff,
+                durations=durations,
+                sandbox_id=sandbox.sandbox_id,
+                finished_at=time.time(),
+                cpu_seconds=cpu_seconds(before, after),
+                wall_seconds=code.duration + (tests.duration if tests is not None else 0.0),
+                peak_memory=after.peak_memory if after is not None else None,
+                signal=verdict.signal,
+                **common,
             )
+            collect.add(result)
         finally:
             with self._lock:
                 self._in_use.discard(sandbox)
@@ -316,6 +352,24 @@ class Evaluator:
             else None,
             "tmpfs": dict(settings.confinement.tmpfs),
         }
+
+
+class _RunsOf:
+    """The runs of one submission as they end (in any order, from several jobs); the last one finishes its record."""
+
+    def __init__(self, runs: int, finish: OnResult) -> None:
+        self._runs = runs
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._ended: list[EvalResult] = []
+
+    def add(self, result: EvalResult) -> None:
+        with self._lock:
+            self._ended.append(result)
+            if len(self._ended) < self._runs:
+                return
+            ended = self._ended
+        self._finish(ended[0] if len(ended) == 1 else combine_runs(ended))
 
 
 def _infra_error(common: dict[str, Any], started: float, message: str) -> EvalResult:

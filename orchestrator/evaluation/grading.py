@@ -49,6 +49,9 @@ class CellRun:
     error: ExecError | None = None
     duration: float = 0.0
     reason: str = ""
+    signal: str | None = None
+    """The signal that ended the submission's interpreter (``SIGSEGV``), as the grading harness saw it from
+    ``waitpid``; None when it exited, or the grading stopped it (timeout, output limit)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Verdict:
     phase: str | None = None  # "code" or "tests": the cell that decided it
     error: ExecError | None = None
     diff: str | None = None
+    signal: str | None = None
 
 
 def grade(code: CellRun, tests: CellRun | None, expected_stdout: str | None) -> Verdict:
@@ -87,7 +91,8 @@ def _stopped(run: CellRun, phase: str) -> Verdict | None:
             return Verdict(Status.OOM, f"the {phase} ran out of memory (MemoryError)", phase, run.error)
         return Verdict(Status.ERROR, f"the {phase} raised {run.error.summary}", phase, run.error)
     status = Status(run.ended)
-    return Verdict(status, f"the {phase} {run.reason}" if run.reason else str(status), phase, run.error)
+    message = f"the {phase} {run.reason}" if run.reason else str(status)
+    return Verdict(status, message, phase, run.error, signal=run.signal)
 
 
 def _assertion_message(error: ExecError) -> str:

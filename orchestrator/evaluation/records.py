@@ -12,7 +12,7 @@ import errno
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +44,14 @@ class EvalResult:
         limits: what the sandbox ran under: timeout, memory, cpus, pids, output, network.
         image, image_id: the sandbox image's tag and id.
         grading: "default" or "strict": how its tests reached its code (docs/eval.md).
+        cpu_seconds: CPU time of the sandbox's cgroup while it ran (the engine's counter; None: not known).
+        wall_seconds: the host's clock around its code and tests.
+        peak_memory: the most bytes its sandbox's cgroup was charged (the engine's; the idle agent included).
+        signal: the signal that ended its interpreter ("SIGSEGV"), from the grading harness's ``waitpid``.
+        runs: each run's status, message and figures (``--runs``), in order.
+        flaky: the runs' statuses differ.
+
+    Where each figure comes from: ``accounting``.
     """
 
     id: str
@@ -63,6 +71,12 @@ class EvalResult:
     sandbox_id: str | None = None
     finished_at: float = 0.0
     grading: str = "default"
+    cpu_seconds: float | None = None
+    wall_seconds: float | None = None
+    peak_memory: int | None = None
+    signal: str | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    flaky: bool = False
 
     @property
     def passed(self) -> bool:
@@ -87,7 +101,24 @@ class EvalResult:
         except ValueError:
             raise ConfigError(f"result {data['id']!r} has an unknown status {data.get('status')!r}") from None
         known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        for name, fits in _FIGURES.items():  # an earlier version's record has none; an edited one may be wrong
+            if name in known and not fits(known[name]):
+                del known[name]
         return cls(**{**known, "status": status})
+
+
+def _is_seconds(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e12)
+
+
+_FIGURES: dict[str, Callable[[Any], bool]] = {
+    "cpu_seconds": _is_seconds,
+    "wall_seconds": _is_seconds,
+    "peak_memory": lambda value: value is None or (type(value) is int and value >= 0),
+    "signal": lambda value: value is None or isinstance(value, str),
+    "runs": lambda value: isinstance(value, list) and all(isinstance(run, dict) for run in value),
+    "flaky": lambda value: isinstance(value, bool),
+}
 
 
 class ResultsFile:
@@ -190,11 +221,40 @@ def _xml_text(text: str, limit: int = _JUNIT_OUTPUT_CHARS, *, multiline: bool = 
     return _NOT_XML.sub("\ufffd", visible(text, multiline=multiline))
 
 
+def junit_properties(result: EvalResult) -> dict[str, str]:
+    """A result's figures as its testcase's ``<properties>`` (a figure not known is left out)."""
+    properties = {
+        "cpu_seconds": None if result.cpu_seconds is None else f"{result.cpu_seconds:.3f}",
+        "wall_seconds": None if result.wall_seconds is None else f"{result.wall_seconds:.3f}",
+        "peak_memory": None if result.peak_memory is None else str(result.peak_memory),
+        "signal": result.signal,
+        "status": result.status.value,
+        "runs": str(len(result.runs)) if result.runs else None,
+        "verdicts": ",".join(str(run.get("status")) for run in result.runs) if len(result.runs) > 1 else None,
+        "flaky": "true" if result.flaky else None,
+    }
+    return {key: value for key, value in properties.items() if value is not None}
+
+
+def _add_properties(parent: ElementTree.Element, properties: Mapping[str, str]) -> None:
+    if properties:
+        holder = ElementTree.SubElement(parent, "properties")
+        for key, value in properties.items():
+            ElementTree.SubElement(holder, "property", name=key, value=_xml_text(value, multiline=False))
+
+
 def write_junit(
-    path: Path, results: Iterable[EvalResult], invalid: Iterable[InvalidLine], *, name: str, seconds: float
+    path: Path,
+    results: Iterable[EvalResult],
+    invalid: Iterable[InvalidLine],
+    *,
+    name: str,
+    seconds: float,
+    properties: Mapping[str, str] | None = None,
 ) -> None:
     """A JUnit XML report: a testcase per submission (``failure`` for failed, ``error`` for the other
-    non-passing outcomes with the status as its type) and per invalid input line."""
+    non-passing outcomes with the status as its type) and per invalid input line; each testcase's figures as its
+    ``<properties>`` (``junit_properties``), ``properties`` as the suite's."""
     results = list(results)
     invalid = list(invalid)
     counts = status_counts(results)
@@ -209,6 +269,7 @@ def write_junit(
         skipped="0",
         time=f"{seconds:.3f}",
     )
+    _add_properties(suite, properties or {})
     for result in results:
         case = ElementTree.SubElement(
             suite,
@@ -217,6 +278,7 @@ def write_junit(
             name=_xml_text(result.id, multiline=False),
             time=f"{result.durations.get('total', 0):.3f}",
         )
+        _add_properties(case, junit_properties(result))
         if not result.passed:
             kind = "failure" if result.status is Status.FAILED else "error"
             detail = "\n\n".join(

@@ -25,7 +25,7 @@ from ..config import Settings
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 from ..runtime.output import StreamRecorder
 from ..runtime.sandbox import Sandbox
-from ..wire.replies import parse_exec_reply, worker_failure
+from ..wire.replies import is_signal_name, parse_exec_reply, worker_failure
 from ..wire.wakeup import Wakeup
 from .grading import CellRun, Verdict, grade
 from .submissions import Submission, files_payload
@@ -112,10 +112,10 @@ class SubmissionRunner:
                 return CellRun("crashed", run.stdout, run.stderr, None, run.duration, f"broke its grading ({summary})")
             return run
         try:
-            ended, reason, error = harness_report(value)
+            ended, reason, error, ended_by = harness_report(value)
         except ProtocolError as exc:
             return CellRun("crashed", run.stdout, run.stderr, None, run.duration, f"broke its grading: {exc}")
-        return CellRun(ended, run.stdout, run.stderr, error, run.duration, reason)
+        return CellRun(ended, run.stdout, run.stderr, error, run.duration, reason, ended_by)
 
     def _cell(self, sandbox: Sandbox, code: str, seconds: float, stdin: str) -> tuple[CellRun, str | None]:
         """One cell, whatever it does, and its value (the repr of its last expression, as the worker sent it);
@@ -169,7 +169,9 @@ class SubmissionRunner:
                 ended, reason = "crashed", f"ended its interpreter: {failure['reason']}"
             else:
                 ended, reason = "crashed", f"broke the sandbox's protocol: {failure['reason']}"
-            return self._partial(live, ended, reason, started), None
+            # the signal that ended the worker, as its supervisor (another uid than the cell's) saw from waitpid
+            ended_by = failure["signal"] if ended in ("crashed", "oom") else None
+            return self._partial(live, ended, reason, started, ended_by), None
         parsed = parse_exec_reply(reply)
         error = None if parsed["error"] is None else ExecError.from_reply(parsed["error"])
         if parsed["output_limited"]:
@@ -181,17 +183,17 @@ class SubmissionRunner:
         took = time.monotonic() - started
         return CellRun(ended, parsed["stdout"], parsed["stderr"], error, took, reason), parsed["return_value"]
 
-    def _partial(self, live: LiveCall, ended: str, reason: str, started: float) -> CellRun:
+    def _partial(self, live: LiveCall, ended: str, reason: str, started: float, ended_by: str | None = None) -> CellRun:
         """A cell whose reply never came: the output it had streamed is what is left of it."""
         streams = {name: recorder.text() for name, recorder in live.recorders.items()}
         if ended == "timeout" and sum(r.received for r in live.recorders.values()) >= self._output_limit:
             ended, reason = "output_limit", f"printed more than {self._output_limit} bytes and ignored being stopped"
         duration = time.monotonic() - started
-        return CellRun(ended, streams.get("stdout", ""), streams.get("stderr", ""), None, duration, reason)
+        return CellRun(ended, streams.get("stdout", ""), streams.get("stderr", ""), None, duration, reason, ended_by)
 
 
-def harness_report(value: str | None) -> tuple[str, str, ExecError | None]:
-    """What the grading harness said about a phase: ``(ended, reason, error)``, checked field by field.
+def harness_report(value: str | None) -> tuple[str, str, ExecError | None, str | None]:
+    """What the grading harness said about a phase: ``(ended, reason, error, signal)``, checked field by field.
 
     The harness runs where the submission never did, but its report still crossed from the sandbox: it is read
     as strict, bounded JSON (``protocol.decode_json``) and every field is checked.
@@ -215,7 +217,10 @@ def harness_report(value: str | None) -> tuple[str, str, ExecError | None]:
     error = None if raw_error is None else _report_error(raw_error)
     if (ended == "error") != (error is not None):
         raise ProtocolError("the grading harness's report has an error exactly when it did not end in one")
-    return str(ended), reason[:_MAX_REASON_CHARS], error
+    ended_by = data.get("signal")
+    if ended_by is not None and (ended not in ("crashed", "oom") or not is_signal_name(ended_by)):
+        raise ProtocolError("the grading harness's report names a signal that is not one, or for an ending without")
+    return str(ended), reason[:_MAX_REASON_CHARS], error, ended_by
 
 
 def _report_error(raw: Any) -> ExecError:

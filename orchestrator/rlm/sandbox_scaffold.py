@@ -2,9 +2,10 @@
 
 Never imported on the host: ``orchestrator.rlm.scaffold`` reads this file as text, appends one
 ``_configure(...)`` line and hands it to ``Session.set_scaffold``, which runs it in a module of
-its own in every worker (again after every restart). The worker has put ``host_call`` and
-``HostCallError`` into that module before it runs; every LM call leaves the sandbox through
-them, as JSON, to the host's handlers (``orchestrator.rlm.bridge``).
+its own in every worker (again after every restart). The worker has put ``host_call``,
+``HostCallError``, ``deferred_values`` and ``load_deferred`` (values a restore has not loaded yet)
+into that module before it runs; every LM call leaves the sandbox through them, as JSON, to the
+host's handlers (``orchestrator.rlm.bridge``).
 
 Standard library only and Python 3.9+, like the agent: it runs on the sandbox image's Python.
 """
@@ -20,6 +21,8 @@ from typing import Any
 # The worker puts these into this module's globals before the code runs.
 _host_call: Callable[..., Any] = globals()["host_call"]
 _HostCallError: type[Exception] = globals()["HostCallError"]
+_deferred_values: Callable[[], dict[str, int]] = globals()["deferred_values"]
+_load_deferred: Callable[[str], Any] = globals()["load_deferred"]
 
 HELPERS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched", "SHOW_VARS")
 COMPACTION_NAME = "_rlm_history"
@@ -88,6 +91,8 @@ def rlm_query_batched(prompts: Any, model: str | None = None) -> list[str]:
 
 def SHOW_VARS() -> str:
     """The variables of the REPL and their types."""
+    for name in sorted(_deferred_values()):  # the model asked to see them all
+        _load_deferred(name)
     available = {}
     for name, value in list(_namespace.items()):
         if not name.startswith("_") and name != "answer" and name not in _owned:
@@ -152,16 +157,24 @@ def _restore(namespace: dict[str, Any]) -> None:
     for helper in HELPERS:
         namespace[helper] = globals()[helper]
     namespace.update(_tool_objects())
-    if "context_0" in namespace:
-        namespace["context"] = namespace["context_0"]
+    deferred = _deferred_values()  # stored values a restore has not loaded yet
+    _alias(namespace, deferred, "context", "context_0")
     if _config["compaction"]:
         canonical = namespace.get(COMPACTION_NAME)
         if isinstance(canonical, list) and namespace.get("history") is not canonical:
             namespace["history"] = canonical
-    elif "history_0" in namespace:
-        namespace["history"] = namespace["history_0"]
-    if not isinstance(namespace.get("answer"), dict):
+    else:
+        _alias(namespace, deferred, "history", "history_0")
+    if "answer" not in deferred and not isinstance(namespace.get("answer"), dict):
         namespace["answer"] = dict(EMPTY_ANSWER)
+
+
+def _alias(namespace: dict[str, Any], deferred: dict[str, int], alias: str, name: str) -> None:
+    """Bind ``alias`` to ``name``'s value; both still deferred (one blob) need nothing, and load nothing."""
+    if name in namespace:
+        namespace[alias] = namespace[name]
+    elif name in deferred and alias not in deferred:  # the cell rebound the alias: the value comes back
+        namespace[alias] = _load_deferred(name)
 
 
 def before_cell(namespace: dict[str, Any]) -> None:
@@ -194,10 +207,13 @@ def _final_answer(answer: Any) -> str | None:
 
 def _locals(namespace: dict[str, Any]) -> dict[str, str]:
     view: dict[str, str] = {}
-    names = [n for n in list(namespace) if not n.startswith("_") and n not in _owned]
+    deferred = _deferred_values()
+    names = [n for n in [*namespace, *sorted(deferred)] if not n.startswith("_") and n not in _owned]
     for name in names[:_MAX_LOCALS]:
         if name in namespace:
             view[name] = _short_repr(namespace[name])
+        elif name in deferred:  # shown without loading it: after_cell runs after every cell
+            view[name] = f"<stored value of {deferred[name]} bytes, loaded when a cell uses it>"
     if len(names) > _MAX_LOCALS:
         view["..."] = f"{len(names) - _MAX_LOCALS} more names"
     return view

@@ -8,6 +8,7 @@ the views here that differ from a message (clipped, defaults filled in) are the 
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypedDict, TypeVar, cast
 
 from ..agent import protocol
@@ -187,6 +188,17 @@ class WorkerFailure(TypedDict):
     ran: bool
     worker_restarted: bool
     phase: str
+    signal: str | None
+    """The signal that ended the worker, as its supervisor saw it from ``waitpid`` (None: it exited, or the field is
+    not a signal's name)."""
+
+
+_SIGNAL_NAME = re.compile(r"SIG[A-Z0-9]{1,12}\Z")
+
+
+def is_signal_name(value: object) -> bool:
+    """Whether ``value`` is a signal's name as the agent writes it (``SIGSEGV``, ``SIG40``)."""
+    return isinstance(value, str) and _SIGNAL_NAME.match(value) is not None
 
 
 def parse_status(header: dict[str, Any]) -> Status:
@@ -209,6 +221,7 @@ def worker_failure(header: dict[str, Any]) -> WorkerFailure | None:
         ran=header.get("ran") is not False,
         worker_restarted=restarted,
         phase=_label(header, "phase", "cell"),
+        signal=header["signal"] if is_signal_name(header.get("signal")) else None,
     )
 
 

@@ -471,6 +471,19 @@ def test_a_fork_branches_the_conversation_and_reaches_the_same_handler(make_repl
         assert out(branch.execute_code("print(x, p.v, context)")) == "11 7 doc one"
 
 
+def test_a_fork_defers_a_big_context_yet_shows_and_aliases_it(make_repl) -> None:
+    repl = make_repl(context_payload="d" * 3_000_000)  # past the 1 MiB at which a restore defers a value
+    repl.execute_code("small = 1")
+    with repl.fork() as branch:
+        shown = branch.execute_code("small += 1").locals
+        assert shown["small"] == "2"
+        assert shown["context"].startswith("<stored value of") and shown["context_0"] == shown["context"]
+        # A cell that rebinds the alias gets it back from context_0 (loaded for that), as in an eager session.
+        branch.execute_code("context = 'mine'")
+        assert out(branch.execute_code("print(len(context), context is context_0)")) == "3000000 True"
+        assert "context_0" in out(branch.execute_code("print(SHOW_VARS())"))
+
+
 def test_a_sub_call_forks_its_environment_while_the_cell_runs(make_repl) -> None:
     """Tree search from inside a cell: rlm_query's subcall_fn runs each candidate on a fork of the running REPL."""
     repl: DockerREPL

@@ -28,6 +28,7 @@ RANK = {
     "evaluation": 7,
     "rlm": 7,
     "cli": 7,
+    "mcp": 7,
 }
 """A module may import its own layer's modules and those of a lower rank."""
 

@@ -234,11 +234,11 @@ def test_the_survey_gives_live_cpu_from_two_readings(orch: Orchestrator, backend
         def __getitem__(self, key: str) -> ResourceUsage:
             return ResourceUsage(memory_bytes=18 << 20, cpu_seconds=next(readings))
 
-    backend.usage = Usage()
+    backend.resources = Usage()
     [info] = orch.list_sessions()
     assert info.memory_bytes == 18 << 20 and info.cpu_seconds == pytest.approx(1.1)
     assert info.cpu_percent is not None and 0 < info.cpu_percent <= 50
-    backend.usage = {}
+    backend.resources = {}
     [info] = orch.list_sessions()  # an engine that does not say: no number rather than a wrong one
     assert (info.memory_bytes, info.cpu_percent, info.cpu_seconds) == (None, None, None)
 

@@ -51,6 +51,7 @@ from ..base import (
     STORE_ID,
     SUPERVISOR_CAPABILITIES,
     ContainerState,
+    ContainerUsage,
     Placement,
     ResourceUsage,
     SandboxSpec,
@@ -474,6 +475,10 @@ class SwarmBackend:
             for answer in pool.map(ask, on_node):
                 found.update(answer)
         return found
+
+    def usage(self, container_id: str) -> ContainerUsage | None:
+        """Not known: the task's cgroup is on another machine."""
+        return None
 
     def logs(self, container_id: str, tail: int | None) -> str:
         with engine_errors(f"reading the log of service {container_id[:12]}"):

@@ -63,3 +63,12 @@ def test_a_file_read_in_the_middle_of_a_character_shows_no_half_characters(tmp_p
             head, tail = shown.split("\n[... ")[0], shown.split(" left out ...]\n")[1].split("\nnote:")[0]
             left = int(shown.split("[... ")[1].split(" bytes")[0].replace(",", ""))
             assert len((head.removeprefix("stdout:\n") + tail).encode()) + left == len(text.encode())
+
+
+def test_a_short_text_of_control_characters_is_shown_whole_as_escapes() -> None:
+    """Its share is what its escapes take, not its raw length (which would cut all of it)."""
+    answer = Answer()
+    answer.line("status: success")
+    answer.section("stdout", "\x1b]0;owned\x07\x1b[2J\u202e\n")
+    text = answer.render(2_000, lambda label, whole: None)
+    assert "left out" not in text and "\\x1b]0;owned\\x07\\x1b[2J\\u202e" in text, text

@@ -40,6 +40,9 @@ def test_exit_codes() -> None:
         ({"memory": 0}, "memory must be at least 32 MiB"),
         ({"pool_size": -1}, "pool_size must be a non-negative integer"),
         ({"strict": "yes"}, "strict must be True or False"),
+        ({"runs": 0}, "runs must be an integer from 1 to 100"),
+        ({"runs": 101}, "runs must be an integer from 1 to 100"),
+        ({"runs": True}, "runs must be an integer"),
     ],
 )
 def test_options_are_checked(fields: dict[str, object], message: str) -> None:

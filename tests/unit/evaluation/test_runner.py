@@ -87,10 +87,13 @@ def report(**fields: object) -> str:
 
 
 def test_a_report_is_read_field_by_field() -> None:
-    assert harness_report(report()) == ("ok", "", None)
+    assert harness_report(report()) == ("ok", "", None, None)
     error = {"ename": "ValueError", "evalue": "v", "snippet": "s", "traceback": "t", "line": 3, "column": -1}
-    ended, _, parsed = harness_report(report(ended="error", error=error))
+    ended, _, parsed, _ = harness_report(report(ended="error", error=error))
     assert ended == "error" and parsed is not None and parsed.line == 3 and parsed.column is None
+    assert harness_report(report(ended="crashed", signal="SIGSEGV"))[3] == "SIGSEGV"
+    assert harness_report(report(ended="oom", signal="SIGKILL"))[3] == "SIGKILL"
+    assert harness_report(report(ended="crashed", signal=None))[3] is None
 
 
 @pytest.mark.parametrize(
@@ -107,6 +110,11 @@ def test_a_report_is_read_field_by_field() -> None:
         report(error={"ename": "E", "evalue": "", "snippet": "", "traceback": ""}),
         report(ended="error", error={"ename": 1}),
         report(ended="error", error={"ename": "", "evalue": "", "snippet": "", "traceback": ""}),
+        report(signal="SIGSEGV"),  # a signal for a phase that ended well
+        report(ended="crashed", signal="segfault"),
+        report(ended="crashed", signal="SIGSEGV\x1b[2J"),
+        report(ended="crashed", signal=11),
+        report(ended="crashed", signal="SIG" + "X" * 100),
         "[" * 100000,
         report(reason="x" * (1 << 18)),
     ],

@@ -30,8 +30,17 @@ def load(compaction: bool = False, tools: dict[str, Any] | None = None, answers:
             raise FakeHostCallError("No LM handler configured")
         return answers(name, payload)
 
+    deferred: dict[str, Any] = {}  # values a restore deferred: loaded into the namespace ``run`` last used
+
+    def load_deferred(name: str) -> Any:
+        value = module["namespace"][name] = deferred.pop(name)
+        return value
+
     module: dict[str, Any] = {"__name__": "__orchestrator_scaffold__", "host_call": host_call}
     module["HostCallError"] = FakeHostCallError
+    module["deferred_values"] = lambda: {n: len(v) for n, v in deferred.items() if n not in module["namespace"]}
+    module["load_deferred"] = load_deferred
+    module["deferred"] = deferred
     source = scaffold.scaffold_source(compaction=compaction, tools=plan_tools(tools))
     exec(compile(source, "<scaffold>", "exec"), module)
     module["calls"] = calls
@@ -39,6 +48,7 @@ def load(compaction: bool = False, tools: dict[str, Any] | None = None, answers:
 
 
 def run(module: dict[str, Any], namespace: dict[str, Any], code: str) -> dict[str, Any]:
+    module["namespace"] = namespace
     module["before_cell"](namespace)
     exec(code, namespace)
     return module["after_cell"](namespace)
@@ -141,3 +151,17 @@ def test_tools_code_lambda_and_host_stub() -> None:
     assert (namespace["a"], namespace["b"]) == (8, 3)
     with pytest.raises(RuntimeError, match="host process"):
         run(module, namespace, "hostfn(1)")
+
+
+def test_deferred_values_are_listed_unloaded_and_aliases_come_back_when_rebound() -> None:
+    module = load()
+    namespace: dict[str, Any] = {}
+    module["deferred"].update(context_0="d" * 5000, context="d" * 5000, history_0=["h"], history=["h"])
+    shown = run(module, namespace, "n = 1")["locals"]
+    assert shown["context"] == "<stored value of 5000 bytes, loaded when a cell uses it>"
+    assert "context" not in namespace and set(module["deferred"]) == {"context_0", "context", "history_0", "history"}
+    run(module, namespace, "context = 'mine'\nhistory = []")  # the aliases rebound: they come back from _0
+    assert namespace["context"] == "d" * 5000 and namespace["history"] == ["h"]
+    assert set(module["deferred"]) == {"context", "history"}  # the worker forgets them at the checkpoint
+    module["deferred"]["big"] = "b" * 10
+    assert "big" in module["SHOW_VARS"]() and "big" in namespace  # the model asked to see everything

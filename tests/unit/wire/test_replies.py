@@ -68,6 +68,17 @@ def test_worker_failures_are_told_apart_from_answers():
     assert idle is not None and not idle["ran"] and idle["oom"]
 
 
+def test_the_signal_that_ended_the_worker_is_a_signals_name_or_none():
+    def signal_of(value):
+        failure = worker_failure({"status": "crashed", "signal": value})
+        assert failure is not None
+        return failure["signal"]
+
+    assert signal_of("SIGSEGV") == "SIGSEGV" and signal_of("SIG40") == "SIG40"
+    for hostile in (None, 11, "signal 40", "SIGSEGV\x1b[2J", "sigkill", "SIG" + "X" * 13, ["SIGKILL"]):
+        assert signal_of(hostile) is None, hostile
+
+
 def test_hello_and_goodbye():
     hello = {
         "type": "hello",

@@ -1,0 +1,64 @@
+"""Which workspace serves a request: one per MCP session id over HTTP, a shared one without, and when each goes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakes import FakeBackend, fake_settings
+
+from orchestrator import Orchestrator
+from orchestrator.mcp.clients import Clients
+from orchestrator.mcp.workspace import Limits, Workspace
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orchestrator]:
+    with Orchestrator(fake_settings(tmp_path), backend=FakeBackend()) as orchestrator:
+        yield orchestrator
+
+
+def clients_on(orch: Orchestrator, *, per_session: bool = True, clock: Clock | None = None) -> Clients:
+    return Clients(lambda: Workspace(orch, Limits()), per_session=per_session, idle_after=60.0, clock=clock or Clock())
+
+
+def test_each_mcp_session_has_its_own_sessions_and_requests_without_one_share(orch: Orchestrator) -> None:
+    clients = clients_on(orch)
+    one, two = clients.of({"mcp-session-id": "a"}), clients.of({"mcp-session-id": "b"})
+    assert one is not two and clients.of({"mcp-session-id": "a"}) is one
+    assert clients.of({}) is clients.shared and clients.of(None) is clients.shared
+    one.execute("x = 'one'", None, None)
+    two.execute("x = 'two'", None, None)
+    assert len(orch.sessions()) == 2
+    clients.end("a")
+    assert len(orch.sessions()) == 1
+    clients.end("never-seen")  # nothing to do
+    clients.close()
+    assert orch.sessions() == []
+
+
+def test_without_per_session_every_request_shares_one_workspace(orch: Orchestrator) -> None:
+    clients = clients_on(orch, per_session=False)
+    assert clients.of({"mcp-session-id": "a"}) is clients.shared
+
+
+def test_a_client_idle_past_the_limit_loses_its_sessions_at_the_next_request(orch: Orchestrator) -> None:
+    clock = Clock()
+    clients = clients_on(orch, clock=clock)
+    clients.of({"mcp-session-id": "idle"}).execute("x = 'one'", None, None)
+    clock.now = 30.0
+    busy = clients.of({"mcp-session-id": "busy"})
+    busy.execute("x = 'two'", None, None)
+    clock.now = 61.0  # "idle" last used at 0, "busy" at 30
+    clients.of({"mcp-session-id": "busy"})
+    assert len(orch.sessions()) == 1
+    clients.close()
