@@ -28,6 +28,9 @@ logger = logging.getLogger(__name__)
 SESSION_STATES = ("running", "busy", "hibernated", "broken")
 """The values of ``orchestrator_sessions``' ``state`` label (``ops.survey.SessionStatus``)."""
 
+HOST_CALL_OUTCOMES = ("ok", "error", "refused", "expired")
+"""The values of ``orchestrator_host_calls_total``'s ``outcome`` label."""
+
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _BYTES = tuple(float(4**n) for n in range(5, 17))  # 1 KiB to 4 GiB, times 4
 
@@ -159,6 +162,10 @@ class Metrics(Recorder):
         self._eval: Counter = made["orchestrator_eval_results_total"]
         self.janitor_passes: Counter = made["orchestrator_janitor_passes_total"]
         self.janitor_actions: Counter = made["orchestrator_janitor_actions_total"]
+        for outcome in HOST_CALL_OUTCOMES:  # a fixed set: there at 0 from the start, so a rate() of each is defined
+            self._host_calls.labels(outcome)
+        for outcome in ("ok", "failed"):
+            self.janitor_passes.labels(outcome)
 
     def call(self, request: str, outcome: str, seconds: float) -> None:
         self._calls.labels(request, outcome).observe(seconds)

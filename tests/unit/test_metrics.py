@@ -91,6 +91,13 @@ def test_a_failing_count_of_sessions_is_logged_and_the_rest_is_served(caplog: py
     assert "the store went away" in caplog.text
 
 
+def test_the_fixed_outcomes_are_there_at_zero_from_the_start() -> None:
+    got = scrape(Metrics())
+    for outcome in ("ok", "error", "refused", "expired"):
+        assert got[("orchestrator_host_calls_total", (("outcome", outcome),))] == 0
+    assert got[("orchestrator_janitor_passes_total", (("outcome", "failed"),))] == 0
+
+
 def test_two_controllers_in_one_process_do_not_collide() -> None:
     one, two = Metrics(), Metrics()
     one.checkpoint(100, 1000)
