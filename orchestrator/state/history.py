@@ -12,7 +12,7 @@ no kept manifest names it (``named_blobs``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -40,7 +40,8 @@ class Snapshot:
         return sum(self.blob_sizes.values())
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields as a JSON-able dict (shallow: ``json`` walks the dicts; ``asdict`` would copy them first)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def named_blobs(manifests: Iterable[Mapping[str, int]]) -> set[str]:

@@ -41,7 +41,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +179,10 @@ class SessionRecord:
         self.unsaved = dict(snapshot.unsaved)
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
+        """The record as compact JSON (the C encoder: a commit writes it, so its cost is on every call's path)."""
+        fields_ = {f.name: getattr(self, f.name) for f in fields(self)}
+        fields_["history"] = [snapshot.to_json() for snapshot in self.history]
+        return json.dumps(fields_, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: Any, session_id: str) -> SessionRecord:
