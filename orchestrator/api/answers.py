@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,21 @@ def field(text: str, limit: int = FIELD_CHARS) -> str:
         return shown
     trimmed, _ = _visible_part(text, limit - 3, multiline=False)
     return trimmed + "..."
+
+
+def listed_names(listed: Iterable[str], limit: int) -> str:
+    """``a, b, c``: sandbox names made safe (``field``), sorted, within about ``limit`` characters, the rest counted
+    (``and 12 more``); ``(none)`` for none."""
+    every = sorted(listed)
+    shown: list[str] = []
+    size = 0
+    for name in every:
+        text = field(name, FIELD_CHARS // 3)
+        if size + len(text) > limit and shown:
+            return ", ".join(shown) + f" and {len(every) - len(shown):,} more"
+        shown.append(text)
+        size += len(text) + 2
+    return ", ".join(shown) or "(none)"
 
 
 @dataclass(frozen=True)

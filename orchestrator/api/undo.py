@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from ..errors import GenerationNotFound
-from .answers import FIELD_CHARS, Answer, field
+from .answers import Answer, listed_names
 from .results import Generation
 
 UNDO = "undo_last_cell"
@@ -114,11 +114,11 @@ class UndoLog:
         answer = Answer()
         answer.line("status: success")
         answer.line("Your last call that changed variables was undone: they are as they were before it.")
-        answer.line(f"names restored or removed: {_names(rewound.changed)}")
+        answer.line(f"names restored or removed: {listed_names(rewound.changed, _NAMES_CHARS)}")
         if rewound.unsaved:
             answer.line(
                 "note: these variables could not be saved before that call and are gone: "
-                + _names(tuple(rewound.unsaved))
+                + listed_names(tuple(rewound.unsaved), _NAMES_CHARS)
             )
         kept = {g.generation for g in self._session.history()}
         more = sum(generation in kept for generation in self._before)
@@ -136,16 +136,3 @@ def _not_undone(why: str) -> Answer:
     answer.line("status: not undone")
     answer.line(why + " Nothing was changed.")
     return answer
-
-
-def _names(names: tuple[str, ...]) -> str:
-    """``a, b, c`` (sandbox names made safe) within ``_NAMES_CHARS``, the rest counted; ``(none)`` for none."""
-    listed: list[str] = []
-    size = 0
-    for name in sorted(names):
-        shown = field(name, FIELD_CHARS // 3)
-        if size + len(shown) > _NAMES_CHARS and listed:
-            return ", ".join(listed) + f" and {len(names) - len(listed):,} more"
-        listed.append(shown)
-        size += len(shown) + 2
-    return ", ".join(listed) or "(none)"

@@ -6,13 +6,11 @@ caller ever sees a Docker SDK exception.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import docker
@@ -20,7 +18,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import LogConfig
 
-from ..agent.usage import container_usage
+from ..agent.usage import container_usage, cpu_and_peak
 from ..config import Settings
 from ..errors import EngineError, EngineUnavailable, ImageMissing
 from ..wire.endpoint import UnixSocketEndpoint
@@ -237,10 +235,7 @@ class DockerBackend:
         Raises:
             EngineError: the engine refused; EngineUnavailable: it does not answer.
         """
-        cpu = _read_counter(path.format(id=container_id) for path in _CPU_NS_FILES)
-        if cpu is None:
-            cpu = _cpu_stat_usec(container_id)
-        peak = _read_counter(path.format(id=container_id) for path in _PEAK_FILES)
+        cpu, peak = cpu_and_peak(container_id)
         if cpu is not None and peak is not None:
             return ContainerUsage(cpu_ns=cpu, peak_memory=peak)
         with engine_errors(f"reading the stats of container {container_id[:12]}"):
@@ -273,15 +268,6 @@ def endpoint_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-_CGROUP_V2_DIRS = ("/sys/fs/cgroup/system.slice/docker-{id}.scope", "/sys/fs/cgroup/docker/{id}")
-_CPU_NS_FILES = (
-    "/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage",
-    "/sys/fs/cgroup/cpu,cpuacct/docker/{id}/cpuacct.usage",
-)
-_PEAK_FILES = (
-    "/sys/fs/cgroup/memory/docker/{id}/memory.max_usage_in_bytes",
-    *(folder + "/memory.peak" for folder in _CGROUP_V2_DIRS),
-)
 _MAX_COUNTER = 1 << 62
 
 
@@ -290,26 +276,6 @@ def _counter(data: Any, *path: str) -> int | None:
     for key in path:
         data = data.get(key) if isinstance(data, dict) else None
     return data if type(data) is int and 0 <= data < _MAX_COUNTER else None
-
-
-def _cpu_stat_usec(container_id: str) -> int | None:
-    """cgroup v2: ``usage_usec`` of the container's ``cpu.stat``, in nanoseconds."""
-    for folder in _CGROUP_V2_DIRS:
-        with contextlib.suppress(OSError, ValueError):
-            for line in Path(folder.format(id=container_id), "cpu.stat").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "usage_usec" and 0 <= int(value) < _MAX_COUNTER // 1000:
-                    return int(value) * 1000
-    return None
-
-
-def _read_counter(paths: Iterable[str]) -> int | None:
-    for path in paths:
-        with contextlib.suppress(OSError, ValueError):
-            value = int(Path(path).read_text())
-            if 0 <= value < _MAX_COUNTER:
-                return value
-    return None
 
 
 _EXITED = re.compile(r"^Exited \((-?\d+)\)")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..api.answers import FIELD_CHARS, Answer, field
+from ..api.answers import FIELD_CHARS, Answer, field, listed_names
 from ..api.manager import Orchestrator
 from ..api.session import Session, SessionState
 from ..api.tools import DEFAULT_ANSWER_CHARS, EXECUTE, RESET, PythonTool, describe_failure
@@ -123,12 +123,12 @@ class Workspace:
             text = Answer()
             text.line("status: success")
             text.line(f"session: {handle.id} (generation {handle.generation})")
-            text.line(f"variables ({len(names):,}): {_names(names)}")
+            text.line(f"variables ({len(names):,}): {listed_names(names, _NAMES_CHARS)}")
             unsaved = handle.unsaved
             if unsaved:
                 text.line(
                     "note: these names are held by the sandbox but not saved, and are lost if it restarts: "
-                    + _names(sorted(unsaved))
+                    + listed_names(sorted(unsaved), _NAMES_CHARS)
                 )
             return text
 
@@ -178,7 +178,7 @@ class Workspace:
             reply.line("status: success")
             reply.line(f"session: {handle.id}; the states it keeps, oldest first (rewind takes a generation):")
             for generation in handle.history():
-                changed = _names(generation.changed) if generation.changed else "(nothing)"
+                changed = listed_names(generation.changed, _NAMES_CHARS) if generation.changed else "(nothing)"
                 rewound = f", a copy of {generation.rewound_from}" if generation.rewound_from is not None else ""
                 current = " (current)" if generation.current else ""
                 reply.line(
@@ -198,7 +198,7 @@ class Workspace:
                 f"Session {handle.id} is back to the state of generation {generation}, as the new generation "
                 f"{rewound.generation}; generation {rewound.generation - 1} can be rewound to in turn."
             )
-            reply.line(f"names restored or removed: {_names(rewound.changed) if rewound.changed else '(none)'}")
+            reply.line(f"names restored or removed: {listed_names(rewound.changed, _NAMES_CHARS)}")
             reply.line("note: only variables are rewound: files the code wrote stay, imported modules stay loaded.")
             return reply
 
@@ -409,16 +409,3 @@ def read_context_file(path: str, roots: Sequence[Path], limit: int) -> str | byt
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return data
-
-
-def _names(names: Sequence[str]) -> str:
-    """``a, b, c`` (made safe) within ``_NAMES_CHARS``, the rest counted; ``(none)`` for none."""
-    listed: list[str] = []
-    size = 0
-    for name in sorted(names):
-        shown = field(name, FIELD_CHARS // 3)
-        if size + len(shown) > _NAMES_CHARS and listed:
-            return ", ".join(listed) + f" and {len(names) - len(listed):,} more"
-        listed.append(shown)
-        size += len(shown) + 2
-    return ", ".join(listed) or "(none)"

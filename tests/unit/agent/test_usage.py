@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent.usage import container_usage
+from orchestrator.agent.usage import container_usage, cpu_and_peak
 
 ID = "ab" * 32
 
@@ -57,3 +57,29 @@ def test_each_layout(tmp_path: Path, files: dict[str, str], usage: tuple[int | N
 def test_only_a_full_container_id_is_looked_up(tmp_path: Path, container_id: str) -> None:
     write(tmp_path, "docker/{id}/memory.current", "1")
     assert container_usage(container_id, str(tmp_path)) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (  # cgroup v1: nanoseconds and the memory cgroup's peak
+            {
+                "cpuacct/docker/{id}/cpuacct.usage": "1500000000\n",
+                "memory/docker/{id}/memory.max_usage_in_bytes": "20971520\n",
+            },
+            (1_500_000_000, 20 << 20),
+        ),
+        (  # cgroup v2: microseconds, memory.peak
+            {"docker/{id}/cpu.stat": "usage_usec 250\nuser_usec 200\n", "docker/{id}/memory.peak": "7"},
+            (250_000, 7),
+        ),
+        ({"cpuacct/docker/{id}/cpuacct.usage": "-5"}, (None, None)),  # not a counter
+    ],
+)
+def test_cpu_and_peak_for_an_eval_run(
+    tmp_path: Path, files: dict[str, str], expected: tuple[int | None, int | None]
+) -> None:
+    for relative, text in files.items():
+        write(tmp_path, relative, text)
+    assert cpu_and_peak(ID, str(tmp_path)) == expected
+    assert cpu_and_peak("../../etc", str(tmp_path)) == (None, None)

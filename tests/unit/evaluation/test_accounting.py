@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from pathlib import Path
@@ -10,6 +11,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from orchestrator.agent import usage
 from orchestrator.backends import docker as docker_backend
 from orchestrator.backends.base import ContainerUsage
 from orchestrator.cli.evaluate import _summary
@@ -213,32 +215,26 @@ class _Client:
         return True
 
 
+LOCAL, REMOTE = "c1" * 32, "e2" * 32
+
+
 def _backend(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, stats: Any) -> docker_backend.DockerBackend:
-    monkeypatch.setattr(docker_backend, "_CPU_NS_FILES", (str(tmp_path / "{id}" / "cpuacct.usage"),))
-    monkeypatch.setattr(docker_backend, "_PEAK_FILES", (str(tmp_path / "{id}" / "memory.max_usage_in_bytes"),))
-    monkeypatch.setattr(docker_backend, "_CGROUP_V2_DIRS", (str(tmp_path / "v2-{id}"),))
+    monkeypatch.setattr(docker_backend, "cpu_and_peak", functools.partial(usage.cpu_and_peak, root=str(tmp_path)))
     return docker_backend.DockerBackend(_Client(stats))  # type: ignore[arg-type]
 
 
 def test_the_cgroup_on_this_host_is_read_first(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     backend = _backend(monkeypatch, tmp_path, {})
-    (tmp_path / "c1").mkdir()
-    (tmp_path / "c1" / "cpuacct.usage").write_text("1500000000\n")
-    (tmp_path / "c1" / "memory.max_usage_in_bytes").write_text("20971520\n")
-    assert backend.usage("c1") == ContainerUsage(cpu_ns=1_500_000_000, peak_memory=20 << 20)
-    (tmp_path / "v2-c2").mkdir()
-    (tmp_path / "v2-c2" / "cpu.stat").write_text("usage_usec 250\nuser_usec 200\n")
-    (tmp_path / "c2").mkdir()
-    (tmp_path / "c2" / "memory.max_usage_in_bytes").write_text("7")
-    assert backend.usage("c2") == ContainerUsage(cpu_ns=250_000, peak_memory=7)
+    (tmp_path / "cpuacct" / "docker" / LOCAL).mkdir(parents=True)
+    (tmp_path / "cpuacct" / "docker" / LOCAL / "cpuacct.usage").write_text("1500000000\n")
+    (tmp_path / "memory" / "docker" / LOCAL).mkdir(parents=True)
+    (tmp_path / "memory" / "docker" / LOCAL / "memory.max_usage_in_bytes").write_text("20971520\n")
+    assert backend.usage(LOCAL) == ContainerUsage(cpu_ns=1_500_000_000, peak_memory=20 << 20)
     assert backend.client.api.asked == 0  # type: ignore[attr-defined]
 
 
 def test_else_the_engines_stats_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     stats = {"cpu_stats": {"cpu_usage": {"total_usage": 9}}, "memory_stats": {"max_usage": 11}}
-    assert _backend(monkeypatch, tmp_path, stats).usage("remote") == ContainerUsage(9, 11)
-    assert _backend(monkeypatch, tmp_path, {"cpu_stats": {}, "memory_stats": {}}).usage("stopped") is None
-    assert _backend(monkeypatch, tmp_path, "not a dict").usage("odd") is None
-    (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "cpuacct.usage").write_text("-5")  # not a counter: the engine is asked
-    assert _backend(monkeypatch, tmp_path, stats).usage("bad") == ContainerUsage(9, 11)
+    assert _backend(monkeypatch, tmp_path, stats).usage(REMOTE) == ContainerUsage(9, 11)
+    assert _backend(monkeypatch, tmp_path, {"cpu_stats": {}, "memory_stats": {}}).usage(REMOTE) is None
+    assert _backend(monkeypatch, tmp_path, "not a dict").usage(REMOTE) is None
