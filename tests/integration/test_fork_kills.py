@@ -125,9 +125,10 @@ def _killed(process: ScriptProcess) -> None:
 
 
 def _whole(orch: Orchestrator, session_id: str) -> None:
-    """The session's record loads and every blob any of its manifests names is on disk."""
-    record = orch.store.load(session_id)
-    missing = [b for b in record.named_blobs() if not orch.store.blob_path(session_id, b).exists()]
+    """The session's record loads and every blob any of its manifests names is on disk: judged under the session's
+    lock, as any reader of it is (process A commits meanwhile, and a commit deletes the blobs it stops naming)."""
+    with orch.store.transaction(session_id) as record:
+        missing = [b for b in record.named_blobs() if not orch.store.blob_path(session_id, b).exists()]
     assert missing == [], f"{session_id} lost {missing}"
 
 
