@@ -3,15 +3,16 @@
 Live: sessions are opened in steps (500: 0, 50, 100, 200, 350, 500; 8 threads, each session used once) and at
 each step it measures a new session (create, then its first call ``1``), a trivial cell on the oldest session
 (median of 20), the containers' memory (``docker stats``' figure from the cgroup, and PSS summed over a
-container's processes from ``/proc/<pid>/smaps_rollup``, on up to ``MEMORY_SAMPLE`` containers), this
-controller's RSS, threads and descriptors, and the engine's (dockerd's) RSS and descriptors. An error while
+container's processes from ``/proc/<pid>/smaps_rollup``, on up to ``MEMORY_SAMPLE`` containers), the
+``containerd-shim`` processes' PSS (a container's host cost outside its cgroup), this controller's RSS, threads
+and descriptors, and the engine's (dockerd's) RSS and descriptors. An error while
 opening stops the steps: where and why is reported (a finding, not a crash).
 
 Hibernated: one session holding a small state is hibernated, then forked at the store level
 (``CheckpointLedger.fork``: records and hard-linked blobs, no containers) into the rest; then it times
 ``list_sessions()``, ``orchestrator ls --json``, ``prune(dry_run=True)`` and ``prune --dry-run`` with a
 criterion that makes half of them stale, one janitor pass that removes nothing, and resume (attach + first
-call) of a sample; and profiles one ``list_sessions()``.
+call) of a sample; and profiles one ``list_sessions()`` and one dry-run prune.
 
     python bench/scale.py [--live N] [--hibernated N] [--quick] [--json PATH]
 
@@ -124,6 +125,18 @@ def container_pss(container_id: str) -> int | None:
     return None
 
 
+def shims_pss() -> dict[str, int]:
+    """The engine's per-container host cost outside the container's cgroup: how many ``containerd-shim`` processes
+    run and their PSS summed, in bytes."""
+    count = total = 0
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        with contextlib.suppress(OSError):
+            if comm.read_text().startswith("containerd-shim"):
+                count += 1
+                total += rollup_pss((comm.parent / "smaps_rollup").read_text()) or 0
+    return {"count": count, "pss_bytes": total}
+
+
 def dockerd_pid() -> str | None:
     """The engine's pid when it runs on this host (its facts are read from /proc), else None."""
     try:
@@ -224,6 +237,7 @@ def measure_step(runner: OrchestratorRunner, opened: list[Session], engine: str 
         "container_pss_bytes": summary([float(p) for p in pss if p is not None]),
         "controller": process_facts("self"),
         "dockerd": process_facts(engine) if engine else None,
+        "shims": shims_pss(),
         "load_average": os.getloadavg()[0],
     }
 
@@ -235,14 +249,15 @@ def _mib(value: float | int | None) -> str:
 def _live_line(row: dict[str, Any]) -> str:
     trivial = "-" if row["trivial_cell_s"] is None else f"{row['trivial_cell_s']['median'] * 1e3:.2f}"
     usage, pss = row["container_usage_bytes"], row["container_pss_bytes"]
-    dockerd = row["dockerd"] or {}
+    dockerd, shims = row["dockerd"] or {}, row["shims"]
     return (
         f"live {row['open']:>4}: first call {row['first_call_s'] * 1e3:7.1f} ms, "
         f"create {row['create_s'] * 1e3:.0f} ms, trivial cell {trivial} ms, "
         f"container usage {_mib(usage and usage['median'])} MiB, pss {_mib(pss and pss['median'])} MiB, "
         f"controller rss {_mib(row['controller']['rss'])} MiB fds {row['controller']['fds']} "
         f"threads {row['controller']['threads']}, dockerd rss {_mib(dockerd.get('rss'))} MiB "
-        f"fds {dockerd.get('fds')}, opened in {row['open_seconds']:.1f} s, load {row['load_average']:.1f}"
+        f"fds {dockerd.get('fds')}, shims {shims['count']} pss {_mib(shims['pss_bytes'])} MiB, "
+        f"opened in {row['open_seconds']:.1f} s, load {row['load_average']:.1f}"
     )
 
 
@@ -319,6 +334,7 @@ def hibernated_phase(runner: OrchestratorRunner, count: int) -> dict[str, Any]:
     janitor = Janitor(orch.settings, idle_for=10 * STALE_AGE, heartbeat=Path(orch.settings.runtime_dir) / "beat")
     result["janitor_pass_s"] = [timed(janitor.run_pass)]
     result["list_sessions_profile"] = profile_top(orch.list_sessions)
+    result["prune_dry_run_profile"] = profile_top(lambda: orch.prune(idle_for=IDLE, dry_run=True))
     print(
         f"hibernated {count}: list_sessions {_s(result['list_sessions_s'])}, ls --json {_s(result['cli_ls_s'])}, "
         f"prune --dry-run {_s(result['prune_dry_run_s'])} ({stale} stale), "
@@ -416,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<22} {shown:>8}  target <= {verdict['target']:g}  {'' if verdict['met'] else 'MISSED'}")
     if hibernated:
         print(hibernated["list_sessions_profile"])
+        print(hibernated["prune_dry_run_profile"])
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
     return status
