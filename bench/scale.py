@@ -269,6 +269,7 @@ def fill_hibernated(orch: Orchestrator, count: int) -> tuple[list[str], float]:
     source.hibernate()
     source.detach()
     ids = [source.id]
+    image = orch.store.load(source.id).image
     started = time.perf_counter()
     now = time.time()
     made = 1
@@ -280,7 +281,7 @@ def fill_hibernated(orch: Orchestrator, count: int) -> tuple[list[str], float]:
             children.append(
                 SessionRecord(
                     session_id=f"h{made + index:011d}",
-                    image=source_image(orch, source.id),
+                    image=image,
                     created_at=used,
                     last_used_at=used,
                     owner=new_owner_token(),
@@ -294,10 +295,6 @@ def fill_hibernated(orch: Orchestrator, count: int) -> tuple[list[str], float]:
         ids += [child.session_id for child in children]
         made += batch
     return ids, time.perf_counter() - started
-
-
-def source_image(orch: Orchestrator, session_id: str) -> str:
-    return orch.store.load(session_id).image
 
 
 def profile_top(call: Callable[[], object], lines: int = 25) -> str:
