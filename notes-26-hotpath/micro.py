@@ -1,5 +1,5 @@
 """In-process costs of the worker's per-cell setup (min of repeats: robust to load)."""
-import sys, timeit
+import os, sys, timeit
 sys.path.insert(0, os.environ.get("WT", "/work/wt-hotpath"))
 from orchestrator.agent import capture, cells
 ns = {}
