@@ -192,11 +192,13 @@ class CellStreams:
             self.texts.append(
                 io.TextIOWrapper(buffered, encoding="utf-8", errors="backslashreplace", write_through=True)
             )
-        self._stop = threading.Event()
-        self._ticker: Optional[threading.Thread] = None
+        # Only a streamed cell has a ticker, and its event: a cell that is not streamed makes no threading objects.
+        self._ticker: Optional[Tuple[threading.Thread, threading.Event]] = None
         if stream and send is not None:
-            self._ticker = threading.Thread(target=self._tick, name="cell-output", daemon=True)
-            self._ticker.start()
+            stop = threading.Event()
+            ticker = threading.Thread(target=self._tick, args=(stop,), name="cell-output", daemon=True)
+            self._ticker = ticker, stop
+            ticker.start()
 
     @property
     def limited(self) -> bool:
@@ -207,8 +209,8 @@ class CellStreams:
     def streams(self) -> Tuple[io.TextIOWrapper, io.TextIOWrapper]:
         return self.texts[0], self.texts[1]
 
-    def _tick(self) -> None:
-        while not self._stop.wait(STREAM_TICK):
+    def _tick(self, stop: threading.Event) -> None:
+        while not stop.wait(STREAM_TICK):
             self.flush()
 
     def flush(self) -> None:
@@ -220,9 +222,10 @@ class CellStreams:
 
     def finish(self) -> None:
         """The cell ended: stop the ticker and send everything still held (before ``cell_done`` goes out)."""
-        self._stop.set()
         if self._ticker is not None:
-            self._ticker.join()
+            ticker, stop = self._ticker
+            stop.set()
+            ticker.join()
         for text in self.texts:
             with contextlib.suppress(Exception, OutputLimitExceeded):  # the agent's flushes never raise the cap
                 text.flush()

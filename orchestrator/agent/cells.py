@@ -169,7 +169,8 @@ def run_cell(code: str, namespace: Dict[str, Any], cell_number: int) -> Dict[str
         return {"return_value": None, "error": error_info(exc)}
     trailing = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     try:
-        exec(compile(tree, filename, "exec"), namespace)
+        if tree.body or trailing is None:  # a cell that is one expression has no statements to run first
+            exec(compile(tree, filename, "exec"), namespace)
         value = None
         if trailing is not None:
             value = eval(compile(ast.Expression(trailing.value), filename, "eval"), namespace)

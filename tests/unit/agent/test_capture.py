@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from orchestrator.agent import capture
@@ -60,3 +61,14 @@ def test_cell_streams_send_text_before_finish_returns() -> None:
     assert ("stdout", "héllo\n".encode()) in sent, "the ticker did not send within a few ticks"
     streams.finish()
     assert b"".join(d for n, d in sent if n == "stderr") == b"oops"
+
+
+def test_only_a_streamed_cell_runs_a_ticker_and_finish_stops_it() -> None:
+    before = threading.active_count()
+    quiet = capture.CellStreams(100, lambda name, data: None, False, 1000)
+    assert threading.active_count() == before
+    quiet.finish()
+    streamed = capture.CellStreams(100, lambda name, data: None, True, 1000)
+    assert threading.active_count() == before + 1
+    streamed.finish()
+    assert threading.active_count() == before

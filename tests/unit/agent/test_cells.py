@@ -134,3 +134,12 @@ def test_from_reply_checks_the_columns() -> None:
     for bad in ({"column": "2"}, {"column": True}, {"end_column": 1.5}):
         with pytest.raises(ProtocolError):
             ExecError.from_reply({**base, **bad})
+
+
+def test_a_cell_that_is_one_expression_is_evaluated_like_any_other() -> None:
+    namespace: dict[str, object] = {}
+    assert cells.run_cell("40 + 2", namespace, 1) == {"return_value": "42", "error": None}
+    assert "__builtins__" in namespace  # as when statements run before the expression
+    assert cells.run_cell("", namespace, 2) == {"return_value": None, "error": None}
+    error = run("1 / 0")  # an expression alone that raises is placed like any failing line
+    assert (error.type, error.line) == ("ZeroDivisionError", 1)
