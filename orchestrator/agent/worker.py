@@ -34,7 +34,6 @@ import gc
 import io
 import json
 import os
-import platform
 import signal
 import socket
 import sys
@@ -274,7 +273,7 @@ class Worker:
 
     def serve(self) -> None:
         self._install_handlers()
-        hello = {"type": protocol.HELLO, "python": platform.python_version(), "dill": checkpoint.dill_version()}
+        hello = {"type": protocol.HELLO, "python": sys.version.split()[0], "dill": checkpoint.dill_version()}
         protocol.send_frame(self.sock, dict(hello, pid=os.getpid()))
         while True:
             self._enter(_IDLE)
