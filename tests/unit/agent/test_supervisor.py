@@ -408,6 +408,16 @@ def test_dill_is_imported_by_the_first_value_that_needs_it(agent):
     assert agent.value("f(1)") == "2"
 
 
+def test_the_checkpoints_late_dill_import_ignores_a_planted_dill_on_an_appended_path(agent, tmp_path):
+    # A cell imports its own modules by appending their directory (docs/identity.md); a dill planted there must
+    # not be the one the checkpoint imports after the cell ran.
+    (tmp_path / "dill.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    reply, _ = agent.run(f"import sys\nsys.path.append({str(tmp_path)!r})\ndef f():\n    return 1")
+    assert reply["status"] == "ok" and "f" in reply["checkpoint"]["vars"] and not reply["checkpoint"]["unsaved"]
+    assert agent.value(f"sys.modules['dill'].__file__.startswith({str(tmp_path)!r})") == "False"
+    assert not (tmp_path / "ran").exists()
+
+
 def test_a_slow_value_goes_last_so_later_values_are_saved(agent):
     agent.run(SLOW_REDUCE + "s = Slow()", checkpoint_timeout=0.3)
     reply, _ = agent.run("later = [1]", checkpoint_timeout=0.3)
