@@ -172,10 +172,12 @@ _SessionPickler: Any = None
 def dill_module() -> Any:
     """dill, imported on first use.
 
-    Importing dill costs more CPU than starting the interpreter, and a sandbox that only runs
-    cells without checkpoints (``orchestrator eval``) never needs it. The worker calls this
-    before each request that may checkpoint or restore, while no interrupt can land in the
-    import (a KeyboardInterrupt in the middle of it leaves dill half imported). Pickler and
+    Importing dill costs more CPU than starting the interpreter and 3.6 MB of the worker's memory,
+    and a sandbox whose values are plain data (``dump_plain``) or that runs cells without
+    checkpoints (``orchestrator eval``) never needs it. The worker calls this while no interrupt
+    can land in the import (a KeyboardInterrupt in the middle of it leaves dill half imported):
+    before a request that may unpickle (a load, or a cell while deferred values are pending) and
+    in a checkpoint, just before the first value that is not plain data is pickled. Pickler and
     unpickler take the session module from ``sys.modules["__main__"]`` each time, so when dill
     is imported does not matter.
     """
@@ -186,6 +188,11 @@ def dill_module() -> Any:
         _SessionPickler = _session_pickler_class(dill)
         _dill = dill
     return _dill
+
+
+def dill_imported() -> bool:
+    """Whether dill was imported already (``dill_module``)."""
+    return _dill is not None
 
 
 def dill_version() -> str:
@@ -253,7 +260,8 @@ class _PlainPickler(pickle.Pickler):
         raise _NotPlain
 
 
-def _dump_plain(value: Any) -> Optional[Blob]:
+def dump_plain(value: Any) -> Optional[Blob]:
+    """``value`` pickled by the standard library's C pickler when it is plain data (no dill needed), else None."""
     writer = _BlobWriter()
     try:
         _PlainPickler(writer, pickle.DEFAULT_PROTOCOL).dump(value)  # dill's default protocol too
@@ -271,7 +279,7 @@ def _dump(value: Any, byref: bool, by_value: Any) -> Blob:
 
 def dumps(name: str, value: Any) -> Blob:
     """Pickle one variable; raise on anything dill cannot save or can only save by a broken reference."""
-    blob = _dump_plain(value)
+    blob = dump_plain(value)
     if blob is not None:
         return blob
     own_class = isinstance(value, type) and getattr(value, "__qualname__", None) == name and _bound_in_session(value)

@@ -24,7 +24,6 @@ loading, leaves the value pending.
 from __future__ import annotations
 
 import builtins
-import dis
 import sys
 import threading
 import types
@@ -114,6 +113,8 @@ class Deferred(object):
             compiled = compile(code, "<cell>", "exec", dont_inherit=True)
         except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError):
             return  # the cell reports it
+        import dis  # here: only a session with pending values needs it (0.2 MB of every worker otherwise)
+
         needed: Set[str] = set()
         for unit in _code_objects(compiled):
             if _LOAD_ALL.intersection(unit.co_names):

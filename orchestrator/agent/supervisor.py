@@ -20,14 +20,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import platform
 import re
 import selectors
 import signal
 import socket
 import sys
 import time
-import traceback
 from typing import Any, Dict, List, Optional, Set
 
 from . import confinement, protocol
@@ -171,6 +169,8 @@ class Supervisor:
             except (protocol.ChannelClosed, protocol.ProtocolViolation, ConnectionLost, OSError) as exc:
                 log("connection ended: %s" % (exc or type(exc).__name__))
             except Exception:  # never crash: a fresh connection is the way back
+                import traceback  # here only: it is not worth its import at every start
+
                 log("unexpected error, reconnecting:\n%s" % traceback.format_exc())
             finally:
                 with contextlib.suppress(OSError):
@@ -185,7 +185,7 @@ class Supervisor:
             "protocol": protocol.PROTOCOL_VERSION,
             "sandbox_id": self.config.sandbox_id,
             "generation": self.generation,
-            "python": platform.python_version(),
+            "python": sys.version.split()[0],  # platform.python_version(), without importing platform
             "dill": self.worker.dill,
             "agent_pid": os.getpid(),
             "worker_pid": self.worker.pid,

@@ -34,7 +34,6 @@ import gc
 import io
 import json
 import os
-import platform
 import signal
 import socket
 import sys
@@ -42,7 +41,7 @@ import threading
 import time
 import traceback
 import types
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import capture, hostcall, protocol
 
@@ -239,9 +238,22 @@ class Worker:
             self._announce_checkpoint()
         if self.stop_checkpoint:
             raise KeyboardInterrupt
+        if not checkpoint.dill_imported():
+            # Plain data needs no dill; the first value that does imports it here, unarmed: a SIGUSR2 during the
+            # import is only noted (a KeyboardInterrupt in the middle of it would leave dill half imported).
+            blob = self._armed(checkpoint.dump_plain, value)
+            if blob is not None:
+                return blob
+            checkpoint.dill_module()
+            if self.stop_checkpoint:
+                raise KeyboardInterrupt
+        return self._armed(checkpoint.dumps, name, value)
+
+    def _armed(self, pickler: Callable[..., Any], *args: Any) -> Any:
+        """``pickler(*args)`` with the checkpoint's interrupt armed."""
         try:
             self.armed = True
-            return checkpoint.dumps(name, value)
+            return pickler(*args)
         finally:
             self.armed = False
 
@@ -261,7 +273,7 @@ class Worker:
 
     def serve(self) -> None:
         self._install_handlers()
-        hello = {"type": protocol.HELLO, "python": platform.python_version(), "dill": checkpoint.dill_version()}
+        hello = {"type": protocol.HELLO, "python": sys.version.split()[0], "dill": checkpoint.dill_version()}
         protocol.send_frame(self.sock, dict(hello, pid=os.getpid()))
         while True:
             self._enter(_IDLE)
@@ -270,7 +282,7 @@ class Worker:
             except protocol.ChannelClosed:
                 return
             self._install_handlers()
-            if not (header.get("type") == protocol.EXEC and header.get("checkpoint") is False):
+            if header.get("type") == protocol.LOAD or any(deferred.pending for deferred in self._all_deferred()):
                 checkpoint.dill_module()  # now, while interrupts are only noted, never torn mid-import by one
             reply, parts = self.handle(header)
             self._body = None  # restore input can be hundreds of MB: free it before the reply goes out

@@ -391,6 +391,33 @@ def test_checkpoint_timeout_names_the_slow_value_and_saves_the_rest(agent):
     assert reply["return_value"] == "[2]" and "s" in reply["checkpoint"]["unsaved"]  # the worker lives on
 
 
+def test_dill_is_imported_by_the_first_value_that_needs_it(agent):
+    # Plain data is pickled by the standard library: an idle or plain session never holds dill (3.6 MB).
+    reply, body = agent.run("n = 1\ndata = {'a': [1, 2.5, None], 'b': (b'x', 'y')}")
+    assert reply["status"] == "ok" and set(blobs_of(reply, body)) == {"n", "data"}
+    assert agent.value("import sys\n'dill' in sys.modules") == "False"
+    reply, body = agent.run("def f(x):\n    return x + n")
+    assert reply["status"] == "ok" and not reply["checkpoint"]["unsaved"]
+    f = blobs_of(reply, body)["f"]
+    assert agent.value("'dill' in sys.modules") == "True"
+    # A fresh worker (the old one died) unpickles the function: a load imports dill before it runs.
+    assert agent.run("import os\nos._exit(1)")[0]["status"] == "crashed"
+    assert agent.request(protocol.RESTORE_BEGIN, timeout=5)[0]["status"] == "ok"
+    assert load(agent, "n", pickle.dumps(1))["status"] == "ok"
+    assert load(agent, "f", f)["status"] == "ok"
+    assert agent.value("f(1)") == "2"
+
+
+def test_the_checkpoints_late_dill_import_ignores_a_planted_dill_on_an_appended_path(agent, tmp_path):
+    # A cell imports its own modules by appending their directory (docs/identity.md); a dill planted there must
+    # not be the one the checkpoint imports after the cell ran.
+    (tmp_path / "dill.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    reply, _ = agent.run(f"import sys\nsys.path.append({str(tmp_path)!r})\ndef f():\n    return 1")
+    assert reply["status"] == "ok" and "f" in reply["checkpoint"]["vars"] and not reply["checkpoint"]["unsaved"]
+    assert agent.value(f"sys.modules['dill'].__file__.startswith({str(tmp_path)!r})") == "False"
+    assert not (tmp_path / "ran").exists()
+
+
 def test_a_slow_value_goes_last_so_later_values_are_saved(agent):
     agent.run(SLOW_REDUCE + "s = Slow()", checkpoint_timeout=0.3)
     reply, _ = agent.run("later = [1]", checkpoint_timeout=0.3)
