@@ -37,6 +37,8 @@ _STATUSES = {
 def expect(header: dict[str, Any], key: str, kind: type[T] | tuple[type, ...], *, optional: bool = False) -> T:
     """Return ``header[key]`` if it has the expected type, else raise ProtocolError."""
     value = header.get(key)
+    if type(value) is kind:  # the usual case, decided without building a tuple
+        return value
     if value is None and optional:
         return value  # type: ignore[return-value]
     kinds = kind if isinstance(kind, tuple) else (kind,)
