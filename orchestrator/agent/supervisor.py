@@ -452,7 +452,8 @@ class Supervisor:
             ready = self._wait_busy(ladder.wait_seconds())
             if self.wake_r in ready:
                 self._drain_wakeups()
-            if self.host_calls.link_fd() in ready:
+            link_ready = self.host_calls.link_fd() in ready
+            if link_ready:
                 if ladder.relays_calls:
                     self.host_calls.take_call(request_id, None)
                 else:
@@ -467,7 +468,7 @@ class Supervisor:
                 ladder.cancel()  # the controller cancelled the cell: the ladder
             worker = self.worker
             if worker.sock.fileno() in ready or (worker.pidfd in ready and worker.pending() is not None):
-                outcome = self._worker_spoke(ladder, kind, request_id, reply_type)
+                outcome = self._worker_spoke(ladder, kind, request_id, reply_type, link_ready)
                 if outcome is None:  # the cell is done: its checkpoint runs
                     continue
                 return outcome
@@ -523,10 +524,10 @@ class Supervisor:
             ready.add(inbox.sock.fileno())
         return ready
 
-    def _worker_spoke(self, ladder: Ladder, kind: str, request_id: Any, reply_type: str) -> Any:
+    def _worker_spoke(self, ladder: Ladder, kind: str, request_id: Any, reply_type: str, link_ready: bool) -> Any:
         """The worker's socket has a frame (or EOF) during a request: its reply as a _Frame, the fields of a reply
         the supervisor makes up, or None when the frame was ``cell_done`` (the checkpoint's clock starts).
-        Raises _Takeover."""
+        ``link_ready``: the host-call link was readable in the same wait. Raises _Takeover."""
         if ladder.taken_over:
             self._replace_worker()  # the interrupted request may have changed the namespace
             raise _Takeover(request_id)
@@ -534,8 +535,10 @@ class Supervisor:
         if not isinstance(frame, _Frame):
             frame.update(phase=ladder.phase)
             return frame
-        if ladder.in_cell and kind == protocol.EXEC:
-            self.host_calls.drain(request_id)  # the cell's last output went out before this frame
+        if ladder.in_cell and kind == protocol.EXEC and link_ready:
+            # The cell's last output went out before this frame: in the link by the wait that saw this frame (its
+            # bytes had come, or were read already), so a link that was not readable then holds none of it.
+            self.host_calls.drain(request_id)
         if frame.header["type"] == protocol.CELL_DONE and ladder.in_cell and frame.body_len == 0:
             self.host_calls.end_calls("the cell that made this host call has ended")
             ladder.cell_done()
