@@ -1,0 +1,7 @@
+#!/bin/bash
+for k in 1 2 3; do
+ for d in /tmp/h26/base /work/wt-hot /tmp/h26/onehop; do
+  (cd $d && export PYTHONPATH=$PWD && eval "$(scripts/ensure-image 2>/dev/null)" && if [ $d = /tmp/h26/onehop ]; then export ORCH_ONE_HOP_PROTOTYPE=1; fi; TAG=$(basename $d) python /work/wt-hot/notes-26-hotpath/cpu3.py 1000 5 2>&1 | grep -v unknown)
+ done
+done
+echo ABDONE
