@@ -166,6 +166,9 @@ class ChannelClosed(Exception):
     """The peer closed the connection, possibly in the middle of a frame."""
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)  # made once, not per frame
+
+
 def encode_header(header: Message) -> bytes:
     """Serialize a header object; the agent and the controller both call this.
 
@@ -176,7 +179,7 @@ def encode_header(header: Message) -> bytes:
         ProtocolViolation: the header holds a non-finite number (NaN, Infinity), which strict JSON has not.
     """
     try:
-        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _ENCODER.encode(header)
     except ValueError:
         raise ProtocolViolation("a frame header cannot hold a non-finite number (NaN or Infinity)") from None
     try:
