@@ -11,7 +11,8 @@ out, n = sys.argv[1], int(sys.argv[2])
 code = sys.argv[3] if len(sys.argv) > 3 else "1"
 os.makedirs(out, exist_ok=True)
 agent_process.AGENT_COMMAND[:0] = ["valgrind", "--tool=callgrind", "--trace-children=yes", "--callgrind-out-file=%s/cg.%%p" % out, "-q"]
-a = agent_process.Agent(Path(tempfile.mkdtemp(prefix="h26vg-", dir="/tmp")), ORCH_FRAME_TIMEOUT="30")
+extra = dict(kv.split("=", 1) for kv in os.environ.get("AGENT_ENV_EXTRA", "").split(",") if kv)
+a = agent_process.Agent(Path(tempfile.mkdtemp(prefix="h26vg-", dir="/tmp")), ORCH_FRAME_TIMEOUT="30", **extra)
 try:
     for _ in range(50):
         a.run(code, timeout=60, checkpoint_timeout=60)
