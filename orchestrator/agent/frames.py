@@ -65,6 +65,12 @@ class Inbox(object):
             ChannelClosed: EOF before the header was complete.
             ProtocolViolation: the prefix or the header breaks the format or a limit.
         """
+        header, body_len, size = self.raw_head(max_header, max_body, timeout)
+        return protocol.decode_header(header), body_len, size
+
+    def raw_head(self, max_header: int, max_body: int, timeout: float) -> Tuple[memoryview, int, int]:
+        """As ``head``, with the header's bytes as they came (not decoded: the caller checks them), valid until the
+        next ``head``; the prefix's limits are checked."""
         if self.start == self.end:
             self.start = self.end = 0
             if len(self.buf) > READ_AHEAD:  # a big header came last time: let it go
@@ -81,7 +87,7 @@ class Inbox(object):
                 )
                 want = prefix_size + head_len
             if head_len >= 0 and have >= want:
-                header = protocol.decode_header(self.view[self.start + prefix_size : self.start + want])
+                header = self.view[self.start + prefix_size : self.start + want]
                 self.mark = self.start
                 self.start += want
                 return header, body_len, want

@@ -166,6 +166,9 @@ class ChannelClosed(Exception):
     """The peer closed the connection, possibly in the middle of a frame."""
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)  # made once, not per frame
+
+
 def encode_header(header: Message) -> bytes:
     """Serialize a header object; the agent and the controller both call this.
 
@@ -176,7 +179,7 @@ def encode_header(header: Message) -> bytes:
         ProtocolViolation: the header holds a non-finite number (NaN, Infinity), which strict JSON has not.
     """
     try:
-        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _ENCODER.encode(header)
     except ValueError:
         raise ProtocolViolation("a frame header cannot hold a non-finite number (NaN or Infinity)") from None
     try:
@@ -349,7 +352,7 @@ def send_frame(sock: socket.socket, header: Message, body: Union[Body, Sequence[
 _ZEROS = bytes(RECV_CHUNK)
 
 
-def _recv_growing(sock: socket.socket, buf: bytearray, filled: int, size: int) -> int:
+def recv_growing(sock: socket.socket, buf: bytearray, filled: int, size: int) -> int:
     """One ``recv_into`` at ``buf[filled:]``; returns the count read (0 at EOF).
 
     When ``buf`` is full it first grows by at most RECV_CHUNK (never past ``size``), so a
@@ -366,7 +369,7 @@ def recv_exactly(sock: socket.socket, size: int) -> bytearray:
     buf = bytearray()
     filled = 0
     while filled < size:
-        got = _recv_growing(sock, buf, filled, size)
+        got = recv_growing(sock, buf, filled, size)
         if not got:
             raise ChannelClosed("connection closed after %d of %d bytes" % (filled, size))
         filled += got
@@ -417,7 +420,7 @@ class FrameReader(object):
         """
         if self._part == "done":
             return True
-        got = _recv_growing(sock, self._buf, self._filled, self._want)
+        got = recv_growing(sock, self._buf, self._filled, self._want)
         if not got:
             raise ChannelClosed("connection closed after %s" % self.progress())
         self._filled += got

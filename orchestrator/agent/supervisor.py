@@ -43,6 +43,8 @@ _HANDSHAKE_HEADER_BYTES = 64 << 10
 # A \uD800-\uDFFF escape in a header (a surrogate, perhaps a lone one): such a header is decoded and encoded
 # again (protocol.encode_header replaces lone surrogates), never relayed as it came. False positives only cost that.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
+_PLAIN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")  # a request id whose JSON form is itself in quotes
+_CHECKPOINT_MEMBER = b',"checkpoint":'
 
 
 # --- Time limits in requests -------------------------------------------------------------------------------
@@ -53,6 +55,32 @@ def _seconds(value: Any, default: float) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
         return float(value)
     return default
+
+
+def _glance(raw: memoryview, reply_type: str, request_id: Any) -> Optional[Dict[str, Any]]:
+    """What the supervisor needs of an exec reply, read from its bytes without decoding the rest (a cell's output
+    may make it large): None unless it is ``{"type":<reply_type>, ..., "checkpoint":{...}, "id":<request_id>}``.
+
+    The header is relayed as it came, and the controller decodes it strictly (a key twice is refused). In JSON
+    that is valid, an unescaped ``"`` never occurs inside a string, so these bytes at the start and the end are
+    the first and the last member of the top-level object, and the checkpoint (decoded here) the one before the
+    last; a header that is not valid JSON fails at the controller. Anything else is decoded in full by the caller.
+    """
+    if not isinstance(request_id, str) or not _PLAIN_ID.match(request_id):
+        return None
+    data = bytes(raw)
+    head = b'{"type":"%s",' % reply_type.encode("ascii")
+    tail = b',"id":"%s"}' % request_id.encode("ascii")
+    if not (data.startswith(head) and data.endswith(tail)) or _SURROGATE_ESCAPE.search(data):
+        return None
+    start = data.rfind(_CHECKPOINT_MEMBER + b'{"generation":', len(head) - 1, len(data) - len(tail))
+    if start < 0:
+        return None
+    try:
+        checkpoint = protocol.decode_json(data[start + len(_CHECKPOINT_MEMBER) : len(data) - len(tail)], "checkpoint")
+    except protocol.ProtocolViolation:
+        return None  # not the whole member: another one comes after it
+    return {"type": reply_type, "id": request_id, "checkpoint": checkpoint}
 
 
 # --- Outcomes of one request -------------------------------------------------------------------------------
@@ -452,7 +480,8 @@ class Supervisor:
             ready = self._wait_busy(ladder.wait_seconds())
             if self.wake_r in ready:
                 self._drain_wakeups()
-            if self.host_calls.link_fd() in ready:
+            link_ready = self.host_calls.link_fd() in ready
+            if link_ready:
                 if ladder.relays_calls:
                     self.host_calls.take_call(request_id, None)
                 else:
@@ -467,7 +496,7 @@ class Supervisor:
                 ladder.cancel()  # the controller cancelled the cell: the ladder
             worker = self.worker
             if worker.sock.fileno() in ready or (worker.pidfd in ready and worker.pending() is not None):
-                outcome = self._worker_spoke(ladder, kind, request_id, reply_type)
+                outcome = self._worker_spoke(ladder, kind, request_id, reply_type, link_ready)
                 if outcome is None:  # the cell is done: its checkpoint runs
                     continue
                 return outcome
@@ -523,19 +552,25 @@ class Supervisor:
             ready.add(inbox.sock.fileno())
         return ready
 
-    def _worker_spoke(self, ladder: Ladder, kind: str, request_id: Any, reply_type: str) -> Any:
+    def _worker_spoke(self, ladder: Ladder, kind: str, request_id: Any, reply_type: str, link_ready: bool) -> Any:
         """The worker's socket has a frame (or EOF) during a request: its reply as a _Frame, the fields of a reply
         the supervisor makes up, or None when the frame was ``cell_done`` (the checkpoint's clock starts).
-        Raises _Takeover."""
+        ``link_ready``: the host-call link was readable in the same wait. Raises _Takeover."""
         if ladder.taken_over:
             self._replace_worker()  # the interrupted request may have changed the namespace
             raise _Takeover(request_id)
-        frame = self._read_worker_frame(request_id)
+        # The status matters only to an interrupted cell (_finish): then the reply is decoded in full.
+        glance = (
+            reply_type if kind == protocol.EXEC and not ladder.interrupted and not ladder.cell_interrupted else None
+        )
+        frame = self._read_worker_frame(request_id, glance)
         if not isinstance(frame, _Frame):
             frame.update(phase=ladder.phase)
             return frame
-        if ladder.in_cell and kind == protocol.EXEC:
-            self.host_calls.drain(request_id)  # the cell's last output went out before this frame
+        if ladder.in_cell and kind == protocol.EXEC and link_ready:
+            # The cell's last output went out before this frame: in the link by the wait that saw this frame (its
+            # bytes had come, or were read already), so a link that was not readable then holds none of it.
+            self.host_calls.drain(request_id)
         if frame.header["type"] == protocol.CELL_DONE and ladder.in_cell and frame.body_len == 0:
             self.host_calls.end_calls("the cell that made this host call has ended")
             ladder.cell_done()
@@ -544,12 +579,17 @@ class Supervisor:
             return self._misbehaved_in(frame, ladder.phase, "the worker sent %r, not a reply" % frame.header["type"])
         return self._finish(frame, kind, ladder)
 
-    def _read_worker_frame(self, request_id: Any) -> Any:
-        """The header of the worker's next frame as a _Frame, or the reply fields if it was invalid or died."""
+    def _read_worker_frame(self, request_id: Any, glance: Optional[str] = None) -> Any:
+        """The header of the worker's next frame as a _Frame, or the reply fields if it was invalid or died.
+
+        ``glance``: the reply type of an exec whose reply may be read at a glance (``_glance``)."""
         try:
-            header, body_len, head_size = self.worker.inbox.head(
+            raw, body_len, head_size = self.worker.inbox.raw_head(
                 protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
             )
+            header = _glance(raw, glance, request_id) if glance is not None else None
+            if header is None:
+                header = protocol.decode_header(raw)
         except socket.timeout as exc:
             return self._worker_failed(exc)
         except protocol.ProtocolViolation as exc:

@@ -203,6 +203,8 @@ class LiveCall:
         return ready
 
     def next_expiry(self) -> float:
+        if not self._waiting:  # only this call's connection thread adds to it; another thread may only take away
+            return math.inf
         with self._lock:
             return min((expiry for _, expiry in self._waiting.values()), default=math.inf)
 

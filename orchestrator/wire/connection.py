@@ -161,9 +161,9 @@ class AgentConnection:
             raise
         channel = self._channel
         paused_at: float | None = None
-        # The reply cannot have come yet: wait before the first read, unless the deadline passed (what arrived is
-        # then read first, as always). The channel keeps no bytes past a frame, so readable means the socket.
-        read_first = time.monotonic() >= deadline
+        # The reply cannot have come yet: wait before the first read, unless the deadline passed or bytes wait in the
+        # channel already (what arrived is then read first, as always).
+        read_first = channel.buffered or time.monotonic() >= deadline
         while True:
             if live is not None:
                 if live.waiting_for_input and paused_at is None:
@@ -236,7 +236,7 @@ class AgentConnection:
             return
         poller = select.poll()
         poller.register(channel.fileno(), select.POLLIN | select.POLLOUT)
-        while channel.has_queued:
+        while channel.has_queued and not channel.buffered:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return

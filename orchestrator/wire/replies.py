@@ -37,6 +37,8 @@ _STATUSES = {
 def expect(header: dict[str, Any], key: str, kind: type[T] | tuple[type, ...], *, optional: bool = False) -> T:
     """Return ``header[key]`` if it has the expected type, else raise ProtocolError."""
     value = header.get(key)
+    if type(value) is kind:  # the usual case, decided without building a tuple
+        return value
     if value is None and optional:
         return value  # type: ignore[return-value]
     kinds = kind if isinstance(kind, tuple) else (kind,)
@@ -75,9 +77,12 @@ def expect_str_map(
 ) -> dict[str, str]:
     """A JSON object of string to string (variable names to digests or reasons), every part bounded."""
     value = expect(header, key, dict)
-    if len(value) > entries or not all(
-        isinstance(k, str) and isinstance(v, str) and len(k) <= key_chars and len(v) <= value_chars
-        for k, v in value.items()
+    if value and (  # most are empty: no generator to make
+        len(value) > entries
+        or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= key_chars and len(v) <= value_chars
+            for k, v in value.items()
+        )
     ):
         raise ProtocolError(
             f"agent message field {key!r} should map at most {entries} names of at most {key_chars} characters "
@@ -155,14 +160,16 @@ def parse_delta(header: dict[str, Any]) -> CheckpointDelta:
         if not DIGEST.match(blob_digest):
             raise ProtocolError("checkpoint blob entries need a 32-hex digest")
         entries.append(BlobEntry(digest=blob_digest, size=size))
-    if len({entry["digest"] for entry in entries}) != len(entries):
+    if entries and len({entry["digest"] for entry in entries}) != len(entries):
         raise ProtocolError("checkpoint lists a blob twice")
     key_chars = protocol.MAX_UNSAVED_KEY_CHARS
     changed = expect_str_map(delta, "vars", key_chars=key_chars, value_chars=33)
-    if not all(BLOB_ID.match(d) for d in changed.values()):  # a content digest, or a host-made blob's id
+    if changed and not all(BLOB_ID.match(d) for d in changed.values()):  # a content digest, or a host-made blob's id
         raise ProtocolError("checkpoint names must map to blob ids (32-hex digests or host-made ids)")
     deleted = expect(delta, "deleted", list)
-    if len(deleted) > _MAX_ENTRIES or not all(isinstance(name, str) and len(name) <= key_chars for name in deleted):
+    if deleted and (
+        len(deleted) > _MAX_ENTRIES or not all(isinstance(name, str) and len(name) <= key_chars for name in deleted)
+    ):
         raise ProtocolError(f"checkpoint 'deleted' must list at most {_MAX_ENTRIES} names")
     return CheckpointDelta(
         generation=expect_count(delta, "generation"),

@@ -4,8 +4,10 @@ A ``Channel`` wraps a connected stream socket in non-blocking mode and waits wit
 ``select.poll`` (no ``FD_SETSIZE`` limit), so one deadline covers a whole frame: a peer that
 trickles bytes or is stopped cannot stretch a call. Receive buffers grow with what arrives,
 never with what a prefix declares, and large bodies are sent from memoryviews, never copied.
-Foreign errors (OSError, bad frames) are translated here into the ``TransportError`` family.
-How the controller gets such a socket is ``endpoint.py``'s job.
+A read takes up to ``READ_AHEAD`` bytes, so a small frame (prefix, header and body) costs one
+``recv`` (bytes past it are kept for the next frame: ``buffered``). Foreign errors (OSError, bad
+frames) are translated here into the ``TransportError`` family. How the controller gets such a
+socket is ``endpoint.py``'s job.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)  # EPIPE as an error, even where SIGPIPE is not ignored
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+READ_AHEAD = 8 << 10  # one read takes up to this much: a small frame and what came after it (held only meanwhile)
+_PREFIX = protocol.PREFIX.size
 
 
 class PeerCredentials(NamedTuple):
@@ -79,6 +83,98 @@ def wait_for(sock: socket.socket, events: int, deadline: float | None, what: Cal
             return
 
 
+class _ReadAhead:
+    """One frame at a time from a non-blocking socket, each read taking up to ``READ_AHEAD`` bytes.
+
+    The prefix and header are read into a small buffer, which usually holds the whole frame after one
+    ``recv_into``; the limits are checked as soon as the prefix is there. A body longer than what came
+    with the head is read into its own buffer, which grows with what arrives (at most ``RECV_CHUNK``
+    past it), never with what the prefix declares. Bytes past the frame stay for the next one.
+    """
+
+    __slots__ = ("_body", "_body_len", "_buf", "_end", "_filled", "_head_len", "_header", "_max_body", "_max_header")
+    _buf: bytearray | None
+
+    def __init__(self, max_header: int, max_body: int) -> None:
+        self._max_header = max_header
+        self._max_body = max_body
+        self._buf = None  # held only while a frame, or bytes past one, wait here
+        self._end = 0  # bytes of ``_buf`` read from the socket, the frame's first byte at 0
+        self._head_len = -1
+        self._body_len = 0
+        self._header: protocol.Header | None = None
+        self._body = bytearray()
+        self._filled = 0
+
+    @property
+    def buffered(self) -> bool:
+        """True when bytes read from the socket wait here (a frame begun, or one read with the last)."""
+        return self._end > 0 or self._header is not None
+
+    def progress(self) -> str:
+        if self._header is not None:
+            return f"{self._filled} of {self._body_len} bytes of the frame body"
+        if self._head_len < 0:
+            return f"{self._end} of {_PREFIX} bytes of the frame prefix"
+        return f"{self._end - _PREFIX} of {self._head_len} bytes of the frame header"
+
+    def poll(self, sock: socket.socket) -> tuple[protocol.Header, bytearray]:
+        """The next frame, read without waiting.
+
+        Raises:
+            BlockingIOError: the frame is not complete yet (what came is kept).
+            protocol.ChannelClosed: EOF.
+            protocol.ProtocolViolation: the frame breaks the format or a limit.
+        """
+        if self._header is None:
+            self._read_head(sock)
+        while self._filled < self._body_len:
+            got = protocol.recv_growing(sock, self._body, self._filled, self._body_len)
+            if not got:
+                raise protocol.ChannelClosed(f"connection closed after {self.progress()}")
+            self._filled += got
+        header, body = self._header, self._body
+        assert header is not None
+        self._header, self._head_len, self._body, self._filled, self._body_len = None, -1, bytearray(), 0, 0
+        return header, body
+
+    def _read_head(self, sock: socket.socket) -> None:
+        """Read until the prefix and header are here; take them and the body bytes that came with them."""
+        while True:
+            buf, end = self._buf, self._end
+            if buf is not None:
+                if self._head_len < 0 and end >= _PREFIX:
+                    self._head_len, self._body_len = protocol.parse_prefix(
+                        memoryview(buf)[:_PREFIX], self._max_header, self._max_body
+                    )
+                want = _PREFIX + self._head_len
+                if self._head_len >= 0 and end >= want:
+                    with memoryview(buf) as view:
+                        self._header = protocol.decode_header(view[_PREFIX:want])
+                        taken = min(end, want + self._body_len)
+                        self._body = bytearray(view[want:taken])
+                        self._filled = taken - want
+                        rest = view[taken:end]
+                        self._buf = bytearray(rest) if rest.nbytes else None  # the next frame's first bytes
+                        self._end = rest.nbytes
+                    return
+            self._fill(sock)
+
+    def _fill(self, sock: socket.socket) -> None:
+        """One ``recv_into`` after what is buffered; the buffer grows by at most ``RECV_CHUNK`` past what came."""
+        buf, end = self._buf, self._end
+        if buf is None:
+            buf = self._buf = bytearray(READ_AHEAD)
+        elif end == len(buf):
+            want = _PREFIX + self._head_len if self._head_len >= 0 else _PREFIX
+            buf.extend(bytes(max(min(want - end, protocol.RECV_CHUNK), READ_AHEAD)))
+        with memoryview(buf) as view:
+            got = sock.recv_into(view[end:])
+        if not got:
+            raise protocol.ChannelClosed(f"connection closed after {self.progress()}")
+        self._end = end + got
+
+
 class Channel:
     """One open connection to an agent, with the host's frame limits.
 
@@ -101,7 +197,7 @@ class Channel:
         self._sock = sock
         self._max_header = max_header
         self._max_body = max_body
-        self._reader: protocol.FrameReader | None = None
+        self._reader = _ReadAhead(max_header, max_body)
         self._send_broken: str | None = None
         self._recv_broken: str | None = None
         self._outbox: list[memoryview] = []  # queued frames (host-call answers), sent as the socket takes them
@@ -180,7 +276,6 @@ class Channel:
             frame = self.poll_recv()
             if frame is not None:
                 return frame
-            assert self._reader is not None
             wait_for(self._sock, select.POLLIN, deadline, functools.partial(self._receiving, self._reader))
 
     def poll_recv(self) -> tuple[protocol.Header, bytearray] | None:
@@ -191,12 +286,8 @@ class Channel:
         """
         if self._recv_broken is not None:
             raise ChannelLost(f"cannot receive from the agent: {self._recv_broken}")
-        if self._reader is None:
-            self._reader = protocol.FrameReader(self._max_header, self._max_body)
-        reader = self._reader
         try:
-            while not reader.recv_from(self._sock):
-                pass
+            header, body = self._reader.poll(self._sock)
         except BlockingIOError:
             return None
         except protocol.ChannelClosed as exc:
@@ -207,10 +298,13 @@ class Channel:
             self._fail(ProtocolError(f"the agent's frame does not fit in this controller's memory ({exc})"), exc)
         except OSError as exc:
             self._fail(ChannelLost(f"reading from the agent failed: {exc}"), exc)
-        self._reader = None
-        header, body = reader.frame()
         logger.debug("received a %r frame with a body of %d bytes", header.get("type"), len(body))
         return header, body
+
+    @property
+    def buffered(self) -> bool:
+        """True when bytes of a next frame were read already: look here before waiting for the socket."""
+        return self._reader.buffered
 
     def enqueue(self, header: protocol.Message, body: protocol.Body = b"") -> None:
         """Queue a frame for ``flush``, so a caller that must keep reading never blocks on a write.
@@ -261,7 +355,7 @@ class Channel:
 
     def has_pending(self) -> bool:
         """True when the agent sent something or hung up, without blocking (between calls it should be silent)."""
-        if self._recv_broken is not None or (self._reader is not None and self._reader.started):
+        if self._recv_broken is not None or self._reader.buffered:
             return True
         try:
             poller = select.poll()
@@ -282,11 +376,11 @@ class Channel:
 
     def _fail(self, error: TransportError, cause: BaseException) -> NoReturn:
         self._recv_broken = str(error)
-        self._reader = None
+        self._reader = _ReadAhead(self._max_header, self._max_body)  # drop what was read
         raise error from cause
 
     @staticmethod
-    def _receiving(reader: protocol.FrameReader) -> str:
+    def _receiving(reader: _ReadAhead) -> str:
         return f"the agent sent no complete frame (got {reader.progress()})"
 
     @staticmethod

@@ -158,6 +158,30 @@ def test_frames_that_arrive_together_are_returned_one_by_one(pair):
     assert not channel.has_pending()
 
 
+class CountingSocket(socket.socket):
+    """A socket that counts its reads."""
+
+    reads = 0
+
+    def recv_into(self, *args, **kwargs):
+        self.reads += 1
+        return super().recv_into(*args, **kwargs)
+
+
+def test_a_small_frame_costs_one_read():
+    ours, peer = socket.socketpair()
+    counting = CountingSocket(fileno=ours.detach())
+    channel = Channel(counting, MAX_HEADER, MAX_BODY)
+    try:
+        protocol.send_frame(peer, {"type": "exec_reply", "stdout": "x" * 1000}, b"body")
+        assert channel.recv(deadline=soon(5)) == ({"type": "exec_reply", "stdout": "x" * 1000}, bytearray(b"body"))
+        assert counting.reads == 1
+        assert not channel.buffered
+    finally:
+        channel.close()
+        peer.close()
+
+
 def test_a_header_larger_than_a_read_is_assembled(pair):
     channel, peer = pair
     header = {"type": "exec_reply", "stdout": "s" * (3 << 20)}
