@@ -132,7 +132,7 @@ def quiet(path: Path) -> Iterator[bool]:
         os.close(fd)  # releases the lock
 
 
-def is_busy(path: Path) -> bool:
+def is_busy(path: str | Path) -> bool:
     """Whether a call runs on the session now (a snapshot: it may start or end the next moment)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -144,7 +144,7 @@ def is_busy(path: Path) -> bool:
         os.close(fd)
 
 
-def last_active(path: Path, fallback: float) -> float:
+def last_active(path: str | Path, fallback: float) -> float:
     """When a call last ended (``fallback`` when no call left its time in the file)."""
     try:
         return os.stat(path).st_mtime or fallback
