@@ -15,7 +15,7 @@ from typing import Any
 
 from ..backends.base import STORE_ID, Backend, ContainerState, ResourceUsage
 from ..errors import CheckpointError, SessionNotFound
-from ..state.activity import ACTIVITY_FILE, is_busy, last_active
+from ..state.activity import ACTIVITY_FILE, last_active, observe
 from ..state.index import StoreIndex, Summary
 from ..state.store import SessionStore
 
@@ -126,7 +126,7 @@ def survey(
     facts: dict[str, tuple[Summary, int] | CheckpointError] = {}
     for session_id in ids:
         try:
-            facts[session_id] = summarize(store, cache, session_id)
+            facts[session_id] = summarize(store, cache, session_id, trusted=whole)
         except CheckpointError as exc:
             facts[session_id] = exc
         except SessionNotFound:
@@ -141,15 +141,18 @@ def survey(
     running = [cid for cid in recorded if cid is not None and cid in containers and containers[cid].running]
     usage_now = _live_usage(backend, running, first, sampled) if usage and running else {}
     infos = []
+    root = str(store.root)
     for session_id, fact in facts.items():
-        path = os.path.join(store.session_path(session_id), ACTIVITY_FILE)
+        path = f"{root}/{session_id}/{ACTIVITY_FILE}"  # the id is valid: listed by ``names`` or read by ``summarize``
         if isinstance(fact, CheckpointError):
             infos.append(_unreadable(session_id, fact, last_active(path, 0.0), now))
             continue
         record, missing = fact
         container = containers.get(record.container_id or "")
-        busy = not held and is_busy(path)
-        active = last_active(path, record.last_used_at)
+        if held:
+            busy, active = False, last_active(path, record.last_used_at)
+        else:
+            busy, active = observe(path, record.last_used_at)
         status, problem = _status(record, container, busy, missing)
         measured = usage_now.get(record.container_id or "", _NONE)
         infos.append(
@@ -185,18 +188,21 @@ def survey(
     return infos
 
 
-def summarize(store: SessionStore, index: StoreIndex, session_id: str) -> tuple[Summary, int]:
+def summarize(store: SessionStore, index: StoreIndex, session_id: str, *, trusted: bool = False) -> tuple[Summary, int]:
     """The summary of a session's record and how many blobs its manifest names that are not on disk: from
     ``index`` where it holds them for the files as they are now, else read (and noted in ``index``).
+
+    ``trusted``: ``session_id`` comes from ``SessionStore.names`` (valid: not checked again).
 
     Raises:
         SessionNotFound: the session has no record.
         CheckpointError: its record is unreadable or invalid.
+        ConfigError: ``session_id`` is no valid id.
     """
     seen_at = time.time()  # before anything is looked at: what changes from here on is not cached
-    directory = store.session_path(session_id)
+    directory = f"{store.root}/{session_id}" if trusted else store.session_path(session_id)
     try:
-        meta = os.stat(os.path.join(directory, "meta.json"))
+        meta = os.stat(f"{directory}/meta.json")
     except FileNotFoundError:
         raise SessionNotFound(f"no session {session_id!r} in {store.root}") from None
     except OSError as exc:
@@ -207,7 +213,7 @@ def summarize(store: SessionStore, index: StoreIndex, session_id: str) -> tuple[
         record, meta = store.read(session_id)
         summary = index.put(session_id, meta, record, seen_at)
     try:
-        blobs: os.stat_result | None = os.stat(os.path.join(directory, "blobs"))
+        blobs: os.stat_result | None = os.stat(f"{directory}/blobs")
     except OSError:
         blobs = None
     missing = None if blobs is None else index.missing(session_id, meta, blobs)

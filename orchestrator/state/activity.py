@@ -150,3 +150,16 @@ def last_active(path: str | Path, fallback: float) -> float:
         return os.stat(path).st_mtime or fallback
     except OSError:
         return fallback
+
+
+def observe(path: str | Path, fallback: float) -> tuple[bool, float]:
+    """``is_busy`` and ``last_active`` at once, through one descriptor (a listing does this for every session)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False, last_active(path, fallback)
+    try:
+        active = os.fstat(fd).st_mtime or fallback
+        return not _try_lock(fd, fcntl.LOCK_EX), active
+    finally:
+        os.close(fd)

@@ -122,7 +122,7 @@ class Summary:
             and type(container) in _OPTIONAL_STR
             and type(hibernated) in _OPTIONAL_NUMBER
             and type(labels) is dict
-            and all(type(k) is str and type(v) is str for k, v in labels.items())
+            and (not labels or all(type(k) is str and type(v) is str for k, v in labels.items()))
             and type(forked) is dict
             and _count(kept)
             and _count(history)
