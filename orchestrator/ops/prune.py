@@ -140,25 +140,29 @@ class Pruner:
     ) -> None:
         """Act on one session while holding it still; decide again there (a call may have just ended).
 
-        A dry run decides on the survey alone (it changes nothing, so there is nothing to hold still for).
+        A dry run decides on the survey alone: it changes nothing, so it holds nothing still (nor creates an activity
+        file), and a session that was in a call at the survey was not stale there.
         """
+        freed = 0 if action == "hibernate" else None
+        if self.dry_run:
+            self._record(action, info.id, reason, None, freed=self._own_bytes(info.id) if freed is None else freed)
+            return
         try:
             with activity.quiet(self.store.activity_path(info.id)) as still:
                 if not still:
                     self.actions.append(PruneAction("skip", info.id, "in a call now"))
                     return
-                if not self.dry_run:
-                    fresh = self._recheck(info)
-                    if fresh.last_active_at > info.last_active_at or not still_wanted(fresh):
-                        self.actions.append(PruneAction("skip", info.id, "used meanwhile"))
-                        return
+                fresh = self._recheck(info)
+                if fresh.last_active_at > info.last_active_at or not still_wanted(fresh):
+                    self.actions.append(PruneAction("skip", info.id, "used meanwhile"))
+                    return
                 held = hibernation.hibernate_held if action == "hibernate" else discard.remove_held
                 self._record(
                     action,
                     info.id,
                     reason,
                     lambda: held(self.store, self.backend, self.settings.runtime_dir, info.id),
-                    freed=0 if action == "hibernate" else self._own_bytes(info.id),
+                    freed=self._own_bytes(info.id) if freed is None else freed,
                 )
         except SessionNotFound:
             return  # removed meanwhile (another prune, or its owner): nothing left to do
@@ -348,9 +352,7 @@ class Pruner:
     def _orphan_record_dirs(self, surveyed: set[str]) -> None:
         """Session directories without a record, older than ``ORPHAN_GRACE`` (a crashed create or delete); those the
         survey found a record in are not looked at again."""
-        for directory in self.store.session_dirs():
-            if directory.name in surveyed:
-                continue
+        for directory in self.store.session_dirs(skip=surveyed):
             if os.path.exists(os.path.join(directory, "meta.json")) or self._younger_than(directory, ORPHAN_GRACE):
                 continue
             self._remove_dir(directory, "a session directory without a record")

@@ -40,7 +40,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -573,10 +573,15 @@ class SessionStore:
         """The session's activity file (``activity``): busy while a call runs, its mtime the last use."""
         return self._dir(session_id) / ACTIVITY_FILE
 
-    def session_dirs(self) -> Iterator[Path]:
-        """Every directory under ``sessions/`` named like a session, with or without a record (orphans too)."""
+    def session_dirs(self, skip: Collection[str] = ()) -> Iterator[Path]:
+        """Every directory under ``sessions/`` named like a session, with or without a record (orphans too), but those
+        named in ``skip``."""
         with os.scandir(self._root) as entries:
-            found = sorted(e.name for e in entries if _SESSION_ID.match(e.name) and e.is_dir(follow_symlinks=False))
+            found = sorted(
+                e.name
+                for e in entries
+                if e.name not in skip and _SESSION_ID.match(e.name) and e.is_dir(follow_symlinks=False)
+            )
         for name in found:
             yield self.root / name
 
