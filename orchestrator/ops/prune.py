@@ -308,7 +308,8 @@ class Pruner:
         session's store lock.
 
         A session whose directories and record are unchanged since a prune found nothing there (``StoreIndex.clean``)
-        is not locked nor listed again: a new file in either directory changes its modification time.
+        is not locked nor listed again: a new file in either directory changes its modification time, and a new
+        record is a new file in the session's directory.
         """
         for session_id in session_ids:
             if self._clean(session_id):
@@ -317,12 +318,11 @@ class Pruner:
                 with self.store.locked(session_id):
                     seen_at = time.time()
                     stamps = self._stamps(session_id)
-                    record, meta = self.store.read(session_id)
-                    stray = self.store.stray_files(session_id, record.named_blobs())
+                    named = self._named_blobs(session_id, seen_at)
+                    stray = self.store.stray_files(session_id, named[1])
                     if not stray:
                         if stamps is not None:
-                            self.index.put(session_id, meta, record, seen_at)
-                            self.index.note_clean(session_id, meta, *stamps, seen_at)
+                            self.index.note_clean(session_id, named[0], *stamps, seen_at)
                         continue
                     self._record(
                         "remove-orphan-blobs",
@@ -336,10 +336,32 @@ class Pruner:
             except OrchestratorError as exc:
                 self.actions.append(PruneAction("remove-orphan-blobs", session_id, "", ok=False, error=str(exc)))
 
+    def _named_blobs(self, session_id: str, seen_at: float) -> tuple[os.stat_result, list[str]]:
+        """The blobs the session's record names (its current manifest and kept generations), with the record's
+        ``stat``: from the index when it holds the record as it is now, else read (call it holding the session's lock).
+
+        Raises:
+            SessionNotFound: the session has no record.
+            CheckpointError: its record is unreadable.
+        """
+        try:
+            meta = os.stat(self.store.meta_path(session_id))
+        except FileNotFoundError:
+            raise SessionNotFound(f"no session {session_id!r} in {self.store.root}") from None
+        except OSError as exc:
+            raise CheckpointError(f"the record of session {session_id} is unreadable: {exc}") from exc
+        summary = self.index.summary(session_id, meta)
+        if summary is None:
+            record, meta = self.store.read(session_id)
+            summary = self.index.put(session_id, meta, record, seen_at)
+        return meta, summary.blobs
+
     def _clean(self, session_id: str) -> bool:
-        """Whether a prune found nothing to remove in the session's directories as they are now."""
-        stamps = self._stamps(session_id)
-        return stamps is not None and self.index.clean(session_id, *stamps)
+        """Whether a prune found nothing to remove in the session's directories as they are (``StoreIndex.clean``)."""
+        try:
+            return self.index.clean(session_id, os.stat(self.store.session_path(session_id)))
+        except OSError:
+            return False
 
     def _stamps(self, session_id: str) -> tuple[os.stat_result, os.stat_result] | None:
         """``stat`` of the session's directory and of its ``blobs/`` (None if either is missing)."""

@@ -48,13 +48,13 @@ RACY = 2.0
 STALE_TEMP = 60.0
 """Seconds after which a temp file in ``cache/`` is a leftover of a killed writer."""
 
-Stamp = list[int]
-"""What identifies one version of a file or directory: ``[st_ino, st_size, st_mtime_ns, st_ctime_ns]``. An entry's
-stamps are compared with fresh ones, never trusted alone: one that is no list of four such numbers matches nothing."""
+Stamp = str
+"""What identifies one version of a file or directory: ``"st_ino:st_size:st_mtime_ns:st_ctime_ns"``. An entry's
+stamps are compared with fresh ones, never trusted alone: anything else in their place matches nothing."""
 
 
 def stamp(info: os.stat_result) -> Stamp:
-    return [info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+    return f"{info.st_ino}:{info.st_size}:{info.st_mtime_ns}:{info.st_ctime_ns}"
 
 
 def settled(info: os.stat_result, seen_at: float) -> bool:
@@ -156,8 +156,10 @@ class StoreIndex:
         self.store = store
         self.path = store.base / CACHE_DIR / INDEX_FILE
         self._entries: dict[str, Any] = {}
-        self._summaries: dict[str, Summary] = {}
-        """Summaries parsed or made in this pass (``latest``)."""
+        self._summaries: dict[str, tuple[Stamp, Summary]] = {}
+        """Summaries parsed or made in this pass, with the stamp of their record (``latest``)."""
+        self._blobs: dict[str, Stamp] = {}
+        """The stamp of each session's ``blobs/`` as this pass's survey saw it (``missing``)."""
         self._changed = False
         self._load()
 
@@ -183,23 +185,27 @@ class StoreIndex:
         entry = self._entry(session_id, meta)
         if entry is None:
             return None
+        known = self._summaries.get(session_id)
+        if known is not None and known[0] == entry["meta"]:
+            return known[1]
         summary = Summary.from_json(entry.get("summary"))
         if summary is None:
             del self._entries[session_id]
             self._changed = True
         else:
-            self._summaries[session_id] = summary
+            self._summaries[session_id] = (entry["meta"], summary)
         return summary
 
     def latest(self, session_id: str) -> Summary | None:
         """The summary ``summary`` or ``put`` last gave out for the session in this pass, or None."""
-        return self._summaries.get(session_id)
+        known = self._summaries.get(session_id)
+        return None if known is None else known[1]
 
     def put(self, session_id: str, meta: os.stat_result, record: SessionRecord, seen_at: float) -> Summary:
         """Note the summary of ``record``, read through a descriptor that ``fstat`` gave ``meta`` (from ``seen_at``
         on); it is returned, and cached if the file is settled."""
         summary = Summary.of(record)
-        self._summaries[session_id] = summary
+        self._summaries[session_id] = (stamp(meta), summary)
         if self._entry(session_id, meta) is not None:
             return summary
         if settled(meta, seen_at):
@@ -211,11 +217,12 @@ class StoreIndex:
 
     def missing(self, session_id: str, meta: os.stat_result, blobs: os.stat_result) -> int | None:
         """How many blobs the manifest names that ``blobs/`` (statted as ``blobs``) lacks, if known."""
+        self._blobs[session_id] = stamp(blobs)
         entry = self._entry(session_id, meta)
         if entry is None:
             return None
         found = entry.get("missing")
-        if type(found) is list and len(found) == 2 and found[0] == stamp(blobs) and _count(found[1]):
+        if type(found) is list and len(found) == 2 and found[0] == self._blobs[session_id] and _count(found[1]):
             return int(found[1])
         return None
 
@@ -228,11 +235,13 @@ class StoreIndex:
             entry["missing"] = [stamp(blobs), count]
             self._changed = True
 
-    def clean(self, session_id: str, directory: os.stat_result, blobs: os.stat_result) -> bool:
-        """Whether prune found nothing to remove in the session's directories as they are now (a new record changes
-        the directory too: ``meta.json`` is renamed into it)."""
+    def clean(self, session_id: str, directory: os.stat_result) -> bool:
+        """Whether prune found nothing to remove in the session's directory as it is now and in its ``blobs/`` as this
+        pass's survey saw it (a change since is looked at by the next pass). A new record changes the directory too:
+        ``meta.json`` is renamed into it."""
         entry = self._entries.get(session_id)
-        return type(entry) is dict and entry.get("clean") == [stamp(directory), stamp(blobs)]
+        blobs = self._blobs.get(session_id)
+        return blobs is not None and type(entry) is dict and entry.get("clean") == [stamp(directory), blobs]
 
     def note_clean(
         self,
