@@ -341,8 +341,8 @@ def hibernated_phase(runner: OrchestratorRunner, count: int) -> dict[str, Any]:
     result["prune_dry_run_profile"] = profile_top(lambda: orch.prune(idle_for=IDLE, dry_run=True))
     print(
         f"hibernated {count}: list_sessions {_s(result['list_sessions_s'])} "
-        f"(cold {_s(result['list_sessions_cold_s'])}), ls --json {_s(result['cli_ls_s'])}, prune --dry-run {_s(result['prune_dry_run_s'])} ({stale} stale; cold "
-        f"{_s(result['prune_dry_run_cold_s'])}), "
+        f"(cold {_s(result['list_sessions_cold_s'])}), ls --json {_s(result['cli_ls_s'])}, "
+        f"prune --dry-run {_s(result['prune_dry_run_s'])} ({stale} stale; cold {_s(result['prune_dry_run_cold_s'])}), "
         f"cli prune --dry-run {_s(result['cli_prune_dry_run_s'])}, janitor pass {_s(result['janitor_pass_s'])}",
         flush=True,
     )
