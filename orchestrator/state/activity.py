@@ -156,6 +156,8 @@ def observe(path: str | Path, fallback: float) -> tuple[bool, float]:
     """``is_busy`` and ``last_active`` at once, through one descriptor (a listing does this for every session)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False, fallback  # no handle ever called it since activity files exist (a fork not used yet)
     except OSError:
         return False, last_active(path, fallback)
     try:
