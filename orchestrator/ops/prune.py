@@ -170,8 +170,9 @@ class Pruner:
             self.actions.append(PruneAction(action, info.id, reason, ok=False, error=str(exc)))
 
     def _recheck(self, info: SessionInfo) -> SessionInfo:
-        """The session surveyed again, held still: its record and activity read anew, the engine's listing of the
-        first survey reused unless the record names another container since (then the engine is asked again)."""
+        """The session surveyed again, held still: its record (in full, not from the index) and activity read anew,
+        the engine's listing of the first survey reused unless the record names another container since (then the
+        engine is asked again)."""
         fresh = survey(
             self.store,
             self.backend,
@@ -181,10 +182,13 @@ class Pruner:
             usage=False,
             containers=self.containers,
             index=self.index,
+            reread=True,
         )[0]
         if fresh.container_id == info.container_id:
             return fresh
-        return survey(self.store, self.backend, now=self.now, session_ids=[info.id], held=True, usage=False)[0]
+        return survey(
+            self.store, self.backend, now=self.now, session_ids=[info.id], held=True, usage=False, reread=True
+        )[0]
 
     def _own_bytes(self, session_id: str) -> int:
         """Bytes removing the session gives back: its blobs (kept generations' too) that no fork's directory shares."""
@@ -251,8 +255,8 @@ class Pruner:
                 continue
             if not controller_gone(container):
                 continue
-            recorded = self.store.recorded_containers() if recorded is None else recorded
-            # Read again before removing: its controller may have recorded it just before it died.
+            recorded = self.index.recorded_containers() if recorded is None else recorded
+            # Read every record before removing: its controller may have recorded it just before it died.
             if container.id not in recorded and container.id not in self.store.recorded_containers():
                 self._record(
                     "remove-orphan-container",
@@ -318,11 +322,14 @@ class Pruner:
                 with self.store.locked(session_id):
                     seen_at = time.time()
                     stamps = self._stamps(session_id)
-                    named = self._named_blobs(session_id, seen_at)
-                    stray = self.store.stray_files(session_id, named[1])
+                    meta, named = self._named_blobs(session_id, seen_at)
+                    stray = self.store.stray_files(session_id, named)
+                    if stray:  # what is deleted is decided on the record itself, not on the index
+                        record, meta = self.store.read(session_id)
+                        stray = self.store.stray_files(session_id, record.named_blobs())
                     if not stray:
                         if stamps is not None:
-                            self.index.note_clean(session_id, named[0], *stamps, seen_at)
+                            self.index.note_clean(session_id, meta, *stamps, seen_at)
                         continue
                     self._record(
                         "remove-orphan-blobs",
@@ -339,21 +346,13 @@ class Pruner:
     def _named_blobs(self, session_id: str, seen_at: float) -> tuple[os.stat_result, list[str]]:
         """The blobs the session's record names (its current manifest and kept generations), with the record's
         ``stat``: from the index when it holds the record as it is now, else read (call it holding the session's lock).
+        Enough to find a session clean; what to delete is decided on the record itself.
 
         Raises:
             SessionNotFound: the session has no record.
             CheckpointError: its record is unreadable.
         """
-        try:
-            meta = os.stat(self.store.meta_path(session_id))
-        except FileNotFoundError:
-            raise SessionNotFound(f"no session {session_id!r} in {self.store.root}") from None
-        except OSError as exc:
-            raise CheckpointError(f"the record of session {session_id} is unreadable: {exc}") from exc
-        summary = self.index.summary(session_id, meta)
-        if summary is None:
-            record, meta = self.store.read(session_id)
-            summary = self.index.put(session_id, meta, record, seen_at)
+        summary, meta, _ = self.index.lookup(session_id, self.store.session_path(session_id), seen_at)
         return meta, summary.blobs
 
     def _clean(self, session_id: str) -> bool:

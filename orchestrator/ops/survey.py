@@ -103,6 +103,7 @@ def survey(
     usage: bool = True,
     containers: Mapping[str, ContainerState] | None = None,
     index: StoreIndex | None = None,
+    reread: bool = False,
 ) -> list[SessionInfo]:
     """Describe stored sessions (all, or ``session_ids``) with one engine listing for all of them.
 
@@ -110,7 +111,8 @@ def survey(
     ``shared_bytes`` (a stat of each blob: for one session, not for a listing). ``usage``: measure running
     containers' memory and CPU (two engine readings ``CPU_WINDOW`` apart). ``containers``: the store's containers
     by id, when the caller has just listed them. ``index``: the store's summary cache (``state.index``), when the
-    caller goes on using it; else one is read here and written back after a survey of the whole store.
+    caller goes on using it; else one is read here and written back after a survey of the whole store. ``reread``:
+    read every record in full, whatever the index holds (to decide on them).
 
     Raises:
         SessionNotFound: one of ``session_ids`` is not stored.
@@ -126,7 +128,7 @@ def survey(
     facts: dict[str, tuple[Summary, int] | CheckpointError] = {}
     for session_id in ids:
         try:
-            facts[session_id] = summarize(store, cache, session_id, trusted=whole)
+            facts[session_id] = summarize(store, cache, session_id, trusted=whole, reread=reread)
         except CheckpointError as exc:
             facts[session_id] = exc
         except SessionNotFound:
@@ -188,11 +190,14 @@ def survey(
     return infos
 
 
-def summarize(store: SessionStore, index: StoreIndex, session_id: str, *, trusted: bool = False) -> tuple[Summary, int]:
+def summarize(
+    store: SessionStore, index: StoreIndex, session_id: str, *, trusted: bool = False, reread: bool = False
+) -> tuple[Summary, int]:
     """The summary of a session's record and how many blobs its manifest names that are not on disk: from
     ``index`` where it holds them for the files as they are now, else read (and noted in ``index``).
 
-    ``trusted``: ``session_id`` comes from ``SessionStore.names`` (valid: not checked again).
+    ``trusted``: ``session_id`` comes from ``SessionStore.names`` (valid: not checked again). ``reread``: read the
+    record and ``blobs/`` whatever ``index`` holds.
 
     Raises:
         SessionNotFound: the session has no record.
@@ -201,22 +206,12 @@ def summarize(store: SessionStore, index: StoreIndex, session_id: str, *, truste
     """
     seen_at = time.time()  # before anything is looked at: what changes from here on is not cached
     directory = f"{store.root}/{session_id}" if trusted else store.session_path(session_id)
-    try:
-        meta = os.stat(f"{directory}/meta.json")
-    except FileNotFoundError:
-        raise SessionNotFound(f"no session {session_id!r} in {store.root}") from None
-    except OSError as exc:
-        raise CheckpointError(f"the record of session {session_id} is unreadable: {exc}") from exc
-    summary = index.summary(session_id, meta)
-    record = None
-    if summary is None:
-        record, meta = store.read(session_id)
-        summary = index.put(session_id, meta, record, seen_at)
+    summary, meta, record = index.lookup(session_id, directory, seen_at, reread=reread)
     try:
         blobs: os.stat_result | None = os.stat(f"{directory}/blobs")
     except OSError:
         blobs = None
-    missing = None if blobs is None else index.missing(session_id, meta, blobs)
+    missing = None if blobs is None or reread else index.missing(session_id, meta, blobs)
     if missing is None:
         if record is None:  # the summary was cached, the count is not: the manifest is needed
             record, meta = store.read(session_id)

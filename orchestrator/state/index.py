@@ -19,11 +19,14 @@ within one tick, with its inode number reused, could look unchanged. So nothing 
 change then gets a later timestamp. This assumes the clock does not step back by more than
 ``RACY``.
 
-Nothing decides from this file alone what to delete: prune reads a record in full under the
-session's locks before it acts, and the commit path (a session's owner) never reads it. It is
-rewritten whole (temp file and rename) by whoever surveyed the whole store and found it out of
-date; two processes doing so at once lose only each other's additions. Deleting it is always
-safe: the next ``ls`` rebuilds it. A process killed mid-write leaves a temp file in
+Nothing is deleted on this file's word: before prune removes a session it reads the record in full
+under the session's locks (a dry run reports on the listing alone), it deletes a stray blob only
+after reading the record that does not name it, and a container only after reading every record;
+a session's owner (the commit path) never reads it. The worst an entry edited by hand with its
+stamp kept can do is show wrong values in ``ls`` (and count a session wrongly for the running cap)
+until the record changes. The file is rewritten whole (temp file and rename) by whoever found it
+out of date; two processes doing so at once lose only each other's additions. Deleting it is
+always safe: the next ``ls`` writes it again. A process killed mid-write leaves a temp file in
 ``cache/``, removed by the next writer after ``STALE_TEMP`` seconds.
 """
 
@@ -36,6 +39,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..errors import CheckpointError, SessionNotFound
 from ..files import TEMP_PREFIX, replace_file
 from .store import SessionRecord, SessionStore
 
@@ -196,6 +200,40 @@ class StoreIndex:
             self._summaries[session_id] = (entry["meta"], summary)
         return summary
 
+    def lookup(
+        self, session_id: str, directory: str, seen_at: float, *, reread: bool = False
+    ) -> tuple[Summary, os.stat_result, SessionRecord | None]:
+        """The summary of the record in ``directory`` (the session's), the ``stat`` of its ``meta.json``, and the
+        record when it had to be read (not cached, or ``reread``); ``seen_at``: a time from before this call.
+
+        Raises:
+            SessionNotFound: the session has no record.
+            CheckpointError: its record is unreadable or invalid.
+        """
+        try:
+            meta = os.stat(f"{directory}/meta.json")
+        except FileNotFoundError:
+            raise SessionNotFound(f"no session {session_id!r} in {self.store.root}") from None
+        except OSError as exc:
+            raise CheckpointError(f"the record of session {session_id} is unreadable: {exc}") from exc
+        summary = None if reread else self.summary(session_id, meta)
+        if summary is not None:
+            return summary, meta, None
+        record, meta = self.store.read(session_id)
+        return self.put(session_id, meta, record, seen_at), meta, record
+
+    def recorded_containers(self) -> dict[str, str]:
+        """Container id -> session id of every readable record that names a container (a snapshot, from the cache
+        where it holds the record as it is: to narrow a search; ``SessionStore.recorded_containers`` to decide)."""
+        owners = {}
+        root = str(self.store.root)
+        for session_id in self.store.names():
+            with contextlib.suppress(SessionNotFound, CheckpointError):
+                container_id = self.lookup(session_id, f"{root}/{session_id}", time.time())[0].container_id
+                if container_id:
+                    owners[container_id] = session_id
+        return owners
+
     def latest(self, session_id: str) -> Summary | None:
         """The summary ``summary`` or ``put`` last gave out for the session in this pass, or None."""
         known = self._summaries.get(session_id)
@@ -206,7 +244,11 @@ class StoreIndex:
         on); it is returned, and cached if the file is settled."""
         summary = Summary.of(record)
         self._summaries[session_id] = (stamp(meta), summary)
-        if self._entry(session_id, meta) is not None:
+        entry = self._entry(session_id, meta)
+        if entry is not None:
+            if entry.get("summary") != summary.to_json():  # what was read wins over an entry edited by hand
+                entry["summary"] = summary.to_json()
+                self._changed = True
             return summary
         if settled(meta, seen_at):
             self._entries[session_id] = {"meta": stamp(meta), "summary": summary.to_json()}

@@ -337,3 +337,51 @@ def test_a_listing_killed_at_any_step_of_writing_the_cache_leaves_listings_exact
     else:
         pytest.fail("the listing did not complete")
     assert step > 1, "the kill hook was not reached"
+
+
+# ---------------------------------------------------------------- nothing is deleted on the index's word
+
+
+def test_an_index_that_lies_with_the_right_stamp_deletes_nothing_named(store: SessionStore, settled: None) -> None:
+    """An entry edited by hand, its stamp kept, says the session names no blob: prune finds strays there, reads the
+    record itself before deleting, and removes only the file no record names."""
+    prune(store)
+    edit(store, lambda data: data["sessions"]["s-a"]["summary"].__setitem__(14, []))
+    stray = store.blob_path("s-a", "f" * 32)
+    stray.write_bytes(b"stray")
+    assert prune(store) == [("remove-orphan-blobs", "s-a")]
+    assert not stray.exists()
+    for blob_id in store.load("s-a").named_blobs():
+        assert store.blob_path("s-a", blob_id).read_bytes() == CONTENT[blob_id]
+
+
+def test_an_index_that_makes_a_session_look_old_does_not_get_it_removed(store: SessionStore, settled: None) -> None:
+    """The listing believes the entry (a dry run says what it would do on it); a real prune decides on the record."""
+    listing(store)
+    edit(store, lambda data: data["sessions"]["s-b"]["summary"].__setitem__(1, 1.0))  # created in 1970
+    settings = fake_settings(store.base.parent)
+    dry = Pruner(store, FakeBackend(), settings, dry_run=True, now=time.time()).run(None, 3600.0, False)
+    assert [(a.action, a.target) for a in dry.actions] == [("remove", "s-b")]
+    real = Pruner(store, FakeBackend(), settings, dry_run=False, now=time.time()).run(None, 3600.0, False)
+    assert [(a.action, a.target, a.reason) for a in real.actions] == [("skip", "s-b", "used meanwhile")]
+    assert store.exists("s-b")
+    assert listing(store) == uncached(store)  # the entry was put right from the record
+
+
+def test_recorded_containers_come_from_the_index_and_follow_a_changed_record(
+    store: SessionStore, reads: list[str], settled: None
+) -> None:
+    with store.transaction("s-a") as record:
+        record.container_id, record.sandbox_id = "a" * 12, "sb-" + "1" * 12
+        store.save(record)
+    assert StoreIndex(store).recorded_containers() == store.recorded_containers() == {"a" * 12: "s-a"}
+    listing(store)  # writes the index
+    reads.clear()
+    assert StoreIndex(store).recorded_containers() == {"a" * 12: "s-a"}
+    assert reads == []
+    with store.transaction("s-a") as record:
+        record.container_id = "b" * 12
+        store.save(record)
+    reads.clear()
+    assert StoreIndex(store).recorded_containers() == {"b" * 12: "s-a"}
+    assert reads == ["s-a"]
