@@ -321,9 +321,11 @@ def hibernated_phase(runner: OrchestratorRunner, count: int) -> dict[str, Any]:
     filled_at = time.time()
     print(f"hibernated: {len(ids)} sessions stored in {fork_seconds:.1f} s", flush=True)
     env = {
-        **os.environ,
+        **{name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"},
         "ORCH_STATE_DIR": str(orch.settings.state_dir),
         "ORCH_RUNTIME_DIR": str(orch.settings.runtime_dir),
+        # As an installed package runs: its modules compiled once (here into the run's temp dir, not the source tree).
+        "PYTHONPYCACHEPREFIX": str(Path(orch.settings.runtime_dir) / "pycache"),
     }
     cli = [sys.executable, "-m", "orchestrator"]
 
@@ -343,6 +345,7 @@ def hibernated_phase(runner: OrchestratorRunner, count: int) -> dict[str, Any]:
     result["list_sessions_cold_s"] = [timed(orch.list_sessions)]  # no index yet: every record read, the index written
     result["listed"] = len(orch.list_sessions())
     result["list_sessions_s"] = [timed(orch.list_sessions) for _ in range(REPS)]
+    run_cli("--version")  # compiles the package's modules once
     result["cli_ls_s"] = [timed(lambda: run_cli("ls", "--json")) for _ in range(REPS)]
     result["cli_ls_cpu_s"] = [cli_cpu("ls", "--json") for _ in range(REPS)]
     result["list_sessions_cpu_s"] = [cpu_timed(orch.list_sessions) for _ in range(REPS)]
