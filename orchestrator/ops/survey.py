@@ -111,7 +111,8 @@ def survey(
     ``shared_bytes`` (a stat of each blob: for one session, not for a listing). ``usage``: measure running
     containers' memory and CPU (two engine readings ``CPU_WINDOW`` apart). ``containers``: the store's containers
     by id, when the caller has just listed them. ``index``: the store's summary cache (``state.index``), when the
-    caller goes on using it; else one is read here and written back after a survey of the whole store. ``reread``:
+    caller goes on using it; else a survey of the whole store reads it and writes it back, and one of
+    ``session_ids`` reads their records (cheaper than the cache file of a big store). ``reread``:
     read every record in full, whatever the index holds (to decide on them).
 
     Raises:
@@ -124,7 +125,7 @@ def survey(
         containers = {c.id: c for c in backend.find({STORE_ID: store.store_id})}
     live = [c.id for c in containers.values() if c.running] if usage else []
     first, sampled = (backend.resource_usage(live) if live else {}), time.monotonic()
-    cache = StoreIndex(store) if index is None else index
+    cache = StoreIndex(store, load=whole) if index is None else index
     facts: dict[str, tuple[Summary, int] | CheckpointError] = {}
     for session_id in ids:
         try:

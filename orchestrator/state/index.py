@@ -156,7 +156,8 @@ class StoreIndex:
     "clean": [stamp, stamp]}``) and checked where they are used: a summary is parsed only when its stamp matches.
     """
 
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: SessionStore, *, load: bool = True) -> None:
+        """``load``: read the file (without, nothing is cached: for a look at one session, cheaper than the file)."""
         self.store = store
         self.path = store.base / CACHE_DIR / INDEX_FILE
         self._entries: dict[str, Any] = {}
@@ -165,7 +166,8 @@ class StoreIndex:
         self._blobs: dict[str, Stamp] = {}
         """The stamp of each session's ``blobs/`` as this pass's survey saw it (``missing``)."""
         self._changed = False
-        self._load()
+        if load:
+            self._load()
 
     def _load(self) -> None:
         """Read the file; anything unreadable is ignored (whole file or one entry: those records are read)."""

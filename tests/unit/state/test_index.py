@@ -385,3 +385,13 @@ def test_recorded_containers_come_from_the_index_and_follow_a_changed_record(
     reads.clear()
     assert StoreIndex(store).recorded_containers() == {"b" * 12: "s-a"}
     assert reads == ["s-a"]
+
+
+def test_a_look_at_one_session_reads_its_record_not_the_cache_file(
+    store: SessionStore, reads: list[str], settled: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listing(store)
+    monkeypatch.setattr(StoreIndex, "_load", lambda self: pytest.fail("the cache file was read"))
+    reads.clear()
+    (info,) = survey(store, FakeBackend(), now=1e10, session_ids=["s-b"], shared=True)
+    assert reads == ["s-b"] and info.id == "s-b" and info.shared_bytes == 0
