@@ -128,6 +128,7 @@ class Summary:
             and type(labels) is dict
             and (not labels or all(type(k) is str and type(v) is str for k, v in labels.items()))
             and type(forked) is dict
+            and (not forked or (type(forked.get("session_id")) is str and _count(forked.get("generation"))))
             and _count(kept)
             and _count(history)
             and type(blobs) is list
