@@ -134,7 +134,7 @@ def ls(ctx: Context, args: argparse.Namespace) -> int:
     """The stored sessions (those ``--filter`` selects): a table that fits the terminal, ids only, or JSON."""
     infos = filters.select(ctx.orch.list_sessions(), args.filters)
     if ctx.out.json_mode or args.format == "json":
-        ctx.out.json([info.to_json() for info in infos])
+        ctx.out.json_rows([info.to_json() for info in infos])
     elif args.quiet:
         ctx.out.write("".join(f"{one_line(info.id)}\n" for info in infos))
     elif not infos and not args.filters:

@@ -212,6 +212,15 @@ class Output:
         """One JSON document on stdout."""
         self.write(json.dumps(document, indent=2, default=str) + "\n")
 
+    def json_rows(self, rows: Sequence[Any]) -> None:
+        """One JSON array on stdout, one compact element per line: a listing of 10,000 sessions is printed by the C
+        encoder (``indent`` falls back to the pure-Python one, 5x slower) and stays a line per session."""
+        if not rows:
+            self.write("[]\n")
+            return
+        encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
+        self.write("[\n" + ",\n".join(encode(row) for row in rows) + "\n]\n")
+
     def error(self, exc: BaseException, hint: str = "") -> Exit:
         """Report ``exc`` as one line on stderr (and as JSON on stdout in JSON mode); return its exit status."""
         self.note(error_line(exc) + hint)

@@ -15,6 +15,7 @@ from ..backends.base import SESSION_ID, STORE_ID, Backend
 from ..config import Settings
 from ..errors import CapacityExceeded, SessionNotFound
 from ..state.activity import last_active
+from ..state.index import StoreIndex
 from ..state.store import SessionStore
 from . import hibernation
 
@@ -62,7 +63,9 @@ def running_sessions(store: SessionStore, backend: Backend) -> set[str]:
     sessions = {c.labels[SESSION_ID] for c in running if SESSION_ID in c.labels}
     pooled = {c.id for c in running if SESSION_ID not in c.labels}
     if pooled:
-        sessions |= {sid for cid, sid in store.recorded_containers().items() if cid in pooled}
+        index = StoreIndex(store)  # not every record read: only those changed since a listing cached them
+        sessions |= {sid for cid, sid in index.recorded_containers().items() if cid in pooled}
+        index.save()
     return sessions
 
 

@@ -29,6 +29,7 @@ from ..evaluation.evaluator import EVAL_RUN
 from ..runtime import discard
 from ..state import activity
 from ..state.controllers import CONTROLLER_RUNTIME_DIR, controller_gone, discard_left_behind, left_behind
+from ..state.index import StoreIndex
 from ..state.store import QUARANTINE_DIR, SessionStore, is_sandbox_id
 from ..units import describe_bytes, describe_duration
 from ..wire.endpoint import discard_sandbox_dir, leftover_dir_grace
@@ -101,9 +102,16 @@ class Pruner:
         self.dry_run = dry_run
         self.now = now
         self.actions: list[PruneAction] = []
+        self.index = StoreIndex(store)
+        self.containers: dict[str, ContainerState] = {}
+        """The store's containers by id as the first survey saw them (the re-checks reuse them)."""
 
     def run(self, idle_for: float | None, older_than: float | None, hibernate_only: bool) -> PruneReport:
-        for info in survey(self.store, self.backend, now=self.now):
+        self.containers = {c.id: c for c in self.backend.find({STORE_ID: self.store.store_id})}
+        infos = survey(
+            self.store, self.backend, now=self.now, usage=False, containers=self.containers, index=self.index
+        )
+        for info in infos:
             stale = _stale(info, idle_for, older_than)
             if info.record_unreadable:
                 if not hibernate_only:
@@ -119,9 +127,10 @@ class Pruner:
         self._orphan_containers()
         self._dead_eval_runs()
         self._unstarted_containers()
-        self._orphan_blobs()
-        self._orphan_record_dirs()
+        self._orphan_blobs([info.id for info in infos if not info.record_unreadable])
+        self._orphan_record_dirs({info.id for info in infos})
         self._orphan_sandbox_dirs()
+        self.index.save()
         return PruneReport(self.actions, self.dry_run)
 
     # ---------------------------------------------------------------- sessions
@@ -129,13 +138,21 @@ class Pruner:
     def _session(
         self, info: SessionInfo, action: str, reason: str, still_wanted: Callable[[SessionInfo], bool]
     ) -> None:
-        """Act on one session while holding it still; decide again there (a call may have just ended)."""
+        """Act on one session while holding it still; decide again there (a call may have just ended).
+
+        A dry run decides on the survey alone: it changes nothing, so it holds nothing still (nor creates an activity
+        file), and a session that was in a call at the survey was not stale there.
+        """
+        freed = 0 if action == "hibernate" else None
+        if self.dry_run:
+            self._record(action, info.id, reason, None, freed=self._own_bytes(info.id) if freed is None else freed)
+            return
         try:
             with activity.quiet(self.store.activity_path(info.id)) as still:
                 if not still:
                     self.actions.append(PruneAction("skip", info.id, "in a call now"))
                     return
-                fresh = survey(self.store, self.backend, now=self.now, session_ids=[info.id], held=True)[0]
+                fresh = self._recheck(info)
                 if fresh.last_active_at > info.last_active_at or not still_wanted(fresh):
                     self.actions.append(PruneAction("skip", info.id, "used meanwhile"))
                     return
@@ -145,20 +162,40 @@ class Pruner:
                     info.id,
                     reason,
                     lambda: held(self.store, self.backend, self.settings.runtime_dir, info.id),
-                    freed=0 if action == "hibernate" else self._own_bytes(info.id),
+                    freed=self._own_bytes(info.id) if freed is None else freed,
                 )
         except SessionNotFound:
             return  # removed meanwhile (another prune, or its owner): nothing left to do
         except OrchestratorError as exc:
             self.actions.append(PruneAction(action, info.id, reason, ok=False, error=str(exc)))
 
+    def _recheck(self, info: SessionInfo) -> SessionInfo:
+        """The session surveyed again, held still: its record (in full, not from the index) and activity read anew,
+        the engine's listing of the first survey reused unless the record names another container since (then the
+        engine is asked again)."""
+        fresh = survey(
+            self.store,
+            self.backend,
+            now=self.now,
+            session_ids=[info.id],
+            held=True,
+            usage=False,
+            containers=self.containers,
+            index=self.index,
+            reread=True,
+        )[0]
+        if fresh.container_id == info.container_id:
+            return fresh
+        return survey(
+            self.store, self.backend, now=self.now, session_ids=[info.id], held=True, usage=False, reread=True
+        )[0]
+
     def _own_bytes(self, session_id: str) -> int:
         """Bytes removing the session gives back: its blobs (kept generations' too) that no fork's directory shares."""
-        try:
-            record = self.store.load(session_id)
-        except (SessionNotFound, CheckpointError):
+        record = self.index.latest(session_id)  # as the survey (or the re-check under the locks) read it
+        if record is None:
             return 0
-        return record.history_bytes - self.store.shared_bytes(record)
+        return record.history_bytes - self.store.shared_bytes_of(session_id, record.blobs)
 
     def _quarantine(self, info: SessionInfo) -> None:
         """Move an unreadable record aside instead of removing anything: its container may serve a live session.
@@ -218,8 +255,8 @@ class Pruner:
                 continue
             if not controller_gone(container):
                 continue
-            recorded = self.store.recorded_containers() if recorded is None else recorded
-            # Read again before removing: its controller may have recorded it just before it died.
+            recorded = self.index.recorded_containers() if recorded is None else recorded
+            # Read every record before removing: its controller may have recorded it just before it died.
             if container.id not in recorded and container.id not in self.store.recorded_containers():
                 self._record(
                     "remove-orphan-container",
@@ -270,14 +307,29 @@ class Pruner:
                 self.backend, self.settings.runtime_dir, container.labels.get(SANDBOX_ID), container.id
             )
 
-    def _orphan_blobs(self) -> None:
+    def _orphan_blobs(self, session_ids: list[str]) -> None:
         """Blobs no manifest names (the current one or a kept generation) and unfinished temp files, judged under each
-        session's store lock."""
-        for session_id in self.store.ids():
+        session's store lock.
+
+        A session whose directories and record are unchanged since a prune found nothing there (``StoreIndex.clean``)
+        is not locked nor listed again: a new file in either directory changes its modification time, and a new
+        record is a new file in the session's directory.
+        """
+        for session_id in session_ids:
+            if self._clean(session_id):
+                continue
             try:
-                with self.store.transaction(session_id) as record:
-                    stray = self.store.stray_files(session_id, record.named_blobs())
+                with self.store.locked(session_id):
+                    seen_at = time.time()
+                    stamps = self._stamps(session_id)
+                    meta, named = self._named_blobs(session_id, seen_at)
+                    stray = self.store.stray_files(session_id, named)
+                    if stray:  # what is deleted is decided on the record itself, not on the index
+                        record, meta = self.store.read(session_id)
+                        stray = self.store.stray_files(session_id, record.named_blobs())
                     if not stray:
+                        if stamps is not None:
+                            self.index.note_clean(session_id, meta, *stamps, seen_at)
                         continue
                     self._record(
                         "remove-orphan-blobs",
@@ -291,10 +343,38 @@ class Pruner:
             except OrchestratorError as exc:
                 self.actions.append(PruneAction("remove-orphan-blobs", session_id, "", ok=False, error=str(exc)))
 
-    def _orphan_record_dirs(self) -> None:
-        """Session directories without a record, older than ``ORPHAN_GRACE`` (a crashed create or delete)."""
-        for directory in self.store.session_dirs():
-            if (directory / "meta.json").exists() or self._younger_than(directory, ORPHAN_GRACE):
+    def _named_blobs(self, session_id: str, seen_at: float) -> tuple[os.stat_result, list[str]]:
+        """The blobs the session's record names (its current manifest and kept generations), with the record's
+        ``stat``: from the index when it holds the record as it is now, else read (call it holding the session's lock).
+        Enough to find a session clean; what to delete is decided on the record itself.
+
+        Raises:
+            SessionNotFound: the session has no record.
+            CheckpointError: its record is unreadable.
+        """
+        summary, meta, _ = self.index.lookup(session_id, self.store.session_path(session_id), seen_at)
+        return meta, summary.blobs
+
+    def _clean(self, session_id: str) -> bool:
+        """Whether a prune found nothing to remove in the session's directories as they are (``StoreIndex.clean``)."""
+        try:
+            return self.index.clean(session_id, os.stat(self.store.session_path(session_id)))
+        except OSError:
+            return False
+
+    def _stamps(self, session_id: str) -> tuple[os.stat_result, os.stat_result] | None:
+        """``stat`` of the session's directory and of its ``blobs/`` (None if either is missing)."""
+        directory = self.store.session_path(session_id)
+        try:
+            return os.stat(directory), os.stat(os.path.join(directory, "blobs"))
+        except OSError:
+            return None
+
+    def _orphan_record_dirs(self, surveyed: set[str]) -> None:
+        """Session directories without a record, older than ``ORPHAN_GRACE`` (a crashed create or delete); those the
+        survey found a record in are not looked at again."""
+        for directory in self.store.session_dirs(skip=surveyed):
+            if os.path.exists(os.path.join(directory, "meta.json")) or self._younger_than(directory, ORPHAN_GRACE):
                 continue
             self._remove_dir(directory, "a session directory without a record")
         for directory in self.store.unfinished_removals():

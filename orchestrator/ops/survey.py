@@ -7,6 +7,7 @@ session over, never starts a container, and never waits for a session that is in
 from __future__ import annotations
 
 import enum
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -14,8 +15,9 @@ from typing import Any
 
 from ..backends.base import STORE_ID, Backend, ContainerState, ResourceUsage
 from ..errors import CheckpointError, SessionNotFound
-from ..state.activity import is_busy, last_active
-from ..state.store import SessionRecord, SessionStore
+from ..state.activity import ACTIVITY_FILE, last_active, observe
+from ..state.index import StoreIndex, Summary
+from ..state.store import SessionStore
 
 CPU_WINDOW = 0.2
 """Seconds between the two readings of each running container's CPU time that give its live CPU share: a survey
@@ -98,47 +100,64 @@ def survey(
     session_ids: Iterable[str] | None = None,
     held: bool = False,
     shared: bool = False,
+    usage: bool = True,
+    containers: Mapping[str, ContainerState] | None = None,
+    index: StoreIndex | None = None,
+    reread: bool = False,
 ) -> list[SessionInfo]:
     """Describe stored sessions (all, or ``session_ids``) with one engine listing for all of them.
 
     ``held``: the caller holds these sessions still (``activity.quiet``), so none is busy. ``shared``: measure
-    ``shared_bytes`` (a stat of each blob: for one session, not for a listing).
+    ``shared_bytes`` (a stat of each blob: for one session, not for a listing). ``usage``: measure running
+    containers' memory and CPU (two engine readings ``CPU_WINDOW`` apart). ``containers``: the store's containers
+    by id, when the caller has just listed them. ``index``: the store's summary cache (``state.index``), when the
+    caller goes on using it; else a survey of the whole store reads it and writes it back, and one of
+    ``session_ids`` reads their records (cheaper than the cache file of a big store). ``reread``:
+    read every record in full, whatever the index holds (to decide on them).
 
     Raises:
         SessionNotFound: one of ``session_ids`` is not stored.
         EngineUnavailable: no engine answers.
     """
-    ids = list(store.ids()) if session_ids is None else list(session_ids)
-    containers = {c.id: c for c in backend.find({STORE_ID: store.store_id})}
-    live = [c.id for c in containers.values() if c.running]
+    whole = session_ids is None
+    ids = store.names() if session_ids is None else list(session_ids)
+    if containers is None:
+        containers = {c.id: c for c in backend.find({STORE_ID: store.store_id})}
+    live = [c.id for c in containers.values() if c.running] if usage else []
     first, sampled = (backend.resource_usage(live) if live else {}), time.monotonic()
-    records: dict[str, SessionRecord | CheckpointError] = {}
+    cache = StoreIndex(store, load=whole) if index is None else index
+    facts: dict[str, tuple[Summary, int] | CheckpointError] = {}
     for session_id in ids:
         try:
-            records[session_id] = store.load(session_id)
+            facts[session_id] = summarize(store, cache, session_id, trusted=whole, reread=reread)
         except CheckpointError as exc:
-            records[session_id] = exc
+            facts[session_id] = exc
         except SessionNotFound:
-            if session_ids is not None:
+            if not whole:
                 raise
-            continue  # removed since it was listed (its owner or another prune): not ours to report
-    running = [
-        r.container_id
-        for r in records.values()
-        if isinstance(r, SessionRecord) and r.container_id in containers and containers[r.container_id].running
-    ]
-    usage = _live_usage(backend, running, first, sampled) if running else {}
+            continue  # removed since it was listed (its owner or another prune), or a directory without a record
+    if whole:
+        cache.keep_only(set(facts))
+        if index is None:
+            cache.save()
+    recorded = [f[0].container_id for f in facts.values() if not isinstance(f, CheckpointError)]
+    running = [cid for cid in recorded if cid is not None and cid in containers and containers[cid].running]
+    usage_now = _live_usage(backend, running, first, sampled) if usage and running else {}
     infos = []
-    for session_id, record in records.items():
-        path = store.activity_path(session_id)
-        if isinstance(record, CheckpointError):
-            infos.append(_unreadable(session_id, record, last_active(path, 0.0), now))
+    root = str(store.root)
+    for session_id, fact in facts.items():
+        path = f"{root}/{session_id}/{ACTIVITY_FILE}"  # the id is valid: listed by ``names`` or read by ``summarize``
+        if isinstance(fact, CheckpointError):
+            infos.append(_unreadable(session_id, fact, last_active(path, 0.0), now))
             continue
+        record, missing = fact
         container = containers.get(record.container_id or "")
-        busy = not held and is_busy(path)
-        active = last_active(path, record.last_used_at)
-        missing = store.missing_blobs(record)
+        if held:
+            busy, active = False, last_active(path, record.last_used_at)
+        else:
+            busy, active = observe(path, record.last_used_at)
         status, problem = _status(record, container, busy, missing)
+        measured = usage_now.get(record.container_id or "", _NONE)
         infos.append(
             SessionInfo(
                 id=session_id,
@@ -149,27 +168,59 @@ def survey(
                 age_seconds=max(0.0, now - record.created_at),
                 idle_seconds=0.0 if busy else max(0.0, now - active),
                 generation=record.generation,
-                variables=len(record.variables),
+                variables=record.variables,
                 checkpoint_bytes=record.checkpoint_bytes,
                 epoch=record.epoch,
                 sandbox_id=record.sandbox_id,
                 container_id=record.container_id,
                 container_status=container.status if container else None,
                 node=container.node if container else None,
-                memory_bytes=usage.get(record.container_id or "", _NONE)[0],
-                cpu_percent=usage.get(record.container_id or "", _NONE)[1],
-                cpu_seconds=usage.get(record.container_id or "", _NONE)[2],
+                memory_bytes=measured[0],
+                cpu_percent=measured[1],
+                cpu_seconds=measured[2],
                 hibernated_at=record.hibernated_at,
                 problem=problem,
                 checkpoint_damaged=bool(missing),
                 labels=dict(record.labels),
                 forked_from=dict(record.forked_from) or None,
-                generations_kept=len(record.history) + 1,
+                generations_kept=record.generations_kept,
                 history_bytes=record.history_bytes,
-                shared_bytes=store.shared_bytes(record) if shared else None,
+                shared_bytes=store.shared_bytes_of(session_id, record.blobs) if shared else None,
             )
         )
     return infos
+
+
+def summarize(
+    store: SessionStore, index: StoreIndex, session_id: str, *, trusted: bool = False, reread: bool = False
+) -> tuple[Summary, int]:
+    """The summary of a session's record and how many blobs its manifest names that are not on disk: from
+    ``index`` where it holds them for the files as they are now, else read (and noted in ``index``).
+
+    ``trusted``: ``session_id`` comes from ``SessionStore.names`` (valid: not checked again). ``reread``: read the
+    record and ``blobs/`` whatever ``index`` holds.
+
+    Raises:
+        SessionNotFound: the session has no record.
+        CheckpointError: its record is unreadable or invalid.
+        ConfigError: ``session_id`` is no valid id.
+    """
+    seen_at = time.time()  # before anything is looked at: what changes from here on is not cached
+    directory = f"{store.root}/{session_id}" if trusted else store.session_path(session_id)
+    summary, meta, record = index.lookup(session_id, directory, seen_at, reread=reread)
+    try:
+        blobs: os.stat_result | None = os.stat(f"{directory}/blobs")
+    except OSError:
+        blobs = None
+    missing = None if blobs is None or reread else index.missing(session_id, meta, blobs)
+    if missing is None:
+        if record is None:  # the summary was cached, the count is not: the manifest is needed
+            record, meta = store.read(session_id)
+            summary = index.put(session_id, meta, record, seen_at)
+        missing = len(store.missing_blobs(record))
+        if blobs is not None:
+            index.note_missing(session_id, meta, blobs, missing, seen_at)
+    return summary, missing
 
 
 _NONE: tuple[None, None, None] = (None, None, None)
@@ -193,10 +244,10 @@ def _live_usage(
 
 
 def _status(
-    record: SessionRecord, container: ContainerState | None, busy: bool, missing: set[str]
+    record: Summary, container: ContainerState | None, busy: bool, missing: int
 ) -> tuple[SessionStatus, str | None]:
     if missing:
-        return SessionStatus.BROKEN, f"its checkpoint is damaged: {len(missing)} blob(s) missing"
+        return SessionStatus.BROKEN, f"its checkpoint is damaged: {missing} blob(s) missing"
     if busy:
         return SessionStatus.BUSY, None
     if container is not None and container.running:
