@@ -75,8 +75,11 @@ AGENT_COMMAND = [AGENT_PYTHON, "-m", "orchestrator_agent.supervisor"]
 class Agent:
     """A supervisor subprocess, its secret file, and the listening socket it connects to."""
 
-    def __init__(self, directory: Path, **env: str) -> None:
+    def __init__(self, directory: Path, one_hop: bool = False, **env: str) -> None:
+        """``one_hop``: the connection takes one hop (docs/design/one-hop.md): requests then go on a data channel
+        the test makes (tests/unit/agent/test_one_hop.py), not on ``link``."""
         self.directory = directory
+        self.one_hop = one_hop
         self.path = directory / "channel.sock"
         self.secret = secrets.token_bytes(32)
         self.notices: list[dict] = []
@@ -117,7 +120,8 @@ class Agent:
         self.hello = hello
         nonce = protocol.new_nonce()
         proof = protocol.auth_proof(self.secret, "controller", hello["nonce"], nonce)
-        link.send({"type": protocol.AUTH, "nonce": nonce, "proof": proof})
+        auth = {"type": protocol.AUTH, "nonce": nonce, "proof": proof}
+        link.send({**auth, protocol.ONE_HOP: True} if self.one_hop else auth)
         ok, _ = link.recv(timeout)
         assert ok["type"] == protocol.AUTH_OK
         assert protocol.proof_matches(protocol.auth_proof(self.secret, "agent", hello["nonce"], nonce), ok["proof"])

@@ -9,6 +9,7 @@ any thread. Payloads and results are JSON, never pickles. See docs/protocol.md, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -98,6 +99,12 @@ class HostCallClient(object):
         """Send a piece of the running cell's output (one-way: no answer comes). Raises OSError if the link broke."""
         with self._shield(), self._send_lock:
             protocol.send_frame(self._sock, {"type": protocol.OUTPUT, "stream": stream}, data)
+
+    def close(self) -> None:
+        """Shut the link down (one hop's data channel ended): its reader ends, and waiting calls fail."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._fail("the controller closed the link")
 
     def _read_replies(self) -> None:
         while True:

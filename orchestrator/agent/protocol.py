@@ -624,6 +624,17 @@ HOST_REPLY = "host_reply"
 OUTPUT = "output"
 # Controller -> supervisor while an exec runs: stop the cell (the timeout ladder), as when its time is up.
 INTERRUPT = "interrupt"
+# One hop (docs/design/one-hop.md, not on by default): the agent offers it in its hello's ``capabilities``, the
+# controller takes it with ``one_hop: true`` in its auth and sends, on the connection, a ``data_channel`` frame
+# carrying (SCM_RIGHTS) one end of each of two socket pairs it made: requests and replies, then host calls. The
+# supervisor passes them to its worker, which serves them directly; when the controller closes them the worker
+# tells the supervisor ``idle {generation}`` and waits for the next. ``worker_lost {reason, oom}``: supervisor ->
+# controller, the worker died or misbehaved and a fresh one replaced it (the data channel died with it).
+ONE_HOP = "one_hop"
+DATA_CHANNEL = "data_channel"
+DATA_CHANNEL_FDS = 2  # requests and replies, host calls: a data_channel frame carries exactly these
+WORKER_IDLE = "idle"
+WORKER_LOST = "worker_lost"
 
 # The reply type that answers each request type (any other type is answered ``ERROR``).
 REPLY_TYPES = {
@@ -1086,6 +1097,7 @@ class Hello(_HelloFields, total=False):
 
     agent_pid: int  # for a person reading logs: the controller does not use them
     worker_pid: int
+    capabilities: List[str]  # what the agent can do besides the protocol's version: ONE_HOP
 
 
 class Goodbye(TypedDict):

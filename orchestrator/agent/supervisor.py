@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Set
 
-from . import confinement, protocol
+from . import confinement, handover, protocol
 from .channel import Channel, ControllerLink
 from .config import Config, ConfigError, read_secret
 from .frames import CHUNK_BYTES, Copier, Movers
@@ -40,6 +40,7 @@ from .worker_process import WorkerProcess, start_worker
 DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
 CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows them 10 s plus the grace)
 _HANDSHAKE_HEADER_BYTES = 64 << 10
+_SETTLE_TICK = 0.05  # one hop: how often a worker whose controller left is interrupted until it is idle
 # A \uD800-\uDFFF escape in a header (a surrogate, perhaps a lone one): such a header is decoded and encoded
 # again (protocol.encode_header replaces lone surrogates), never relayed as it came. False positives only cost that.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
@@ -120,6 +121,8 @@ class Supervisor:
         self._secret = secret
         self.generation = 0
         self.worker_lost: Optional[Dict[str, Any]] = None
+        self.one_hop = False  # the connection being served took one hop (handshake)
+        self.worker_serving = False  # one hop: the worker holds a data channel and has not reported idle since
         self.channel = Channel(config.channel, config.frame_timeout)
         self.movers = Movers()
         self.wake_r, wake_w = os.pipe()
@@ -193,7 +196,10 @@ class Supervisor:
                 authenticated = self.handshake(conn)
                 if authenticated:
                     failures = 0
-                    self.serve(conn)
+                    if self.one_hop:
+                        self.serve_one_hop(conn)
+                    else:
+                        self.serve(conn)
             except (protocol.ChannelClosed, protocol.ProtocolViolation, ConnectionLost, OSError) as exc:
                 log("connection ended: %s" % (exc or type(exc).__name__))
             except Exception:  # never crash: a fresh connection is the way back
@@ -203,6 +209,8 @@ class Supervisor:
             finally:
                 with contextlib.suppress(OSError):
                     conn.close()
+                if self.worker_serving:
+                    self._settle_worker()
             if not authenticated:
                 failures += 1
                 time.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
@@ -218,6 +226,7 @@ class Supervisor:
             "agent_pid": os.getpid(),
             "worker_pid": self.worker.pid,
             "nonce": nonce,
+            "capabilities": [protocol.ONE_HOP],
         }
 
     def handshake(self, conn: socket.socket) -> bool:
@@ -236,6 +245,7 @@ class Supervisor:
             return False
         proof = protocol.auth_proof(self._secret, "agent", agent_nonce, controller_nonce)
         protocol.send_frame(conn, {"type": protocol.AUTH_OK, "proof": proof})
+        self.one_hop = header.get(protocol.ONE_HOP) is True
         return True
 
     def _send(self, conn: socket.socket, header: Dict[str, Any], body: Any = b"") -> None:
@@ -286,6 +296,121 @@ class Supervisor:
         finally:
             self.controller.detach()
             self.idle.unregister(conn)
+
+    # -- one hop (docs/design/one-hop.md): the worker serves the controller on a data channel the controller made
+
+    def serve_one_hop(self, conn: socket.socket) -> None:
+        """Serve the control frames of a connection that took one hop: the data channel's handover and ``ping``;
+        tell the controller when its worker is lost. Requests never come here: they go to the worker directly."""
+        self.idle.register(conn, selectors.EVENT_READ)
+        conn_fd = conn.fileno()
+        try:
+            while True:
+                if self.channel.takeover_due():
+                    self._send(conn, {"type": protocol.GOODBYE, "reason": "takeover", "in_flight": None})
+                    return
+                ready = {key.fd for key, _ in self.idle.select()}
+                if self.wake_r in ready:
+                    self._drain_wakeups()
+                    continue  # check for a takeover before anything else
+                worker = self.worker
+                if worker.sock.fileno() in ready or worker.pidfd in ready:
+                    self._worker_aside(conn)
+                    continue
+                if self.host_calls.link_fd() in ready:  # the worker's calls go on the data channel's own link
+                    self.host_calls.take_call(None, "in one hop, host calls go to the controller directly")
+                    continue
+                if conn_fd in ready:
+                    header, fds = handover.recv_with_fds(conn, protocol.DATA_CHANNEL_FDS)
+                    self._control(conn, header, fds)
+        finally:
+            self.idle.unregister(conn)
+
+    def _control(self, conn: socket.socket, header: Dict[str, Any], fds: List[int]) -> None:
+        """One control frame of a one-hop connection (with the descriptors that came with it)."""
+        kind = header["type"]
+        if kind == protocol.DATA_CHANNEL:
+            sockets = handover.stream_sockets(fds, protocol.DATA_CHANNEL_FDS)
+            try:
+                self._send(self.worker.sock, {"type": protocol.DATA_CHANNEL})
+                handover.pass_fds(self.worker.sock, [sock.fileno() for sock in sockets])
+                self.worker_serving = True
+            except OSError:
+                self._lose_worker(conn, died=True)
+            finally:
+                for sock in sockets:  # the supervisor keeps no copy of the data path
+                    sock.close()
+            return
+        handover.close_fds(fds)
+        if kind == protocol.PING:
+            self._send(conn, {"type": protocol.PONG, "id": header.get("id"), "generation": self.generation})
+            return
+        raise protocol.ProtocolViolation("a %r frame on a one-hop connection" % kind)
+
+    def _worker_aside(self, conn: socket.socket) -> None:
+        """One hop: the worker's link or process woke us. ``idle`` (its data channel closed) is the one frame it may
+        send; anything else, or its death, replaces it, and the controller is told."""
+        worker = self.worker
+        pending = worker.pending()
+        if pending is None and worker.proc.poll() is None:
+            return  # a spurious wake-up
+        if pending:
+            idle = self._read_idle()
+            if idle is not None:
+                self.generation, self.worker_serving = idle, False
+                return
+            self._lose_worker(conn, died=False)
+            return
+        self._lose_worker(conn, died=True)
+
+    def _read_idle(self) -> Optional[int]:
+        """The generation of the worker's ``idle`` frame on its link, or None if the frame is anything else."""
+        try:
+            header, body_len, _ = self.worker.inbox.head(_HANDSHAKE_HEADER_BYTES, 0, self.config.frame_timeout)
+        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation):
+            return None
+        generation = header.get("generation")
+        if header["type"] != protocol.WORKER_IDLE or body_len or type(generation) is not int or generation < 0:
+            return None
+        return generation
+
+    def _lose_worker(self, conn: socket.socket, died: bool) -> None:
+        """Replace the worker (it died, or misbehaved: ``died`` False) and tell the controller, whose data channel
+        went with it."""
+        info = self._replace_worker(died=died) or {}
+        if not died:
+            info = {"reason": "the worker wrote out of turn on its link; it was killed", "oom": False}
+        self.worker_serving = False
+        self._send(conn, {"type": protocol.WORKER_LOST, "reason": info.get("reason", ""), "oom": bool(info.get("oom"))})
+
+    def _settle_worker(self) -> None:
+        """A one-hop connection ended while the worker held its data channel: before another controller gets the
+        worker it must be idle. What it runs is interrupted now (SIGINT and SIGUSR2: each is only noted outside its
+        own phase), again every ``_SETTLE_TICK`` (a request that had not started yet gets it too), and the worker is
+        replaced if it does not report ``idle`` within the grace."""
+        self.worker_serving = False
+        worker = self.worker
+        deadline = time.monotonic() + self.config.grace
+        waiter = selectors.DefaultSelector()
+        try:
+            waiter.register(worker.sock, selectors.EVENT_READ)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                if not (worker.inbox.buffered() or waiter.select(0)):
+                    worker.interrupt("cell")
+                    worker.interrupt("checkpoint")
+                    if not waiter.select(min(remaining, _SETTLE_TICK)):
+                        continue
+                idle = self._read_idle()
+                if idle is None:
+                    break
+                self.generation = idle
+                return
+        finally:
+            waiter.close()
+        self._replace_worker()  # its hello to the next controller says generation 0: that one restores
 
     def _worker_between_requests(self) -> None:
         """The worker's socket or process woke us while no request ran: it died or wrote out of turn."""

@@ -43,7 +43,7 @@ import traceback
 import types
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import capture, hostcall, protocol
+from . import capture, handover, hostcall, protocol
 
 _session_module = types.ModuleType("__main__")
 sys.modules["__main__"] = _session_module
@@ -158,7 +158,8 @@ class Worker:
         call_sock: Optional[socket.socket] = None,
         call_max: int = protocol.HOST_CALL_MAX_BYTES,
     ) -> None:
-        self.sock = sock
+        self.link = sock  # to the supervisor: requests (two hops), or one hop's data channel (docs/design/one-hop.md)
+        self.sock = sock  # where requests come from: the link, or the data channel the controller made
         self.output_limit = output_limit
         self.quota = quota
         self.namespace = _session_module.__dict__
@@ -182,6 +183,8 @@ class Worker:
         self.shielded = False  # the main thread writes a host-call frame: an interrupt waits until it is out
         self.deferred = False
         self.calls = None if call_sock is None else hostcall.HostCallClient(call_sock, call_max, self._shield)
+        self.link_calls = self.calls  # host calls through the supervisor (two hops)
+        self.call_max = call_max
         self.scaffold: Dict[str, Any] = {}  # the installed scaffold's module namespace
         self.input_allowed = False  # the running cell's input() may ask the controller
         self.output: Optional[capture.CellStreams] = None  # the running cell's output
@@ -280,7 +283,18 @@ class Worker:
             try:
                 header, self._body = _recv_request(self.sock)
             except protocol.ChannelClosed:
-                return
+                if self.sock is self.link:
+                    return
+                self._leave_data_channel()
+                continue
+            except OSError:
+                if self.sock is self.link:
+                    raise
+                self._leave_data_channel()
+                continue
+            if header["type"] == protocol.DATA_CHANNEL and self.sock is self.link:
+                self._take_data_channel()
+                continue
             self._install_handlers()
             if header.get("type") == protocol.LOAD or any(deferred.pending for deferred in self._all_deferred()):
                 checkpoint.dill_module()  # now, while interrupts are only noted, never torn mid-import by one
@@ -288,8 +302,31 @@ class Worker:
             self._body = None  # restore input can be hundreds of MB: free it before the reply goes out
             self._enter(_IDLE)
             reply["id"] = header.get("id")
-            self.send(reply, parts)
+            try:
+                self.send(reply, parts)
+            except OSError:
+                if self.sock is self.link:
+                    raise
+                self._leave_data_channel()  # the controller closed it (it went away, or gave the sandbox up)
             del reply, parts
+
+    def _take_data_channel(self) -> None:
+        """One hop: serve the controller on the sockets it made (requests, host calls), passed by the supervisor."""
+        data, calls = handover.take_fds(self.link, protocol.DATA_CHANNEL_FDS)
+        self.sock = data
+        self.calls = hostcall.HostCallClient(calls, self.call_max, self._shield)
+
+    def _leave_data_channel(self) -> None:
+        """The controller closed its data channel: back to the link, and tell the supervisor the worker is idle.
+
+        Its generation is the last checkpoint's, delivered or not: a controller that did not get it has another one
+        stored, and restores."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self.calls is not None and self.calls is not self.link_calls:
+            self.calls.close()
+        self.sock, self.calls = self.link, self.link_calls
+        protocol.send_frame(self.link, {"type": protocol.WORKER_IDLE, "generation": self.tracker.generation})
 
     def _take_body(self) -> bytearray:
         """The request's body; the worker keeps no other reference, so dropping it frees it."""
@@ -488,6 +525,13 @@ class Worker:
 
     # -- the scaffold
 
+    def _host_call(self, name: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
+        """The scaffold's ``host_call``: on the link of the moment (the supervisor's, or one hop's own)."""
+        calls = self.calls
+        if calls is None:
+            return _no_host_calls(name, payload, timeout)
+        return calls.call(name, payload, timeout)
+
     def install(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
         """Run the session's scaffold code in a fresh module of its own; it replaces the one before."""
         try:
@@ -498,7 +542,7 @@ class Worker:
         scope: Dict[str, Any] = {
             "__name__": "__orchestrator_scaffold__",
             "__builtins__": __builtins__,
-            "host_call": self.calls.call if self.calls is not None else _no_host_calls,
+            "host_call": self._host_call if self.calls is not None else _no_host_calls,
             "HostCallError": hostcall.HostCallError,
             # Values a restore deferred are not in the namespace until used (lazy.py): the hooks can see and load them.
             "deferred_values": self._deferred_values,
@@ -611,7 +655,13 @@ class Worker:
 
     def _announce_checkpoint(self) -> None:
         request_id, self.cell_done_for = self.cell_done_for, _MISSING
-        protocol.send_frame(self.sock, {"type": protocol.CELL_DONE, "id": request_id})
+        try:
+            protocol.send_frame(self.sock, {"type": protocol.CELL_DONE, "id": request_id})
+        except OSError:
+            if self.sock is self.link:
+                raise
+            # One hop: the controller closed the data channel. The checkpoint goes on (a tracker cut short would not
+            # match the generation it reports); its reply finds the channel closed too, and the worker goes idle.
 
     def load(self, header: Dict[str, Any], body: bytearray) -> Tuple[Dict[str, Any], List[Any]]:
         try:

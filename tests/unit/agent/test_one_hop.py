@@ -1,0 +1,192 @@
+"""One hop, the agent's side (docs/design/one-hop.md, step 1): the data channel the controller makes and passes.
+
+The test plays the controller: it takes one hop in its auth, makes the two socket pairs, sends one end of each on
+the connection (SCM_RIGHTS) and then talks to the worker directly; the connection carries only control frames.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import dill
+import pytest
+from agent_process import Agent, Link
+
+from orchestrator.agent import handover, protocol
+
+_OPEN: list[DataChannel] = []
+
+
+@pytest.fixture
+def one_hop():
+    directory = Path(tempfile.mkdtemp(prefix="orch-ut-", dir="/tmp"))
+    agent = Agent(directory, one_hop=True)
+    yield agent
+    agent.close()
+    while _OPEN:
+        _OPEN.pop().close()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+class DataChannel:
+    """The controller's ends of one data channel: requests and replies, host calls."""
+
+    def __init__(self, control: Link) -> None:
+        data, data_theirs = socket.socketpair()
+        calls, calls_theirs = socket.socketpair()
+        handover.send_with_fds(
+            control.sock, {"type": protocol.DATA_CHANNEL}, [data_theirs.fileno(), calls_theirs.fileno()]
+        )
+        data_theirs.close()
+        calls_theirs.close()
+        self.data = Link(data)
+        self.calls = Link(calls)
+        self.cell_done: list[str] = []
+        _OPEN.append(self)
+
+    def request(self, type_: str, body=b"", **fields) -> tuple[dict, bytearray]:
+        header = {"type": type_, "id": uuid.uuid4().hex, **fields}
+        self.data.send(header, body)
+        return self.reply(header["id"])
+
+    def reply(self, request_id: str) -> tuple[dict, bytearray]:
+        reply, reply_body = self.data.recv()
+        if reply["type"] == protocol.CELL_DONE:  # the cell ended and its checkpoint pickles: its clock runs now
+            assert reply["id"] == request_id and not reply_body, reply
+            self.cell_done.append(request_id)
+            reply, reply_body = self.data.recv()
+        assert reply["id"] == request_id, reply
+        return reply, reply_body
+
+    def run(self, code: str, **fields) -> dict:
+        return self.request(protocol.EXEC, code=code, timeout=10, checkpoint_timeout=10, **fields)[0]
+
+    def value(self, code: str) -> str:
+        reply = self.run(code)
+        assert reply["status"] == "ok", reply
+        return reply["return_value"]
+
+    def close(self) -> None:
+        self.data.close()
+        self.calls.close()
+
+
+def quiet(link: Link) -> bool:
+    """Nothing came on ``link``."""
+    return not select.select([link.sock], [], [], 0)[0]
+
+
+def test_the_hello_offers_one_hop(agent):
+    assert agent.hello["capabilities"] == [protocol.ONE_HOP]
+
+
+def test_cells_run_on_the_data_channel_and_the_connection_stays_quiet(one_hop):
+    channel = DataChannel(one_hop.link)
+    reply = channel.run("x = 41")
+    assert reply["status"] == "ok" and list(reply["checkpoint"]["vars"]) == ["x"], reply
+    assert len(channel.cell_done) == 1  # x's pickle: the checkpoint's clock is the controller's now
+    assert channel.value("x + 1") == "42"
+    reply = channel.run("1 / 0")
+    assert reply["status"] == "error" and reply["error"]["ename"] == "ZeroDivisionError"
+    assert quiet(one_hop.link)
+
+
+def test_a_restore_goes_through_the_data_channel(one_hop):
+    channel = DataChannel(one_hop.link)
+    assert channel.request(protocol.RESTORE_BEGIN, timeout=10)[0]["status"] == "ok"
+    blob = dill.dumps([1, 2, 3])
+    reply, _ = channel.request(protocol.LOAD, blob, name="y", digest=protocol.blob_digest(blob), timeout=10)
+    assert reply["status"] == "ok", reply
+    assert channel.request(protocol.RESTORE_END, generation=3, timeout=10)[0]["generation"] == 3
+    assert channel.value("sum(y)") == "6"
+
+
+def test_host_calls_go_to_the_controller_on_their_own_link(one_hop):
+    channel = DataChannel(one_hop.link)
+    scaffold = "def before_cell(namespace):\n    namespace['ask'] = host_call\n"
+    assert channel.request(protocol.INSTALL, code=scaffold, names=["ask"], timeout=10)[0]["status"] == "ok"
+    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": "ask('double', 21)", "timeout": 10})
+    call, payload = channel.calls.recv()
+    assert call["type"] == protocol.HOST_CALL and call["name"] == "double" and payload == b"21"
+    channel.calls.send(protocol.host_reply(call["call"]), b"42")
+    reply, _ = channel.reply("e1")
+    assert reply["return_value"] == "42", reply
+    assert quiet(one_hop.link)
+
+
+def test_a_closed_data_channel_leaves_the_worker_idle_with_its_memory(one_hop):
+    channel = DataChannel(one_hop.link)
+    channel.run("x = 7")
+    channel.close()
+    for _ in range(200):  # the worker's idle (generation 1) reaches the supervisor soon after the close
+        one_hop.link.send({"type": protocol.PING, "id": "p"})
+        pong, _ = one_hop.link.recv()
+        assert pong["type"] == protocol.PONG and pong["generation"] in (0, 1), pong
+        if pong["generation"] == 1:
+            break
+        time.sleep(0.01)
+    assert pong["generation"] == 1
+    again = DataChannel(one_hop.link)
+    assert again.value("x") == "7"
+
+
+def test_a_worker_that_dies_is_reported_on_the_connection_and_replaced(one_hop):
+    channel = DataChannel(one_hop.link)
+    channel.run("x = 1")
+    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": "import os\nos._exit(3)", "timeout": 10})
+    with pytest.raises(protocol.ChannelClosed):
+        channel.data.recv()
+    lost, _ = one_hop.link.recv()
+    assert lost["type"] == protocol.WORKER_LOST and lost["oom"] is False and "3" in lost["reason"], lost
+    fresh = DataChannel(one_hop.link)
+    assert fresh.value("'x' in globals()") == "False"
+
+
+def test_a_worker_that_writes_on_its_link_is_replaced(one_hop):
+    channel = DataChannel(one_hop.link)
+    pid = channel.value("import os\nos.getpid()")
+    worker = "[o for o in __import__('gc').get_objects() if type(o).__name__ == 'Worker'][0]"
+    # Cell code holds the worker's link to the supervisor; the worker is killed at once (its reply may not come).
+    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": f"{worker}.link.send(b'garbage!' * 4)"})
+    lost, _ = one_hop.link.recv()
+    assert lost["type"] == protocol.WORKER_LOST and "out of turn" in lost["reason"], lost
+    assert DataChannel(one_hop.link).value("import os\nos.getpid()") != pid
+
+
+@pytest.mark.parametrize("kind", ["pipe", "three"])
+def test_a_data_channel_that_is_not_two_sockets_is_refused(one_hop, kind):
+    read_end, write_end = os.pipe()
+    extra, extra_theirs = socket.socketpair()
+    fds = [read_end, extra_theirs.fileno()] if kind == "pipe" else [extra.fileno(), extra_theirs.fileno(), write_end]
+    handover.send_with_fds(one_hop.link.sock, {"type": protocol.DATA_CHANNEL}, fds)
+    for fd in (read_end, write_end):
+        os.close(fd)
+    extra.close()
+    extra_theirs.close()
+    assert one_hop.link.closed_by_peer()
+    one_hop.link.close()
+    one_hop.link = one_hop.connect()  # it connects again, and one hop works
+    assert DataChannel(one_hop.link).value("1 + 1") == "2"
+
+
+def test_a_controller_that_leaves_during_a_cell_gets_it_interrupted_and_the_next_one_the_worker(one_hop, tmp_path):
+    channel = DataChannel(one_hop.link)
+    channel.run("x = 5\nimport time")
+    # Interrupted, the cell's checkpoint (it tries `time` again) meets the closed channel, and so does its reply.
+    started = tmp_path / "started"
+    code = f"open({str(started)!r}, 'w').close()\ntime.sleep(60)"
+    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": code, "timeout": 120})
+    while not started.exists():
+        time.sleep(0.01)
+    channel.close()
+    one_hop.link.close()
+    one_hop.link = one_hop.connect()  # it connects again once the worker is idle (interrupted) or replaced
+    assert one_hop.hello["generation"] == 1
+    assert DataChannel(one_hop.link).value("x") == "5"
