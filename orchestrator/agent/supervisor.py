@@ -122,7 +122,9 @@ class Supervisor:
         self.generation = 0
         self.worker_lost: Optional[Dict[str, Any]] = None
         self.one_hop = False  # the connection being served took one hop (handshake)
-        self.worker_serving = False  # one hop: the worker holds a data channel and has not reported idle since
+        # One hop: data channels handed to the worker that it has not reported leaving (``idle``) yet; one closed
+        # and the next handed at once may overtake the idle of the first.
+        self.channels_held = 0
         self.channel = Channel(config.channel, config.frame_timeout)
         self.movers = Movers()
         self.wake_r, wake_w = os.pipe()
@@ -209,7 +211,7 @@ class Supervisor:
             finally:
                 with contextlib.suppress(OSError):
                     conn.close()
-                if self.worker_serving:
+                if self.channels_held:
                     self._settle_worker()
             if not authenticated:
                 failures += 1
@@ -334,7 +336,7 @@ class Supervisor:
             try:
                 self._send(self.worker.sock, {"type": protocol.DATA_CHANNEL})
                 handover.pass_fds(self.worker.sock, [sock.fileno() for sock in sockets])
-                self.worker_serving = True
+                self.channels_held += 1
             except OSError:
                 self._lose_worker(conn, died=True)
             finally:
@@ -357,7 +359,7 @@ class Supervisor:
         if pending:
             idle = self._read_idle()
             if idle is not None:
-                self.generation, self.worker_serving = idle, False
+                self.generation, self.channels_held = idle, max(0, self.channels_held - 1)
                 return
             self._lose_worker(conn, died=False)
             return
@@ -380,15 +382,14 @@ class Supervisor:
         info = self._replace_worker(died=died) or {}
         if not died:
             info = {"reason": "the worker wrote out of turn on its link; it was killed", "oom": False}
-        self.worker_serving = False
+        self.channels_held = 0
         self._send(conn, {"type": protocol.WORKER_LOST, "reason": info.get("reason", ""), "oom": bool(info.get("oom"))})
 
     def _settle_worker(self) -> None:
         """A one-hop connection ended while the worker held its data channel: before another controller gets the
         worker it must be idle. What it runs is interrupted now (SIGINT and SIGUSR2: each is only noted outside its
         own phase), again every ``_SETTLE_TICK`` (a request that had not started yet gets it too), and the worker is
-        replaced if it does not report ``idle`` within the grace."""
-        self.worker_serving = False
+        replaced if it does not report ``idle`` for every data channel it was handed within the grace."""
         worker = self.worker
         deadline = time.monotonic() + self.config.grace
         waiter = selectors.DefaultSelector()
@@ -406,10 +407,12 @@ class Supervisor:
                 idle = self._read_idle()
                 if idle is None:
                     break
-                self.generation = idle
-                return
+                self.generation, self.channels_held = idle, self.channels_held - 1
+                if not self.channels_held:
+                    return
         finally:
             waiter.close()
+        self.channels_held = 0
         self._replace_worker()  # its hello to the next controller says generation 0: that one restores
 
     def _worker_between_requests(self) -> None:

@@ -190,3 +190,20 @@ def test_a_controller_that_leaves_during_a_cell_gets_it_interrupted_and_the_next
     one_hop.link = one_hop.connect()  # it connects again once the worker is idle (interrupted) or replaced
     assert one_hop.hello["generation"] == 1
     assert DataChannel(one_hop.link).value("x") == "5"
+
+
+def test_a_data_channel_handed_right_after_another_closed_is_still_watched(one_hop, tmp_path):
+    first = DataChannel(one_hop.link)
+    first.run("x = 3\nimport time")
+    first.close()
+    second = DataChannel(one_hop.link)  # the idle for the first may reach the supervisor after this one
+    started = tmp_path / "started"
+    code = f"open({str(started)!r}, 'w').close()\ntime.sleep(60)"
+    second.data.send({"type": protocol.EXEC, "id": "e2", "code": code, "timeout": 120})
+    while not started.exists():
+        time.sleep(0.01)
+    second.close()
+    one_hop.link.close()
+    one_hop.link = one_hop.connect()  # the sleeping cell was interrupted: the worker and its memory are kept
+    assert one_hop.hello["generation"] == 1
+    assert DataChannel(one_hop.link).value("x") == "3"
