@@ -629,12 +629,17 @@ INTERRUPT = "interrupt"
 # carrying (SCM_RIGHTS) one end of each of two socket pairs it made: requests and replies, then host calls. The
 # supervisor passes them to its worker, which serves them directly; when the controller closes them the worker
 # tells the supervisor ``idle {generation}`` and waits for the next. ``worker_lost {reason, oom}``: supervisor ->
-# controller, the worker died or misbehaved and a fresh one replaced it (the data channel died with it).
+# controller, the worker died or misbehaved and a fresh one replaced it (the data channel died with it). The
+# controller keeps the ladder's clock and asks: ``interrupt {id, phase}`` (the signal of ``phase``: SIGINT for a
+# cell or a load, SIGUSR2 for a checkpoint) and ``kill {id}``, answered ``worker_replaced {id, reason, oom}``.
 ONE_HOP = "one_hop"
 DATA_CHANNEL = "data_channel"
 DATA_CHANNEL_FDS = 2  # requests and replies, host calls: a data_channel frame carries exactly these
 WORKER_IDLE = "idle"
 WORKER_LOST = "worker_lost"
+KILL = "kill"
+WORKER_REPLACED = "worker_replaced"
+INTERRUPT_PHASES = ("cell", "load", "checkpoint")
 
 # The reply type that answers each request type (any other type is answered ``ERROR``).
 REPLY_TYPES = {

@@ -347,6 +347,15 @@ class Supervisor:
         if kind == protocol.PING:
             self._send(conn, {"type": protocol.PONG, "id": header.get("id"), "generation": self.generation})
             return
+        if kind == protocol.INTERRUPT and header.get("phase") in protocol.INTERRUPT_PHASES:
+            self.worker.interrupt(header["phase"])  # the controller's clock ran out (or its caller cancelled)
+            return
+        if kind == protocol.KILL:
+            self._replace_worker()
+            self.channels_held = 0
+            reason = "the worker was killed at the controller's request"
+            self._send(conn, {"type": protocol.WORKER_REPLACED, "id": header.get("id"), "reason": reason, "oom": False})
+            return
         raise protocol.ProtocolViolation("a %r frame on a one-hop connection" % kind)
 
     def _worker_aside(self, conn: socket.socket) -> None:

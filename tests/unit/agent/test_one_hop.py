@@ -207,3 +207,39 @@ def test_a_data_channel_handed_right_after_another_closed_is_still_watched(one_h
     one_hop.link = one_hop.connect()  # the sleeping cell was interrupted: the worker and its memory are kept
     assert one_hop.hello["generation"] == 1
     assert DataChannel(one_hop.link).value("x") == "3"
+
+
+def test_the_controller_interrupts_a_cell_through_the_connection(one_hop):
+    channel = DataChannel(one_hop.link)
+    channel.run("x = 2")
+    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": "while True:\n    pass", "timeout": 60})
+    for _ in range(200):  # until the cell runs: an interrupt that comes before it is only noted
+        one_hop.link.send({"type": protocol.INTERRUPT, "id": "e1", "phase": "cell"})
+        if select.select([channel.data.sock], [], [], 0.05)[0]:
+            break
+    reply, _ = channel.reply("e1")
+    assert reply["status"] == "error" and reply["error"]["ename"] == "KeyboardInterrupt", reply
+    assert channel.value("x") == "2"
+
+
+def test_the_controller_has_a_worker_that_ignores_the_interrupt_killed(one_hop):
+    channel = DataChannel(one_hop.link)
+    pid = channel.value("import os\nos.getpid()")
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": code, "timeout": 60})
+    one_hop.link.send({"type": protocol.INTERRUPT, "id": "e1", "phase": "cell"})
+    one_hop.link.send({"type": protocol.KILL, "id": "e1"})
+    replaced, _ = one_hop.link.recv()
+    assert replaced["type"] == protocol.WORKER_REPLACED and replaced["id"] == "e1", replaced
+    # The data channel went with the worker (a reset when bytes it had not read were in it): nothing to resynchronise.
+    with pytest.raises((protocol.ChannelClosed, ConnectionResetError)):
+        channel.data.recv()
+    assert DataChannel(one_hop.link).value("import os\nos.getpid()") != pid
+
+
+def test_an_unknown_control_frame_drops_the_connection(one_hop):
+    one_hop.link.send({"type": protocol.INTERRUPT, "id": "e1", "phase": "lunch"})
+    assert one_hop.link.closed_by_peer()
+    one_hop.link.close()
+    one_hop.link = one_hop.connect()
+    assert DataChannel(one_hop.link).value("1") == "1"
