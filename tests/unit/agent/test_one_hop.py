@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import select
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -243,3 +244,19 @@ def test_an_unknown_control_frame_drops_the_connection(one_hop):
     one_hop.link.close()
     one_hop.link = one_hop.connect()
     assert DataChannel(one_hop.link).value("1") == "1"
+
+
+def test_a_takeover_says_goodbye_on_the_connection_and_hands_the_idle_worker_over(one_hop):
+    channel = DataChannel(one_hop.link)
+    channel.run("x = 9")
+    old = one_hop.link
+    one_hop.listener.close()
+    one_hop.listener = one_hop.listen()  # a new controller binds a new socket file, then signals
+    os.kill(one_hop.proc.pid, signal.SIGUSR1)
+    goodbye, _ = old.recv()
+    assert goodbye["type"] == protocol.GOODBYE and goodbye["reason"] == "takeover" and goodbye["in_flight"] is None
+    channel.close()  # the old controller lets its data channel go: the worker reports idle
+    old.close()
+    one_hop.link = one_hop.connect()
+    assert one_hop.hello["generation"] == 1
+    assert DataChannel(one_hop.link).value("x") == "9"
