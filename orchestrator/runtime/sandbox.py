@@ -56,8 +56,9 @@ class ValueFile:
     be (a Swarm sandbox, staging failed, another file system) ``raw`` goes as the body, as before.
     """
 
-    path: Path | None
-    """The staged blob's temp file (``StagedBlob.written``); None: staging failed."""
+    written: Callable[[], Path | None]
+    """Waits for the staged blob's temp file and gives it (``StagedBlob.written``; None: staging failed); called
+    only for a sandbox that can take the file, so elsewhere the write still runs beside the send."""
     blob_id: str
     raw: Body
     """The value's bytes (the blob without its frame): the body when no file can be used."""
@@ -233,11 +234,14 @@ class Sandbox:
     def _link_value_file(self, value: ValueFile) -> Path | None:
         """The staged blob hard-linked into the channel directory, readable by the sandbox's supervisor; None
         where that cannot be (not a local sandbox, nothing staged, another file system)."""
-        if value.path is None or not isinstance(self._endpoint, UnixSocketEndpoint):
+        if not isinstance(self._endpoint, UnixSocketEndpoint):
+            return None
+        path = value.written()
+        if path is None:
             return None
         link = self._endpoint.directory / protocol.value_file_name(value.blob_id)
         try:
-            os.link(value.path, link)
+            os.link(path, link)
         except OSError as exc:
             logger.debug("value file %s not linked (the value goes as the body): %s", link, exc)
             return None
