@@ -144,3 +144,12 @@ def test_a_value_file_named_by_another_request_is_never_opened(agent):
     )
     assert reply["status"] == "ok"
     assert open_value_files(agent) == []
+
+
+def test_a_huge_declared_size_is_refused_without_mapping_anything(agent):
+    blob = blob_of("bytes", b"h" * 1000)
+    blob_id = put_value(agent.directory, blob)
+    reply = set_value(agent, blob_id, 1 << 40, kind="bytes", name="h")
+    assert reply["status"] == protocol.STATUS_ERROR and "not the 1099511627776 announced" in reply["reason"], reply
+    assert agent.value("'h' in globals()") == "False"
+    assert open_value_files(agent) == []
