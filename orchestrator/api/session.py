@@ -667,7 +667,7 @@ class Session:
             staged.append(self._ledger.stage(protocol.host_blob_parts(kind, raw)))
             header["blob"], header["blob_size"] = staged[0].blob_id, staged[0].size
             if staged[0].size >= protocol.VALUE_FILE_MIN_BYTES:  # a local sandbox maps the staged file instead
-                body = ValueFile(staged[0].written, staged[0].blob_id, raw)
+                body = ValueFile(staged[0].directory, staged[0].written, staged[0].blob_id, raw)
         try:
             self._recovery.call(
                 header,

@@ -56,6 +56,9 @@ class ValueFile:
     be (a Swarm sandbox, staging failed, another file system) ``raw`` goes as the body, as before.
     """
 
+    directory: Path
+    """Where the staged blob is written (``StagedBlob.directory``): a link needs the channel directory on its file
+    system."""
     written: Callable[[], Path | None]
     """Waits for the staged blob's temp file and gives it (``StagedBlob.written``; None: staging failed); called
     only for a sandbox that can take the file, so elsewhere the write still runs beside the send."""
@@ -236,10 +239,16 @@ class Sandbox:
         where that cannot be (not a local sandbox, nothing staged, another file system)."""
         if not isinstance(self._endpoint, UnixSocketEndpoint):
             return None
+        directory = self._endpoint.directory
+        try:
+            if os.stat(directory).st_dev != os.stat(value.directory).st_dev:
+                return None  # the store is on another file system than runtime_dir: no link can be made
+        except OSError:
+            return None
         path = value.written()
         if path is None:
             return None
-        link = self._endpoint.directory / protocol.value_file_name(value.blob_id)
+        link = directory / protocol.value_file_name(value.blob_id)
         try:
             os.link(path, link)
         except OSError as exc:

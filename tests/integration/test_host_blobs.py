@@ -13,7 +13,9 @@ import json
 import os
 import pickle
 import re
+import shutil
 import stat
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -246,3 +248,32 @@ def test_a_big_value_goes_to_a_local_sandbox_as_a_file_or_else_as_the_body(
     kill_container(session)
     assert sandbox_hash(session, "context") == text_hash(TEXT)
     assert sandbox_hash(session, "raw") == hashlib.sha256(DATA).hexdigest()
+
+
+def test_a_store_on_another_file_system_sends_the_value_as_the_body(
+    settings: Settings,
+    make_orch: Callable[[Settings], Orchestrator],
+    new_session: Callable[..., Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if os.stat("/dev/shm").st_dev == os.stat(settings.runtime_dir).st_dev:
+        pytest.skip("/dev/shm is on the runtime directory's file system here")
+    state_dir = Path(tempfile.mkdtemp(prefix="orch-state-", dir="/dev/shm"))
+    try:
+        elsewhere = settings.replace(state_dir=state_dir)
+        links: list[Path | None] = []
+        link_value_file = Sandbox._link_value_file
+
+        def spy(sandbox: Sandbox, value: ValueFile) -> Path | None:
+            links.append(link_value_file(sandbox, value))
+            return links[-1]
+
+        monkeypatch.setattr(Sandbox, "_link_value_file", spy)
+        s = new_session(make_orch(elsewhere))
+        s.add_context(TEXT)
+        assert links == [None]
+        assert sandbox_hash(s, "context") == text_hash(TEXT)
+        assert HOST_ID.match(stored(elsewhere, s)["context"])
+        s.close()
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
