@@ -77,7 +77,12 @@ def metrics(reps: Reps) -> list[Metric]:
     big = mb(STATE_SIZES[-1])
     last = reps.idle_steps[-1]
     idle_rows = [
-        Row("idle_memory", "idle session: container memory (docker stats)", unit="B"),
+        Row(
+            "idle_memory",
+            "idle session: container memory (docker stats)",
+            unit="B",
+            ours_max=12 * 2**20,  # issue 26
+        ),
         Row("idle_rss", "idle session: controller memory (RSS growth / sessions)", unit="B"),
         *(
             Row(f"idle_probe_{n}", f"new session with {n} idle sessions open", ours_max=1.0 if n == last else None)
@@ -100,7 +105,11 @@ def metrics(reps: Reps) -> list[Metric]:
             measure_pooled,
             systems=(OURS,),
         ),
-        Metric("trivial cell", (Row("trivial", "trivial cell `1`", ratio_min=300),), measure_trivial),
+        Metric(
+            "trivial cell",
+            (Row("trivial", "trivial cell `1`", ratio_min=1000),),  # issue 26 (issue 11 asked for 300x)
+            measure_trivial,
+        ),
         Metric(
             "cells beside state",
             (
