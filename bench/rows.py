@@ -77,7 +77,12 @@ def metrics(reps: Reps) -> list[Metric]:
     big = mb(STATE_SIZES[-1])
     last = reps.idle_steps[-1]
     idle_rows = [
-        Row("idle_memory", "idle session: container memory (docker stats)", unit="B"),
+        Row(
+            "idle_memory",
+            "idle session: container memory (docker stats)",
+            unit="B",
+            ours_max=12 * 2**20,  # issue 26
+        ),
         Row("idle_rss", "idle session: controller memory (RSS growth / sessions)", unit="B"),
         *(
             Row(f"idle_probe_{n}", f"new session with {n} idle sessions open", ours_max=1.0 if n == last else None)
@@ -94,13 +99,17 @@ def metrics(reps: Reps) -> list[Metric]:
                     "pooled_session",
                     "new session from a warm pool (pool_size=2; peer: plain)",
                     peer_key="new_session",
-                    ours_max=0.050,
+                    ours_max=0.030,  # issue 26 (issue 11 asked for 50 ms)
                 ),
             ),
             measure_pooled,
             systems=(OURS,),
         ),
-        Metric("trivial cell", (Row("trivial", "trivial cell `1`", ratio_min=300),), measure_trivial),
+        Metric(
+            "trivial cell",
+            (Row("trivial", "trivial cell `1`", ratio_min=1000),),  # issue 26 (issue 11 asked for 300x)
+            measure_trivial,
+        ),
         Metric(
             "cells beside state",
             (
@@ -139,7 +148,7 @@ def metrics(reps: Reps) -> list[Metric]:
                 Row(
                     f"restore_{mb(s)}",
                     f"restore after docker kill, {s // MB} MB: `len(big)` (ours: warm pool of 2)",
-                    ours_max=0.5 if s == 100 * MB else None,
+                    ours_max=0.2 if s == 100 * MB else None,  # issue 26 (issue 11 asked for 500 ms)
                 )
                 for s in RESTORE_SIZES
             ),

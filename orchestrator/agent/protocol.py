@@ -30,7 +30,7 @@ import struct
 import time
 from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, Union, cast
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 MAGIC = b"ORC1"
 PREFIX = struct.Struct("!4sII")  # magic, header length, body length
 MAX_HEADER_BYTES = 16 << 20
@@ -767,6 +767,17 @@ class SetValueRequest(_SetValueFields, total=False):
     checkpoint_timeout: float
     blob: str  # kind str or bytes: the id of the host-made blob the controller stored (HOST_BLOB_ID) ...
     blob_size: int  # ... and its size: the body's length plus HOST_BLOB_OVERHEAD
+    file: str  # with blob, local sandboxes only: the blob is this file of the channel directory, the body empty
+
+
+VALUE_FILE = re.compile(r"value-h[0-9a-f]{32}")
+"""The name of a host-made blob's file in the channel directory (``set_value``'s ``file``): ``value-<blob id>``."""
+VALUE_FILE_MIN_BYTES = 1 << 20
+"""A host-made blob at least this big goes to a local sandbox as a file, not as the frame's body."""
+
+
+def value_file_name(blob_id: str) -> str:
+    return "value-" + blob_id
 
 
 def set_value_request(name: str, kind: str, aliases: List[str], checkpoint_timeout: float) -> SetValueRequest:
@@ -778,19 +789,23 @@ def read_set_value(header: Header, body_size: int, reserved: Callable[[str], boo
 
     Raises:
         BadRequest: a name or alias that is not a non-empty str or is ``reserved``; a ``blob`` without
-            the kind, id and size of a host-made blob (the worker decodes the body by ``kind``).
+            the kind, id and size of a host-made blob (the worker decodes the body by ``kind``); a
+            ``file`` that is not that blob's file name, or comes with a body.
     """
     kind = header.get("kind")
     aliases = header.get("aliases") or []
     names = [header.get("name"), *(aliases if isinstance(aliases, list) else [None])]
     if not all(isinstance(name, str) and name and not reserved(name) for name in names):
         raise BadRequest("bad variable name")
-    blob_id, blob_size = header.get("blob"), header.get("blob_size")
+    blob_id, blob_size, file = header.get("blob"), header.get("blob_size"), header.get("file")
+    if file is not None and not (isinstance(blob_id, str) and file == value_file_name(blob_id) and body_size == 0):
+        raise BadRequest("a value file must be named after its host-made blob, with an empty body")
     if blob_id is not None and not (
         kind in HOST_BLOB_KINDS
         and is_host_blob(blob_id)
         and type(blob_size) is int
-        and blob_size == body_size + HOST_BLOB_OVERHEAD
+        and blob_size >= HOST_BLOB_OVERHEAD
+        and (file is not None or blob_size == body_size + HOST_BLOB_OVERHEAD)
     ):
         raise BadRequest("a host-made blob needs kind str or bytes, its id and its size")
     return cast(SetValueRequest, dict(header, aliases=aliases))

@@ -24,6 +24,7 @@ import re
 import selectors
 import signal
 import socket
+import stat
 import sys
 import time
 from typing import Any, Dict, List, Optional, Set
@@ -459,7 +460,13 @@ class Supervisor:
             lost.update(type=reply_type, id=request_id, status=protocol.STATUS_CRASHED, ran=False)
             self._send(conn, lost)
             return
-        if not self._forward(body_len):
+        value_fd = self._open_value_file(header) if kind == protocol.SET_VALUE else None
+        try:
+            forwarded = self._forward(body_len, value_fd)
+        finally:
+            if value_fd is not None:
+                os.close(value_fd)
+        if not forwarded:
             # The worker was gone before it got the request; a fresh one stands by.
             lost, self.worker_lost = self.worker_lost, None
             if kind == protocol.RESTORE_BEGIN:
@@ -481,9 +488,26 @@ class Supervisor:
 
     # -- moving bytes
 
-    def _forward(self, body_len: int) -> bool:
-        """Send the request whose head the controller's inbox just read to the worker: the head as it came, then
-        the body (spliced or copied).
+    def _open_value_file(self, header: Dict[str, Any]) -> Optional[int]:
+        """A descriptor of the value file a local ``set_value`` names (docs/protocol.md, "Value files"), read-only;
+        None without one, or when it cannot be opened (the worker then answers that it did not arrive)."""
+        name = header.get("file")
+        if not isinstance(name, str) or protocol.VALUE_FILE.fullmatch(name) is None:
+            return None
+        path = os.path.join(os.path.dirname(self.config.channel), name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            log("cannot open the value file %s: %s" % (name, exc))
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return fd
+
+    def _forward(self, body_len: int, value_fd: Optional[int] = None) -> bool:
+        """Send the request whose head the controller's inbox just read to the worker: the head as it came (with
+        ``value_fd`` attached), then the body (spliced or copied).
 
         Returns False when the worker turned out dead or stuck before it had the whole request
         (it was replaced; ``worker_lost`` says how). A controller that stops in the middle of
@@ -495,7 +519,11 @@ class Supervisor:
         remaining = body_len
         try:
             remaining -= len(inbox.take(body_len))  # the body bytes that came with the head go out with it
-            worker.sock.sendall(inbox.raw())
+            head = inbox.raw()
+            if value_fd is not None:
+                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, value_fd.to_bytes(4, sys.byteorder))]
+                head = head[worker.sock.sendmsg([head], rights) :]
+            worker.sock.sendall(head)
             if remaining:
                 mover = self.movers.mover(remaining)
                 while remaining:

@@ -116,9 +116,8 @@ def _prefixed(delta: Dict[str, Any], context_id: str) -> Dict[str, Any]:
     return delta
 
 
-def _recv_into(sock: socket.socket, buf: bytearray) -> None:
+def _recv_into(sock: socket.socket, buf: bytearray, got: int = 0) -> None:
     view = memoryview(buf)
-    got = 0
     while got < len(buf):
         count = sock.recv_into(view[got:])
         if not count:
@@ -126,21 +125,60 @@ def _recv_into(sock: socket.socket, buf: bytearray) -> None:
         got += count
 
 
-def _recv_request(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray]:
-    """One frame from the supervisor (trusted: it checked the sizes against the limits).
+_FD_SPACE = socket.CMSG_SPACE(4)  # room for the one descriptor a frame may bring: a value file (set_value)
+
+
+def _recv_request(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray, Optional[int]]:
+    """One frame from the supervisor (trusted: it checked the sizes against the limits), and the descriptor that
+    came with it (a value file, docs/protocol.md), if any.
 
     The body lands in one buffer of its exact size with no copy after it: a 150 MB restore
     blob costs 150 MB here, and is unpickled straight out of this buffer.
     """
     prefix = bytearray(protocol.PREFIX.size)
-    _recv_into(sock, prefix)
-    head_len, body_len = protocol.parse_prefix(prefix)
-    raw = bytearray(head_len)
-    _recv_into(sock, raw)
-    header = protocol.decode_header(raw)
-    body = bytearray(body_len)
-    _recv_into(sock, body)
-    return header, body
+    got, ancillary, _, _ = sock.recvmsg_into([prefix], _FD_SPACE)
+    fds = [
+        int.from_bytes(data[i : i + 4], sys.byteorder)
+        for level, kind, data in ancillary
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+        for i in range(0, len(data) - len(data) % 4, 4)
+    ]
+    for extra in fds[1:]:
+        os.close(extra)
+    fd = fds[0] if fds else None
+    try:
+        if not got:
+            raise protocol.ChannelClosed("the supervisor closed the link")
+        _recv_into(sock, prefix, got)
+        head_len, body_len = protocol.parse_prefix(prefix)
+        raw = bytearray(head_len)
+        _recv_into(sock, raw)
+        header = protocol.decode_header(raw)
+        body = bytearray(body_len)
+        _recv_into(sock, body)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    return header, body, fd
+
+
+def _map_value_file(fd: int, size: int) -> Any:
+    """The host-made blob in a value file, mapped read-only (the host wrote it whole before it sent the request).
+
+    Raises:
+        ValueError: the file is not ``size`` bytes or not a host-made blob's frame.
+    """
+    import mmap  # only here: most sandboxes never take a value file
+
+    actual = os.fstat(fd).st_size
+    if actual != size:
+        raise ValueError("the value file holds %d bytes, not the %d announced" % (actual, size))
+    mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+    if not protocol.host_blob_framed(mapped):
+        mapped.close()
+        raise ValueError("the value file is not a whole host-made blob")
+    return mapped
 
 
 def _reason(exc: BaseException) -> str:
@@ -179,6 +217,7 @@ class Worker:
         self.cell_done_for: Any = _MISSING  # the exec whose cell_done is still to be sent
         self.restored_frozen: Dict[str, Any] = {}  # digest -> immutable value loaded in this restore
         self._body: Optional[bytearray] = None  # the current request's body, until a handler takes it
+        self._value_fd: Optional[int] = None  # the descriptor that came with it (a value file), until taken
         self._handlers = ((signal.SIGINT, self._on_sigint), (signal.SIGUSR2, self._on_sigusr2))
         self.shielded = False  # the main thread writes a host-call frame: an interrupt waits until it is out
         self.deferred = False
@@ -281,7 +320,7 @@ class Worker:
         while True:
             self._enter(_IDLE)
             try:
-                header, self._body = _recv_request(self.sock)
+                header, self._body, self._value_fd = _recv_request(self.sock)
             except protocol.ChannelClosed:
                 if self.sock is self.link:
                     return
@@ -293,12 +332,20 @@ class Worker:
                 self._leave_data_channel()
                 continue
             if header["type"] == protocol.DATA_CHANNEL and self.sock is self.link:
+                if self._value_fd is not None:  # its descriptors come with the byte after it (handover.pass_fds)
+                    os.close(self._value_fd)
+                    self._value_fd = None
                 self._take_data_channel()
                 continue
             self._install_handlers()
             if header.get("type") == protocol.LOAD or any(deferred.pending for deferred in self._all_deferred()):
                 checkpoint.dill_module()  # now, while interrupts are only noted, never torn mid-import by one
-            reply, parts = self.handle(header)
+            try:
+                reply, parts = self.handle(header)
+            finally:
+                if self._value_fd is not None:  # a descriptor no request took
+                    os.close(self._value_fd)
+                    self._value_fd = None
             self._body = None  # restore input can be hundreds of MB: free it before the reply goes out
             self._enter(_IDLE)
             reply["id"] = header.get("id")
@@ -752,17 +799,31 @@ class Worker:
             return self._state_error(str(exc))
         kind, blob_id, blob_size = request["kind"], request.get("blob"), request.get("blob_size")
         names = [request["name"], *request.get("aliases", [])]
+        mapped = None
         try:
+            if request.get("file") is not None:  # the value's blob is a file of the host's, mapped, not a body
+                fd, self._value_fd = self._value_fd, None
+                if fd is None:
+                    raise ValueError("the value file %s did not arrive" % request["file"])
+                try:
+                    mapped = _map_value_file(fd, blob_size)
+                finally:
+                    os.close(fd)
+                body = memoryview(mapped)[protocol.HOST_BLOB_OVERHEAD - 1 : -1]
             if kind == "str":
-                value: Any = body.decode("utf-8", errors="surrogatepass")  # as the controller encoded it
+                value: Any = str(body, "utf-8", "surrogatepass")  # as the controller encoded it
             elif kind == "bytes":
                 value = bytes(body)
             elif kind == "json":
                 value = json.loads(body.decode("utf-8"))
             else:
                 raise ValueError("unknown kind %r" % (kind,))
-        except (ValueError, RecursionError, MemoryError) as exc:
+        except (OSError, ValueError, RecursionError, MemoryError) as exc:
             return self._state_error(_reason(exc))
+        finally:
+            if mapped is not None:
+                body = bytearray()  # drop the view before the mapping goes
+                mapped.close()
         del body
         for name in names:
             self.namespace[name] = value

@@ -33,7 +33,9 @@ from ..runtime.hostcalls import CallDesk, HostCalls
 from ..runtime.output import StreamRecorder, keep_newest
 from ..runtime.recovery import Recoverer
 from ..runtime.restore import SessionSandbox, SessionState
+from ..runtime.sandbox import ValueFile
 from ..state.ledger import StagedBlob
+from ..wire.connection import Body
 from ..wire.payloads import encode_payload
 from ..wire.replies import parse_exec_reply, parse_state_reply, reply_reason
 from .contexts import (
@@ -658,15 +660,18 @@ class Session:
         header = protocol.set_value_request(name, kind, aliases, self._settings.timeouts.checkpoint)
         self._name_context(header, context)
         staged: list[StagedBlob] = []
+        body: Body | ValueFile = raw
         if kind in protocol.HOST_BLOB_KINDS:
             keys = {checkpoint_key(header.get("context"), n) for n in [name, *aliases]}
             self._ledger.check_room(keys, len(raw) + protocol.HOST_BLOB_OVERHEAD, f"the {kind} value for {name}")
             staged.append(self._ledger.stage(protocol.host_blob_parts(kind, raw)))
             header["blob"], header["blob_size"] = staged[0].blob_id, staged[0].size
+            if staged[0].size >= protocol.VALUE_FILE_MIN_BYTES:  # a local sandbox maps the staged file instead
+                body = ValueFile(staged[0].directory, staged[0].written, staged[0].blob_id, raw)
         try:
             self._recovery.call(
                 header,
-                raw,
+                body,
                 self._control_seconds(),
                 lambda r, b: self._commit_state(r, b, counters, context, staged),
             )

@@ -31,10 +31,10 @@ from ..errors import (
     SessionAttachedElsewhere,
 )
 from ..metrics import NO_METRICS, Recorder
-from ..wire.connection import Header, TakenOver
+from ..wire.connection import Body, Header, TakenOver
 from ..wire.replies import WorkerFailure, worker_failure
 from .hostcalls import CallDesk
-from .sandbox import Sandbox
+from .sandbox import Sandbox, ValueFile
 
 T = TypeVar("T")
 
@@ -153,7 +153,7 @@ class Recoverer:
     def call(
         self,
         header: protocol.Request,
-        body: bytes,
+        body: Body | ValueFile,
         seconds: float,
         accept: Callable[[dict[str, Any], bytearray], T],
         *,
@@ -183,7 +183,7 @@ class Recoverer:
     def _call(
         self,
         header: protocol.Request,
-        body: bytes,
+        body: Body | ValueFile,
         seconds: float,
         accept: Callable[[dict[str, Any], bytearray], T],
         checkpoint_seconds: float | None,
@@ -208,7 +208,7 @@ class Recoverer:
     def _attempt(
         self,
         header: protocol.Request,
-        body: bytes,
+        body: Body | ValueFile,
         seconds: float,
         accept: Callable[[dict[str, Any], bytearray], T],
         checkpoint_seconds: float | None,
@@ -229,7 +229,7 @@ class Recoverer:
     def _send(
         self,
         header: protocol.Request,
-        body: bytes,
+        body: Body | ValueFile,
         seconds: float,
         checkpoint_seconds: float | None,
         desk: CallDesk | None,

@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 from ..agent import protocol
 from ..api.events import LiveCall
@@ -25,7 +27,7 @@ from ..config import Settings
 from ..errors import AgentStartTimeout, AgentTimeoutError, OrchestratorError, ProtocolError
 from ..state.store import new_sandbox_id
 from ..wire.connection import AgentConnection, Body, Header
-from ..wire.endpoint import Endpoint
+from ..wire.endpoint import Endpoint, UnixSocketEndpoint
 from ..wire.replies import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
 from . import background
 from .deferred import DeferredBlobs
@@ -42,6 +44,27 @@ _RESTORE_LOADS_SLACK = 64
 """A restore sends at most 4 loads per stored value plus 64: an honest one needs a few passes (an instance
 retried after its class) and a start-over per value that kills the worker; an agent that fails every load
 on purpose would otherwise hold the controller for about N * N / 2 loads."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueFile:
+    """A ``set_value`` body whose host-made blob is in the store already: a local sandbox maps that file instead.
+
+    ``Sandbox.request`` hard-links ``path`` (the staged blob) into the sandbox's channel directory, which
+    the container sees read-only, and sends the request with ``file`` and an empty body; the supervisor
+    hands the worker a read-only descriptor of it (docs/protocol.md, "Value files"). Where that cannot
+    be (a Swarm sandbox, staging failed, another file system) ``raw`` goes as the body, as before.
+    """
+
+    directory: Path
+    """Where the staged blob is written (``StagedBlob.directory``): a link needs the channel directory on its file
+    system."""
+    written: Callable[[], Path | None]
+    """Waits for the staged blob's temp file and gives it (``StagedBlob.written``; None: staging failed); called
+    only for a sandbox that can take the file, so elsewhere the write still runs beside the send."""
+    blob_id: str
+    raw: Body
+    """The value's bytes (the blob without its frame): the body when no file can be used."""
 
 
 class Sandbox:
@@ -176,7 +199,7 @@ class Sandbox:
     def request(
         self,
         header: protocol.Request,
-        body: Body = b"",
+        body: Body | ValueFile = b"",
         *,
         seconds: float,
         checkpoint_seconds: float | None = None,
@@ -186,8 +209,15 @@ class Sandbox:
         """One request to the agent within ``seconds`` (and ``checkpoint_seconds`` once the cell ended).
 
         Host calls the cell makes meanwhile go to ``desk``; its output and ``input()`` requests to ``live``; the
-        agent's requests for deferred values' blobs to ``deferred``.
+        agent's requests for deferred values' blobs to ``deferred``. A ``ValueFile`` body goes as a file where it can.
         """
+        link = None
+        if isinstance(body, ValueFile):
+            link = self._link_value_file(body)
+            if link is None:
+                body = body.raw
+            else:
+                header, body = cast(protocol.SetValueRequest, {**header, "file": link.name}), b""
         try:
             return self.connection.request(
                 header,
@@ -201,6 +231,35 @@ class Sandbox:
         finally:
             if self.deferred is not None:
                 self.deferred.release()
+            if link is not None:
+                _unlink_value_file(link)
+
+    def _link_value_file(self, value: ValueFile) -> Path | None:
+        """The staged blob hard-linked into the channel directory, readable by the sandbox's supervisor; None
+        where that cannot be (not a local sandbox, nothing staged, another file system)."""
+        if not isinstance(self._endpoint, UnixSocketEndpoint):
+            return None
+        directory = self._endpoint.directory
+        try:
+            if os.stat(directory).st_dev != os.stat(value.directory).st_dev:
+                return None  # the store is on another file system than runtime_dir: no link can be made
+        except OSError:
+            return None
+        path = value.written()
+        if path is None:
+            return None
+        link = directory / protocol.value_file_name(value.blob_id)
+        try:
+            os.link(path, link)
+        except OSError as exc:
+            logger.debug("value file %s not linked (the value goes as the body): %s", link, exc)
+            return None
+        try:
+            os.chmod(link, 0o644)  # the supervisor runs as the sandbox's uid; the directory keeps others out
+        except OSError:
+            _unlink_value_file(link)
+            return None
+        return link
 
     def serve_deferred(
         self, named: Callable[[str], str | None], open_blob: Callable[[str], AbstractContextManager[memoryview]]
@@ -444,3 +503,11 @@ class _LoadBudget:
             return False
         self._left -= 1
         return True
+
+
+def _unlink_value_file(link: Path) -> None:
+    """Take a value file out of the channel directory; the blob it links to is private again."""
+    with contextlib.suppress(OSError):
+        os.chmod(link, 0o600)
+    with contextlib.suppress(OSError):
+        link.unlink()
