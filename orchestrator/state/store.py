@@ -23,7 +23,9 @@ read, check (owner and epoch, done by the caller) and write, so two controllers,
 or two, never interleave their changes. Files are replaced by temp file + rename; with
 ``fsync`` the files and their directories are flushed as well, so a commit also survives power
 loss. A record read back from disk is validated field by field: a crafted manifest cannot
-point outside the store.
+point outside the store. A session's owner skips that (kept history and all) while the file
+holds exactly the bytes its own last ``save`` wrote (``Written``); any other change is read
+and validated again.
 """
 
 from __future__ import annotations
