@@ -391,3 +391,15 @@ def test_a_takeover_by_another_process_between_two_commits_stops_the_owner(store
     with pytest.raises(SessionAttachedElsewhere):
         commit(ledger, 4, {"a": D1}, {D1: b"one"})
     assert path.read_bytes() == taken and store.load("s-hist").epoch == ledger.record.epoch + 1
+
+
+def test_a_record_s_copy_shares_nothing_that_can_change(labelled):
+    """The owner's kept record (``store.Written``) is handed out as copies: a new field must be copied as well."""
+    record = labelled[0].record
+    record.contexts = {"c": {"cwd": "/c", "env": {"A": "b"}, "context_count": 0, "history_count": 0}}
+    copied = record.copy()
+    assert copied == record
+    for field in dataclasses.fields(record):
+        value = getattr(record, field.name)
+        assert not isinstance(value, (dict, list)) or getattr(copied, field.name) is not value, field.name
+    assert copied.contexts["c"]["env"] is not record.contexts["c"]["env"]
