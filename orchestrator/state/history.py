@@ -11,9 +11,14 @@ no kept manifest names it (``named_blobs``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
+
+compact_json = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+"""Compact JSON with sorted keys, as records are stored (one encoder: ``json.dumps`` with options makes one a call)."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +44,11 @@ class Snapshot:
     def size(self) -> int:
         return sum(self.blob_sizes.values())
 
-    def to_json(self) -> dict[str, Any]:
-        """Its fields as a JSON-able dict (shallow: ``json`` walks the dicts; ``asdict`` would copy them first)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    @cached_property
+    def encoded(self) -> str:
+        """Its fields as compact JSON with sorted keys, made once: a snapshot never changes, and the record that keeps
+        it is written again by every commit (``SessionRecord.to_json``)."""
+        return compact_json({f.name: getattr(self, f.name) for f in fields(self)})
 
 
 def named_blobs(manifests: Iterable[Mapping[str, int]]) -> set[str]:

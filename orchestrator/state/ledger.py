@@ -42,7 +42,7 @@ from ..metrics import NO_METRICS, Recorder
 from ..runtime import background
 from ..units import describe_bytes
 from . import history, lease
-from .store import SessionRecord, SessionStore, new_host_blob_id
+from .store import SessionRecord, SessionStore, Written, new_host_blob_id
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,8 @@ class CheckpointLedger:
         self.metrics: Recorder = NO_METRICS
         """Told the bytes of each commit (its session's runtime sets it)."""
         self._held: SessionRecord | None = None
+        self._written: Written | None = None
+        """The record as this handle last saved it: the next transaction reuses it while the file is unchanged."""
 
     @property
     def store(self) -> SessionStore:
@@ -264,7 +266,7 @@ class CheckpointLedger:
         if self._held is not None:
             yield self._held
             return
-        with self._store.transaction(self.session_id) as current:
+        with self._store.transaction(self.session_id, written=self._written) as current:
             if (current.owner, current.epoch) != (self.record.owner, self.record.epoch):
                 raise SessionAttachedElsewhere(
                     f"session {self.session_id} was attached by another controller (epoch {current.epoch}, "
@@ -515,5 +517,5 @@ class CheckpointLedger:
 
     def _save(self, current: SessionRecord) -> None:
         current.last_used_at = time.time()
-        self._store.save(current)
+        self._written = self._store.save(current)
         self.record = dataclasses.replace(current)

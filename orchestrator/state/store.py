@@ -23,7 +23,9 @@ read, check (owner and epoch, done by the caller) and write, so two controllers,
 or two, never interleave their changes. Files are replaced by temp file + rename; with
 ``fsync`` the files and their directories are flushed as well, so a commit also survives power
 loss. A record read back from disk is validated field by field: a crafted manifest cannot
-point outside the store.
+point outside the store. A session's owner skips that (kept history and all) while the file
+holds exactly the bytes its own last ``save`` wrote (``Written``); any other change is read
+and validated again.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import contextlib
 import copy
 import errno
 import fcntl
+import hashlib
 import itertools
 import json
 import mmap
@@ -41,7 +44,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +53,7 @@ from ..checks import is_count, is_number
 from ..errors import CheckpointError, ConfigError, SessionNotFound
 from ..files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
 from .activity import ACTIVITY_FILE, lock_within
-from .history import Snapshot, distinct_bytes, named_blobs
+from .history import Snapshot, compact_json, distinct_bytes, named_blobs
 from .lease import Lease, LeaseFile
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
@@ -178,11 +181,30 @@ class SessionRecord:
         self.context_count, self.history_count = snapshot.context_count, snapshot.history_count
         self.unsaved = dict(snapshot.unsaved)
 
+    def copy(self) -> SessionRecord:
+        """A copy that can be changed in place without reaching this record (the kept snapshots, frozen, are shared)."""
+        return replace(
+            self,
+            variables=dict(self.variables),
+            blob_sizes=dict(self.blob_sizes),
+            labels=dict(self.labels),
+            contexts=copy.deepcopy(self.contexts),
+            placement=copy.deepcopy(self.placement),
+            changed=list(self.changed),
+            unsaved=dict(self.unsaved),
+            history=list(self.history),
+            forked_from=dict(self.forked_from),
+            scaffold=copy.deepcopy(self.scaffold),
+        )
+
     def to_json(self) -> bytes:
-        """The record as compact JSON (the C encoder: a commit writes it, so its cost is on every call's path)."""
-        fields_ = {f.name: getattr(self, f.name) for f in fields(self)}
-        fields_["history"] = [snapshot.to_json() for snapshot in self.history]
-        return json.dumps(fields_, separators=(",", ":"), sort_keys=True).encode()
+        """The record as compact JSON with sorted keys: a commit writes it, so its cost is on every changing call's
+        path. The C encoder does the fields; each kept snapshot is encoded once (``Snapshot.encoded``) and put in its
+        place between the fields before ``history`` and those after it, as one ``json.dumps`` of it all would."""
+        before = compact_json({name: getattr(self, name) for name in _BEFORE_HISTORY})
+        after = compact_json({name: getattr(self, name) for name in _AFTER_HISTORY})
+        history = ",".join(snapshot.encoded for snapshot in self.history)
+        return f'{before[:-1]},"history":[{history}],{after[1:]}'.encode()
 
     @classmethod
     def from_json(cls, data: Any, session_id: str) -> SessionRecord:
@@ -241,6 +263,27 @@ class SessionRecord:
         if bad:
             raise ValueError(f"invalid field(s): {', '.join(bad)}")
         return record
+
+
+_BEFORE_HISTORY = tuple(sorted(f.name for f in fields(SessionRecord) if f.name < "history"))
+_AFTER_HISTORY = tuple(sorted(f.name for f in fields(SessionRecord) if f.name > "history"))
+
+
+@dataclass(frozen=True)
+class Written:
+    """A record as ``SessionStore.save`` wrote it: the digest of its bytes and a copy of it.
+
+    The owner of a session keeps it between its transactions: while the record's file holds those very bytes
+    (compared in full, by digest, not by file times), ``load`` hands back a copy instead of parsing and validating
+    the record again, history and all. Any other writer's change, through the lock or not, changes the bytes.
+    """
+
+    digest: bytes
+    record: SessionRecord
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=32).digest()
 
 
 def _manifest_checks(variables: Any, blob_sizes: Any, contexts: Any) -> dict[str, bool]:
@@ -433,24 +476,34 @@ class SessionStore:
             except OSError as exc:
                 raise CheckpointError(f"cannot flush {self.root}: {exc}") from exc
 
-    def save(self, record: SessionRecord) -> None:
-        """Replace the record atomically (call it inside ``transaction``)."""
+    def save(self, record: SessionRecord) -> Written:
+        """Replace the record atomically (call it inside ``transaction``); returns it as written (for ``load``).
+
+        Raises:
+            CheckpointError: the record cannot be written.
+        """
         directory = self._dir(record.session_id)
+        data = record.to_json()
         try:
-            replace_file(directory / "meta.json", record.to_json(), fsync=self.fsync, mode=0o600)
+            replace_file(directory / "meta.json", data, fsync=self.fsync, mode=0o600)
             if self.fsync:
                 fsync_dir(directory)
         except OSError as exc:
             raise CheckpointError(f"cannot write the record of session {record.session_id}: {exc}") from exc
+        return Written(_digest(data), record.copy())
 
-    def load(self, session_id: str) -> SessionRecord:
-        """Read and validate a session's record.
+    def load(self, session_id: str, *, written: Written | None = None) -> SessionRecord:
+        """Read and validate a session's record; when its file still holds the bytes of ``written`` (what this
+        process's ``save`` returned), a copy of ``written``'s record instead, neither parsed nor validated again.
 
         Raises:
             SessionNotFound: no record for this id.
             CheckpointError: the record is unreadable or invalid.
         """
-        return self.read(session_id)[0]
+        data, _ = self._read_file(session_id)
+        if written is not None and _digest(data) == written.digest:
+            return written.record.copy()
+        return self._parse(session_id, data)
 
     def read(self, session_id: str) -> tuple[SessionRecord, os.stat_result]:
         """``load``, and the ``fstat`` of the very file it read (which ``state.index`` keys its cache by).
@@ -459,18 +512,27 @@ class SessionStore:
             SessionNotFound: no record for this id.
             CheckpointError: the record is unreadable or invalid.
         """
-        path = self.meta_path(session_id)
+        data, info = self._read_file(session_id)
+        return self._parse(session_id, data), info
+
+    def _read_file(self, session_id: str) -> tuple[bytes, os.stat_result]:
         try:
-            with open(path, "rb") as file:
-                info = os.fstat(file.fileno())
-                data = json.loads(file.read())
+            with open(self.meta_path(session_id), "rb") as file:
+                return file.read(), os.fstat(file.fileno())
         except FileNotFoundError:
             raise SessionNotFound(f"no session {session_id!r} in {self.root}") from None
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            raise CheckpointError(f"the record of session {session_id} is unreadable: {exc}") from exc
+
+    def _parse(self, session_id: str, data: bytes) -> SessionRecord:
+        try:
+            parsed = json.loads(data)
+        except ValueError as exc:
             raise CheckpointError(f"the record of session {session_id} is unreadable: {exc}") from exc
         try:
-            return SessionRecord.from_json(data, session_id), info
+            return SessionRecord.from_json(parsed, session_id)
         except (TypeError, ValueError) as exc:
+            path = self.meta_path(session_id)
             raise CheckpointError(f"the record of session {session_id} ({path}) is invalid: {exc}") from None
 
     def session_path(self, session_id: str) -> str:
@@ -505,8 +567,9 @@ class SessionStore:
         return owners
 
     @contextlib.contextmanager
-    def transaction(self, session_id: str) -> Iterator[SessionRecord]:
-        """Hold the session's lock and yield its current record; ``save`` what changed before leaving.
+    def transaction(self, session_id: str, *, written: Written | None = None) -> Iterator[SessionRecord]:
+        """Hold the session's lock and yield its current record (``load``, with ``written``); ``save`` what changed
+        before leaving.
 
         Raises:
             SessionNotFound: the session does not exist (or was deleted while we waited).
@@ -514,7 +577,7 @@ class SessionStore:
             CheckpointError: the record is unreadable.
         """
         with self.locked(session_id):
-            yield self.load(session_id)  # SessionNotFound if it was deleted while we waited
+            yield self.load(session_id, written=written)  # SessionNotFound if it was deleted while we waited
 
     @contextlib.contextmanager
     def locked(self, session_id: str) -> Iterator[None]:

@@ -3,12 +3,14 @@ validation of a stored history."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import multiprocessing
 import time
 
 import pytest
 
-from orchestrator.errors import CheckpointError, GenerationNotFound
+from orchestrator.errors import CheckpointError, GenerationNotFound, SessionAttachedElsewhere
 from orchestrator.state import history
 from orchestrator.state.history import Snapshot
 from orchestrator.state.ledger import CheckpointLedger, new_owner_token
@@ -285,3 +287,119 @@ def test_the_stored_history_reads_back_as_written(store, stored):
     assert record.generation_at(1) == record.history[1]
     assert record.generation_at(3) == record.snapshot()
     assert record.generation_at(4) is None
+
+
+# ---------------------------------------------------------------- the owner's commits reuse the record they wrote
+
+
+@pytest.fixture
+def labelled(store, make_ledger):
+    """A ledger keeping 10 generations at generation 3, with a label to edit on disk, and its meta.json path."""
+    ledger = make_ledger(keep=10)
+    ledger.update(lambda record: setattr(record, "labels", {"team": "aaa"}))
+    commit(ledger, 1, {"a": D1}, {D1: b"one"})
+    commit(ledger, 2, {"a": D2}, {D2: b"two"})
+    commit(ledger, 3, {"a": D3}, {D3: b"three"})
+    return ledger, store.root / "s-hist" / "meta.json"
+
+
+def edit_in_place(path, old: bytes, new: bytes) -> None:
+    """Change the file's bytes without a rename (same inode, same size, likely the same clock tick)."""
+    data = path.read_bytes()
+    assert len(old) == len(new) and data.count(old) == 1
+    with open(path, "r+b") as file:
+        file.write(data.replace(old, new))
+
+
+def test_an_owner_s_commits_do_not_parse_its_history_again(store, labelled, monkeypatch):
+    ledger, _ = labelled
+    parsed = []
+    real = SessionRecord.from_json.__func__
+    monkeypatch.setattr(SessionRecord, "from_json", classmethod(lambda cls, *a: parsed.append(1) or real(cls, *a)))
+    for generation in range(4, 9):
+        blob = {D1: b"one"} if generation % 2 else {D2: b"two"}
+        commit(ledger, generation, {"a": next(iter(blob))}, blob)
+    assert parsed == []
+    stored = store.load("s-hist")  # what any later owner reads: what the owner was told it stored
+    assert parsed == [1] and stored == ledger.record and [s.generation for s in stored.history] == list(range(8))
+
+
+def test_a_record_edited_in_place_between_two_commits_is_read_again(store, labelled):
+    ledger, path = labelled
+    edit_in_place(path, b'"team":"aaa"', b'"team":"bbb"')
+    commit(ledger, 4, {"a": D1}, {D1: b"one"})
+    assert store.load("s-hist").labels == ledger.record.labels == {"team": "bbb"}  # kept, not overwritten blindly
+
+
+def test_a_takeover_written_in_place_between_two_commits_stops_the_owner(store, labelled):
+    ledger, path = labelled
+    owner = ledger.record.owner.encode()
+    edit_in_place(path, owner, bytes(reversed(owner)))
+    before = path.read_bytes()
+    with pytest.raises(SessionAttachedElsewhere):
+        commit(ledger, 4, {"a": D1}, {D1: b"one"})
+    assert path.read_bytes() == before
+
+
+def test_a_history_entry_corrupted_between_two_commits_is_named(store, labelled):
+    ledger, path = labelled
+    data = json.loads(path.read_text())
+    data["history"][1]["blob_sizes"] = {D1: -1}
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    with pytest.raises(CheckpointError, match=r"s-hist .*invalid field\(s\): history"):
+        commit(ledger, 4, {"a": D1}, {D1: b"one"})
+    assert path.read_bytes() == before
+
+
+def test_a_change_left_unsaved_by_a_failed_update_does_not_reach_the_next_commit(store, labelled):
+    ledger, _ = labelled
+
+    def fail(record: SessionRecord) -> None:
+        record.labels["half"] = "done"
+        raise RuntimeError("stopped before the save")
+
+    with pytest.raises(RuntimeError):
+        ledger.update(fail)
+    commit(ledger, 4, {"a": D1}, {D1: b"one"})
+    assert store.load("s-hist").labels == ledger.record.labels == {"team": "aaa"}
+
+
+def test_a_record_is_stored_as_one_json_dumps_of_it_all(labelled):
+    ledger, path = labelled
+    record = ledger.record
+    record.contexts = {"c": {"cwd": "/c", "env": {"history": "x"}, "context_count": 1, "history_count": 2}}
+    expected = json.dumps(dataclasses.asdict(record), separators=(",", ":"), sort_keys=True).encode()
+    assert (
+        record.to_json() == expected
+        and path.read_bytes()
+        == json.dumps(json.loads(path.read_bytes()), separators=(",", ":"), sort_keys=True).encode()
+    )
+
+
+def _take_over(root) -> None:
+    CheckpointLedger.take_ownership(SessionStore(root), "s-hist", 1000, keep=10, force=True)
+
+
+def test_a_takeover_by_another_process_between_two_commits_stops_the_owner(store, labelled):
+    ledger, path = labelled
+    child = multiprocessing.get_context("fork").Process(target=_take_over, args=(store.base,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    taken = path.read_bytes()
+    with pytest.raises(SessionAttachedElsewhere):
+        commit(ledger, 4, {"a": D1}, {D1: b"one"})
+    assert path.read_bytes() == taken and store.load("s-hist").epoch == ledger.record.epoch + 1
+
+
+def test_a_record_s_copy_shares_nothing_that_can_change(labelled):
+    """The owner's kept record (``store.Written``) is handed out as copies: a new field must be copied as well."""
+    record = labelled[0].record
+    record.contexts = {"c": {"cwd": "/c", "env": {"A": "b"}, "context_count": 0, "history_count": 0}}
+    copied = record.copy()
+    assert copied == record
+    for field in dataclasses.fields(record):
+        value = getattr(record, field.name)
+        assert not isinstance(value, (dict, list)) or getattr(copied, field.name) is not value, field.name
+    assert copied.contexts["c"]["env"] is not record.contexts["c"]["env"]
