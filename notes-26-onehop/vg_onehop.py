@@ -1,6 +1,6 @@
 """Instructions per trivial cell of the supervisor and the worker, one hop (host agent under callgrind).
 
-usage: WT=<checkout> python vg_onehop.py OUTDIR N [code]: like notes-26-hotpath/vg_agent.py, but the test plays a
+usage: WT=<checkout> python vg_onehop.py OUTDIR N [code]: like notes-26-onehop/vg_agent.py (a copy of branch i26-hot's notes-26-hotpath/vg_agent.py), but the test plays a
 controller that takes one hop (docs/design/one-hop.md) and sends each cell on the data channel.
 """
 import os, sys, subprocess, tempfile, time, socket, uuid
