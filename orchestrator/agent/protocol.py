@@ -825,10 +825,14 @@ class RestoreBeginRequest(_Request, total=False):
     """Clear every namespace and drop every context but the default one: a restore starts."""
 
     generation: int  # the generation being restored (the agent does not use it)
+    prepare: bool  # true: an empty restore that readies a pooled sandbox (the worker imports dill now)
 
 
-def restore_begin_request(generation: int) -> RestoreBeginRequest:
-    return RestoreBeginRequest(type=RESTORE_BEGIN, generation=generation)
+def restore_begin_request(generation: int, prepare: bool = False) -> RestoreBeginRequest:
+    request = RestoreBeginRequest(type=RESTORE_BEGIN, generation=generation)
+    if prepare:
+        request["prepare"] = True
+    return request
 
 
 class _LoadFields(InContext):

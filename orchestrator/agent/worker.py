@@ -51,6 +51,16 @@ sys.modules["__main__"] = _session_module
 from . import cells, checkpoint, lazy  # noqa: E402  (after the session module is __main__)
 
 _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
+
+
+def _unpickles(header: Dict[str, Any]) -> bool:
+    """Whether dill is imported before this request: a load unpickles; a restore that says ``prepare`` is an empty
+    one that readies a warm pool's sandbox (``Sandbox.warm_up``), while nobody waits, for the fork or restore that
+    takes it. A new session's own empty restore does not: a session of plain data never needs dill."""
+    kind = header.get("type")
+    return kind == protocol.LOAD or (kind == protocol.RESTORE_BEGIN and header.get("prepare") is True)
+
+
 _MISSING = object()
 _MAX_REASON = 200
 _MAX_PROMPT = 64 << 10
@@ -338,7 +348,7 @@ class Worker:
                 self._take_data_channel()
                 continue
             self._install_handlers()
-            if header.get("type") == protocol.LOAD or any(deferred.pending for deferred in self._all_deferred()):
+            if _unpickles(header) or any(deferred.pending for deferred in self._all_deferred()):
                 checkpoint.dill_module()  # now, while interrupts are only noted, never torn mid-import by one
             try:
                 reply, parts = self.handle(header)

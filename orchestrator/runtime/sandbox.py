@@ -393,8 +393,10 @@ class Sandbox:
         return True
 
     def warm_up(self) -> None:
-        """Have the agent load what checkpoints and restores need (dill) now, while nobody waits: an empty restore."""
-        self.restore({}, 0, _no_blobs)
+        """Have the agent load what checkpoints and restores need (dill) now, while nobody waits: an empty restore
+        that says so (a new session's own empty restore does not import dill: plain data never needs it)."""
+        self._control(protocol.restore_begin_request(0, prepare=True))
+        self._control(protocol.restore_end_request(0))
 
     def _create_context(self, context_id: str, spec: Mapping[str, Any]) -> None:
         """Make an empty context in the (restoring) worker, as ``Session.create_context`` did."""

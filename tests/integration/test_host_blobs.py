@@ -215,12 +215,8 @@ def test_prune_keeps_named_host_blobs_and_removes_unnamed_ones(
     assert sandbox_hash(s, "raw") == hashlib.sha256(DATA).hexdigest()
 
 
-def test_a_big_value_goes_to_a_local_sandbox_as_a_file_or_else_as_the_body(
-    session: Session,
-    settings: Settings,
-    kill_container: Callable[[Session], None],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def spy_value_files(monkeypatch: pytest.MonkeyPatch) -> list[Path | None]:
+    """Each value file's link in the sandbox's channel directory, in order (None: the value went as the body)."""
     links: list[Path | None] = []
     link_value_file = Sandbox._link_value_file
 
@@ -229,6 +225,16 @@ def test_a_big_value_goes_to_a_local_sandbox_as_a_file_or_else_as_the_body(
         return links[-1]
 
     monkeypatch.setattr(Sandbox, "_link_value_file", spy)
+    return links
+
+
+def test_a_big_value_goes_to_a_local_sandbox_as_a_file_or_else_as_the_body(
+    session: Session,
+    settings: Settings,
+    kill_container: Callable[[Session], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    links = spy_value_files(monkeypatch)
     session.add_context(TEXT)
     link = links[-1]
     assert link is not None and link.parent.parent == settings.runtime_dir  # the sandbox's channel directory
@@ -261,14 +267,7 @@ def test_a_store_on_another_file_system_sends_the_value_as_the_body(
     state_dir = Path(tempfile.mkdtemp(prefix="orch-state-", dir="/dev/shm"))
     try:
         elsewhere = settings.replace(state_dir=state_dir)
-        links: list[Path | None] = []
-        link_value_file = Sandbox._link_value_file
-
-        def spy(sandbox: Sandbox, value: ValueFile) -> Path | None:
-            links.append(link_value_file(sandbox, value))
-            return links[-1]
-
-        monkeypatch.setattr(Sandbox, "_link_value_file", spy)
+        links = spy_value_files(monkeypatch)
         s = new_session(make_orch(elsewhere))
         s.add_context(TEXT)
         assert links == [None]

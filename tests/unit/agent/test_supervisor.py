@@ -408,6 +408,16 @@ def test_dill_is_imported_by_the_first_value_that_needs_it(agent):
     assert agent.value("f(1)") == "2"
 
 
+def test_a_restore_that_prepares_a_pooled_sandbox_imports_dill_and_a_new_sessions_does_not(agent):
+    # Sandbox.warm_up is an empty restore that says `prepare`: a fork or restore that takes the sandbox from the
+    # warm pool then pays no import. A new session's own empty restore (no `prepare`) leaves dill out.
+    assert agent.request(protocol.RESTORE_BEGIN, timeout=5)[0]["status"] == "ok"
+    assert agent.request(protocol.RESTORE_END, timeout=5, generation=0)[0]["status"] == "ok"
+    assert agent.value("import sys\n'dill' in sys.modules") == "False"
+    assert agent.request(protocol.RESTORE_BEGIN, timeout=5, prepare=True)[0]["status"] == "ok"
+    assert agent.value("import sys\n'dill' in sys.modules") == "True"  # (a restore empties the namespace)
+
+
 def test_the_checkpoints_late_dill_import_ignores_a_planted_dill_on_an_appended_path(agent, tmp_path):
     # A cell imports its own modules by appending their directory (docs/identity.md); a dill planted there must
     # not be the one the checkpoint imports after the cell ran.
