@@ -143,7 +143,10 @@ class Sandbox:
             raise
         try:
             connection = AgentConnection.open(
-                endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + settings.timeouts.start
+                endpoint,
+                sandbox_id=sandbox_id,
+                deadline=time.monotonic() + settings.timeouts.start,
+                one_hop=settings.one_hop,
             )
         except BaseException as exc:
             state = _quietly(lambda: backend.inspect(container_id))
@@ -190,7 +193,9 @@ class Sandbox:
                 raise
         try:
             wait = settings.timeouts.start + settings.timeouts.interrupt_grace + settings.timeouts.frame
-            connection = AgentConnection.open(endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + wait)
+            connection = AgentConnection.open(
+                endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + wait, one_hop=settings.one_hop
+            )
         except BaseException:
             endpoint.close()
             raise
@@ -236,8 +241,9 @@ class Sandbox:
 
     def _link_value_file(self, value: ValueFile) -> Path | None:
         """The staged blob hard-linked into the channel directory, readable by the sandbox's supervisor; None
-        where that cannot be (not a local sandbox, nothing staged, another file system)."""
-        if not isinstance(self._endpoint, UnixSocketEndpoint):
+        where that cannot be (not a local sandbox, nothing staged, another file system; one hop, where the
+        supervisor that opens it is not on the path yet: docs/design/one-hop.md, "Value files")."""
+        if not isinstance(self._endpoint, UnixSocketEndpoint) or self.connection.one_hop:
             return None
         directory = self._endpoint.directory
         try:

@@ -28,8 +28,9 @@ from ..api.events import LiveCall
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 from ..runtime.deferred import BlobRefused, DeferredBlobs
 from ..runtime.hostcalls import CallDesk, answer_error, answer_ok
-from .endpoint import Endpoint
-from .replies import parse_auth_ok, parse_goodbye, parse_hello
+from .data_channel import DataChannel
+from .endpoint import Endpoint, UnixSocketEndpoint
+from .replies import parse_auth_ok, parse_goodbye, parse_hello, reply_reason
 from .transport import Channel
 
 logger = logging.getLogger(__name__)
@@ -48,18 +49,28 @@ class TakenOver(TransportError):
         self.goodbye = goodbye
 
 
-def _handshake(channel: Channel, secret: bytes, sandbox_id: str, deadline: float) -> Hello:
-    """docs/protocol.md "Connection set-up": both ends prove they know the secret, bound to both nonces."""
+def _handshake(
+    channel: Channel, secret: bytes, sandbox_id: str, deadline: float, one_hop: bool
+) -> tuple[Hello, DataChannel | None]:
+    """docs/protocol.md "Connection set-up": both ends prove they know the secret, bound to both nonces.
+
+    With ``one_hop`` (a local endpoint, and the settings ask), one hop is taken if the agent offers it: the auth says
+    so, and the first data channel is handed over right after ``auth_ok`` (docs/design/one-hop.md).
+    """
     hello = parse_hello(channel.recv(deadline=deadline)[0])
     if hello["sandbox_id"] != sandbox_id:
         raise ProtocolError(f"the agent of sandbox {hello['sandbox_id'][:64]!r} connected, not {sandbox_id!r}")
+    one_hop = one_hop and protocol.ONE_HOP in hello.get("capabilities", ())
     nonce = protocol.new_nonce()
     proof = protocol.auth_proof(secret, "controller", hello["nonce"], nonce)
-    channel.send(protocol.auth_message(nonce, proof), deadline=deadline)
+    auth: dict[str, Any] = dict(protocol.auth_message(nonce, proof))
+    if one_hop:
+        auth[protocol.ONE_HOP] = True
+    channel.send(auth, deadline=deadline)
     expected = protocol.auth_proof(secret, "agent", hello["nonce"], nonce)
     if not protocol.proof_matches(expected, parse_auth_ok(channel.recv(deadline=deadline)[0])):
         raise ProtocolError(f"the peer on the channel of sandbox {sandbox_id} does not know its secret")
-    return hello
+    return hello, DataChannel.hand_over(channel, deadline=deadline) if one_hop else None
 
 
 _request_ids = itertools.count()
@@ -83,15 +94,24 @@ def new_request_id() -> str:
 
 
 class AgentConnection:
-    """One authenticated channel to an agent."""
+    """One authenticated channel to an agent, and in one hop the data channel to its worker."""
 
-    def __init__(self, channel: Channel, hello: Hello) -> None:
+    def __init__(self, channel: Channel, hello: Hello, data: DataChannel | None = None) -> None:
         self._channel = channel
         self.hello = hello
+        self._data = data
+
+    @property
+    def one_hop(self) -> bool:
+        """Requests go to the worker directly, on a data channel (docs/design/one-hop.md)."""
+        return self._data is not None
 
     @classmethod
-    def open(cls, endpoint: Endpoint, *, sandbox_id: str, deadline: float) -> AgentConnection:
+    def open(cls, endpoint: Endpoint, *, sandbox_id: str, deadline: float, one_hop: bool = False) -> AgentConnection:
         """Wait for the agent of ``sandbox_id`` on ``endpoint`` and authenticate both ends.
+
+        With ``one_hop``, a local endpoint's agent that offers one hop gets a data channel (docs/design/one-hop.md);
+        a remote one (a Swarm node's relay) always takes two hops.
 
         A peer that fails the handshake (or stalls in it for ``_HANDSHAKE_SECONDS``) is dropped
         and the wait goes on, so a process that knocks on the socket cannot stop the real agent.
@@ -110,8 +130,12 @@ class AgentConnection:
                     raise refused from None
                 raise
             try:
-                hello = _handshake(
-                    channel, endpoint.secret, sandbox_id, min(deadline, time.monotonic() + _HANDSHAKE_SECONDS)
+                hello, data = _handshake(
+                    channel,
+                    endpoint.secret,
+                    sandbox_id,
+                    min(deadline, time.monotonic() + _HANDSHAKE_SECONDS),
+                    one_hop and isinstance(endpoint, UnixSocketEndpoint),
                 )
             except TransportError as exc:
                 channel.close()
@@ -122,9 +146,13 @@ class AgentConnection:
                 channel.close()
                 raise
             logger.info(
-                "agent of sandbox %s connected (Python %s, dill %s)", sandbox_id, hello["python"], hello["dill"]
+                "agent of sandbox %s connected (Python %s, dill %s%s)",
+                sandbox_id,
+                hello["python"],
+                hello["dill"],
+                ", one hop" if data is not None else "",
             )
-            return cls(channel, hello)
+            return cls(channel, hello, data)
 
     def request(
         self,
@@ -154,6 +182,8 @@ class AgentConnection:
         """
         if "id" not in header:
             header["id"] = new_request_id()
+        if self._data is not None:
+            return self._one_hop_request(self._data, header, body, deadline, checkpoint_seconds, desk, live, blobs)
         try:
             self._channel.send(header, body, deadline=deadline)
         except ChannelLost:
@@ -189,8 +219,8 @@ class AgentConnection:
                 if reply.get("name") == protocol.INPUT_CALL and live is not None:
                     live.input_request(_call_number(reply), reply_body)
                 else:
-                    self._host_call(reply, reply_body, desk, blobs)
-                    self._send_while_quiet(deadline)
+                    self._host_call(channel, reply, reply_body, desk, blobs)
+                    self._send_while_quiet(channel, deadline)
                 continue
             if kind == protocol.GOODBYE:
                 raise TakenOver(parse_goodbye(reply))
@@ -202,6 +232,147 @@ class AgentConnection:
             if channel.has_queued:  # the agent drops these answers; a frame cut in half would not be dropped
                 channel.flush(deadline=deadline)
             return reply, reply_body
+
+    def _one_hop_request(
+        self,
+        data: DataChannel,
+        header: protocol.Request,
+        body: Body,
+        deadline: float,
+        checkpoint_seconds: float | None,
+        desk: CallDesk | None,
+        live: LiveCall | None,
+        blobs: DeferredBlobs | None,
+    ) -> tuple[Header, bytearray]:
+        """``request`` in one hop: the request and its reply on D, the cell's calls and output on K, control on C.
+
+        Until the controller keeps the ladder (docs/design/one-hop.md, step 2) nothing interrupts a cell past its
+        time but the caller's interrupt; the deadline then raises ``AgentTimeoutError`` and the sandbox is replaced,
+        as for whatever else goes wrong here (``ChannelLost``: a worker lost, a channel closed; ``ProtocolError``).
+        """
+        request_id = header["id"]
+        requests, calls, control = data.requests, data.calls, self._channel
+        try:
+            requests.send(header, body, deadline=deadline)
+        except ChannelLost:
+            self._read_control(control)  # the supervisor may have said why: a goodbye, a worker lost
+            raise
+        phase = "load" if header["type"] == protocol.LOAD else "cell"
+        paused_at: float | None = None
+        ready: set[int] = set()  # the reply cannot have come yet: wait before the first read
+        while True:
+            if live is not None:
+                if live.waiting_for_input and paused_at is None:
+                    paused_at = time.monotonic()
+                elif paused_at is not None and not live.waiting_for_input:
+                    deadline += time.monotonic() - paused_at
+                    paused_at = None
+            if control.fileno() in ready or control.buffered:
+                self._read_control(control)
+            if calls.fileno() in ready or calls.buffered:
+                self._read_calls(calls, request_id, desk, live, blobs, deadline)
+            if requests.fileno() in ready or requests.buffered:
+                frame = requests.poll_recv()
+                if frame is not None:
+                    reply, reply_body = frame
+                    if reply.get("id") != request_id:
+                        raise ProtocolError(
+                            f"a reply for {str(reply.get('id'))[:64]!r} while waiting for {request_id!r}"
+                        )
+                    if reply.get("type") == protocol.CELL_DONE and not reply_body:
+                        if phase == "checkpoint":
+                            raise ProtocolError(f"the worker said twice that the cell of {request_id!r} ended")
+                        phase = "checkpoint"  # its clock runs now, once
+                        if checkpoint_seconds is not None:
+                            deadline = time.monotonic() + checkpoint_seconds
+                        continue
+                    self._after_reply(calls, request_id, live, deadline)
+                    return reply, reply_body
+            ready = self._wait_one_hop(data, math.inf if paused_at is not None else deadline, desk, live)
+            if live is not None and live.take_interrupt():
+                control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
+                control.flush()
+
+    def _read_control(self, control: Channel) -> None:
+        """What the supervisor said on C during a request: a goodbye or a lost worker end it; nothing else is sent."""
+        frame = control.poll_recv()
+        if frame is None:
+            return
+        message, _ = frame
+        kind = message.get("type")
+        if kind == protocol.GOODBYE:
+            raise TakenOver(parse_goodbye(message))
+        if kind == protocol.WORKER_LOST:
+            raise ChannelLost(f"the sandbox's worker was lost ({reply_reason(message, 'no reason given')})")
+        raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
+
+    def _read_calls(
+        self,
+        calls: Channel,
+        request_id: str,
+        desk: CallDesk | None,
+        live: LiveCall | None,
+        blobs: DeferredBlobs | None,
+        deadline: float,
+    ) -> None:
+        """The running cell's output and host calls that came on K (the link is the cell's: frames carry no id)."""
+        while (frame := calls.poll_recv()) is not None:
+            message, message_body = frame
+            kind = message.get("type")
+            if kind == protocol.OUTPUT:
+                if live is not None:
+                    live.output(str(message.get("stream")), message_body)
+            elif kind == protocol.HOST_CALL:
+                if message.get("name") == protocol.INPUT_CALL and live is not None:
+                    live.input_request(_call_number(message), message_body)
+                else:
+                    self._host_call(calls, message, message_body, desk, blobs)
+                    self._send_while_quiet(calls, deadline)
+            else:
+                raise ProtocolError(f"a {str(kind)[:64]!r} frame on the host-call link while {request_id!r} ran")
+
+    def _after_reply(self, calls: Channel, request_id: str, live: LiveCall | None, deadline: float) -> None:
+        """The cell's last output is in K before its reply is read (a socket pair's write completes in the peer's
+        buffer): deliver it; a call that is still open is refused, and every answer goes out whole before return."""
+        while (frame := calls.poll_recv()) is not None:
+            message, message_body = frame
+            kind = message.get("type")
+            if kind == protocol.OUTPUT and live is not None:
+                live.output(str(message.get("stream")), message_body)
+            elif kind == protocol.HOST_CALL:
+                calls.enqueue(*answer_error(_call_number(message), "the cell that made this host call has ended"))
+            elif kind != protocol.OUTPUT:
+                raise ProtocolError(f"a {str(kind)[:64]!r} frame on the host-call link after {request_id!r} ended")
+        if calls.has_queued:  # a frame cut in half would break the link for the next cell
+            calls.flush(deadline=deadline)
+
+    def _wait_one_hop(
+        self, data: DataChannel, deadline: float, desk: CallDesk | None, live: LiveCall | None
+    ) -> set[int]:
+        """Until D, K or C is readable (or K and C writable with answers queued), an answer is ready, or a time limit;
+        the descriptors that are ready."""
+        poller = select.poll()
+        for channel in (data.requests, data.calls, self._channel):
+            poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
+        wake = deadline
+        for source in (desk, live):
+            if source is not None:
+                poller.register(source.wake_fd, select.POLLIN)
+                wake = min(wake, source.next_expiry())
+        remaining = wake - time.monotonic()
+        if remaining <= 0 and wake == deadline:
+            raise AgentTimeoutError("the worker sent no complete reply: the deadline passed")
+        ready = {fd for fd, _ in poller.poll(None if remaining == math.inf else max(0, math.ceil(remaining * 1000)))}
+        now = time.monotonic()
+        for source in (desk, live):
+            if source is not None and (source.wake_fd in ready or source.next_expiry() <= now):
+                for answer, answer_body in source.answers():
+                    data.calls.enqueue(answer, answer_body)
+        if data.calls.has_queued:
+            data.calls.flush()
+        if self._channel.has_queued:
+            self._channel.flush()
+        return ready
 
     def _wait(self, deadline: float, desk: CallDesk | None, live: LiveCall | None, request_id: str) -> None:
         """Until the channel is readable (or writable with answers queued), an answer is ready, or a time limit."""
@@ -227,11 +398,10 @@ class AgentConnection:
         if channel.has_queued:
             channel.flush()
 
-    def _send_while_quiet(self, deadline: float) -> None:
+    def _send_while_quiet(self, channel: Channel, deadline: float) -> None:
         """Send the queued answers while the agent sends nothing: a deferred value's blob (100 MB) moves in one tight
         loop instead of one round of ``_wait`` per socket buffer. Stops as soon as the agent has something to say
         (it may be waiting for us to read before it reads), or at ``deadline``."""
-        channel = self._channel
         if not channel.has_queued:
             return
         poller = select.poll()
@@ -245,16 +415,18 @@ class AgentConnection:
                 return  # readable (or hung up): the main loop reads first
             channel.flush()
 
-    def _host_call(self, frame: Header, body: bytearray, desk: CallDesk | None, blobs: DeferredBlobs | None) -> None:
-        """A host call of the running cell: to the desk, or refused at once."""
+    def _host_call(
+        self, channel: Channel, frame: Header, body: bytearray, desk: CallDesk | None, blobs: DeferredBlobs | None
+    ) -> None:
+        """A host call of the running cell (its answer queued on ``channel``): to the desk, or refused at once."""
         call, name = _call_number(frame), frame.get("name")
         if not isinstance(name, str):
             raise ProtocolError("a host_call frame without a handler name")
         if name in (protocol.BLOB_CALL, protocol.BLOB_CHECK_CALL):
-            self._channel.enqueue(*_blob_answer(call, name, body, blobs))
+            channel.enqueue(*_blob_answer(call, name, body, blobs))
         elif desk is None:
             error = f"host call {name[:64]!r}: this cell was run without host calls"
-            self._channel.enqueue(*answer_error(call, error))
+            channel.enqueue(*answer_error(call, error))
         else:
             desk.submit(call, name, body)
 
@@ -268,6 +440,8 @@ class AgentConnection:
         if self._channel.has_pending():
             self._raise_if_goodbye()
             raise ChannelLost("the agent hung up or spoke unasked between calls")
+        if self._data is not None and self._data.pending():  # step 3 answers a left thread's host calls instead
+            raise ChannelLost("the worker hung up or spoke unasked on its data channel between calls")
 
     def _raise_if_goodbye(self) -> None:
         """Read what the agent sent unasked; TakenOver if it is a goodbye, else return."""
@@ -279,6 +453,8 @@ class AgentConnection:
             raise TakenOver(parse_goodbye(message))
 
     def close(self) -> None:
+        if self._data is not None:
+            self._data.close()
         self._channel.close()
 
 

@@ -128,7 +128,19 @@ def parse_hello(header: dict[str, Any]) -> Hello:
         python=_label(header, "python"),
         dill=_label(header, "dill"),
         nonce=nonce,
+        capabilities=_capabilities(header),
     )
+
+
+_MAX_CAPABILITIES = 8
+
+
+def _capabilities(header: dict[str, Any]) -> list[str]:
+    """What the agent offers besides its version: a few short strings; anything else is ignored, never an error."""
+    offered = header.get("capabilities")
+    if not isinstance(offered, list):
+        return []
+    return [item for item in offered[:_MAX_CAPABILITIES] if isinstance(item, str) and len(item) <= _MAX_TEXT]
 
 
 def parse_auth_ok(header: dict[str, Any]) -> str:

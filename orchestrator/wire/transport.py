@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, NoReturn
 
-from ..agent import protocol
+from ..agent import handover, protocol
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 
 logger = logging.getLogger(__name__)
@@ -352,6 +352,35 @@ class Channel:
 
     def fileno(self) -> int:
         return self._sock.fileno()
+
+    @property
+    def limits(self) -> tuple[int, int]:
+        """The largest header and body accepted from the peer (a data channel of one hop takes the same)."""
+        return self._max_header, self._max_body
+
+    def send_fds(self, header: protocol.Message, fds: Sequence[int], *, deadline: float) -> None:
+        """Send a frame without a body with ``fds`` attached (SCM_RIGHTS: one hop's ``data_channel``).
+
+        Raises:
+            AgentTimeoutError: the agent did not take the frame in time.
+            ChannelLost: the agent's end is closed, or the channel failed before.
+        """
+        if self._send_broken is not None or self._outbox:
+            raise ChannelLost(f"cannot send to the agent: {self._send_broken or 'answers are still queued'}")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AgentTimeoutError(f"no time left to send a {header.get('type')!r} frame")
+        try:
+            self._sock.settimeout(remaining)  # a control frame: the first write takes it whole unless the peer is stuck
+            handover.send_with_fds(self._sock, header, fds)
+        except TimeoutError as exc:
+            self._send_broken = f"a {header.get('type')!r} frame may be cut off"
+            raise AgentTimeoutError(f"the agent did not take a {header.get('type')!r} frame") from exc
+        except OSError as exc:
+            self._send_broken = f"sending failed: {exc}"
+            raise ChannelLost(f"sending to the agent failed: {exc}") from exc
+        finally:
+            self._sock.setblocking(False)
 
     def has_pending(self) -> bool:
         """True when the agent sent something or hung up, without blocking (between calls it should be silent)."""

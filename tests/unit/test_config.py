@@ -158,6 +158,7 @@ VARIABLES = {
     "ORCH_SWARM_RELAY_PORT": "swarm.relay_port",
     "ORCH_SWARM_CONSTRAINTS": "swarm.constraints",
     "ORCH_METRICS_ADDRESS": "metrics_address",
+    "ORCH_ONE_HOP": "one_hop",
 }
 # A value each variable takes, unlike its default, and what the field then holds.
 SAMPLES = {
@@ -203,6 +204,7 @@ SAMPLES = {
     "ORCH_SWARM_RELAY_PORT": ("9000", 9000),
     "ORCH_SWARM_CONSTRAINTS": ("a==1,b==2", ("a==1", "b==2")),
     "ORCH_METRICS_ADDRESS": ("9464", "9464"),
+    "ORCH_ONE_HOP": ("1", True),
 }
 
 

@@ -93,3 +93,20 @@ def test_hello_and_goodbye():
     with pytest.raises(ProtocolError, match="nonce"):
         parse_hello({**hello, "nonce": ""})
     assert parse_goodbye({"type": "goodbye", "reason": "takeover", "in_flight": 3})["in_flight"] is None
+
+
+def test_the_hellos_capabilities_are_a_few_short_strings_and_anything_else_is_ignored():
+    hello = {"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "sandbox_id": "s", "generation": 0}
+    hello["nonce"] = "ab" * 16
+    assert parse_hello(hello)["capabilities"] == []
+    assert parse_hello({**hello, "capabilities": [protocol.ONE_HOP]})["capabilities"] == [protocol.ONE_HOP]
+    for hostile in ("one_hop", {"one_hop": True}, None, 7):
+        assert parse_hello({**hello, "capabilities": hostile})["capabilities"] == []
+    offered = [protocol.ONE_HOP, 3, None, "x" * 65, *["more"] * 20]
+    assert parse_hello({**hello, "capabilities": offered})["capabilities"] == [
+        protocol.ONE_HOP,
+        "more",
+        "more",
+        "more",
+        "more",
+    ]

@@ -1,0 +1,58 @@
+"""One hop's data channel, the controller's side (docs/design/one-hop.md): two socket pairs this controller makes.
+
+In one hop the controller talks to the worker directly: requests and replies go on D, the cell's host calls and
+output on K, and the supervisor's connection (C) carries only control frames. The controller makes both pairs
+itself and hands one end of each to the supervisor in a ``data_channel`` frame on C (SCM_RIGHTS); the supervisor
+passes them to its worker and keeps no copy. So the controller never accepts a descriptor from a sandbox: the
+only sockets it talks to are ones it made or accepted. Every worker gets a fresh pair of pairs.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from ..agent import protocol
+from .transport import Channel
+
+
+class DataChannel:
+    """The controller's ends of one worker's data channel: ``requests`` (D) and ``calls`` (K)."""
+
+    def __init__(self, requests: Channel, calls: Channel) -> None:
+        self.requests = requests
+        self.calls = calls
+
+    @classmethod
+    def hand_over(cls, control: Channel, *, deadline: float) -> DataChannel:
+        """Make the two pairs, send the worker's ends on ``control`` and keep ours, with ``control``'s limits.
+
+        Raises:
+            AgentTimeoutError, ChannelLost: the frame could not be sent (our ends are closed).
+        """
+        ours: list[socket.socket] = []
+        theirs: list[socket.socket] = []
+        try:
+            for _ in range(protocol.DATA_CHANNEL_FDS):
+                mine, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # close-on-exec, as Python makes
+                ours.append(mine)
+                theirs.append(other)
+            control.send_fds({"type": protocol.DATA_CHANNEL}, [sock.fileno() for sock in theirs], deadline=deadline)
+        except BaseException:
+            for sock in ours:
+                sock.close()
+            raise
+        finally:
+            for sock in theirs:
+                sock.close()
+        max_header, max_body = control.limits
+        requests, calls = ours
+        return cls(Channel(requests, max_header, max_body), Channel(calls, max_header, max_body))
+
+    def pending(self) -> bool:
+        """True when the worker wrote on either channel or closed it (between requests it is silent)."""
+        return self.requests.has_pending() or self.calls.has_pending()
+
+    def close(self) -> None:
+        """Close our ends: the worker sees EOF, goes back to its supervisor and reports itself idle."""
+        self.requests.close()
+        self.calls.close()

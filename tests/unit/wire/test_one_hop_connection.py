@@ -1,0 +1,178 @@
+"""One hop, the controller's side (docs/design/one-hop.md, step 1): ``AgentConnection`` with a data channel.
+
+The agent runs on the host (tests/agent_process.py's command and environment) and connects to a real
+``UnixSocketEndpoint``; the controller's own connection code drives it, as a local sandbox's would.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_process import AGENT_COMMAND, AGENT_ENV
+
+from orchestrator.agent import handover, protocol
+from orchestrator.api.events import LiveCall, OutputEvent
+from orchestrator.errors import ChannelLost
+from orchestrator.runtime.output import StreamRecorder
+from orchestrator.wire.connection import AgentConnection
+from orchestrator.wire.data_channel import DataChannel
+from orchestrator.wire.endpoint import SECRET_NAME, UnixSocketEndpoint
+from orchestrator.wire.transport import Channel
+from orchestrator.wire.wakeup import Wakeup
+
+SANDBOX = "sb-unit"
+SCAFFOLD = "def before_cell(namespace):\n    namespace['ask'] = host_call\n"
+
+
+class HostAgent:
+    """A supervisor on the host, connected to a real endpoint; ``connect`` runs the controller's handshake."""
+
+    def __init__(self, base: Path) -> None:
+        self.endpoint = UnixSocketEndpoint.create(
+            base / "run", SANDBOX, sandbox_uid=None, sandbox_gid=None, max_header=1 << 20, max_body=1 << 26
+        )
+        environ = {
+            **AGENT_ENV,
+            "ORCH_CHANNEL": str(self.endpoint.path),
+            "ORCH_SECRET_FILE": str(self.endpoint.directory / SECRET_NAME),
+            "ORCH_SANDBOX_ID": SANDBOX,
+            "ORCH_INTERRUPT_GRACE": "0.5",
+            "ORCH_FRAME_TIMEOUT": "1",
+        }
+        self.proc = subprocess.Popen(AGENT_COMMAND, env=environ)
+        self.connections: list[AgentConnection] = []
+
+    def connect(self, one_hop: bool = True) -> AgentConnection:
+        connection = AgentConnection.open(
+            self.endpoint, sandbox_id=SANDBOX, deadline=time.monotonic() + 20, one_hop=one_hop
+        )
+        self.connections.append(connection)
+        return connection
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        for connection in self.connections:
+            connection.close()
+        self.endpoint.remove()
+
+
+@pytest.fixture
+def host_agent() -> Iterator[HostAgent]:
+    base = Path(tempfile.mkdtemp(prefix="orch-t-", dir="/tmp"))  # tmp_path can be too long for a socket path
+    agent = HostAgent(base)
+    yield agent
+    agent.close()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def run(connection: AgentConnection, code: str, live: LiveCall | None = None, **fields: Any) -> dict[str, Any]:
+    header: Any = {"type": protocol.EXEC, "code": code, "timeout": 10, "checkpoint_timeout": 10, **fields}
+    reply, _ = connection.request(header, deadline=time.monotonic() + 30, checkpoint_seconds=10, live=live)
+    return reply
+
+
+def value(connection: AgentConnection, code: str) -> str:
+    reply = run(connection, code)
+    assert reply["status"] == "ok", reply
+    return str(reply["return_value"])
+
+
+def test_cells_go_on_the_data_channel_when_asked_and_offered(host_agent: HostAgent) -> None:
+    connection = host_agent.connect()
+    assert connection.one_hop and protocol.ONE_HOP in connection.hello["capabilities"]
+    reply = run(connection, "x = 41")
+    assert reply["status"] == "ok" and list(reply["checkpoint"]["vars"]) == ["x"], reply
+    assert value(connection, "x + 1") == "42"
+    reply = run(connection, "1 / 0")
+    assert reply["status"] == "error" and reply["error"]["ename"] == "ZeroDivisionError"
+    connection.check_idle()  # nothing waits on the connection, the data channel or the host-call link
+
+
+def test_two_hops_unless_asked(host_agent: HostAgent) -> None:
+    connection = host_agent.connect(one_hop=False)
+    assert not connection.one_hop
+    assert value(connection, "6 * 7") == "42"
+    connection.check_idle()
+
+
+def test_a_restore_goes_on_the_data_channel(host_agent: HostAgent) -> None:
+    import dill
+
+    connection = host_agent.connect()
+    deadline = time.monotonic() + 30
+    begin: Any = {"type": protocol.RESTORE_BEGIN, "timeout": 10}
+    assert connection.request(begin, deadline=deadline)[0]["status"] == "ok"
+    blob = dill.dumps([1, 2, 3])
+    load: Any = {"type": protocol.LOAD, "name": "y", "digest": protocol.blob_digest(blob), "timeout": 10}
+    assert connection.request(load, blob, deadline=deadline)[0]["status"] == "ok"
+    end: Any = {"type": protocol.RESTORE_END, "generation": 3, "timeout": 10}
+    assert connection.request(end, deadline=deadline)[0]["generation"] == 3
+    assert value(connection, "sum(y)") == "6"
+
+
+def test_output_comes_on_the_call_link_before_the_reply_returns(host_agent: HostAgent, tmp_path: Path) -> None:
+    connection = host_agent.connect()
+    events: list[object] = []
+    live = LiveCall(lambda stream: StreamRecorder(tmp_path, stream, 1000), events.append, 300.0, object(), Wakeup())
+    reply = run(connection, "for i in range(3):\n    print(i)", live=live, stream=True, send_limit=1000)
+    assert reply["status"] == "ok", reply
+    assert "".join(event.text for event in events if isinstance(event, OutputEvent)) == "0\n1\n2\n"
+    connection.check_idle()
+    live.close()
+
+
+def test_a_host_call_without_a_desk_is_refused_on_its_link(host_agent: HostAgent) -> None:
+    connection = host_agent.connect()
+    install: Any = {"type": protocol.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
+    assert connection.request(install, deadline=time.monotonic() + 30)[0]["status"] == "ok"
+    code = "try:\n    ask('double', 21)\nexcept Exception as exc:\n    said = str(exc)\n"
+    assert run(connection, code)["status"] == "ok"
+    assert "without host calls" in value(connection, "said")
+    connection.check_idle()
+
+
+def test_a_worker_that_dies_in_a_cell_loses_the_channel(host_agent: HostAgent) -> None:
+    connection = host_agent.connect()
+    with pytest.raises(ChannelLost):
+        run(connection, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+
+
+def test_a_host_call_between_requests_is_found_by_check_idle(host_agent: HostAgent) -> None:
+    connection = host_agent.connect()
+    install: Any = {"type": protocol.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
+    assert connection.request(install, deadline=time.monotonic() + 30)[0]["status"] == "ok"
+    code = (
+        "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), ask('late')), daemon=True).start()"
+    )
+    assert run(connection, code)["status"] == "ok"
+    time.sleep(1)
+    with pytest.raises(ChannelLost, match="data channel"):
+        connection.check_idle()
+
+
+def test_the_handover_sends_two_fresh_stream_sockets_and_keeps_none() -> None:
+    ours, theirs = socket.socketpair()
+    control = Channel(ours, 4096, 4096)
+    data = DataChannel.hand_over(control, deadline=time.monotonic() + 5)
+    theirs.settimeout(5)
+    header, fds = handover.recv_with_fds(theirs, 4)
+    assert header == {"type": protocol.DATA_CHANNEL}
+    requests, calls = handover.stream_sockets(fds, protocol.DATA_CHANNEL_FDS)
+    data.requests.send({"type": "ping"}, deadline=time.monotonic() + 5)
+    requests.settimeout(5)
+    assert protocol.recv_frame(requests)[0] == {"type": "ping"}
+    data.close()
+    calls.settimeout(5)
+    assert calls.recv(1) == b""  # our end closed: the worker sees EOF
+    for sock in (requests, calls, theirs):
+        sock.close()
+    control.close()
