@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,3 +177,17 @@ def test_the_handover_sends_two_fresh_stream_sockets_and_keeps_none() -> None:
     for sock in (requests, calls, theirs):
         sock.close()
     control.close()
+
+
+def test_the_callers_interrupt_goes_on_the_connection_and_the_namespace_stays(
+    host_agent: HostAgent, tmp_path: Path
+) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "kept = 7")["status"] == "ok"
+    live = LiveCall(lambda stream: StreamRecorder(tmp_path, stream, 1000), None, 300.0, object(), Wakeup())
+    threading.Timer(0.5, live.interrupt).start()
+    reply = run(connection, "import time\ntime.sleep(60)", live=live)  # nobody else stops it: the deadline is 30 s
+    assert reply["status"] == "error" and reply["error"]["ename"] == "KeyboardInterrupt", reply
+    live.close()
+    assert value(connection, "kept") == "7"
+    connection.check_idle()
