@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 Header = dict[str, Any]
 Body = protocol.Body | Sequence[protocol.Body]
 _GOODBYE_WAIT = 1.0
+_ENDED = "the cell that made this host call has ended"  # as the supervisor answers it in two hops
 _HANDSHAKE_SECONDS = 5.0  # a real agent sends its hello as soon as it connects
 
 
@@ -270,7 +271,7 @@ class AgentConnection:
             if control.fileno() in ready or control.buffered:
                 self._read_control(control)
             if calls.fileno() in ready or calls.buffered:
-                self._read_calls(calls, request_id, desk, live, blobs, deadline)
+                self._read_calls(calls, request_id, desk, live, blobs, deadline, phase == "checkpoint")
             if requests.fileno() in ready or requests.buffered:
                 frame = requests.poll_recv()
                 if frame is not None:
@@ -314,14 +315,18 @@ class AgentConnection:
         live: LiveCall | None,
         blobs: DeferredBlobs | None,
         deadline: float,
+        ended: bool,
     ) -> None:
-        """The running cell's output and host calls that came on K (the link is the cell's: frames carry no id)."""
+        """The running cell's output and host calls that came on K (the link is the cell's: frames carry no id);
+        once the cell has ``ended`` (its checkpoint runs), a call is refused, as after the reply."""
         while (frame := calls.poll_recv()) is not None:
             message, message_body = frame
             kind = message.get("type")
             if kind == protocol.OUTPUT:
                 if live is not None:
                     live.output(str(message.get("stream")), message_body)
+            elif kind == protocol.HOST_CALL and ended:
+                calls.enqueue(*answer_error(_call_number(message), _ENDED))
             elif kind == protocol.HOST_CALL:
                 if message.get("name") == protocol.INPUT_CALL and live is not None:
                     live.input_request(_call_number(message), message_body)
@@ -340,7 +345,7 @@ class AgentConnection:
             if kind == protocol.OUTPUT and live is not None:
                 live.output(str(message.get("stream")), message_body)
             elif kind == protocol.HOST_CALL:
-                calls.enqueue(*answer_error(_call_number(message), "the cell that made this host call has ended"))
+                calls.enqueue(*answer_error(_call_number(message), _ENDED))
             elif kind != protocol.OUTPUT:
                 raise ProtocolError(f"a {str(kind)[:64]!r} frame on the host-call link after {request_id!r} ended")
         if calls.has_queued:  # a frame cut in half would break the link for the next cell
