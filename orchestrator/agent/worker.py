@@ -53,6 +53,10 @@ from . import cells, checkpoint, lazy  # noqa: E402  (after the session module i
 _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
 
 
+class _LeaveDataChannel(BaseException):
+    """An interrupt while the worker waits on its data channel for a request: go back to the supervisor's link."""
+
+
 def _unpickles(header: Dict[str, Any]) -> bool:
     """Whether dill is imported before this request: a load unpickles; a restore that says ``prepare`` is an empty
     one that readies a warm pool's sandbox (``Sandbox.warm_up``), while nobody waits, for the fork or restore that
@@ -223,6 +227,7 @@ class Worker:
         self.cell_number = 0
         self.phase = _IDLE
         self.armed = False  # a KeyboardInterrupt may be raised right now
+        self.awaiting_data = False  # one hop: waiting on D for a request, where an interrupt leaves D
         self.stop_checkpoint = False  # SIGUSR2 came during the checkpoint: pickle nothing more
         self.cell_done_for: Any = _MISSING  # the exec whose cell_done is still to be sent
         self.restored_frozen: Dict[str, Any] = {}  # digest -> immutable value loaded in this restore
@@ -241,6 +246,9 @@ class Worker:
     # -- the interrupt
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.awaiting_data:  # one hop, idle: the supervisor lost its controller, who may never close D
+            self.awaiting_data = False
+            raise _LeaveDataChannel
         if self.armed and self.phase in (_CELL, _LOAD):
             if self.shielded:
                 self.deferred = True
@@ -330,7 +338,14 @@ class Worker:
         while True:
             self._enter(_IDLE)
             try:
-                header, self._body, self._value_fd = _recv_request(self.sock)
+                self.awaiting_data = self.sock is not self.link
+                try:
+                    header, self._body, self._value_fd = _recv_request(self.sock)
+                finally:
+                    self.awaiting_data = False
+            except _LeaveDataChannel:
+                self._leave_data_channel()
+                continue
             except protocol.ChannelClosed:
                 if self.sock is self.link:
                     return

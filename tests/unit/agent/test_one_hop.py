@@ -260,3 +260,19 @@ def test_a_takeover_says_goodbye_on_the_connection_and_hands_the_idle_worker_ove
     one_hop.link = one_hop.connect()
     assert one_hop.hello["generation"] == 1
     assert DataChannel(one_hop.link).value("x") == "9"
+
+
+def test_a_takeover_hands_over_the_idle_worker_with_its_memory_while_the_old_controller_holds_its_channel(one_hop):
+    """The old controller is idle (nothing reads its connection, so it cannot close its data channel): the
+    supervisor's interrupt sends the idle worker back to its link, and the new controller gets its memory."""
+    channel = DataChannel(one_hop.link)
+    channel.run("x = 9")
+    old = one_hop.link
+    one_hop.listener.close()
+    one_hop.listener = one_hop.listen()
+    os.kill(one_hop.proc.pid, signal.SIGUSR1)
+    one_hop.link = one_hop.connect()
+    assert one_hop.hello["generation"] == 1
+    assert DataChannel(one_hop.link).value("x") == "9"
+    assert channel.data.closed_by_peer()  # the worker let the old data channel go
+    old.close()
