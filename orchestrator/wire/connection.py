@@ -40,6 +40,15 @@ Body = protocol.Body | Sequence[protocol.Body]
 _GOODBYE_WAIT = 1.0
 _ENDED = "the cell that made this host call has ended"  # as the supervisor answers it in two hops
 _HANDSHAKE_SECONDS = 5.0  # a real agent sends its hello as soon as it connects
+_WORKER_LOST_WAIT = 5.0  # the supervisor says worker_lost once the fresh worker runs
+
+
+class _WorkerLost(Exception):
+    """One hop: the supervisor said ``worker_lost`` on C during a request (its message)."""
+
+    def __init__(self, message: Header) -> None:
+        super().__init__("the worker was lost")
+        self.message = message
 
 
 class TakenOver(TransportError):
@@ -251,13 +260,30 @@ class AgentConnection:
         time but the caller's interrupt; the deadline then raises ``AgentTimeoutError`` and the sandbox is replaced,
         as for whatever else goes wrong here (``ChannelLost``: a worker lost, a channel closed; ``ProtocolError``).
         """
+        try:
+            data.requests.send(header, body, deadline=deadline)
+        except ChannelLost as exc:  # the worker died between calls, or a cell closed D: the request never ran
+            return self._worker_lost(data, header, exc, None, ran=False, deadline=deadline)
+        try:
+            return self._one_hop_reply(data, header, deadline, checkpoint_seconds, desk, live, blobs)
+        except _WorkerLost as lost:
+            return self._worker_lost(data, header, None, lost.message, ran=True, deadline=deadline)
+        except ChannelLost as exc:  # D, K or C broke: if the worker died, the supervisor says so on C
+            return self._worker_lost(data, header, exc, None, ran=True, deadline=deadline)
+
+    def _one_hop_reply(
+        self,
+        data: DataChannel,
+        header: protocol.Request,
+        deadline: float,
+        checkpoint_seconds: float | None,
+        desk: CallDesk | None,
+        live: LiveCall | None,
+        blobs: DeferredBlobs | None,
+    ) -> tuple[Header, bytearray]:
+        """Wait for the reply of the request sent on D, serving K and watching C meanwhile."""
         request_id = header["id"]
         requests, calls, control = data.requests, data.calls, self._channel
-        try:
-            requests.send(header, body, deadline=deadline)
-        except ChannelLost:
-            self._read_control(control)  # the supervisor may have said why: a goodbye, a worker lost
-            raise
         phase = "load" if header["type"] == protocol.LOAD else "cell"
         paused_at: float | None = None
         ready: set[int] = set()  # the reply cannot have come yet: wait before the first read
@@ -304,8 +330,50 @@ class AgentConnection:
         if kind == protocol.GOODBYE:
             raise TakenOver(parse_goodbye(message))
         if kind == protocol.WORKER_LOST:
-            raise ChannelLost(f"the sandbox's worker was lost ({reply_reason(message, 'no reason given')})")
+            raise _WorkerLost(message)
         raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
+
+    def _worker_lost(
+        self,
+        data: DataChannel,
+        header: protocol.Request,
+        broken: ChannelLost | None,
+        lost: Header | None,
+        *,
+        ran: bool,
+        deadline: float,
+    ) -> tuple[Header, bytearray]:
+        """The worker's data channel broke (``broken``) or the supervisor said ``worker_lost`` (``lost``): with the
+        supervisor's word (waited for on C, a little), hand its fresh worker a new data channel and answer as the
+        supervisor does in two hops, ``crashed`` (recovery restores into the fresh worker). Without it, ``broken``.
+
+        Raises:
+            TakenOver: the supervisor said goodbye instead.
+            ChannelLost: no ``worker_lost`` came (``broken``), or the new data channel could not be handed over.
+        """
+        if lost is None:
+            assert broken is not None
+            try:
+                lost, _ = self._channel.recv(deadline=min(deadline, time.monotonic() + _WORKER_LOST_WAIT))
+            except TransportError:
+                raise broken from None
+            if lost.get("type") == protocol.GOODBYE:
+                raise TakenOver(parse_goodbye(lost)) from None
+            if lost.get("type") != protocol.WORKER_LOST:
+                raise broken
+        data.close()
+        self._data = None  # until the next is handed over: a failure below leaves no broken channel in use
+        self._data = DataChannel.hand_over(self._channel, deadline=time.monotonic() + _HANDSHAKE_SECONDS)
+        reply: Header = {
+            "type": protocol.REPLY_TYPES.get(header["type"], protocol.ERROR),
+            "id": header["id"],
+            "status": protocol.STATUS_CRASHED,
+            "reason": reply_reason(lost, "the worker died"),
+            "oom": lost.get("oom") is True,
+            "ran": ran,
+            "worker_restarted": True,
+        }
+        return reply, bytearray()
 
     def _read_calls(
         self,

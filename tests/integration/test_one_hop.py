@@ -51,10 +51,12 @@ def test_host_calls_in_one_hop(hop: Session) -> None:
     assert hop.execute("ask('double', 21)", host_calls=HostCalls({"double": double})).return_value == "42"
 
 
-def test_a_worker_death_in_one_hop_replaces_the_sandbox_and_restores(hop: Session) -> None:
+def test_a_worker_death_in_one_hop_restores_into_a_fresh_worker_of_the_same_sandbox(hop: Session) -> None:
     assert hop.execute("kept = [1, 2, 3]").ok
+    container = hop.container_id
     with pytest.raises(SandboxCrashed) as info:
         hop.execute("import os\nos._exit(1)")
-    assert info.value.restored is True
+    assert info.value.restored is True and "exited with status 1" in str(info.value)
+    assert hop.container_id == container  # the supervisor's worker_lost: only the worker was replaced
     assert hop.execute("sum(kept)").return_value == "6"
-    assert one_hop(hop)  # the new sandbox takes one hop too
+    assert one_hop(hop)  # the fresh worker got a data channel of its own

@@ -141,10 +141,27 @@ def test_a_host_call_without_a_desk_is_refused_on_its_link(host_agent: HostAgent
     connection.check_idle()
 
 
-def test_a_worker_that_dies_in_a_cell_loses_the_channel(host_agent: HostAgent) -> None:
+def test_a_worker_that_dies_in_a_cell_is_crashed_and_its_fresh_worker_gets_a_new_data_channel(
+    host_agent: HostAgent,
+) -> None:
     connection = host_agent.connect()
-    with pytest.raises(ChannelLost):
-        run(connection, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert run(connection, "x = 1")["status"] == "ok"
+    reply = run(connection, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is True and reply["worker_restarted"], reply
+    assert "SIGKILL" in reply["reason"], reply
+    assert connection.one_hop and value(connection, "'x' in globals()") == "False"  # a fresh worker, one hop
+    connection.check_idle()
+
+
+def test_a_worker_that_died_between_calls_answers_the_next_request_crashed_without_running_it(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "import os, threading\nthreading.Timer(0.2, os._exit, (3,)).start()")["status"] == "ok"
+    time.sleep(1)
+    reply = run(connection, "ran = True")
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False, reply
+    assert value(connection, "'ran' in globals()") == "False"
 
 
 def test_a_host_call_between_requests_is_found_by_check_idle(host_agent: HostAgent) -> None:
