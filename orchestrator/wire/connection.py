@@ -285,6 +285,7 @@ class AgentConnection:
         request_id = header["id"]
         requests, calls, control = data.requests, data.calls, self._channel
         phase = "load" if header["type"] == protocol.LOAD else "cell"
+        interrupted = False  # an interrupt went out before the cell (or load) ended
         paused_at: float | None = None
         ready: set[int] = set()  # the reply cannot have come yet: wait before the first read
         while True:
@@ -314,11 +315,17 @@ class AgentConnection:
                             deadline = time.monotonic() + checkpoint_seconds
                         continue
                     self._after_reply(calls, request_id, live, deadline)
+                    if interrupted and reply.get("status") == protocol.STATUS_ERROR:
+                        # The interrupt stopped it (one that finished just then stays a success): as the supervisor
+                        # says it in two hops.
+                        reply.update(status=protocol.STATUS_TIMEOUT, worker_restarted=False)
+                        reply.setdefault("phase", "load" if header["type"] == protocol.LOAD else "cell")
                     return reply, reply_body
             ready = self._wait_one_hop(data, math.inf if paused_at is not None else deadline, desk, live)
             if live is not None and live.take_interrupt():
                 control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
                 control.flush()
+                interrupted = interrupted or phase != "checkpoint"
 
     def _read_control(self, control: Channel) -> None:
         """What the supervisor said on C during a request: a goodbye or a lost worker end it; nothing else is sent."""

@@ -204,7 +204,8 @@ def test_the_callers_interrupt_goes_on_the_connection_and_the_namespace_stays(
     live = LiveCall(lambda stream: StreamRecorder(tmp_path, stream, 1000), None, 300.0, object(), Wakeup())
     threading.Timer(0.5, live.interrupt).start()
     reply = run(connection, "import time\ntime.sleep(60)", live=live)  # nobody else stops it: the deadline is 30 s
-    assert reply["status"] == "error" and reply["error"]["ename"] == "KeyboardInterrupt", reply
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is False, reply  # as in two hops
+    assert reply["phase"] == "cell" and reply["error"]["ename"] == "KeyboardInterrupt", reply
     live.close()
     assert value(connection, "kept") == "7"
     connection.check_idle()
