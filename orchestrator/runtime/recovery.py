@@ -31,8 +31,8 @@ from ..errors import (
     SessionAttachedElsewhere,
 )
 from ..metrics import NO_METRICS, Recorder
-from ..wire.connection import Body, Header, TakenOver
-from ..wire.replies import WorkerFailure, worker_failure
+from ..wire.connection import Body, Header
+from ..wire.replies import TakenOver, WorkerFailure, worker_failure
 from .hostcalls import CallDesk
 from .sandbox import Sandbox, ValueFile
 

@@ -28,8 +28,7 @@ from ..safe_text import logging_session
 from ..state.activity import Activity
 from ..state.ledger import CheckpointLedger
 from ..state.store import SessionRecord
-from ..wire.connection import TakenOver
-from ..wire.replies import parse_install_reply, worker_failure
+from ..wire.replies import TakenOver, parse_install_reply, worker_failure
 from ..wire.wakeup import Wakeup
 from . import discard
 from .deferred import DEFER_BYTES

@@ -13,7 +13,7 @@ from typing import Any, TypedDict, TypeVar, cast
 
 from ..agent import protocol
 from ..agent.protocol import BlobEntry, CheckpointDelta, ExecReply, Goodbye, Hello, LoadReply, Status
-from ..errors import ProtocolError
+from ..errors import ProtocolError, TransportError
 from ..safe_text import visible
 from ..state.store import BLOB_ID, DIGEST
 
@@ -147,6 +147,14 @@ def parse_auth_ok(header: dict[str, Any]) -> str:
     """The agent's proof that it knows the sandbox's secret."""
     _expect_type(header, protocol.AUTH_OK)
     return expect(header, "proof", str)
+
+
+class TakenOver(TransportError):
+    """The agent said goodbye: another controller owns this sandbox now."""
+
+    def __init__(self, goodbye: Goodbye) -> None:
+        super().__init__(f"the agent moved to another controller ({goodbye['reason']})")
+        self.goodbye = goodbye
 
 
 def parse_goodbye(header: dict[str, Any]) -> Goodbye:

@@ -32,6 +32,7 @@ _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)  # EPIPE as an error, even wher
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 READ_AHEAD = 8 << 10  # one read takes up to this much: a small frame and what came after it (held only meanwhile)
 _PREFIX = protocol.PREFIX.size
+FrameBody = protocol.Body | Sequence[protocol.Body]  # one buffer, or several sent back to back
 
 
 class PeerCredentials(NamedTuple):
@@ -205,7 +206,7 @@ class Channel:
     def send(
         self,
         header: protocol.Message,
-        body: protocol.Body | Sequence[protocol.Body] = b"",
+        body: FrameBody = b"",
         *,
         deadline: float | None,
     ) -> None:

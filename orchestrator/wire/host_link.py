@@ -1,0 +1,77 @@
+"""Serving a running cell's host calls on a channel: the part both paths share (two hops and one hop).
+
+In two hops the calls come on the supervisor's connection, in one hop on the worker's call link (K);
+either way each call goes to the request's ``CallDesk`` or is answered here at once (a deferred
+value's blob, or a refusal), and the answers are queued on the channel the call came on.
+"""
+
+from __future__ import annotations
+
+import math
+import select
+import time
+
+from ..agent import protocol
+from ..errors import ProtocolError
+from ..runtime.deferred import BlobRefused, DeferredBlobs
+from ..runtime.hostcalls import CallDesk, answer_error, answer_ok
+from .transport import Channel
+
+
+def serve_host_call(
+    channel: Channel, frame: protocol.Header, body: bytearray, desk: CallDesk | None, blobs: DeferredBlobs | None
+) -> None:
+    """A host call of the running cell (its answer queued on ``channel``): to the desk, or refused at once."""
+    call, name = call_number(frame), frame.get("name")
+    if not isinstance(name, str):
+        raise ProtocolError("a host_call frame without a handler name")
+    if name in (protocol.BLOB_CALL, protocol.BLOB_CHECK_CALL):
+        channel.enqueue(*_blob_answer(call, name, body, blobs))
+    elif desk is None:
+        error = f"host call {name[:64]!r}: this cell was run without host calls"
+        channel.enqueue(*answer_error(call, error))
+    else:
+        desk.submit(call, name, body)
+
+
+def send_while_quiet(channel: Channel, deadline: float) -> None:
+    """Send the queued answers while the sandbox sends nothing: a deferred value's blob (100 MB) moves in one tight
+    loop instead of one round of the caller's wait per socket buffer. Stops as soon as the sandbox has something to
+    say (it may be waiting for us to read before it reads), or at ``deadline``."""
+    if not channel.has_queued:
+        return
+    poller = select.poll()
+    poller.register(channel.fileno(), select.POLLIN | select.POLLOUT)
+    while channel.has_queued and not channel.buffered:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        events = poller.poll(math.ceil(remaining * 1000))
+        if any(event & ~select.POLLOUT for _, event in events):
+            return  # readable (or hung up): the caller's loop reads first
+        channel.flush()
+
+
+def call_number(frame: protocol.Header) -> int:
+    call = frame.get("call")
+    if type(call) is not int:
+        raise ProtocolError("a host_call frame without a call number")
+    return call
+
+
+def _blob_answer(
+    call: int, name: str, body: bytearray, blobs: DeferredBlobs | None
+) -> tuple[protocol.HostReply, protocol.Body]:
+    """The answer to a deferred value's blob call (the blob) or check call (``true``), or why not (the sandbox's
+    request is hostile)."""
+    if blobs is None:
+        return answer_error(call, protocol.BLOB_REFUSED + "this sandbox has no deferred values")
+    try:
+        payload = protocol.decode_json(body, "blob call payload")
+        if name == protocol.BLOB_CHECK_CALL:
+            return answer_ok(call, b"true" if blobs.verdict(payload) else b"false")
+        return protocol.host_reply(call), blobs.serve(payload)  # mapped: sent before the request ends
+    except protocol.ProtocolViolation as exc:
+        return answer_error(call, protocol.BLOB_REFUSED + str(exc))
+    except BlobRefused as exc:
+        return answer_error(call, protocol.BLOB_REFUSED + str(exc))

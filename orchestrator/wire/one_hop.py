@@ -1,0 +1,270 @@
+"""One hop (docs/design/one-hop.md): the controller's requests go to the worker directly.
+
+The supervisor's authenticated connection (C) stays the control channel: it carries the worker's data
+channel once per worker (``DataChannel.hand_over``), the caller's interrupts, and the supervisor's
+``goodbye`` and ``worker_lost``. A request and its reply go on D, the running cell's output and host
+calls on K; the worker (cell code) holds the other ends of both, so everything read there is checked
+here as the supervisor checks it in two hops.
+"""
+
+from __future__ import annotations
+
+import math
+import select
+import time
+
+from ..agent import protocol
+from ..api.events import LiveCall
+from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
+from ..runtime.deferred import DeferredBlobs
+from ..runtime.hostcalls import CallDesk, answer_error
+from .data_channel import DataChannel
+from .host_link import call_number, send_while_quiet, serve_host_call
+from .replies import TakenOver, parse_goodbye, reply_reason
+from .transport import Channel, FrameBody
+
+_ENDED = "the cell that made this host call has ended"  # as the supervisor answers it in two hops
+_HAND_OVER_SECONDS = 5.0  # the supervisor takes a data channel at once
+_WORKER_LOST_WAIT = 5.0  # the supervisor says worker_lost once the fresh worker runs
+
+
+class _WorkerLost(Exception):
+    """The supervisor said ``worker_lost`` on C during a request (its message)."""
+
+    def __init__(self, message: protocol.Header) -> None:
+        super().__init__("the worker was lost")
+        self.message = message
+
+
+class OneHop:
+    """One worker's data channel, beside its supervisor's connection ``control`` (not this object's to close)."""
+
+    def __init__(self, control: Channel, data: DataChannel) -> None:
+        self._control = control
+        self._data: DataChannel | None = data
+
+    def request(
+        self,
+        header: protocol.Request,
+        body: FrameBody,
+        *,
+        deadline: float,
+        checkpoint_seconds: float | None,
+        desk: CallDesk | None,
+        live: LiveCall | None,
+        blobs: DeferredBlobs | None,
+    ) -> tuple[protocol.Header, bytearray]:
+        """``request`` in one hop: the request and its reply on D, the cell's calls and output on K, control on C.
+
+        Until the controller keeps the ladder (docs/design/one-hop.md, step 2) nothing interrupts a cell past its
+        time but the caller's interrupt; the deadline then raises ``AgentTimeoutError`` and the sandbox is replaced,
+        as for whatever else goes wrong here (``ChannelLost``: a worker lost, a channel closed; ``ProtocolError``).
+        """
+        data = self._data
+        if data is None:
+            raise ChannelLost("the worker's data channel could not be handed over after its last worker was lost")
+        try:
+            data.requests.send(header, body, deadline=deadline)
+        except ChannelLost as exc:  # the worker died between calls, or a cell closed D: the request never ran
+            return self._worker_lost(data, header, exc, None, ran=False, deadline=deadline)
+        try:
+            return self._reply(data, header, deadline, checkpoint_seconds, desk, live, blobs)
+        except _WorkerLost as lost:
+            return self._worker_lost(data, header, None, lost.message, ran=True, deadline=deadline)
+        except ChannelLost as exc:  # D, K or C broke: if the worker died, the supervisor says so on C
+            return self._worker_lost(data, header, exc, None, ran=True, deadline=deadline)
+
+    def _reply(
+        self,
+        data: DataChannel,
+        header: protocol.Request,
+        deadline: float,
+        checkpoint_seconds: float | None,
+        desk: CallDesk | None,
+        live: LiveCall | None,
+        blobs: DeferredBlobs | None,
+    ) -> tuple[protocol.Header, bytearray]:
+        """Wait for the reply of the request sent on D, serving K and watching C meanwhile."""
+        request_id = header["id"]
+        requests, calls, control = data.requests, data.calls, self._control
+        phase = "load" if header["type"] == protocol.LOAD else "cell"
+        interrupted = False  # an interrupt went out before the cell (or load) ended
+        paused_at: float | None = None
+        ready: set[int] = set()  # the reply cannot have come yet: wait before the first read
+        while True:
+            if live is not None:
+                if live.waiting_for_input and paused_at is None:
+                    paused_at = time.monotonic()
+                elif paused_at is not None and not live.waiting_for_input:
+                    deadline += time.monotonic() - paused_at
+                    paused_at = None
+            if control.fileno() in ready or control.buffered:
+                self._read_control(control)
+            if calls.fileno() in ready or calls.buffered:
+                self._read_calls(calls, request_id, desk, live, blobs, deadline, phase == "checkpoint")
+            if requests.fileno() in ready or requests.buffered:
+                frame = requests.poll_recv()
+                if frame is not None:
+                    reply, reply_body = frame
+                    if reply.get("id") != request_id:
+                        raise ProtocolError(
+                            f"a reply for {str(reply.get('id'))[:64]!r} while waiting for {request_id!r}"
+                        )
+                    if reply.get("type") == protocol.CELL_DONE and not reply_body:
+                        if phase == "checkpoint":
+                            raise ProtocolError(f"the worker said twice that the cell of {request_id!r} ended")
+                        phase = "checkpoint"  # its clock runs now, once
+                        if checkpoint_seconds is not None:
+                            deadline = time.monotonic() + checkpoint_seconds
+                        continue
+                    self._after_reply(calls, request_id, live, deadline)
+                    if interrupted and reply.get("status") == protocol.STATUS_ERROR:
+                        # The interrupt stopped it (one that finished just then stays a success): as the supervisor
+                        # says it in two hops.
+                        reply.update(status=protocol.STATUS_TIMEOUT, worker_restarted=False)
+                        reply.setdefault("phase", "load" if header["type"] == protocol.LOAD else "cell")
+                    return reply, reply_body
+            ready = self._wait(data, math.inf if paused_at is not None else deadline, desk, live)
+            if live is not None and live.take_interrupt():
+                control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
+                control.flush()
+                interrupted = interrupted or phase != "checkpoint"
+
+    def _read_control(self, control: Channel) -> None:
+        """What the supervisor said on C during a request: a goodbye or a lost worker end it; nothing else is sent."""
+        frame = control.poll_recv()
+        if frame is None:
+            return
+        message, _ = frame
+        kind = message.get("type")
+        if kind == protocol.GOODBYE:
+            raise TakenOver(parse_goodbye(message))
+        if kind == protocol.WORKER_LOST:
+            raise _WorkerLost(message)
+        raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
+
+    def _worker_lost(
+        self,
+        data: DataChannel,
+        header: protocol.Request,
+        broken: ChannelLost | None,
+        lost: protocol.Header | None,
+        *,
+        ran: bool,
+        deadline: float,
+    ) -> tuple[protocol.Header, bytearray]:
+        """The worker's data channel broke (``broken``) or the supervisor said ``worker_lost`` (``lost``): with the
+        supervisor's word (waited for on C, a little), hand its fresh worker a new data channel and answer as the
+        supervisor does in two hops, ``crashed`` (recovery restores into the fresh worker). Without it, ``broken``.
+
+        Raises:
+            TakenOver: the supervisor said goodbye instead.
+            ChannelLost: no ``worker_lost`` came (``broken``), or the new data channel could not be handed over.
+        """
+        if lost is None:
+            assert broken is not None
+            try:
+                lost, _ = self._control.recv(deadline=min(deadline, time.monotonic() + _WORKER_LOST_WAIT))
+            except TransportError:
+                raise broken from None
+            if lost.get("type") == protocol.GOODBYE:
+                raise TakenOver(parse_goodbye(lost)) from None
+            if lost.get("type") != protocol.WORKER_LOST:
+                raise broken
+        data.close()
+        self._data = None  # until the next is handed over: a failure below leaves no broken channel in use
+        self._data = DataChannel.hand_over(self._control, deadline=time.monotonic() + _HAND_OVER_SECONDS)
+        reply: protocol.Header = {
+            "type": protocol.REPLY_TYPES.get(header["type"], protocol.ERROR),
+            "id": header["id"],
+            "status": protocol.STATUS_CRASHED,
+            "reason": reply_reason(lost, "the worker died"),
+            "oom": lost.get("oom") is True,
+            "ran": ran,
+            "worker_restarted": True,
+        }
+        return reply, bytearray()
+
+    def _read_calls(
+        self,
+        calls: Channel,
+        request_id: str,
+        desk: CallDesk | None,
+        live: LiveCall | None,
+        blobs: DeferredBlobs | None,
+        deadline: float,
+        ended: bool,
+    ) -> None:
+        """The running cell's output and host calls that came on K (the link is the cell's: frames carry no id);
+        once the cell has ``ended`` (its checkpoint runs), a call is refused, as after the reply."""
+        while (frame := calls.poll_recv()) is not None:
+            message, message_body = frame
+            kind = message.get("type")
+            if kind == protocol.OUTPUT:
+                if live is not None:
+                    live.output(str(message.get("stream")), message_body)
+            elif kind == protocol.HOST_CALL and ended:
+                calls.enqueue(*answer_error(call_number(message), _ENDED))
+            elif kind == protocol.HOST_CALL:
+                if message.get("name") == protocol.INPUT_CALL and live is not None:
+                    live.input_request(call_number(message), message_body)
+                else:
+                    serve_host_call(calls, message, message_body, desk, blobs)
+                    send_while_quiet(calls, deadline)
+            else:
+                raise ProtocolError(f"a {str(kind)[:64]!r} frame on the host-call link while {request_id!r} ran")
+
+    def _after_reply(self, calls: Channel, request_id: str, live: LiveCall | None, deadline: float) -> None:
+        """The cell's last output is in K before its reply is read (a socket pair's write completes in the peer's
+        buffer): deliver it; a call that is still open is refused, and every answer goes out whole before return."""
+        while (frame := calls.poll_recv()) is not None:
+            message, message_body = frame
+            kind = message.get("type")
+            if kind == protocol.OUTPUT and live is not None:
+                live.output(str(message.get("stream")), message_body)
+            elif kind == protocol.HOST_CALL:
+                calls.enqueue(*answer_error(call_number(message), _ENDED))
+            elif kind != protocol.OUTPUT:
+                raise ProtocolError(f"a {str(kind)[:64]!r} frame on the host-call link after {request_id!r} ended")
+        if calls.has_queued:  # a frame cut in half would break the link for the next cell
+            calls.flush(deadline=deadline)
+
+    def _wait(self, data: DataChannel, deadline: float, desk: CallDesk | None, live: LiveCall | None) -> set[int]:
+        """Until D, K or C is readable (or K and C writable with answers queued), an answer is ready, or a time limit;
+        the descriptors that are ready."""
+        poller = select.poll()
+        for channel in (data.requests, data.calls, self._control):
+            poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
+        wake = deadline
+        for source in (desk, live):
+            if source is not None:
+                poller.register(source.wake_fd, select.POLLIN)
+                wake = min(wake, source.next_expiry())
+        remaining = wake - time.monotonic()
+        if remaining <= 0 and wake == deadline:
+            raise AgentTimeoutError("the worker sent no complete reply: the deadline passed")
+        ready = {fd for fd, _ in poller.poll(None if remaining == math.inf else max(0, math.ceil(remaining * 1000)))}
+        now = time.monotonic()
+        for source in (desk, live):
+            if source is not None and (source.wake_fd in ready or source.next_expiry() <= now):
+                for answer, answer_body in source.answers():
+                    data.calls.enqueue(answer, answer_body)
+        if data.calls.has_queued:
+            data.calls.flush()
+        if self._control.has_queued:
+            self._control.flush()
+        return ready
+
+    def check_idle(self) -> None:
+        """Between calls the worker is silent on D and K.
+
+        Raises:
+            ChannelLost: it wrote or hung up there (the sandbox is not usable as is).
+        """
+        if self._data is not None and self._data.pending():  # step 3 answers a left thread's host calls instead
+            raise ChannelLost("the worker hung up or spoke unasked on its data channel between calls")
+
+    def close(self) -> None:
+        """Close D and K: the worker sees EOF, goes back to its supervisor and reports itself idle."""
+        if self._data is not None:
+            self._data.close()
