@@ -6,7 +6,7 @@ answers every call still open when the cell ends (or any call made outside a cel
 error itself. The cell's output comes on the same link and goes to the controller as the
 running exec's. A cell waiting for an answer to its ``input()`` stops its clock (the ladder
 asks ``waiting_for_input``). Calls and answers are bounded (``ORCH_HOST_CALL_MAX_BYTES``,
-a header of at most ``_CALL_HEADER_BYTES``, ``_CALL_SECONDS`` per frame).
+a header of at most ``protocol.HOST_CALL_HEADER_BYTES``, ``_CALL_SECONDS`` per frame).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from .frames import PEEK_NOW, Copier, Movers
 from .log import log
 from .worker_process import WorkerProcess
 
-_CALL_HEADER_BYTES = 64 << 10  # a host call's header holds its number and handler name
 _CALL_SECONDS = 2.0  # a host call frame is at most a few MB over a socket pair: a slower one is trickled
 
 
@@ -84,7 +83,7 @@ class HostCallRelay(object):
         try:
             header, body = protocol.recv_frame(
                 worker.calls,
-                _CALL_HEADER_BYTES,
+                protocol.HOST_CALL_HEADER_BYTES,
                 self.config.host_call_max,
                 min(self.config.frame_timeout, _CALL_SECONDS),
             )
@@ -135,7 +134,7 @@ class HostCallRelay(object):
                 return  # nothing waits (the usual case: one syscall per reply)
             except OSError:
                 return
-            self.take_call(request_id, "the cell that made this host call has ended")
+            self.take_call(request_id, protocol.CALL_ENDED)
 
     def take_reply(self, request_id: Any) -> bool:
         """Read a frame the controller sent while a cell runs: a host call's answer goes to the worker (a late one

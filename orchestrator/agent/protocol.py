@@ -63,6 +63,11 @@ HOST_BLOB_OVERHEAD = 12  # PROTO 4 (2 bytes), BINUNICODE8 or BINBYTES8 with its 
 _HOST_BLOB_OPCODES = {"str": b"\x8d", "bytes": b"\x8e"}  # pickle.BINUNICODE8, pickle.BINBYTES8 (PEP 3154)
 _HOST_BLOB_LENGTH = struct.Struct("<Q")
 HOST_CALL_MAX_BYTES = 16 << 20  # default bound of one host call's JSON payload or result
+HOST_CALL_HEADER_BYTES = 64 << 10  # a host call's frame header holds its number and handler name
+# Why a host call is answered ``error`` without reaching a handler: no exec's cell ran when it was made, or the cell
+# that made it ended before its answer came (a late answer is dropped, never given to a later cell).
+CALL_NO_CELL = "no cell is running: host calls are answered only while a cell runs"
+CALL_ENDED = "the cell that made this host call has ended"
 OUTPUT_STREAMS = ("stdout", "stderr")  # the ``stream`` of an ``output`` frame
 # input() of a cell is a host call of this reserved name; its wait does not count toward the cell's timeout.
 INPUT_CALL = "__input__"

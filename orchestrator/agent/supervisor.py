@@ -281,9 +281,7 @@ class Supervisor:
                     self._worker_between_requests()
                     continue  # a request that came meanwhile has not run yet: read it next round
                 if self.host_calls.link_fd() in ready:
-                    self.host_calls.take_call(
-                        None, "no cell is running: host calls are answered only while a cell runs"
-                    )
+                    self.host_calls.take_call(None, protocol.CALL_NO_CELL)
                     continue
                 if conn_fd in ready:
                     header, body_len, _ = inbox.head(
@@ -479,7 +477,7 @@ class Supervisor:
         try:
             outcome = self._await_reply(header, reply_type)
         finally:
-            self.host_calls.end_calls("the cell that made this host call has ended")
+            self.host_calls.end_calls(protocol.CALL_ENDED)
         if isinstance(outcome, _Frame):
             self._deliver(conn, outcome, request_id)
         else:
@@ -650,7 +648,7 @@ class Supervisor:
                 if ladder.relays_calls:
                     self.host_calls.take_call(request_id, None)
                 else:
-                    self.host_calls.take_call(None, "the cell that made this host call has ended")
+                    self.host_calls.take_call(None, protocol.CALL_ENDED)
             controller = self.controller
             if (
                 controller.watching
@@ -737,7 +735,7 @@ class Supervisor:
             # bytes had come, or were read already), so a link that was not readable then holds none of it.
             self.host_calls.drain(request_id)
         if frame.header["type"] == protocol.CELL_DONE and ladder.in_cell and frame.body_len == 0:
-            self.host_calls.end_calls("the cell that made this host call has ended")
+            self.host_calls.end_calls(protocol.CALL_ENDED)
             ladder.cell_done()
             return None
         if frame.header["type"] != reply_type:

@@ -241,6 +241,7 @@ class Worker:
         self.call_max = call_max
         self.scaffold: Dict[str, Any] = {}  # the installed scaffold's module namespace
         self.input_allowed = False  # the running cell's input() may ask the controller
+        self.call_refusal: Optional[str] = protocol.CALL_NO_CELL  # why host_call fails now (None: an exec's cell runs)
         self.output: Optional[capture.CellStreams] = None  # the running cell's output
 
     # -- the interrupt
@@ -337,6 +338,7 @@ class Worker:
         protocol.send_frame(self.sock, dict(hello, pid=os.getpid()))
         while True:
             self._enter(_IDLE)
+            self.call_refusal = protocol.CALL_NO_CELL
             try:
                 self.awaiting_data = self.sock is not self.link
                 try:
@@ -510,6 +512,7 @@ class Worker:
         self.output = output
         self.input_allowed = request.get("input", False)
         self._enter(_CELL)
+        self.call_refusal = None
         started = time.monotonic()
         scaffold = None
         try:
@@ -538,6 +541,7 @@ class Worker:
                 sys.stdin = saved_stdin
             self.output = None
             self.phase = _IDLE
+            self.call_refusal = protocol.CALL_ENDED
         duration = time.monotonic() - started
         self._install_handlers()  # the checkpoint must be interruptible whatever the cell did
         output.finish()  # every output frame is out before the checkpoint's clock can start
@@ -598,10 +602,14 @@ class Worker:
     # -- the scaffold
 
     def _host_call(self, name: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
-        """The scaffold's ``host_call``: on the link of the moment (the supervisor's, or one hop's own)."""
+        """The scaffold's ``host_call``: on the link of the moment (the supervisor's, or one hop's own), while an exec's
+        cell runs. A call at any other time (from a thread a cell left) fails here at once, with the error the other
+        end (the supervisor, or the controller in one hop) answers it with: in one hop nobody reads K between calls."""
         calls = self.calls
         if calls is None:
             return _no_host_calls(name, payload, timeout)
+        if self.call_refusal is not None:
+            raise hostcall.HostCallError(self.call_refusal)
         return calls.call(name, payload, timeout)
 
     def install(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:

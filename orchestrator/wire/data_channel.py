@@ -12,19 +12,21 @@ from __future__ import annotations
 import socket
 
 from ..agent import protocol
+from .call_link import CallLink
 from .transport import Channel
 
 
 class DataChannel:
     """The controller's ends of one worker's data channel: ``requests`` (D) and ``calls`` (K)."""
 
-    def __init__(self, requests: Channel, calls: Channel) -> None:
+    def __init__(self, requests: Channel, calls: CallLink) -> None:
         self.requests = requests
         self.calls = calls
 
     @classmethod
     def hand_over(cls, control: Channel, *, deadline: float) -> DataChannel:
-        """Make the two pairs, send the worker's ends on ``control`` and keep ours, with ``control``'s limits.
+        """Make the two pairs, send the worker's ends on ``control`` and keep ours: D with ``control``'s limits, K
+        with a host call's (as the supervisor reads the worker's call link in two hops).
 
         Raises:
             AgentTimeoutError, ChannelLost: the frame could not be sent (our ends are closed).
@@ -46,11 +48,10 @@ class DataChannel:
                 sock.close()
         max_header, max_body = control.limits
         requests, calls = ours
-        return cls(Channel(requests, max_header, max_body), Channel(calls, max_header, max_body))
-
-    def pending(self) -> bool:
-        """True when the worker wrote on either channel or closed it (between requests it is silent)."""
-        return self.requests.has_pending() or self.calls.has_pending()
+        return cls(
+            Channel(requests, max_header, max_body),
+            CallLink(Channel(calls, protocol.HOST_CALL_HEADER_BYTES, protocol.HOST_CALL_MAX_BYTES)),
+        )
 
     def close(self) -> None:
         """Close our ends: the worker sees EOF, goes back to its supervisor and reports itself idle."""

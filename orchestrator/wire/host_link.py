@@ -20,8 +20,9 @@ from .transport import Channel
 
 def serve_host_call(
     channel: Channel, frame: protocol.Header, body: bytearray, desk: CallDesk | None, blobs: DeferredBlobs | None
-) -> None:
-    """A host call of the running cell (its answer queued on ``channel``): to the desk, or refused at once."""
+) -> bool:
+    """A host call of the running cell: to the desk (True: its answer comes later), or answered at once on
+    ``channel`` (a deferred value's blob, or a refusal)."""
     call, name = call_number(frame), frame.get("name")
     if not isinstance(name, str):
         raise ProtocolError("a host_call frame without a handler name")
@@ -32,6 +33,8 @@ def serve_host_call(
         channel.enqueue(*answer_error(call, error))
     else:
         desk.submit(call, name, body)
+        return True
+    return False
 
 
 def send_while_quiet(channel: Channel, deadline: float) -> None:

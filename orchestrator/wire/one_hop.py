@@ -17,13 +17,11 @@ from ..agent import protocol
 from ..api.events import LiveCall
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 from ..runtime.deferred import DeferredBlobs
-from ..runtime.hostcalls import CallDesk, answer_error
+from ..runtime.hostcalls import CallDesk
 from .data_channel import DataChannel
-from .host_link import call_number, send_while_quiet, serve_host_call
 from .replies import TakenOver, parse_goodbye, reply_reason
 from .transport import Channel, FrameBody
 
-_ENDED = "the cell that made this host call has ended"  # as the supervisor answers it in two hops
 _HAND_OVER_SECONDS = 5.0  # the supervisor takes a data channel at once
 _WORKER_LOST_WAIT = 5.0  # the supervisor says worker_lost once the fresh worker runs
 
@@ -100,8 +98,8 @@ class OneHop:
                     paused_at = None
             if control.fileno() in ready or control.buffered:
                 self._read_control(control)
-            if calls.fileno() in ready or calls.buffered:
-                self._read_calls(calls, request_id, desk, live, blobs, deadline, phase == "checkpoint")
+            if calls.readable(ready):
+                calls.read(refusal=self._refusal(header, phase), desk=desk, live=live, blobs=blobs, deadline=deadline)
             if requests.fileno() in ready or requests.buffered:
                 frame = requests.poll_recv()
                 if frame is not None:
@@ -114,10 +112,11 @@ class OneHop:
                         if phase == "checkpoint":
                             raise ProtocolError(f"the worker said twice that the cell of {request_id!r} ended")
                         phase = "checkpoint"  # its clock runs now, once
+                        calls.end_cell()
                         if checkpoint_seconds is not None:
                             deadline = time.monotonic() + checkpoint_seconds
                         continue
-                    self._after_reply(calls, request_id, live, deadline)
+                    calls.after_reply(live)
                     if interrupted and reply.get("status") == protocol.STATUS_ERROR:
                         # The interrupt stopped it (one that finished just then stays a success): as the supervisor
                         # says it in two hops.
@@ -185,56 +184,21 @@ class OneHop:
         }
         return reply, bytearray()
 
-    def _read_calls(
-        self,
-        calls: Channel,
-        request_id: str,
-        desk: CallDesk | None,
-        live: LiveCall | None,
-        blobs: DeferredBlobs | None,
-        deadline: float,
-        ended: bool,
-    ) -> None:
-        """The running cell's output and host calls that came on K (the link is the cell's: frames carry no id);
-        once the cell has ``ended`` (its checkpoint runs), a call is refused, as after the reply."""
-        while (frame := calls.poll_recv()) is not None:
-            message, message_body = frame
-            kind = message.get("type")
-            if kind == protocol.OUTPUT:
-                if live is not None:
-                    live.output(str(message.get("stream")), message_body)
-            elif kind == protocol.HOST_CALL and ended:
-                calls.enqueue(*answer_error(call_number(message), _ENDED))
-            elif kind == protocol.HOST_CALL:
-                if message.get("name") == protocol.INPUT_CALL and live is not None:
-                    live.input_request(call_number(message), message_body)
-                else:
-                    serve_host_call(calls, message, message_body, desk, blobs)
-                    send_while_quiet(calls, deadline)
-            else:
-                raise ProtocolError(f"a {str(kind)[:64]!r} frame on the host-call link while {request_id!r} ran")
-
-    def _after_reply(self, calls: Channel, request_id: str, live: LiveCall | None, deadline: float) -> None:
-        """The cell's last output is in K before its reply is read (a socket pair's write completes in the peer's
-        buffer): deliver it; a call that is still open is refused, and every answer goes out whole before return."""
-        while (frame := calls.poll_recv()) is not None:
-            message, message_body = frame
-            kind = message.get("type")
-            if kind == protocol.OUTPUT and live is not None:
-                live.output(str(message.get("stream")), message_body)
-            elif kind == protocol.HOST_CALL:
-                calls.enqueue(*answer_error(call_number(message), _ENDED))
-            elif kind != protocol.OUTPUT:
-                raise ProtocolError(f"a {str(kind)[:64]!r} frame on the host-call link after {request_id!r} ended")
-        if calls.has_queued:  # a frame cut in half would break the link for the next cell
-            calls.flush(deadline=deadline)
+    @staticmethod
+    def _refusal(header: protocol.Request, phase: str) -> str | None:
+        """Why a host call that comes now is answered ``error`` at once: none while an exec's cell runs."""
+        if header["type"] != protocol.EXEC:
+            return protocol.CALL_NO_CELL
+        return protocol.CALL_ENDED if phase == "checkpoint" else None
 
     def _wait(self, data: DataChannel, deadline: float, desk: CallDesk | None, live: LiveCall | None) -> set[int]:
         """Until D, K or C is readable (or K and C writable with answers queued), an answer is ready, or a time limit;
         the descriptors that are ready."""
         poller = select.poll()
-        for channel in (data.requests, data.calls, self._control):
+        for channel in (data.requests, self._control):
             poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
+        if events := data.calls.poll_events():  # none once K was closed
+            poller.register(data.calls.fileno(), events)
         wake = deadline
         for source in (desk, live):
             if source is not None:
@@ -247,21 +211,22 @@ class OneHop:
         now = time.monotonic()
         for source in (desk, live):
             if source is not None and (source.wake_fd in ready or source.next_expiry() <= now):
-                for answer, answer_body in source.answers():
-                    data.calls.enqueue(answer, answer_body)
-        if data.calls.has_queued:
-            data.calls.flush()
+                data.calls.answer(source.answers())
+        data.calls.flush_now()
         if self._control.has_queued:
             self._control.flush()
         return ready
 
     def check_idle(self) -> None:
-        """Between calls the worker is silent on D and K.
+        """Between calls the worker is silent on D; on K a thread an earlier cell left may call (answered ``error``).
 
         Raises:
-            ChannelLost: it wrote or hung up there (the sandbox is not usable as is).
+            ChannelLost: it wrote or hung up on D (the sandbox is not usable as is).
         """
-        if self._data is not None and self._data.pending():  # step 3 answers a left thread's host calls instead
+        if self._data is None:
+            return
+        self._data.calls.idle()
+        if self._data.requests.has_pending():
             raise ChannelLost("the worker hung up or spoke unasked on its data channel between calls")
 
     def close(self) -> None:
