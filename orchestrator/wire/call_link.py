@@ -107,7 +107,7 @@ class CallLink:
                 live.input_request(call, body)
             elif serve_host_call(channel, message, body, desk, blobs):
                 self._open.add(call)
-            elif channel.has_queued:  # a deferred value's blob (or a refusal): sent now while the worker is quiet
+            elif message["name"] == protocol.BLOB_CALL:  # a deferred value's blob: sent now, while the worker is quiet
                 try:
                     send_while_quiet(channel, deadline)
                 except TransportError as exc:

@@ -164,17 +164,29 @@ def test_a_worker_that_died_between_calls_answers_the_next_request_crashed_witho
     assert value(connection, "'ran' in globals()") == "False"
 
 
-def test_a_host_call_between_requests_is_found_by_check_idle(host_agent: HostAgent) -> None:
+def test_a_host_call_between_requests_is_refused_by_the_worker_and_one_forged_on_k_by_check_idle(
+    host_agent: HostAgent,
+) -> None:
     connection = host_agent.connect()
     install: Any = {"type": protocol.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
     assert connection.request(install, deadline=time.monotonic() + 30)[0]["status"] == "ok"
     code = (
-        "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), ask('late')), daemon=True).start()"
+        "import gc, json, os, struct, threading, time\nsaid = []\n"
+        "link = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker').calls._sock\n"
+        "def _later(ask=ask):\n    time.sleep(0.2)\n    try:\n        ask('late')\n"
+        "    except Exception as exc:\n        said.append(str(exc))\n"
+        "    head = json.dumps({'type': 'host_call', 'call': 99, 'name': 'late'}).encode()\n"
+        "    os.write(link.fileno(), struct.pack('!4sII', b'ORC1', len(head), 2) + head + b'{}')\n"
+        "    said.append(link.recv(4096))\n"  # no call went out before: nobody else reads the link
+        "threading.Thread(target=_later, daemon=True).start()"
     )
     assert run(connection, code)["status"] == "ok"
     time.sleep(1)
-    with pytest.raises(ChannelLost, match="data channel"):
-        connection.check_idle()
+    connection.check_idle()  # the forged call is answered, and nothing is lost
+    waited = "import time\n_t = time.monotonic()\nwhile len(said) < 2 and time.monotonic() - _t < 5:\n"
+    said = value(connection, waited + "    time.sleep(0.01)\nsaid")
+    assert said.count(protocol.CALL_NO_CELL) == 2, said  # the worker's own refusal, then the controller's answer
+    connection.check_idle()
 
 
 def test_the_handover_sends_two_fresh_stream_sockets_and_keeps_none() -> None:
