@@ -245,6 +245,8 @@ class CallDesk:
         with self._lock:
             if self._closed:
                 return "its cell has ended"
+            if call in self._running or any(item[0] == call for item in self._waiting):
+                return f"call {call} is still open (the sandbox numbers each of its calls anew)"
             held = len(self._waiting) + len(self._running)
             if held >= self._max_held:
                 return (

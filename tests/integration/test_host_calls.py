@@ -674,6 +674,39 @@ def test_a_host_call_frame_declaring_a_huge_header_closes_the_link(scaffolded: S
     assert_link_closed_then_healed(scaffolded, repr(frame))
 
 
+FLOOD = """
+import json, os, struct, threading
+def _flood(fd):
+    head = json.dumps({'type': 'host_call', 'call': 1, 'name': 'echo'}).encode()
+    frame = struct.pack('!4sII', b'ORC1', len(head), 4) + head + b'null'
+    try:
+        while True:
+            os.write(fd, frame * 64)
+    except OSError:
+        pass
+threading.Thread(target=_flood, args=(%s,), daemon=True).start()
+"""
+
+
+def test_a_flood_of_calls_whose_answers_are_never_read_closes_the_link(scaffolded: Session) -> None:
+    """Cell code sends calls on the link for ever and reads no answer (no call was made, so no reader runs): the
+    link closes and the session goes on (in two hops the supervisor's send times out; in one hop the controller
+    reads no call while answers wait, and the cell's end finds them never taken)."""
+    calls = HostCalls({"echo": echo})
+    assert scaffolded.execute("kept = 41").ok
+    container = scaffolded.container_id
+    before = resident_bytes()
+    result = scaffolded.execute(FLOOD % CALL_FD + "import time\ntime.sleep(0.5)\n'flooding'", host_calls=calls)
+    assert result.return_value == "'flooding'", result
+    kind, message = run(scaffolded, outcome("ask('after')"), calls)
+    assert kind == "HostCallError", message
+    assert "unavailable" in message or "could not be sent" in message, message
+    grown_mib = (resident_bytes() - before) / (1 << 20)
+    assert grown_mib < 64, f"the flood grew the controller by {grown_mib:.0f} MiB"
+    assert run(scaffolded, "kept + 1") == 42
+    assert scaffolded.container_id == container, "only the link closed; the sandbox was not recycled"
+
+
 TRICKLE = """
 import os, struct, threading, time
 def _trickle(fd):

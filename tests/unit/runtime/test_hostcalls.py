@@ -63,6 +63,32 @@ def test_a_flood_is_refused_past_the_cells_bound_and_nothing_waiting_starts_afte
     assert pool.held == 0
 
 
+def test_a_call_number_still_open_is_refused_and_holds_nothing_more() -> None:
+    """The sandbox numbers its calls; one that repeats an open number (hostile) must not take a second slot that
+    the first one's answer would free twice, or never."""
+    gate = Gate()
+    pool = HandlerPool(8, name="t")
+    desk = CallDesk(HostCalls({"llm_query": gate}, max_concurrent=1), pool, max_held=8)
+    try:
+        for _ in range(2):  # running, then waiting
+            desk.submit(1, "llm_query", bytearray(b"1"))
+            desk.submit(2, "llm_query", bytearray(b"2"))
+        refused = errors(desk)
+        assert len(refused) == 2 and all("still open" in message for message in refused), refused
+        assert pool.held == 2
+        gate.expected_returns = 2
+        gate.release.set()
+        assert gate.all_returned.wait(10)
+        deadline = time.monotonic() + 10
+        while pool.held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.held == 0
+    finally:
+        gate.release.set()
+        desk.close()
+        pool.close()
+
+
 def test_handlers_left_running_by_ended_cells_count_against_the_sessions_bound() -> None:
     gate = Gate()
     pool = HandlerPool(10, name="t")
