@@ -21,7 +21,6 @@ from agent_process import AGENT_COMMAND, AGENT_ENV
 
 from orchestrator.agent import handover, protocol
 from orchestrator.api.events import LiveCall, OutputEvent
-from orchestrator.errors import ChannelLost
 from orchestrator.runtime.output import StreamRecorder
 from orchestrator.wire.connection import AgentConnection
 from orchestrator.wire.data_channel import DataChannel
