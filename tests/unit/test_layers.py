@@ -44,6 +44,14 @@ UPWARD = {
     ("wire.connection", "api.events"),
     ("wire.connection", "runtime.hostcalls"),  # host calls that arrive while a request waits (CallDesk)
     ("wire.connection", "runtime.deferred"),  # deferred values' blobs the agent asks for while a request waits
+    ("wire.one_hop", "api.events"),  # wire.connection's one-hop path, split out of it: the same three
+    ("wire.one_hop", "runtime.hostcalls"),
+    ("wire.one_hop", "runtime.deferred"),
+    ("wire.host_link", "runtime.hostcalls"),  # the host-call serving both paths share (CallDesk, the answers)
+    ("wire.host_link", "runtime.deferred"),
+    ("wire.call_link", "api.events"),  # one hop's host-call link: the running cell's output and input()
+    ("wire.call_link", "runtime.hostcalls"),
+    ("wire.call_link", "runtime.deferred"),
     ("wire.replies", "state.store"),  # the blob id and digest patterns
     ("state.ledger", "runtime"),  # runtime.background: the thread that writes a host-made blob
     ("state.controllers", "runtime.discard"),  # a dead controller's sandboxes are discarded
