@@ -674,6 +674,35 @@ def test_a_host_call_frame_declaring_a_huge_header_closes_the_link(scaffolded: S
     assert_link_closed_then_healed(scaffolded, repr(frame))
 
 
+FORGED_BETWEEN_CELLS = """
+import json, os, struct, threading, time
+forged = []
+def _forge(fd):
+    time.sleep(0.3)
+    head = json.dumps({'type': 'host_call', 'call': 10 ** 6, 'name': 'echo'}).encode()
+    os.write(fd, struct.pack('!4sII', b'ORC1', len(head), 4) + head + b'null')
+    forged.append(os.read(fd, 4096))  # no call was made: no reader of the worker's takes the answer
+threading.Thread(target=_forge, args=(%s,), daemon=True).start()
+"""
+
+
+def test_a_call_forged_on_the_link_between_cells_is_answered_and_nothing_else_happens(scaffolded: Session) -> None:
+    """Cell code bypasses the worker's own refusal and writes a call on the link after its cell ended: it is
+    answered (by the supervisor at once in two hops, by the controller before the next call in one hop), never
+    served, and the session, its worker and its link go on."""
+    seen = Peak()
+    calls = HostCalls({"echo": seen})
+    assert scaffolded.execute(FORGED_BETWEEN_CELLS % CALL_FD + "kept = 41", host_calls=calls).ok
+    container = scaffolded.container_id
+    time.sleep(1.0)  # the thread writes between cells
+    waited = "import time\n_t = time.monotonic()\nwhile not forged and time.monotonic() - _t < 10:\n"
+    answer = run(scaffolded, waited + "    time.sleep(0.01)\nforged[0].decode('utf-8', 'replace')", calls)
+    assert protocol.CALL_NO_CELL in answer, answer
+    assert seen.calls == 0, "the forged call never reached a handler"
+    assert run(scaffolded, outcome("ask('after')") + "[1], kept + 1", HostCalls({"echo": echo})) == ("after", 42)
+    assert scaffolded.container_id == container
+
+
 FLOOD = """
 import json, os, struct, threading
 def _flood(fd):
