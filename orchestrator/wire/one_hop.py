@@ -112,14 +112,6 @@ class OneHop:
         paused_at: float | None = None
         ready: set[int] = set()  # the reply cannot have come yet: wait before the first read
         while True:
-            if live is not None:
-                waiting = live.waiting_for_input
-                ladder.follow_input(waiting)
-                if waiting and paused_at is None:
-                    paused_at = time.monotonic()
-                elif paused_at is not None and not waiting:
-                    deadline += time.monotonic() - paused_at
-                    paused_at = None
             if control.fileno() in ready or control.buffered:
                 self._read_control(control)
             if calls.fileno() in ready or calls.buffered:
@@ -146,6 +138,14 @@ class OneHop:
                         reply.update(status=protocol.STATUS_TIMEOUT, worker_restarted=False)
                         reply.setdefault("phase", "load" if header["type"] == protocol.LOAD else "cell")
                     return reply, reply_body
+            if live is not None:  # after K was read: an input() asked for just now stops the clock from now
+                waiting = live.waiting_for_input
+                ladder.follow_input(waiting)
+                if waiting and paused_at is None:
+                    paused_at = time.monotonic()
+                elif paused_at is not None and not waiting:
+                    deadline += time.monotonic() - paused_at
+                    paused_at = None
             if ladder.expired() == KILL:  # (at its deadline it was interrupted, and has the grace to stop)
                 self.replace_worker(request_id, deadline=deadline)
                 return made_up_reply(header, **ladder.killed_reply()), bytearray()
