@@ -391,7 +391,8 @@ class Supervisor:
     def _settle_worker(self) -> None:
         """A one-hop connection ended while the worker held its data channel: before another controller gets the
         worker it must be idle. What it runs is interrupted now (SIGINT and SIGUSR2: each is only noted outside its
-        own phase), again every ``_SETTLE_TICK`` (a request that had not started yet gets it too), and the worker is
+        own phase) and an idle worker sent back to its link (SIGHUP: only a worker waiting on its data channel heeds
+        it), again every ``_SETTLE_TICK`` (a request that had not started yet gets it too), and the worker is
         replaced if it does not report ``idle`` for every data channel it was handed within the grace."""
         worker = self.worker
         deadline = time.monotonic() + self.config.grace
@@ -405,6 +406,7 @@ class Supervisor:
                 if not (worker.inbox.buffered() or waiter.select(0)):
                     worker.interrupt("cell")
                     worker.interrupt("checkpoint")
+                    worker.leave_data_channel()
                     if not waiter.select(min(remaining, _SETTLE_TICK)):
                         continue
                 idle = self._read_idle()

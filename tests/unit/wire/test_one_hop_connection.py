@@ -289,3 +289,18 @@ def test_a_cell_that_writes_on_its_data_channel_between_calls_has_its_worker_rep
     assert "between calls" in reply["reason"], reply
     assert value(connection, "'w' in globals() or 'ran' in globals()") == "False"
     connection.check_idle()
+
+
+def test_an_interrupt_that_comes_after_its_cell_ended_leaves_the_idle_worker_and_its_data_channel_alone(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "kept = 7")["status"] == "ok"
+    hop = connection._hop
+    assert hop is not None
+    for phase in ("cell", "checkpoint"):  # the ladder's (or the caller's) interrupt, sent as the reply came
+        hop._interrupt("a-request-that-ended", phase)
+    time.sleep(0.5)  # the supervisor has signalled the worker, which waits on D for its next request
+    connection.check_idle()
+    assert value(connection, "kept") == "7"
+    connection.check_idle()
