@@ -304,3 +304,27 @@ def test_an_interrupt_that_comes_after_its_cell_ended_leaves_the_idle_worker_and
     connection.check_idle()
     assert value(connection, "kept") == "7"
     connection.check_idle()
+
+
+FORGE_CELL_DONE = f"""
+import sys, time
+w = {WORKER}
+protocol = sys.modules[type(w).__module__.rpartition('.')[0] + '.protocol']
+f = sys._getframe()
+while not isinstance(f.f_locals.get('header'), dict):
+    f = f.f_back
+protocol.send_frame(w.sock, {{'type': 'cell_done', 'id': f.f_locals['header']['id']}})
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_cell_that_forges_its_cell_done_only_trades_its_clock_for_the_checkpoints_and_is_killed(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    reply = run(connection, FORGE_CELL_DONE, timeout=30, checkpoint_timeout=0.3)  # its own limit would be 30 s
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True, reply
+    assert reply["phase"] == "checkpoint", reply  # the checkpoint's interrupt (SIGUSR2) does not stop a cell
+    assert connection.one_hop and value(connection, "'w' in globals()") == "False"
+    connection.check_idle()
