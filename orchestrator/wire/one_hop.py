@@ -134,6 +134,8 @@ class OneHop:
                             deadline = time.monotonic() + checkpoint_seconds
                         continue
                     self._after_reply(calls, request_id, live, deadline)
+                    if ladder.interrupted or ladder.cell_interrupted:
+                        self._interrupts_delivered(deadline)
                     if ladder.stopped_by_interrupt(reply.get("status")):  # as the supervisor says it in two hops
                         reply.update(status=protocol.STATUS_TIMEOUT, worker_restarted=False)
                         reply.setdefault("phase", "load" if header["type"] == protocol.LOAD else "cell")
@@ -160,6 +162,33 @@ class OneHop:
         checkpoint); queued on C, which every wait flushes."""
         self._control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
         self._control.flush()
+
+    def _interrupts_delivered(self, deadline: float) -> None:
+        """After a reply to a request that was interrupted: wait until the supervisor has sent the worker every
+        interrupt asked for (it answers C in order: a ``ping``'s ``pong``). A signal it sent is then pending in the
+        worker, which takes it while idle (and ignores it there) before it can read the next request, so an
+        interrupt that crossed the reply never stops the next cell, as the supervisor in two hops never relays it.
+
+        Raises:
+            TakenOver: the supervisor said goodbye first (the request is not kept, as a takeover during it).
+        """
+        ping_id = secrets.token_hex(16)
+        control = self._control
+        deadline = max(deadline, time.monotonic() + _HAND_OVER_SECONDS)
+        control.enqueue({"type": protocol.PING, "id": ping_id})
+        control.flush(deadline=deadline)
+        while True:
+            message, _ = control.recv(deadline=deadline)
+            kind = message.get("type")
+            if kind == protocol.PONG and message.get("id") == ping_id:
+                return
+            if kind == protocol.GOODBYE:
+                raise TakenOver(parse_goodbye(message))
+            if kind != protocol.WORKER_LOST:
+                raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} while it was asked for a pong")
+            self._drop_data()  # the worker died after its reply, which counts: the next request is told
+            self._hand_over()
+            self._lost = self._lost or message
 
     def _read_control(self, control: Channel) -> None:
         """What the supervisor said on C during a request: a goodbye or a lost worker end it; nothing else is sent."""
@@ -237,7 +266,9 @@ class OneHop:
 
     def _hand_over(self) -> None:
         """Hand the supervisor's fresh worker a new data channel (the old one went with its worker)."""
-        self._data = DataChannel.hand_over(self._control, deadline=time.monotonic() + _HAND_OVER_SECONDS)
+        deadline = time.monotonic() + _HAND_OVER_SECONDS
+        self._control.flush(deadline=deadline)  # an interrupt still queued goes first: descriptors go on their own
+        self._data = DataChannel.hand_over(self._control, deadline=deadline)
 
     def _read_calls(
         self,
