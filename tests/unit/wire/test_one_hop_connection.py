@@ -255,10 +255,14 @@ def test_a_cell_that_ignores_the_interrupt_is_killed_after_the_grace_and_its_fre
     connection.check_idle()
 
 
-def test_a_cell_that_closes_its_own_data_channel_has_its_worker_replaced_and_is_crashed(host_agent: HostAgent) -> None:
+@pytest.mark.parametrize("end", ["sock", "calls._sock"])
+def test_a_cell_that_closes_its_own_data_channel_has_its_worker_replaced_and_is_crashed(
+    host_agent: HostAgent, end: str
+) -> None:
     connection = host_agent.connect()
     assert run(connection, "kept = 7")["status"] == "ok"
-    reply = run(connection, f"import socket\n{WORKER}.sock.shutdown(socket.SHUT_WR)")  # the worker lives on
+    code = f"import socket, time\n{WORKER}.{end}.shutdown(socket.SHUT_WR)\ntime.sleep(30)"  # the worker lives on
+    reply = run(connection, code)
     assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is True and reply["worker_restarted"], reply
     assert "killed" in reply["reason"], reply
     assert connection.one_hop and value(connection, "'kept' in globals()") == "False"
