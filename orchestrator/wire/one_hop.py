@@ -149,7 +149,9 @@ class OneHop:
                     deadline += time.monotonic() - paused_at
                     paused_at = None
             if ladder.expired() == KILL:  # (at its deadline it was interrupted, and has the grace to stop)
-                self.replace_worker(request_id, deadline=deadline)
+                lost = self.replace_worker(request_id, deadline=deadline)
+                if lost.get("type") == protocol.WORKER_LOST:  # it died by itself just before: a crash, as in two hops
+                    return self._crashed(header, lost, ran=True), bytearray()
                 return made_up_reply(header, **ladder.killed_reply()), bytearray()
             rung = ladder.wait_seconds()
             rung_at = math.inf if rung is None else time.monotonic() + rung
