@@ -354,6 +354,17 @@ class OneHop:
             ChannelLost: C broke or carried something else, or the worker wrote or hung up on K (the sandbox is not
                 usable as is).
         """
+        try:
+            self._idle_worker_lost()
+        except (AgentTimeoutError, ProtocolError) as exc:  # no call failed: the sandbox is replaced before the next
+            raise ChannelLost(f"the worker could not be replaced between calls: {exc}") from exc
+        data = self._data
+        if data is not None and data.pending():  # step 3 answers a left thread's host calls instead
+            raise ChannelLost("the worker hung up or spoke unasked on its data channel between calls")
+
+    def _idle_worker_lost(self) -> None:
+        """``check_idle``'s part for a worker lost between calls (``worker_lost`` on C) or one that hung up or wrote on
+        D, which is replaced: the next request learns how from ``_lost``."""
         control = self._control
         while control.has_pending():
             message, _ = control.recv(deadline=time.monotonic() + _HAND_OVER_SECONDS)  # a control frame comes whole
@@ -372,8 +383,6 @@ class OneHop:
                 why = "the worker hung up or wrote unasked on its data channel between calls"
                 lost = {**lost, "reason": f"{why}; {reply_reason(lost, 'it was replaced')}"}
             self._lost = self._lost or lost
-        elif data is not None and data.pending():  # step 3 answers a left thread's host calls instead
-            raise ChannelLost("the worker hung up or spoke unasked on its data channel between calls")
 
     def close(self) -> None:
         """Close D and K: the worker sees EOF, goes back to its supervisor and reports itself idle."""
