@@ -9,13 +9,16 @@ here as the supervisor checks it in two hops.
 
 from __future__ import annotations
 
+import functools
 import math
+import secrets
 import select
 import time
 
 from ..agent import protocol
+from ..agent.ladder import KILL, Ladder
 from ..api.events import LiveCall
-from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
+from ..errors import AgentTimeoutError, ChannelLost, ProtocolError
 from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk
 from .data_channel import DataChannel
@@ -23,7 +26,13 @@ from .replies import TakenOver, parse_goodbye, reply_reason
 from .transport import Channel, FrameBody
 
 _HAND_OVER_SECONDS = 5.0  # the supervisor takes a data channel at once
-_WORKER_LOST_WAIT = 5.0  # the supervisor says worker_lost once the fresh worker runs
+_REPLACE_SECONDS = 5.0  # at least this long for worker_replaced: the supervisor answers once the fresh worker runs
+
+
+def made_up_reply(header: protocol.Request, **fields: object) -> protocol.Header:
+    """A reply the controller makes for ``header`` when the worker could not give one (its worker was lost or
+    replaced): the reply type and id of the request, and ``fields``."""
+    return {"type": protocol.REPLY_TYPES.get(header["type"], protocol.ERROR), "id": header["id"], **fields}
 
 
 class _WorkerLost(Exception):
@@ -37,9 +46,11 @@ class _WorkerLost(Exception):
 class OneHop:
     """One worker's data channel, beside its supervisor's connection ``control`` (not this object's to close)."""
 
-    def __init__(self, control: Channel, data: DataChannel) -> None:
+    def __init__(self, control: Channel, data: DataChannel, grace: float) -> None:
         self._control = control
         self._data: DataChannel | None = data
+        self._grace = grace  # between the ladder's interrupt and its kill: the supervisor's interrupt_grace
+        self._lost: protocol.Header | None = None  # the worker died between calls: how (the next request says so)
 
     def request(
         self,
@@ -54,23 +65,33 @@ class OneHop:
     ) -> tuple[protocol.Header, bytearray]:
         """``request`` in one hop: the request and its reply on D, the cell's calls and output on K, control on C.
 
-        Until the controller keeps the ladder (docs/design/one-hop.md, step 2) nothing interrupts a cell past its
-        time but the caller's interrupt; the deadline then raises ``AgentTimeoutError`` and the sandbox is replaced,
-        as for whatever else goes wrong here (``ChannelLost``: a worker lost, a channel closed; ``ProtocolError``).
+        The controller keeps the request's ladder (``agent/ladder.py``): at the phase's own limit it has the
+        supervisor interrupt the worker, after the grace kill and replace it (``replace_worker``): the reply is then
+        ``timeout, worker_restarted: true``, as in two hops. A worker lost (the supervisor's ``worker_lost``, or D
+        broke: the worker is replaced, in case it lives) is answered ``crashed``; a K that broke is only closed
+        (``CallLink``), as two hops close the call link. ``deadline`` is the final word: past
+        it, ``AgentTimeoutError`` (the sandbox is replaced), as for a ``ProtocolError`` or a broken C.
         """
+        lost, self._lost = self._lost, None
+        if lost is not None:  # the worker died between calls (check_idle): the request never runs on it
+            return self._crashed(header, lost, ran=False), bytearray()
         data = self._data
         if data is None:
             raise ChannelLost("the worker's data channel could not be handed over after its last worker was lost")
         try:
             data.requests.send(header, body, deadline=deadline)
-        except ChannelLost as exc:  # the worker died between calls, or a cell closed D: the request never ran
-            return self._worker_lost(data, header, exc, None, ran=False, deadline=deadline)
+        except ChannelLost:  # the worker died between calls, or a cell closed D: the request never ran
+            lost = self.replace_worker(header["id"], deadline=deadline)
+            return self._crashed(header, lost, ran=False), bytearray()
         try:
             return self._reply(data, header, deadline, checkpoint_seconds, desk, live, blobs)
-        except _WorkerLost as lost:
-            return self._worker_lost(data, header, None, lost.message, ran=True, deadline=deadline)
-        except ChannelLost as exc:  # D, K or C broke: if the worker died, the supervisor says so on C
-            return self._worker_lost(data, header, exc, None, ran=True, deadline=deadline)
+        except _WorkerLost as exc:
+            self._drop_data()
+            self._hand_over()
+            return self._crashed(header, exc.message, ran=True), bytearray()
+        except ChannelLost:  # D broke: the worker died (the supervisor says so), or its cell closed it
+            lost = self.replace_worker(header["id"], deadline=deadline)
+            return self._crashed(header, lost, ran=True), bytearray()
 
     def _reply(
         self,
@@ -82,24 +103,19 @@ class OneHop:
         live: LiveCall | None,
         blobs: DeferredBlobs | None,
     ) -> tuple[protocol.Header, bytearray]:
-        """Wait for the reply of the request sent on D, serving K and watching C meanwhile."""
+        """Wait for the reply of the request sent on D under its ladder, serving K and watching C meanwhile."""
         request_id = header["id"]
         requests, calls, control = data.requests, data.calls, self._control
-        phase = "load" if header["type"] == protocol.LOAD else "cell"
-        interrupted = False  # an interrupt went out before the cell (or load) ended
+        ladder = Ladder.for_request(header, self._grace, functools.partial(self._interrupt, request_id), notice=False)
+        cell_ended = False  # the worker said cell_done: the checkpoint runs
         paused_at: float | None = None
         ready: set[int] = set()  # the reply cannot have come yet: wait before the first read
         while True:
-            if live is not None:
-                if live.waiting_for_input and paused_at is None:
-                    paused_at = time.monotonic()
-                elif paused_at is not None and not live.waiting_for_input:
-                    deadline += time.monotonic() - paused_at
-                    paused_at = None
             if control.fileno() in ready or control.buffered:
                 self._read_control(control)
             if calls.readable(ready):
-                calls.read(refusal=self._refusal(header, phase), desk=desk, live=live, blobs=blobs, deadline=deadline)
+                refusal = self._refusal(header, cell_ended)
+                calls.read(refusal=refusal, desk=desk, live=live, blobs=blobs, deadline=deadline)
             if requests.fileno() in ready or requests.buffered:
                 frame = requests.poll_recv()
                 if frame is not None:
@@ -109,25 +125,75 @@ class OneHop:
                             f"a reply for {str(reply.get('id'))[:64]!r} while waiting for {request_id!r}"
                         )
                     if reply.get("type") == protocol.CELL_DONE and not reply_body:
-                        if phase == "checkpoint":
+                        if cell_ended:
                             raise ProtocolError(f"the worker said twice that the cell of {request_id!r} ended")
-                        phase = "checkpoint"  # its clock runs now, once
+                        cell_ended = True  # the checkpoint's clock runs now, once
                         calls.end_cell()
+                        if ladder.in_cell:
+                            ladder.cell_done()
                         if checkpoint_seconds is not None:
                             deadline = time.monotonic() + checkpoint_seconds
                         continue
                     calls.after_reply(live)
-                    if interrupted and reply.get("status") == protocol.STATUS_ERROR:
-                        # The interrupt stopped it (one that finished just then stays a success): as the supervisor
-                        # says it in two hops.
+                    if ladder.interrupted or ladder.cell_interrupted:
+                        self._interrupts_delivered(deadline)
+                    if ladder.stopped_by_interrupt(reply.get("status")):  # as the supervisor says it in two hops
                         reply.update(status=protocol.STATUS_TIMEOUT, worker_restarted=False)
                         reply.setdefault("phase", "load" if header["type"] == protocol.LOAD else "cell")
                     return reply, reply_body
-            ready = self._wait(data, math.inf if paused_at is not None else deadline, desk, live)
+            if live is not None:  # after K was read: an input() asked for just now stops the clock from now
+                waiting = live.waiting_for_input
+                ladder.follow_input(waiting)
+                if waiting and paused_at is None:
+                    paused_at = time.monotonic()
+                elif paused_at is not None and not waiting:
+                    deadline += time.monotonic() - paused_at
+                    paused_at = None
+            if ladder.expired() == KILL:  # (at its deadline it was interrupted, and has the grace to stop)
+                lost = self.replace_worker(request_id, deadline=deadline)
+                if lost.get("type") == protocol.WORKER_LOST:  # it died by itself just before: a crash, as in two hops
+                    return self._crashed(header, lost, ran=True), bytearray()
+                return made_up_reply(header, **ladder.killed_reply()), bytearray()
+            rung = ladder.wait_seconds()
+            rung_at = math.inf if rung is None else time.monotonic() + rung
+            ready = self._wait(data, math.inf if paused_at is not None else deadline, rung_at, desk, live)
             if live is not None and live.take_interrupt():
-                control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
-                control.flush()
-                interrupted = interrupted or phase != "checkpoint"
+                ladder.cancel()  # the caller's interrupt: the ladder's next step is due now
+
+    def _interrupt(self, request_id: str, phase: str) -> None:
+        """The ladder's interrupt: the supervisor signals the worker (SIGINT for a cell or load, SIGUSR2 for a
+        checkpoint); queued on C, which every wait flushes. A restore's or install's ("request") is a SIGINT, as the
+        supervisor sends it in two hops (the worker heeds it only in a cell or a load: the kill follows)."""
+        phase = phase if phase in protocol.INTERRUPT_PHASES else "cell"
+        self._control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
+        self._control.flush()
+
+    def _interrupts_delivered(self, deadline: float) -> None:
+        """After a reply to a request that was interrupted: wait until the supervisor has sent the worker every
+        interrupt asked for (it answers C in order: a ``ping``'s ``pong``). A signal it sent is then pending in the
+        worker, which takes it while idle (and ignores it there) before it can read the next request, so an
+        interrupt that crossed the reply never stops the next cell, as the supervisor in two hops never relays it.
+
+        Raises:
+            TakenOver: the supervisor said goodbye first (the request is not kept, as a takeover during it).
+        """
+        ping_id = secrets.token_hex(16)
+        control = self._control
+        deadline = max(deadline, time.monotonic() + _HAND_OVER_SECONDS)
+        control.enqueue({"type": protocol.PING, "id": ping_id})
+        control.flush(deadline=deadline)
+        while True:
+            message, _ = control.recv(deadline=deadline)
+            kind = message.get("type")
+            if kind == protocol.PONG and message.get("id") == ping_id:
+                return
+            if kind == protocol.GOODBYE:
+                raise TakenOver(parse_goodbye(message))
+            if kind != protocol.WORKER_LOST:
+                raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} while it was asked for a pong")
+            self._drop_data()  # the worker died after its reply, which counts: the next request is told
+            self._hand_over()
+            self._lost = self._lost or message
 
     def _read_control(self, control: Channel) -> None:
         """What the supervisor said on C during a request: a goodbye or a lost worker end it; nothing else is sent."""
@@ -142,64 +208,92 @@ class OneHop:
             raise _WorkerLost(message)
         raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
 
-    def _worker_lost(
-        self,
-        data: DataChannel,
-        header: protocol.Request,
-        broken: ChannelLost | None,
-        lost: protocol.Header | None,
-        *,
-        ran: bool,
-        deadline: float,
-    ) -> tuple[protocol.Header, bytearray]:
-        """The worker's data channel broke (``broken``) or the supervisor said ``worker_lost`` (``lost``): with the
-        supervisor's word (waited for on C, a little), hand its fresh worker a new data channel and answer as the
-        supervisor does in two hops, ``crashed`` (recovery restores into the fresh worker). Without it, ``broken``.
+    @staticmethod
+    def _crashed(header: protocol.Request, lost: protocol.Header, *, ran: bool) -> protocol.Header:
+        """The reply to a request whose worker died (or was replaced because its data channel broke), as the
+        supervisor makes it in two hops from ``lost``, its ``worker_lost`` or ``worker_replaced``: recovery restores
+        into the fresh worker (and sends a request that never ran once more)."""
+        return made_up_reply(
+            header,
+            status=protocol.STATUS_CRASHED,
+            reason=reply_reason(lost, "the worker died"),
+            oom=lost.get("oom") is True,
+            ran=ran,
+            worker_restarted=True,
+        )
+
+    def replace_worker(self, kill_id: str | None = None, *, deadline: float) -> protocol.Header:
+        """Have the supervisor kill this worker and start a fresh one, and hand that one a new data channel.
+
+        The way out of whatever leaves the worker's data channel unusable while the supervisor is sound: a cell that
+        ignored its interrupt, a forged or invalid frame on D, a D the cell closed (a broken K is only closed:
+        ``CallLink``). Our ends of the old D and K are closed first, so nothing the old worker (or a process it left
+        behind) wrote there is ever read.
+        ``kill {id}`` goes on C; the supervisor answers ``worker_replaced {id, reason, oom}`` once the fresh worker
+        runs (a ``worker_lost`` before it is the old worker's death, which the kill outran: the kill replaces the
+        fresh one too). ``kill_id`` is the request's id during a request, else a fresh one is made. Waits until
+        ``deadline``, or ``_REPLACE_SECONDS`` if that is later.
+
+        Returns:
+            What the supervisor said of the old worker's end (``reason``, ``oom``: its word, not the worker's): its
+            ``worker_lost`` if the worker died before the kill came, else its ``worker_replaced`` (which names the
+            death too when the supervisor found the worker dead at the kill).
 
         Raises:
-            TakenOver: the supervisor said goodbye instead.
-            ChannelLost: no ``worker_lost`` came (``broken``), or the new data channel could not be handed over.
+            TakenOver: the supervisor said goodbye instead (another controller took the sandbox over).
+            AgentTimeoutError, ChannelLost, ProtocolError: C failed or said something else; the sandbox must be
+                replaced (no data channel is left in use).
         """
-        if lost is None:
-            assert broken is not None
-            try:
-                lost, _ = self._control.recv(deadline=min(deadline, time.monotonic() + _WORKER_LOST_WAIT))
-            except TransportError:
-                raise broken from None
-            if lost.get("type") == protocol.GOODBYE:
-                raise TakenOver(parse_goodbye(lost)) from None
-            if lost.get("type") != protocol.WORKER_LOST:
-                raise broken
-        data.close()
-        self._data = None  # until the next is handed over: a failure below leaves no broken channel in use
-        self._data = DataChannel.hand_over(self._control, deadline=time.monotonic() + _HAND_OVER_SECONDS)
-        reply: protocol.Header = {
-            "type": protocol.REPLY_TYPES.get(header["type"], protocol.ERROR),
-            "id": header["id"],
-            "status": protocol.STATUS_CRASHED,
-            "reason": reply_reason(lost, "the worker died"),
-            "oom": lost.get("oom") is True,
-            "ran": ran,
-            "worker_restarted": True,
-        }
-        return reply, bytearray()
+        kill_id = kill_id if kill_id is not None else secrets.token_hex(16)
+        self._drop_data()
+        control = self._control
+        deadline = max(deadline, time.monotonic() + _REPLACE_SECONDS)
+        control.enqueue({"type": protocol.KILL, "id": kill_id})  # behind an interrupt still queued, if any
+        control.flush(deadline=deadline)
+        lost: protocol.Header | None = None
+        while True:
+            message, _ = control.recv(deadline=deadline)
+            kind = message.get("type")
+            if kind == protocol.WORKER_REPLACED and message.get("id") == kill_id:
+                break
+            if kind == protocol.GOODBYE:
+                raise TakenOver(parse_goodbye(message))
+            if kind != protocol.WORKER_LOST:
+                raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} while it replaced its worker")
+            lost = lost or message
+        self._hand_over()
+        return lost if lost is not None else message
+
+    def _drop_data(self) -> None:
+        """Close our ends of the worker's data channel; until the next is handed over there is none to use."""
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+
+    def _hand_over(self) -> None:
+        """Hand the supervisor's fresh worker a new data channel (the old one went with its worker)."""
+        deadline = time.monotonic() + _HAND_OVER_SECONDS
+        self._control.flush(deadline=deadline)  # an interrupt still queued goes first: descriptors go on their own
+        self._data = DataChannel.hand_over(self._control, deadline=deadline)
 
     @staticmethod
-    def _refusal(header: protocol.Request, phase: str) -> str | None:
+    def _refusal(header: protocol.Request, cell_ended: bool) -> str | None:
         """Why a host call that comes now is answered ``error`` at once: none while an exec's cell runs."""
         if header["type"] != protocol.EXEC:
             return protocol.CALL_NO_CELL
-        return protocol.CALL_ENDED if phase == "checkpoint" else None
+        return protocol.CALL_ENDED if cell_ended else None
 
-    def _wait(self, data: DataChannel, deadline: float, desk: CallDesk | None, live: LiveCall | None) -> set[int]:
-        """Until D, K or C is readable (or K and C writable with answers queued), an answer is ready, or a time limit;
-        the descriptors that are ready."""
+    def _wait(
+        self, data: DataChannel, deadline: float, rung_at: float, desk: CallDesk | None, live: LiveCall | None
+    ) -> set[int]:
+        """Until D, K or C is readable (or K and C writable with answers queued), an answer is ready, the ladder's
+        next step is due (``rung_at``) or the deadline; the descriptors that are ready."""
         poller = select.poll()
         for channel in (data.requests, self._control):
             poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
         if events := data.calls.poll_events():  # none once K was closed
             poller.register(data.calls.fileno(), events)
-        wake = deadline
+        wake = min(deadline, rung_at)
         for source in (desk, live):
             if source is not None:
                 poller.register(source.wake_fd, select.POLLIN)
@@ -218,16 +312,43 @@ class OneHop:
         return ready
 
     def check_idle(self) -> None:
-        """Between calls the worker is silent on D; on K a thread an earlier cell left may call (answered ``error``).
+        """Between calls the supervisor says nothing on C but ``goodbye`` or ``worker_lost``, and the worker is silent
+        on D; on K a thread an earlier cell left may call (answered ``error``, its output dropped: ``CallLink.idle``). A
+        worker lost, or one that hung up or wrote on D, is replaced (the latter by ``replace_worker``) and the next
+        request is answered ``crashed, ran: false`` without being sent, as in two hops.
 
         Raises:
-            ChannelLost: it wrote or hung up on D (the sandbox is not usable as is).
+            TakenOver: the supervisor said goodbye.
+            ChannelLost: C broke or carried something else (the sandbox is not usable as is).
         """
-        if self._data is None:
-            return
-        self._data.calls.idle()
-        if self._data.requests.has_pending():
-            raise ChannelLost("the worker hung up or spoke unasked on its data channel between calls")
+        try:
+            self._idle_worker_lost()
+        except (AgentTimeoutError, ProtocolError) as exc:  # no call failed: the sandbox is replaced before the next
+            raise ChannelLost(f"the worker could not be replaced between calls: {exc}") from exc
+        if self._data is not None:
+            self._data.calls.idle()
+
+    def _idle_worker_lost(self) -> None:
+        """``check_idle``'s part for a worker lost between calls (``worker_lost`` on C) or one that hung up or wrote on
+        D, which is replaced: the next request learns how from ``_lost``."""
+        control = self._control
+        while control.has_pending():
+            message, _ = control.recv(deadline=time.monotonic() + _HAND_OVER_SECONDS)  # a control frame comes whole
+            kind = message.get("type")
+            if kind == protocol.GOODBYE:
+                raise TakenOver(parse_goodbye(message))
+            if kind != protocol.WORKER_LOST:
+                raise ChannelLost(f"the supervisor sent {str(kind)[:64]!r} on its connection between calls")
+            self._drop_data()
+            self._hand_over()
+            self._lost = self._lost or message
+        data = self._data
+        if data is not None and data.requests.has_pending():
+            lost = self.replace_worker(deadline=time.monotonic())
+            if lost.get("type") == protocol.WORKER_REPLACED:
+                why = "the worker hung up or wrote unasked on its data channel between calls"
+                lost = {**lost, "reason": f"{why}; {reply_reason(lost, 'it was replaced')}"}
+            self._lost = self._lost or lost
 
     def close(self) -> None:
         """Close D and K: the worker sees EOF, goes back to its supervisor and reports itself idle."""

@@ -21,14 +21,20 @@ from agent_process import AGENT_COMMAND, AGENT_ENV
 
 from orchestrator.agent import handover, protocol
 from orchestrator.api.events import LiveCall, OutputEvent
+from orchestrator.errors import ChannelLost, ProtocolError
 from orchestrator.runtime.output import StreamRecorder
+from orchestrator.wire import one_hop
 from orchestrator.wire.connection import AgentConnection
 from orchestrator.wire.data_channel import DataChannel
 from orchestrator.wire.endpoint import SECRET_NAME, UnixSocketEndpoint
+from orchestrator.wire.one_hop import OneHop
+from orchestrator.wire.replies import TakenOver
 from orchestrator.wire.transport import Channel
 from orchestrator.wire.wakeup import Wakeup
 
 SANDBOX = "sb-unit"
+NO_CALLS: Any = {"checkpoint_seconds": None, "desk": None, "live": None, "blobs": None}
+EXEC: Any = {"type": protocol.EXEC, "id": "e1"}
 SCAFFOLD = "def before_cell(namespace):\n    namespace['ask'] = host_call\n"
 
 
@@ -219,4 +225,242 @@ def test_the_callers_interrupt_goes_on_the_connection_and_the_namespace_stays(
     assert reply["phase"] == "cell" and reply["error"]["ename"] == "KeyboardInterrupt", reply
     live.close()
     assert value(connection, "kept") == "7"
+    connection.check_idle()
+
+
+def test_replace_worker_kills_it_through_the_supervisor_and_hands_the_fresh_one_a_new_data_channel(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "x = 1")["status"] == "ok"
+    hop = connection._hop
+    assert hop is not None
+    old = hop._data
+    replaced = hop.replace_worker(deadline=time.monotonic() + 10)
+    assert replaced["type"] == protocol.WORKER_REPLACED and "killed" in replaced["reason"], replaced
+    assert hop._data is not None and hop._data is not old  # the old ends are closed, never read again
+    assert connection.one_hop and value(connection, "'x' in globals()") == "False"  # a fresh worker, one hop
+    connection.check_idle()
+
+
+WORKER = "next(o for o in __import__('gc').get_objects() if type(o).__name__ == 'Worker')"
+
+
+def test_a_cell_past_its_timeout_is_interrupted_by_the_controllers_ladder_and_the_namespace_stays(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "kept = 7")["status"] == "ok"
+    reply = run(connection, "import time\ntime.sleep(60)", timeout=0.3)  # the deadline is 30 s: the ladder stops it
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is False, reply
+    assert reply["phase"] == "cell" and reply["error"]["ename"] == "KeyboardInterrupt", reply
+    assert value(connection, "kept") == "7"
+    connection.check_idle()
+
+
+def test_a_cell_that_ignores_the_interrupt_is_killed_after_the_grace_and_its_fresh_worker_gets_a_data_channel(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "kept = 7")["status"] == "ok"
+    code = "import time\nwhile True:\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n        pass"
+    reply = run(connection, code, timeout=0.3)
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True, reply
+    assert reply["phase"] == "cell" and reply["ran"] is True and "killed" in reply["reason"], reply
+    assert reply["type"] == protocol.EXEC_REPLY and isinstance(reply["duration"], float), reply
+    assert connection.one_hop and value(connection, "'kept' in globals()") == "False"  # a fresh worker, one hop
+    connection.check_idle()
+
+
+def test_a_cell_that_closes_its_own_data_channel_has_its_worker_replaced_and_is_crashed(host_agent: HostAgent) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "kept = 7")["status"] == "ok"
+    code = f"import socket, time\n{WORKER}.sock.shutdown(socket.SHUT_WR)\ntime.sleep(30)"  # the worker lives on
+    reply = run(connection, code)
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is True and reply["worker_restarted"], reply
+    assert "killed" in reply["reason"], reply
+    assert connection.one_hop and value(connection, "'kept' in globals()") == "False"
+    connection.check_idle()
+
+
+def test_a_cell_that_closes_its_own_call_link_loses_only_its_calls(host_agent: HostAgent) -> None:
+    """As two hops close the worker's call link when it breaks: the cell, its worker and its namespace go on, its
+    calls fail until the worker's next data channel."""
+    connection = host_agent.connect()
+    install: Any = {"type": protocol.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
+    assert connection.request(install, deadline=time.monotonic() + 30)[0]["status"] == "ok"
+    assert run(connection, "kept = 7")["status"] == "ok"
+    code = f"import socket\n{WORKER}.calls._sock.shutdown(socket.SHUT_WR)\nkept += 1"
+    assert run(connection, code)["status"] == "ok"
+    said = value(connection, "try:\n    ask('x')\nexcept Exception as exc:\n    said = str(exc)\nsaid")
+    assert "could not be sent" in said or "unavailable" in said, said
+    assert value(connection, "kept") == "8", "the same worker"
+    connection.check_idle()
+
+
+def test_a_worker_lost_between_calls_is_found_by_check_idle_and_answers_the_next_request(host_agent: HostAgent) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "import os, threading\nthreading.Timer(0.2, os._exit, (3,)).start()")["status"] == "ok"
+    time.sleep(1)
+    connection.check_idle()  # the supervisor's worker_lost (or D's EOF): a fresh worker and data channel, no error
+    connection.check_idle()
+    reply = run(connection, "ran = True")
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False, reply
+    assert "status 3" in reply["reason"], reply
+    assert value(connection, "'ran' in globals()") == "False"
+    connection.check_idle()
+
+
+def test_a_cell_that_writes_on_its_data_channel_between_calls_has_its_worker_replaced(host_agent: HostAgent) -> None:
+    connection = host_agent.connect()
+    code = f"import threading, time\nw = {WORKER}\nthreading.Timer(0.2, w.sock.sendall, (b'forged',)).start()"
+    assert run(connection, code)["status"] == "ok"
+    time.sleep(1)
+    connection.check_idle()  # D is readable between calls: the worker is killed and replaced through C
+    reply = run(connection, "ran = True")
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False, reply
+    assert "between calls" in reply["reason"], reply
+    assert value(connection, "'w' in globals() or 'ran' in globals()") == "False"
+    connection.check_idle()
+
+
+def test_an_interrupt_that_comes_after_its_cell_ended_leaves_the_idle_worker_and_its_data_channel_alone(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "kept = 7")["status"] == "ok"
+    hop = connection._hop
+    assert hop is not None
+    for phase in ("cell", "checkpoint"):  # the ladder's (or the caller's) interrupt, sent as the reply came
+        hop._interrupt("a-request-that-ended", phase)
+    time.sleep(0.5)  # the supervisor has signalled the worker, which waits on D for its next request
+    connection.check_idle()
+    assert value(connection, "kept") == "7"
+    connection.check_idle()
+
+
+FORGE_CELL_DONE = f"""
+import sys, time
+w = {WORKER}
+protocol = sys.modules[type(w).__module__.rpartition('.')[0] + '.protocol']
+f = sys._getframe()
+while not isinstance(f.f_locals.get('header'), dict):
+    f = f.f_back
+protocol.send_frame(w.sock, {{'type': 'cell_done', 'id': f.f_locals['header']['id']}})
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_cell_that_forges_its_cell_done_only_trades_its_clock_for_the_checkpoints_and_is_killed(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    reply = run(connection, FORGE_CELL_DONE, timeout=30, checkpoint_timeout=0.3)  # its own limit would be 30 s
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True, reply
+    assert reply["phase"] == "checkpoint", reply  # the checkpoint's interrupt (SIGUSR2) does not stop a cell
+    assert connection.one_hop and value(connection, "'w' in globals()") == "False"
+    connection.check_idle()
+
+
+class FakeSupervisor:
+    """The supervisor's end of C, played by the test: what it says is written before the controller asks."""
+
+    def __init__(self) -> None:
+        ours, self.sock = socket.socketpair()
+        self.sock.settimeout(5)
+        self.control = Channel(ours, 4096, 4096)
+        self.hop = OneHop(self.control, DataChannel.hand_over(self.control, deadline=time.monotonic() + 5), 0.5)
+        self.take_data_channel()
+
+    def take_data_channel(self) -> None:
+        header, fds = handover.recv_with_fds(self.sock, 4)
+        assert header == {"type": protocol.DATA_CHANNEL} and len(fds) == protocol.DATA_CHANNEL_FDS
+        handover.close_fds(fds)
+
+    def say(self, **message: Any) -> None:
+        protocol.send_frame(self.sock, message)
+
+    def heard(self) -> dict[str, Any]:
+        return protocol.recv_frame(self.sock)[0]
+
+    def close(self) -> None:
+        self.hop.close()
+        self.control.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def supervisor() -> Iterator[FakeSupervisor]:
+    fake = FakeSupervisor()
+    yield fake
+    fake.close()
+
+
+def test_replace_worker_returns_the_death_the_kill_outran_and_hands_over_after_the_kills_answer(
+    supervisor: FakeSupervisor,
+) -> None:
+    supervisor.say(type=protocol.WORKER_LOST, reason="the worker exited with status 3", oom=False)
+    supervisor.say(type=protocol.WORKER_REPLACED, id="k1", reason="killed", oom=False)
+    said = supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+    assert said["type"] == protocol.WORKER_LOST and "status 3" in said["reason"], said
+    assert supervisor.heard() == {"type": protocol.KILL, "id": "k1"}
+    supervisor.take_data_channel()  # only after the kill's own answer
+
+
+@pytest.mark.parametrize(
+    "answer", [{"type": protocol.PONG, "id": "k1"}, {"type": "lunch"}, {"type": protocol.WORKER_REPLACED, "id": "k0"}]
+)
+def test_replace_worker_refuses_any_other_answer_and_leaves_no_data_channel(
+    supervisor: FakeSupervisor, answer: dict[str, Any]
+) -> None:
+    supervisor.say(**answer)
+    with pytest.raises(ProtocolError, match="while it replaced its worker"):
+        supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+    with pytest.raises(ChannelLost, match="could not be handed over"):
+        supervisor.hop.request(EXEC, b"", deadline=time.monotonic() + 1, **NO_CALLS)
+
+
+def test_replace_worker_says_goodbye_as_taken_over(supervisor: FakeSupervisor) -> None:
+    supervisor.say(type=protocol.GOODBYE, reason="takeover", in_flight=None)
+    with pytest.raises(TakenOver):
+        supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+
+
+def test_a_supervisor_that_does_not_answer_a_kill_between_calls_makes_the_sandbox_go(
+    supervisor: FakeSupervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(one_hop, "_REPLACE_SECONDS", 0.2)
+    assert supervisor.hop._data is not None
+    supervisor.hop._data.requests.close()  # as if the worker hung up on D: it is to be replaced through C
+    with pytest.raises(ChannelLost, match="could not be replaced between calls"):
+        supervisor.hop.check_idle()
+
+
+def test_a_worker_lost_between_calls_answers_the_next_request_without_sending_it(supervisor: FakeSupervisor) -> None:
+    supervisor.say(type=protocol.WORKER_LOST, reason="the worker was killed by SIGKILL", oom=True)
+    supervisor.hop.check_idle()
+    supervisor.take_data_channel()
+    reply, _ = supervisor.hop.request(EXEC, b"", deadline=time.monotonic() + 1, **NO_CALLS)
+    assert reply == {
+        "type": protocol.EXEC_REPLY,
+        "id": "e1",
+        "status": protocol.STATUS_CRASHED,
+        "reason": "the worker was killed by SIGKILL",
+        "oom": True,
+        "ran": False,
+        "worker_restarted": True,
+    }
+
+
+def test_a_restore_that_hangs_clearing_the_namespace_gets_a_fresh_worker_through_the_ladder(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    code = "class Stuck:\n    def __del__(self):\n        __import__('time').sleep(60)\nstuck = Stuck()"
+    assert run(connection, code, checkpoint=False)["status"] == "ok"
+    begin: Any = {"type": protocol.RESTORE_BEGIN, "generation": 0, "timeout": 0.3}
+    reply, _ = connection.request(begin, deadline=time.monotonic() + 30)
+    assert reply["status"] == protocol.STATUS_OK and reply["worker_restarted"] is True, reply  # a fresh one is empty
+    assert connection.one_hop and value(connection, "'stuck' in globals()") == "False"
     connection.check_idle()
