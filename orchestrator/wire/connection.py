@@ -157,6 +157,7 @@ class AgentConnection:
         desk: CallDesk | None = None,
         live: LiveCall | None = None,
         blobs: DeferredBlobs | None = None,
+        value_fd: int | None = None,
     ) -> tuple[Header, bytearray]:
         """Send one request and return its reply; every byte both ways must move before ``deadline``.
 
@@ -165,7 +166,8 @@ class AgentConnection:
         to ``desk`` (without one, each is answered with an error); the cell's output and its
         ``input()`` requests go to ``live``, which may also ask for an interrupt. While an
         ``input()`` waits for its answer the deadline stands still, as the agent's clock does. ``blobs``
-        answers the agent's requests for deferred values (``protocol.BLOB_CALL``; without it, refused).
+        answers the agent's requests for deferred values (``protocol.BLOB_CALL``; without it, refused). ``value_fd``
+        (one hop only, a request without a body) goes with the request: a ``set_value``'s value file.
 
         Raises:
             TakenOver: the agent said goodbye (the request was not kept).
@@ -185,7 +187,10 @@ class AgentConnection:
                 desk=desk,
                 live=live,
                 blobs=blobs,
+                value_fd=value_fd,
             )
+        if value_fd is not None:
+            raise ValueError("a value file's descriptor goes only on a worker's data channel (one hop)")
         try:
             self._channel.send(header, body, deadline=deadline)
         except ChannelLost:

@@ -53,8 +53,10 @@ class OneHop:
         desk: CallDesk | None,
         live: LiveCall | None,
         blobs: DeferredBlobs | None,
+        value_fd: int | None = None,
     ) -> tuple[protocol.Header, bytearray]:
         """``request`` in one hop: the request and its reply on D, the cell's calls and output on K, control on C.
+        ``value_fd`` (a request without a body: a ``set_value``'s value file) goes with the request's first bytes.
 
         Until the controller keeps the ladder (docs/design/one-hop.md, step 2) nothing interrupts a cell past its
         time but the caller's interrupt; the deadline then raises ``AgentTimeoutError`` and the sandbox is replaced,
@@ -64,7 +66,10 @@ class OneHop:
         if data is None:
             raise ChannelLost("the worker's data channel could not be handed over after its last worker was lost")
         try:
-            data.requests.send(header, body, deadline=deadline)
+            if value_fd is None:
+                data.requests.send(header, body, deadline=deadline)
+            else:
+                data.requests.send_fds(header, [value_fd], deadline=deadline)
         except ChannelLost as exc:  # the worker died between calls, or a cell closed D: the request never ran
             return self._worker_lost(data, header, exc, None, ran=False, deadline=deadline)
         try:
