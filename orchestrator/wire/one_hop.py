@@ -10,6 +10,7 @@ here as the supervisor checks it in two hops.
 from __future__ import annotations
 
 import math
+import secrets
 import select
 import time
 
@@ -26,6 +27,13 @@ from .transport import Channel, FrameBody
 _ENDED = "the cell that made this host call has ended"  # as the supervisor answers it in two hops
 _HAND_OVER_SECONDS = 5.0  # the supervisor takes a data channel at once
 _WORKER_LOST_WAIT = 5.0  # the supervisor says worker_lost once the fresh worker runs
+_REPLACE_SECONDS = 5.0  # at least this long for worker_replaced: the supervisor answers once the fresh worker runs
+
+
+def made_up_reply(header: protocol.Request, **fields: object) -> protocol.Header:
+    """A reply the controller makes for ``header`` when the worker could not give one (its worker was lost or
+    replaced): the reply type and id of the request, and ``fields``."""
+    return {"type": protocol.REPLY_TYPES.get(header["type"], protocol.ERROR), "id": header["id"], **fields}
 
 
 class _WorkerLost(Exception):
@@ -176,19 +184,64 @@ class OneHop:
                 raise TakenOver(parse_goodbye(lost)) from None
             if lost.get("type") != protocol.WORKER_LOST:
                 raise broken
-        data.close()
-        self._data = None  # until the next is handed over: a failure below leaves no broken channel in use
-        self._data = DataChannel.hand_over(self._control, deadline=time.monotonic() + _HAND_OVER_SECONDS)
-        reply: protocol.Header = {
-            "type": protocol.REPLY_TYPES.get(header["type"], protocol.ERROR),
-            "id": header["id"],
-            "status": protocol.STATUS_CRASHED,
-            "reason": reply_reason(lost, "the worker died"),
-            "oom": lost.get("oom") is True,
-            "ran": ran,
-            "worker_restarted": True,
-        }
+        self._drop_data()
+        self._hand_over()
+        reply = made_up_reply(
+            header,
+            status=protocol.STATUS_CRASHED,
+            reason=reply_reason(lost, "the worker died"),
+            oom=lost.get("oom") is True,
+            ran=ran,
+            worker_restarted=True,
+        )
         return reply, bytearray()
+
+    def replace_worker(self, kill_id: str | None = None, *, deadline: float) -> protocol.Header:
+        """Have the supervisor kill this worker and start a fresh one, and hand that one a new data channel.
+
+        The way out of whatever leaves the worker's data channel unusable while the supervisor is sound: a cell that
+        ignored its interrupt, a forged or invalid frame on D or K, a channel the cell closed. Our ends of the old D
+        and K are closed first, so nothing the old worker (or a process it left behind) wrote there is ever read.
+        ``kill {id}`` goes on C; the supervisor answers ``worker_replaced {id, reason, oom}`` once the fresh worker
+        runs (a ``worker_lost`` before it is the old worker's death, which the kill outran: the kill replaces the
+        fresh one too). ``kill_id`` is the request's id during a request, else a fresh one is made. Waits until
+        ``deadline``, or ``_REPLACE_SECONDS`` if that is later.
+
+        Returns:
+            The supervisor's ``worker_replaced``: its ``reason`` and ``oom`` are the supervisor's, not the worker's.
+
+        Raises:
+            TakenOver: the supervisor said goodbye instead (another controller took the sandbox over).
+            AgentTimeoutError, ChannelLost, ProtocolError: C failed or said something else; the sandbox must be
+                replaced (no data channel is left in use).
+        """
+        kill_id = kill_id if kill_id is not None else secrets.token_hex(16)
+        self._drop_data()
+        control = self._control
+        deadline = max(deadline, time.monotonic() + _REPLACE_SECONDS)
+        control.enqueue({"type": protocol.KILL, "id": kill_id})  # behind an interrupt still queued, if any
+        control.flush(deadline=deadline)
+        while True:
+            message, _ = control.recv(deadline=deadline)
+            kind = message.get("type")
+            if kind == protocol.WORKER_REPLACED and message.get("id") == kill_id:
+                break
+            if kind == protocol.GOODBYE:
+                raise TakenOver(parse_goodbye(message))
+            if kind != protocol.WORKER_LOST:
+                raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} while it replaced its worker")
+        self._hand_over()
+        return message
+
+    def _drop_data(self) -> None:
+        """Close our ends of the worker's data channel; until the next is handed over there is none to use."""
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+
+    def _hand_over(self) -> None:
+        """Hand the supervisor's fresh worker a new data channel (the old one went with its worker)."""
+        self._data = DataChannel.hand_over(self._control, deadline=time.monotonic() + _HAND_OVER_SECONDS)
 
     def _read_calls(
         self,

@@ -209,3 +209,18 @@ def test_the_callers_interrupt_goes_on_the_connection_and_the_namespace_stays(
     live.close()
     assert value(connection, "kept") == "7"
     connection.check_idle()
+
+
+def test_replace_worker_kills_it_through_the_supervisor_and_hands_the_fresh_one_a_new_data_channel(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "x = 1")["status"] == "ok"
+    hop = connection._hop
+    assert hop is not None
+    old = hop._data
+    replaced = hop.replace_worker(deadline=time.monotonic() + 10)
+    assert replaced["type"] == protocol.WORKER_REPLACED and "killed" in replaced["reason"], replaced
+    assert hop._data is not None and hop._data is not old  # the old ends are closed, never read again
+    assert connection.one_hop and value(connection, "'x' in globals()") == "False"  # a fresh worker, one hop
+    connection.check_idle()
