@@ -148,6 +148,7 @@ class Sandbox:
                 sandbox_id=sandbox_id,
                 deadline=time.monotonic() + settings.timeouts.start,
                 one_hop=settings.one_hop,
+                frame_seconds=settings.timeouts.frame,
             )
         except BaseException as exc:
             state = _quietly(lambda: backend.inspect(container_id))
@@ -195,7 +196,11 @@ class Sandbox:
         try:
             wait = settings.timeouts.start + settings.timeouts.interrupt_grace + settings.timeouts.frame
             connection = AgentConnection.open(
-                endpoint, sandbox_id=sandbox_id, deadline=time.monotonic() + wait, one_hop=settings.one_hop
+                endpoint,
+                sandbox_id=sandbox_id,
+                deadline=time.monotonic() + wait,
+                one_hop=settings.one_hop,
+                frame_seconds=settings.timeouts.frame,
             )
         except BaseException:
             endpoint.close()

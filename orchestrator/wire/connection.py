@@ -89,10 +89,12 @@ def new_request_id() -> str:
 class AgentConnection:
     """One authenticated channel to an agent, and in one hop the data channel to its worker."""
 
-    def __init__(self, channel: Channel, hello: Hello, data: DataChannel | None = None) -> None:
+    def __init__(
+        self, channel: Channel, hello: Hello, data: DataChannel | None = None, *, frame_seconds: float = 10.0
+    ) -> None:
         self._channel = channel
         self.hello = hello
-        self._hop = OneHop(channel, data) if data is not None else None
+        self._hop = OneHop(channel, data, frame_seconds) if data is not None else None
 
     @property
     def one_hop(self) -> bool:
@@ -100,11 +102,20 @@ class AgentConnection:
         return self._hop is not None
 
     @classmethod
-    def open(cls, endpoint: Endpoint, *, sandbox_id: str, deadline: float, one_hop: bool = False) -> AgentConnection:
+    def open(
+        cls,
+        endpoint: Endpoint,
+        *,
+        sandbox_id: str,
+        deadline: float,
+        one_hop: bool = False,
+        frame_seconds: float = 10.0,
+    ) -> AgentConnection:
         """Wait for the agent of ``sandbox_id`` on ``endpoint`` and authenticate both ends.
 
         With ``one_hop``, a local endpoint's agent that offers one hop gets a data channel (docs/design/one-hop.md);
-        a remote one (a Swarm node's relay) always takes two hops.
+        a remote one (a Swarm node's relay) always takes two hops. A frame its worker begins there must not stall
+        for ``frame_seconds`` (``Settings.timeouts.frame``, the supervisor's bound in two hops).
 
         A peer that fails the handshake (or stalls in it for ``_HANDSHAKE_SECONDS``) is dropped
         and the wait goes on, so a process that knocks on the socket cannot stop the real agent.
@@ -145,7 +156,7 @@ class AgentConnection:
                 hello["dill"],
                 ", one hop" if data is not None else "",
             )
-            return cls(channel, hello, data)
+            return cls(channel, hello, data, frame_seconds=frame_seconds)
 
     def request(
         self,

@@ -44,12 +44,18 @@ class _WorkerLost(Exception):
         self.message = message
 
 
+class _SupervisorSpoke(ProtocolError):
+    """The supervisor, not its worker, sent something invalid on C: only a new sandbox helps."""
+
+
 class OneHop:
     """One worker's data channel, beside its supervisor's connection ``control`` (not this object's to close)."""
 
-    def __init__(self, control: Channel, data: DataChannel) -> None:
+    def __init__(self, control: Channel, data: DataChannel, frame_seconds: float = 10.0) -> None:
         self._control = control
         self._data: DataChannel | None = data
+        self._frame_seconds = frame_seconds  # a frame the worker began on D may stall this long (two hops: the agent's)
+        self._lost_between_calls: str | None = None  # why the worker was replaced since the last request, if it was
 
     def request(
         self,
@@ -68,8 +74,15 @@ class OneHop:
 
         Until the controller keeps the ladder (docs/design/one-hop.md, step 2) nothing interrupts a cell past its
         time but the caller's interrupt; the deadline then raises ``AgentTimeoutError`` and the sandbox is replaced,
-        as for whatever else goes wrong here (``ChannelLost``: a worker lost, a channel closed; ``ProtocolError``).
+        as for whatever else goes wrong here (``ChannelLost``: a worker lost, a channel closed). A forged or invalid
+        frame on D or K has the worker replaced and is answered ``protocol_error`` (``_worker_misbehaved``).
         """
+        lost, self._lost_between_calls = self._lost_between_calls, None
+        if lost is not None and header["type"] != protocol.RESTORE_BEGIN:  # a restore wants a fresh worker anyway
+            reply = made_up_reply(
+                header, status=protocol.STATUS_CRASHED, reason=lost, oom=False, ran=False, worker_restarted=True
+            )
+            return reply, bytearray()
         data = self._data
         if data is None:
             raise ChannelLost("the worker's data channel could not be handed over after its last worker was lost")
@@ -86,6 +99,28 @@ class OneHop:
             return self._worker_lost(data, header, None, lost.message, ran=True, deadline=deadline)
         except ChannelLost as exc:  # D, K or C broke: if the worker died, the supervisor says so on C
             return self._worker_lost(data, header, exc, None, ran=True, deadline=deadline)
+        except _SupervisorSpoke:
+            raise
+        except ProtocolError as exc:  # the worker (cell code) wrote it on D or K: the supervisor replaces it
+            return self._worker_misbehaved(header, exc, deadline)
+
+    def _worker_misbehaved(
+        self, header: protocol.Request, exc: ProtocolError, deadline: float
+    ) -> tuple[protocol.Header, bytearray]:
+        """A forged or invalid frame on D or K (cell code holds their other ends): the worker is replaced through C
+        and the request answered ``protocol_error``, as the supervisor answers a frame it refuses in two hops, so
+        recovery restores into the same sandbox. Raises what ``replace_worker`` raises."""
+        replaced = self.replace_worker(header["id"], deadline=deadline)
+        reason = f"{str(exc)[:200]}; it was killed"
+        reply = made_up_reply(
+            header,
+            status=protocol.STATUS_PROTOCOL_ERROR,
+            reason=reason,
+            oom=replaced.get("oom") is True,
+            ran=True,
+            worker_restarted=True,
+        )
+        return reply, bytearray()
 
     def _reply(
         self,
@@ -104,6 +139,7 @@ class OneHop:
         interrupted = False  # an interrupt went out before the cell (or load) ended
         paused_at: float | None = None
         ready: set[int] = set()  # the reply cannot have come yet: wait before the first read
+        stalled = math.inf  # when a frame the worker began on D, and stopped feeding, makes it a forger
         while True:
             if live is not None:
                 if live.waiting_for_input and paused_at is None:
@@ -117,11 +153,17 @@ class OneHop:
                 self._read_calls(calls, request_id, desk, live, blobs, deadline, phase == "checkpoint")
             if requests.fileno() in ready or requests.buffered:
                 frame = requests.poll_recv()
+                if frame is None and requests.fileno() in ready:  # more of it came
+                    stalled = time.monotonic() + self._frame_seconds
+                elif frame is None and time.monotonic() >= stalled:
+                    raise ProtocolError("the worker stopped in the middle of a frame on its data channel")
                 if frame is not None:
+                    stalled = math.inf
                     reply, reply_body = frame
                     if reply.get("id") != request_id:
                         raise ProtocolError(
-                            f"a reply for {str(reply.get('id'))[:64]!r} while waiting for {request_id!r}"
+                            f"the worker sent a frame for {str(reply.get('id'))[:64]!r} that does not answer request "
+                            f"{request_id!r}"
                         )
                     if reply.get("type") == protocol.CELL_DONE and not reply_body:
                         if phase == "checkpoint":
@@ -137,7 +179,7 @@ class OneHop:
                         reply.update(status=protocol.STATUS_TIMEOUT, worker_restarted=False)
                         reply.setdefault("phase", "load" if header["type"] == protocol.LOAD else "cell")
                     return reply, reply_body
-            ready = self._wait(data, math.inf if paused_at is not None else deadline, desk, live)
+            ready = self._wait(data, min(stalled, math.inf if paused_at is not None else deadline), desk, live)
             if live is not None and live.take_interrupt():
                 control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
                 control.flush()
@@ -145,7 +187,10 @@ class OneHop:
 
     def _read_control(self, control: Channel) -> None:
         """What the supervisor said on C during a request: a goodbye or a lost worker end it; nothing else is sent."""
-        frame = control.poll_recv()
+        try:
+            frame = control.poll_recv()
+        except ProtocolError as exc:
+            raise _SupervisorSpoke(str(exc)) from exc
         if frame is None:
             return
         message, _ = frame
@@ -154,7 +199,7 @@ class OneHop:
             raise TakenOver(parse_goodbye(message))
         if kind == protocol.WORKER_LOST:
             raise _WorkerLost(message)
-        raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
+        raise _SupervisorSpoke(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
 
     def _worker_lost(
         self,
@@ -316,11 +361,26 @@ class OneHop:
     def check_idle(self) -> None:
         """Between calls the worker is silent on D and K.
 
+        What it wrote on D, or its hanging up there (cell code holds D's other end: a thread it left, a forged or late
+        reply), has the supervisor replace it, and the next request is answered as a worker lost between calls
+        (``crashed, ran: false``), as the supervisor answers it in two hops: recovery restores, then sends it again.
+
         Raises:
-            ChannelLost: it wrote or hung up there (the sandbox is not usable as is).
+            TakenOver: the supervisor said goodbye while the worker was replaced.
+            ChannelLost: it wrote or hung up on K, or the worker could not be replaced (the sandbox is not usable).
         """
-        if self._data is not None and self._data.pending():  # step 3 answers a left thread's host calls instead
-            raise ChannelLost("the worker hung up or spoke unasked on its data channel between calls")
+        data = self._data
+        if data is not None and data.requests.has_pending():
+            try:
+                self.replace_worker(deadline=time.monotonic())
+            except (AgentTimeoutError, ProtocolError) as exc:
+                raise ChannelLost(
+                    f"the worker spoke unasked on its data channel and could not be replaced: {exc}"
+                ) from exc
+            self._lost_between_calls = "the worker wrote out of turn on its data channel; it was killed"
+            return
+        if data is not None and data.calls.has_pending():  # step 3 answers a left thread's host calls instead
+            raise ChannelLost("the worker hung up or spoke unasked on its host-call link between calls")
 
     def close(self) -> None:
         """Close D and K: the worker sees EOF, goes back to its supervisor and reports itself idle."""

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support import one_hop
 
 from orchestrator import Orchestrator, SandboxCrashed, Session, Settings
 from orchestrator.runtime.hostcalls import HostCalls
@@ -25,11 +26,6 @@ def hop(
     session = new_session(make_orch(settings_for(one_hop=True)))
     session.execute("1")  # the sandbox starts with the first call
     return session
-
-
-def one_hop(session: Session) -> bool:
-    sandbox = session._sandbox.sandbox  # what only the wire knows
-    return sandbox is not None and sandbox.connection.one_hop
 
 
 def test_cells_values_and_output_in_one_hop(hop: Session) -> None:

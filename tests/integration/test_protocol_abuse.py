@@ -1,7 +1,10 @@
 """User code that writes to the worker's channel: a clean ProtocolError, a restored session, a live controller.
 
-The worker's socket to the supervisor is file descriptor ``int(sys.argv[1])`` of the worker
-process, so a cell can forge or corrupt frames on it.
+The socket the worker reads its requests on and replies on is the cell's too, so a cell can forge or corrupt
+frames on it: its link to the supervisor (``int(sys.argv[1])``) in two hops, which the supervisor checks; the
+controller's data channel D in one hop (docs/design/one-hop.md), which the controller checks, having the supervisor
+replace the worker. The cell digs it out of the worker (``WORKER_SOCKET``), so each test runs on the path the
+session took.
 """
 
 from __future__ import annotations
@@ -15,7 +18,14 @@ from orchestrator import ProtocolError, SandboxCrashed, Session, Settings, Trans
 pytestmark = pytest.mark.docker
 
 STATE = "import sys, os, struct, json\nkept = {'a': 1}\n"
-FD = "fd = int(sys.argv[1])\n"
+WORKER_SOCKET = (
+    "frame = sys._getframe()\n"
+    "while frame.f_code.co_name != 'handle':\n"
+    "    frame = frame.f_back\n"
+    "fd = frame.f_locals['self'].sock.fileno()\n"
+)
+"""Cell code that finds the socket its worker serves requests on: two hops' link, one hop's D."""
+FD = WORKER_SOCKET
 
 
 @pytest.fixture
