@@ -294,7 +294,7 @@ class Sandbox:
         if path is None:
             return None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             logger.debug("value file %s not opened (the value goes as the body): %s", path, exc)
             return None
@@ -552,13 +552,12 @@ class _LoadBudget:
 
 def _worker_may_run_as(settings: Settings, uid: int) -> bool:
     """Whether a sandbox's worker (cell code) may run as ``uid``: one of ``worker_uids`` when each worker has its
-    own, else the container's user (any uid when that is a name, not a number)."""
+    own, else the container's (numeric) user."""
     confinement = settings.confinement
     if confinement.separate_worker:
         low, high = confinement.worker_uids
         return low <= uid <= high
-    user = confinement.sandbox_uid_gid[0]
-    return user is None or user == uid
+    return confinement.sandbox_uid_gid[0] == uid
 
 
 def _unlink_value_file(link: Path) -> None:

@@ -190,16 +190,20 @@ class AgentConnection:
             header["id"] = new_request_id()
         if self._hop is not None:
             hop = self._hop
-            return hop.request(
-                header,
-                body,
-                deadline=deadline,
-                checkpoint_seconds=checkpoint_seconds,
-                desk=desk,
-                live=live,
-                blobs=blobs,
-                value_fd=value_fd,
-            )
+            try:
+                return hop.request(
+                    header,
+                    body,
+                    deadline=deadline,
+                    checkpoint_seconds=checkpoint_seconds,
+                    desk=desk,
+                    live=live,
+                    blobs=blobs,
+                    value_fd=value_fd,
+                )
+            except TakenOver:
+                hop.close()  # at once, not when the session is dropped: the worker goes back to its supervisor
+                raise
         if value_fd is not None:
             raise ValueError("a value file's descriptor goes only on a worker's data channel (one hop)")
         try:
@@ -295,6 +299,8 @@ class AgentConnection:
         except TransportError:
             return
         if message.get("type") == protocol.GOODBYE:
+            if self._hop is not None:
+                self._hop.close()  # the worker sees EOF on its data channel and goes back to its supervisor, idle
             raise TakenOver(parse_goodbye(message))
 
     def close(self) -> None:

@@ -380,7 +380,7 @@ class OneHop:
             self._lost_between_calls = "the worker wrote out of turn on its data channel; it was killed"
             return
         if data is not None and data.calls.has_pending():  # step 3 answers a left thread's host calls instead
-            raise ChannelLost("the worker hung up or spoke unasked on its host-call link between calls")
+            raise ChannelLost("the worker hung up or spoke unasked on its data channel between calls")
 
     def close(self) -> None:
         """Close D and K: the worker sees EOF, goes back to its supervisor and reports itself idle."""
