@@ -153,6 +153,37 @@ def test_closing_the_channel_fd_is_a_crash_with_restore(stateful: Session) -> No
     assert_recovered(stateful)
 
 
+def test_a_child_in_its_own_session_that_holds_the_workers_socket_reaches_no_later_worker(stateful: Session) -> None:
+    """A ``setsid`` child outlives its worker's death (outside the killed process group) and writes on the socket
+    it inherited: every worker gets a fresh one (two hops: a new link; one hop: a new D), so it writes into a socket
+    nobody reads (``EPIPE``) and the calls after it go on in the same sandbox."""
+    container = stateful.container_id
+    child = FD + (
+        "import time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    time.sleep(1)\n"
+        "    for _ in range(100):\n"
+        "        try:\n"
+        "            os.write(fd, b'garbage!!!!!')\n"
+        "        except OSError:\n"
+        "            os._exit(0)\n"
+        "        time.sleep(0.02)\n"
+        "    os._exit(0)\n"
+        "os._exit(1)\n"
+    )
+    with pytest.raises(SandboxCrashed) as info:
+        stateful.execute("lost = 1\n" + child)
+    assert info.value.restored is True
+    time.sleep(2)  # the child has written, or found the socket closed
+    started = time.monotonic()
+    for i in range(3):
+        assert stateful.execute(f"{i} * 10").return_value == str(i * 10)
+    assert time.monotonic() - started < 5
+    assert stateful.container_id == container
+    assert_recovered(stateful)
+
+
 def valid_reply(generation: int) -> str:
     """A reply that passes every check: nothing changed, stdout 'forged'."""
     return (
