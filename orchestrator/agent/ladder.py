@@ -11,16 +11,32 @@ controller may cancel a cell (its deadline becomes now); when a cell is done, th
 follows runs under its own limit and is announced to the controller once if it still runs
 ``NOTICE_DELAY`` later (the controller then moves its own deadline); a takeover interrupts at once
 and abandons the request ``grace`` seconds later at the latest.
+
+In one hop (docs/design/one-hop.md) the controller keeps this ladder for each request itself and asks the supervisor
+on its connection to interrupt and kill; so the phase and limits of a request, the rewrite of an interrupted cell's
+error and the reply of a killed worker are here, for both.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
+from . import protocol
+
+DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
+CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows them 10 s plus the grace)
 NOTICE_DELAY = 0.05  # a checkpoint still running after this long is announced to the controller
 ABANDON = "abandon"  # a takeover's grace passed: kill the worker and give the request up
 KILL = "kill"  # the interrupt's grace passed: kill the worker and reply with a timeout
+
+
+def _seconds(value: Any, default: float) -> float:
+    """A time limit from a request: a positive finite number, else ``default``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    return default
 
 
 class Ladder(object):
@@ -34,6 +50,8 @@ class Ladder(object):
         grace: seconds between the interrupt and the kill.
         interrupt: signals the worker to stop ``phase`` (given the phase).
         clock: monotonic seconds.
+        notice: announce a checkpoint that still runs ``NOTICE_DELAY`` after the cell (the supervisor in two hops;
+            in one hop the controller sees ``cell_done`` itself).
     """
 
     def __init__(
@@ -44,8 +62,10 @@ class Ladder(object):
         grace: float,
         interrupt: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
+        notice: bool = True,
     ) -> None:
         self.phase = phase
+        self.kind = ""  # the request's type, when made by ``for_request``
         self.checkpoint_limit = checkpoint_limit
         self.grace = grace
         self._interrupt = interrupt
@@ -58,6 +78,31 @@ class Ladder(object):
         self.notice_at: Optional[float] = None  # when to tell the controller the checkpoint's clock runs
         self.paused_at: Optional[float] = None  # since when the cell waits for an answer to input(): its clock stops
         self.taken_over = False
+        self._notice = notice
+
+    @classmethod
+    def for_request(
+        cls,
+        request: Mapping[str, Any],
+        grace: float,
+        interrupt: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+        notice: bool = True,
+    ) -> "Ladder":
+        """The ladder of ``request``: its phase and limits from its type, ``timeout`` and ``checkpoint_timeout``."""
+        kind = request.get("type")
+        checkpoint_limit = _seconds(request.get("checkpoint_timeout"), DEFAULT_STEP_SECONDS)
+        if kind == protocol.EXEC:
+            phase, limit = "cell", _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
+        elif kind == protocol.LOAD:
+            phase, limit = "load", _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
+        elif kind in (protocol.SET_VALUE, protocol.RESET, protocol.CONTEXT_CREATE, protocol.CONTEXT_DESTROY):
+            phase, limit = "checkpoint", checkpoint_limit
+        else:  # restore_begin / restore_end: no user code, only a namespace to clear (whose __del__ may hang)
+            phase, limit = "request", _seconds(request.get("timeout"), CONTROL_STEP_SECONDS)
+        ladder = cls(phase, limit, checkpoint_limit, grace, interrupt, clock, notice)
+        ladder.kind = str(kind)
+        return ladder
 
     @property
     def in_cell(self) -> bool:
@@ -101,7 +146,7 @@ class Ladder(object):
         self.cell_duration = self._clock() - self.started
         self.phase, self.interrupted = "checkpoint", False
         self.deadline = self._clock() + self.checkpoint_limit
-        self.notice_at = self._clock() + NOTICE_DELAY
+        self.notice_at = self._clock() + NOTICE_DELAY if self._notice else None
 
     def notice_due(self) -> bool:
         """True once, when the checkpoint still runs ``NOTICE_DELAY`` after the cell was done."""
@@ -128,3 +173,27 @@ class Ladder(object):
     def duration(self) -> float:
         """How long the cell ran (until it was done, else until now)."""
         return self.cell_duration if self.cell_duration is not None else self._clock() - self.started
+
+    def stopped_by_interrupt(self, status: Any) -> bool:
+        """A reply of ``status`` is the interrupt's doing: an error of a cell interrupted at its deadline (or cancelled)
+        or of an interrupted load; it is a ``timeout, worker_restarted: false`` (a cell that finished just at its
+        deadline stays a success)."""
+        return status == protocol.STATUS_ERROR and (
+            self.cell_interrupted or (self.kind == protocol.LOAD and self.interrupted)
+        )
+
+    def killed_reply(self) -> Dict[str, Any]:
+        """The fields of the reply to a request (made by ``for_request``) whose worker was killed at the end of the
+        ladder (KILL) and replaced: a fresh worker is an empty one."""
+        if self.kind == protocol.RESTORE_BEGIN:
+            return {"status": protocol.STATUS_OK, "worker_restarted": True}
+        reply: Dict[str, Any] = {
+            "status": protocol.STATUS_TIMEOUT,
+            "ran": True,
+            "worker_restarted": True,
+            "phase": self.phase,
+            "reason": "the %s ignored the interrupt for %.1f s; the worker was killed" % (self.phase, self.grace),
+        }
+        if self.kind == protocol.EXEC:
+            reply["duration"] = self.duration()
+        return reply

@@ -18,7 +18,6 @@ output come on a second link (host_call_relay.py). See docs/protocol.md.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 import selectors
@@ -38,8 +37,6 @@ from .ladder import ABANDON, Ladder
 from .log import log
 from .worker_process import WorkerProcess, start_worker
 
-DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
-CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows them 10 s plus the grace)
 _HANDSHAKE_HEADER_BYTES = 64 << 10
 _SETTLE_TICK = 0.05  # one hop: how often a worker whose controller left is interrupted until it is idle
 # A \uD800-\uDFFF escape in a header (a surrogate, perhaps a lone one): such a header is decoded and encoded
@@ -50,13 +47,6 @@ _CHECKPOINT_MEMBER = b',"checkpoint":'
 
 
 # --- Time limits in requests -------------------------------------------------------------------------------
-
-
-def _seconds(value: Any, default: float) -> float:
-    """A time limit from a request: a positive finite number, else ``default``."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return float(value)
-    return default
 
 
 def _glance(raw: memoryview, reply_type: str, request_id: Any) -> Optional[Dict[str, Any]]:
@@ -352,10 +342,13 @@ class Supervisor:
             self.worker.interrupt(header["phase"])  # the controller's clock ran out (or its caller cancelled)
             return
         if kind == protocol.KILL:
-            self._replace_worker()
+            # A worker that died before the kill came (its link at EOF: the controller saw its data channel break
+            # first) is reaped and its death told, as worker_lost would have.
+            info = self._replace_worker(died=self.worker.pending() == b"" or self.worker.proc.poll() is not None) or {}
             self.channels_held = 0
-            reason = "the worker was killed at the controller's request"
-            self._send(conn, {"type": protocol.WORKER_REPLACED, "id": header.get("id"), "reason": reason, "oom": False})
+            reason = info.get("reason") or "the worker was killed at the controller's request"
+            reply = {"type": protocol.WORKER_REPLACED, "id": header.get("id"), "reason": reason}
+            self._send(conn, dict(reply, oom=bool(info.get("oom"))))
             return
         raise protocol.ProtocolViolation("a %r frame on a one-hop connection" % kind)
 
@@ -398,7 +391,8 @@ class Supervisor:
     def _settle_worker(self) -> None:
         """A one-hop connection ended while the worker held its data channel: before another controller gets the
         worker it must be idle. What it runs is interrupted now (SIGINT and SIGUSR2: each is only noted outside its
-        own phase), again every ``_SETTLE_TICK`` (a request that had not started yet gets it too), and the worker is
+        own phase) and an idle worker sent back to its link (SIGHUP: only a worker waiting on its data channel heeds
+        it), again every ``_SETTLE_TICK`` (a request that had not started yet gets it too), and the worker is
         replaced if it does not report ``idle`` for every data channel it was handed within the grace."""
         worker = self.worker
         deadline = time.monotonic() + self.config.grace
@@ -412,6 +406,7 @@ class Supervisor:
                 if not (worker.inbox.buffered() or waiter.select(0)):
                     worker.interrupt("cell")
                     worker.interrupt("checkpoint")
+                    worker.leave_data_channel()
                     if not waiter.select(min(remaining, _SETTLE_TICK)):
                         continue
                 idle = self._read_idle()
@@ -626,16 +621,7 @@ class Supervisor:
         """
         kind = request["type"]
         request_id = request.get("id")
-        checkpoint_limit = _seconds(request.get("checkpoint_timeout"), DEFAULT_STEP_SECONDS)
-        if kind == protocol.EXEC:
-            phase, limit = "cell", _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
-        elif kind == protocol.LOAD:
-            phase, limit = "load", _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
-        elif kind in (protocol.SET_VALUE, protocol.RESET, protocol.CONTEXT_CREATE, protocol.CONTEXT_DESTROY):
-            phase, limit = "checkpoint", checkpoint_limit
-        else:  # restore_begin / restore_end: no user code, only a namespace to clear (whose __del__ may hang)
-            phase, limit = "request", _seconds(request.get("timeout"), CONTROL_STEP_SECONDS)
-        ladder = Ladder(phase, limit, checkpoint_limit, self.config.grace, self._interrupt_worker)
+        ladder = Ladder.for_request(request, self.config.grace, self._interrupt_worker)
         if kind == protocol.EXEC:
             self.host_calls.start_cell(request.get("input") is True)
         while True:
@@ -680,19 +666,7 @@ class Supervisor:
             self._replace_worker()
             if step == ABANDON:
                 raise _Takeover(request_id)
-            if kind == protocol.RESTORE_BEGIN:
-                return {"status": protocol.STATUS_OK, "worker_restarted": True}  # a fresh worker is an empty one
-            reply: Dict[str, Any] = {
-                "status": protocol.STATUS_TIMEOUT,
-                "ran": True,
-                "worker_restarted": True,
-                "phase": ladder.phase,
-                "reason": "the %s ignored the interrupt for %.1f s; the worker was killed"
-                % (ladder.phase, self.config.grace),
-            }
-            if kind == protocol.EXEC:
-                reply["duration"] = ladder.duration()
-            return reply
+            return ladder.killed_reply()
 
     def _interrupt_worker(self, phase: str) -> None:
         self.worker.interrupt(phase)
@@ -776,10 +750,7 @@ class Supervisor:
         """Adjust the worker's reply for what the supervisor did, and learn the generation from it."""
         reply = frame.header
         status = reply.get("status")
-        if status == protocol.STATUS_ERROR and (
-            ladder.cell_interrupted or (kind == protocol.LOAD and ladder.interrupted)
-        ):
-            # The interrupt stopped it (a cell that finished just at its deadline stays a success).
+        if ladder.stopped_by_interrupt(status):
             reply["status"] = protocol.STATUS_TIMEOUT
             reply["worker_restarted"] = False
             reply.setdefault("phase", "cell" if kind == protocol.EXEC else "load")

@@ -14,7 +14,9 @@ checkpoint. Each raises KeyboardInterrupt only inside its own phase (and at most
 phase); anywhere else, frame I/O above all, it is only noted, so a late interrupt can never
 tear a frame, and a cell's interrupt that comes as the cell ends cannot cut its checkpoint
 short. A checkpoint that is interrupted names the values it had not saved yet and replies
-normally.
+normally. In one hop, SIGHUP sends a worker that waits on its data channel back to the
+supervisor's link (the controller is gone); it is a signal of its own so that an interrupt the
+controller sent as its request ended can never make an idle worker drop its data channel.
 
 Contexts: more namespaces of the session in this one worker (docs/protocol.md, "Contexts").
 Each is a module of its own with its own checkpoint tracker, working directory and environment
@@ -54,7 +56,7 @@ _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
 
 
 class _LeaveDataChannel(BaseException):
-    """An interrupt while the worker waits on its data channel for a request: go back to the supervisor's link."""
+    """SIGHUP while the worker waits on its data channel for a request: go back to the supervisor's link."""
 
 
 def _unpickles(header: Dict[str, Any]) -> bool:
@@ -227,13 +229,17 @@ class Worker:
         self.cell_number = 0
         self.phase = _IDLE
         self.armed = False  # a KeyboardInterrupt may be raised right now
-        self.awaiting_data = False  # one hop: waiting on D for a request, where an interrupt leaves D
+        self.awaiting_data = False  # one hop: waiting on D for a request, where SIGHUP leaves D
         self.stop_checkpoint = False  # SIGUSR2 came during the checkpoint: pickle nothing more
         self.cell_done_for: Any = _MISSING  # the exec whose cell_done is still to be sent
         self.restored_frozen: Dict[str, Any] = {}  # digest -> immutable value loaded in this restore
         self._body: Optional[bytearray] = None  # the current request's body, until a handler takes it
         self._value_fd: Optional[int] = None  # the descriptor that came with it (a value file), until taken
-        self._handlers = ((signal.SIGINT, self._on_sigint), (signal.SIGUSR2, self._on_sigusr2))
+        self._handlers = (
+            (signal.SIGINT, self._on_sigint),
+            (signal.SIGUSR2, self._on_sigusr2),
+            (signal.SIGHUP, self._on_sighup),
+        )
         self.shielded = False  # the main thread writes a host-call frame: an interrupt waits until it is out
         self.deferred = False
         self.calls = None if call_sock is None else hostcall.HostCallClient(call_sock, call_max, self._shield)
@@ -246,9 +252,6 @@ class Worker:
     # -- the interrupt
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.awaiting_data:  # one hop, idle: the supervisor lost its controller, who may never close D
-            self.awaiting_data = False
-            raise _LeaveDataChannel
         if self.armed and self.phase in (_CELL, _LOAD):
             if self.shielded:
                 self.deferred = True
@@ -271,6 +274,13 @@ class Worker:
                 self.deferred = False
                 self.armed = False
                 raise KeyboardInterrupt
+
+    def _on_sighup(self, signum: int, frame: Any) -> None:
+        """One hop: the supervisor lost its controller, who may never close D; only an idle worker leaves it (one
+        that runs something is interrupted, and gets this again once idle)."""
+        if self.awaiting_data:
+            self.awaiting_data = False
+            raise _LeaveDataChannel
 
     def _on_sigusr2(self, signum: int, frame: Any) -> None:
         if self.phase != _CHECKPOINT:

@@ -91,6 +91,11 @@ class WorkerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGUSR2 if phase == "checkpoint" else signal.SIGINT)
 
+    def leave_data_channel(self) -> None:
+        """One hop: SIGHUP sends a worker that waits on its data channel back to our link (it reports ``idle``)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGHUP)
+
     def pending(self) -> Optional[bytes]:
         """Without blocking: b'' when the socket is at EOF, some bytes when it has data, None when empty."""
         if self.inbox.buffered():  # read with its last frame

@@ -148,6 +148,7 @@ class Sandbox:
                 sandbox_id=sandbox_id,
                 deadline=time.monotonic() + settings.timeouts.start,
                 one_hop=settings.one_hop,
+                interrupt_grace=settings.timeouts.interrupt_grace,
                 frame_seconds=settings.timeouts.frame,
             )
         except BaseException as exc:
@@ -200,6 +201,7 @@ class Sandbox:
                 sandbox_id=sandbox_id,
                 deadline=time.monotonic() + wait,
                 one_hop=settings.one_hop,
+                interrupt_grace=settings.timeouts.interrupt_grace,
                 frame_seconds=settings.timeouts.frame,
             )
         except BaseException:

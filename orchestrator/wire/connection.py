@@ -24,6 +24,7 @@ from typing import Any
 from ..agent import protocol
 from ..agent.protocol import Hello
 from ..api.events import LiveCall
+from ..config import Timeouts
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk
@@ -90,11 +91,16 @@ class AgentConnection:
     """One authenticated channel to an agent, and in one hop the data channel to its worker."""
 
     def __init__(
-        self, channel: Channel, hello: Hello, data: DataChannel | None = None, *, frame_seconds: float = 10.0
+        self,
+        channel: Channel,
+        hello: Hello,
+        data: DataChannel | None = None,
+        interrupt_grace: float = Timeouts.interrupt_grace,
+        frame_seconds: float = Timeouts.frame,
     ) -> None:
         self._channel = channel
         self.hello = hello
-        self._hop = OneHop(channel, data, frame_seconds) if data is not None else None
+        self._hop = OneHop(channel, data, interrupt_grace, frame_seconds) if data is not None else None
 
     @property
     def one_hop(self) -> bool:
@@ -109,13 +115,16 @@ class AgentConnection:
         sandbox_id: str,
         deadline: float,
         one_hop: bool = False,
-        frame_seconds: float = 10.0,
+        interrupt_grace: float = Timeouts.interrupt_grace,
+        frame_seconds: float = Timeouts.frame,
     ) -> AgentConnection:
         """Wait for the agent of ``sandbox_id`` on ``endpoint`` and authenticate both ends.
 
         With ``one_hop``, a local endpoint's agent that offers one hop gets a data channel (docs/design/one-hop.md);
-        a remote one (a Swarm node's relay) always takes two hops. A frame its worker begins there must not stall
-        for ``frame_seconds`` (``Settings.timeouts.frame``, the supervisor's bound in two hops).
+        a remote one (a Swarm node's relay) always takes two hops. In one hop the controller keeps each request's
+        ladder: ``interrupt_grace`` (the sandbox's, as its agent was started with) between the interrupt and the kill;
+        a frame its worker begins there must not stall for ``frame_seconds`` (``Settings.timeouts.frame``, the
+        supervisor's bound in two hops).
 
         A peer that fails the handshake (or stalls in it for ``_HANDSHAKE_SECONDS``) is dropped
         and the wait goes on, so a process that knocks on the socket cannot stop the real agent.
@@ -156,7 +165,7 @@ class AgentConnection:
                 hello["dill"],
                 ", one hop" if data is not None else "",
             )
-            return cls(channel, hello, data, frame_seconds=frame_seconds)
+            return cls(channel, hello, data, interrupt_grace, frame_seconds)
 
     def request(
         self,
@@ -286,11 +295,12 @@ class AgentConnection:
             TakenOver: it said goodbye.
             ChannelLost: it hung up or sent something unasked (the sandbox is not usable as is).
         """
+        if self._hop is not None:  # its supervisor may say worker_lost between calls
+            self._hop.check_idle()
+            return
         if self._channel.has_pending():
             self._raise_if_goodbye()
             raise ChannelLost("the agent hung up or spoke unasked between calls")
-        if self._hop is not None:
-            self._hop.check_idle()
 
     def _raise_if_goodbye(self) -> None:
         """Read what the agent sent unasked; TakenOver if it is a goodbye, else return."""

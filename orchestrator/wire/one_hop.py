@@ -9,14 +9,16 @@ here as the supervisor checks it in two hops.
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 import select
 import time
 
 from ..agent import protocol
+from ..agent.ladder import KILL, Ladder
 from ..api.events import LiveCall
-from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
+from ..errors import AgentTimeoutError, ChannelLost, ProtocolError
 from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk, answer_error
 from .data_channel import DataChannel
@@ -26,7 +28,6 @@ from .transport import Channel, FrameBody
 
 _ENDED = "the cell that made this host call has ended"  # as the supervisor answers it in two hops
 _HAND_OVER_SECONDS = 5.0  # the supervisor takes a data channel at once
-_WORKER_LOST_WAIT = 5.0  # the supervisor says worker_lost once the fresh worker runs
 _REPLACE_SECONDS = 5.0  # at least this long for worker_replaced: the supervisor answers once the fresh worker runs
 
 
@@ -51,11 +52,12 @@ class _SupervisorSpoke(ProtocolError):
 class OneHop:
     """One worker's data channel, beside its supervisor's connection ``control`` (not this object's to close)."""
 
-    def __init__(self, control: Channel, data: DataChannel, frame_seconds: float = 10.0) -> None:
+    def __init__(self, control: Channel, data: DataChannel, grace: float, frame_seconds: float) -> None:
         self._control = control
         self._data: DataChannel | None = data
+        self._grace = grace  # between the ladder's interrupt and its kill: the supervisor's interrupt_grace
         self._frame_seconds = frame_seconds  # a frame the worker began on D may stall this long (two hops: the agent's)
-        self._lost_between_calls: str | None = None  # why the worker was replaced since the last request, if it was
+        self._lost: protocol.Header | None = None  # the worker died between calls: how (the next request says so)
 
     def request(
         self,
@@ -72,17 +74,17 @@ class OneHop:
         """``request`` in one hop: the request and its reply on D, the cell's calls and output on K, control on C.
         ``value_fd`` (a request without a body: a ``set_value``'s value file) goes with the request's first bytes.
 
-        Until the controller keeps the ladder (docs/design/one-hop.md, step 2) nothing interrupts a cell past its
-        time but the caller's interrupt; the deadline then raises ``AgentTimeoutError`` and the sandbox is replaced,
-        as for whatever else goes wrong here (``ChannelLost``: a worker lost, a channel closed). A forged or invalid
-        frame on D or K has the worker replaced and is answered ``protocol_error`` (``_worker_misbehaved``).
+        The controller keeps the request's ladder (``agent/ladder.py``): at the phase's own limit it has the
+        supervisor interrupt the worker, after the grace kill and replace it (``replace_worker``): the reply is then
+        ``timeout, worker_restarted: true``, as in two hops. A worker lost (the supervisor's ``worker_lost``, or D or K
+        broke: the worker is replaced, in case it lives) is answered ``crashed``. ``deadline`` is the final word: past
+        it, ``AgentTimeoutError`` (the sandbox is replaced), as for a broken C or an invalid frame on it. A forged or
+        invalid frame on D or K, or one that stalls on D for ``frame_seconds``, has the worker replaced and is
+        answered ``protocol_error`` (``_worker_misbehaved``), as the supervisor answers it in two hops.
         """
-        lost, self._lost_between_calls = self._lost_between_calls, None
-        if lost is not None and header["type"] != protocol.RESTORE_BEGIN:  # a restore wants a fresh worker anyway
-            reply = made_up_reply(
-                header, status=protocol.STATUS_CRASHED, reason=lost, oom=False, ran=False, worker_restarted=True
-            )
-            return reply, bytearray()
+        lost, self._lost = self._lost, None
+        if lost is not None:  # the worker died between calls (check_idle): the request never runs on it
+            return self._crashed(header, lost, ran=False), bytearray()
         data = self._data
         if data is None:
             raise ChannelLost("the worker's data channel could not be handed over after its last worker was lost")
@@ -91,14 +93,18 @@ class OneHop:
                 data.requests.send(header, body, deadline=deadline)
             else:
                 data.requests.send_fds(header, [value_fd], deadline=deadline)
-        except ChannelLost as exc:  # the worker died between calls, or a cell closed D: the request never ran
-            return self._worker_lost(data, header, exc, None, ran=False, deadline=deadline)
+        except ChannelLost:  # the worker died between calls, or a cell closed D: the request never ran
+            lost = self.replace_worker(header["id"], deadline=deadline)
+            return self._crashed(header, lost, ran=False), bytearray()
         try:
             return self._reply(data, header, deadline, checkpoint_seconds, desk, live, blobs)
-        except _WorkerLost as lost:
-            return self._worker_lost(data, header, None, lost.message, ran=True, deadline=deadline)
-        except ChannelLost as exc:  # D, K or C broke: if the worker died, the supervisor says so on C
-            return self._worker_lost(data, header, exc, None, ran=True, deadline=deadline)
+        except _WorkerLost as exc:
+            self._drop_data()
+            self._hand_over()
+            return self._crashed(header, exc.message, ran=True), bytearray()
+        except ChannelLost:  # D or K broke: the worker died (the supervisor says so), or its cell closed one
+            lost = self.replace_worker(header["id"], deadline=deadline)
+            return self._crashed(header, lost, ran=True), bytearray()
         except _SupervisorSpoke:
             raise
         except ProtocolError as exc:  # the worker (cell code) wrote it on D or K: the supervisor replaces it
@@ -132,25 +138,19 @@ class OneHop:
         live: LiveCall | None,
         blobs: DeferredBlobs | None,
     ) -> tuple[protocol.Header, bytearray]:
-        """Wait for the reply of the request sent on D, serving K and watching C meanwhile."""
+        """Wait for the reply of the request sent on D under its ladder, serving K and watching C meanwhile."""
         request_id = header["id"]
         requests, calls, control = data.requests, data.calls, self._control
-        phase = "load" if header["type"] == protocol.LOAD else "cell"
-        interrupted = False  # an interrupt went out before the cell (or load) ended
+        ladder = Ladder.for_request(header, self._grace, functools.partial(self._interrupt, request_id), notice=False)
+        cell_ended = False  # the worker said cell_done: the checkpoint runs
         paused_at: float | None = None
         ready: set[int] = set()  # the reply cannot have come yet: wait before the first read
         stalled = math.inf  # when a frame the worker began on D, and stopped feeding, makes it a forger
         while True:
-            if live is not None:
-                if live.waiting_for_input and paused_at is None:
-                    paused_at = time.monotonic()
-                elif paused_at is not None and not live.waiting_for_input:
-                    deadline += time.monotonic() - paused_at
-                    paused_at = None
             if control.fileno() in ready or control.buffered:
                 self._read_control(control)
             if calls.fileno() in ready or calls.buffered:
-                self._read_calls(calls, request_id, desk, live, blobs, deadline, phase == "checkpoint")
+                self._read_calls(calls, request_id, desk, live, blobs, deadline, cell_ended)
             if requests.fileno() in ready or requests.buffered:
                 frame = requests.poll_recv()
                 if frame is None and requests.fileno() in ready:  # more of it came
@@ -166,24 +166,41 @@ class OneHop:
                             f"{request_id!r}"
                         )
                     if reply.get("type") == protocol.CELL_DONE and not reply_body:
-                        if phase == "checkpoint":
+                        if cell_ended:
                             raise ProtocolError(f"the worker said twice that the cell of {request_id!r} ended")
-                        phase = "checkpoint"  # its clock runs now, once
+                        cell_ended = True  # the checkpoint's clock runs now, once
+                        if ladder.in_cell:
+                            ladder.cell_done()
                         if checkpoint_seconds is not None:
                             deadline = time.monotonic() + checkpoint_seconds
                         continue
                     self._after_reply(calls, request_id, live, deadline)
-                    if interrupted and reply.get("status") == protocol.STATUS_ERROR:
-                        # The interrupt stopped it (one that finished just then stays a success): as the supervisor
-                        # says it in two hops.
+                    if ladder.stopped_by_interrupt(reply.get("status")):  # as the supervisor says it in two hops
                         reply.update(status=protocol.STATUS_TIMEOUT, worker_restarted=False)
                         reply.setdefault("phase", "load" if header["type"] == protocol.LOAD else "cell")
                     return reply, reply_body
-            ready = self._wait(data, min(stalled, math.inf if paused_at is not None else deadline), desk, live)
+            if live is not None:  # after K was read: an input() asked for just now stops the clock from now
+                waiting = live.waiting_for_input
+                ladder.follow_input(waiting)
+                if waiting and paused_at is None:
+                    paused_at = time.monotonic()
+                elif paused_at is not None and not waiting:
+                    deadline += time.monotonic() - paused_at
+                    paused_at = None
+            if ladder.expired() == KILL:  # (at its deadline it was interrupted, and has the grace to stop)
+                self.replace_worker(request_id, deadline=deadline)
+                return made_up_reply(header, **ladder.killed_reply()), bytearray()
+            rung = ladder.wait_seconds()
+            rung_at = min(stalled, math.inf if rung is None else time.monotonic() + rung)
+            ready = self._wait(data, math.inf if paused_at is not None else deadline, rung_at, desk, live)
             if live is not None and live.take_interrupt():
-                control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
-                control.flush()
-                interrupted = interrupted or phase != "checkpoint"
+                ladder.cancel()  # the caller's interrupt: the ladder's next step is due now
+
+    def _interrupt(self, request_id: str, phase: str) -> None:
+        """The ladder's interrupt: the supervisor signals the worker (SIGINT for a cell or load, SIGUSR2 for a
+        checkpoint); queued on C, which every wait flushes."""
+        self._control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
+        self._control.flush()
 
     def _read_control(self, control: Channel) -> None:
         """What the supervisor said on C during a request: a goodbye or a lost worker end it; nothing else is sent."""
@@ -201,37 +218,12 @@ class OneHop:
             raise _WorkerLost(message)
         raise _SupervisorSpoke(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
 
-    def _worker_lost(
-        self,
-        data: DataChannel,
-        header: protocol.Request,
-        broken: ChannelLost | None,
-        lost: protocol.Header | None,
-        *,
-        ran: bool,
-        deadline: float,
-    ) -> tuple[protocol.Header, bytearray]:
-        """The worker's data channel broke (``broken``) or the supervisor said ``worker_lost`` (``lost``): with the
-        supervisor's word (waited for on C, a little), hand its fresh worker a new data channel and answer as the
-        supervisor does in two hops, ``crashed`` (recovery restores into the fresh worker). Without it, ``broken``.
-
-        Raises:
-            TakenOver: the supervisor said goodbye instead.
-            ChannelLost: no ``worker_lost`` came (``broken``), or the new data channel could not be handed over.
-        """
-        if lost is None:
-            assert broken is not None
-            try:
-                lost, _ = self._control.recv(deadline=min(deadline, time.monotonic() + _WORKER_LOST_WAIT))
-            except TransportError:
-                raise broken from None
-            if lost.get("type") == protocol.GOODBYE:
-                raise TakenOver(parse_goodbye(lost)) from None
-            if lost.get("type") != protocol.WORKER_LOST:
-                raise broken
-        self._drop_data()
-        self._hand_over()
-        reply = made_up_reply(
+    @staticmethod
+    def _crashed(header: protocol.Request, lost: protocol.Header, *, ran: bool) -> protocol.Header:
+        """The reply to a request whose worker died (or was replaced because its data channel broke), as the
+        supervisor makes it in two hops from ``lost``, its ``worker_lost`` or ``worker_replaced``: recovery restores
+        into the fresh worker (and sends a request that never ran once more)."""
+        return made_up_reply(
             header,
             status=protocol.STATUS_CRASHED,
             reason=reply_reason(lost, "the worker died"),
@@ -239,7 +231,6 @@ class OneHop:
             ran=ran,
             worker_restarted=True,
         )
-        return reply, bytearray()
 
     def replace_worker(self, kill_id: str | None = None, *, deadline: float) -> protocol.Header:
         """Have the supervisor kill this worker and start a fresh one, and hand that one a new data channel.
@@ -253,7 +244,9 @@ class OneHop:
         ``deadline``, or ``_REPLACE_SECONDS`` if that is later.
 
         Returns:
-            The supervisor's ``worker_replaced``: its ``reason`` and ``oom`` are the supervisor's, not the worker's.
+            What the supervisor said of the old worker's end (``reason``, ``oom``: its word, not the worker's): its
+            ``worker_lost`` if the worker died before the kill came, else its ``worker_replaced`` (which names the
+            death too when the supervisor found the worker dead at the kill).
 
         Raises:
             TakenOver: the supervisor said goodbye instead (another controller took the sandbox over).
@@ -266,6 +259,7 @@ class OneHop:
         deadline = max(deadline, time.monotonic() + _REPLACE_SECONDS)
         control.enqueue({"type": protocol.KILL, "id": kill_id})  # behind an interrupt still queued, if any
         control.flush(deadline=deadline)
+        lost: protocol.Header | None = None
         while True:
             message, _ = control.recv(deadline=deadline)
             kind = message.get("type")
@@ -275,8 +269,9 @@ class OneHop:
                 raise TakenOver(parse_goodbye(message))
             if kind != protocol.WORKER_LOST:
                 raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} while it replaced its worker")
+            lost = lost or message
         self._hand_over()
-        return message
+        return lost if lost is not None else message
 
     def _drop_data(self) -> None:
         """Close our ends of the worker's data channel; until the next is handed over there is none to use."""
@@ -332,13 +327,15 @@ class OneHop:
         if calls.has_queued:  # a frame cut in half would break the link for the next cell
             calls.flush(deadline=deadline)
 
-    def _wait(self, data: DataChannel, deadline: float, desk: CallDesk | None, live: LiveCall | None) -> set[int]:
-        """Until D, K or C is readable (or K and C writable with answers queued), an answer is ready, or a time limit;
-        the descriptors that are ready."""
+    def _wait(
+        self, data: DataChannel, deadline: float, rung_at: float, desk: CallDesk | None, live: LiveCall | None
+    ) -> set[int]:
+        """Until D, K or C is readable (or K and C writable with answers queued), an answer is ready, the ladder's
+        next step is due (``rung_at``) or the deadline; the descriptors that are ready."""
         poller = select.poll()
         for channel in (data.requests, data.calls, self._control):
             poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
-        wake = deadline
+        wake = min(deadline, rung_at)
         for source in (desk, live):
             if source is not None:
                 poller.register(source.wake_fd, select.POLLIN)
@@ -359,27 +356,34 @@ class OneHop:
         return ready
 
     def check_idle(self) -> None:
-        """Between calls the worker is silent on D and K.
-
-        What it wrote on D, or its hanging up there (cell code holds D's other end: a thread it left, a forged or late
-        reply), has the supervisor replace it, and the next request is answered as a worker lost between calls
-        (``crashed, ran: false``), as the supervisor answers it in two hops: recovery restores, then sends it again.
+        """Between calls the supervisor says nothing on C but ``goodbye`` or ``worker_lost``, and the worker is silent
+        on D and K. A worker lost, or one that hung up or wrote on D, is replaced (the latter by ``replace_worker``) and
+        the next request is answered ``crashed, ran: false`` without being sent, as in two hops.
 
         Raises:
-            TakenOver: the supervisor said goodbye while the worker was replaced.
-            ChannelLost: it wrote or hung up on K, or the worker could not be replaced (the sandbox is not usable).
+            TakenOver: the supervisor said goodbye.
+            ChannelLost: C broke or carried something else, or the worker wrote or hung up on K (the sandbox is not
+                usable as is).
         """
+        control = self._control
+        while control.has_pending():
+            message, _ = control.recv(deadline=time.monotonic() + _HAND_OVER_SECONDS)  # a control frame comes whole
+            kind = message.get("type")
+            if kind == protocol.GOODBYE:
+                raise TakenOver(parse_goodbye(message))
+            if kind != protocol.WORKER_LOST:
+                raise ChannelLost(f"the supervisor sent {str(kind)[:64]!r} on its connection between calls")
+            self._drop_data()
+            self._hand_over()
+            self._lost = self._lost or message
         data = self._data
         if data is not None and data.requests.has_pending():
-            try:
-                self.replace_worker(deadline=time.monotonic())
-            except (AgentTimeoutError, ProtocolError) as exc:
-                raise ChannelLost(
-                    f"the worker spoke unasked on its data channel and could not be replaced: {exc}"
-                ) from exc
-            self._lost_between_calls = "the worker wrote out of turn on its data channel; it was killed"
-            return
-        if data is not None and data.calls.has_pending():  # step 3 answers a left thread's host calls instead
+            lost = self.replace_worker(deadline=time.monotonic())
+            if lost.get("type") == protocol.WORKER_REPLACED:
+                why = "the worker hung up or wrote unasked on its data channel between calls"
+                lost = {**lost, "reason": f"{why}; {reply_reason(lost, 'it was replaced')}"}
+            self._lost = self._lost or lost
+        elif data is not None and data.pending():  # step 3 answers a left thread's host calls instead
             raise ChannelLost("the worker hung up or spoke unasked on its data channel between calls")
 
     def close(self) -> None:

@@ -230,6 +230,86 @@ def test_replace_worker_kills_it_through_the_supervisor_and_hands_the_fresh_one_
     connection.check_idle()
 
 
+WORKER = "next(o for o in __import__('gc').get_objects() if type(o).__name__ == 'Worker')"
+
+
+def test_a_cell_past_its_timeout_is_interrupted_by_the_controllers_ladder_and_the_namespace_stays(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "kept = 7")["status"] == "ok"
+    reply = run(connection, "import time\ntime.sleep(60)", timeout=0.3)  # the deadline is 30 s: the ladder stops it
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is False, reply
+    assert reply["phase"] == "cell" and reply["error"]["ename"] == "KeyboardInterrupt", reply
+    assert value(connection, "kept") == "7"
+    connection.check_idle()
+
+
+def test_a_cell_that_ignores_the_interrupt_is_killed_after_the_grace_and_its_fresh_worker_gets_a_data_channel(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "kept = 7")["status"] == "ok"
+    code = "import time\nwhile True:\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n        pass"
+    reply = run(connection, code, timeout=0.3)
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True, reply
+    assert reply["phase"] == "cell" and reply["ran"] is True and "killed" in reply["reason"], reply
+    assert reply["type"] == protocol.EXEC_REPLY and isinstance(reply["duration"], float), reply
+    assert connection.one_hop and value(connection, "'kept' in globals()") == "False"  # a fresh worker, one hop
+    connection.check_idle()
+
+
+def test_a_cell_that_closes_its_own_data_channel_has_its_worker_replaced_and_is_crashed(host_agent: HostAgent) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "kept = 7")["status"] == "ok"
+    reply = run(connection, f"import socket\n{WORKER}.sock.shutdown(socket.SHUT_WR)")  # the worker lives on
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is True and reply["worker_restarted"], reply
+    assert "killed" in reply["reason"], reply
+    assert connection.one_hop and value(connection, "'kept' in globals()") == "False"
+    connection.check_idle()
+
+
+def test_a_worker_lost_between_calls_is_found_by_check_idle_and_answers_the_next_request(host_agent: HostAgent) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "import os, threading\nthreading.Timer(0.2, os._exit, (3,)).start()")["status"] == "ok"
+    time.sleep(1)
+    connection.check_idle()  # the supervisor's worker_lost (or D's EOF): a fresh worker and data channel, no error
+    connection.check_idle()
+    reply = run(connection, "ran = True")
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False, reply
+    assert "status 3" in reply["reason"], reply
+    assert value(connection, "'ran' in globals()") == "False"
+    connection.check_idle()
+
+
+def test_a_cell_that_writes_on_its_data_channel_between_calls_has_its_worker_replaced(host_agent: HostAgent) -> None:
+    connection = host_agent.connect()
+    code = f"import threading, time\nw = {WORKER}\nthreading.Timer(0.2, w.sock.sendall, (b'forged',)).start()"
+    assert run(connection, code)["status"] == "ok"
+    time.sleep(1)
+    connection.check_idle()  # D is readable between calls: the worker is killed and replaced through C
+    reply = run(connection, "ran = True")
+    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False, reply
+    assert "between calls" in reply["reason"], reply
+    assert value(connection, "'w' in globals() or 'ran' in globals()") == "False"
+    connection.check_idle()
+
+
+def test_an_interrupt_that_comes_after_its_cell_ended_leaves_the_idle_worker_and_its_data_channel_alone(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "kept = 7")["status"] == "ok"
+    hop = connection._hop
+    assert hop is not None
+    for phase in ("cell", "checkpoint"):  # the ladder's (or the caller's) interrupt, sent as the reply came
+        hop._interrupt("a-request-that-ended", phase)
+    time.sleep(0.5)  # the supervisor has signalled the worker, which waits on D for its next request
+    connection.check_idle()
+    assert value(connection, "kept") == "7"
+    connection.check_idle()
+
+
 ON_D = (
     "import os, sys, threading, time\n"
     "frame = sys._getframe()\n"
@@ -267,17 +347,3 @@ def test_a_frame_that_stalls_on_d_is_a_protocol_error_after_the_frame_time(host_
     assert time.monotonic() - started < 8
     assert reply["status"] == protocol.STATUS_PROTOCOL_ERROR and "middle of a frame" in reply["reason"], reply
     assert value(connection, "1 + 1") == "2"
-
-
-def test_a_write_on_d_between_calls_replaces_the_worker_and_the_next_request_is_not_run(
-    host_agent: HostAgent,
-) -> None:
-    connection = host_agent.connect()
-    assert run(connection, ON_D + "threading.Timer(0.2, os.write, (d, b'late')).start()")["status"] == "ok"
-    time.sleep(1)
-    connection.check_idle()  # the worker is replaced; the session goes on in the same sandbox
-    reply = run(connection, "ran = True")
-    assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False, reply
-    assert "out of turn" in reply["reason"], reply
-    assert value(connection, "'ran' in globals()") == "False"
-    connection.check_idle()
