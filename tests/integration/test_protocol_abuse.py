@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from orchestrator import ProtocolError, SandboxCrashed, Session, Settings, TransportError
+from orchestrator import ExecutionTimeout, ProtocolError, SandboxCrashed, Session, Settings, TransportError
 
 pytestmark = pytest.mark.docker
 
@@ -180,6 +180,27 @@ def test_a_child_in_its_own_session_that_holds_the_workers_socket_reaches_no_lat
     for i in range(3):
         assert stateful.execute(f"{i} * 10").return_value == str(i * 10)
     assert time.monotonic() - started < 5
+    assert stateful.container_id == container
+    assert_recovered(stateful)
+
+
+def test_a_thread_that_reads_the_next_request_leaves_it_to_the_ladder(stateful: Session) -> None:
+    """A thread the cell left reads the next request off the worker's socket (the worker's own loop is kept from
+    it): no reply comes, so the ladder ends the call (the supervisor's in two hops, the controller's in one hop),
+    the worker is replaced and the session goes on in the same sandbox."""
+    container = stateful.container_id
+    steal = FD + (
+        "import socket, threading\n"
+        "module = sys.modules[type(frame.f_locals['self']).__module__]\n"
+        "stolen = []\n"
+        "thief = socket.socket(fileno=os.dup(fd))\n"
+        "threading.Thread(target=lambda: stolen.append(thief.recv(1 << 16)), daemon=True).start()\n"
+        "module._recv_request = lambda sock: threading.Event().wait()\n"  # the worker's loop waits for ever
+    )
+    assert stateful.execute(steal).ok
+    with pytest.raises(ExecutionTimeout) as info:
+        stateful.execute("lost = 1", timeout=2)
+    assert info.value.restored is True
     assert stateful.container_id == container
     assert_recovered(stateful)
 
