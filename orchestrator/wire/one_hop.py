@@ -108,6 +108,8 @@ class OneHop:
         except _SupervisorSpoke:
             raise
         except ProtocolError as exc:  # the worker (cell code) wrote it on D or K: the supervisor replaces it
+            if self._data is not data:  # unless C failed while the ladder had the worker replaced: the supervisor's
+                raise
             return self._worker_misbehaved(header, exc, deadline)
 
     def _worker_misbehaved(

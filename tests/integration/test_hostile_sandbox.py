@@ -269,6 +269,21 @@ def test_a_misbehaving_agent_frame_is_a_typed_error_within_the_deadline(victim: 
     assert state is None or not state.running
 
 
+@pytest.mark.parametrize("mode", ["garbage", "stall", "nan"])
+def test_a_supervisor_that_misbehaves_as_it_kills_a_cell_past_its_grace_is_recycled(
+    victim: Session, hostile, mode: str
+) -> None:
+    """The cell ignores its interrupt, so the ladder (the supervisor's in two hops, the controller's in one) has the
+    worker killed; the supervisor's answer to that (the ``timeout`` reply, or ``worker_replaced``) is the frame that
+    misbehaves. The supervisor's fault, not the worker's: the sandbox goes."""
+    orch, settings = hostile
+    old = victim.container_id
+    ignore = "signal.signal(signal.SIGINT, signal.SIG_IGN)\nimport time\ntime.sleep(60)\n"
+    code = LOST + f"open('/tmp/hostile', 'w').write({mode!r})\n" + ignore
+    exc = assert_typed_and_restored(victim, settings, code)
+    assert victim.container_id != old, f"a misbehaving agent must be recycled ({type(exc).__name__}: {exc})"
+
+
 def test_a_stopped_supervisor_is_a_timeout_and_a_recycle(victim: Session, hostile) -> None:
     """SIGSTOP on the supervisor: the controller stops waiting at the deadline and recycles the container."""
     orch, settings = hostile
