@@ -282,6 +282,8 @@ def test_a_supervisor_that_misbehaves_as_it_kills_a_cell_past_its_grace_is_recyc
     code = LOST + f"open('/tmp/hostile', 'w').write({mode!r})\n" + ignore
     exc = assert_typed_and_restored(victim, settings, code)
     assert victim.container_id != old, f"a misbehaving agent must be recycled ({type(exc).__name__}: {exc})"
+    state = orch.backend.inspect(old)
+    assert state is None or not state.running
 
 
 def test_a_stopped_supervisor_is_a_timeout_and_a_recycle(victim: Session, hostile) -> None:
