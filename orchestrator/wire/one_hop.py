@@ -18,6 +18,7 @@ import time
 from ..agent import protocol
 from ..agent.ladder import KILL, Ladder
 from ..api.events import LiveCall
+from ..config import Timeouts
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError
 from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk, answer_error
@@ -52,7 +53,9 @@ class _SupervisorSpoke(ProtocolError):
 class OneHop:
     """One worker's data channel, beside its supervisor's connection ``control`` (not this object's to close)."""
 
-    def __init__(self, control: Channel, data: DataChannel, grace: float, frame_seconds: float) -> None:
+    def __init__(
+        self, control: Channel, data: DataChannel, grace: float, frame_seconds: float = Timeouts.frame
+    ) -> None:
         self._control = control
         self._data: DataChannel | None = data
         self._grace = grace  # between the ladder's interrupt and its kill: the supervisor's interrupt_grace
@@ -177,6 +180,8 @@ class OneHop:
                             deadline = time.monotonic() + checkpoint_seconds
                         continue
                     self._after_reply(calls, request_id, live, deadline)
+                    if ladder.interrupted or ladder.cell_interrupted:
+                        self._interrupts_delivered(deadline)
                     if ladder.stopped_by_interrupt(reply.get("status")):  # as the supervisor says it in two hops
                         reply.update(status=protocol.STATUS_TIMEOUT, worker_restarted=False)
                         reply.setdefault("phase", "load" if header["type"] == protocol.LOAD else "cell")
@@ -190,7 +195,9 @@ class OneHop:
                     deadline += time.monotonic() - paused_at
                     paused_at = None
             if ladder.expired() == KILL:  # (at its deadline it was interrupted, and has the grace to stop)
-                self.replace_worker(request_id, deadline=deadline)
+                lost = self.replace_worker(request_id, deadline=deadline)
+                if lost.get("type") == protocol.WORKER_LOST:  # it died by itself just before: a crash, as in two hops
+                    return self._crashed(header, lost, ran=True), bytearray()
                 return made_up_reply(header, **ladder.killed_reply()), bytearray()
             rung = ladder.wait_seconds()
             rung_at = min(stalled, math.inf if rung is None else time.monotonic() + rung)
@@ -203,6 +210,33 @@ class OneHop:
         checkpoint); queued on C, which every wait flushes."""
         self._control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
         self._control.flush()
+
+    def _interrupts_delivered(self, deadline: float) -> None:
+        """After a reply to a request that was interrupted: wait until the supervisor has sent the worker every
+        interrupt asked for (it answers C in order: a ``ping``'s ``pong``). A signal it sent is then pending in the
+        worker, which takes it while idle (and ignores it there) before it can read the next request, so an
+        interrupt that crossed the reply never stops the next cell, as the supervisor in two hops never relays it.
+
+        Raises:
+            TakenOver: the supervisor said goodbye first (the request is not kept, as a takeover during it).
+        """
+        ping_id = secrets.token_hex(16)
+        control = self._control
+        deadline = max(deadline, time.monotonic() + _HAND_OVER_SECONDS)
+        control.enqueue({"type": protocol.PING, "id": ping_id})
+        control.flush(deadline=deadline)
+        while True:
+            message, _ = control.recv(deadline=deadline)
+            kind = message.get("type")
+            if kind == protocol.PONG and message.get("id") == ping_id:
+                return
+            if kind == protocol.GOODBYE:
+                raise TakenOver(parse_goodbye(message))
+            if kind != protocol.WORKER_LOST:
+                raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} while it was asked for a pong")
+            self._drop_data()  # the worker died after its reply, which counts: the next request is told
+            self._hand_over()
+            self._lost = self._lost or message
 
     def _read_control(self, control: Channel) -> None:
         """What the supervisor said on C during a request: a goodbye or a lost worker end it; nothing else is sent."""
@@ -283,7 +317,9 @@ class OneHop:
 
     def _hand_over(self) -> None:
         """Hand the supervisor's fresh worker a new data channel (the old one went with its worker)."""
-        self._data = DataChannel.hand_over(self._control, deadline=time.monotonic() + _HAND_OVER_SECONDS)
+        deadline = time.monotonic() + _HAND_OVER_SECONDS
+        self._control.flush(deadline=deadline)  # an interrupt still queued goes first: descriptors go on their own
+        self._data = DataChannel.hand_over(self._control, deadline=deadline)
 
     def _read_calls(
         self,
@@ -367,6 +403,17 @@ class OneHop:
             ChannelLost: C broke or carried something else, or the worker wrote or hung up on K (the sandbox is not
                 usable as is).
         """
+        try:
+            self._idle_worker_lost()
+        except (AgentTimeoutError, ProtocolError) as exc:  # no call failed: the sandbox is replaced before the next
+            raise ChannelLost(f"the worker could not be replaced between calls: {exc}") from exc
+        data = self._data
+        if data is not None and data.pending():  # step 3 answers a left thread's host calls instead
+            raise ChannelLost("the worker hung up or spoke unasked on its data channel between calls")
+
+    def _idle_worker_lost(self) -> None:
+        """``check_idle``'s part for a worker lost between calls (``worker_lost`` on C) or one that hung up or wrote on
+        D, which is replaced: the next request learns how from ``_lost``."""
         control = self._control
         while control.has_pending():
             message, _ = control.recv(deadline=time.monotonic() + _HAND_OVER_SECONDS)  # a control frame comes whole
@@ -385,8 +432,6 @@ class OneHop:
                 why = "the worker hung up or wrote unasked on its data channel between calls"
                 lost = {**lost, "reason": f"{why}; {reply_reason(lost, 'it was replaced')}"}
             self._lost = self._lost or lost
-        elif data is not None and data.pending():  # step 3 answers a left thread's host calls instead
-            raise ChannelLost("the worker hung up or spoke unasked on its data channel between calls")
 
     def close(self) -> None:
         """Close D and K: the worker sees EOF, goes back to its supervisor and reports itself idle."""

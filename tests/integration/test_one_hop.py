@@ -1,6 +1,6 @@
-"""One hop against a real engine (docs/design/one-hop.md, step 1): cells, values, output, host calls and a worker's
-death with ``Settings.one_hop`` on. Measures nothing; the unit tests (tests/unit/wire/test_one_hop_connection.py)
-check the connection itself against the host agent.
+"""One hop against a real engine (docs/design/one-hop.md, steps 1 and 2): cells, values, output, host calls, a
+worker's death and the controller's timeout ladder with ``Settings.one_hop`` on. Measures nothing; the unit tests
+(tests/unit/wire/test_one_hop_connection.py) check the connection itself against the host agent.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from support import one_hop
 
-from orchestrator import Orchestrator, SandboxCrashed, Session, Settings
+from orchestrator import ExecutionTimeout, Orchestrator, SandboxCrashed, Session, Settings
 from orchestrator.runtime.hostcalls import HostCalls
 from orchestrator.runtime.sandbox import Sandbox, ValueFile
 
@@ -83,3 +83,22 @@ def test_a_big_value_goes_to_the_worker_as_a_descriptor_on_its_data_channel(
     with pytest.raises(SandboxCrashed):
         hop.execute("import os\nos._exit(1)")
     assert hop.execute("len(big), big[-3:], len(small)").return_value == "(2097155, b'end', 1000)"
+
+
+def test_the_controllers_ladder_interrupts_then_kills_in_the_same_sandbox(hop: Session) -> None:
+    assert hop.execute("kept = [1, 2, 3]").ok
+    container = hop.container_id
+    with pytest.raises(ExecutionTimeout) as info:
+        hop.execute("progress = 'reached'\nwhile True:\n    pass", timeout=1)
+    assert info.value.restored is False and "interrupted" in str(info.value)  # the namespace stays
+    assert hop.execute("sum(kept), progress").return_value == "(6, 'reached')"
+    swallow = (
+        "lost = 1\nwhile True:\n    try:\n        while True:\n            pass\n"
+        + "    except KeyboardInterrupt:\n        pass"
+    )
+    with pytest.raises(ExecutionTimeout) as info:
+        hop.execute(swallow, timeout=1)
+    assert info.value.restored is True and "ignored the interrupt" in str(info.value)
+    assert hop.container_id == container  # the kill went through the supervisor: only the worker was replaced
+    assert hop.execute("sum(kept), 'lost' in globals()").return_value == "(6, False)"
+    assert one_hop(hop)

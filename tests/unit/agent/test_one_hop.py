@@ -276,3 +276,27 @@ def test_a_takeover_hands_over_the_idle_worker_with_its_memory_while_the_old_con
     assert DataChannel(one_hop.link).value("x") == "9"
     assert channel.data.closed_by_peer()  # the worker let the old data channel go
     old.close()
+
+
+def test_a_kill_that_comes_as_the_worker_dies_names_its_death(one_hop):
+    channel = DataChannel(one_hop.link)
+    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": "import os\nos._exit(3)", "timeout": 10})
+    with pytest.raises(protocol.ChannelClosed):
+        channel.data.recv()
+    one_hop.link.send({"type": protocol.KILL, "id": "e1"})  # the controller saw D break: the worker may live
+    said = [one_hop.link.recv()[0]]
+    if said[0]["type"] == protocol.WORKER_LOST:  # the supervisor saw the death first; the kill replaces its successor
+        said.append(one_hop.link.recv()[0])
+    assert said[-1]["type"] == protocol.WORKER_REPLACED and said[-1]["id"] == "e1", said
+    assert "status 3" in said[0]["reason"] and said[0]["oom"] is False, said
+    assert DataChannel(one_hop.link).value("1") == "1"
+
+
+def test_an_interrupt_for_a_request_that_ended_leaves_the_idle_worker_on_its_data_channel(one_hop):
+    channel = DataChannel(one_hop.link)
+    channel.run("x = 3")
+    for phase in ("cell", "checkpoint"):
+        one_hop.link.send({"type": protocol.INTERRUPT, "id": "ended", "phase": phase})
+    one_hop.link.send({"type": protocol.PING, "id": "p1"})
+    assert one_hop.link.recv()[0]["type"] == protocol.PONG  # the signals were sent: the idle worker ignores them
+    assert channel.value("x") == "3" and quiet(one_hop.link)

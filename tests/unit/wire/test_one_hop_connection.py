@@ -21,15 +21,20 @@ from agent_process import AGENT_COMMAND, AGENT_ENV
 
 from orchestrator.agent import handover, protocol
 from orchestrator.api.events import LiveCall, OutputEvent
-from orchestrator.errors import ChannelLost
+from orchestrator.errors import ChannelLost, ProtocolError
 from orchestrator.runtime.output import StreamRecorder
+from orchestrator.wire import one_hop
 from orchestrator.wire.connection import AgentConnection
 from orchestrator.wire.data_channel import DataChannel
 from orchestrator.wire.endpoint import SECRET_NAME, UnixSocketEndpoint
+from orchestrator.wire.one_hop import OneHop
+from orchestrator.wire.replies import TakenOver
 from orchestrator.wire.transport import Channel
 from orchestrator.wire.wakeup import Wakeup
 
 SANDBOX = "sb-unit"
+NO_CALLS: Any = {"checkpoint_seconds": None, "desk": None, "live": None, "blobs": None}
+EXEC: Any = {"type": protocol.EXEC, "id": "e1"}
 SCAFFOLD = "def before_cell(namespace):\n    namespace['ask'] = host_call\n"
 
 
@@ -259,10 +264,14 @@ def test_a_cell_that_ignores_the_interrupt_is_killed_after_the_grace_and_its_fre
     connection.check_idle()
 
 
-def test_a_cell_that_closes_its_own_data_channel_has_its_worker_replaced_and_is_crashed(host_agent: HostAgent) -> None:
+@pytest.mark.parametrize("end", ["sock", "calls._sock"])
+def test_a_cell_that_closes_its_own_data_channel_has_its_worker_replaced_and_is_crashed(
+    host_agent: HostAgent, end: str
+) -> None:
     connection = host_agent.connect()
     assert run(connection, "kept = 7")["status"] == "ok"
-    reply = run(connection, f"import socket\n{WORKER}.sock.shutdown(socket.SHUT_WR)")  # the worker lives on
+    code = f"import socket, time\n{WORKER}.{end}.shutdown(socket.SHUT_WR)\ntime.sleep(30)"  # the worker lives on
+    reply = run(connection, code)
     assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is True and reply["worker_restarted"], reply
     assert "killed" in reply["reason"], reply
     assert connection.one_hop and value(connection, "'kept' in globals()") == "False"
@@ -347,3 +356,117 @@ def test_a_frame_that_stalls_on_d_is_a_protocol_error_after_the_frame_time(host_
     assert time.monotonic() - started < 8
     assert reply["status"] == protocol.STATUS_PROTOCOL_ERROR and "middle of a frame" in reply["reason"], reply
     assert value(connection, "1 + 1") == "2"
+
+
+FORGE_CELL_DONE = f"""
+import sys, time
+w = {WORKER}
+protocol = sys.modules[type(w).__module__.rpartition('.')[0] + '.protocol']
+f = sys._getframe()
+while not isinstance(f.f_locals.get('header'), dict):
+    f = f.f_back
+protocol.send_frame(w.sock, {{'type': 'cell_done', 'id': f.f_locals['header']['id']}})
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_cell_that_forges_its_cell_done_only_trades_its_clock_for_the_checkpoints_and_is_killed(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    reply = run(connection, FORGE_CELL_DONE, timeout=30, checkpoint_timeout=0.3)  # its own limit would be 30 s
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True, reply
+    assert reply["phase"] == "checkpoint", reply  # the checkpoint's interrupt (SIGUSR2) does not stop a cell
+    assert connection.one_hop and value(connection, "'w' in globals()") == "False"
+    connection.check_idle()
+
+
+class FakeSupervisor:
+    """The supervisor's end of C, played by the test: what it says is written before the controller asks."""
+
+    def __init__(self) -> None:
+        ours, self.sock = socket.socketpair()
+        self.sock.settimeout(5)
+        self.control = Channel(ours, 4096, 4096)
+        self.hop = OneHop(self.control, DataChannel.hand_over(self.control, deadline=time.monotonic() + 5), 0.5)
+        self.take_data_channel()
+
+    def take_data_channel(self) -> None:
+        header, fds = handover.recv_with_fds(self.sock, 4)
+        assert header == {"type": protocol.DATA_CHANNEL} and len(fds) == protocol.DATA_CHANNEL_FDS
+        handover.close_fds(fds)
+
+    def say(self, **message: Any) -> None:
+        protocol.send_frame(self.sock, message)
+
+    def heard(self) -> dict[str, Any]:
+        return protocol.recv_frame(self.sock)[0]
+
+    def close(self) -> None:
+        self.hop.close()
+        self.control.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def supervisor() -> Iterator[FakeSupervisor]:
+    fake = FakeSupervisor()
+    yield fake
+    fake.close()
+
+
+def test_replace_worker_returns_the_death_the_kill_outran_and_hands_over_after_the_kills_answer(
+    supervisor: FakeSupervisor,
+) -> None:
+    supervisor.say(type=protocol.WORKER_LOST, reason="the worker exited with status 3", oom=False)
+    supervisor.say(type=protocol.WORKER_REPLACED, id="k1", reason="killed", oom=False)
+    said = supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+    assert said["type"] == protocol.WORKER_LOST and "status 3" in said["reason"], said
+    assert supervisor.heard() == {"type": protocol.KILL, "id": "k1"}
+    supervisor.take_data_channel()  # only after the kill's own answer
+
+
+@pytest.mark.parametrize(
+    "answer", [{"type": protocol.PONG, "id": "k1"}, {"type": "lunch"}, {"type": protocol.WORKER_REPLACED, "id": "k0"}]
+)
+def test_replace_worker_refuses_any_other_answer_and_leaves_no_data_channel(
+    supervisor: FakeSupervisor, answer: dict[str, Any]
+) -> None:
+    supervisor.say(**answer)
+    with pytest.raises(ProtocolError, match="while it replaced its worker"):
+        supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+    with pytest.raises(ChannelLost, match="could not be handed over"):
+        supervisor.hop.request(EXEC, b"", deadline=time.monotonic() + 1, **NO_CALLS)
+
+
+def test_replace_worker_says_goodbye_as_taken_over(supervisor: FakeSupervisor) -> None:
+    supervisor.say(type=protocol.GOODBYE, reason="takeover", in_flight=None)
+    with pytest.raises(TakenOver):
+        supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+
+
+def test_a_supervisor_that_does_not_answer_a_kill_between_calls_makes_the_sandbox_go(
+    supervisor: FakeSupervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(one_hop, "_REPLACE_SECONDS", 0.2)
+    assert supervisor.hop._data is not None
+    supervisor.hop._data.requests.close()  # as if the worker hung up on D: it is to be replaced through C
+    with pytest.raises(ChannelLost, match="could not be replaced between calls"):
+        supervisor.hop.check_idle()
+
+
+def test_a_worker_lost_between_calls_answers_the_next_request_without_sending_it(supervisor: FakeSupervisor) -> None:
+    supervisor.say(type=protocol.WORKER_LOST, reason="the worker was killed by SIGKILL", oom=True)
+    supervisor.hop.check_idle()
+    supervisor.take_data_channel()
+    reply, _ = supervisor.hop.request(EXEC, b"", deadline=time.monotonic() + 1, **NO_CALLS)
+    assert reply == {
+        "type": protocol.EXEC_REPLY,
+        "id": "e1",
+        "status": protocol.STATUS_CRASHED,
+        "reason": "the worker was killed by SIGKILL",
+        "oom": True,
+        "ran": False,
+        "worker_restarted": True,
+    }
