@@ -46,7 +46,7 @@ _PLAIN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")  # a request id whose JSON form
 _CHECKPOINT_MEMBER = b',"checkpoint":'
 
 
-# --- Time limits in requests -------------------------------------------------------------------------------
+# --- An exec reply at a glance ------------------------------------------------------------------------------
 
 
 def _glance(raw: memoryview, reply_type: str, request_id: Any) -> Optional[Dict[str, Any]]:

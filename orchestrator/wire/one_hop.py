@@ -207,7 +207,9 @@ class OneHop:
 
     def _interrupt(self, request_id: str, phase: str) -> None:
         """The ladder's interrupt: the supervisor signals the worker (SIGINT for a cell or load, SIGUSR2 for a
-        checkpoint); queued on C, which every wait flushes."""
+        checkpoint); queued on C, which every wait flushes. A restore's or install's ("request") is a SIGINT, as the
+        supervisor sends it in two hops (the worker heeds it only in a cell or a load: the kill follows)."""
+        phase = phase if phase in protocol.INTERRUPT_PHASES else "cell"
         self._control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
         self._control.flush()
 

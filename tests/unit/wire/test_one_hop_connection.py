@@ -470,3 +470,16 @@ def test_a_worker_lost_between_calls_answers_the_next_request_without_sending_it
         "ran": False,
         "worker_restarted": True,
     }
+
+
+def test_a_restore_that_hangs_clearing_the_namespace_gets_a_fresh_worker_through_the_ladder(
+    host_agent: HostAgent,
+) -> None:
+    connection = host_agent.connect()
+    code = "class Stuck:\n    def __del__(self):\n        __import__('time').sleep(60)\nstuck = Stuck()"
+    assert run(connection, code, checkpoint=False)["status"] == "ok"
+    begin: Any = {"type": protocol.RESTORE_BEGIN, "generation": 0, "timeout": 0.3}
+    reply, _ = connection.request(begin, deadline=time.monotonic() + 30)
+    assert reply["status"] == protocol.STATUS_OK and reply["worker_restarted"] is True, reply  # a fresh one is empty
+    assert connection.one_hop and value(connection, "'stuck' in globals()") == "False"
+    connection.check_idle()
