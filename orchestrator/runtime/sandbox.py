@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -148,6 +149,7 @@ class Sandbox:
                 deadline=time.monotonic() + settings.timeouts.start,
                 one_hop=settings.one_hop,
                 interrupt_grace=settings.timeouts.interrupt_grace,
+                frame_seconds=settings.timeouts.frame,
             )
         except BaseException as exc:
             state = _quietly(lambda: backend.inspect(container_id))
@@ -200,6 +202,7 @@ class Sandbox:
                 deadline=time.monotonic() + wait,
                 one_hop=settings.one_hop,
                 interrupt_grace=settings.timeouts.interrupt_grace,
+                frame_seconds=settings.timeouts.frame,
             )
         except BaseException:
             endpoint.close()
@@ -221,13 +224,17 @@ class Sandbox:
         Host calls the cell makes meanwhile go to ``desk``; its output and ``input()`` requests to ``live``; the
         agent's requests for deferred values' blobs to ``deferred``. A ``ValueFile`` body goes as a file where it can.
         """
-        link = None
+        link = value_fd = None
         if isinstance(body, ValueFile):
-            link = self._link_value_file(body)
-            if link is None:
+            if self.connection.one_hop:
+                value_fd = self._open_value_file(body)
+            else:
+                link = self._link_value_file(body)
+            if link is None and value_fd is None:
                 body = body.raw
             else:
-                header, body = cast(protocol.SetValueRequest, {**header, "file": link.name}), b""
+                name = protocol.value_file_name(body.blob_id)
+                header, body = cast(protocol.SetValueRequest, {**header, "file": name}), b""
         try:
             return self.connection.request(
                 header,
@@ -237,18 +244,20 @@ class Sandbox:
                 desk=desk,
                 live=live,
                 blobs=self.deferred,
+                value_fd=value_fd,
             )
         finally:
             if self.deferred is not None:
                 self.deferred.release()
             if link is not None:
                 _unlink_value_file(link)
+            if value_fd is not None:
+                os.close(value_fd)
 
     def _link_value_file(self, value: ValueFile) -> Path | None:
-        """The staged blob hard-linked into the channel directory, readable by the sandbox's supervisor; None
-        where that cannot be (not a local sandbox, nothing staged, another file system; one hop, where the
-        supervisor that opens it is not on the path yet: docs/design/one-hop.md, "Value files")."""
-        if not isinstance(self._endpoint, UnixSocketEndpoint) or self.connection.one_hop:
+        """Two hops: the staged blob hard-linked into the channel directory, readable by the sandbox's supervisor;
+        None where that cannot be (not a local sandbox, nothing staged, another file system)."""
+        if not isinstance(self._endpoint, UnixSocketEndpoint):
             return None
         directory = self._endpoint.directory
         try:
@@ -271,6 +280,31 @@ class Sandbox:
             _unlink_value_file(link)
             return None
         return link
+
+    def _open_value_file(self, value: ValueFile) -> int | None:
+        """One hop: a read-only descriptor of the staged blob, which the controller attaches to the ``set_value`` on
+        the worker's data channel itself (docs/design/one-hop.md, "Value files"); None when nothing is staged, or
+        when the worker could change the file through it.
+
+        The descriptor comes from the host's own (writable) mount, not the container's read-only one, so what keeps
+        cell code from writing the store through it (``fchmod``, a reopen of ``/proc/self/fd``) is the file's owner
+        and mode: the controller's own uid, no group or other bits, and a worker that never runs as that uid.
+        """
+        if _worker_may_run_as(self._settings, os.geteuid()):
+            return None
+        path = value.written()
+        if path is None:
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            logger.debug("value file %s not opened (the value goes as the body): %s", path, exc)
+            return None
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o077:
+            os.close(fd)
+            return None
+        return fd
 
     def serve_deferred(
         self, named: Callable[[str], str | None], open_blob: Callable[[str], AbstractContextManager[memoryview]]
@@ -516,6 +550,16 @@ class _LoadBudget:
             return False
         self._left -= 1
         return True
+
+
+def _worker_may_run_as(settings: Settings, uid: int) -> bool:
+    """Whether a sandbox's worker (cell code) may run as ``uid``: one of ``worker_uids`` when each worker has its
+    own, else the container's (numeric) user."""
+    confinement = settings.confinement
+    if confinement.separate_worker:
+        low, high = confinement.worker_uids
+        return low <= uid <= high
+    return confinement.sandbox_uid_gid[0] == uid
 
 
 def _unlink_value_file(link: Path) -> None:

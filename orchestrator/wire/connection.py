@@ -96,10 +96,11 @@ class AgentConnection:
         hello: Hello,
         data: DataChannel | None = None,
         interrupt_grace: float = Timeouts.interrupt_grace,
+        frame_seconds: float = Timeouts.frame,
     ) -> None:
         self._channel = channel
         self.hello = hello
-        self._hop = OneHop(channel, data, interrupt_grace) if data is not None else None
+        self._hop = OneHop(channel, data, interrupt_grace, frame_seconds) if data is not None else None
 
     @property
     def one_hop(self) -> bool:
@@ -115,12 +116,15 @@ class AgentConnection:
         deadline: float,
         one_hop: bool = False,
         interrupt_grace: float = Timeouts.interrupt_grace,
+        frame_seconds: float = Timeouts.frame,
     ) -> AgentConnection:
         """Wait for the agent of ``sandbox_id`` on ``endpoint`` and authenticate both ends.
 
         With ``one_hop``, a local endpoint's agent that offers one hop gets a data channel (docs/design/one-hop.md);
         a remote one (a Swarm node's relay) always takes two hops. In one hop the controller keeps each request's
-        ladder: ``interrupt_grace`` (the sandbox's, as its agent was started with) between the interrupt and the kill.
+        ladder: ``interrupt_grace`` (the sandbox's, as its agent was started with) between the interrupt and the kill;
+        a frame its worker begins there must not stall for ``frame_seconds`` (``Settings.timeouts.frame``, the
+        supervisor's bound in two hops).
 
         A peer that fails the handshake (or stalls in it for ``_HANDSHAKE_SECONDS``) is dropped
         and the wait goes on, so a process that knocks on the socket cannot stop the real agent.
@@ -161,7 +165,7 @@ class AgentConnection:
                 hello["dill"],
                 ", one hop" if data is not None else "",
             )
-            return cls(channel, hello, data, interrupt_grace)
+            return cls(channel, hello, data, interrupt_grace, frame_seconds)
 
     def request(
         self,
@@ -173,6 +177,7 @@ class AgentConnection:
         desk: CallDesk | None = None,
         live: LiveCall | None = None,
         blobs: DeferredBlobs | None = None,
+        value_fd: int | None = None,
     ) -> tuple[Header, bytearray]:
         """Send one request and return its reply; every byte both ways must move before ``deadline``.
 
@@ -181,7 +186,8 @@ class AgentConnection:
         to ``desk`` (without one, each is answered with an error); the cell's output and its
         ``input()`` requests go to ``live``, which may also ask for an interrupt. While an
         ``input()`` waits for its answer the deadline stands still, as the agent's clock does. ``blobs``
-        answers the agent's requests for deferred values (``protocol.BLOB_CALL``; without it, refused).
+        answers the agent's requests for deferred values (``protocol.BLOB_CALL``; without it, refused). ``value_fd``
+        (one hop only, a request without a body) goes with the request: a ``set_value``'s value file.
 
         Raises:
             TakenOver: the agent said goodbye (the request was not kept).
@@ -193,15 +199,22 @@ class AgentConnection:
             header["id"] = new_request_id()
         if self._hop is not None:
             hop = self._hop
-            return hop.request(
-                header,
-                body,
-                deadline=deadline,
-                checkpoint_seconds=checkpoint_seconds,
-                desk=desk,
-                live=live,
-                blobs=blobs,
-            )
+            try:
+                return hop.request(
+                    header,
+                    body,
+                    deadline=deadline,
+                    checkpoint_seconds=checkpoint_seconds,
+                    desk=desk,
+                    live=live,
+                    blobs=blobs,
+                    value_fd=value_fd,
+                )
+            except TakenOver:
+                hop.close()  # at once, not when the session is dropped: the worker goes back to its supervisor
+                raise
+        if value_fd is not None:
+            raise ValueError("a value file's descriptor goes only on a worker's data channel (one hop)")
         try:
             self._channel.send(header, body, deadline=deadline)
         except ChannelLost:
@@ -296,6 +309,8 @@ class AgentConnection:
         except TransportError:
             return
         if message.get("type") == protocol.GOODBYE:
+            if self._hop is not None:
+                self._hop.close()  # the worker sees EOF on its data channel and goes back to its supervisor, idle
             raise TakenOver(parse_goodbye(message))
 
     def close(self) -> None:

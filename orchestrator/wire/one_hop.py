@@ -18,6 +18,7 @@ import time
 from ..agent import protocol
 from ..agent.ladder import KILL, Ladder
 from ..api.events import LiveCall
+from ..config import Timeouts
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError
 from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk
@@ -43,13 +44,20 @@ class _WorkerLost(Exception):
         self.message = message
 
 
+class _SupervisorSpoke(ProtocolError):
+    """The supervisor, not its worker, sent something invalid on C: only a new sandbox helps."""
+
+
 class OneHop:
     """One worker's data channel, beside its supervisor's connection ``control`` (not this object's to close)."""
 
-    def __init__(self, control: Channel, data: DataChannel, grace: float) -> None:
+    def __init__(
+        self, control: Channel, data: DataChannel, grace: float, frame_seconds: float = Timeouts.frame
+    ) -> None:
         self._control = control
         self._data: DataChannel | None = data
         self._grace = grace  # between the ladder's interrupt and its kill: the supervisor's interrupt_grace
+        self._frame_seconds = frame_seconds  # a frame the worker began on D may stall this long (two hops: the agent's)
         self._lost: protocol.Header | None = None  # the worker died between calls: how (the next request says so)
 
     def request(
@@ -62,15 +70,19 @@ class OneHop:
         desk: CallDesk | None,
         live: LiveCall | None,
         blobs: DeferredBlobs | None,
+        value_fd: int | None = None,
     ) -> tuple[protocol.Header, bytearray]:
         """``request`` in one hop: the request and its reply on D, the cell's calls and output on K, control on C.
+        ``value_fd`` (a request without a body: a ``set_value``'s value file) goes with the request's first bytes.
 
         The controller keeps the request's ladder (``agent/ladder.py``): at the phase's own limit it has the
         supervisor interrupt the worker, after the grace kill and replace it (``replace_worker``): the reply is then
         ``timeout, worker_restarted: true``, as in two hops. A worker lost (the supervisor's ``worker_lost``, or D
         broke: the worker is replaced, in case it lives) is answered ``crashed``; a K that broke is only closed
-        (``CallLink``), as two hops close the call link. ``deadline`` is the final word: past
-        it, ``AgentTimeoutError`` (the sandbox is replaced), as for a ``ProtocolError`` or a broken C.
+        (``CallLink``), as two hops close the call link. ``deadline`` is the final word: past it,
+        ``AgentTimeoutError`` (the sandbox is replaced), as for a broken C or an invalid frame on it. A forged or
+        invalid frame on D, or one that stalls there for ``frame_seconds``, has the worker replaced and is answered
+        ``protocol_error`` (``_worker_misbehaved``), as the supervisor answers it in two hops.
         """
         lost, self._lost = self._lost, None
         if lost is not None:  # the worker died between calls (check_idle): the request never runs on it
@@ -79,7 +91,10 @@ class OneHop:
         if data is None:
             raise ChannelLost("the worker's data channel could not be handed over after its last worker was lost")
         try:
-            data.requests.send(header, body, deadline=deadline)
+            if value_fd is None:
+                data.requests.send(header, body, deadline=deadline)
+            else:
+                data.requests.send_fds(header, [value_fd], deadline=deadline)
         except ChannelLost:  # the worker died between calls, or a cell closed D: the request never ran
             lost = self.replace_worker(header["id"], deadline=deadline)
             return self._crashed(header, lost, ran=False), bytearray()
@@ -92,6 +107,30 @@ class OneHop:
         except ChannelLost:  # D broke: the worker died (the supervisor says so), or its cell closed it
             lost = self.replace_worker(header["id"], deadline=deadline)
             return self._crashed(header, lost, ran=True), bytearray()
+        except _SupervisorSpoke:
+            raise
+        except ProtocolError as exc:  # the worker (cell code) wrote it on D or K: the supervisor replaces it
+            if self._data is not data:  # unless C failed while the ladder had the worker replaced: the supervisor's
+                raise
+            return self._worker_misbehaved(header, exc, deadline)
+
+    def _worker_misbehaved(
+        self, header: protocol.Request, exc: ProtocolError, deadline: float
+    ) -> tuple[protocol.Header, bytearray]:
+        """A forged or invalid frame on D or K (cell code holds their other ends): the worker is replaced through C
+        and the request answered ``protocol_error``, as the supervisor answers a frame it refuses in two hops, so
+        recovery restores into the same sandbox. Raises what ``replace_worker`` raises."""
+        replaced = self.replace_worker(header["id"], deadline=deadline)
+        reason = f"{str(exc)[:200]}; it was killed"
+        reply = made_up_reply(
+            header,
+            status=protocol.STATUS_PROTOCOL_ERROR,
+            reason=reason,
+            oom=replaced.get("oom") is True,
+            ran=True,
+            worker_restarted=True,
+        )
+        return reply, bytearray()
 
     def _reply(
         self,
@@ -110,6 +149,7 @@ class OneHop:
         cell_ended = False  # the worker said cell_done: the checkpoint runs
         paused_at: float | None = None
         ready: set[int] = set()  # the reply cannot have come yet: wait before the first read
+        stalled = math.inf  # when a frame the worker began on D, and stopped feeding, makes it a forger
         while True:
             if control.fileno() in ready or control.buffered:
                 self._read_control(control)
@@ -118,11 +158,17 @@ class OneHop:
                 calls.read(refusal=refusal, desk=desk, live=live, blobs=blobs, deadline=deadline)
             if requests.fileno() in ready or requests.buffered:
                 frame = requests.poll_recv()
+                if frame is None and requests.fileno() in ready:  # more of it came
+                    stalled = time.monotonic() + self._frame_seconds
+                elif frame is None and time.monotonic() >= stalled:
+                    raise ProtocolError("the worker stopped in the middle of a frame on its data channel")
                 if frame is not None:
+                    stalled = math.inf
                     reply, reply_body = frame
                     if reply.get("id") != request_id:
                         raise ProtocolError(
-                            f"a reply for {str(reply.get('id'))[:64]!r} while waiting for {request_id!r}"
+                            f"the worker sent a frame for {str(reply.get('id'))[:64]!r} that does not answer request "
+                            f"{request_id!r}"
                         )
                     if reply.get("type") == protocol.CELL_DONE and not reply_body:
                         if cell_ended:
@@ -155,7 +201,7 @@ class OneHop:
                     return self._crashed(header, lost, ran=True), bytearray()
                 return made_up_reply(header, **ladder.killed_reply()), bytearray()
             rung = ladder.wait_seconds()
-            rung_at = math.inf if rung is None else time.monotonic() + rung
+            rung_at = min(stalled, math.inf if rung is None else time.monotonic() + rung)
             ready = self._wait(data, math.inf if paused_at is not None else deadline, rung_at, desk, live)
             if live is not None and live.take_interrupt():
                 ladder.cancel()  # the caller's interrupt: the ladder's next step is due now
@@ -197,7 +243,10 @@ class OneHop:
 
     def _read_control(self, control: Channel) -> None:
         """What the supervisor said on C during a request: a goodbye or a lost worker end it; nothing else is sent."""
-        frame = control.poll_recv()
+        try:
+            frame = control.poll_recv()
+        except ProtocolError as exc:
+            raise _SupervisorSpoke(str(exc)) from exc
         if frame is None:
             return
         message, _ = frame
@@ -206,7 +255,7 @@ class OneHop:
             raise TakenOver(parse_goodbye(message))
         if kind == protocol.WORKER_LOST:
             raise _WorkerLost(message)
-        raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
+        raise _SupervisorSpoke(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
 
     @staticmethod
     def _crashed(header: protocol.Request, lost: protocol.Header, *, ran: bool) -> protocol.Header:

@@ -360,7 +360,7 @@ class Channel:
         return self._max_header, self._max_body
 
     def send_fds(self, header: protocol.Message, fds: Sequence[int], *, deadline: float) -> None:
-        """Send a frame without a body with ``fds`` attached (SCM_RIGHTS: one hop's ``data_channel``).
+        """Send a frame without a body with ``fds`` attached (SCM_RIGHTS: one hop's ``data_channel``, a value file).
 
         Raises:
             AgentTimeoutError: the agent did not take the frame in time.

@@ -22,6 +22,12 @@ def close_quietly(session: Session) -> None:
         session.close()
 
 
+def one_hop(session: Session) -> bool:
+    """Whether the session's requests go to its worker directly (docs/design/one-hop.md): what only the wire knows."""
+    sandbox = session._sandbox.sandbox
+    return sandbox is not None and sandbox.connection.one_hop
+
+
 def tree_snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``root`` (relative path -> (size, mtime_ns)), to show that nothing changed there.
 

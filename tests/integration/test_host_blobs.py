@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import kill_and_wait
+from support import kill_and_wait, one_hop
 
 from orchestrator import CheckpointQuotaExceeded, Orchestrator, Session, Settings
 from orchestrator.agent import protocol
@@ -234,6 +234,8 @@ def test_a_big_value_goes_to_a_local_sandbox_as_a_file_or_else_as_the_body(
     kill_container: Callable[[Session], None],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if one_hop(session):
+        pytest.skip("one hop: the value goes as a descriptor on the worker's data channel (test_one_hop.py)")
     links = spy_value_files(monkeypatch)
     session.add_context(TEXT)
     link = links[-1]
@@ -270,7 +272,7 @@ def test_a_store_on_another_file_system_sends_the_value_as_the_body(
         links = spy_value_files(monkeypatch)
         s = new_session(make_orch(elsewhere))
         s.add_context(TEXT)
-        assert links == [None]
+        assert links == ([] if one_hop(s) else [None])  # one hop needs no link: a descriptor goes on D
         assert sandbox_hash(s, "context") == text_hash(TEXT)
         assert HOST_ID.match(stored(elsewhere, s)["context"])
         s.close()

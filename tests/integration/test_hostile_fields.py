@@ -1,8 +1,9 @@
 """A sandbox that lies in every field of its replies: a typed error, the session usable, nothing acknowledged lost.
 
-Cell code writes a reply of its own on the worker's socket (file descriptor ``int(sys.argv[1])``)
-with the id of the running request, which it digs out of the worker's stack: the supervisor
-relays it to the controller as the worker's answer (docs/trust.md, "What the host checks"). A
+Cell code writes a reply of its own on the socket its worker replies on (its link to the supervisor in two hops,
+``int(sys.argv[1])``, which relays it; the controller's data channel D in one hop) with the id of the running
+request, both of which it digs out of the worker's stack: the controller gets it as the worker's answer
+(docs/trust.md, "What the host checks"). A
 lie the JSON can carry (a negative size, a huge duration, 20,000 names for one blob, a name the
 store could not read back) reaches the controller's validation; one strict JSON cannot carry
 (NaN, a key twice, an integer of 5,000 digits, deep nesting) is refused by the supervisor's own
@@ -35,10 +36,10 @@ STATE = "kept = {'a': 1}\nname = 'x' * 1000\n"
 
 FORGE = """\
 import sys, os, struct, json, time
-fd = int(sys.argv[1])
 frame = sys._getframe()
 while frame.f_code.co_name != 'handle':
     frame = frame.f_back
+fd = frame.f_locals['self'].sock.fileno()
 rid = frame.f_locals['header']['id']
 reply = {
     'type': 'exec_reply', 'id': rid, 'status': 'ok', 'stdout': 'forged', 'stderr': '', 'stdout_bytes': 6,

@@ -12,10 +12,14 @@ a mode into it; the supervisor reads and deletes it). Modes:
 - ``nested``: a valid prefix and a header ``{"type": "exec_reply", "id": ..., "x": [[[[...]]]]}``
   100,000 levels deep;
 - ``garbage``: bytes that are no frame at all;
-- ``nan``, ``twice``, ``digits``: the real reply, its header given a ``NaN`` duration, a key twice, or an
+- ``nan``, ``twice``, ``digits``: the real reply, its header given a ``NaN`` field, a key twice, or an
   integer of 5,000 digits (strict JSON refuses each; docs/trust.md).
 - ``stop``: the supervisor stops itself with SIGSTOP (a cell cannot: the supervisor is another uid,
   tests/integration/test_supervisor_out_of_reach.py).
+
+In one hop (docs/design/one-hop.md) the supervisor relays no reply: the connection carries only control frames, so
+the cell has the supervisor send one: it writes garbage on its worker's data channel, for which the controller has
+the supervisor replace the worker, and the supervisor's ``worker_replaced`` is the frame that misbehaves.
 
 Each call raises ``ExecutionTimeout`` or ``ProtocolError`` with ``restored=True`` within
 timeout + checkpoint_timeout + grace + reply_margin (+ a few seconds for the recycle), and the next
@@ -29,7 +33,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from support import close_quietly
+from support import close_quietly, one_hop
 
 from orchestrator import ExecutionTimeout, Orchestrator, OrchestratorError, ProtocolError, Session, Settings
 
@@ -45,8 +49,8 @@ _Base = socket.socket
 
 # The reply's own header, with what strict JSON has not: the controller's parser must refuse it.
 NOT_STRICT = {
-    'nan': lambda head: head.replace(b'"duration":', b'"duration":NaN,"was":', 1),
-    'twice': lambda head: head[:-1] + b',"status":"ok"}',
+    'nan': lambda head: head[:-1] + b',"was":NaN}',  # any frame: two hops' reply, one hop's worker_replaced
+    'twice': lambda head: head[:-1] + b',"type":"exec_reply"}',  # every frame has a type
     'digits': lambda head: head[:-1] + b',"n":' + b'9' * 5000 + b'}',
 }
 
@@ -171,6 +175,21 @@ orchestrator_agent.supervisor.main()
 TIMEOUT = 2.0
 BEFORE = "kept = 41\nimport os, signal"
 LOST = "kept = 'lost'\n"
+SUPERVISOR_SPEAKS = (
+    "import sys\n"
+    "frame = sys._getframe()\n"
+    "while frame.f_code.co_name != 'handle':\n"
+    "    frame = frame.f_back\n"
+    "os.write(frame.f_locals['self'].sock.fileno(), b'garbage!!!!!')\n"
+)
+"""One hop: cell code that has the supervisor send a frame (``worker_replaced``: the controller had it replace a
+worker that wrote garbage on its data channel); in two hops the supervisor's reply to the request is that frame."""
+
+
+def misbehave(session: Session, mode: str) -> str:
+    """Cell code that turns the supervisor hostile in ``mode`` from its next frame to the controller on."""
+    code = LOST + f"open('/tmp/hostile', 'w').write({mode!r})\n"
+    return code + SUPERVISOR_SPEAKS if one_hop(session) else code
 
 
 def hostile_settings(settings, settings_for) -> Settings:
@@ -242,10 +261,27 @@ def test_the_hostile_agent_behaves_until_told(victim: Session, hostile) -> None:
 def test_a_misbehaving_agent_frame_is_a_typed_error_within_the_deadline(victim: Session, hostile, mode: str) -> None:
     orch, settings = hostile
     old = victim.container_id
-    exc = assert_typed_and_restored(victim, settings, LOST + f"open('/tmp/hostile', 'w').write({mode!r})")
+    exc = assert_typed_and_restored(victim, settings, misbehave(victim, mode))
     assert victim.container_id != old, f"a misbehaving agent must be recycled ({type(exc).__name__}: {exc})"
     if mode in ("nan", "twice", "digits"):
         assert isinstance(exc, ProtocolError) and "frame header has" in str(exc), f"{type(exc).__name__}: {exc}"
+    state = orch.backend.inspect(old)
+    assert state is None or not state.running
+
+
+@pytest.mark.parametrize("mode", ["garbage", "stall", "nan"])
+def test_a_supervisor_that_misbehaves_as_it_kills_a_cell_past_its_grace_is_recycled(
+    victim: Session, hostile, mode: str
+) -> None:
+    """The cell ignores its interrupt, so the ladder (the supervisor's in two hops, the controller's in one) has the
+    worker killed; the supervisor's answer to that (the ``timeout`` reply, or ``worker_replaced``) is the frame that
+    misbehaves. The supervisor's fault, not the worker's: the sandbox goes."""
+    orch, settings = hostile
+    old = victim.container_id
+    ignore = "signal.signal(signal.SIGINT, signal.SIG_IGN)\nimport time\ntime.sleep(60)\n"
+    code = LOST + f"open('/tmp/hostile', 'w').write({mode!r})\n" + ignore
+    exc = assert_typed_and_restored(victim, settings, code)
+    assert victim.container_id != old, f"a misbehaving agent must be recycled ({type(exc).__name__}: {exc})"
     state = orch.backend.inspect(old)
     assert state is None or not state.running
 
@@ -254,7 +290,7 @@ def test_a_stopped_supervisor_is_a_timeout_and_a_recycle(victim: Session, hostil
     """SIGSTOP on the supervisor: the controller stops waiting at the deadline and recycles the container."""
     orch, settings = hostile
     old = victim.container_id
-    exc = assert_typed_and_restored(victim, settings, LOST + "open('/tmp/hostile', 'w').write('stop')")
+    exc = assert_typed_and_restored(victim, settings, misbehave(victim, "stop"))
     assert isinstance(exc, ExecutionTimeout), f"{type(exc).__name__}: {exc}"
     assert victim.container_id != old
     state = orch.backend.inspect(old)

@@ -9,9 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support import one_hop
 
 from orchestrator import ExecutionTimeout, Orchestrator, SandboxCrashed, Session, Settings
 from orchestrator.runtime.hostcalls import HostCalls
+from orchestrator.runtime.sandbox import Sandbox, ValueFile
 
 pytestmark = pytest.mark.docker
 
@@ -27,18 +29,13 @@ def hop(
     return session
 
 
-def one_hop(session: Session) -> bool:
-    sandbox = session._sandbox.sandbox  # what only the wire knows
-    return sandbox is not None and sandbox.connection.one_hop
-
-
 def test_cells_values_and_output_in_one_hop(hop: Session) -> None:
     assert one_hop(hop)
     assert hop.execute("x = 41").ok
     assert hop.execute("x + 1").return_value == "42"
     result = hop.execute("print('hi')\n1 / 0")
     assert result.error is not None and result.error.type == "ZeroDivisionError" and result.stdout == "hi\n"
-    hop.set_value("big", b"v" * (2 << 20))  # a value file's size: in one hop it goes as the body
+    hop.set_value("big", b"v" * (2 << 20))  # a value file's size: a descriptor on D
     assert hop.execute("len(big), x").return_value == "(2097152, 41)"
 
 
@@ -60,6 +57,32 @@ def test_a_worker_death_in_one_hop_restores_into_a_fresh_worker_of_the_same_sand
     assert hop.container_id == container  # the supervisor's worker_lost: only the worker was replaced
     assert hop.execute("sum(kept)").return_value == "6"
     assert one_hop(hop)  # the fresh worker got a data channel of its own
+
+
+def test_a_big_value_goes_to_the_worker_as_a_descriptor_on_its_data_channel(
+    hop: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller opens the staged blob itself and attaches it to the ``set_value`` on D: no link in the channel
+    directory, no body; the worker maps it, and what is stored is what a restore brings back."""
+    sent: list[int | None] = []
+    open_value_file = Sandbox._open_value_file
+
+    def spy(sandbox: Sandbox, value: ValueFile) -> int | None:
+        sent.append(open_value_file(sandbox, value))
+        return sent[-1]
+
+    monkeypatch.setattr(Sandbox, "_open_value_file", spy)
+    sandbox = hop._sandbox.sandbox
+    assert sandbox is not None
+    hop.set_value("big", b"v" * (2 << 20) + b"end")
+    assert len(sent) == 1 and sent[0] is not None
+    assert not [p for p in sandbox._endpoint.directory.iterdir() if p.name.startswith("value-")]
+    assert hop.execute("len(big), big[-3:]").return_value == "(2097155, b'end')"
+    hop.set_value("small", "s" * 1000)  # under VALUE_FILE_MIN_BYTES: the body, as always
+    assert len(sent) == 1
+    with pytest.raises(SandboxCrashed):
+        hop.execute("import os\nos._exit(1)")
+    assert hop.execute("len(big), big[-3:], len(small)").return_value == "(2097155, b'end', 1000)"
 
 
 def test_the_controllers_ladder_interrupts_then_kills_in_the_same_sandbox(hop: Session) -> None:

@@ -1,7 +1,10 @@
 """User code that writes to the worker's channel: a clean ProtocolError, a restored session, a live controller.
 
-The worker's socket to the supervisor is file descriptor ``int(sys.argv[1])`` of the worker
-process, so a cell can forge or corrupt frames on it.
+The socket the worker reads its requests on and replies on is the cell's too, so a cell can forge or corrupt
+frames on it: its link to the supervisor (``int(sys.argv[1])``) in two hops, which the supervisor checks; the
+controller's data channel D in one hop (docs/design/one-hop.md), which the controller checks, having the supervisor
+replace the worker. The cell digs it out of the worker (``WORKER_SOCKET``), so each test runs on the path the
+session took.
 """
 
 from __future__ import annotations
@@ -10,12 +13,19 @@ import time
 
 import pytest
 
-from orchestrator import ProtocolError, SandboxCrashed, Session, Settings, TransportError
+from orchestrator import ExecutionTimeout, ProtocolError, SandboxCrashed, Session, Settings, TransportError
 
 pytestmark = pytest.mark.docker
 
 STATE = "import sys, os, struct, json\nkept = {'a': 1}\n"
-FD = "fd = int(sys.argv[1])\n"
+WORKER_SOCKET = (
+    "frame = sys._getframe()\n"
+    "while frame.f_code.co_name != 'handle':\n"
+    "    frame = frame.f_back\n"
+    "fd = frame.f_locals['self'].sock.fileno()\n"
+)
+"""Cell code that finds the socket its worker serves requests on: two hops' link, one hop's D."""
+FD = WORKER_SOCKET
 
 
 @pytest.fixture
@@ -140,6 +150,58 @@ def test_closing_the_channel_fd_is_a_crash_with_restore(stateful: Session) -> No
     with pytest.raises(SandboxCrashed) as info:
         stateful.execute("lost = 1\n" + FD + "import socket\nsocket.socket(fileno=fd).shutdown(socket.SHUT_RDWR)")
     assert info.value.restored is True
+    assert_recovered(stateful)
+
+
+def test_a_child_in_its_own_session_that_holds_the_workers_socket_reaches_no_later_worker(stateful: Session) -> None:
+    """A ``setsid`` child outlives its worker's death (outside the killed process group) and writes on the socket
+    it inherited: every worker gets a fresh one (two hops: a new link; one hop: a new D), so it writes into a socket
+    nobody reads (``EPIPE``) and the calls after it go on in the same sandbox."""
+    container = stateful.container_id
+    child = FD + (
+        "import time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    time.sleep(1)\n"
+        "    for _ in range(100):\n"
+        "        try:\n"
+        "            os.write(fd, b'garbage!!!!!')\n"
+        "        except OSError:\n"
+        "            os._exit(0)\n"
+        "        time.sleep(0.02)\n"
+        "    os._exit(0)\n"
+        "os._exit(1)\n"
+    )
+    with pytest.raises(SandboxCrashed) as info:
+        stateful.execute("lost = 1\n" + child)
+    assert info.value.restored is True
+    time.sleep(2)  # the child has written, or found the socket closed
+    started = time.monotonic()
+    for i in range(3):
+        assert stateful.execute(f"{i} * 10").return_value == str(i * 10)
+    assert time.monotonic() - started < 5
+    assert stateful.container_id == container
+    assert_recovered(stateful)
+
+
+def test_a_thread_that_reads_the_next_request_leaves_it_to_the_ladder(stateful: Session) -> None:
+    """A thread the cell left reads the next request off the worker's socket (the worker's own loop is kept from
+    it): no reply comes, so the ladder ends the call (the supervisor's in two hops, the controller's in one hop),
+    the worker is replaced and the session goes on in the same sandbox."""
+    container = stateful.container_id
+    steal = FD + (
+        "import socket, threading\n"
+        "module = sys.modules[type(frame.f_locals['self']).__module__]\n"
+        "stolen = []\n"
+        "thief = socket.socket(fileno=os.dup(fd))\n"
+        "threading.Thread(target=lambda: stolen.append(thief.recv(1 << 16)), daemon=True).start()\n"
+        "module._recv_request = lambda sock: threading.Event().wait()\n"  # the worker's loop waits for ever
+    )
+    assert stateful.execute(steal).ok
+    with pytest.raises(ExecutionTimeout) as info:
+        stateful.execute("lost = 1", timeout=2)
+    assert info.value.restored is True
+    assert stateful.container_id == container
     assert_recovered(stateful)
 
 

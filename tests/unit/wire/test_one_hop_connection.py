@@ -56,9 +56,13 @@ class HostAgent:
         self.proc = subprocess.Popen(AGENT_COMMAND, env=environ)
         self.connections: list[AgentConnection] = []
 
-    def connect(self, one_hop: bool = True) -> AgentConnection:
+    def connect(self, one_hop: bool = True, frame_seconds: float = 10.0) -> AgentConnection:
         connection = AgentConnection.open(
-            self.endpoint, sandbox_id=SANDBOX, deadline=time.monotonic() + 20, one_hop=one_hop
+            self.endpoint,
+            sandbox_id=SANDBOX,
+            deadline=time.monotonic() + 20,
+            one_hop=one_hop,
+            frame_seconds=frame_seconds,
         )
         self.connections.append(connection)
         return connection
@@ -337,6 +341,45 @@ def test_an_interrupt_that_comes_after_its_cell_ended_leaves_the_idle_worker_and
     connection.check_idle()
     assert value(connection, "kept") == "7"
     connection.check_idle()
+
+
+ON_D = (
+    "import os, sys, threading, time\n"
+    "frame = sys._getframe()\n"
+    "while frame.f_code.co_name != 'handle':\n"
+    "    frame = frame.f_back\n"
+    "d = frame.f_locals['self'].sock.fileno()\n"
+)
+"""Cell code that finds its worker's end of D (``d``), as a forger would."""
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        "os.write(d, b'garbage!!!!!')",
+        "os.write(d, b'ORC1' + (2 ** 31).to_bytes(4, 'big') + bytes(4))",
+        "import json\nhead = json.dumps({'type': 'exec_reply', 'id': 'another', 'status': 'ok'}).encode()\n"
+        "os.write(d, b'ORC1' + len(head).to_bytes(4, 'big') + bytes(4) + head)",
+    ],
+    ids=["garbage", "huge-header", "another-id"],
+)
+def test_a_forged_frame_on_d_replaces_the_worker_and_is_a_protocol_error(host_agent: HostAgent, write: str) -> None:
+    connection = host_agent.connect()
+    assert run(connection, "x = 1")["status"] == "ok"
+    reply = run(connection, ON_D + write + "\ntime.sleep(1)")
+    assert reply["status"] == protocol.STATUS_PROTOCOL_ERROR and reply["worker_restarted"] is True, reply
+    assert reply["ran"] is True and "killed" in reply["reason"], reply
+    assert connection.one_hop and value(connection, "'x' in globals()") == "False"  # a fresh worker, a new D
+    connection.check_idle()
+
+
+def test_a_frame_that_stalls_on_d_is_a_protocol_error_after_the_frame_time(host_agent: HostAgent) -> None:
+    connection = host_agent.connect(frame_seconds=0.5)
+    started = time.monotonic()
+    reply = run(connection, ON_D + "os.write(d, b'ORC1')\ntime.sleep(60)")
+    assert time.monotonic() - started < 8
+    assert reply["status"] == protocol.STATUS_PROTOCOL_ERROR and "middle of a frame" in reply["reason"], reply
+    assert value(connection, "1 + 1") == "2"
 
 
 FORGE_CELL_DONE = f"""
