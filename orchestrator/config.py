@@ -435,9 +435,10 @@ class Settings(_Fields):
     metrics_address: str | None = field(default=None, metadata=_env("ORCH_METRICS_ADDRESS", _OPTIONAL_TEXT))
     """Where an ``Orchestrator`` serves Prometheus metrics (``/metrics``): "PORT" (on loopback), "HOST:PORT" or
     "[::1]:PORT"; port 0 takes a free one. None serves none (docs/metrics.md)."""
-    one_hop: bool = field(default=False, metadata=_env("ORCH_ONE_HOP", _FLAG))
-    """Talk to a local sandbox's worker directly, past its supervisor, when the agent offers it
-    (docs/design/one-hop.md): off while the controller's side is incomplete (any failure replaces the sandbox)."""
+    one_hop: bool = field(default=True, metadata=_env("ORCH_ONE_HOP", _FLAG))
+    """Talk to a local sandbox's worker directly, past its supervisor, when its agent offers it (docs/protocol.md,
+    "One hop"): a trivial call takes about a quarter less time. False keeps every request on the supervisor's
+    connection (two hops), as a Swarm sandbox's always is."""
     timeouts: Timeouts = field(default_factory=Timeouts)
     """How long each wait may last."""
     limits: ResourceLimits = field(default_factory=ResourceLimits)

@@ -30,7 +30,7 @@ import struct
 import time
 from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, Union, cast
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 MAGIC = b"ORC1"
 PREFIX = struct.Struct("!4sII")  # magic, header length, body length
 MAX_HEADER_BYTES = 16 << 20

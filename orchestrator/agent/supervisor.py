@@ -346,7 +346,7 @@ class Supervisor:
             self.channels_held = 0
             reason = info.get("reason") or "the worker was killed at the controller's request"
             reply = {"type": protocol.WORKER_REPLACED, "id": header.get("id"), "reason": reason}
-            self._send(conn, dict(reply, oom=bool(info.get("oom"))))
+            self._send(conn, dict(reply, oom=bool(info.get("oom")), signal=info.get("signal")))
             return
         raise protocol.ProtocolViolation("a %r frame on a one-hop connection" % kind)
 
@@ -384,7 +384,8 @@ class Supervisor:
         if not died:
             info = {"reason": "the worker wrote out of turn on its link; it was killed", "oom": False}
         self.channels_held = 0
-        self._send(conn, {"type": protocol.WORKER_LOST, "reason": info.get("reason", ""), "oom": bool(info.get("oom"))})
+        lost = {"type": protocol.WORKER_LOST, "reason": info.get("reason", ""), "oom": bool(info.get("oom"))}
+        self._send(conn, dict(lost, signal=info.get("signal")))
 
     def _settle_worker(self) -> None:
         """A one-hop connection ended while the worker held its data channel: before another controller gets the

@@ -23,7 +23,7 @@ from ..errors import AgentTimeoutError, ChannelLost, ProtocolError
 from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk
 from .data_channel import DataChannel
-from .replies import TakenOver, parse_goodbye, reply_reason
+from .replies import TakenOver, is_signal_name, parse_goodbye, reply_reason
 from .transport import Channel, FrameBody
 
 _HAND_OVER_SECONDS = 5.0  # the supervisor takes a data channel at once
@@ -262,7 +262,8 @@ class OneHop:
         """The reply to a request whose worker died (or was replaced because its data channel broke), as the
         supervisor makes it in two hops from ``lost``, its ``worker_lost`` or ``worker_replaced``: recovery restores
         into the fresh worker (and sends a request that never ran once more)."""
-        return made_up_reply(
+        signal = lost.get("signal")
+        reply = made_up_reply(
             header,
             status=protocol.STATUS_CRASHED,
             reason=reply_reason(lost, "the worker died"),
@@ -270,6 +271,9 @@ class OneHop:
             ran=ran,
             worker_restarted=True,
         )
+        if is_signal_name(signal):  # what ended it, as the supervisor saw it (eval reports it)
+            reply["signal"] = signal
+        return reply
 
     def replace_worker(self, kill_id: str | None = None, *, deadline: float) -> protocol.Header:
         """Have the supervisor kill this worker and start a fresh one, and hand that one a new data channel.

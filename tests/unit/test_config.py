@@ -204,7 +204,7 @@ SAMPLES = {
     "ORCH_SWARM_RELAY_PORT": ("9000", 9000),
     "ORCH_SWARM_CONSTRAINTS": ("a==1,b==2", ("a==1", "b==2")),
     "ORCH_METRICS_ADDRESS": ("9464", "9464"),
-    "ORCH_ONE_HOP": ("1", True),
+    "ORCH_ONE_HOP": ("0", False),
 }
 
 

@@ -37,7 +37,7 @@ def vm_hwm(pid: int) -> int:
 
 def test_hello_and_handshake(agent):
     hello = agent.hello
-    assert hello["protocol"] == protocol.PROTOCOL_VERSION == 6
+    assert hello["protocol"] == protocol.PROTOCOL_VERSION == 7
     assert hello["sandbox_id"] == "sb-unit" and hello["generation"] == 0
     assert hello["python"] and hello["dill"] and len(hello["nonce"]) == 2 * protocol.NONCE_BYTES
     assert hello["agent_pid"] == agent.proc.pid and hello["worker_pid"] not in (0, agent.proc.pid)
