@@ -30,7 +30,7 @@ from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk
 from .data_channel import DataChannel
 from .endpoint import Endpoint, UnixSocketEndpoint
-from .host_link import call_number, send_while_quiet, serve_host_call
+from .host_link import call_number, due_answers, send_while_quiet, serve_host_call, wait_for_sandbox
 from .one_hop import OneHop
 from .replies import TakenOver, parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel, FrameBody
@@ -269,20 +269,9 @@ class AgentConnection:
         channel = self._channel
         poller = select.poll()
         poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
-        wake = deadline
-        for source in (desk, live):
-            if source is not None:
-                poller.register(source.wake_fd, select.POLLIN)
-                wake = min(wake, source.next_expiry())
-        remaining = wake - time.monotonic()
-        if remaining <= 0 and wake == deadline:
-            raise AgentTimeoutError("the agent sent no complete reply: the deadline passed")
-        ready = {fd for fd, _ in poller.poll(None if remaining == math.inf else max(0, math.ceil(remaining * 1000)))}
-        now = time.monotonic()
-        for source in (desk, live):
-            if source is not None and (source.wake_fd in ready or source.next_expiry() <= now):
-                for answer, answer_body in source.answers():
-                    channel.enqueue(answer, answer_body)
+        ready = wait_for_sandbox(poller, deadline, desk, live, wake_at=deadline, what="the agent")
+        for answer, answer_body in due_answers(ready, desk, live):
+            channel.enqueue(answer, answer_body)
         if live is not None and live.take_interrupt():
             channel.enqueue(protocol.interrupt_message(request_id))
         if channel.has_queued:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import select
 import time
+from collections.abc import Iterator
 
 from ..agent import protocol
-from ..errors import ProtocolError
+from ..api.events import LiveCall
+from ..errors import AgentTimeoutError, ProtocolError
 from ..runtime.deferred import BlobRefused, DeferredBlobs
-from ..runtime.hostcalls import CallDesk, answer_error, answer_ok
+from ..runtime.hostcalls import Answer, CallDesk, answer_error, answer_ok
 from .transport import Channel
 
 
@@ -53,6 +55,34 @@ def send_while_quiet(channel: Channel, deadline: float) -> None:
         if any(event & ~select.POLLOUT for _, event in events):
             return  # readable (or hung up): the caller's loop reads first
         channel.flush()
+
+
+def wait_for_sandbox(
+    poller: select.poll, deadline: float, desk: CallDesk | None, live: LiveCall | None, *, wake_at: float, what: str
+) -> set[int]:
+    """Poll the sandbox's channels (registered on ``poller`` by the caller) and the wake-ups of ``desk`` and ``live``
+    until something is ready, an answer is due, or ``wake_at``; the descriptors that are ready.
+
+    Raises:
+        AgentTimeoutError: ``deadline`` (at or after ``wake_at``) passed: ``what`` says who sent no reply.
+    """
+    wake = wake_at
+    for source in (desk, live):
+        if source is not None:
+            poller.register(source.wake_fd, select.POLLIN)
+            wake = min(wake, source.next_expiry())
+    remaining = wake - time.monotonic()
+    if remaining <= 0 and wake == deadline:
+        raise AgentTimeoutError(f"{what} sent no complete reply: the deadline passed")
+    return {fd for fd, _ in poller.poll(None if remaining == math.inf else max(0, math.ceil(remaining * 1000)))}
+
+
+def due_answers(ready: set[int], desk: CallDesk | None, live: LiveCall | None) -> Iterator[Answer]:
+    """The answers of ``desk`` and ``live`` that are ready (their wake-up is in ``ready``) or past their expiry."""
+    now = time.monotonic()
+    for source in (desk, live):
+        if source is not None and (source.wake_fd in ready or source.next_expiry() <= now):
+            yield from source.answers()
 
 
 def call_number(frame: protocol.Header) -> int:

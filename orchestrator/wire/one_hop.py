@@ -23,6 +23,7 @@ from ..errors import AgentTimeoutError, ChannelLost, ProtocolError
 from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk
 from .data_channel import DataChannel
+from .host_link import due_answers, wait_for_sandbox
 from .replies import TakenOver, is_signal_name, parse_goodbye, reply_reason
 from .transport import Channel, FrameBody
 
@@ -346,19 +347,8 @@ class OneHop:
             poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
         if events := data.calls.poll_events():  # none once K was closed
             poller.register(data.calls.fileno(), events)
-        wake = min(deadline, rung_at)
-        for source in (desk, live):
-            if source is not None:
-                poller.register(source.wake_fd, select.POLLIN)
-                wake = min(wake, source.next_expiry())
-        remaining = wake - time.monotonic()
-        if remaining <= 0 and wake == deadline:
-            raise AgentTimeoutError("the worker sent no complete reply: the deadline passed")
-        ready = {fd for fd, _ in poller.poll(None if remaining == math.inf else max(0, math.ceil(remaining * 1000)))}
-        now = time.monotonic()
-        for source in (desk, live):
-            if source is not None and (source.wake_fd in ready or source.next_expiry() <= now):
-                data.calls.answer(source.answers())
+        ready = wait_for_sandbox(poller, deadline, desk, live, wake_at=min(deadline, rung_at), what="the worker")
+        data.calls.answer(due_answers(ready, desk, live))
         data.calls.flush_now()
         if self._control.has_queued:
             self._control.flush()

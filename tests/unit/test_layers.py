@@ -49,6 +49,7 @@ UPWARD = {
     ("wire.one_hop", "runtime.deferred"),
     ("wire.host_link", "runtime.hostcalls"),  # the host-call serving both paths share (CallDesk, the answers)
     ("wire.host_link", "runtime.deferred"),
+    ("wire.host_link", "api.events"),  # the live call whose answers (input()) are due
     ("wire.call_link", "api.events"),  # one hop's host-call link: the running cell's output and input()
     ("wire.call_link", "runtime.hostcalls"),
     ("wire.call_link", "runtime.deferred"),
