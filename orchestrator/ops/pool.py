@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..backends.base import Backend, SandboxSpec
 from ..config import Settings
-from ..errors import ChannelLost, ConfigError, OrchestratorError, TransportError
+from ..errors import ChannelLost, ConfigError, EngineError, OrchestratorError, TransportError
 from ..metrics import NO_METRICS, Recorder
 from ..runtime.sandbox import Sandbox
 from ..state.store import new_sandbox_id
@@ -175,8 +175,11 @@ class SandboxPool:
     def take(self) -> Sandbox:
         """A fresh, started sandbox that nobody has used; ``discard`` it when done.
 
+        A sandbox the engine refused to start (a plain ``EngineError``: one container, not a missing image or
+        an engine that is down) costs one attempt, as one that died while it waited does.
+
         Raises:
-            EngineError, ImageMissing, AgentStartTimeout: starting it failed.
+            EngineError, ImageMissing, AgentStartTimeout: starting it failed (the engine refused every attempt).
             ConfigError: the pool was closed.
         """
         started = time.monotonic()
@@ -184,12 +187,17 @@ class SandboxPool:
             sandbox = self.start()
             self._metrics.pool_wait(time.monotonic() - started)
             return sandbox
+        refused: EngineError | None = None
         for _ in range(3 * self._size + 1):
             if self._closed.is_set():
                 raise ConfigError("the sandbox pool was closed")
             item = self._ready.get()
             if not self._closed.is_set():
                 self._starter.submit(self._fill_one)
+            if type(item) is EngineError:  # the engine refused one container (not a missing image, not engine down)
+                logger.warning("pool %s: a sandbox failed to start (%s); taking another", self._scope, item)
+                refused = item
+                continue
             if isinstance(item, BaseException):
                 raise item
             self._metrics.pool_ready(-1)
@@ -203,6 +211,8 @@ class SandboxPool:
                 continue
             self._metrics.pool_wait(time.monotonic() - started)
             return item
+        if refused is not None:
+            raise refused
         raise ChannelLost(f"pool {self._scope}: sandboxes keep dying while they wait; see their `docker logs`")
 
     def start(self, settings: Settings | None = None) -> Sandbox:
