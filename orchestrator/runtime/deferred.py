@@ -11,12 +11,16 @@ not name), through the store's mapped read, and each key at most
 costs one more), so a cell cannot make the host read and send more than a few times its checkpoint.
 The blob is checked against its digest on a host thread while it travels and is unpickled (the sandbox
 has one CPU; 100 MB cost ~120 ms to hash), and the worker binds the value only once the controller
-says it matched (``protocol.BLOB_CHECK_CALL``), as a restore's ``verified`` load does.
+says it matched (``protocol.BLOB_CHECK_CALL``), as a restore's ``verified`` load does. In one hop, where the
+worker can never write the file, the blob goes as a read-only descriptor of its stored file (SCM_RIGHTS on the
+call link): the worker maps it, and the host checks its own mapping of that same file.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, ExitStack
@@ -46,11 +50,14 @@ class DeferredBlobs:
         sandbox_id: str,
         named: Callable[[str], str | None],
         open_blob: Callable[[str], AbstractContextManager[memoryview]],
+        open_file: Callable[[str], int | None] | None = None,
     ) -> None:
-        """``named``: the blob the session's current record names for a checkpoint key (None: none)."""
+        """``named``: the blob the session's current record names for a checkpoint key (None: none); ``open_file``:
+        a read-only descriptor of a blob's file the worker may have (None: the blob goes as a body)."""
         self._sandbox_id = sandbox_id
         self._named = named
         self._open_blob = open_blob
+        self._open_file = open_file
         self._served: dict[str, int] = {}
         self._checks: dict[tuple[str, str], Future[bool]] = {}  # the digest checks of blobs handed out
         self._mapped = ExitStack()  # the blobs handed out during the running request, mapped until it ends
@@ -63,9 +70,10 @@ class DeferredBlobs:
         self._checks.clear()
         self.served_bytes = 0
 
-    def serve(self, payload: object) -> memoryview:
-        """The blob a ``BLOB_CALL`` asks for (its JSON payload decoded), mapped until ``release``; its digest check
-        starts beside.
+    def serve(self, payload: object, *, as_file: bool = False) -> tuple[memoryview, int | None]:
+        """The blob a ``BLOB_CALL`` asks for (its JSON payload decoded), mapped until ``release``, and with
+        ``as_file`` a descriptor of its file where one may be handed out (open until ``release``, else None); its
+        digest check starts beside.
 
         Raises:
             BlobRefused: it names no blob the session's record names under that key, it was served
@@ -77,8 +85,13 @@ class DeferredBlobs:
             raise BlobRefused(f"the blob of {key!r} was handed out {count} times since the restore, the most it may")
         self._served[key] = count + 1
         try:
-            blob = self._mapped.enter_context(self._open_blob(digest))
-        except (OSError, OrchestratorError) as exc:
+            fd = self._open_file(digest) if as_file and self._open_file is not None else None
+            if fd is None:
+                blob = self._mapped.enter_context(self._open_blob(digest))
+            else:  # the host checks the very file the worker maps
+                self._mapped.callback(os.close, fd)
+                blob = self._mapped.enter_context(memoryview(self._mapped.enter_context(_mapped(fd))))
+        except (OSError, ValueError, OrchestratorError) as exc:
             logger.error("sandbox %s: the blob of deferred value %r cannot be read: %s", self._sandbox_id, key, exc)
             raise BlobRefused(f"its stored blob cannot be read: {exc}") from None
         if protocol.is_host_blob(digest):  # no content digest: the worker checks its frame
@@ -88,7 +101,7 @@ class DeferredBlobs:
             check = background.beside().submit(lambda: protocol.blob_digest(blob) == digest)
         self._checks[(key, digest)] = check
         self.served_bytes += len(blob)
-        return blob
+        return blob, fd
 
     def release(self) -> None:
         """The request ended (its answers were sent): unmap the blobs it handed out.
@@ -133,3 +146,8 @@ class DeferredBlobs:
         if self._named(key) != digest:
             raise BlobRefused(f"no deferred value {key[:200]!r} with that blob in this session")
         return key, digest
+
+
+def _mapped(fd: int) -> mmap.mmap:
+    """The file behind ``fd``, mapped read-only (ValueError when it is empty: no blob is)."""
+    return mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_READ)
