@@ -127,9 +127,10 @@ class HostCallClient(object):
             try:
                 if slot is not None:
                     slot.header, slot.body = _answer(header, body, fds, slot.takes_file)
-                    slot.done.set()
             finally:
                 handover.close_fds(fds)  # a mapping keeps its own reference; any other descriptor came unasked
+            if slot is not None:
+                slot.done.set()
 
     def _fail(self, reason: str) -> None:
         with self._lock:

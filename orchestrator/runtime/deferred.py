@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, ExitStack
+from typing import NamedTuple
 
 from ..agent import protocol
 from ..errors import OrchestratorError
@@ -70,10 +71,10 @@ class DeferredBlobs:
         self._checks.clear()
         self.served_bytes = 0
 
-    def serve(self, payload: object, *, as_file: bool = False) -> tuple[memoryview, int | None]:
-        """The blob a ``BLOB_CALL`` asks for (its JSON payload decoded), mapped until ``release``, and with
-        ``as_file`` a descriptor of its file where one may be handed out (open until ``release``, else None); its
-        digest check starts beside.
+    def serve(self, payload: object, *, as_file: bool = False) -> memoryview | BlobFile:
+        """The blob a ``BLOB_CALL`` asks for (its JSON payload decoded): with ``as_file``, where one may be handed out,
+        a descriptor of its file (open until ``release``), else the blob mapped until ``release``; its digest check
+        starts beside.
 
         Raises:
             BlobRefused: it names no blob the session's record names under that key, it was served
@@ -84,24 +85,29 @@ class DeferredBlobs:
         if count >= _SERVES_PER_KEY:
             raise BlobRefused(f"the blob of {key!r} was handed out {count} times since the restore, the most it may")
         self._served[key] = count + 1
+        check: Future[bool] = Future()
         try:
             fd = self._open_file(digest) if as_file and self._open_file is not None else None
+            served: memoryview | BlobFile
             if fd is None:
-                blob = self._mapped.enter_context(self._open_blob(digest))
-            else:  # the host checks the very file the worker maps
+                served = blob = self._mapped.enter_context(self._open_blob(digest))
+                size = len(blob)
+                if not protocol.is_host_blob(digest):
+                    check = background.beside().submit(lambda: protocol.blob_digest(blob) == digest)
+            else:
                 self._mapped.callback(os.close, fd)
-                blob = self._mapped.enter_context(memoryview(self._mapped.enter_context(_mapped(fd))))
-        except (OSError, ValueError, OrchestratorError) as exc:
+                served = BlobFile(fd, os.fstat(fd).st_size)
+                size = served.size
+                if not protocol.is_host_blob(digest):  # the host checks the very file the worker maps
+                    check = background.beside().submit(_file_matches, os.dup(fd), digest)
+        except (OSError, OrchestratorError) as exc:
             logger.error("sandbox %s: the blob of deferred value %r cannot be read: %s", self._sandbox_id, key, exc)
             raise BlobRefused(f"its stored blob cannot be read: {exc}") from None
         if protocol.is_host_blob(digest):  # no content digest: the worker checks its frame
-            check: Future[bool] = Future()
             check.set_result(True)
-        else:
-            check = background.beside().submit(lambda: protocol.blob_digest(blob) == digest)
         self._checks[(key, digest)] = check
-        self.served_bytes += len(blob)
-        return blob, fd
+        self.served_bytes += size
+        return served
 
     def release(self) -> None:
         """The request ended (its answers were sent): unmap the blobs it handed out.
@@ -129,7 +135,7 @@ class DeferredBlobs:
             raise BlobRefused(f"no blob of {key[:200]!r} was handed out to check")
         try:
             matched = check.result()
-        except (ValueError, BufferError):  # its mapping was closed before the check ran (a later request)
+        except (ValueError, BufferError, OSError):  # its mapping was closed before the check ran, or the file is empty
             raise BlobRefused(f"the blob of {key[:200]!r} handed out earlier cannot be checked any more") from None
         if not matched:
             logger.error("sandbox %s: the blob of deferred value %r does not match its digest", self._sandbox_id, key)
@@ -148,6 +154,22 @@ class DeferredBlobs:
         return key, digest
 
 
-def _mapped(fd: int) -> mmap.mmap:
-    """The file behind ``fd``, mapped read-only (ValueError when it is empty: no blob is)."""
-    return mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_READ)
+class BlobFile(NamedTuple):
+    """A blob handed out as a read-only descriptor of its stored file (one hop), and the file's size."""
+
+    fd: int
+    size: int
+
+
+def _file_matches(fd: int, digest: str) -> bool:
+    """Whether the file behind ``fd`` (the check's own descriptor, closed here) has content digest ``digest``; its
+    mapping is the check's own too, so it is gone when the check is, whatever the request did meanwhile.
+
+    Raises:
+        ValueError: the file is empty (no blob is).
+    """
+    try:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
+            return protocol.blob_digest(view) == digest
+    finally:
+        os.close(fd)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from ..agent import protocol
 from ..api.events import LiveCall
 from ..errors import AgentTimeoutError, ProtocolError
-from ..runtime.deferred import BlobRefused, DeferredBlobs
+from ..runtime.deferred import BlobFile, BlobRefused, DeferredBlobs
 from ..runtime.hostcalls import Answer, CallDesk, answer_error, answer_ok
 from .transport import Channel
 
@@ -111,9 +111,9 @@ def _blob_answer(
         payload = protocol.decode_json(body, "blob call payload")
         if name == protocol.BLOB_CHECK_CALL:
             return (*answer_ok(call, b"true" if blobs.verdict(payload) else b"false"), None)
-        blob, fd = blobs.serve(payload, as_file=as_file)  # mapped (and open): sent before the request ends
-        if fd is not None:
-            return protocol.host_reply_file(call, len(blob)), b"", fd
-        return protocol.host_reply(call), blob, None
+        served = blobs.serve(payload, as_file=as_file)  # mapped, or open: sent before the request ends
+        if isinstance(served, BlobFile):
+            return protocol.host_reply_file(call, served.size), b"", served.fd
+        return protocol.host_reply(call), served, None
     except (protocol.ProtocolViolation, BlobRefused) as exc:
         return (*answer_error(call, protocol.BLOB_REFUSED + str(exc)), None)

@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator.agent import protocol
 from orchestrator.agent.hostcall import HostCallClient, HostCallError
-from orchestrator.runtime.deferred import DeferredBlobs
+from orchestrator.runtime.deferred import BlobFile, BlobRefused, DeferredBlobs
 from orchestrator.wire.transport import Channel
 
 BLOB = b"\x80\x04" + b"blob of a big value" * 100 + b"."
@@ -184,15 +184,25 @@ def test_the_host_checks_the_file_it_hands_out_and_closes_it_at_release(blob_fil
     digest = protocol.blob_digest(BLOB)
     blobs = DeferredBlobs("sb-test", {"big": digest}.get, _no_body, lambda _: os.open(blob_file, os.O_RDONLY))
     before = open_fds()
-    view, fd = blobs.serve({"key": "big", "digest": digest}, as_file=True)
-    assert fd is not None and bytes(view) == BLOB and os.path.samefile(f"/proc/self/fd/{fd}", blob_file)
+    served = blobs.serve({"key": "big", "digest": digest}, as_file=True)
+    assert isinstance(served, BlobFile) and served.size == len(BLOB)
+    assert os.path.samefile(f"/proc/self/fd/{served.fd}", blob_file)
     assert blobs.verdict({"key": "big", "digest": digest}) is True
-    del view
     blobs.release()
-    assert open_fds() == before
+    assert open_fds() == before  # the answer's descriptor, and the check's own copy and mapping
 
 
-def test_without_a_file_the_blob_goes_as_its_body(blob_file: Path) -> None:
+def test_a_damaged_file_is_refused_at_its_verdict(blob_file: Path) -> None:
+    digest = protocol.blob_digest(BLOB)
+    blob_file.write_bytes(BLOB[:-1] + b"!")
+    blobs = DeferredBlobs("sb-test", {"big": digest}.get, _no_body, lambda _: os.open(blob_file, os.O_RDONLY))
+    blobs.serve({"key": "big", "digest": digest}, as_file=True)
+    with pytest.raises(BlobRefused, match="does not match its digest"):
+        blobs.verdict({"key": "big", "digest": digest})
+    blobs.release()
+
+
+def test_without_a_file_the_blob_goes_as_its_body() -> None:
     digest = protocol.blob_digest(BLOB)
 
     @contextlib.contextmanager
@@ -201,7 +211,7 @@ def test_without_a_file_the_blob_goes_as_its_body(blob_file: Path) -> None:
 
     for open_file in (None, lambda _: None):  # none may be handed out (two hops), or this one may not
         blobs = DeferredBlobs("sb-test", {"big": digest}.get, body, open_file)
-        view, fd = blobs.serve({"key": "big", "digest": digest}, as_file=True)
-        assert fd is None and bytes(view) == BLOB
-        assert blobs.serve({"key": "big", "digest": digest})[1] is None
+        served = blobs.serve({"key": "big", "digest": digest}, as_file=True)
+        assert isinstance(served, memoryview) and bytes(served) == BLOB
+        assert blobs.verdict({"key": "big", "digest": digest}) is True
         blobs.release()

@@ -45,7 +45,7 @@ def blobs(store: Store) -> DeferredBlobs:
 
 def test_a_blob_the_record_names_is_served_and_confirmed(blobs: DeferredBlobs) -> None:
     for key in ("big", "ctx/big"):
-        assert bytes(blobs.serve({"key": key, "digest": DIGEST})[0]) == BLOB
+        assert bytes(blobs.serve({"key": key, "digest": DIGEST})) == BLOB
         assert blobs.verdict({"key": key, "digest": DIGEST}) is True
     assert blobs.served_bytes == 2 * len(BLOB)
     blobs.release()
@@ -85,7 +85,7 @@ def test_each_key_is_handed_out_a_few_times_per_restore(blobs: DeferredBlobs) ->
     with pytest.raises(BlobRefused, match="handed out 4 times"):
         blobs.serve(call)
     blobs.restored()
-    assert bytes(blobs.serve(call)[0]) == BLOB
+    assert bytes(blobs.serve(call)) == BLOB
 
 
 def test_a_damaged_blob_is_refused_at_its_verdict(blobs: DeferredBlobs, store: Store, caplog: Any) -> None:
