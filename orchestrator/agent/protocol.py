@@ -638,6 +638,9 @@ INTERRUPT = "interrupt"
 # controller keeps the ladder's clock and asks: ``interrupt {id, phase}`` (the signal of ``phase``: SIGINT for a
 # cell or a load, SIGUSR2 for a checkpoint) and ``kill {id}``, answered ``worker_replaced {id, reason, oom}``.
 ONE_HOP = "one_hop"
+# In one hop, a deferred value's blob may come as a descriptor of its file (``host_reply {file}``): offered by an
+# agent whose worker maps it; an older one gets the body.
+BLOB_FILES = "blob_files"
 DATA_CHANNEL = "data_channel"
 DATA_CHANNEL_FDS = 2  # requests and replies, host calls: a data_channel frame carries exactly these
 WORKER_IDLE = "idle"

@@ -318,9 +318,10 @@ class Sandbox:
     ) -> None:
         """Answer the agent's requests for deferred values' blobs (runtime/deferred.py): ``named`` gives the blob
         the session's current record names for a checkpoint key. In one hop with ``blob_path`` (where a blob is
-        stored), a blob goes to the worker as a read-only descriptor of its file where ``_open_private_file`` may."""
+        stored), to an agent that offers it, a blob goes to the worker as a read-only descriptor of its file where
+        ``_open_private_file`` may."""
         open_file = None
-        if blob_path is not None and self.connection.one_hop:
+        if blob_path is not None and self.connection.one_hop and _offers_blob_files(self.connection):
             open_file = lambda digest: self._open_private_file(blob_path(digest))  # noqa: E731
         self.deferred = DeferredBlobs(self.sandbox_id, named, open_blob, open_file)
 
@@ -571,6 +572,11 @@ def _worker_may_run_as(settings: Settings, uid: int) -> bool:
         low, high = confinement.worker_uids
         return low <= uid <= high
     return confinement.sandbox_uid_gid[0] == uid
+
+
+def _offers_blob_files(connection: AgentConnection) -> bool:
+    """Whether the agent's worker takes a deferred value's blob as a file (its hello's ``BLOB_FILES``)."""
+    return protocol.BLOB_FILES in connection.hello.get("capabilities", ())
 
 
 def _unlink_value_file(link: Path) -> None:

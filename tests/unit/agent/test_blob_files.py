@@ -215,3 +215,22 @@ def test_without_a_file_the_blob_goes_as_its_body() -> None:
         assert isinstance(served, memoryview) and bytes(served) == BLOB
         assert blobs.verdict({"key": "big", "digest": digest}) is True
         blobs.release()
+
+
+class _Connection:
+    def __init__(self, capabilities: list[str]) -> None:
+        self.one_hop = True
+        self.hello = {"capabilities": capabilities}
+
+
+def test_an_agent_that_does_not_offer_blob_files_gets_the_body(tmp_path: Path) -> None:
+    from orchestrator.config import Settings
+    from orchestrator.runtime.sandbox import Sandbox
+
+    sandbox = Sandbox.__new__(Sandbox)
+    sandbox._settings = Settings()
+    sandbox.sandbox_id = "sb-test"
+    for capabilities, files in (([protocol.ONE_HOP], False), ([protocol.ONE_HOP, protocol.BLOB_FILES], True)):
+        sandbox.connection = _Connection(capabilities)  # type: ignore[assignment]
+        sandbox.serve_deferred({}.get, _no_body, lambda digest: tmp_path / digest)
+        assert sandbox.deferred is not None and (sandbox.deferred._open_file is not None) is files
