@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from typing import List, Sequence, Tuple
 
 from . import protocol
@@ -49,6 +50,16 @@ def take_fds(sock: socket.socket, count: int) -> List[socket.socket]:
         close_fds(fds)
         raise protocol.ProtocolViolation("more than %d descriptors came" % count)
     return stream_sockets(fds, count)
+
+
+def rights(ancillary: Sequence[Tuple[int, int, bytes]]) -> List[int]:
+    """The descriptors in what ``recvmsg`` returned as ancillary data (SCM_RIGHTS), now the caller's to close."""
+    return [
+        int.from_bytes(data[i : i + 4], sys.byteorder)
+        for level, kind, data in ancillary
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+        for i in range(0, len(data) - len(data) % 4, 4)
+    ]
 
 
 def close_fds(fds: Sequence[int]) -> None:

@@ -5,17 +5,23 @@ the worker's own call link to the supervisor (a socket pair apart from the reque
 a call never interleaves with a request or a reply); one reader thread hands each
 ``host_reply`` to the thread that waits for it, so many calls can be in flight at once, from
 any thread. Payloads and results are JSON, never pickles. See docs/protocol.md, "Host calls".
+In one hop a deferred value's blob may come as a read-only descriptor of its file (the reply's
+``file``, docs/protocol.md "Deferred values"): the reader maps it, and a descriptor any other
+frame brings is closed unused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import threading
-from typing import Any, Callable, ContextManager, Dict, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
-from . import protocol
+from . import handover, protocol
+
+_FD_SPACE = socket.CMSG_SPACE(2 * 4)  # a reply brings at most one descriptor; room for two to see a second
 
 
 class HostCallError(RuntimeError):
@@ -23,12 +29,13 @@ class HostCallError(RuntimeError):
 
 
 class _Slot(object):
-    __slots__ = ("body", "done", "header")
+    __slots__ = ("body", "done", "header", "takes_file")
 
-    def __init__(self) -> None:
+    def __init__(self, takes_file: bool) -> None:
         self.done = threading.Event()
         self.header: Dict[str, Any] = {}
-        self.body = bytearray()
+        self.body: Any = bytearray()  # or, for a blob that came as a file, its read-only mapping
+        self.takes_file = takes_file
 
 
 class HostCallClient(object):
@@ -58,8 +65,9 @@ class HostCallClient(object):
         except ValueError as exc:
             raise HostCallError("the result of host call %r is not valid JSON: %s" % (name, exc)) from None
 
-    def call_raw(self, name: str, payload: Any = None, timeout: Optional[float] = None) -> bytearray:
-        """``call``, returning the answer's body as it came (a deferred value's blob: ``protocol.BLOB_CALL``)."""
+    def call_raw(self, name: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
+        """``call``, returning the answer's body as it came: a bytearray, or for a deferred value's blob
+        (``protocol.BLOB_CALL``) that came as a file, its read-only mapping (an ``mmap``, the caller closes it)."""
         if not isinstance(name, str) or not name:
             raise HostCallError("a host call needs a handler name (a non-empty str)")
         try:
@@ -71,7 +79,7 @@ class HostCallClient(object):
                 "the payload of host call %r is %d bytes of JSON, over the %d-byte limit"
                 % (name, len(raw), self._max_bytes)
             )
-        slot = _Slot()
+        slot = _Slot(name == protocol.BLOB_CALL)
         with self._lock:
             if self._broken is not None:
                 raise HostCallError("host calls are unavailable: %s" % self._broken)
@@ -110,14 +118,18 @@ class HostCallClient(object):
         while True:
             try:
                 # The supervisor bounds each answer (a deferred value's blob by the request body limit).
-                header, body = protocol.recv_frame(self._sock, protocol.MAX_HEADER_BYTES, protocol.MAX_BODY_BYTES)
+                header, body, fds = _recv_reply(self._sock)
             except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
                 self._fail("the link to the supervisor broke (%s)" % (exc or type(exc).__name__))
                 return
             with self._lock:
                 slot = self._pending.get(header.get("call"))  # type: ignore[arg-type]
+            try:
+                if slot is not None:
+                    slot.header, slot.body = _answer(header, body, fds, slot.takes_file)
+            finally:
+                handover.close_fds(fds)  # a mapping keeps its own reference; any other descriptor came unasked
             if slot is not None:
-                slot.header, slot.body = header, body
                 slot.done.set()
 
     def _fail(self, reason: str) -> None:
@@ -127,3 +139,67 @@ class HostCallClient(object):
         for slot in slots:
             slot.header = {"status": protocol.STATUS_ERROR, "error": "host calls are unavailable: %s" % reason}
             slot.done.set()
+
+
+def map_file(fd: int, size: int) -> Any:
+    """The file behind ``fd``, mapped read-only (a value file, a deferred value's blob).
+
+    Raises:
+        ValueError: it is not ``size`` bytes (or is empty).
+        OSError: it cannot be mapped (not a regular file).
+    """
+    import mmap  # only here: most sandboxes never take a file
+
+    actual = os.fstat(fd).st_size
+    if actual != size:
+        raise ValueError("the file holds %d bytes, not the %d announced" % (actual, size))
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+
+
+def _recv_reply(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray, List[int]]:
+    """One frame from the link and the descriptors that came with its prefix (close-on-exec; the caller closes them).
+
+    The prefix is read with ``recvmsg`` asking for no byte past it, so a descriptor it brings belongs to this frame;
+    the rest is read with plain reads, which never take a descriptor in (the kernel drops any that comes there).
+    """
+    prefix = bytearray(protocol.PREFIX.size)
+    fds: List[int] = []
+    got = 0
+    try:
+        while got < len(prefix):
+            count, ancillary, _, _ = sock.recvmsg_into(
+                [memoryview(prefix)[got:]], _FD_SPACE, getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+            )
+            fds.extend(handover.rights(ancillary))
+            if not count:
+                raise protocol.ChannelClosed("connection closed after %d of %d bytes" % (got, len(prefix)))
+            got += count
+        head_len, body_len = protocol.parse_prefix(prefix, protocol.MAX_HEADER_BYTES, protocol.MAX_BODY_BYTES)
+        header = protocol.decode_header(protocol.recv_exactly(sock, head_len))
+        body = protocol.recv_exactly(sock, body_len)
+    except BaseException:
+        handover.close_fds(fds)
+        raise
+    return header, body, fds
+
+
+def _answer(header: Dict[str, Any], body: bytearray, fds: List[int], takes_file: bool) -> Tuple[Dict[str, Any], Any]:
+    """A reply's header and body for its caller: a blob that came as a file mapped, if the reply says so (``file``,
+    its size) and its call may take one; such a reply that is not whole is an error of the call."""
+    size = header.get("file")
+    if size is None or header.get("status") != protocol.STATUS_OK:
+        return header, body  # a descriptor that came with it is closed unused
+    problem = None
+    if not takes_file:
+        problem = "a file came for a call that takes none"
+    elif type(size) is not int or size < 0 or body:
+        problem = "its file size %r is not valid" % (size,)
+    elif len(fds) != 1:
+        problem = "%d descriptors came with it, not one" % len(fds)
+    if problem is None:
+        try:
+            return header, map_file(fds[0], size)
+        except (OSError, ValueError) as exc:
+            problem = "its file cannot be mapped: %s" % exc
+    error = "the answer to host call %r: %s" % (header.get("call"), problem)
+    return {"status": protocol.STATUS_ERROR, "error": error}, bytearray()

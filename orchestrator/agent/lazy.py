@@ -24,6 +24,7 @@ loading, leaves the value pending.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import sys
 import threading
 import types
@@ -193,9 +194,15 @@ class Deferred(object):
             namespace["__builtins__"] = builtins.__dict__
 
     def _unpickle(self, body: Any, digest: str) -> Any:
-        if protocol.is_host_blob(digest) and not protocol.host_blob_framed(body):
-            raise ValueError("the host-made blob is not whole")
-        return checkpoint.loads(body, self._context.module)
+        try:
+            if protocol.is_host_blob(digest) and not protocol.host_blob_framed(body):
+                raise ValueError("the host-made blob is not whole")
+            return checkpoint.loads(body, self._context.module)
+        finally:
+            close = getattr(body, "close", None)  # a blob that came as a file (one hop): unmapped now
+            if close is not None:
+                with contextlib.suppress(BufferError):  # a view outlives the load (a traceback): unmapped when freed
+                    close()
 
     def clear(self) -> None:
         """The namespace was emptied (reset, restore): nothing is pending any more."""

@@ -638,6 +638,9 @@ INTERRUPT = "interrupt"
 # controller keeps the ladder's clock and asks: ``interrupt {id, phase}`` (the signal of ``phase``: SIGINT for a
 # cell or a load, SIGUSR2 for a checkpoint) and ``kill {id}``, answered ``worker_replaced {id, reason, oom}``.
 ONE_HOP = "one_hop"
+# In one hop, a deferred value's blob may come as a descriptor of its file (``host_reply {file}``): offered by an
+# agent whose worker maps it; an older one gets the body.
+BLOB_FILES = "blob_files"
 DATA_CHANNEL = "data_channel"
 DATA_CHANNEL_FDS = 2  # requests and replies, host calls: a data_channel frame carries exactly these
 WORKER_IDLE = "idle"
@@ -1098,6 +1101,8 @@ class HostReply(_HostReplyFields, total=False):
     """The controller's answer to a host call; the supervisor passes it on to the worker."""
 
     error: str  # why it failed (status error): the cell's host_call raises HostCallError with it
+    file: int  # one hop, a BLOB_CALL's answer only: no body, the blob is the read-only file that came with the
+    # frame's first byte (SCM_RIGHTS), and this is its size
 
 
 def host_reply(call: int, error: Optional[str] = None) -> HostReply:
@@ -1105,6 +1110,11 @@ def host_reply(call: int, error: Optional[str] = None) -> HostReply:
     if error is None:
         return HostReply(type=HOST_REPLY, call=call, status=STATUS_OK)
     return HostReply(type=HOST_REPLY, call=call, status=STATUS_ERROR, error=error)
+
+
+def host_reply_file(call: int, size: int) -> HostReply:
+    """The answer to a ``BLOB_CALL`` whose blob comes as a descriptor of its file, of ``size`` bytes."""
+    return HostReply(type=HOST_REPLY, call=call, status=STATUS_OK, file=size)
 
 
 # Replies: their fields besides ``type`` and ``id``, as the agent sends them (docs/protocol.md says what each

@@ -219,7 +219,7 @@ class Supervisor:
             "agent_pid": os.getpid(),
             "worker_pid": self.worker.pid,
             "nonce": nonce,
-            "capabilities": [protocol.ONE_HOP],
+            "capabilities": [protocol.ONE_HOP, protocol.BLOB_FILES],
         }
 
     def handshake(self, conn: socket.socket) -> bool:

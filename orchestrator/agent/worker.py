@@ -153,12 +153,7 @@ def _recv_request(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray, Optio
     """
     prefix = bytearray(protocol.PREFIX.size)
     got, ancillary, _, _ = sock.recvmsg_into([prefix], _FD_SPACE)
-    fds = [
-        int.from_bytes(data[i : i + 4], sys.byteorder)
-        for level, kind, data in ancillary
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-        for i in range(0, len(data) - len(data) % 4, 4)
-    ]
+    fds = handover.rights(ancillary)
     for extra in fds[1:]:
         os.close(extra)
     fd = fds[0] if fds else None
@@ -185,12 +180,7 @@ def _map_value_file(fd: int, size: int) -> Any:
     Raises:
         ValueError: the file is not ``size`` bytes or not a host-made blob's frame.
     """
-    import mmap  # only here: most sandboxes never take a value file
-
-    actual = os.fstat(fd).st_size
-    if actual != size:
-        raise ValueError("the value file holds %d bytes, not the %d announced" % (actual, size))
-    mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+    mapped = hostcall.map_file(fd, size)
     if not protocol.host_blob_framed(mapped):
         mapped.close()
         raise ValueError("the value file is not a whole host-made blob")

@@ -11,15 +11,20 @@ not name), through the store's mapped read, and each key at most
 costs one more), so a cell cannot make the host read and send more than a few times its checkpoint.
 The blob is checked against its digest on a host thread while it travels and is unpickled (the sandbox
 has one CPU; 100 MB cost ~120 ms to hash), and the worker binds the value only once the controller
-says it matched (``protocol.BLOB_CHECK_CALL``), as a restore's ``verified`` load does.
+says it matched (``protocol.BLOB_CHECK_CALL``), as a restore's ``verified`` load does. In one hop, where the
+worker can never write the file, the blob goes as a read-only descriptor of its stored file (SCM_RIGHTS on the
+call link): the worker maps it, and the host checks its own mapping of that same file.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, ExitStack
+from typing import NamedTuple
 
 from ..agent import protocol
 from ..errors import OrchestratorError
@@ -46,11 +51,14 @@ class DeferredBlobs:
         sandbox_id: str,
         named: Callable[[str], str | None],
         open_blob: Callable[[str], AbstractContextManager[memoryview]],
+        open_file: Callable[[str], int | None] | None = None,
     ) -> None:
-        """``named``: the blob the session's current record names for a checkpoint key (None: none)."""
+        """``named``: the blob the session's current record names for a checkpoint key (None: none); ``open_file``:
+        a read-only descriptor of a blob's file the worker may have (None: the blob goes as a body)."""
         self._sandbox_id = sandbox_id
         self._named = named
         self._open_blob = open_blob
+        self._open_file = open_file
         self._served: dict[str, int] = {}
         self._checks: dict[tuple[str, str], Future[bool]] = {}  # the digest checks of blobs handed out
         self._mapped = ExitStack()  # the blobs handed out during the running request, mapped until it ends
@@ -63,8 +71,9 @@ class DeferredBlobs:
         self._checks.clear()
         self.served_bytes = 0
 
-    def serve(self, payload: object) -> memoryview:
-        """The blob a ``BLOB_CALL`` asks for (its JSON payload decoded), mapped until ``release``; its digest check
+    def serve(self, payload: object, *, as_file: bool = False) -> memoryview | BlobFile:
+        """The blob a ``BLOB_CALL`` asks for (its JSON payload decoded): with ``as_file``, where one may be handed out,
+        a descriptor of its file (open until ``release``), else the blob mapped until ``release``; its digest check
         starts beside.
 
         Raises:
@@ -76,19 +85,29 @@ class DeferredBlobs:
         if count >= _SERVES_PER_KEY:
             raise BlobRefused(f"the blob of {key!r} was handed out {count} times since the restore, the most it may")
         self._served[key] = count + 1
+        check: Future[bool] = Future()
         try:
-            blob = self._mapped.enter_context(self._open_blob(digest))
+            fd = self._open_file(digest) if as_file and self._open_file is not None else None
+            served: memoryview | BlobFile
+            if fd is None:
+                served = blob = self._mapped.enter_context(self._open_blob(digest))
+                size = len(blob)
+                if not protocol.is_host_blob(digest):
+                    check = background.beside().submit(lambda: protocol.blob_digest(blob) == digest)
+            else:
+                self._mapped.callback(os.close, fd)
+                served = BlobFile(fd, os.fstat(fd).st_size)
+                size = served.size
+                if not protocol.is_host_blob(digest):  # the host checks the very file the worker maps
+                    check = background.beside().submit(_file_matches, os.dup(fd), digest)
         except (OSError, OrchestratorError) as exc:
             logger.error("sandbox %s: the blob of deferred value %r cannot be read: %s", self._sandbox_id, key, exc)
             raise BlobRefused(f"its stored blob cannot be read: {exc}") from None
         if protocol.is_host_blob(digest):  # no content digest: the worker checks its frame
-            check: Future[bool] = Future()
             check.set_result(True)
-        else:
-            check = background.beside().submit(lambda: protocol.blob_digest(blob) == digest)
         self._checks[(key, digest)] = check
-        self.served_bytes += len(blob)
-        return blob
+        self.served_bytes += size
+        return served
 
     def release(self) -> None:
         """The request ended (its answers were sent): unmap the blobs it handed out.
@@ -116,7 +135,7 @@ class DeferredBlobs:
             raise BlobRefused(f"no blob of {key[:200]!r} was handed out to check")
         try:
             matched = check.result()
-        except (ValueError, BufferError):  # its mapping was closed before the check ran (a later request)
+        except (ValueError, BufferError, OSError):  # its mapping was closed before the check ran, or the file is empty
             raise BlobRefused(f"the blob of {key[:200]!r} handed out earlier cannot be checked any more") from None
         if not matched:
             logger.error("sandbox %s: the blob of deferred value %r does not match its digest", self._sandbox_id, key)
@@ -133,3 +152,24 @@ class DeferredBlobs:
         if self._named(key) != digest:
             raise BlobRefused(f"no deferred value {key[:200]!r} with that blob in this session")
         return key, digest
+
+
+class BlobFile(NamedTuple):
+    """A blob handed out as a read-only descriptor of its stored file (one hop), and the file's size."""
+
+    fd: int
+    size: int
+
+
+def _file_matches(fd: int, digest: str) -> bool:
+    """Whether the file behind ``fd`` (the check's own descriptor, closed here) has content digest ``digest``; its
+    mapping is the check's own too, so it is gone when the check is, whatever the request did meanwhile.
+
+    Raises:
+        ValueError: the file is empty (no blob is).
+    """
+    try:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
+            return protocol.blob_digest(view) == digest
+    finally:
+        os.close(fd)

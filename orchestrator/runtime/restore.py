@@ -183,7 +183,7 @@ class SessionSandbox:
             if sandbox.generation != self.generation:
                 self.restore("takeover")
             else:  # its values deferred by another controller's restore are ours to serve
-                sandbox.serve_deferred(self._recorded_blob, self.ledger.mapped_blob)
+                sandbox.serve_deferred(self._recorded_blob, self.ledger.mapped_blob, self.ledger.blob_path)
 
     # ----------------------------------------------------------------- restore
 
@@ -218,7 +218,7 @@ class SessionSandbox:
     def _load_checkpoint(self) -> None:
         assert self.sandbox is not None
         record = self.ledger.record
-        self.sandbox.serve_deferred(self._recorded_blob, self.ledger.mapped_blob)
+        self.sandbox.serve_deferred(self._recorded_blob, self.ledger.mapped_blob, self.ledger.blob_path)
         failures = self.sandbox.restore(
             record.variables, record.generation, self.ledger.mapped_blob, record.contexts, defer_at=DEFER_BYTES
         )

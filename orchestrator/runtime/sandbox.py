@@ -290,15 +290,19 @@ class Sandbox:
         cell code from writing the store through it (``fchmod``, a reopen of ``/proc/self/fd``) is the file's owner
         and mode: the controller's own uid, no group or other bits, and a worker that never runs as that uid.
         """
-        if _worker_may_run_as(self._settings, os.geteuid()):
-            return None
         path = value.written()
-        if path is None:
+        return None if path is None else self._open_private_file(path)
+
+    def _open_private_file(self, path: Path) -> int | None:
+        """A read-only descriptor of one of the host's files to hand to the worker (a value file, a deferred value's
+        blob): None unless the file is the controller's own (owner, no group or other bits) and the worker never runs
+        as the controller's uid, so it cannot change the file through the descriptor (``_open_value_file``)."""
+        if _worker_may_run_as(self._settings, os.geteuid()):
             return None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
-            logger.debug("value file %s not opened (the value goes as the body): %s", path, exc)
+            logger.debug("file %s not opened (its bytes go as the body): %s", path, exc)
             return None
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o077:
@@ -307,11 +311,19 @@ class Sandbox:
         return fd
 
     def serve_deferred(
-        self, named: Callable[[str], str | None], open_blob: Callable[[str], AbstractContextManager[memoryview]]
+        self,
+        named: Callable[[str], str | None],
+        open_blob: Callable[[str], AbstractContextManager[memoryview]],
+        blob_path: Callable[[str], Path] | None = None,
     ) -> None:
         """Answer the agent's requests for deferred values' blobs (runtime/deferred.py): ``named`` gives the blob
-        the session's current record names for a checkpoint key."""
-        self.deferred = DeferredBlobs(self.sandbox_id, named, open_blob)
+        the session's current record names for a checkpoint key. In one hop with ``blob_path`` (where a blob is
+        stored), to an agent that offers it, a blob goes to the worker as a read-only descriptor of its file where
+        ``_open_private_file`` may."""
+        open_file = None
+        if blob_path is not None and self.connection.one_hop and _offers_blob_files(self.connection):
+            open_file = lambda digest: self._open_private_file(blob_path(digest))  # noqa: E731
+        self.deferred = DeferredBlobs(self.sandbox_id, named, open_blob, open_file)
 
     def restore(
         self,
@@ -560,6 +572,11 @@ def _worker_may_run_as(settings: Settings, uid: int) -> bool:
         low, high = confinement.worker_uids
         return low <= uid <= high
     return confinement.sandbox_uid_gid[0] == uid
+
+
+def _offers_blob_files(connection: AgentConnection) -> bool:
+    """Whether the agent's worker takes a deferred value's blob as a file (its hello's ``BLOB_FILES``)."""
+    return protocol.BLOB_FILES in connection.hello.get("capabilities", ())
 
 
 def _unlink_value_file(link: Path) -> None:

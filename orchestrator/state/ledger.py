@@ -515,6 +515,10 @@ class CheckpointLedger:
         """One stored blob for the ``with`` block (``SessionStore.mapped_blob``)."""
         return self._store.mapped_blob(self.session_id, blob_digest)
 
+    def blob_path(self, blob_digest: str) -> Path:
+        """Where a stored blob is (``SessionStore.blob_path``): a deferred value's blob is handed out as its file."""
+        return self._store.blob_path(self.session_id, blob_digest)
+
     def _save(self, current: SessionRecord) -> None:
         current.last_used_at = time.time()
         self._written = self._store.save(current)

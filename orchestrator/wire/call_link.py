@@ -105,7 +105,7 @@ class CallLink:
             elif message["name"] == protocol.INPUT_CALL and live is not None:
                 self._open.add(call)
                 live.input_request(call, body)
-            elif serve_host_call(channel, message, body, desk, blobs):
+            elif serve_host_call(channel, message, body, desk, blobs, blob_files=True):
                 self._open.add(call)
             elif message["name"] == protocol.BLOB_CALL:  # a deferred value's blob: sent now, while the worker is quiet
                 try:

@@ -15,21 +15,29 @@ from collections.abc import Iterator
 from ..agent import protocol
 from ..api.events import LiveCall
 from ..errors import AgentTimeoutError, ProtocolError
-from ..runtime.deferred import BlobRefused, DeferredBlobs
+from ..runtime.deferred import BlobFile, BlobRefused, DeferredBlobs
 from ..runtime.hostcalls import Answer, CallDesk, answer_error, answer_ok
 from .transport import Channel
 
 
 def serve_host_call(
-    channel: Channel, frame: protocol.Header, body: bytearray, desk: CallDesk | None, blobs: DeferredBlobs | None
+    channel: Channel,
+    frame: protocol.Header,
+    body: bytearray,
+    desk: CallDesk | None,
+    blobs: DeferredBlobs | None,
+    *,
+    blob_files: bool = False,
 ) -> bool:
     """A host call of the running cell: to the desk (True: its answer comes later), or answered at once on
-    ``channel`` (a deferred value's blob, or a refusal)."""
+    ``channel`` (a deferred value's blob, or a refusal). ``blob_files``: the worker's own link (one hop), where a
+    blob may go as a descriptor of its file."""
     call, name = call_number(frame), frame.get("name")
     if not isinstance(name, str):
         raise ProtocolError("a host_call frame without a handler name")
     if name in (protocol.BLOB_CALL, protocol.BLOB_CHECK_CALL):
-        channel.enqueue(*_blob_answer(call, name, body, blobs))
+        header, answer, fd = _blob_answer(call, name, body, blobs, blob_files)
+        channel.enqueue(header, answer, () if fd is None else (fd,))
     elif desk is None:
         error = f"host call {name[:64]!r}: this cell was run without host calls"
         channel.enqueue(*answer_error(call, error))
@@ -93,18 +101,19 @@ def call_number(frame: protocol.Header) -> int:
 
 
 def _blob_answer(
-    call: int, name: str, body: bytearray, blobs: DeferredBlobs | None
-) -> tuple[protocol.HostReply, protocol.Body]:
-    """The answer to a deferred value's blob call (the blob) or check call (``true``), or why not (the sandbox's
-    request is hostile)."""
+    call: int, name: str, body: bytearray, blobs: DeferredBlobs | None, as_file: bool
+) -> tuple[protocol.HostReply, protocol.Body, int | None]:
+    """The answer to a deferred value's blob call (the blob, or with ``as_file`` where it may be a descriptor of its
+    file and ``file``, its size, in the header) or check call (``true``), or why not (the request is hostile)."""
     if blobs is None:
-        return answer_error(call, protocol.BLOB_REFUSED + "this sandbox has no deferred values")
+        return (*answer_error(call, protocol.BLOB_REFUSED + "this sandbox has no deferred values"), None)
     try:
         payload = protocol.decode_json(body, "blob call payload")
         if name == protocol.BLOB_CHECK_CALL:
-            return answer_ok(call, b"true" if blobs.verdict(payload) else b"false")
-        return protocol.host_reply(call), blobs.serve(payload)  # mapped: sent before the request ends
-    except protocol.ProtocolViolation as exc:
-        return answer_error(call, protocol.BLOB_REFUSED + str(exc))
-    except BlobRefused as exc:
-        return answer_error(call, protocol.BLOB_REFUSED + str(exc))
+            return (*answer_ok(call, b"true" if blobs.verdict(payload) else b"false"), None)
+        served = blobs.serve(payload, as_file=as_file)  # mapped, or open: sent before the request ends
+        if isinstance(served, BlobFile):
+            return protocol.host_reply_file(call, served.size), b"", served.fd
+        return protocol.host_reply(call), served, None
+    except (protocol.ProtocolViolation, BlobRefused) as exc:
+        return (*answer_error(call, protocol.BLOB_REFUSED + str(exc)), None)

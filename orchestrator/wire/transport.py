@@ -16,6 +16,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import select
 import socket
 import struct
@@ -202,6 +203,7 @@ class Channel:
         self._send_broken: str | None = None
         self._recv_broken: str | None = None
         self._outbox: list[memoryview] = []  # queued frames (host-call answers), sent as the socket takes them
+        self._attached: dict[int, list[int]] = {}  # descriptors (our dups) sent with the first byte of the part at id()
 
     def send(
         self,
@@ -307,8 +309,9 @@ class Channel:
         """True when bytes of a next frame were read already: look here before waiting for the socket."""
         return self._reader.buffered
 
-    def enqueue(self, header: protocol.Message, body: protocol.Body = b"") -> None:
-        """Queue a frame for ``flush``, so a caller that must keep reading never blocks on a write.
+    def enqueue(self, header: protocol.Message, body: protocol.Body = b"", fds: Sequence[int] = ()) -> None:
+        """Queue a frame for ``flush``, so a caller that must keep reading never blocks on a write; ``fds`` go with
+        its first byte (SCM_RIGHTS: a deferred value's blob file), as copies the channel closes once sent or dropped.
 
         Raises:
             ProtocolError: the frame is over the protocol's limits (nothing was queued).
@@ -317,7 +320,10 @@ class Channel:
             parts = protocol.frame_parts(header, body)
         except protocol.ProtocolViolation as exc:
             raise ProtocolError(f"refusing to send a {header.get('type')!r} frame: {exc}") from exc
-        self._outbox.extend(memoryview(part).cast("B") for part in parts)
+        views = [memoryview(part).cast("B") for part in parts]
+        if fds:
+            self._attached[id(views[0])] = [os.dup(fd) for fd in fds]
+        self._outbox.extend(views)
 
     @property
     def has_queued(self) -> bool:
@@ -331,12 +337,17 @@ class Channel:
             ChannelLost: the agent's end is closed (the queue is dropped).
         """
         if self._send_broken is not None:
-            self._outbox.clear()
+            self._drop_outbox()
             raise ChannelLost(f"cannot send to the agent: {self._send_broken}")
         while self._outbox:
             view = self._outbox[0]
+            fds = self._attached.get(id(view))
             try:
-                count = self._sock.send(view, _SEND_FLAGS)
+                if fds is None:
+                    count = self._sock.send(view, _SEND_FLAGS)
+                else:
+                    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
+                    count = self._sock.sendmsg([view], rights, _SEND_FLAGS)
             except BlockingIOError:
                 if deadline == 0.0:
                     return
@@ -344,8 +355,10 @@ class Channel:
                 continue
             except OSError as exc:
                 self._send_broken = f"sending failed: {exc}"
-                self._outbox.clear()
+                self._drop_outbox()
                 raise ChannelLost(f"sending to the agent failed: {exc}") from exc
+            if fds is not None:  # they went with the first byte
+                handover.close_fds(self._attached.pop(id(view)))
             if count == len(view):
                 self._outbox.pop(0)
             else:
@@ -401,8 +414,16 @@ class Channel:
     def close(self) -> None:
         """Close the connection (idempotent); later calls raise ``ChannelLost``."""
         self._send_broken = self._recv_broken = "the channel was closed"
+        self._drop_outbox()
         with contextlib.suppress(OSError):
             self._sock.close()
+
+    def _drop_outbox(self) -> None:
+        """Forget the queued frames, closing the descriptors they would have carried."""
+        self._outbox.clear()
+        for fds in self._attached.values():
+            handover.close_fds(fds)
+        self._attached.clear()
 
     def _fail(self, error: TransportError, cause: BaseException) -> NoReturn:
         self._recv_broken = str(error)

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 
 import pytest
-from support import kill_and_wait
+from support import kill_and_wait, one_hop
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.runtime.deferred import DEFER_BYTES
@@ -189,3 +189,109 @@ def test_deferred_values_on_the_oldest_supported_python(settings: Settings, make
     assert s.execute("len(globals()['big'])").return_value == str(BIG_MB << 20)
     kill_and_wait(orch, s.container_id)
     assert s.execute("del big").ok and "big" not in s.variables
+
+
+FILE_PROBE = """\
+import gc, os
+from orchestrator_agent import hostcall
+worker = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')
+def fds():
+    return len(os.listdir('/proc/self/fd'))
+def kind(key, digest):
+    blob = worker.calls.call_raw('__blob__', {'key': key, 'digest': digest})
+    try:
+        return type(blob).__name__, len(blob)
+    finally:
+        getattr(blob, 'close', lambda: None)()
+"""
+
+
+def test_in_one_hop_a_blob_comes_as_a_read_only_file_and_leaves_no_descriptor(
+    session: Session, kill_container: Callable[[Session], None]
+) -> None:
+    assert session.execute(SETUP).ok
+    digest = session._ledger.record.variables["big"]
+    restored(session, kill_container)
+    assert session.execute(FILE_PROBE + "before = fds()").ok
+    assert session.execute("size()").return_value == str(BIG_MB << 20)
+    kind, size = ast.literal_eval(session.execute(f"kind('big', {digest!r})").return_value or "")
+    assert size > BIG_MB << 20
+    assert kind == ("mmap" if one_hop(session) else "bytearray")  # two hops: the body, as before
+    assert session.execute("fds() - before").return_value == "0"
+
+
+def test_a_cell_that_takes_the_blobs_descriptor_cannot_change_the_stored_blob(
+    session: Session, kill_container: Callable[[Session], None]
+) -> None:
+    assert session.execute(SETUP).ok
+    digest = session._ledger.record.variables["big"]
+    restored(session, kill_container)
+    if not one_hop(session):
+        pytest.skip("two hops: the blob comes as the body")
+    # A cell that closes the descriptor before the worker maps it: the load fails, the value stays and loads later.
+    closing = "real_map = hostcall.map_file\ndef shut(fd, size):\n    os.close(fd)\n    return real_map(fd, size)\n"
+    assert session.execute(FILE_PROBE + closing + "hostcall.map_file = shut\nbefore = fds()").ok
+    result = session.execute("size()")
+    assert not result.ok and "cannot be loaded now" in str(result.error), result.error
+    assert session.execute("hostcall.map_file = real_map\nfds() - before").return_value == "0"
+    # A cell that keeps a copy of it: the file is the controller's, read-only, and not the cell's to change.
+    stolen = """\
+tried = []
+def grab(fd, size):
+    copy = os.dup(fd)
+    try:
+        for attempt in (lambda: os.write(copy, b'x'), lambda: os.fchmod(copy, 0o666),
+                        lambda: os.open('/proc/self/fd/%d' % copy, os.O_RDWR)):
+            try:
+                attempt()
+                tried.append('changed')
+            except OSError as exc:
+                tried.append(type(exc).__name__)
+    finally:
+        os.close(copy)
+    return real_map(fd, size)
+hostcall.map_file = grab
+"""
+    assert session.execute(stolen).ok
+    assert session.execute("size(), tried").return_value == (
+        f"({BIG_MB << 20}, ['OSError', 'PermissionError', 'PermissionError'])"  # EBADF, EPERM (fchmod), EACCES
+    )
+    assert session._ledger.record.variables["big"] == digest
+
+
+FORGED_FD = """\
+import array, json, socket
+from orchestrator_agent import protocol
+def forge(key, digest):
+    head = json.dumps({'type': 'host_call', 'call': 999, 'name': '__blob__'}).encode()
+    body = json.dumps({'key': key, 'digest': digest}).encode()
+    frame = protocol.PREFIX.pack(protocol.MAGIC, len(head), len(body)) + head + body
+    link = worker.calls._sock
+    with open('/proc/self/status', 'rb') as attached:  # any descriptor: the controller must never take it in
+        link.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [attached.fileno()]))])
+"""
+
+
+def test_a_descriptor_a_cell_sends_on_its_call_link_never_reaches_the_controller(
+    session: Session, kill_container: Callable[[Session], None]
+) -> None:
+    assert session.execute(SETUP).ok
+    digest = session._ledger.record.variables["big"]
+    restored(session, kill_container)
+    if not one_hop(session):
+        pytest.skip("two hops: the worker's call link ends in the supervisor")
+    assert session.execute(FILE_PROBE + FORGED_FD + f"forge('big', {digest!r})").ok
+    assert session.execute("size()").return_value == str(BIG_MB << 20)
+    blobs = session._sandbox.sandbox.deferred  # type: ignore[union-attr]
+    assert blobs is not None
+    for check in list(blobs._checks.values()):  # the forged call's: its hash holds the file until it ends
+        check.result()
+    held = [_opened(fd) for fd in os.listdir("/proc/self/fd")]
+    assert not [path for path in held if path.endswith("/status") or digest in path], held  # nor a blob's file
+
+
+def _opened(fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""

@@ -1,0 +1,236 @@
+"""A deferred value's blob as a descriptor of its file (one hop, docs/protocol.md "Deferred values").
+
+The controller's channel queues an answer with a descriptor (its own copy, closed once sent or dropped), and the
+worker's reader of K maps it only for a blob call whose answer says ``file``; any other descriptor is closed unused.
+Real socket pairs and files; what is observed is the answer and the descriptors left open, never time.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.agent import protocol
+from orchestrator.agent.hostcall import HostCallClient, HostCallError
+from orchestrator.runtime.deferred import BlobFile, BlobRefused, DeferredBlobs
+from orchestrator.wire.transport import Channel
+
+BLOB = b"\x80\x04" + b"blob of a big value" * 100 + b"."
+
+
+def open_fds() -> set[int]:
+    """This process's open descriptors (not the one that listed them, closed by then)."""
+    return {int(fd) for fd in os.listdir("/proc/self/fd") if _is_open(int(fd))}
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture
+def blob_file(tmp_path: Path) -> Path:
+    path = tmp_path / "blob"
+    path.write_bytes(BLOB)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def link() -> Iterator[tuple[HostCallClient, socket.socket]]:
+    """The worker's client on one end of K; the test plays the controller on the other."""
+    worker, controller = socket.socketpair()
+    client = HostCallClient(worker, protocol.HOST_CALL_MAX_BYTES, contextlib.nullcontext)
+    with controller:
+        yield client, controller
+        client.close()
+    worker.close()
+
+
+def answer(controller: socket.socket, header: dict[str, Any], body: bytes = b"", fds: tuple[int, ...] = ()) -> None:
+    """Read the worker's call and send ``header`` (with its call number) and ``body``, ``fds`` on its first byte."""
+    call, _ = protocol.recv_frame(controller)
+    frame = b"".join(protocol.frame_parts({**header, "call": call["call"]}, body))
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    controller.sendmsg([frame], rights)
+
+
+def call_in_thread(client: HostCallClient, name: str, controller: socket.socket, **reply: Any) -> Any:
+    """``client.call_raw(name)`` while the controller answers as ``reply`` says; its result, or the error."""
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(client.call_raw(name, {"key": "big", "digest": "0" * 32}, timeout=10))
+        except HostCallError as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    answer(controller, **reply)
+    thread.join(10)
+    return result[0]
+
+
+def test_a_blob_answer_with_a_file_is_mapped_and_leaves_no_descriptor(link: Any, blob_file: Path) -> None:
+    client, controller = link
+    fd = os.open(blob_file, os.O_RDONLY)
+    before = open_fds()
+    mapped = call_in_thread(
+        client, protocol.BLOB_CALL, controller, header=dict(protocol.host_reply_file(0, len(BLOB))), fds=(fd,)
+    )
+    os.close(fd)
+    assert type(mapped).__name__ == "mmap" and bytes(mapped) == BLOB
+    mapped.close()
+    assert open_fds() <= before - {fd}
+
+
+@pytest.mark.parametrize(
+    "name, size, copies, error",
+    [
+        ("handler", len(BLOB), 1, "a file came for a call that takes none"),  # not a blob call
+        (protocol.BLOB_CALL, len(BLOB), 2, "2 descriptors came with it"),
+        (protocol.BLOB_CALL, len(BLOB), 0, "0 descriptors came with it"),
+        (protocol.BLOB_CALL, len(BLOB) + 1, 1, f"holds {len(BLOB)} bytes, not the {len(BLOB) + 1} announced"),
+        (protocol.BLOB_CALL, "big", 1, "file size 'big' is not valid"),
+    ],
+)
+def test_a_file_answer_that_is_not_whole_fails_the_call_and_closes_what_came(
+    link: Any, blob_file: Path, name: str, size: Any, copies: int, error: str
+) -> None:
+    client, controller = link
+    fds = tuple(os.open(blob_file, os.O_RDONLY) for _ in range(copies))
+    before = open_fds()
+    header = {"type": protocol.HOST_REPLY, "status": protocol.STATUS_OK, "file": size}
+    result = call_in_thread(client, name, controller, header=header, fds=fds)
+    assert isinstance(result, HostCallError) and error in str(result), result
+    for fd in fds:
+        os.close(fd)
+    assert open_fds() <= before - set(fds)
+
+
+def test_a_descriptor_on_an_answer_that_asks_for_none_is_closed(link: Any, blob_file: Path) -> None:
+    client, controller = link
+    fd = os.open(blob_file, os.O_RDONLY)
+    before = open_fds()
+    result = call_in_thread(
+        client, protocol.BLOB_CALL, controller, header=dict(protocol.host_reply(0)), body=BLOB, fds=(fd,)
+    )
+    os.close(fd)
+    assert bytes(result) == BLOB  # the body, as in two hops
+    assert open_fds() <= before - {fd}
+
+
+def test_a_descriptor_past_a_frames_prefix_is_never_taken_in(link: Any, blob_file: Path) -> None:
+    client, controller = link
+    fd = os.open(blob_file, os.O_RDONLY)
+    before = open_fds()
+    done: list[Any] = []
+    thread = threading.Thread(target=lambda: done.append(client.call("handler", None, timeout=10)))
+    thread.start()
+    call, _ = protocol.recv_frame(controller)
+    frame = b"".join(protocol.frame_parts({**protocol.host_reply(call["call"])}, b"[1]"))
+    controller.sendall(frame[: protocol.PREFIX.size])
+    controller.sendmsg(
+        [frame[protocol.PREFIX.size :]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+    )
+    thread.join(10)
+    os.close(fd)
+    assert done == [[1]]
+    assert open_fds() <= before - {fd}
+
+
+def test_the_controllers_channel_sends_its_own_copy_of_a_descriptor_and_closes_it() -> None:
+    ours, theirs = socket.socketpair()
+    channel = Channel(ours, protocol.MAX_HEADER_BYTES, protocol.MAX_BODY_BYTES)
+    read, write = os.pipe()
+    before = open_fds()
+    channel.enqueue(dict(protocol.host_reply_file(1, 3)), b"", (read,))
+    assert len(open_fds() - before) == 1  # the channel's copy
+    channel.flush(deadline=None)
+    assert open_fds() == before
+    data, fds, _, _ = socket.recv_fds(theirs, 1 << 16, 4)
+    assert len(fds) == 1 and data.startswith(protocol.MAGIC)
+    os.write(write, b"via")
+    assert os.read(fds[0], 3) == b"via"  # the same pipe
+    channel.enqueue(dict(protocol.host_reply_file(2, 3)), b"", (read,))
+    os.close(fds[0])
+    mine = ours.fileno()
+    channel.close()  # dropped unsent: its copy is closed too
+    assert open_fds() == before - {mine}
+    for fd in (read, write):
+        os.close(fd)
+    theirs.close()
+
+
+@contextlib.contextmanager
+def _no_body(digest: str) -> Iterator[memoryview]:
+    raise AssertionError("the blob went as a file: it is not read by path")
+    yield memoryview(b"")
+
+
+def test_the_host_checks_the_file_it_hands_out_and_closes_it_at_release(blob_file: Path) -> None:
+    digest = protocol.blob_digest(BLOB)
+    blobs = DeferredBlobs("sb-test", {"big": digest}.get, _no_body, lambda _: os.open(blob_file, os.O_RDONLY))
+    before = open_fds()
+    served = blobs.serve({"key": "big", "digest": digest}, as_file=True)
+    assert isinstance(served, BlobFile) and served.size == len(BLOB)
+    assert os.path.samefile(f"/proc/self/fd/{served.fd}", blob_file)
+    assert blobs.verdict({"key": "big", "digest": digest}) is True
+    blobs.release()
+    assert open_fds() == before  # the answer's descriptor, and the check's own copy and mapping
+
+
+def test_a_damaged_file_is_refused_at_its_verdict(blob_file: Path) -> None:
+    digest = protocol.blob_digest(BLOB)
+    blob_file.write_bytes(BLOB[:-1] + b"!")
+    blobs = DeferredBlobs("sb-test", {"big": digest}.get, _no_body, lambda _: os.open(blob_file, os.O_RDONLY))
+    blobs.serve({"key": "big", "digest": digest}, as_file=True)
+    with pytest.raises(BlobRefused, match="does not match its digest"):
+        blobs.verdict({"key": "big", "digest": digest})
+    blobs.release()
+
+
+def test_without_a_file_the_blob_goes_as_its_body() -> None:
+    digest = protocol.blob_digest(BLOB)
+
+    @contextlib.contextmanager
+    def body(_: str) -> Iterator[memoryview]:
+        yield memoryview(BLOB)
+
+    for open_file in (None, lambda _: None):  # none may be handed out (two hops), or this one may not
+        blobs = DeferredBlobs("sb-test", {"big": digest}.get, body, open_file)
+        served = blobs.serve({"key": "big", "digest": digest}, as_file=True)
+        assert isinstance(served, memoryview) and bytes(served) == BLOB
+        assert blobs.verdict({"key": "big", "digest": digest}) is True
+        blobs.release()
+
+
+class _Connection:
+    def __init__(self, capabilities: list[str]) -> None:
+        self.one_hop = True
+        self.hello = {"capabilities": capabilities}
+
+
+def test_an_agent_that_does_not_offer_blob_files_gets_the_body(tmp_path: Path) -> None:
+    from orchestrator.config import Settings
+    from orchestrator.runtime.sandbox import Sandbox
+
+    sandbox = Sandbox.__new__(Sandbox)
+    sandbox._settings = Settings()
+    sandbox.sandbox_id = "sb-test"
+    for capabilities, files in (([protocol.ONE_HOP], False), ([protocol.ONE_HOP, protocol.BLOB_FILES], True)):
+        sandbox.connection = _Connection(capabilities)  # type: ignore[assignment]
+        sandbox.serve_deferred({}.get, _no_body, lambda digest: tmp_path / digest)
+        assert sandbox.deferred is not None and (sandbox.deferred._open_file is not None) is files
