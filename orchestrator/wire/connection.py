@@ -31,7 +31,7 @@ from ..runtime.hostcalls import CallDesk
 from .data_channel import DataChannel
 from .endpoint import Endpoint, UnixSocketEndpoint
 from .host_link import call_number, due_answers, send_while_quiet, serve_host_call, wait_for_sandbox
-from .one_hop import OneHop
+from .one_hop import OneHop, goodbye_behind
 from .replies import TakenOver, parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel, FrameBody
 
@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 Header = dict[str, Any]
 Body = FrameBody
-_GOODBYE_WAIT = 1.0
 _HANDSHAKE_SECONDS = 5.0  # a real agent sends its hello as soon as it connects
 
 
@@ -293,14 +292,11 @@ class AgentConnection:
 
     def _raise_if_goodbye(self) -> None:
         """Read what the agent sent unasked; TakenOver if it is a goodbye, else return."""
-        try:
-            message, _ = self._channel.recv(deadline=time.monotonic() + _GOODBYE_WAIT)
-        except TransportError:
-            return
-        if message.get("type") == protocol.GOODBYE:
+        goodbye = goodbye_behind(self._channel)
+        if goodbye is not None:
             if self._hop is not None:
                 self._hop.close()  # the worker sees EOF on its data channel and goes back to its supervisor, idle
-            raise TakenOver(parse_goodbye(message))
+            raise TakenOver(goodbye)
 
     def close(self) -> None:
         if self._hop is not None:

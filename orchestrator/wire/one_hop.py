@@ -9,17 +9,20 @@ here as the supervisor checks it in two hops.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import secrets
 import select
 import time
+from collections.abc import Iterator
 
 from ..agent import protocol
 from ..agent.ladder import KILL, Ladder
+from ..agent.protocol import Goodbye
 from ..api.events import LiveCall
 from ..config import Timeouts
-from ..errors import AgentTimeoutError, ChannelLost, ProtocolError
+from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk
 from .data_channel import DataChannel
@@ -27,8 +30,19 @@ from .host_link import due_answers, wait_for_sandbox
 from .replies import TakenOver, is_signal_name, parse_goodbye, reply_reason
 from .transport import Channel, FrameBody
 
+_GOODBYE_WAIT = 1.0
 _HAND_OVER_SECONDS = 5.0  # the supervisor takes a data channel at once
 _REPLACE_SECONDS = 5.0  # at least this long for worker_replaced: the supervisor answers once the fresh worker runs
+
+
+def goodbye_behind(control: Channel) -> Goodbye | None:
+    """The ``goodbye`` a takeover left on the supervisor's connection (read for up to ``_GOODBYE_WAIT``), if that is
+    what it sent: a write there broke, or it spoke unasked."""
+    try:
+        message, _ = control.recv(deadline=time.monotonic() + _GOODBYE_WAIT)
+    except TransportError:
+        return None
+    return parse_goodbye(message) if message.get("type") == protocol.GOODBYE else None
 
 
 def made_up_reply(header: protocol.Request, **fields: object) -> protocol.Header:
@@ -213,7 +227,8 @@ class OneHop:
         supervisor sends it in two hops (the worker heeds it only in a cell or a load: the kill follows)."""
         phase = phase if phase in protocol.INTERRUPT_PHASES else "cell"
         self._control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
-        self._control.flush()
+        with self._writing_control():
+            self._control.flush()
 
     def _interrupts_delivered(self, deadline: float) -> None:
         """After a reply to a request that was interrupted: wait until the supervisor has sent the worker every
@@ -228,7 +243,8 @@ class OneHop:
         control = self._control
         deadline = max(deadline, time.monotonic() + _HAND_OVER_SECONDS)
         control.enqueue({"type": protocol.PING, "id": ping_id})
-        control.flush(deadline=deadline)
+        with self._writing_control():
+            control.flush(deadline=deadline)
         while True:
             message, _ = control.recv(deadline=deadline)
             kind = message.get("type")
@@ -303,7 +319,8 @@ class OneHop:
         control = self._control
         deadline = max(deadline, time.monotonic() + _REPLACE_SECONDS)
         control.enqueue({"type": protocol.KILL, "id": kill_id})  # behind an interrupt still queued, if any
-        control.flush(deadline=deadline)
+        with self._writing_control():
+            control.flush(deadline=deadline)
         lost: protocol.Header | None = None
         while True:
             message, _ = control.recv(deadline=deadline)
@@ -324,11 +341,25 @@ class OneHop:
             self._data.close()
             self._data = None
 
+    @contextlib.contextmanager
+    def _writing_control(self) -> Iterator[None]:
+        """A write on C that breaks may be a takeover's: its goodbye waits behind the pipe (``TakenOver`` then, as two
+        hops say it when a request's send breaks), else the ``ChannelLost`` stands."""
+        try:
+            yield
+        except ChannelLost:
+            goodbye = goodbye_behind(self._control)
+            if goodbye is None:
+                raise
+            self.close()
+            raise TakenOver(goodbye) from None
+
     def _hand_over(self) -> None:
         """Hand the supervisor's fresh worker a new data channel (the old one went with its worker)."""
         deadline = time.monotonic() + _HAND_OVER_SECONDS
-        self._control.flush(deadline=deadline)  # an interrupt still queued goes first: descriptors go on their own
-        self._data = DataChannel.hand_over(self._control, deadline=deadline)
+        with self._writing_control():
+            self._control.flush(deadline=deadline)  # an interrupt still queued goes first: descriptors on their own
+            self._data = DataChannel.hand_over(self._control, deadline=deadline)
 
     @staticmethod
     def _refusal(header: protocol.Request, cell_ended: bool) -> str | None:
@@ -351,7 +382,8 @@ class OneHop:
         data.calls.answer(due_answers(ready, desk, live))
         data.calls.flush_now()
         if self._control.has_queued:
-            self._control.flush()
+            with self._writing_control():
+                self._control.flush()
         return ready
 
     def check_idle(self) -> None:
