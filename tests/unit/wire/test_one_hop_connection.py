@@ -470,6 +470,23 @@ def test_replace_worker_says_goodbye_as_taken_over(supervisor: FakeSupervisor) -
         supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
 
 
+def test_a_kill_that_meets_a_connection_closed_behind_a_goodbye_is_taken_over(supervisor: FakeSupervisor) -> None:
+    """The supervisor said goodbye (another controller took over) and closed C before the kill went out: the broken
+    write is the takeover's, as two hops say it when a request's send breaks, never a transport failure."""
+    supervisor.say(type=protocol.GOODBYE, reason="takeover", in_flight=None)
+    supervisor.sock.close()
+    with pytest.raises(TakenOver):
+        supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+
+
+def test_a_kill_that_meets_a_connection_closed_without_a_goodbye_is_a_lost_channel(
+    supervisor: FakeSupervisor,
+) -> None:
+    supervisor.sock.close()
+    with pytest.raises(ChannelLost):
+        supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+
+
 def test_a_supervisor_that_does_not_answer_a_kill_between_calls_makes_the_sandbox_go(
     supervisor: FakeSupervisor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
