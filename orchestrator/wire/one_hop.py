@@ -15,7 +15,7 @@ import math
 import secrets
 import select
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..agent import protocol
 from ..agent.ladder import KILL, Ladder
@@ -239,24 +239,16 @@ class OneHop:
         Raises:
             TakenOver: the supervisor said goodbye first (the request is not kept, as a takeover during it).
         """
-        ping_id = secrets.token_hex(16)
-        control = self._control
-        deadline = max(deadline, time.monotonic() + _HAND_OVER_SECONDS)
-        control.enqueue({"type": protocol.PING, "id": ping_id})
-        with self._writing_control():
-            control.flush(deadline=deadline)
-        while True:
-            message, _ = control.recv(deadline=deadline)
-            kind = message.get("type")
-            if kind == protocol.PONG and message.get("id") == ping_id:
-                return
-            if kind == protocol.GOODBYE:
-                raise TakenOver(parse_goodbye(message))
-            if kind != protocol.WORKER_LOST:
-                raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} while it was asked for a pong")
-            self._drop_data()  # the worker died after its reply, which counts: the next request is told
+
+        def lost(message: protocol.Header) -> None:  # the worker died after its reply, which counts
+            self._drop_data()
             self._hand_over()
-            self._lost = self._lost or message
+            self._lost = self._lost or message  # the next request is told
+
+        deadline = max(deadline, time.monotonic() + _HAND_OVER_SECONDS)
+        self._ask(
+            {"type": protocol.PING, "id": secrets.token_hex(16)}, protocol.PONG, deadline, lost, "was asked for a pong"
+        )
 
     def _read_control(self, control: Channel) -> None:
         """What the supervisor said on C during a request: a goodbye or a lost worker end it; nothing else is sent."""
@@ -316,24 +308,43 @@ class OneHop:
         """
         kill_id = kill_id if kill_id is not None else secrets.token_hex(16)
         self._drop_data()
-        control = self._control
+        deaths: list[protocol.Header] = []
         deadline = max(deadline, time.monotonic() + _REPLACE_SECONDS)
-        control.enqueue({"type": protocol.KILL, "id": kill_id})  # behind an interrupt still queued, if any
+        kill = {"type": protocol.KILL, "id": kill_id}  # behind an interrupt still queued, if any
+        replaced = self._ask(kill, protocol.WORKER_REPLACED, deadline, deaths.append, "replaced its worker")
+        self._hand_over()
+        return deaths[0] if deaths else replaced
+
+    def _ask(
+        self,
+        question: protocol.Message,
+        answer_type: str,
+        deadline: float,
+        lost: Callable[[protocol.Header], None],
+        what: str,
+    ) -> protocol.Header:
+        """Send ``question`` on C and return the supervisor's answer of ``answer_type`` with its id; each
+        ``worker_lost`` that comes first goes to ``lost``.
+
+        Raises:
+            TakenOver: the supervisor said goodbye instead.
+            ProtocolError: it said anything else (``what`` it was doing names the moment).
+            AgentTimeoutError, ChannelLost: C failed.
+        """
+        control = self._control
+        control.enqueue(question)
         with self._writing_control():
             control.flush(deadline=deadline)
-        lost: protocol.Header | None = None
         while True:
             message, _ = control.recv(deadline=deadline)
             kind = message.get("type")
-            if kind == protocol.WORKER_REPLACED and message.get("id") == kill_id:
-                break
+            if kind == answer_type and message.get("id") == question["id"]:
+                return message
             if kind == protocol.GOODBYE:
                 raise TakenOver(parse_goodbye(message))
             if kind != protocol.WORKER_LOST:
-                raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} while it replaced its worker")
-            lost = lost or message
-        self._hand_over()
-        return lost if lost is not None else message
+                raise ProtocolError(f"the supervisor sent {str(kind)[:64]!r} while it {what}")
+            lost(message)
 
     def _drop_data(self) -> None:
         """Close our ends of the worker's data channel; until the next is handed over there is none to use."""
