@@ -17,8 +17,9 @@ unpickles it with the context's module as dill's ``__main__`` while the controll
 against its digest, and binds it once the controller confirms (``BLOB_CHECK_CALL``). A value the
 controller refuses or that does not unpickle raises ``DeferredValueLost`` (a NameError) in the cell
 and leaves the checkpoint: the next delta reports it deleted. A call that fails on the way (no cell
-runs, the controller is gone) raises ``DeferredValueUnavailable`` and, like an interrupt while
-loading, leaves the value pending.
+runs, the controller is gone) or that the controller cannot serve now (``BLOB_UNAVAILABLE``: its host
+is short of descriptors or memory, or the value was asked for too often since the restore) raises
+``DeferredValueUnavailable`` and, like an interrupt while loading, leaves the value pending.
 """
 
 from __future__ import annotations

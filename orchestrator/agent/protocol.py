@@ -80,6 +80,11 @@ BLOB_CHECK_CALL = "__blob_check__"
 # How the controller's refusal of either call begins: the value is lost. Any other failure of the call (no cell
 # running, the link or the controller gone) leaves it deferred.
 BLOB_REFUSED = "deferred value not served: "
+# How the controller's answer to either call begins when it cannot serve the blob now but may later (the host is out
+# of descriptors or memory, or the key was handed out as often as it may be until the next restore): the value stays
+# deferred. It does not begin with BLOB_REFUSED, so an agent of protocol 7 (which keeps the value on any other
+# failure of the call) reads it as this one does: ``DeferredValueUnavailable``.
+BLOB_UNAVAILABLE = "deferred value not available now, try later: "
 
 NONCE_BYTES = 16
 

@@ -31,7 +31,7 @@ from ..state.store import SessionRecord
 from ..wire.replies import TakenOver, parse_install_reply, worker_failure
 from ..wire.wakeup import Wakeup
 from . import discard
-from .deferred import DEFER_BYTES
+from .deferred import DEFER_BYTES, deferrable
 from .hostcalls import HandlerPool, serving
 from .sandbox import Sandbox
 
@@ -182,8 +182,11 @@ class SessionSandbox:
                 raise
             if sandbox.generation != self.generation:
                 self.restore("takeover")
-            else:  # its values deferred by another controller's restore are ours to serve
+            else:  # its values deferred by another controller's restore (of this record: the same rule) are ours
                 sandbox.serve_deferred(self._recorded_blob, self.ledger.mapped_blob, self.ledger.blob_path)
+                assert sandbox.deferred is not None
+                record = self.ledger.record
+                sandbox.deferred.restored(deferrable(record.variables, self.ledger.mapped_blob, DEFER_BYTES))
 
     # ----------------------------------------------------------------- restore
 

@@ -31,7 +31,7 @@ from ..wire.connection import AgentConnection, Body, Header
 from ..wire.endpoint import Endpoint, UnixSocketEndpoint
 from ..wire.replies import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
 from . import background
-from .deferred import DeferredBlobs
+from .deferred import DeferredBlobs, deferrable
 from .hostcalls import CallDesk
 from .identity import choose_worker_uid
 
@@ -247,8 +247,6 @@ class Sandbox:
                 value_fd=value_fd,
             )
         finally:
-            if self.deferred is not None:
-                self.deferred.release()
             if link is not None:
                 _unlink_value_file(link)
             if value_fd is not None:
@@ -347,17 +345,22 @@ class Sandbox:
         The whole restore sends at most ``_RESTORE_LOADS_PER_VALUE`` loads per value (plus a slack); the
         values still not loaded when that runs out are named as failed, so the work stays linear.
         """
-        if self.deferred is not None:
-            self.deferred.restored()
-        else:
+        if self.deferred is None:
             defer_at = None  # nobody would answer the agent's requests for them
-        deferred = _sizes_at_least(manifest, open_blob, defer_at)
+        deferred = deferrable(manifest, open_blob, defer_at)
+        self._deferring(deferred)
         failed = self._restore_all(manifest, generation, open_blob, contexts or {}, deferred)
         if failed and deferred:
             logger.info("sandbox %s: a value failed with others deferred; restoring all at once", self.sandbox_id)
+            self._deferring({})
             failed = self._restore_all(manifest, generation, open_blob, contexts or {}, {})
         self._control(protocol.restore_end_request(generation))
         return failed
+
+    def _deferring(self, deferred: Mapping[str, int]) -> None:
+        """The restore defers these keys: only their blobs are served (runtime/deferred.py)."""
+        if self.deferred is not None:
+            self.deferred.restored(deferred)
 
     def _restore_all(
         self,
@@ -522,20 +525,6 @@ def _check_digest(header: protocol.LoadRequest, blob: memoryview) -> Future[bool
         done.set_result(protocol.blob_digest(blob) == digest)
         return done
     return background.beside().submit(lambda: protocol.blob_digest(blob) == digest)
-
-
-def _sizes_at_least(
-    manifest: Mapping[str, str], open_blob: Callable[[str], AbstractContextManager[memoryview]], least: int | None
-) -> dict[str, int]:
-    """The keys of ``manifest`` whose blob has at least ``least`` bytes, with that size (none for None)."""
-    if least is None:
-        return {}
-    sizes: dict[str, int] = {}
-    for key, digest in manifest.items():
-        with open_blob(digest) as blob:
-            if len(blob) >= least:
-                sizes[key] = len(blob)
-    return sizes
 
 
 def _no_blobs(blob_digest: str) -> AbstractContextManager[memoryview]:

@@ -25,7 +25,7 @@ from ..agent import protocol
 from ..agent.protocol import Hello
 from ..api.events import LiveCall
 from ..config import Timeouts
-from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
+from ..errors import AgentTimeoutError, ChannelLost, OrchestratorError, ProtocolError, TransportError
 from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk
 from .data_channel import DataChannel
@@ -193,9 +193,29 @@ class AgentConnection:
             AgentTimeoutError: the deadline passed.
             ChannelLost: the agent's end closed.
             ProtocolError: an invalid frame, or a reply to another request.
+            ChannelLost: also when this host failed the channel (``OSError``: out of descriptors or memory).
         """
         if "id" not in header:
             header["id"] = new_request_id()
+        try:
+            return self._request(header, body, deadline, checkpoint_seconds, desk, live, blobs, value_fd)
+        except OSError as exc:
+            if isinstance(exc, OrchestratorError):  # typed already (a ``TimeoutError``, a ``ConnectionError``)
+                raise
+            # The host, not the sandbox, failed (out of descriptors or memory): the channel is out of step.
+            raise ChannelLost(f"the channel to the agent failed on this host: {exc}") from exc
+
+    def _request(
+        self,
+        header: protocol.Request,
+        body: Body,
+        deadline: float,
+        checkpoint_seconds: float | None,
+        desk: CallDesk | None,
+        live: LiveCall | None,
+        blobs: DeferredBlobs | None,
+        value_fd: int | None,
+    ) -> tuple[Header, bytearray]:
         if self._hop is not None:
             hop = self._hop
             try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 
 from ..agent import protocol
+from ..errors import ChannelLost, TransportError
 from .call_link import CallLink
 from .transport import Channel
 
@@ -29,7 +30,8 @@ class DataChannel:
         with a host call's (as the supervisor reads the worker's call link in two hops).
 
         Raises:
-            AgentTimeoutError, ChannelLost: the frame could not be sent (our ends are closed).
+            AgentTimeoutError, ChannelLost: the frame could not be sent (our ends are closed), or this host could not
+                make the pairs (out of descriptors).
         """
         ours: list[socket.socket] = []
         theirs: list[socket.socket] = []
@@ -39,6 +41,12 @@ class DataChannel:
                 ours.append(mine)
                 theirs.append(other)
             control.send_fds({"type": protocol.DATA_CHANNEL}, [sock.fileno() for sock in theirs], deadline=deadline)
+        except OSError as exc:
+            for sock in ours:
+                sock.close()
+            if isinstance(exc, TransportError):
+                raise
+            raise ChannelLost(f"no data channel could be made on this host: {exc}") from exc
         except BaseException:
             for sock in ours:
                 sock.close()

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from ..agent import protocol
 from ..api.events import LiveCall
 from ..errors import AgentTimeoutError, ProtocolError
-from ..runtime.deferred import BlobFile, BlobRefused, DeferredBlobs
+from ..runtime.deferred import BlobRefused, BlobUnavailable, DeferredBlobs
 from ..runtime.hostcalls import Answer, CallDesk, answer_error, answer_ok
 from .transport import Channel
 
@@ -36,8 +36,7 @@ def serve_host_call(
     if not isinstance(name, str):
         raise ProtocolError("a host_call frame without a handler name")
     if name in (protocol.BLOB_CALL, protocol.BLOB_CHECK_CALL):
-        header, answer, fd = _blob_answer(call, name, body, blobs, blob_files)
-        channel.enqueue(header, answer, () if fd is None else (fd,))
+        _answer_blob_call(channel, call, name, body, blobs, blob_files)
     elif desk is None:
         error = f"host call {name[:64]!r}: this cell was run without host calls"
         channel.enqueue(*answer_error(call, error))
@@ -100,20 +99,28 @@ def call_number(frame: protocol.Header) -> int:
     return call
 
 
-def _blob_answer(
-    call: int, name: str, body: bytearray, blobs: DeferredBlobs | None, as_file: bool
-) -> tuple[protocol.HostReply, protocol.Body, int | None]:
-    """The answer to a deferred value's blob call (the blob, or with ``as_file`` where it may be a descriptor of its
-    file and ``file``, its size, in the header) or check call (``true``), or why not (the request is hostile)."""
+def _answer_blob_call(
+    channel: Channel, call: int, name: str, body: bytearray, blobs: DeferredBlobs | None, as_file: bool
+) -> None:
+    """Queue the answer to a deferred value's blob call (the blob, or with ``as_file`` where it may be a descriptor of
+    it and ``file``, its size, in the header; the channel closes it once sent) or check call (``true``), or why not:
+    refused (the request is hostile, or the blob damaged) or unavailable now (the value stays deferred)."""
     if blobs is None:
-        return (*answer_error(call, protocol.BLOB_REFUSED + "this sandbox has no deferred values"), None)
+        channel.enqueue(*answer_error(call, protocol.BLOB_REFUSED + "this sandbox has no deferred values"))
+        return
     try:
         payload = protocol.decode_json(body, "blob call payload")
         if name == protocol.BLOB_CHECK_CALL:
-            return (*answer_ok(call, b"true" if blobs.verdict(payload) else b"false"), None)
-        served = blobs.serve(payload, as_file=as_file)  # mapped, or open: sent before the request ends
-        if isinstance(served, BlobFile):
-            return protocol.host_reply_file(call, served.size), b"", served.fd
-        return protocol.host_reply(call), served, None
+            channel.enqueue(*answer_ok(call, b"true" if blobs.verdict(payload) else b"false"))
+            return
+        served = blobs.serve(payload, as_file=as_file)
     except (protocol.ProtocolViolation, BlobRefused) as exc:
-        return (*answer_error(call, protocol.BLOB_REFUSED + str(exc)), None)
+        channel.enqueue(*answer_error(call, protocol.BLOB_REFUSED + str(exc)))
+        return
+    except BlobUnavailable as exc:
+        channel.enqueue(*answer_error(call, protocol.BLOB_UNAVAILABLE + str(exc)))
+        return
+    if served.fd is not None:
+        channel.enqueue(protocol.host_reply_file(call, served.size), b"", (served.fd,), sent=served.close)
+    else:
+        channel.enqueue(protocol.host_reply(call), served.body, sent=served.close)

@@ -16,7 +16,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import select
 import socket
 import struct
@@ -177,6 +176,25 @@ class _ReadAhead:
         self._end = end + got
 
 
+class _Queued:
+    """A part of a queued frame: what is left of it to send, the descriptors its first byte carries, and what runs
+    once the frame's last part is sent or dropped."""
+
+    __slots__ = ("fds", "sent", "view")
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+        self.fds: list[int] = []
+        self.sent: Callable[[], None] | None = None
+
+    def done(self) -> None:
+        """Sent or dropped: let go of its bytes first (a mapping cannot close under a view), then run ``sent``."""
+        self.view.release()
+        sent, self.sent = self.sent, None
+        if sent is not None:
+            sent()
+
+
 class Channel:
     """One open connection to an agent, with the host's frame limits.
 
@@ -202,8 +220,7 @@ class Channel:
         self._reader = _ReadAhead(max_header, max_body)
         self._send_broken: str | None = None
         self._recv_broken: str | None = None
-        self._outbox: list[memoryview] = []  # queued frames (host-call answers), sent as the socket takes them
-        self._attached: dict[int, list[int]] = {}  # descriptors (our dups) sent with the first byte of the part at id()
+        self._outbox: list[_Queued] = []  # queued frames (host-call answers), sent as the socket takes them
 
     def send(
         self,
@@ -309,9 +326,17 @@ class Channel:
         """True when bytes of a next frame were read already: look here before waiting for the socket."""
         return self._reader.buffered
 
-    def enqueue(self, header: protocol.Message, body: protocol.Body = b"", fds: Sequence[int] = ()) -> None:
+    def enqueue(
+        self,
+        header: protocol.Message,
+        body: protocol.Body = b"",
+        fds: Sequence[int] = (),
+        *,
+        sent: Callable[[], None] | None = None,
+    ) -> None:
         """Queue a frame for ``flush``, so a caller that must keep reading never blocks on a write; ``fds`` go with
-        its first byte (SCM_RIGHTS: a deferred value's blob file), as copies the channel closes once sent or dropped.
+        its first byte (SCM_RIGHTS: a deferred value's blob). ``sent`` runs once the frame is sent or dropped (also
+        when it cannot be queued): it closes what the frame carried, so nothing outlives its answer.
 
         Raises:
             ProtocolError: the frame is over the protocol's limits (nothing was queued).
@@ -319,11 +344,13 @@ class Channel:
         try:
             parts = protocol.frame_parts(header, body)
         except protocol.ProtocolViolation as exc:
+            if sent is not None:
+                sent()
             raise ProtocolError(f"refusing to send a {header.get('type')!r} frame: {exc}") from exc
-        views = [memoryview(part).cast("B") for part in parts]
-        if fds:
-            self._attached[id(views[0])] = [os.dup(fd) for fd in fds]
-        self._outbox.extend(views)
+        queued = [_Queued(memoryview(part).cast("B")) for part in parts]
+        queued[0].fds = list(fds)
+        queued[-1].sent = sent
+        self._outbox.extend(queued)
 
     @property
     def has_queued(self) -> bool:
@@ -340,14 +367,13 @@ class Channel:
             self._drop_outbox()
             raise ChannelLost(f"cannot send to the agent: {self._send_broken}")
         while self._outbox:
-            view = self._outbox[0]
-            fds = self._attached.get(id(view))
+            part = self._outbox[0]
             try:
-                if fds is None:
-                    count = self._sock.send(view, _SEND_FLAGS)
+                if not part.fds:
+                    count = self._sock.send(part.view, _SEND_FLAGS)
                 else:
-                    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
-                    count = self._sock.sendmsg([view], rights, _SEND_FLAGS)
+                    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(part.fds)}i", *part.fds))]
+                    count = self._sock.sendmsg([part.view], rights, _SEND_FLAGS)
             except BlockingIOError:
                 if deadline == 0.0:
                     return
@@ -357,12 +383,12 @@ class Channel:
                 self._send_broken = f"sending failed: {exc}"
                 self._drop_outbox()
                 raise ChannelLost(f"sending to the agent failed: {exc}") from exc
-            if fds is not None:  # they went with the first byte
-                handover.close_fds(self._attached.pop(id(view)))
-            if count == len(view):
-                self._outbox.pop(0)
-            else:
-                self._outbox[0] = view[count:]
+            part.fds = []  # they went with the first byte
+            if count < len(part.view):
+                part.view = part.view[count:]
+                continue
+            self._outbox.pop(0)
+            part.done()
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -419,11 +445,10 @@ class Channel:
             self._sock.close()
 
     def _drop_outbox(self) -> None:
-        """Forget the queued frames, closing the descriptors they would have carried."""
-        self._outbox.clear()
-        for fds in self._attached.values():
-            handover.close_fds(fds)
-        self._attached.clear()
+        """Forget the queued frames, closing what they would have carried."""
+        dropped, self._outbox = self._outbox, []
+        for part in dropped:
+            part.done()
 
     def _fail(self, error: TransportError, cause: BaseException) -> NoReturn:
         self._recv_broken = str(error)

@@ -1,6 +1,7 @@
 """A deferred value's blob as a descriptor of its file (one hop, docs/protocol.md "Deferred values").
 
-The controller's channel queues an answer with a descriptor (its own copy, closed once sent or dropped), and the
+The controller's channel queues an answer with a descriptor (closed by the answer's ``sent`` once sent or dropped),
+and the
 worker's reader of K maps it only for a blob call whose answer says ``file``; any other descriptor is closed unused.
 Real socket pairs and files; what is observed is the answer and the descriptors left open, never time.
 """
@@ -20,7 +21,7 @@ import pytest
 
 from orchestrator.agent import protocol
 from orchestrator.agent.hostcall import HostCallClient, HostCallError
-from orchestrator.runtime.deferred import BlobFile, BlobRefused, DeferredBlobs
+from orchestrator.runtime.deferred import BlobRefused, DeferredBlobs
 from orchestrator.wire.transport import Channel
 
 BLOB = b"\x80\x04" + b"blob of a big value" * 100 + b"."
@@ -151,70 +152,73 @@ def test_a_descriptor_past_a_frames_prefix_is_never_taken_in(link: Any, blob_fil
     assert open_fds() <= before - {fd}
 
 
-def test_the_controllers_channel_sends_its_own_copy_of_a_descriptor_and_closes_it() -> None:
+def test_the_controllers_channel_closes_a_descriptor_as_soon_as_it_is_sent_or_dropped() -> None:
     ours, theirs = socket.socketpair()
     channel = Channel(ours, protocol.MAX_HEADER_BYTES, protocol.MAX_BODY_BYTES)
     read, write = os.pipe()
     before = open_fds()
-    channel.enqueue(dict(protocol.host_reply_file(1, 3)), b"", (read,))
-    assert len(open_fds() - before) == 1  # the channel's copy
+    channel.enqueue(dict(protocol.host_reply_file(1, 3)), b"", (read,), sent=lambda: os.close(read))
+    assert open_fds() == before  # no copy
     channel.flush(deadline=None)
-    assert open_fds() == before
+    assert open_fds() == before - {read}  # closed once sent
     data, fds, _, _ = socket.recv_fds(theirs, 1 << 16, 4)
     assert len(fds) == 1 and data.startswith(protocol.MAGIC)
     os.write(write, b"via")
     assert os.read(fds[0], 3) == b"via"  # the same pipe
-    channel.enqueue(dict(protocol.host_reply_file(2, 3)), b"", (read,))
     os.close(fds[0])
+    again = os.dup(write)
+    channel.enqueue(dict(protocol.host_reply_file(2, 3)), b"", (again,), sent=lambda: os.close(again))
     mine = ours.fileno()
-    channel.close()  # dropped unsent: its copy is closed too
-    assert open_fds() == before - {mine}
-    for fd in (read, write):
-        os.close(fd)
+    channel.close()  # dropped unsent: closed too
+    assert open_fds() == before - {mine, read}
+    os.close(write)
     theirs.close()
 
 
-@contextlib.contextmanager
-def _no_body(digest: str) -> Iterator[memoryview]:
-    raise AssertionError("the blob went as a file: it is not read by path")
-    yield memoryview(b"")
-
-
-def test_the_host_checks_the_file_it_hands_out_and_closes_it_at_release(blob_file: Path) -> None:
-    digest = protocol.blob_digest(BLOB)
-    blobs = DeferredBlobs("sb-test", {"big": digest}.get, _no_body, lambda _: os.open(blob_file, os.O_RDONLY))
-    before = open_fds()
-    served = blobs.serve({"key": "big", "digest": digest}, as_file=True)
-    assert isinstance(served, BlobFile) and served.size == len(BLOB)
-    assert os.path.samefile(f"/proc/self/fd/{served.fd}", blob_file)
-    assert blobs.verdict({"key": "big", "digest": digest}) is True
-    blobs.release()
-    assert open_fds() == before  # the answer's descriptor, and the check's own copy and mapping
-
-
-def test_a_damaged_file_is_refused_at_its_verdict(blob_file: Path) -> None:
-    digest = protocol.blob_digest(BLOB)
-    blob_file.write_bytes(BLOB[:-1] + b"!")
-    blobs = DeferredBlobs("sb-test", {"big": digest}.get, _no_body, lambda _: os.open(blob_file, os.O_RDONLY))
-    blobs.serve({"key": "big", "digest": digest}, as_file=True)
-    with pytest.raises(BlobRefused, match="does not match its digest"):
-        blobs.verdict({"key": "big", "digest": digest})
-    blobs.release()
-
-
-def test_without_a_file_the_blob_goes_as_its_body() -> None:
-    digest = protocol.blob_digest(BLOB)
+def _stored(path: Path) -> Any:
+    """The store's mapped read of ``path`` (what the check opens afresh)."""
 
     @contextlib.contextmanager
-    def body(_: str) -> Iterator[memoryview]:
-        yield memoryview(BLOB)
+    def open_blob(digest: str) -> Iterator[memoryview]:
+        yield memoryview(path.read_bytes())
 
+    return open_blob
+
+
+def test_the_host_checks_the_stored_blob_not_the_descriptor_it_hands_out(blob_file: Path, tmp_path: Path) -> None:
+    digest = protocol.blob_digest(BLOB)
+    copy = tmp_path / "copy"  # what is handed out need not be the stored file (a sealed copy, say)
+    copy.write_bytes(b"not the blob")
+    blobs = DeferredBlobs("sb-test", {"big": digest}.get, _stored(blob_file), lambda _: os.open(copy, os.O_RDONLY))
+    blobs.restored({"big": len(BLOB)})
+    before = open_fds()
+    served = blobs.serve({"key": "big", "digest": digest}, as_file=True)
+    assert served.fd is not None and served.size == len(b"not the blob")
+    assert os.path.samefile(f"/proc/self/fd/{served.fd}", copy)
+    assert blobs.verdict({"key": "big", "digest": digest}) is True
+    served.close()
+    assert open_fds() == before  # the answer's descriptor; the check held none of its own after it
+
+
+def test_a_damaged_stored_blob_is_refused_at_its_verdict(blob_file: Path) -> None:
+    digest = protocol.blob_digest(BLOB)
+    blob_file.write_bytes(BLOB[:-1] + b"!")
+    blobs = DeferredBlobs("sb-test", {"big": digest}.get, _stored(blob_file), lambda _: os.open(blob_file, os.O_RDONLY))
+    blobs.restored({"big": len(BLOB)})
+    blobs.serve({"key": "big", "digest": digest}, as_file=True).close()
+    with pytest.raises(BlobRefused, match="does not match its digest"):
+        blobs.verdict({"key": "big", "digest": digest})
+
+
+def test_without_a_file_the_blob_goes_as_its_body(blob_file: Path) -> None:
+    digest = protocol.blob_digest(BLOB)
     for open_file in (None, lambda _: None):  # none may be handed out (two hops), or this one may not
-        blobs = DeferredBlobs("sb-test", {"big": digest}.get, body, open_file)
+        blobs = DeferredBlobs("sb-test", {"big": digest}.get, _stored(blob_file), open_file)
+        blobs.restored({"big": len(BLOB)})
         served = blobs.serve({"key": "big", "digest": digest}, as_file=True)
-        assert isinstance(served, memoryview) and bytes(served) == BLOB
+        assert served.fd is None and bytes(served.body) == BLOB
         assert blobs.verdict({"key": "big", "digest": digest}) is True
-        blobs.release()
+        served.close()
 
 
 class _Connection:
@@ -232,5 +236,5 @@ def test_an_agent_that_does_not_offer_blob_files_gets_the_body(tmp_path: Path) -
     sandbox.sandbox_id = "sb-test"
     for capabilities, files in (([protocol.ONE_HOP], False), ([protocol.ONE_HOP, protocol.BLOB_FILES], True)):
         sandbox.connection = _Connection(capabilities)  # type: ignore[assignment]
-        sandbox.serve_deferred({}.get, _no_body, lambda digest: tmp_path / digest)
+        sandbox.serve_deferred({}.get, _stored(tmp_path / "blob"), lambda digest: tmp_path / digest)
         assert sandbox.deferred is not None and (sandbox.deferred._open_file is not None) is files

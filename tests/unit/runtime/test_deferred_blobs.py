@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 from orchestrator.agent import protocol
 from orchestrator.config import Settings
 from orchestrator.errors import CheckpointError
-from orchestrator.runtime.deferred import BlobRefused, DeferredBlobs
+from orchestrator.runtime.deferred import BlobRefused, BlobUnavailable, DeferredBlobs
 from orchestrator.runtime.sandbox import Sandbox
 
 BLOB = b"\x80\x04blob of a big value."
@@ -40,15 +42,25 @@ def store() -> Store:
 
 @pytest.fixture
 def blobs(store: Store) -> DeferredBlobs:
-    return DeferredBlobs("sb-test", store.manifest.get, store.open_blob)
+    blobs = DeferredBlobs("sb-test", store.manifest.get, store.open_blob)
+    blobs.restored({"big": len(BLOB), "ctx/big": len(BLOB)})
+    return blobs
 
 
-def test_a_blob_the_record_names_is_served_and_confirmed(blobs: DeferredBlobs) -> None:
+def served(blobs: DeferredBlobs, payload: Any) -> bytes:
+    """The blob handed out, its answer sent (closed)."""
+    answer = blobs.serve(payload)
+    try:
+        return bytes(answer.body)
+    finally:
+        answer.close()
+
+
+def test_a_blob_the_restore_deferred_is_served_and_confirmed(blobs: DeferredBlobs) -> None:
     for key in ("big", "ctx/big"):
-        assert bytes(blobs.serve({"key": key, "digest": DIGEST})) == BLOB
+        assert served(blobs, {"key": key, "digest": DIGEST}) == BLOB
         assert blobs.verdict({"key": key, "digest": DIGEST}) is True
     assert blobs.served_bytes == 2 * len(BLOB)
-    blobs.release()
 
 
 @pytest.mark.parametrize(
@@ -56,12 +68,14 @@ def test_a_blob_the_record_names_is_served_and_confirmed(blobs: DeferredBlobs) -
     [
         {"key": "big", "digest": OTHER},  # another blob under its own key
         {"key": "secret", "digest": OTHER},  # a key the record does not name
+        {"key": "small", "digest": DIGEST},  # named by the record, not deferred
         {"key": "big"},
         ["big", DIGEST],
         None,
     ],
 )
-def test_anything_else_is_refused(blobs: DeferredBlobs, payload: Any) -> None:
+def test_anything_else_is_refused(blobs: DeferredBlobs, store: Store, payload: Any) -> None:
+    store.manifest["small"] = DIGEST
     with pytest.raises(BlobRefused):
         blobs.serve(payload)
     with pytest.raises(BlobRefused):
@@ -72,35 +86,70 @@ def test_anything_else_is_refused(blobs: DeferredBlobs, payload: Any) -> None:
 def test_a_verdict_needs_a_blob_handed_out(blobs: DeferredBlobs) -> None:
     with pytest.raises(BlobRefused, match="no blob of 'big' was handed out"):
         blobs.verdict({"key": "big", "digest": DIGEST})
-    blobs.serve({"key": "big", "digest": DIGEST})
+    served(blobs, {"key": "big", "digest": DIGEST})
     assert blobs.verdict({"key": "big", "digest": DIGEST}) is True
-    with pytest.raises(BlobRefused, match="was handed out"):
-        blobs.verdict({"key": "big", "digest": DIGEST})  # once per blob handed out
+    assert blobs.verdict({"key": "big", "digest": DIGEST}) is True  # the verdict is kept: asked again, not rehashed
 
 
-def test_each_key_is_handed_out_a_few_times_per_restore(blobs: DeferredBlobs) -> None:
+def test_each_key_is_handed_out_twice_per_restore_then_unavailable(blobs: DeferredBlobs) -> None:
     call = {"key": "big", "digest": DIGEST}
-    for _ in range(4):
+    for _ in range(2):
+        served(blobs, call)
+    with pytest.raises(BlobUnavailable, match="handed out 2 times"):
+        blobs.serve(call)  # not refused: the value stays deferred
+    blobs.restored({"big": len(BLOB)})
+    assert served(blobs, call) == BLOB
+    blobs.restored({})  # a restore that loads everything: nothing is served
+    with pytest.raises(BlobRefused):
         blobs.serve(call)
-    with pytest.raises(BlobRefused, match="handed out 4 times"):
-        blobs.serve(call)
-    blobs.restored()
-    assert bytes(blobs.serve(call)) == BLOB
+
+
+def test_a_blob_is_checked_once_per_restore_for_every_key_and_ask(blobs: DeferredBlobs, store: Store) -> None:
+    opened: list[str] = []
+    real = store.open_blob
+
+    def counting(digest: str) -> Any:
+        opened.append(digest)
+        return real(digest)
+
+    blobs._open_blob = counting
+    for key in ("big", "ctx/big", "big", "ctx/big"):
+        served(blobs, {"key": key, "digest": DIGEST})
+        assert blobs.verdict({"key": key, "digest": DIGEST}) is True
+    assert len(opened) == 4 + 1  # four answers, one check
 
 
 def test_a_damaged_blob_is_refused_at_its_verdict(blobs: DeferredBlobs, store: Store, caplog: Any) -> None:
     store.files[DIGEST][3] ^= 0xFF
-    blobs.serve({"key": "big", "digest": DIGEST})
+    served(blobs, {"key": "big", "digest": DIGEST})
     with pytest.raises(BlobRefused, match="does not match its digest"):
         blobs.verdict({"key": "big", "digest": DIGEST})
     assert "does not match its digest" in caplog.text
 
 
-def test_a_missing_blob_is_refused_and_logged(blobs: DeferredBlobs, store: Store, caplog: Any) -> None:
-    del store.files[DIGEST]
-    with pytest.raises(BlobRefused, match="cannot be read"):
+@pytest.mark.parametrize("error", [errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOENT])
+def test_a_host_that_cannot_open_the_blob_answers_unavailable(
+    blobs: DeferredBlobs, store: Store, error: int, caplog: Any
+) -> None:
+    failing = [True, False]  # the answer's open fails; later the check's
+
+    @contextlib.contextmanager
+    def short(digest: str) -> Iterator[memoryview]:
+        if failing and failing.pop(0):
+            raise CheckpointError("cannot map it") from OSError(error, os.strerror(error))
+        with store.open_blob(digest) as blob:
+            yield blob
+
+    blobs._open_blob = short
+    with pytest.raises(BlobUnavailable, match="cannot read its stored blob now"):
         blobs.serve({"key": "big", "digest": DIGEST})
-    assert "cannot be read" in caplog.text
+    assert blobs.served_bytes == 0 and "cannot be read now" in caplog.text
+    failing[:] = [False, True]
+    served(blobs, {"key": "big", "digest": DIGEST})  # the failed ask did not count
+    with pytest.raises(BlobUnavailable, match="could not read its stored blob now"):
+        blobs.verdict({"key": "big", "digest": DIGEST})
+    served(blobs, {"key": "big", "digest": DIGEST})  # checked again
+    assert blobs.verdict({"key": "big", "digest": DIGEST}) is True
 
 
 def test_the_record_as_it_is_now_decides(blobs: DeferredBlobs, store: Store) -> None:
