@@ -27,7 +27,7 @@ from ..api.events import LiveCall
 from ..errors import TransportError
 from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import Answer, CallDesk, answer_error
-from .host_link import send_while_quiet, serve_host_call
+from .host_link import OutputBudget, send_while_quiet, serve_host_call
 from .transport import Channel
 
 logger = logging.getLogger(__name__)
@@ -74,10 +74,11 @@ class CallLink:
         refusal: str | None,
         desk: CallDesk | None,
         live: LiveCall | None,
+        output: OutputBudget | None,
         blobs: DeferredBlobs | None,
         deadline: float,
     ) -> None:
-        """The frames on K now, at most a round's: output to ``live``; calls to ``desk`` (``input()`` to ``live``),
+        """The frames on K now, at most a round's: output to ``output``; calls to ``desk`` (``input()`` to ``live``),
         or answered ``refusal`` when it is not None (no exec's cell runs)."""
         channel = self._channel
         for count in itertools.count():
@@ -94,7 +95,7 @@ class CallLink:
                 return
             message, body = frame
             if message.get("type") == protocol.OUTPUT:
-                if not self._output(message, body, live):
+                if not self._output(message, body, output):
                     return
                 continue
             call = self._call(message)
@@ -139,11 +140,11 @@ class CallLink:
                 self._channel.enqueue(*answer_error(call, protocol.CALL_ENDED))
             self.flush_now()
 
-    def after_reply(self, live: LiveCall | None) -> None:
+    def after_reply(self, output: OutputBudget | None) -> None:
         """The reply came: the cell's last output is in K before it (a socket pair's write completes in the peer's
         buffer), so deliver it; refuse the calls that came with it and those still open; and send every answer whole
         (a frame cut in half would break the link for the next cell)."""
-        self._settle(live, protocol.CALL_ENDED)
+        self._settle(output, protocol.CALL_ENDED)
 
     def idle(self) -> None:
         """Between calls: what a thread an earlier cell left wrote on K. Its calls are answered ``error`` (no cell
@@ -172,8 +173,8 @@ class CallLink:
             logger.warning("closed the worker's host-call link until its next data channel: %s", why)
         channel.close()
 
-    def _settle(self, live: LiveCall | None, refusal: str) -> None:
-        """Read what is on K (output to ``live``, calls answered ``refusal``), end the open calls, send the answers."""
+    def _settle(self, output: OutputBudget | None, refusal: str) -> None:
+        """Read what is on K (output to ``output``, calls answered ``refusal``), end the open calls, send answers."""
         channel = self._channel
         for _ in range(_FRAMES_AFTER_CELL):
             if channel is None or self._channel is None:
@@ -187,7 +188,7 @@ class CallLink:
                 break
             message, body = frame
             if message.get("type") == protocol.OUTPUT:
-                self._output(message, body, live)
+                self._output(message, body, output)
             elif (call := self._call(message)) is not None:
                 channel.enqueue(*answer_error(call, refusal))
         else:
@@ -200,14 +201,14 @@ class CallLink:
             except TransportError as exc:
                 self.close(f"{exc}")
 
-    def _output(self, message: protocol.Header, body: bytearray, live: LiveCall | None) -> bool:
-        """An ``output`` frame of the running cell to ``live`` (dropped without it); a bad one closes K (False)."""
+    def _output(self, message: protocol.Header, body: bytearray, output: OutputBudget | None) -> bool:
+        """An ``output`` frame of the running cell to ``output`` (dropped without it); a bad one closes K (False)."""
         stream = message.get("stream")
         if stream not in protocol.OUTPUT_STREAMS:
             self.close(f"an output frame for the stream {str(stream)[:64]!r}")
             return False
-        if live is not None:
-            live.output(str(stream), body)
+        if output is not None:
+            output.output(str(stream), body)
         return True
 
     def _call(self, message: protocol.Header) -> int | None:

@@ -30,7 +30,14 @@ from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk
 from .data_channel import DataChannel
 from .endpoint import Endpoint, UnixSocketEndpoint
-from .host_link import call_number, due_answers, send_while_quiet, serve_host_call, wait_for_sandbox
+from .host_link import (
+    OutputBudget,
+    call_number,
+    due_answers,
+    send_while_quiet,
+    serve_host_call,
+    wait_for_sandbox,
+)
 from .one_hop import OneHop, goodbye_behind
 from .replies import TakenOver, parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel, FrameBody
@@ -240,6 +247,7 @@ class AgentConnection:
             self._raise_if_goodbye()  # a takeover's goodbye may wait behind the pipe that just broke
             raise
         channel = self._channel
+        output = OutputBudget(live, lambda: channel.enqueue(protocol.interrupt_message(header["id"])))
         paused_at: float | None = None
         # The reply cannot have come yet: wait before the first read, unless the deadline passed or bytes wait in the
         # channel already (what arrived is then read first, as always).
@@ -262,8 +270,7 @@ class AgentConnection:
             reply, reply_body = frame
             kind = reply.get("type")
             if kind == protocol.OUTPUT and reply.get("id") == header["id"]:
-                if live is not None:
-                    live.output(str(reply.get("stream")), reply_body)
+                output.output(str(reply.get("stream")), reply_body)
                 continue
             if kind == protocol.HOST_CALL and reply.get("id") == header["id"]:
                 if reply.get("name") == protocol.INPUT_CALL and live is not None:

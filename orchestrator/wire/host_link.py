@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import select
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..agent import protocol
 from ..api.events import LiveCall
@@ -18,6 +18,38 @@ from ..errors import AgentTimeoutError, ProtocolError
 from ..runtime.deferred import BlobRefused, BlobUnavailable, DeferredBlobs
 from ..runtime.hostcalls import Answer, CallDesk, answer_error, answer_ok
 from .transport import Channel
+
+OUTPUT_FRAMES_PER_CELL = 1 << 18
+"""``output`` frames one request's cell may send. Each costs the controller a read and a parse however small it is, so
+past this many the rest are dropped (as bytes past the output file's cap are) and the cell is stopped once, as its
+timeout stops it: reading a flood of tiny frames costs a controller core this many frames and the interrupt's grace,
+not the cell's whole timeout. An honest worker sends one per stream every 20 ms (``agent/capture.py``), unless the
+cell flushes every write (``print(..., flush=True)``)."""
+_FLOODED = (
+    f"\n[... output stopped: the cell sent more than {OUTPUT_FRAMES_PER_CELL} output frames (flushed writes); "
+    "it was interrupted ...]\n"
+).encode()
+
+
+class OutputBudget:
+    """The output frames of one request's cell: to ``live`` within ``OUTPUT_FRAMES_PER_CELL``; past it dropped, and
+    ``stop`` (the request's interrupt) called once."""
+
+    def __init__(self, live: LiveCall | None, stop: Callable[[], None]) -> None:
+        self._live = live
+        self._stop = stop
+        self.frames = 0
+
+    def output(self, stream: str, body: bytearray) -> None:
+        self.frames += 1
+        if self.frames <= OUTPUT_FRAMES_PER_CELL:
+            if self._live is not None:
+                self._live.output(stream, body)
+            return
+        if self.frames == OUTPUT_FRAMES_PER_CELL + 1:
+            if self._live is not None:
+                self._live.output("stderr", bytearray(_FLOODED))
+            self._stop()
 
 
 def serve_host_call(

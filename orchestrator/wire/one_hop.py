@@ -26,7 +26,7 @@ from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportErr
 from ..runtime.deferred import DeferredBlobs
 from ..runtime.hostcalls import CallDesk
 from .data_channel import DataChannel
-from .host_link import due_answers, wait_for_sandbox
+from .host_link import OutputBudget, due_answers, wait_for_sandbox
 from .replies import TakenOver, is_signal_name, parse_goodbye, reply_reason
 from .transport import Channel, FrameBody
 
@@ -161,6 +161,7 @@ class OneHop:
         request_id = header["id"]
         requests, calls, control = data.requests, data.calls, self._control
         ladder = Ladder.for_request(header, self._grace, functools.partial(self._interrupt, request_id), notice=False)
+        output = OutputBudget(live, ladder.cancel)  # a flood of output frames: its next step is due now
         cell_ended = False  # the worker said cell_done: the checkpoint runs
         paused_at: float | None = None
         ready: set[int] = set()  # the reply cannot have come yet: wait before the first read
@@ -170,7 +171,7 @@ class OneHop:
                 self._read_control(control)
             if calls.readable(ready):
                 refusal = self._refusal(header, cell_ended)
-                calls.read(refusal=refusal, desk=desk, live=live, blobs=blobs, deadline=deadline)
+                calls.read(refusal=refusal, desk=desk, live=live, output=output, blobs=blobs, deadline=deadline)
             if requests.fileno() in ready or requests.buffered:
                 frame = requests.poll_recv()
                 if frame is None and requests.fileno() in ready:  # more of it came
@@ -195,7 +196,7 @@ class OneHop:
                         if checkpoint_seconds is not None:
                             deadline = time.monotonic() + checkpoint_seconds
                         continue
-                    calls.after_reply(live)
+                    calls.after_reply(output)
                     if ladder.interrupted or ladder.cell_interrupted:
                         self._interrupts_delivered(deadline)
                     if ladder.stopped_by_interrupt(reply.get("status")):  # as the supervisor says it in two hops

@@ -47,7 +47,7 @@ def nothing_more(sock: socket.socket) -> bool:
 
 
 def read(link: CallLink, desk: CallDesk | None = None, refusal: str | None = None) -> None:
-    link.read(refusal=refusal, desk=desk, live=None, blobs=None, deadline=LATER)
+    link.read(refusal=refusal, desk=desk, live=None, output=None, blobs=None, deadline=LATER)
 
 
 def test_a_call_open_when_its_cell_ends_is_answered_at_once_and_its_late_answer_dropped(
