@@ -151,11 +151,13 @@ def test_a_cell_gets_no_blob_it_was_not_given(
     restored(s, kill_container)
     assert s.execute(FOREIGN).ok
     refusals = {
+        "a verdict for nothing handed out": (  # first; a cell naming 'big' loads it
+            f"worker.calls.call('__blob_check__', {{'key': ''.join(['bi', 'g']), 'digest': {own!r}}})"
+        ),
         "foreign key": f"ask('secret', {secret_digest!r})",
         "own key, foreign blob": f"ask('big', {secret_digest!r})",
         "a name that is not deferred": "ask('small', 'x' * 32)",
         "not an object": "len(worker.calls.call_raw('__blob__', [1, 2]))",
-        "a verdict for nothing handed out": f"worker.calls.call('__blob_check__', {{'key': 'big', 'digest': {own!r}}})",
     }
     for what, code in refusals.items():
         result = s.execute(code)
@@ -163,9 +165,9 @@ def test_a_cell_gets_no_blob_it_was_not_given(
         assert "not served" in shown or "HostCallError" in shown, (what, shown)
         assert not shown.isdigit(), what
     flood = ast.literal_eval(s.execute(f"[ask('big', {own!r}) for _ in range(8)]").return_value or "")
-    assert sum(isinstance(answer, int) for answer in flood) <= 4, flood
-    assert sum("handed out" in str(answer) for answer in flood) >= 4, flood
-    assert served(s) <= 4 * (BIG_MB << 20) + (1 << 20)
+    assert sum(isinstance(answer, int) for answer in flood) <= 2, flood  # twice per key per restore
+    assert sum("not available now" in str(answer) for answer in flood) >= 6, flood  # the value stays deferred
+    assert served(s) <= 2 * (BIG_MB << 20) + (1 << 20)
     # The controller goes on; the session's own value still loads (its budget is per restore).
     assert s.execute("small").return_value == "[1, 2, 3]"
     restored(s, kill_container)
