@@ -103,7 +103,8 @@ class DeferredBlobs:
         self._served: dict[str, int] = {}
         self._checks: dict[str, Future[bool]] = {}  # digest -> its check, once per restore
         self.lane = background.Lane()
-        """The sandbox's digest checks, one at a time on the shared pool."""
+        """Where the digest checks run, one at a time on the shared pool: its session's (``SessionSandbox.lane``,
+        set when it serves), so a session's checks queue behind its own, whichever sandbox or restore made them."""
         self.served_bytes = 0
         """Bytes of blobs handed out since the last restore (what lazy loading cost the host)."""
 
@@ -112,6 +113,8 @@ class DeferredBlobs:
         holds those deferred: only they are served, each key and each check afresh."""
         self._deferred = frozenset(deferred)
         self._served.clear()
+        for check in self._checks.values():
+            check.cancel()  # the last restore's checks not started yet: nobody will ask their verdict
         self._checks.clear()
         self.served_bytes = 0
 

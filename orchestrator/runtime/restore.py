@@ -30,8 +30,8 @@ from ..state.ledger import CheckpointLedger
 from ..state.store import SessionRecord
 from ..wire.replies import TakenOver, parse_install_reply, worker_failure
 from ..wire.wakeup import Wakeup
-from . import discard
-from .deferred import DEFER_BYTES, deferrable
+from . import background, discard
+from .deferred import DEFER_BYTES, DeferredBlobs, deferrable
 from .hostcalls import HandlerPool, serving
 from .sandbox import Sandbox
 
@@ -81,6 +81,9 @@ class SessionSandbox:
         self._unreported_failures: dict[str, str] = {}
         self._host_calls: HandlerPool | None = None
         self._call_wakeup: Wakeup | None = None
+        self.lane = background.Lane()
+        """This session's work on the controller's shared pool (its deferred values' digest checks): one task at a
+        time, so a flood from its sandbox delays only itself (runtime/background.py)."""
 
     @property
     def session_id(self) -> str:
@@ -183,10 +186,8 @@ class SessionSandbox:
             if sandbox.generation != self.generation:
                 self.restore("takeover")
             else:  # its values deferred by another controller's restore (of this record: the same rule) are ours
-                sandbox.serve_deferred(self._recorded_blob, self.ledger.mapped_blob, self.ledger.blob_path)
-                assert sandbox.deferred is not None
-                record = self.ledger.record
-                sandbox.deferred.restored(deferrable(record.variables, self.ledger.mapped_blob, DEFER_BYTES))
+                deferred = self._serve_deferred(sandbox)
+                deferred.restored(deferrable(self.ledger.record.variables, self.ledger.mapped_blob, DEFER_BYTES))
 
     # ----------------------------------------------------------------- restore
 
@@ -221,7 +222,7 @@ class SessionSandbox:
     def _load_checkpoint(self) -> None:
         assert self.sandbox is not None
         record = self.ledger.record
-        self.sandbox.serve_deferred(self._recorded_blob, self.ledger.mapped_blob, self.ledger.blob_path)
+        self._serve_deferred(self.sandbox)
         failures = self.sandbox.restore(
             record.variables, record.generation, self.ledger.mapped_blob, record.contexts, defer_at=DEFER_BYTES
         )
@@ -232,6 +233,14 @@ class SessionSandbox:
             logger.warning("session %s: could not restore %s", self.session_id, ", ".join(sorted(failures)))
         if self.scaffold is not None:
             self.install_scaffold()
+
+    def _serve_deferred(self, sandbox: Sandbox) -> DeferredBlobs:
+        """Have ``sandbox`` serve the blobs of the values its restore defers, its digest checks in this session's
+        lane."""
+        sandbox.serve_deferred(self._recorded_blob, self.ledger.mapped_blob, self.ledger.blob_path)
+        assert sandbox.deferred is not None
+        sandbox.deferred.lane = self.lane
+        return sandbox.deferred
 
     def _recorded_blob(self, key: str) -> str | None:
         """The blob the session's current record names for a checkpoint key (what a deferred value may load)."""

@@ -171,7 +171,7 @@ def test_one_sessions_digest_checks_never_queue_another_sessions(
     kill_container(attacker)
     assert attacker.execute("1").ok  # restored: the six values are deferred
     blobs = attacker._sandbox.sandbox.deferred  # type: ignore[union-attr]
-    assert blobs is not None
+    assert blobs is not None and blobs.lane is attacker._sandbox.lane  # the session's, whichever sandbox serves
 
     gate = threading.Event()
     hashed: list[str] = []
