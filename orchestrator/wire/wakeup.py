@@ -6,6 +6,8 @@ import contextlib
 import os
 import threading
 
+from ..errors import TransportError
+
 
 class Wakeup:
     """``fd`` turns readable after ``notify`` (from any thread) until ``drain``.
@@ -15,7 +17,15 @@ class Wakeup:
     """
 
     def __init__(self) -> None:
-        self.fd, self._write_fd = os.pipe()
+        """A fresh pipe, not notified.
+
+        Raises:
+            TransportError: this host cannot make one now (out of descriptors): nothing was sent.
+        """
+        try:
+            self.fd, self._write_fd = os.pipe()
+        except OSError as exc:
+            raise TransportError(f"this host cannot make a pipe for the call now: {exc}") from exc
         os.set_blocking(self.fd, False)
         os.set_blocking(self._write_fd, False)
         self._lock = threading.Lock()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -149,6 +150,18 @@ def test_a_host_that_cannot_open_the_blob_answers_unavailable(
     with pytest.raises(BlobUnavailable, match="could not read its stored blob now"):
         blobs.verdict({"key": "big", "digest": DIGEST})
     served(blobs, {"key": "big", "digest": DIGEST})  # checked again
+    assert blobs.verdict({"key": "big", "digest": DIGEST}) is True
+
+
+def test_a_restore_cancels_the_last_ones_checks_not_started(blobs: DeferredBlobs, store: Store) -> None:
+    gate = threading.Event()
+    blobs.lane.submit(lambda: gate.wait(30))  # the session's lane is busy: the check waits behind
+    served(blobs, {"key": "big", "digest": DIGEST})
+    waiting = blobs._checks[DIGEST]
+    blobs.restored({"big": len(BLOB)})
+    gate.set()
+    assert waiting.cancelled()
+    served(blobs, {"key": "big", "digest": DIGEST})
     assert blobs.verdict({"key": "big", "digest": DIGEST}) is True
 
 
