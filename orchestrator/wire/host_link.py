@@ -52,6 +52,12 @@ class OutputBudget:
             self._stop()
 
 
+_BLOBS_ON_THE_WAY = 4
+"""Blob answers queued on one channel at once, each holding a descriptor or a mapping until it is sent: an honest
+worker asks for one at a time (a context loads under its lock); a cell that asks from many threads and reads
+nothing gets "unavailable" past this, so what it makes the host hold stays bounded whatever the peer reads."""
+
+
 def serve_host_call(
     channel: Channel,
     frame: protocol.Header,
@@ -145,6 +151,8 @@ def _answer_blob_call(
         if name == protocol.BLOB_CHECK_CALL:
             channel.enqueue(*answer_ok(call, b"true" if blobs.verdict(payload) else b"false"))
             return
+        if channel.carrying >= _BLOBS_ON_THE_WAY:
+            raise BlobUnavailable(f"{channel.carrying} blobs are on their way to this sandbox already")
         served = blobs.serve(payload, as_file=as_file)
     except (protocol.ProtocolViolation, BlobRefused) as exc:
         channel.enqueue(*answer_error(call, protocol.BLOB_REFUSED + str(exc)))

@@ -221,6 +221,9 @@ class Channel:
         self._send_broken: str | None = None
         self._recv_broken: str | None = None
         self._outbox: list[_Queued] = []  # queued frames (host-call answers), sent as the socket takes them
+        self.carrying = 0
+        """Queued frames that carry something until they are sent (``enqueue``'s ``sent``: a blob's mapping or
+        descriptor)."""
 
     def send(
         self,
@@ -349,8 +352,14 @@ class Channel:
             raise ProtocolError(f"refusing to send a {header.get('type')!r} frame: {exc}") from exc
         queued = [_Queued(memoryview(part).cast("B")) for part in parts]
         queued[0].fds = list(fds)
-        queued[-1].sent = sent
+        if sent is not None:
+            self.carrying += 1
+            queued[-1].sent = functools.partial(self._delivered, sent)
         self._outbox.extend(queued)
+
+    def _delivered(self, sent: Callable[[], None]) -> None:
+        self.carrying -= 1
+        sent()
 
     @property
     def has_queued(self) -> bool:
