@@ -42,7 +42,7 @@ from ..metrics import NO_METRICS, Recorder
 from ..runtime import background
 from ..units import describe_bytes
 from . import history, lease
-from .store import SessionRecord, SessionStore, Written, new_host_blob_id
+from .store import SessionRecord, SessionStore, Written, new_host_blob_id, wrong_size
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +110,22 @@ def _unsaved_after(before: dict[str, str], reported: dict[str, str], context: st
 
 def _key_bytes(variables: dict[str, str]) -> int:
     return sum(protocol.key_bytes(key) for key in variables)
+
+
+def _check_stored_sizes(record: SessionRecord, blobs: dict[str, memoryview]) -> None:
+    """Refuse a delta that sends a blob the record names (now or in a kept generation) with another size: the store
+    keeps the file it has, so the record would count the sandbox's number, not the bytes on disk.
+
+    Raises:
+        ProtocolError: naming the first such blob.
+    """
+    stored: dict[str, int] = {}
+    for sizes in [*(snapshot.blob_sizes for snapshot in record.history), record.blob_sizes]:
+        stored.update(sizes)
+    for blob_digest, data in blobs.items():
+        size = stored.get(blob_digest)
+        if size is not None and size != len(data):
+            raise wrong_size(blob_digest, len(data), size)
 
 
 def generation_not_found(record: SessionRecord, generation: int) -> GenerationNotFound:
@@ -374,6 +390,7 @@ class CheckpointLedger:
         except protocol.ProtocolViolation as exc:
             raise ProtocolError(str(exc)) from None
         blobs = {entry["digest"]: part for entry, part in zip(delta["blobs"], parts, strict=True)}
+        _check_stored_sizes(self.record, blobs)
         host = {blob.blob_id: blob for blob in staged}
         if not set(changed.values()) <= set(blobs) | set(host) | set(self.record.blob_sizes):
             raise ProtocolError("checkpoint names a blob that was neither sent nor stored")

@@ -50,7 +50,7 @@ from typing import Any
 
 from ..agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR, checkpoint_key_problem
 from ..checks import is_count, is_number
-from ..errors import CheckpointError, ConfigError, SessionNotFound
+from ..errors import CheckpointError, ConfigError, ProtocolError, SessionNotFound
 from ..files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
 from .activity import ACTIVITY_FILE, lock_within
 from .history import Snapshot, compact_json, distinct_bytes, named_blobs
@@ -79,6 +79,14 @@ def validate_session_id(session_id: str) -> str:
     if not isinstance(session_id, str) or not _SESSION_ID.match(session_id):
         raise ConfigError(f"invalid session id {session_id!r}: use 3-63 lowercase letters, digits and dashes")
     return session_id
+
+
+def wrong_size(blob_id: str, sent: int, stored: int) -> ProtocolError:
+    """The error for a checkpoint that sends a blob the host stores with another size (a lying sandbox)."""
+    return ProtocolError(
+        f"checkpoint sends blob {blob_id} with {sent} bytes; the host stores it with {stored} bytes "
+        "(a content digest names one content, of one size)"
+    )
 
 
 def new_host_blob_id() -> str:
@@ -666,12 +674,25 @@ class SessionStore:
         return set(record.variables.values()) - present
 
     def write_blobs(self, session_id: str, blobs: dict[str, bytes | bytearray | memoryview]) -> None:
-        """Write blobs that are not stored yet (content-addressed, so an existing file is already right)."""
+        """Write blobs that are not stored yet (content-addressed: an existing file of the same size is kept).
+
+        Raises:
+            ProtocolError: a blob's file exists with another size (its digest cannot name both); nothing was written.
+            CheckpointError: a blob cannot be written.
+        """
         try:
+            missing = {}
             for blob_digest, data in blobs.items():
                 target = self.blob_path(session_id, blob_digest)
-                if not target.exists():
-                    replace_file(target, data, fsync=self.fsync, mode=0o600)
+                try:
+                    size = os.stat(target, follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    missing[target] = data
+                    continue
+                if size != memoryview(data).nbytes:
+                    raise wrong_size(blob_digest, memoryview(data).nbytes, size)
+            for target, data in missing.items():
+                replace_file(target, data, fsync=self.fsync, mode=0o600)
             if blobs and self.fsync:
                 fsync_dir(self._dir(session_id) / "blobs")
         except OSError as exc:
