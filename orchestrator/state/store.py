@@ -53,7 +53,7 @@ from ..checks import is_count, is_number
 from ..errors import CheckpointError, ConfigError, ProtocolError, SessionNotFound
 from ..files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
 from .activity import ACTIVITY_FILE, lock_within
-from .history import Snapshot, compact_json, distinct_bytes, named_blobs
+from .history import Snapshot, compact_json, distinct_bytes, named_blobs, stored
 from .lease import Lease, LeaseFile
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
@@ -212,7 +212,7 @@ class SessionRecord:
         before = compact_json({name: getattr(self, name) for name in _BEFORE_HISTORY})
         after = compact_json({name: getattr(self, name) for name in _AFTER_HISTORY})
         history = ",".join(snapshot.encoded for snapshot in self.history)
-        return f'{before[:-1]},"history":[{history}],{after[1:]}'.encode()
+        return stored(f'{before[:-1]},"history":[{history}],{after[1:]}')
 
     @classmethod
     def from_json(cls, data: Any, session_id: str) -> SessionRecord:
