@@ -55,6 +55,7 @@ from ..files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
 from .activity import ACTIVITY_FILE, lock_within
 from .history import Snapshot, compact_json, distinct_bytes, named_blobs, stored
 from .lease import Lease, LeaseFile
+from .private import STORE_ID_FILE, ensure_state_dir
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
 _SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")  # what new_sandbox_id makes
@@ -361,24 +362,26 @@ class SessionStore:
     """Session records and checkpoint blobs on the local filesystem."""
 
     def __init__(self, root: Path, *, fsync: bool = False, lock_timeout: float = 30.0) -> None:
-        """Open (creating, 0700) the store under ``root``.
+        """Open (creating, 0700) the store under ``root``, which must be private (``private.ensure_state_dir``).
 
         Raises:
-            CheckpointError: the directory cannot be created or its store id is unreadable.
+            ConfigError: ``root`` is not a private directory of this user, or cannot be created.
+            CheckpointError: ``sessions/`` cannot be created or the store id is unreadable.
         """
         self.base = Path(root)
         self.root = self.base / "sessions"
         self._root = str(self.root)
         self.fsync = fsync
         self.lock_timeout = lock_timeout
+        ensure_state_dir(self.base)
         try:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.root.mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             raise CheckpointError(f"cannot create the state directory {self.root}: {exc}") from exc
         self.store_id = self._store_id()
 
     def _store_id(self) -> str:
-        path = self.base / "store-id"
+        path = self.base / STORE_ID_FILE
         with contextlib.suppress(FileExistsError):
             _write_new(path, secrets.token_hex(6).encode())
         try:
