@@ -55,12 +55,12 @@ def merged(
 
 def bounded(unsaved: dict[str, str]) -> dict[str, str]:
     """``unsaved`` within ``MAX_UNSAVED_NAMES`` entries and ``MAX_UNSAVED_BYTES`` stored bytes."""
-    sizes = [_entry_bytes(key, reason) for key, reason in unsaved.items()]
-    if len(unsaved) <= MAX_UNSAVED_NAMES and sum(sizes) + 2 <= MAX_UNSAVED_BYTES:
-        return unsaved
-    room = MAX_UNSAVED_BYTES - 2 - _entry_bytes(*_left_out(len(unsaved), len(unsaved)))
+    if len(unsaved) <= MAX_UNSAVED_NAMES and len(stored(compact_json(unsaved))) <= MAX_UNSAVED_BYTES:
+        return unsaved  # one pass of the C encoder: the usual case
+    room = MAX_UNSAVED_BYTES - 2 - _entry_bytes(*_left_out(len(unsaved), len(unsaved)))  # "{}" and the last entry
     kept: dict[str, str] = {}
-    for (key, reason), size in zip(unsaved.items(), sizes, strict=True):
+    for key, reason in unsaved.items():
+        size = _entry_bytes(key, reason)
         if len(kept) == MAX_UNSAVED_NAMES - 1 or size > room:
             break
         kept[key], room = reason, room - size
