@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from ..api.tools import DEFAULT_ANSWER_CHARS, EXECUTE, RESET, PythonTool, descri
 from ..api.undo import UNDO
 from ..errors import ConfigError, OrchestratorError, SessionNotFound
 from ..units import describe_bytes
+from .files import BadCall, read_context_file
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +37,6 @@ DEFAULT_MAX_CONTEXT_BYTES = 16 << 20
 DEFAULT_MAX_SESSIONS = 8
 """The most sessions one client holds at once, its default session and its forks together."""
 _NAMES_CHARS = 4_000  # the variable names an answer lists; more are counted
-
-
-class BadCall(Exception):
-    """The client's call cannot be run; the message tells the model what to fix."""
 
 
 @dataclass(frozen=True)
@@ -366,46 +361,3 @@ class Workspace:
         answer.line("status: invalid call")
         answer.line(field(str(exc), 4 * FIELD_CHARS))
         return self._render(answer)
-
-
-def read_context_file(path: str, roots: Sequence[Path], limit: int) -> str | bytes:
-    """A file the client named, read on the host: its text (bytes when it is not UTF-8).
-
-    The file must be a regular file (a FIFO or a device could block the server or never end) under one of ``roots``
-    once symbolic links are resolved, of at most ``limit`` bytes.
-
-    Raises:
-        BadCall: no roots were given, the path leads outside them, it is not a regular file, cannot be read, or is
-            larger than ``limit``.
-    """
-    if not roots:
-        raise BadCall(
-            "This server reads no files: pass the text instead, or ask its user to start it with --allow-files DIR."
-        )
-    resolved = Path(os.path.realpath(os.path.expanduser(path)))
-    if not any(resolved == root or root in resolved.parents for root in roots):
-        allowed = ", ".join(str(root) for root in roots)
-        raise BadCall(f"{field(path, 200)} is not under a directory this server may read from ({allowed}).")
-    try:
-        fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise BadCall(f"{field(path, 200)} cannot be opened: {exc.strerror}.") from None
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise BadCall(f"{field(path, 200)} is not a regular file.")
-        if status.st_size > limit:
-            raise BadCall(
-                f"{field(path, 200)} has {describe_bytes(status.st_size)}; the most is {describe_bytes(limit)}."
-            )
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as file:
-            data = file.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:  # it grew meanwhile
-        raise BadCall(f"{field(path, 200)} has more than {describe_bytes(limit)}, the most this server reads.")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data
