@@ -207,15 +207,21 @@ class SessionEnds:
         await self._app(scope, receive, send)
 
 
-def http_app(server: MCPServer[Any], clients: Clients, token: str, host: str) -> ASGIApp:
-    """The streamable HTTP app at ``/mcp``, behind the bearer token (DNS-rebinding checks on for a loopback host)."""
-    app = server.streamable_http_app(host=host, session_idle_timeout=IDLE_AFTER)
+def http_app(server: MCPServer[Any], clients: Clients, token: str, host: str, max_clients: int) -> ASGIApp:
+    """The streamable HTTP app at ``/mcp``, behind the bearer token (DNS-rebinding checks on for a loopback host).
+
+    At most ``max_clients`` MCP sessions are open at once: the SDK answers a request that would open another one
+    503 with a JSON-RPC error ("Too many open sessions")."""
+    app = server.streamable_http_app(host=host, session_idle_timeout=IDLE_AFTER, max_sessions=max_clients)
     return BearerToken(SessionEnds(app, clients), token)
 
 
-async def serve_http(server: MCPServer[Any], clients: Clients, token: str, host: str, port: int) -> None:
+async def serve_http(
+    server: MCPServer[Any], clients: Clients, token: str, host: str, port: int, max_clients: int
+) -> None:
     """Serve streamable HTTP on ``host:port`` until the process ends."""
     import uvicorn
 
-    config = uvicorn.Config(http_app(server, clients, token, host), host=host, port=port, log_level="warning")
+    app = http_app(server, clients, token, host, max_clients)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning")
     await uvicorn.Server(config).serve()

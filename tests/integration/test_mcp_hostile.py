@@ -4,6 +4,7 @@ command, driven by the MCP SDK's own client, on the real engine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -12,11 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
+import httpx2
 import pytest
 from mcp import Client
-from test_mcp import call, server, store  # noqa: F401 (store: the fixture of the server's store)
+from mcp.client.streamable_http import streamable_http_client
+from test_mcp import call, orch, server, serving_http, store  # noqa: F401 (orch, store: fixtures)
 
-from orchestrator import Settings
+from orchestrator import Orchestrator, Settings
 
 pytestmark = pytest.mark.docker
 
@@ -95,3 +99,34 @@ def test_a_file_swapped_for_a_link_while_the_server_reads_it_never_leaks_the_out
     refused = [answer for answer in answers if "symbolic link" in answer]
     assert read and refused, answers[:3]  # the race was run: the server saw both
     assert len(read) + len(refused) == TRIES, [a for a in answers if a not in read and a not in refused][:3]
+
+
+def test_one_token_holder_gets_no_more_sandboxes_or_mcp_sessions_than_the_server_allows(
+    store: Settings,  # noqa: F811
+    orch: Orchestrator,  # noqa: F811
+) -> None:
+    """Five MCP sessions of one client against ``--max-sessions 1``: one sandbox in all, the others refused; a
+    sixth MCP session past ``--max-clients 5`` is refused by the transport."""
+
+    async def scenario(url: str, token: str) -> tuple[list[str], list[str], str, list[str]]:
+        async with contextlib.AsyncExitStack() as stack:
+            http = await stack.enter_async_context(httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}))
+            clients = [
+                await stack.enter_async_context(Client(streamable_http_client(url, http_client=http), mode="legacy"))
+                for _ in range(5)
+            ]
+            ran = [await call(client, "execute_code", code="x = 1") for client in clients]
+            forked = [await call(client, "fork_session") for client in clients]
+            with pytest.raises(Exception) as sixth:  # the SDK's client raises what the transport saw
+                async with Client(streamable_http_client(url, http_client=http), mode="legacy") as extra:
+                    await extra.list_tools()
+            held = await anyio.to_thread.run_sync(orch.sessions)  # while the five are still connected
+            return ran, forked, repr(sixth.value), held
+
+    with serving_http(store, "--max-sessions", "1", "--max-clients", "5") as (url, token, _):
+        ran, forked, sixth, held = anyio.run(scenario, url, token)
+    assert len(held) == 1, held
+    assert sum(answer.startswith("status: success") for answer in ran) == 1, ran
+    refusals = [answer for answer in ran + forked if answer.startswith("status: refused")]
+    assert len(refusals) == 9 and all("--max-sessions 1" in answer for answer in refusals), ran + forked
+    assert "Too many open sessions" in sixth, sixth

@@ -52,7 +52,7 @@ def test_forks_count_against_the_cap_and_only_forks_can_be_closed(orch: Orchestr
     forked = workspace.fork(None, None)
     assert "new session: " in forked
     fork = forked.split("new session: ")[1].split()[0]
-    assert "invalid call" in workspace.fork(None, None)  # two is the most
+    assert "status: refused" in workspace.fork(None, None)  # two is the most
     assert "return value" not in workspace.execute("x = 'two'", None, fork)
     default = next(sid for sid in orch.sessions() if sid != fork)
     assert "your default session" in workspace.close_session(default)
