@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from ..api.tools import DEFAULT_ANSWER_CHARS, MIN_ANSWER_CHARS
+from ..bearer import RULE, acceptable
 from ..errors import ConfigError
 from ..mcp import INSTALL_HINT
 from ..mcp.seats import Seats
@@ -195,8 +196,8 @@ def _token() -> tuple[str, bool]:
     given = os.environ.get(TOKEN_VARIABLE)
     if given is None:
         return secrets.token_urlsafe(32), True
-    if len(given) < 16 or not given.isprintable() or " " in given:
-        raise ConfigError(f"${TOKEN_VARIABLE} must be at least 16 printable characters without spaces")
+    if not acceptable(given):
+        raise ConfigError(f"${TOKEN_VARIABLE} must be {RULE}")
     return given, False
 
 
