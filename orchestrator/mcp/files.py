@@ -46,9 +46,9 @@ def read_context_file(path: str, roots: Sequence[Path], limit: int) -> str | byt
     regular file (a FIFO or a device could block the server or never end) of at most ``limit`` bytes.
 
     Raises:
-        FileRefused: no roots were given (``none``), the path is not under them (``outside``), a component is a
-            symbolic link (``link``), it does not exist (``missing``), is not a regular file (``not-a-file``),
-            is larger than ``limit`` (``too-big``), or cannot be read (``unreadable``).
+        FileRefused: no roots were given (``none``), it is no path (``invalid``), not under them (``outside``), a
+            component is a symbolic link (``link``), it does not exist (``missing``), is not a regular file
+            (``not-a-file``), is larger than ``limit`` (``too-big``), or cannot be read (``unreadable``).
     """
     if not roots:
         raise FileRefused(
@@ -56,6 +56,8 @@ def read_context_file(path: str, roots: Sequence[Path], limit: int) -> str | byt
             "This server reads no files: pass the text instead, or ask its user to start it with --allow-files DIR.",
         )
     shown = field(path, 200)
+    if "\0" in path:
+        raise FileRefused("invalid", f"{shown} is not a path: it holds a NUL character.")
     wanted = Path(os.path.abspath(os.path.expanduser(path)))
     if not any(wanted == root or root in wanted.parents for root in roots):
         allowed = ", ".join(str(root) for root in roots)

@@ -137,6 +137,7 @@ def test_a_file_is_read_as_text_or_bytes(root: Path) -> None:
         ("link in", "link"),
         ("directory link", "link"),
         ("too big", "too-big"),
+        ("nul", "invalid"),
     ],
 )
 def test_a_path_that_is_not_a_small_regular_file_under_the_roots_is_refused(
@@ -163,6 +164,8 @@ def test_a_path_that_is_not_a_small_regular_file_under_the_roots_is_refused(
         path = path / "secret"
     elif make == "too big":
         path.write_text("x" * 101)
+    elif make == "nul":
+        path = root / "x\0y"
     with pytest.raises(FileRefused) as refused:
         read_context_file(str(path), [root], 100)
     assert refused.value.reason == reason and str(refused.value)
