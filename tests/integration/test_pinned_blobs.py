@@ -2,7 +2,7 @@
 
 The worker is handed blobs as descriptors: a deferred value's blob (one hop) and a value file
 (``set_value``, both hops). The attacker wraps the agent's ``hostcall.map_file`` in memory to keep a
-copy of each, reads what it says (``fstat``, ``readlink``), and hides it in a process that left the
+copy of each, reads what it says (``fstat``, ``readlink``), tries to change it, hides it in a process that left the
 worker's process group (``setsid``); then the session deletes the blob (history keeps no generation)
 and the worker crashes. What must hold: the descriptor is no stored file (another inode, no path, no
 link count), and no process of the worker's uid outlives the worker (docs/protocol.md, "One hop").
@@ -34,6 +34,18 @@ hostcall.map_file = keep
 def described():
     st = os.fstat(kept[-1])
     return st.st_dev, st.st_ino, st.st_nlink, os.readlink('/proc/self/fd/%d' % kept[-1])
+def attempts():
+    import mmap
+    fd, outcomes = kept[-1], []
+    for attempt in (lambda: os.write(fd, b'x'), lambda: os.fchmod(fd, 0o666), lambda: os.ftruncate(fd, 1),
+                    lambda: os.open('/proc/self/fd/%d' % fd, os.O_RDWR),
+                    lambda: mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)):
+        try:
+            attempt()
+            outcomes.append('changed')
+        except OSError as exc:
+            outcomes.append(type(exc).__name__)
+    return outcomes
 def hide():
     child = os.fork()
     if child == 0:
@@ -90,6 +102,7 @@ def assert_not_the_stored_file(s: Session, settings: Settings, blob: Path) -> No
     assert (dev, ino) != (found.st_dev, found.st_ino)
     assert links == 0, links  # a memfd's: never the number of forks that share a blob
     assert str(settings.state_dir) not in name and blob.name not in name, name
+    assert "changed" not in (s.execute("attempts()").return_value or "changed")  # write, fchmod, truncate, reopen, map
 
 
 def assert_nothing_outlives_the_worker(s: Session, blob: Path, rebind: Callable[[], None]) -> None:
