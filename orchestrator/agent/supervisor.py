@@ -5,7 +5,7 @@ controller's Unix socket (and reconnects whenever the connection drops, so a res
 controller can reattach to a live session), proves it knows the sandbox's secret, relays
 each request to the worker process (worker_process.py) and waits for its reply under the
 request's time limits (ladder.py): an interrupt, then after a grace period a kill of the
-worker's process group and a fresh, empty worker that the controller restores. SIGUSR1 plus a
+worker and every process of its uid, and a fresh, empty worker that the controller restores. SIGUSR1 plus a
 new socket file at the channel path is a takeover: the supervisor drops the old connection
 (interrupting what runs) and connects to the new one (channel.py).
 
