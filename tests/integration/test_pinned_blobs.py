@@ -11,6 +11,8 @@ link count), and no process of the worker's uid outlives the worker (docs/protoc
 from __future__ import annotations
 
 import ast
+import contextlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -105,13 +107,31 @@ def assert_not_the_stored_file(s: Session, settings: Settings, blob: Path) -> No
     assert "changed" not in (s.execute("attempts()").return_value or "changed")  # write, fchmod, truncate, reopen, map
 
 
+def holders(inode: tuple[int, int]) -> list[int] | None:
+    """The processes on this machine (the engine's containers' among them) with a descriptor of ``inode`` (device,
+    number), deleted or not; None when this test may not look at other processes' descriptors (not root)."""
+    if not os.access("/proc/1/fd", os.R_OK):
+        return None
+    found = []
+    for pid in [entry for entry in os.listdir("/proc") if entry.isdigit()]:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    opened = os.stat(f"/proc/{pid}/fd/{fd}")
+                    if (opened.st_dev, opened.st_ino) == inode:
+                        found.append(int(pid))
+    return found
+
+
 def assert_nothing_outlives_the_worker(s: Session, blob: Path, rebind: Callable[[], None]) -> None:
-    """Hide the kept descriptors in a ``setsid`` process, have the host delete ``blob``, crash the worker: no process
-    of the worker's uid is left but the new worker."""
+    """Hide the kept descriptors in a ``setsid`` process, have the host delete ``blob``: nothing keeps it allocated;
+    crash the worker: no process of the worker's uid is left but the new worker."""
     assert s.execute("hide()").ok
     assert s.execute("len(others())").return_value == "1"  # the hidden process
+    inode = (blob.stat().st_dev, blob.stat().st_ino)
     rebind()
     assert not blob.exists()  # the host deleted it
+    assert holders(inode) in ([], None)  # and no process holds it: its blocks are free
     with pytest.raises(SandboxCrashed):
         s.execute("import os\nos._exit(1)")
     assert s.execute(ATTACKER + "others()").return_value == "[]"
