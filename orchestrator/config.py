@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .agent.confinement import MAX_WORKER_UID
+from .bearer import RULE, acceptable
 from .checks import is_count, is_integer, is_number
 from .errors import ConfigError
 from .files import replace_file
@@ -435,6 +436,9 @@ class Settings(_Fields):
     metrics_address: str | None = field(default=None, metadata=_env("ORCH_METRICS_ADDRESS", _OPTIONAL_TEXT))
     """Where an ``Orchestrator`` serves Prometheus metrics (``/metrics``): "PORT" (on loopback), "HOST:PORT" or
     "[::1]:PORT"; port 0 takes a free one. None serves none (docs/metrics.md)."""
+    metrics_token: str | None = field(default=None, repr=False, metadata=_env("ORCH_METRICS_TOKEN", _OPTIONAL_TEXT))
+    """A bearer token ``/metrics`` requires (``Authorization: Bearer <token>``; the rule of ``bearer.RULE``), or
+    None: the endpoint answers anyone who reaches it (docs/metrics.md)."""
     one_hop: bool = field(default=True, metadata=_env("ORCH_ONE_HOP", _FLAG))
     """Talk to a local sandbox's worker directly, past its supervisor, when its agent offers it (docs/protocol.md,
     "One hop"): a trivial call takes about a quarter less time. False keeps every request on the supervisor's
@@ -468,6 +472,9 @@ class Settings(_Fields):
                 parse_address(self.metrics_address)
             except ConfigError:
                 raise self._invalid("metrics_address", "PORT, HOST:PORT or [IPv6]:PORT") from None
+        token = self.metrics_token
+        if token is not None and not (isinstance(token, str) and acceptable(token)):
+            raise ConfigError(f"Settings.metrics_token must be {RULE} (ORCH_METRICS_TOKEN)")  # not shown: a secret
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

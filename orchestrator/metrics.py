@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from .errors import ConfigError
+from .metrics_http import MAX_CONNECTIONS, READ_TIMEOUT, BoundedServer, metrics_app
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
@@ -249,21 +250,31 @@ def _is_ip(host: str) -> bool:
 
 
 class MetricsServer:
-    """``/metrics`` of one registry over HTTP, on a thread of its own, until ``close``."""
+    """``/metrics`` of one registry over HTTP, on a thread of its own, until ``close``; bounded in connections and
+    time (``metrics_http``), behind ``token`` when one is given."""
 
-    def __init__(self, metrics: Metrics, address: str) -> None:
-        """Start serving at ``address`` (``parse_address``).
+    def __init__(
+        self,
+        metrics: Metrics,
+        address: str,
+        token: str | None = None,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        timeout: float = READ_TIMEOUT,
+    ) -> None:
+        """Start serving at ``address`` (``parse_address``); ``token``: what ``Authorization: Bearer`` must carry.
 
         Raises:
             ConfigError: the address is invalid, or cannot be bound (in use, not this machine's).
         """
-        from prometheus_client.exposition import start_http_server
-
         host, port = parse_address(address)
+        app = metrics_app(metrics.registry, token)
         try:
-            self._server, self._thread = start_http_server(port, host, metrics.registry)
+            self._server = BoundedServer(host, port, app, cap=max_connections, timeout=timeout)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {address!r}: {exc}") from None
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
         self._closed = threading.Lock()
         logger.info("serving metrics on http://%s/metrics", self.address)
 

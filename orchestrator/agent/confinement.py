@@ -12,6 +12,9 @@ read the supervisor, its secret or its socket. Here:
 - ``worker_identity`` and ``worker_environment``: the arguments that start a worker as its uid,
   with a ``PYTHONPATH`` that holds nothing the worker could write and no user site
   (``PYTHONNOUSERSITE``; the worker also runs with ``-s`` and drops '' from ``sys.path`` first).
+- ``end_processes_of``: when a worker is replaced, every process of its uid goes with it, not only
+  its process group: one a cell started in a session of its own would otherwise keep what the old
+  worker was handed (a blob's descriptor) and run on beside the new one.
 
 Standard library only, Python 3.9+ (``subprocess.Popen``'s ``user``, ``group``, ``extra_groups``).
 """
@@ -19,13 +22,19 @@ Standard library only, Python 3.9+ (``subprocess.Popen``'s ``user``, ``group``, 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 MAX_WORKER_UID = (1 << 31) - 2
 """The highest worker uid: above it some tools take a uid for negative, and (uid_t)-1 means "no change"."""
 DEFAULT_WORKER_UID = 65534
 """nobody: the worker's uid under a root supervisor that was given none (``ORCH_WORKER_UID``)."""
+SWEEPER_UID = MAX_WORKER_UID + 1
+"""The real and saved uid of the process that ends a worker's processes (``end_processes_of``): no worker's, so none
+of them can signal it (a signal needs the sender's real or effective uid to be the target's real or saved one)."""
+_SWEEP_SECONDS = 5.0
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 _CAP_LAST_CAP = "/proc/sys/kernel/cap_last_cap"
@@ -124,3 +133,59 @@ def confine_supervisor(worker_uid: Optional[int], log: Callable[[str], None]) ->
         if prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             log("could not empty the capability bounding set: %s" % os.strerror(ctypes.get_errno()))
             return
+
+
+def end_processes_of(uid: int, log: Callable[[str], None]) -> None:
+    """Kill every process of ``uid`` in this container (our pid namespace), whatever its process group or session.
+
+    A child of ours takes ``uid`` as its effective uid (real and saved ``SWEEPER_UID``, so that they cannot kill it
+    first) and sends SIGKILL to every process it may signal (``kill(-1)``: exactly those of ``uid``, but itself), again
+    until /proc shows none alive (a zombie has closed its descriptors) or ``_SWEEP_SECONDS`` passed, and exits; we wait
+    for it. Needs SETUID and SETGID, which the supervisor keeps for starting workers (its KILL is not used: the
+    kernel's own rule picks exactly ``uid``'s processes, one of which may fork meanwhile).
+    """
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = _sweep(uid)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if status:
+        log("processes of uid %d may outlive their worker (the sweep ended with status %#x)" % (uid, status))
+
+
+def _sweep(uid: int) -> int:
+    """The child of ``end_processes_of``: 0 once no process of ``uid`` is alive, 1 if one still is at the deadline."""
+    os.setgroups([])
+    os.setresgid(SWEEPER_UID, SWEEPER_UID, SWEEPER_UID)
+    os.setresuid(SWEEPER_UID, uid, SWEEPER_UID)
+    deadline = time.monotonic() + _SWEEP_SECONDS
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:  # none to signal, not even a zombie
+            return 0
+        if not _alive_of(uid):
+            return 0
+        if time.monotonic() > deadline:
+            return 1
+        time.sleep(0.001)
+
+
+def _alive_of(uid: int) -> bool:
+    """Whether a process of ``uid`` (real, effective or saved) other than this one is alive: not a zombie."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open("/proc/%s/status" % entry) as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+        uids = fields.get("Uid", "").split()[:3]
+        if str(uid) in uids and not fields.get("State", "").strip().startswith(("Z", "X")):
+            return True
+    return False

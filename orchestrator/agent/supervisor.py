@@ -5,7 +5,7 @@ controller's Unix socket (and reconnects whenever the connection drops, so a res
 controller can reattach to a live session), proves it knows the sandbox's secret, relays
 each request to the worker process (worker_process.py) and waits for its reply under the
 request's time limits (ladder.py): an interrupt, then after a grace period a kill of the
-worker's process group and a fresh, empty worker that the controller restores. SIGUSR1 plus a
+worker and every process of its uid, and a fresh, empty worker that the controller restores. SIGUSR1 plus a
 new socket file at the channel path is a takeover: the supervisor drops the old connection
 (interrupting what runs) and connects to the new one (channel.py).
 
@@ -23,7 +23,6 @@ import re
 import selectors
 import signal
 import socket
-import stat
 import sys
 import time
 from typing import Any, Dict, List, Optional, Set
@@ -35,6 +34,7 @@ from .frames import CHUNK_BYTES, Copier, Movers
 from .host_call_relay import HostCallRelay
 from .ladder import ABANDON, Ladder
 from .log import log
+from .sealed import sealed_copy_of
 from .worker_process import WorkerProcess, start_worker
 
 _HANDSHAKE_HEADER_BYTES = 64 << 10
@@ -483,21 +483,18 @@ class Supervisor:
     # -- moving bytes
 
     def _open_value_file(self, header: Dict[str, Any]) -> Optional[int]:
-        """A descriptor of the value file a local ``set_value`` names (docs/protocol.md, "Value files"), read-only;
-        None without one, or when it cannot be opened (the worker then answers that it did not arrive)."""
+        """A read-only descriptor of a sealed copy of the value file a local ``set_value`` names (docs/protocol.md,
+        "Value files"); None without one, or when it cannot be opened or copied (the worker then answers that it did
+        not arrive). Never the file's own: it is the host's stored blob, which a cell that kept its descriptor would
+        keep allocated on the host's disk after the host deleted it (sealed.py); the copy is the sandbox's memory."""
         name = header.get("file")
         if not isinstance(name, str) or protocol.VALUE_FILE.fullmatch(name) is None:
             return None
-        path = os.path.join(os.path.dirname(self.config.channel), name)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            return sealed_copy_of(os.path.join(os.path.dirname(self.config.channel), name))
         except OSError as exc:
-            log("cannot open the value file %s: %s" % (name, exc))
+            log("cannot copy the value file %s: %s" % (name, exc))
             return None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            return None
-        return fd
 
     def _forward(self, body_len: int, value_fd: Optional[int] = None) -> bool:
         """Send the request whose head the controller's inbox just read to the worker: the head as it came (with

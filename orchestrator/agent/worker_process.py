@@ -1,4 +1,5 @@
-"""One worker process: started as the sandbox's uid in its own process group, signalled, killed, and why it died.
+"""One worker process: started as the sandbox's uid in its own process group, signalled, killed (with every other
+process of its uid), and why it died.
 
 The worker runs the cells (worker.py). It talks to the supervisor over two socket pairs: one for
 requests and replies, one for host calls and output (hostcall.py). Its death is reported with
@@ -41,6 +42,7 @@ class WorkerProcess:
         calls_ours, calls_theirs = socket.socketpair()
         self.calls: Optional[socket.socket] = calls_ours  # the host-call link; None once closed
         self.oom_baseline = oom_kill_count()
+        self.uid = config.worker_uid  # None: ours
         try:
             self.proc = subprocess.Popen(
                 [
@@ -113,6 +115,15 @@ class WorkerProcess:
                 self.calls.close()
             self.calls = None
 
+    def _end_processes(self) -> None:
+        """Kill the worker and whatever it started: its process group, then, wherever they went (another session or
+        process group), every process of its uid (confinement.end_processes_of); not for a worker of our own uid,
+        where that sweep would end us too."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        if self.uid is not None:
+            confinement.end_processes_of(self.uid, log)
+
     def _close(self) -> None:
         self.close_calls()
         with contextlib.suppress(OSError):
@@ -123,21 +134,19 @@ class WorkerProcess:
             self.pidfd = None
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
+        self._end_processes()
         self.proc.wait()
         self._close()
 
     def death(self) -> Dict[str, Any]:
-        """Reap the dead (or dying) worker, kill what is left of its process group, and say why it died."""
+        """Reap the dead (or dying) worker, kill every process it left behind, and say why it died."""
         try:
-            code = self.proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:  # it only closed its socket: make it dead
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
+            code: Optional[int] = self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:  # it only closed its socket: make it dead (below)
+            code = None
+        self._end_processes()
+        if code is None:
             code = self.proc.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)  # children it left behind
         self._close()
         oom = oom_kill_count() > self.oom_baseline
         info: Dict[str, Any] = {"exit_code": code, "oom": oom}

@@ -108,7 +108,9 @@ class Orchestrator:
             metrics = Metrics()
             metrics.watch_sessions(self._session_states)
             try:
-                self._metrics_server = MetricsServer(metrics, self.settings.metrics_address)
+                self._metrics_server = MetricsServer(
+                    metrics, self.settings.metrics_address, self.settings.metrics_token
+                )
             except ConfigError:
                 if self._owns_backend:
                     self.backend.close()

@@ -15,8 +15,10 @@ from pathlib import Path
 from types import FrameType
 
 from ..api.tools import DEFAULT_ANSWER_CHARS, MIN_ANSWER_CHARS
+from ..bearer import RULE, acceptable
 from ..errors import ConfigError
 from ..mcp import INSTALL_HINT
+from ..mcp.seats import Seats
 from ..mcp.workspace import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSIONS, Limits, Workspace
 from ..units import positive_duration_argument, size_argument
 from .commands import Context
@@ -24,6 +26,8 @@ from .commands import Context
 TOKEN_VARIABLE = "ORCH_MCP_TOKEN"
 """The bearer token of the HTTP transport; without it the server makes one and prints it on stderr."""
 DEFAULT_PORT = 8765
+DEFAULT_MAX_CLIENTS = 32
+"""The most MCP sessions an HTTP server keeps open (the SDK's own default is 10,000)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_SESSIONS,
         metavar="N",
-        help=f"the most sessions a client holds, its forks included (default {DEFAULT_MAX_SESSIONS})",
+        help=f"the most sandbox sessions the server holds, every client's forks included (default "
+        f"{DEFAULT_MAX_SESSIONS})",
+    )
+    parser.add_argument(
+        "--max-clients",
+        type=int,
+        default=DEFAULT_MAX_CLIENTS,
+        metavar="N",
+        help=f"--http: the most MCP sessions open at once (default {DEFAULT_MAX_CLIENTS})",
     )
     parser.add_argument(
         "--http",
@@ -97,6 +109,7 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
             raise ConfigError(INSTALL_HINT) from None
         raise
     limits = _limits(args)
+    seats = Seats(limits.max_sessions)  # one count for every client's workspace
     token, made = _token() if args.http else ("", False)
     if args.http and not 0 < args.port < 65536:
         raise ConfigError(f"--port must be a port number (1-65535), got {args.port}")
@@ -110,6 +123,7 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
             keep=args.keep,
             image=args.image,
             labels=dict(args.labels),
+            seats=seats,
         )
 
     # A named session has one holder: every HTTP client then shares it (docs/mcp.md, "Streamable HTTP").
@@ -121,7 +135,8 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
             if args.http:
                 _announce(args.host, args.port, token if made else None)
                 try:
-                    _serve_until_stopped(lambda: anyio.run(serve_http, server, clients, token, args.host, args.port))
+                    serve = (server, clients, token, args.host, args.port, args.max_clients)
+                    _serve_until_stopped(lambda: anyio.run(serve_http, *serve))
                 except SystemExit:  # uvicorn's way to say it could not listen (its error is on stderr)
                     raise ConfigError(
                         f"could not serve on {args.host} port {args.port} (see the error above)"
@@ -159,6 +174,8 @@ def _limits(args: argparse.Namespace) -> Limits:
         raise ConfigError(f"--max-answer-chars must be at least {MIN_ANSWER_CHARS}, got {args.max_answer_chars}")
     if args.max_sessions < 1:
         raise ConfigError(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    if args.max_clients < 1:
+        raise ConfigError(f"--max-clients must be at least 1, got {args.max_clients}")
     roots = []
     for root in args.file_roots:
         resolved = Path(os.path.realpath(os.path.expanduser(root)))
@@ -179,8 +196,8 @@ def _token() -> tuple[str, bool]:
     given = os.environ.get(TOKEN_VARIABLE)
     if given is None:
         return secrets.token_urlsafe(32), True
-    if len(given) < 16 or not given.isprintable() or " " in given:
-        raise ConfigError(f"${TOKEN_VARIABLE} must be at least 16 printable characters without spaces")
+    if not acceptable(given):
+        raise ConfigError(f"${TOKEN_VARIABLE} must be {RULE}")
     return given, False
 
 

@@ -9,7 +9,6 @@ time) before the SDK sees it; the server binds to loopback unless told otherwise
 # No "from __future__ import annotations": the SDK reads the tools' annotations, some made in build_server.
 
 import functools
-import hmac
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -23,6 +22,7 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
+from ..bearer import REFUSAL, Bearer
 from .clients import SESSION_HEADER, Clients
 from .workspace import Workspace
 
@@ -173,20 +173,14 @@ class BearerToken:
     """ASGI middleware: an HTTP request without ``Authorization: Bearer <token>`` gets 401, and reaches nothing."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
-        if not token:
-            raise ValueError("the bearer token must not be empty")
         self._app = app
-        self._expected = f"Bearer {token}".encode()
+        self._bearer = Bearer(token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            given = next((value for key, value in scope["headers"] if key == b"authorization"), b"")
-            if not hmac.compare_digest(given, self._expected):
-                refusal = PlainTextResponse(
-                    "401 Unauthorized: send the server's token as 'Authorization: Bearer <token>'\n",
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
+            given = next((value for key, value in scope["headers"] if key == b"authorization"), None)
+            if not self._bearer.admits(given):
+                refusal = PlainTextResponse(REFUSAL, status_code=401, headers={"WWW-Authenticate": "Bearer"})
                 await refusal(scope, receive, send)
                 return
         await self._app(scope, receive, send)
@@ -207,15 +201,21 @@ class SessionEnds:
         await self._app(scope, receive, send)
 
 
-def http_app(server: MCPServer[Any], clients: Clients, token: str, host: str) -> ASGIApp:
-    """The streamable HTTP app at ``/mcp``, behind the bearer token (DNS-rebinding checks on for a loopback host)."""
-    app = server.streamable_http_app(host=host, session_idle_timeout=IDLE_AFTER)
+def http_app(server: MCPServer[Any], clients: Clients, token: str, host: str, max_clients: int) -> ASGIApp:
+    """The streamable HTTP app at ``/mcp``, behind the bearer token (DNS-rebinding checks on for a loopback host).
+
+    At most ``max_clients`` MCP sessions are open at once: the SDK answers a request that would open another one
+    503 with a JSON-RPC error ("Too many open sessions")."""
+    app = server.streamable_http_app(host=host, session_idle_timeout=IDLE_AFTER, max_sessions=max_clients)
     return BearerToken(SessionEnds(app, clients), token)
 
 
-async def serve_http(server: MCPServer[Any], clients: Clients, token: str, host: str, port: int) -> None:
+async def serve_http(
+    server: MCPServer[Any], clients: Clients, token: str, host: str, port: int, max_clients: int
+) -> None:
     """Serve streamable HTTP on ``host:port`` until the process ends."""
     import uvicorn
 
-    config = uvicorn.Config(http_app(server, clients, token, host), host=host, port=port, log_level="warning")
+    app = http_app(server, clients, token, host, max_clients)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning")
     await uvicorn.Server(config).serve()

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,18 +28,16 @@ from ..api.tools import DEFAULT_ANSWER_CHARS, EXECUTE, RESET, PythonTool, descri
 from ..api.undo import UNDO
 from ..errors import ConfigError, OrchestratorError, SessionNotFound
 from ..units import describe_bytes
+from .files import BadCall, read_context_file
+from .seats import Refused, Seats
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONTEXT_BYTES = 16 << 20
 """The largest file ``add_context`` reads (16 MiB): a context is kept in the checkpoint, within its quota."""
 DEFAULT_MAX_SESSIONS = 8
-"""The most sessions one client holds at once, its default session and its forks together."""
+"""The most sandbox sessions the server holds at once, every client's default session and forks together."""
 _NAMES_CHARS = 4_000  # the variable names an answer lists; more are counted
-
-
-class BadCall(Exception):
-    """The client's call cannot be run; the message tells the model what to fix."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +63,7 @@ class Workspace:
         keep: when the client goes, detach every session it made instead of removing them.
         image: the image of the sessions this workspace creates (None: the default image).
         labels: labels of the sessions this workspace creates.
+        seats: the server's places for sessions, shared by its workspaces (None: ``limits.max_sessions`` of its own).
     """
 
     def __init__(
@@ -79,6 +76,7 @@ class Workspace:
         keep: bool = False,
         image: str | None = None,
         labels: dict[str, str] | None = None,
+        seats: Seats | None = None,
     ) -> None:
         self._orch = orch
         self.limits = limits
@@ -87,6 +85,7 @@ class Workspace:
         self._keep = keep
         self._image = image
         self._labels = dict(labels or {})
+        self._seats = seats if seats is not None else Seats(limits.max_sessions)
         self._lock = threading.Lock()  # the session table; the calls themselves are serialized by each Session
         self._sessions: dict[str, tuple[Session, PythonTool]] = {}
         self._default: str | None = None
@@ -152,12 +151,8 @@ class Workspace:
 
     def fork(self, session: str | None, at: int | None) -> str:
         def answer(handle: Session) -> Answer:
-            if len(self._sessions) >= self.limits.max_sessions:
-                raise BadCall(
-                    f"You hold {len(self._sessions)} sessions, the most this server allows; close one with "
-                    "close_session first."
-                )
-            fork = handle.fork(at=at, labels=self._labels or None)
+            with self._seat():
+                fork = handle.fork(at=at, labels=self._labels or None)
             self._sessions[fork.id] = (fork, self._tool(fork))
             reply = Answer()
             reply.line("status: success")
@@ -227,6 +222,7 @@ class Workspace:
             if handle.id == self._default:
                 raise BadCall(f"{handle.id} is your default session, which lasts as long as you are connected.")
             self._sessions.pop(handle.id)
+            self._seats.give_back()
             handle.close()
             reply = Answer()
             reply.line("status: success")
@@ -248,6 +244,7 @@ class Workspace:
         """Let go of every session: detach the named one (all with ``keep``), remove the others; never raises."""
         with self._lock:
             held, self._sessions, self._closed = list(self._sessions.values()), {}, True
+        self._seats.give_back(len(held))
         for handle, _ in held:  # a call still running (its client gone) is stopped, not waited for
             handle.interrupt()
         for handle, _ in held:
@@ -325,12 +322,21 @@ class Workspace:
     def _default_session(self) -> tuple[Session, PythonTool]:
         if self._default is not None:
             return self._sessions[self._default]
-        if len(self._sessions) >= self.limits.max_sessions:
-            raise BadCall("You hold the most sessions this server allows; close one with close_session first.")
-        handle = self._bind()
+        with self._seat():
+            handle = self._bind()
         self._sessions[handle.id] = (handle, self._tool(handle))
         self._default = handle.id
         return self._sessions[handle.id]
+
+    @contextlib.contextmanager
+    def _seat(self) -> Iterator[None]:
+        """Hold a place of the server's for a session about to be made; given back if it is not made."""
+        self._seats.take()
+        try:
+            yield
+        except BaseException:
+            self._seats.give_back()
+            raise
 
     def _bind(self) -> Session:
         if self._named is None:
@@ -363,49 +369,6 @@ class Workspace:
 
     def _invalid(self, exc: BadCall) -> str:
         answer = Answer()
-        answer.line("status: invalid call")
+        answer.line("status: refused" if isinstance(exc, Refused) else "status: invalid call")
         answer.line(field(str(exc), 4 * FIELD_CHARS))
         return self._render(answer)
-
-
-def read_context_file(path: str, roots: Sequence[Path], limit: int) -> str | bytes:
-    """A file the client named, read on the host: its text (bytes when it is not UTF-8).
-
-    The file must be a regular file (a FIFO or a device could block the server or never end) under one of ``roots``
-    once symbolic links are resolved, of at most ``limit`` bytes.
-
-    Raises:
-        BadCall: no roots were given, the path leads outside them, it is not a regular file, cannot be read, or is
-            larger than ``limit``.
-    """
-    if not roots:
-        raise BadCall(
-            "This server reads no files: pass the text instead, or ask its user to start it with --allow-files DIR."
-        )
-    resolved = Path(os.path.realpath(os.path.expanduser(path)))
-    if not any(resolved == root or root in resolved.parents for root in roots):
-        allowed = ", ".join(str(root) for root in roots)
-        raise BadCall(f"{field(path, 200)} is not under a directory this server may read from ({allowed}).")
-    try:
-        fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise BadCall(f"{field(path, 200)} cannot be opened: {exc.strerror}.") from None
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise BadCall(f"{field(path, 200)} is not a regular file.")
-        if status.st_size > limit:
-            raise BadCall(
-                f"{field(path, 200)} has {describe_bytes(status.st_size)}; the most is {describe_bytes(limit)}."
-            )
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as file:
-            data = file.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:  # it grew meanwhile
-        raise BadCall(f"{field(path, 200)} has more than {describe_bytes(limit)}, the most this server reads.")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data

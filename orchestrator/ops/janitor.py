@@ -58,7 +58,8 @@ class Janitor:
         heartbeat: Path = DEFAULT_HEARTBEAT,
         metrics_address: str | None = None,
     ) -> None:
-        """``metrics_address``: where to serve ``/metrics`` (``Settings.metrics_address``'s forms), or None.
+        """``metrics_address``: where to serve ``/metrics`` (``Settings.metrics_address``'s forms, behind
+        ``settings.metrics_token``), or None.
 
         Raises:
             ConfigError: the interval is not positive, or the metrics address cannot be served on.
@@ -80,7 +81,7 @@ class Janitor:
         if metrics_address is not None:
             self.metrics = Metrics()
             self.metrics.watch_sessions(lambda: self._states)
-            self._metrics_server = MetricsServer(self.metrics, metrics_address)
+            self._metrics_server = MetricsServer(self.metrics, metrics_address, settings.metrics_token)
 
     @property
     def metrics_address(self) -> str | None:

@@ -9,11 +9,11 @@ flight at once (threads in the cell, batched forms). Each is bounded in size
 cell): a call still running when its cell ends is answered with an error in the sandbox
 and its late result is dropped, never given to a later cell.
 
-Bounded per cell and per session (``Settings.limits.max_host_calls_per_cell`` and
-``max_host_calls_per_session``): past either bound a call is answered with an error at once,
-never queued. Calls still waiting when their cell ends are cancelled (their handlers never
-start), and all of a session's when it closes; a handler already running cannot be stopped,
-so it holds its place in the session's bound until it returns, and its result is dropped.
+Bounded per cell, per session (``Settings.limits.max_host_calls_per_cell`` and ``max_host_calls_per_session``)
+and per controller process (``CONTROLLER_HOST_CALLS``, all sessions together): past any bound a call is
+answered with an error at once, never queued. Calls still waiting when their cell ends are cancelled (their
+handlers never start), and all of a session's when it closes; a handler already running cannot be stopped, so
+it holds its place in the session's bound until it returns, and its result is dropped.
 
 Payloads and results are JSON values: the host never unpickles anything from a sandbox.
 """
@@ -29,7 +29,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,27 +120,61 @@ def encode(value: Any, max_bytes: int) -> bytes:
     return raw
 
 
-class HandlerPool:
-    """The host-call handlers of one session, across its cells: a bound on calls held and the threads that run them.
+CONTROLLER_HOST_CALLS = 512
+"""Host calls all sessions of one controller process may hold at once, on as many shared threads at most: each
+session's own bound (128 by default) keeps one session to a quarter of them."""
 
-    A call is *held* from the moment a cell's desk queues it until it is answered without running, or its handler
-    returns. At most ``limit`` are held at once (a handler still running after its cell ended counts until it
-    returns), and handlers run on at most ``limit`` threads, so a held call always finds a thread and nothing
-    queues unseen inside an executor. The threads' executor is made when the first handler starts: a session whose
-    cells never call the host pays nothing for it. A thread cannot be stopped: a handler still running when its
-    cell ends or the session closes goes on until it returns (an LM call until its own timeout), and its result is
-    dropped. After ``close`` nothing starts any more.
+
+class ControllerHandlers:
+    """The bound on host calls of the whole controller process, shared by every session's ``HandlerPool``.
+
+    Threads are a process's resource, so the bound is the process's: at most ``limit`` calls held across all
+    sessions. Each handler runs on a thread of its own that ends with it, so the threads alive are never more than
+    the calls held (an executor of a session's own would keep its peak of idle threads until the session closed).
     """
 
-    def __init__(self, limit: int, name: str) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._held = 0
+
+    def reserve(self) -> bool:
+        with self._lock:
+            if self._held >= self.limit:
+                return False
+            self._held += 1
+            return True
+
+    def release(self, count: int = 1) -> None:
+        with self._lock:
+            self._held -= count
+
+
+_controller = ControllerHandlers(CONTROLLER_HOST_CALLS)
+
+
+class HandlerPool:
+    """he host-call handlers of one session, across its cells: a bound on calls held.
+
+    A call is *held* from the moment a cell's desk queues it until it is answered without running, or its
+    handler returns. At most ``limit`` are held at once (a handler still running after its cell ended counts
+    until it returns), and at most ``CONTROLLER_HOST_CALLS`` of all sessions together; each handler runs on a
+    thread of its own, started at once, so a held call never queues unseen and no idle thread outlives its call.
+    A thread cannot be stopped: a handler still running when its cell ends or the session closes goes on until
+    it returns (an LM call until its own timeout), and its result is dropped. After ``close`` nothing starts any
+    more.
+    """
+
+    def __init__(self, limit: int, controller: ControllerHandlers = _controller) -> None:
         if not (isinstance(limit, int) and limit >= 1):
             raise ConfigError(f"the host-call bound of a session must be an int >= 1, got {limit!r}")
         self.limit = limit
-        self._name = name
+        self._controller = controller
         self._lock = threading.Lock()
         self._held = 0
         self._closed = False
-        self._executor: ThreadPoolExecutor | None = None
+        self.controller_full = False
+        """Whether the last refused ``reserve`` was refused for the controller's bound, not the session's."""
 
     @property
     def held(self) -> int:
@@ -152,10 +185,20 @@ class HandlerPool:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def controller_limit(self) -> int:
+        """Calls all sessions of the controller may hold at once."""
+        return self._controller.limit
+
     def reserve(self) -> bool:
-        """Hold one more call; False when ``limit`` are held or the pool is closed."""
+        """Hold one more call; False when ``limit`` are held, the controller's bound is reached, or the pool is
+        closed (``controller_full`` says whether it was the controller's bound)."""
         with self._lock:
+            self.controller_full = False
             if self._closed or self._held >= self.limit:
+                return False
+            if not self._controller.reserve():
+                self.controller_full = True
                 return False
             self._held += 1
             return True
@@ -163,24 +206,20 @@ class HandlerPool:
     def release(self, count: int = 1) -> None:
         with self._lock:
             self._held -= count
+        self._controller.release(count)
 
     def run(self, job: Callable[[], None]) -> bool:
-        """Run ``job`` on a thread (the caller holds its reservation); False when the pool is closed."""
+        """Run ``job`` on a thread of its own (the caller holds its reservation); False when the pool is closed."""
         with self._lock:
             if self._closed:
                 return False
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.limit, thread_name_prefix=self._name)
-            self._executor.submit(job)
-            return True
+        threading.Thread(target=job, name="orchestrator-host-call", daemon=True).start()
+        return True
 
     def close(self) -> None:
-        """Start nothing more; a handler still running finishes on its own thread (its result is dropped)."""
+        """Start nothing more; a handler still running finishes on its thread (its result is dropped)."""
         with self._lock:
             self._closed = True
-            executor = self._executor
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
 
 
 class CallDesk:
@@ -259,6 +298,11 @@ class CallDesk:
             if not self._pool.reserve():
                 if self._pool.closed:
                     return "its session is closing"
+                if self._pool.controller_full:
+                    return (
+                        f"the controller already holds {self._pool.controller_limit} host calls of all its "
+                        "sessions, the most it may; try again when some have returned"
+                    )
                 return (
                     f"{self._pool.limit} calls of this session already wait or run (some may be of cells that "
                     "ended and whose handlers have not returned), the most a session may "

@@ -332,9 +332,7 @@ class SessionSandbox:
     def handler_pool(self) -> HandlerPool:
         """The session's host-call handlers (made on first use): bounded across its cells; each cell bounds its own."""
         if self._host_calls is None:
-            self._host_calls = HandlerPool(
-                self.settings.limits.max_host_calls_per_session, name=f"host-calls-{self.session_id}"
-            )
+            self._host_calls = HandlerPool(self.settings.limits.max_host_calls_per_session)
         return self._host_calls
 
     def wakeup(self) -> Wakeup:

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import stat
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..agent import protocol
+from ..agent.sealed import sealed_copy_of
 from ..api.events import LiveCall
 from ..backends.base import SANDBOX_ID, WORKER_UID, Backend, ContainerState, Placement, SandboxSpec
 from ..config import Settings
@@ -53,8 +53,8 @@ class ValueFile:
 
     ``Sandbox.request`` hard-links ``path`` (the staged blob) into the sandbox's channel directory, which
     the container sees read-only, and sends the request with ``file`` and an empty body; the supervisor
-    hands the worker a read-only descriptor of it (docs/protocol.md, "Value files"). Where that cannot
-    be (a Swarm sandbox, staging failed, another file system) ``raw`` goes as the body, as before.
+    hands the worker a read-only descriptor of a sealed copy of it (docs/protocol.md, "Value files"). Where
+    that cannot be (a Swarm sandbox, staging failed, another file system) ``raw`` goes as the body, as before.
     """
 
     directory: Path
@@ -280,33 +280,11 @@ class Sandbox:
         return link
 
     def _open_value_file(self, value: ValueFile) -> int | None:
-        """One hop: a read-only descriptor of the staged blob, which the controller attaches to the ``set_value`` on
-        the worker's data channel itself (docs/design/one-hop.md, "Value files"); None when nothing is staged, or
-        when the worker could change the file through it.
-
-        The descriptor comes from the host's own (writable) mount, not the container's read-only one, so what keeps
-        cell code from writing the store through it (``fchmod``, a reopen of ``/proc/self/fd``) is the file's owner
-        and mode: the controller's own uid, no group or other bits, and a worker that never runs as that uid.
-        """
+        """One hop: a read-only descriptor of a sealed copy of the staged blob (``_open_private_file``), which the
+        controller attaches to the ``set_value`` on the worker's data channel itself (docs/design/one-hop.md, "Value
+        files"); None when nothing is staged or no copy can be made."""
         path = value.written()
-        return None if path is None else self._open_private_file(path)
-
-    def _open_private_file(self, path: Path) -> int | None:
-        """A read-only descriptor of one of the host's files to hand to the worker (a value file, a deferred value's
-        blob): None unless the file is the controller's own (owner, no group or other bits) and the worker never runs
-        as the controller's uid, so it cannot change the file through the descriptor (``_open_value_file``)."""
-        if _worker_may_run_as(self._settings, os.geteuid()):
-            return None
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            logger.debug("file %s not opened (its bytes go as the body): %s", path, exc)
-            return None
-        found = os.fstat(fd)
-        if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o077:
-            os.close(fd)
-            return None
-        return fd
+        return None if path is None else _open_private_file(path)
 
     def serve_deferred(
         self,
@@ -316,11 +294,11 @@ class Sandbox:
     ) -> None:
         """Answer the agent's requests for deferred values' blobs (runtime/deferred.py): ``named`` gives the blob
         the session's current record names for a checkpoint key. In one hop with ``blob_path`` (where a blob is
-        stored), to an agent that offers it, a blob goes to the worker as a read-only descriptor of its file where
-        ``_open_private_file`` may."""
+        stored), to an agent that offers it, a blob goes to the worker as a read-only descriptor of a sealed copy of
+        its file (``_open_private_file``)."""
         open_file = None
         if blob_path is not None and self.connection.one_hop and _offers_blob_files(self.connection):
-            open_file = lambda digest: self._open_private_file(blob_path(digest))  # noqa: E731
+            open_file = lambda digest: _open_private_file(blob_path(digest))  # noqa: E731
         self.deferred = DeferredBlobs(self.sandbox_id, named, open_blob, open_file)
 
     def restore(
@@ -553,14 +531,21 @@ class _LoadBudget:
         return True
 
 
-def _worker_may_run_as(settings: Settings, uid: int) -> bool:
-    """Whether a sandbox's worker (cell code) may run as ``uid``: one of ``worker_uids`` when each worker has its
-    own, else the container's (numeric) user."""
-    confinement = settings.confinement
-    if confinement.separate_worker:
-        low, high = confinement.worker_uids
-        return low <= uid <= high
-    return confinement.sandbox_uid_gid[0] == uid
+def _open_private_file(path: Path) -> int | None:
+    """A read-only descriptor of a sealed in-memory copy of one of the host's stored files, to hand to the worker (a
+    value file, a deferred value's blob); None when the file is not a regular one or no copy can be made (its bytes
+    then go as the body).
+
+    Never the stored file's own descriptor: a cell that kept one (in a process that outlives its worker) would keep
+    a blob the host deleted allocated on its disk, and read the host's path and the blob's link count through it
+    (docs/protocol.md, "One hop"). The copy is host memory, freed when the sandbox's last descriptor and mapping
+    of it go; nobody can change it, whatever uid the worker runs as (agent/sealed.py).
+    """
+    try:
+        return sealed_copy_of(str(path))
+    except OSError as exc:
+        logger.debug("no sealed copy of %s (its bytes go as the body): %s", path, exc)
+        return None
 
 
 def _offers_blob_files(connection: AgentConnection) -> bool:

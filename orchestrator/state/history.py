@@ -17,8 +17,15 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
-compact_json = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
-"""Compact JSON with sorted keys, as records are stored (one encoder: ``json.dumps`` with options makes one a call)."""
+compact_json = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
+"""Compact JSON with sorted keys, as records are stored (one encoder: ``json.dumps`` with options makes one a call);
+text as it is, not as ``\\u`` escapes (which would take up to 6 bytes for a character UTF-8 stores in 1 to 3)."""
+
+
+def stored(text: str) -> bytes:
+    """A record's JSON text as its file holds it: UTF-8, a lone surrogate (JSON from a sandbox may hold one) as its own
+    three bytes, which ``json.loads`` of the file's bytes reads back as it was."""
+    return text.encode("utf-8", "surrogatepass")
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,8 @@ class Snapshot:
     changed: list[str] = field(default_factory=list)
     """Names set or deleted to reach it from the generation before."""
     unsaved: dict[str, str] = field(default_factory=dict)
-    """Names the worker held then that its checkpoint could not hold, with why."""
+    """Names the worker held then that its checkpoint could not hold, with why (a kept generation: the names only,
+    ``unsaved.names_only``)."""
     rewound_from: int | None = None
     """The generation it copies, when ``rewind`` made it."""
 

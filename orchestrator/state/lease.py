@@ -7,7 +7,9 @@ session and when it last renewed. The owning ``Orchestrator`` renews the leases 
 sessions it holds every ``RENEW_EVERY`` seconds; ``detach``, ``close`` and a takeover end them.
 
 A lease proves a live holder (``is_live``) while it names the record's current owner, was
-renewed in the last ``LEASE_TTL`` seconds and, when its holder ran on this host, its process
+renewed in the last ``LEASE_TTL`` seconds (and not later than ``CLOCK_SKEW`` seconds ahead of
+this host's clock: a lease dated in the future, by a clock far ahead or by hand, would otherwise
+stay live until the clock caught up) and, when its holder ran on this host, its process
 still runs (a pid that is gone, or that now belongs to a process started at another time, is
 a dead holder at once: a killed controller's session is free in the time of one check). Writes
 of the lease take ``sessions/<id>/lease.lock`` (never held for more than a read and a write);
@@ -43,6 +45,8 @@ RENEW_EVERY = 1.0
 """Seconds between two renewals of a held session's lease."""
 LEASE_TTL = 8.0
 """A lease not renewed for this long proves nothing: its holder is taken for dead (another host's, or a hung one)."""
+CLOCK_SKEW = 2.0
+"""A lease renewed further ahead of this host's clock than this proves nothing (its holder's clock or its file lies)."""
 _LOCK_WAIT = 10.0
 
 ProcessProbe = Callable[[int], str | None]
@@ -94,8 +98,8 @@ def is_live(
 
     ``here`` is this machine's (host, boot id); ``probe`` looks a pid up on it.
     """
-    if lease is None or lease.owner != owner or now - lease.renewed > ttl:
-        return False
+    if lease is None or lease.owner != owner or not -CLOCK_SKEW <= now - lease.renewed <= ttl:
+        return False  # none, an old handle's, expired, or dated in the future
     if (lease.host, lease.boot_id) != here or not lease.boot_id:
         return True  # another machine's process: only its renewals tell
     started = probe(lease.pid)

@@ -42,7 +42,8 @@ from ..metrics import NO_METRICS, Recorder
 from ..runtime import background
 from ..units import describe_bytes
 from . import history, lease
-from .store import SessionRecord, SessionStore, Written, new_host_blob_id
+from .store import SessionRecord, SessionStore, Written, new_host_blob_id, wrong_size
+from .unsaved import merged, names_only
 
 logger = logging.getLogger(__name__)
 
@@ -98,18 +99,24 @@ class StagedBlob:
                 temp.unlink()
 
 
-def _unsaved_after(before: dict[str, str], reported: dict[str, str], context: str | None) -> dict[str, str]:
-    """The record's unsaved report after a delta of ``context`` reported ``reported`` (its names, complete)."""
-
-    def of_context(key: str) -> bool:
-        owner, separator, _ = key.partition(protocol.CONTEXT_SEPARATOR)
-        return owner == context if separator else context is None
-
-    return {**{k: v for k, v in before.items() if not of_context(k)}, **reported}
-
-
 def _key_bytes(variables: dict[str, str]) -> int:
     return sum(protocol.key_bytes(key) for key in variables)
+
+
+def _check_stored_sizes(record: SessionRecord, blobs: dict[str, memoryview]) -> None:
+    """Refuse a delta that sends a blob the record names (now or in a kept generation) with another size: the store
+    keeps the file it has, so the record would count the sandbox's number, not the bytes on disk.
+
+    Raises:
+        ProtocolError: naming the first such blob.
+    """
+    stored: dict[str, int] = {}
+    for sizes in [*(snapshot.blob_sizes for snapshot in record.history), record.blob_sizes]:
+        stored.update(sizes)
+    for blob_digest, data in blobs.items():
+        size = stored.get(blob_digest)
+        if size is not None and size != len(data):
+            raise wrong_size(blob_digest, len(data), size)
 
 
 def generation_not_found(record: SessionRecord, generation: int) -> GenerationNotFound:
@@ -358,7 +365,8 @@ class CheckpointLedger:
         expected = self.record.generation + (1 if changed or deleted else 0)
         if delta["generation"] != expected:
             raise ProtocolError(f"checkpoint generation {delta['generation']} out of step (expected {expected})")
-        unsaved = _unsaved_after(self.record.unsaved, delta["unsaved"], context)
+        known = self.record.contexts if contexts is None else contexts
+        unsaved = merged(self.record.unsaved, delta["unsaved"], context=context, known=known)
         if (
             not (changed or deleted or delta["blobs"] or counters or contexts is not None)
             and unsaved == self.record.unsaved
@@ -374,18 +382,13 @@ class CheckpointLedger:
         except protocol.ProtocolViolation as exc:
             raise ProtocolError(str(exc)) from None
         blobs = {entry["digest"]: part for entry, part in zip(delta["blobs"], parts, strict=True)}
+        _check_stored_sizes(self.record, blobs)
         host = {blob.blob_id: blob for blob in staged}
         if not set(changed.values()) <= set(blobs) | set(host) | set(self.record.blob_sizes):
             raise ProtocolError("checkpoint names a blob that was neither sent nor stored")
         gone = set(deleted)
         variables = {k: v for k, v in self.record.variables.items() if k not in gone}
         variables.update(changed)
-        known = self.record.contexts if contexts is None else contexts
-        unsaved = {
-            k: v
-            for k, v in unsaved.items()
-            if k.partition(protocol.CONTEXT_SEPARATOR)[0] in known or (protocol.CONTEXT_SEPARATOR not in k)
-        }
         if any(
             protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known for k in changed
         ):
@@ -480,8 +483,10 @@ class CheckpointLedger:
         return self.record
 
     def _advance(self, current: SessionRecord, generation: int) -> None:
-        """Keep the current generation in the history and begin ``generation`` (its state set by the caller)."""
-        current.history = [*current.history, current.snapshot()]
+        """Keep the current generation in the history (its unsaved report as names only) and begin ``generation``
+        (its state set by the caller)."""
+        kept = dataclasses.replace(current.snapshot(), unsaved=names_only(current.unsaved))
+        current.history = [*current.history, kept]
         current.generation, current.committed_at, current.rewound_from = generation, time.time(), None
 
     def _replace_manifest(

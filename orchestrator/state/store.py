@@ -50,11 +50,12 @@ from typing import Any
 
 from ..agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR, checkpoint_key_problem
 from ..checks import is_count, is_number
-from ..errors import CheckpointError, ConfigError, SessionNotFound
+from ..errors import CheckpointError, ConfigError, ProtocolError, SessionNotFound
 from ..files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
 from .activity import ACTIVITY_FILE, lock_within
-from .history import Snapshot, compact_json, distinct_bytes, named_blobs
+from .history import Snapshot, compact_json, distinct_bytes, named_blobs, stored
 from .lease import Lease, LeaseFile
+from .private import STORE_ID_FILE, ensure_state_dir
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
 _SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")  # what new_sandbox_id makes
@@ -79,6 +80,14 @@ def validate_session_id(session_id: str) -> str:
     if not isinstance(session_id, str) or not _SESSION_ID.match(session_id):
         raise ConfigError(f"invalid session id {session_id!r}: use 3-63 lowercase letters, digits and dashes")
     return session_id
+
+
+def wrong_size(blob_id: str, sent: int, stored: int) -> ProtocolError:
+    """The error for a checkpoint that sends a blob the host stores with another size (a lying sandbox)."""
+    return ProtocolError(
+        f"checkpoint sends blob {blob_id} with {sent} bytes; the host stores it with {stored} bytes "
+        "(a content digest names one content, of one size)"
+    )
 
 
 def new_host_blob_id() -> str:
@@ -204,7 +213,7 @@ class SessionRecord:
         before = compact_json({name: getattr(self, name) for name in _BEFORE_HISTORY})
         after = compact_json({name: getattr(self, name) for name in _AFTER_HISTORY})
         history = ",".join(snapshot.encoded for snapshot in self.history)
-        return f'{before[:-1]},"history":[{history}],{after[1:]}'.encode()
+        return stored(f'{before[:-1]},"history":[{history}],{after[1:]}')
 
     @classmethod
     def from_json(cls, data: Any, session_id: str) -> SessionRecord:
@@ -353,24 +362,26 @@ class SessionStore:
     """Session records and checkpoint blobs on the local filesystem."""
 
     def __init__(self, root: Path, *, fsync: bool = False, lock_timeout: float = 30.0) -> None:
-        """Open (creating, 0700) the store under ``root``.
+        """Open (creating, 0700) the store under ``root``, which must be private (``private.ensure_state_dir``).
 
         Raises:
-            CheckpointError: the directory cannot be created or its store id is unreadable.
+            ConfigError: ``root`` is not a private directory of this user, or cannot be created.
+            CheckpointError: ``sessions/`` cannot be created or the store id is unreadable.
         """
         self.base = Path(root)
         self.root = self.base / "sessions"
         self._root = str(self.root)
         self.fsync = fsync
         self.lock_timeout = lock_timeout
+        ensure_state_dir(self.base)
         try:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.root.mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             raise CheckpointError(f"cannot create the state directory {self.root}: {exc}") from exc
         self.store_id = self._store_id()
 
     def _store_id(self) -> str:
-        path = self.base / "store-id"
+        path = self.base / STORE_ID_FILE
         with contextlib.suppress(FileExistsError):
             _write_new(path, secrets.token_hex(6).encode())
         try:
@@ -666,12 +677,25 @@ class SessionStore:
         return set(record.variables.values()) - present
 
     def write_blobs(self, session_id: str, blobs: dict[str, bytes | bytearray | memoryview]) -> None:
-        """Write blobs that are not stored yet (content-addressed, so an existing file is already right)."""
+        """Write blobs that are not stored yet (content-addressed: an existing file of the same size is kept).
+
+        Raises:
+            ProtocolError: a blob's file exists with another size (its digest cannot name both); nothing was written.
+            CheckpointError: a blob cannot be written.
+        """
         try:
+            missing = {}
             for blob_digest, data in blobs.items():
                 target = self.blob_path(session_id, blob_digest)
-                if not target.exists():
-                    replace_file(target, data, fsync=self.fsync, mode=0o600)
+                try:
+                    size = os.stat(target, follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    missing[target] = data
+                    continue
+                if size != memoryview(data).nbytes:
+                    raise wrong_size(blob_digest, memoryview(data).nbytes, size)
+            for target, data in missing.items():
+                replace_file(target, data, fsync=self.fsync, mode=0o600)
             if blobs and self.fsync:
                 fsync_dir(self._dir(session_id) / "blobs")
         except OSError as exc:

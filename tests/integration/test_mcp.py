@@ -3,6 +3,7 @@ the client starts, as a desktop client does) and over streamable HTTP on loopbac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -235,6 +236,13 @@ def _free_port() -> int:
 @pytest.fixture
 def http_server(store: Settings) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
     """``orchestrator mcp --http`` on a free loopback port with a known token: (url, token, process)."""
+    with serving_http(store) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serving_http(store: Settings, *args: str) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
+    """``orchestrator mcp --http [args]`` on a free loopback port with a known token: (url, token, process)."""
     token = "t-" + "0123456789abcdef" * 2
     port = _free_port()
     process = subprocess.Popen(
@@ -248,6 +256,7 @@ def http_server(store: Settings) -> Iterator[tuple[str, str, subprocess.Popen[st
             str(port),
             "--label",
             f"{TEST_LABEL}={RUN_ID}",
+            *args,
         ],
         stdin=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -158,6 +158,7 @@ VARIABLES = {
     "ORCH_SWARM_RELAY_PORT": "swarm.relay_port",
     "ORCH_SWARM_CONSTRAINTS": "swarm.constraints",
     "ORCH_METRICS_ADDRESS": "metrics_address",
+    "ORCH_METRICS_TOKEN": "metrics_token",
     "ORCH_ONE_HOP": "one_hop",
 }
 # A value each variable takes, unlike its default, and what the field then holds.
@@ -204,6 +205,7 @@ SAMPLES = {
     "ORCH_SWARM_RELAY_PORT": ("9000", 9000),
     "ORCH_SWARM_CONSTRAINTS": ("a==1,b==2", ("a==1", "b==2")),
     "ORCH_METRICS_ADDRESS": ("9464", "9464"),
+    "ORCH_METRICS_TOKEN": ("a-token-of-enough-length", "a-token-of-enough-length"),
     "ORCH_ONE_HOP": ("0", False),
 }
 
@@ -275,6 +277,7 @@ def test_dataclasses_replace_works_on_settings_and_groups():
         ({"ORCH_SWARM_RELAY_PORT": "70000"}, r"SwarmSettings.relay_port must be a TCP port.*SWARM_RELAY_PORT"),
         ({"ORCH_BACKEND": "k8s"}, r"Settings.backend must be one of docker, swarm, got 'k8s' \(ORCH_BACKEND\)"),
         ({"ORCH_METRICS_ADDRESS": "host:port"}, r"Settings.metrics_address must be PORT.*\(ORCH_METRICS_ADDRESS\)"),
+        ({"ORCH_METRICS_TOKEN": "short"}, r"Settings.metrics_token must be at least 16 .*\(ORCH_METRICS_TOKEN\)$"),
     ],
 )
 def test_from_env_errors_name_the_variable(env, message):

@@ -18,6 +18,8 @@ RANK = {
     "units": 0,
     "safe_text": 0,
     "metrics": 0,
+    "metrics_http": 0,
+    "bearer": 0,
     "agent": 0,
     "wire": 1,
     "backends": 2,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,6 +157,26 @@ def test_the_server_serves_the_registry_and_stops() -> None:
         server.close()  # idempotent
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://{server.address}/metrics", timeout=2)
+
+
+def test_idle_connections_past_the_cap_make_room_for_a_scrape_and_a_token_is_required() -> None:
+    server = MetricsServer(Metrics(), "127.0.0.1:0", "a-token-of-enough-length", max_connections=2, timeout=60)
+    host, _, port = server.address.rpartition(":")
+    idle = [socket.create_connection((host, int(port)), timeout=30) for _ in range(2)]
+    try:
+        request = urllib.request.Request(f"http://{server.address}/metrics")
+        with pytest.raises(urllib.error.HTTPError) as refused:  # the first idle one made room; no token: 401
+            urllib.request.urlopen(request, timeout=10)
+        refused.value.close()
+        assert refused.value.code == 401 and refused.value.headers["WWW-Authenticate"] == "Bearer"
+        assert idle[0].recv(1) == b""  # the oldest idle connection was shut down for it
+        request.add_header("Authorization", "Bearer a-token-of-enough-length")
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            assert reply.status == 200 and "orchestrator_" in reply.read().decode()
+    finally:
+        for connection in idle:
+            connection.close()
+        server.close()
 
 
 def test_the_doc_lists_every_metric_with_its_type_and_labels() -> None:

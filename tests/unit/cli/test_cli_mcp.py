@@ -34,6 +34,9 @@ def test_limits_are_checked(tmp_path: Path) -> None:
         _limits(parse("--max-answer-chars", "10"))
     with pytest.raises(ConfigError, match="at least 1"):
         _limits(parse("--max-sessions", "0"))
+    with pytest.raises(ConfigError, match="--max-clients must be at least 1"):
+        _limits(parse("--max-clients", "0"))
+    assert parse().max_clients == 32
 
 
 def test_the_token_is_made_unless_given_and_a_weak_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

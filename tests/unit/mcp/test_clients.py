@@ -10,6 +10,7 @@ from fakes import FakeBackend, fake_settings
 
 from orchestrator import Orchestrator
 from orchestrator.mcp.clients import Clients
+from orchestrator.mcp.seats import Seats
 from orchestrator.mcp.workspace import Limits, Workspace
 
 
@@ -62,3 +63,20 @@ def test_a_client_idle_past_the_limit_loses_its_sessions_at_the_next_request(orc
     clients.of({"mcp-session-id": "busy"})
     assert len(orch.sessions()) == 1
     clients.close()
+
+
+def test_the_cap_on_sandbox_sessions_is_the_servers_not_each_clients(orch: Orchestrator) -> None:
+    seats = Seats(2)
+    clients = Clients(lambda: Workspace(orch, Limits(), seats=seats), per_session=True, idle_after=None)
+    first, second, third = (clients.of({"mcp-session-id": key}) for key in "abc")
+    assert first.execute("x = 1", None, None).startswith("status: success")
+    assert "new session" in first.fork(None, None)
+    for refused in (second.execute("x = 2", None, None), first.fork(None, None)):
+        assert refused.startswith("status: refused") and "--max-sessions 2" in refused, refused
+    assert len(orch.sessions()) == 2
+    clients.end("a")  # the first client goes: its two places are free again
+    assert second.execute("x = 2", None, None).startswith("status: success")
+    assert third.execute("x = 3", None, None).startswith("status: success")
+    assert third.execute("x", None, None).startswith("status: success") and seats.held == 2
+    clients.close()
+    assert orch.sessions() == [] and seats.held == 0

@@ -11,7 +11,8 @@ import pytest
 from fakes import FakeBackend, fake_settings
 
 from orchestrator import Orchestrator
-from orchestrator.mcp.workspace import BadCall, Limits, Workspace, read_context_file
+from orchestrator.mcp.files import FileRefused, read_context_file
+from orchestrator.mcp.workspace import Limits, Workspace
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ def test_forks_count_against_the_cap_and_only_forks_can_be_closed(orch: Orchestr
     forked = workspace.fork(None, None)
     assert "new session: " in forked
     fork = forked.split("new session: ")[1].split()[0]
-    assert "invalid call" in workspace.fork(None, None)  # two is the most
+    assert "status: refused" in workspace.fork(None, None)  # two is the most
     assert "return value" not in workspace.execute("x = 'two'", None, fork)
     default = next(sid for sid in orch.sessions() if sid != fork)
     assert "your default session" in workspace.close_session(default)
@@ -124,9 +125,23 @@ def test_a_file_is_read_as_text_or_bytes(root: Path) -> None:
     assert read_context_file(str(root / "b.bin"), [root], 100) == b"\xff\x00"
 
 
-@pytest.mark.parametrize("make", ["fifo", "directory", "device", "missing", "outside", "link out", "too big"])
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        ("fifo", "not-a-file"),
+        ("directory", "not-a-file"),
+        ("device", "not-a-file"),
+        ("missing", "missing"),
+        ("outside", "outside"),
+        ("link out", "link"),
+        ("link in", "link"),
+        ("directory link", "link"),
+        ("too big", "too-big"),
+        ("nul", "invalid"),
+    ],
+)
 def test_a_path_that_is_not_a_small_regular_file_under_the_roots_is_refused(
-    root: Path, tmp_path: Path, make: str
+    root: Path, tmp_path: Path, make: str, reason: str
 ) -> None:
     (tmp_path / "secret").write_text("not yours")
     path = root / "x"
@@ -141,8 +156,22 @@ def test_a_path_that_is_not_a_small_regular_file_under_the_roots_is_refused(
         path = root / ".." / "secret"
     elif make == "link out":
         path.symlink_to(tmp_path / "secret")
+    elif make == "link in":  # a link that stays under the root is not followed either
+        (root / "real").write_text("fine")
+        path.symlink_to(root / "real")
+    elif make == "directory link":  # a directory on the way that is a link out
+        path.symlink_to(tmp_path)
+        path = path / "secret"
     elif make == "too big":
         path.write_text("x" * 101)
-    with pytest.raises(BadCall) as refused:
+    elif make == "nul":
+        path = root / "x\0y"
+    with pytest.raises(FileRefused) as refused:
         read_context_file(str(path), [root], 100)
-    assert str(refused.value)
+    assert refused.value.reason == reason and str(refused.value)
+
+
+def test_without_roots_no_file_is_read(tmp_path: Path) -> None:
+    (tmp_path / "a").write_text("a")
+    with pytest.raises(FileRefused, match="reads no files"):
+        read_context_file(str(tmp_path / "a"), [], 100)

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.agent import protocol
 from orchestrator.errors import ConfigError
-from orchestrator.runtime.hostcalls import CallDesk, HandlerPool, HostCalls
+from orchestrator.runtime.hostcalls import CallDesk, ControllerHandlers, HandlerPool, HostCalls
 
 
 class Gate:
@@ -42,7 +42,7 @@ def errors(desk: CallDesk) -> list[str]:
 
 def test_a_flood_is_refused_past_the_cells_bound_and_nothing_waiting_starts_after_the_cell_ended() -> None:
     gate = Gate()
-    pool = HandlerPool(150, name="t")
+    pool = HandlerPool(150)
     desk = CallDesk(HostCalls({"llm_query": gate}, max_concurrent=4), pool, max_held=100)
     try:
         for call in range(5000):
@@ -67,7 +67,7 @@ def test_a_call_number_still_open_is_refused_and_holds_nothing_more() -> None:
     """The sandbox numbers its calls; one that repeats an open number (hostile) must not take a second slot that
     the first one's answer would free twice, or never."""
     gate = Gate()
-    pool = HandlerPool(8, name="t")
+    pool = HandlerPool(8)
     desk = CallDesk(HostCalls({"llm_query": gate}, max_concurrent=1), pool, max_held=8)
     try:
         for _ in range(2):  # running, then waiting
@@ -91,7 +91,7 @@ def test_a_call_number_still_open_is_refused_and_holds_nothing_more() -> None:
 
 def test_handlers_left_running_by_ended_cells_count_against_the_sessions_bound() -> None:
     gate = Gate()
-    pool = HandlerPool(10, name="t")
+    pool = HandlerPool(10)
     calls = HostCalls({"llm_query": gate}, max_concurrent=4)
     try:
         for _ in range(2):  # each cell leaves 4 handlers running
@@ -121,7 +121,7 @@ def test_handlers_left_running_by_ended_cells_count_against_the_sessions_bound()
 
 def test_a_closed_pool_starts_nothing_and_refuses_every_call() -> None:
     gate = Gate()
-    pool = HandlerPool(8, name="t")
+    pool = HandlerPool(8)
     desk = CallDesk(HostCalls({"llm_query": gate}), pool, max_held=8)
     pool.close()
     desk.submit(0, "llm_query", bytearray(b"1"))
@@ -133,7 +133,7 @@ def test_a_closed_pool_starts_nothing_and_refuses_every_call() -> None:
 
 def test_calls_waiting_when_the_pool_closes_are_refused_one_after_another_not_one_stack_frame_each() -> None:
     gate = Gate()
-    pool = HandlerPool(5000, name="t")
+    pool = HandlerPool(5000, ControllerHandlers(5000))  # beyond the controller's default bound
     desk = CallDesk(HostCalls({"llm_query": gate}, max_concurrent=1), pool, max_held=5000)
     try:
         for call in range(3000):  # one runs, 2,999 wait: more than the interpreter's recursion limit
@@ -155,4 +155,33 @@ def test_calls_waiting_when_the_pool_closes_are_refused_one_after_another_not_on
 
 def test_the_bound_must_be_positive() -> None:
     with pytest.raises(ConfigError):
-        HandlerPool(0, name="t")
+        HandlerPool(0)
+
+
+def test_the_controllers_bound_holds_across_sessions_and_each_handler_thread_ends_with_it() -> None:
+    gate = Gate()
+    controller = ControllerHandlers(6)
+    pools = [HandlerPool(4, controller) for _ in range(3)]
+    desks = [CallDesk(HostCalls({"llm_query": gate}), pool, max_held=4) for pool in pools]
+    threads_before = threading.active_count()
+    try:
+        for desk in desks:
+            for call in range(4):
+                desk.submit(call, "llm_query", bytearray(b"1"))
+        refused = [message for desk in desks for message in errors(desk)]
+        assert len(refused) == 6 and all("the controller already holds 6 host calls" in m for m in refused)
+        assert sum(pool.held for pool in pools) == 6
+        assert threading.active_count() - threads_before <= 6
+        gate.expected_returns = 6
+        gate.release.set()
+        assert gate.all_returned.wait(10)
+        deadline = time.monotonic() + 10
+        while threading.active_count() > threads_before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert threading.active_count() == threads_before  # no idle thread outlives its call
+        assert sum(pool.held for pool in pools) == 0 and all(controller.reserve() for _ in range(6))
+    finally:
+        gate.release.set()
+        for desk, pool in zip(desks, pools, strict=True):
+            desk.close()
+            pool.close()

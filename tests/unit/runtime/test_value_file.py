@@ -1,5 +1,5 @@
-"""One hop's value file (docs/design/one-hop.md, "Value files"): the controller attaches a read-only descriptor of
-the staged blob to the ``set_value`` on the worker's data channel, only where the worker cannot change the file."""
+"""One hop's value file (docs/design/one-hop.md, "Value files"): the controller attaches a read-only descriptor of a
+sealed copy of the staged blob to the ``set_value`` on the worker's data channel, never the stored file's own."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ import os
 import stat
 from pathlib import Path
 
-import pytest
-
 from orchestrator.config import Settings
-from orchestrator.runtime.sandbox import Sandbox, ValueFile, _worker_may_run_as
+from orchestrator.runtime.sandbox import Sandbox, ValueFile
 
 
 class _LocalSandbox(Sandbox):
-    """Only what ``_open_value_file`` reads: the settings (no engine, no channel)."""
+    """Only what ``_open_value_file`` reads: nothing (no engine, no channel)."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -31,52 +29,22 @@ def _staged(tmp_path: Path, mode: int = 0o600) -> Path:
     return path
 
 
-def _settings(user: str) -> Settings:
-    settings = Settings()
-    return settings.replace(confinement=settings.confinement.replace(user=user))
+def test_a_staged_blob_goes_as_a_sealed_copy_whatever_its_mode(tmp_path: Path) -> None:
+    for mode in (0o600, 0o644):
+        staged = _staged(tmp_path, mode)
+        fd = _LocalSandbox(Settings())._open_value_file(_value(staged))
+        assert fd is not None
+        try:
+            found = os.fstat(fd)
+            assert os.read(fd, 10) == b"blob"
+            assert (found.st_dev, found.st_ino) != (staged.stat().st_dev, staged.stat().st_ino)
+            assert found.st_nlink == 0 and str(tmp_path) not in os.readlink(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
 
 
-def test_a_staged_blob_goes_as_a_read_only_descriptor(tmp_path: Path) -> None:
-    low, high = Settings().confinement.worker_uids
-    if low <= os.geteuid() <= high:
-        pytest.skip("this controller runs as a uid of the workers' range")
-    fd = _LocalSandbox(_settings("0:0"))._open_value_file(_value(_staged(tmp_path)))
-    assert fd is not None
-    try:
-        assert os.read(fd, 10) == b"blob"
-        with pytest.raises(OSError):
-            os.write(fd, b"x")
-    finally:
-        os.close(fd)
-
-
-@pytest.mark.parametrize(
-    ("user", "worker_uids", "uid", "may"),
-    [
-        ("0:0", (1000, 1010), 1005, True),
-        ("0:0", (1000, 1010), 0, False),
-        ("1234:1234", (1000, 1010), 1234, True),
-        ("1234:1234", (1000, 1010), 1005, False),
-    ],
-)
-def test_the_uids_a_worker_may_run_as(user: str, worker_uids: tuple[int, int], uid: int, may: bool) -> None:
-    """A worker running as the file's owner could ``fchmod`` it through the descriptor, or reopen ``/proc/self/fd``
-    for writing: then the value goes as the body."""
-    settings = Settings()
-    settings = settings.replace(confinement=settings.confinement.replace(user=user, worker_uids=worker_uids))
-    assert _worker_may_run_as(settings, uid) is may
-
-
-def test_no_descriptor_when_the_worker_may_run_as_the_controllers_uid(tmp_path: Path) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("a root controller: the container's root starts each worker as a uid of its own")
-    settings = _settings(f"{os.geteuid()}:{os.getegid()}")
-    assert _LocalSandbox(settings)._open_value_file(_value(_staged(tmp_path))) is None
-
-
-def test_no_descriptor_for_a_file_others_may_write_or_that_is_not_a_regular_file(tmp_path: Path) -> None:
-    sandbox = _LocalSandbox(_settings("0:0"))
-    assert sandbox._open_value_file(_value(_staged(tmp_path, 0o622))) is None
+def test_no_descriptor_for_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    sandbox = _LocalSandbox(Settings())
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     assert stat.S_ISFIFO(fifo.stat().st_mode)

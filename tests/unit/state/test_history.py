@@ -25,7 +25,13 @@ def snap(generation: int, **sizes: int) -> Snapshot:
     return Snapshot(generation, float(generation), {f"v{d[0]}": d for d in blobs}, blobs)
 
 
-def commit(ledger: CheckpointLedger, generation: int, variables: dict[str, str], new: dict[str, bytes]) -> None:
+def commit(
+    ledger: CheckpointLedger,
+    generation: int,
+    variables: dict[str, str],
+    new: dict[str, bytes],
+    unsaved: dict[str, str] | None = None,
+) -> None:
     """Store ``variables`` as ``generation``, sending the blobs in ``new`` (the others are stored already)."""
     before = ledger.record.variables
     body = bytearray(b"".join(new.values()))
@@ -35,7 +41,7 @@ def commit(ledger: CheckpointLedger, generation: int, variables: dict[str, str],
             "blobs": [{"digest": d, "size": len(b)} for d, b in new.items()],
             "vars": {k: v for k, v in variables.items() if before.get(k) != v},
             "deleted": [k for k in before if k not in variables],
-            "unsaved": {},
+            "unsaved": dict(unsaved or {}),
         },
         body,
     )
@@ -368,13 +374,17 @@ def test_a_change_left_unsaved_by_a_failed_update_does_not_reach_the_next_commit
 def test_a_record_is_stored_as_one_json_dumps_of_it_all(labelled):
     ledger, path = labelled
     record = ledger.record
-    record.contexts = {"c": {"cwd": "/c", "env": {"history": "x"}, "context_count": 1, "history_count": 2}}
-    expected = json.dumps(dataclasses.asdict(record), separators=(",", ":"), sort_keys=True).encode()
-    assert (
-        record.to_json() == expected
-        and path.read_bytes()
-        == json.dumps(json.loads(path.read_bytes()), separators=(",", ":"), sort_keys=True).encode()
-    )
+    record.contexts = {"c": {"cwd": "/c", "env": {"history": "x\u00e9\u4e2d"}, "context_count": 1, "history_count": 2}}
+    encoded = json.dumps(dataclasses.asdict(record), separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    assert record.to_json() == encoded.encode() and "x\u00e9\u4e2d".encode() in record.to_json()  # UTF-8, unescaped
+    stored = path.read_bytes()
+    assert stored == json.dumps(json.loads(stored), separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+
+
+def test_a_lone_surrogate_from_a_sandbox_is_stored_and_read_back_as_it_was(labelled, store):
+    ledger, _ = labelled
+    commit(ledger, 4, {"a": D1}, {D1: b"one"}, unsaved={"x": "half \ud800 a pair"})
+    assert store.load("s-hist").unsaved == {"x": "half \ud800 a pair"}
 
 
 def _take_over(root) -> None:

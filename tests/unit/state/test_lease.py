@@ -42,6 +42,14 @@ def test_a_lease_not_renewed_for_the_ttl_has_expired() -> None:
     assert live(replace(LEASE, renewed=108.0), now=108.5)
 
 
+def test_a_lease_dated_in_the_future_proves_nothing() -> None:
+    """Renewed by a clock far ahead of ours, or written by hand: it would stay live until our clock caught up."""
+    for here in (HERE, ("host-b", "boot-9")):
+        assert live(replace(LEASE, renewed=102.5), now=101.0, here=here)  # within the clocks' skew
+        assert not live(replace(LEASE, renewed=103.5), now=101.0, here=here)
+        assert not live(replace(LEASE, renewed=1e12), now=101.0, here=here)
+
+
 def test_on_this_machine_a_gone_pid_is_a_dead_holder_at_once() -> None:
     assert not live(LEASE, start=None)
 

@@ -287,6 +287,40 @@ def test_the_quota_counts_the_bytes_received_not_a_claimed_size(ledger, store):
     assert (info.value.unit, info.value.held) == ("bytes", ledger.quota + 1)
 
 
+def test_a_stored_blob_sent_again_with_another_size_is_refused(ledger, store):
+    """The size of a stored blob is the host's: sent again smaller (or larger) under its digest, it is refused, and
+    the record keeps counting the bytes on disk."""
+    ledger.commit(*delta(1, [(D1, b"x" * 100)], {"a": D1}))
+    for body in (b"x", b"x" * 101):
+        with pytest.raises(ProtocolError, match="stores it with 100 bytes"):
+            ledger.commit(*delta(2, [(D1, body), (D2, b"two")], {"b": D2}))
+    assert store.load("s-test").blob_sizes == {D1: 100}
+    ledger.commit(*delta(2, [(D1, b"x" * 100), (D2, b"two")], {"b": D2}))  # the same size: kept, not written again
+    assert store.load("s-test").blob_sizes == {D1: 100, D2: 3}
+
+
+def test_a_blob_a_kept_generation_names_keeps_its_size(store):
+    record = SessionRecord(session_id="s-kept", image="img", created_at=time.time(), last_used_at=0.0, owner="t")
+    store.create(record)
+    ledger = CheckpointLedger(store, record, QUOTA, keep=5)
+    ledger.commit(*delta(1, [(D1, b"x" * 100)], {"a": D1}))
+    ledger.commit(*delta(2, [(D2, b"two")], {"a": D2}))  # D1 is only in the kept generation 1
+    with pytest.raises(ProtocolError, match="stores it with 100 bytes"):
+        ledger.commit(*delta(3, [(D1, b"x")], {"b": D1}))
+    assert store.load("s-kept").blob_sizes == {D2: 3}
+
+
+def test_the_store_refuses_an_existing_blob_file_of_another_size(store, ledger):
+    """A blob file no manifest names (left by a failed commit) is the host's too: another size is refused, nothing
+    written."""
+    store.write_blobs("s-test", {D1: b"x" * 10})
+    with pytest.raises(ProtocolError, match="stores it with 10 bytes"):
+        store.write_blobs("s-test", {D2: b"two", D1: b"x"})
+    assert blob_files(store) == [D1] and store.blob_path("s-test", D1).stat().st_size == 10
+    store.write_blobs("s-test", {D1: b"y" * 10})  # content-addressed: a file of the right size is kept as it is
+    assert store.blob_path("s-test", D1).read_bytes() == b"x" * 10
+
+
 def test_a_host_made_value_past_the_names_bound_is_refused_before_it_is_sent(ledger, monkeypatch):
     monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAMES", 2)
     ledger.commit(*delta(1, [(D1, b"one")], {"a": D1, "b": D1}))

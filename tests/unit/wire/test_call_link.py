@@ -55,7 +55,7 @@ def test_a_call_open_when_its_cell_ends_is_answered_at_once_and_its_late_answer_
 ) -> None:
     link, worker = pair
     release = threading.Event()
-    desk = CallDesk(HostCalls({"slow": lambda p: release.wait(5) and "LATE"}), HandlerPool(4, "t"), max_held=4)
+    desk = CallDesk(HostCalls({"slow": lambda p: release.wait(5) and "LATE"}), HandlerPool(4), max_held=4)
     call(worker, 1, "slow")
     read(link, desk)
     link.end_cell()
@@ -73,7 +73,7 @@ def test_a_call_open_when_its_cell_ends_is_answered_at_once_and_its_late_answer_
 
 def test_an_answer_over_the_sandboxs_own_bound_is_an_error(pair: tuple[CallLink, socket.socket]) -> None:
     link, worker = pair
-    desk = CallDesk(HostCalls({"echo": lambda p: p}), HandlerPool(4, "t"), max_held=4)
+    desk = CallDesk(HostCalls({"echo": lambda p: p}), HandlerPool(4), max_held=4)
     call(worker, 1, "echo")
     read(link, desk)
     link.answer([answer_ok(1, b"z" * (ANSWER_MAX_BYTES + 1))])
