@@ -186,14 +186,20 @@ class Output:
         self.stdout.write(text)
         self.stdout.flush()
 
-    def program_output(self, text: str, stream: TextIO | None = None) -> None:
+    def program_output(self, text: str, stream: TextIO | None = None, data: bytes | None = None) -> None:
         """What the cell itself wrote (its stdout or stderr, its value's repr, its traceback) to ``stream``
-        (stdout by default): the program's own bytes when the stream is a pipe or a file (or ``--raw``), made
-        visible on a terminal (or ``--escape``)."""
+        (stdout by default): the program's own bytes when the stream is a pipe or a file (or ``--raw``): ``data``
+        when given, else ``text`` as UTF-8; made visible on a terminal (or ``--escape``)."""
         stream = stream or self.stdout
-        raw = self.sandbox_text == "raw" or (self.sandbox_text == "auto" and not _isatty(stream))
-        stream.write(text if raw else shown(text))
-        stream.flush()
+        if self.passes_through(stream):
+            write_bytes(stream, text.encode("utf-8", "replace") if data is None else data)
+        else:
+            stream.write(shown(text))
+            stream.flush()
+
+    def passes_through(self, stream: TextIO) -> bool:
+        """A cell's output reaches ``stream`` as it was written (a pipe or a file, or ``--raw``), not made visible."""
+        return self.sandbox_text == "raw" or (self.sandbox_text == "auto" and not _isatty(stream))
 
     def sandbox_log(self, text: str) -> None:
         """Sandbox text that is not a program's output (a container log): made visible unless ``--raw``."""
@@ -261,6 +267,19 @@ class Output:
             return
         with self.err_console.status(Text(message)):
             yield
+
+
+def write_bytes(stream: TextIO, data: bytes) -> None:
+    """``data`` as it is, after the text ``stream`` holds: to its binary buffer (``sys.stdout.buffer``), or decoded
+    (a byte that is not UTF-8 as U+FFFD) to a stream of text only (``io.StringIO``)."""
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:
+        stream.write(data.decode("utf-8", "replace"))
+        stream.flush()
+        return
+    stream.flush()
+    buffer.write(data)
+    buffer.flush()
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -469,8 +488,13 @@ def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
 
 
 def exec_json(session_id: str, result: ExecResult) -> dict[str, Any]:
-    """The JSON of ``orchestrator exec --json``: every field of the ExecResult, plus the id and ``ok``."""
-    return {"id": session_id, "ok": result.ok, **asdict(result)}
+    """The JSON of ``orchestrator exec --json``: every field of the ExecResult but the bytes (JSON holds text: the
+    ``stdout`` and ``stderr`` fields), plus the id and ``ok``."""
+    fields = {key: value for key, value in asdict(result).items() if key not in _BYTES_FIELDS}
+    return {"id": session_id, "ok": result.ok, **fields}
+
+
+_BYTES_FIELDS = ("stdout_bytes", "stderr_bytes")
 
 
 def write_exec_result(out: Output, result: ExecResult, live: LiveOutput | None = None) -> None:
@@ -483,9 +507,9 @@ def write_exec_result(out: Output, result: ExecResult, live: LiveOutput | None =
         live.finish()
     else:
         if result.stdout:
-            out.program_output(result.stdout)
+            out.program_output(result.stdout, data=result.stdout_bytes)
         if result.stderr:
-            out.program_output(result.stderr, out.stderr)
+            out.program_output(result.stderr, out.stderr, data=result.stderr_bytes)
     if result.return_value is not None:
         ended = live.stdout.ends_line if live is not None else not result.stdout or result.stdout.endswith("\n")
         if not ended:
@@ -509,7 +533,7 @@ class LiveStream:
 
     def __init__(self, out: Output, stream: TextIO) -> None:
         self.stream = stream
-        self.raw = out.sandbox_text == "raw" or (out.sandbox_text == "auto" and not _isatty(stream))
+        self.raw = out.passes_through(stream)
         self._at_start = True  # the next character the cell writes begins a line
         self._held = ""
         self.broken = False  # the stream's reader went away
@@ -519,12 +543,16 @@ class LiveStream:
         """Nothing was written, or the last of it was a newline."""
         return self._at_start and not self._held
 
-    def write(self, text: str) -> None:
-        if not text:
-            return
+    def write(self, text: str, data: bytes | None = None) -> None:
+        """A piece of the stream: ``data`` its bytes as the cell wrote them (None: ``text`` as UTF-8), ``text`` them
+        as text. Passed through, the bytes go out; made visible, the text."""
         if self.raw:
-            self._emit(text)
-            self._at_start = text.endswith("\n")
+            data = text.encode("utf-8", "replace") if data is None else data
+            if data:
+                self._emit(data)
+                self._at_start = data.endswith(b"\n")
+            return
+        if not text:
             return
         text, self._held = self._held + visible(text), ""
         at_start = self._at_start
@@ -548,13 +576,17 @@ class LiveStream:
             self._emit(self._held)
             self._held, self._at_start = "", False
 
-    def _emit(self, text: str) -> None:
-        if text and not self.broken:
-            try:
-                self.stream.write(text)
+    def _emit(self, piece: str | bytes) -> None:
+        if not piece or self.broken:
+            return
+        try:
+            if isinstance(piece, bytes):
+                write_bytes(self.stream, piece)
+            else:
+                self.stream.write(piece)
                 self.stream.flush()
-            except BrokenPipeError:  # the reader went away (`| head`): the call goes on, unread
-                self.broken = True
+        except BrokenPipeError:  # the reader went away (`| head`): the call goes on, unread
+            self.broken = True
 
 
 class LiveOutput:
@@ -564,8 +596,8 @@ class LiveOutput:
         self.stdout = LiveStream(out, out.stdout)
         self.stderr = LiveStream(out, out.stderr)
 
-    def write(self, stream: str, text: str) -> None:
-        (self.stderr if stream == "stderr" else self.stdout).write(text)
+    def write(self, stream: str, text: str, data: bytes | None = None) -> None:
+        (self.stderr if stream == "stderr" else self.stdout).write(text, data)
 
     def finish(self) -> None:
         """The call ended: what was held back goes out.
