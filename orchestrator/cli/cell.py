@@ -19,7 +19,8 @@ from ..api.results import ExecResult
 from ..api.session import Session
 from ..errors import ExecutionTimeout, InputRequestNotFound, OrchestratorError
 from ..units import describe_bytes
-from .render import LiveOutput, Output
+from .output import Output
+from .render import LiveOutput
 
 
 def run_cell(
