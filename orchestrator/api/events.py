@@ -39,12 +39,11 @@ class OutputEvent:
     """A piece of what the cell printed: ``data`` its bytes exactly as the cell wrote them, ``text`` those decoded as
     UTF-8 (a character split across pieces is kept whole, so ``text`` may be empty; a byte that is not UTF-8 is
     U+FFFD). The ``data`` of a stream's events, joined, are its bytes as written (up to the per-call file limit);
-    the last event of a stream that ended inside a character has its U+FFFD as ``text`` and no ``data``.
-    ``data`` is None only in an event made without it (by hand)."""
+    the last event of a stream that ended inside a character has its U+FFFD as ``text`` and no ``data``."""
 
     stream: str  # "stdout" or "stderr"
     text: str
-    data: bytes | None = None
+    data: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -122,7 +121,7 @@ class LiveCall:
         for stream, decoder in self._decoders.items():
             text = decoder.decode(b"", final=True)
             if text and self._on_output is not None:
-                self._tell(OutputEvent(stream, text, b""))
+                self._tell(OutputEvent(stream, text))
 
     def input_request(self, call: int, body: bytearray) -> None:
         """The cell's ``input()`` (a host call): ask the caller; answer now if the callback did.

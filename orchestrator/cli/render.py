@@ -276,11 +276,10 @@ class LiveStream:
         """Nothing was written, or the last of it was a newline."""
         return self._at_start and not self._held
 
-    def write(self, text: str, data: bytes | None = None) -> None:
-        """A piece of the stream: ``data`` its bytes as the cell wrote them (None: ``text`` as UTF-8), ``text`` them
-        as text. Passed through, the bytes go out; made visible, the text."""
+    def write(self, text: str, data: bytes) -> None:
+        """A piece of the stream (an ``OutputEvent``): ``data`` its bytes as the cell wrote them, ``text`` them as
+        text. Passed through, the bytes go out; made visible, the text."""
         if self.raw:
-            data = text.encode("utf-8", "replace") if data is None else data
             if data:
                 self._emit(data)
                 self._at_start = data.endswith(b"\n")
@@ -329,7 +328,7 @@ class LiveOutput:
         self.stdout = LiveStream(out, out.stdout)
         self.stderr = LiveStream(out, out.stderr)
 
-    def write(self, stream: str, text: str, data: bytes | None = None) -> None:
+    def write(self, stream: str, text: str, data: bytes) -> None:
         (self.stderr if stream == "stderr" else self.stdout).write(text, data)
 
     def finish(self) -> None:

@@ -50,9 +50,9 @@ def test_the_bytes_of_each_piece_are_the_cells_and_a_cut_character_ends_as_text_
     for start in range(0, len(written), 7):
         live.output("stdout", bytearray(written[start : start + 7]))
     live.finish_output()
-    assert b"".join(e.data or b"" for e in events) == written
+    assert b"".join(e.data for e in events) == written
     assert "".join(e.text for e in events) == written.decode("utf-8", "replace")
-    assert events[-1] == OutputEvent("stdout", "\ufffd", b"")
+    assert events[-1] == OutputEvent("stdout", "\ufffd")
     live.close()
 
 

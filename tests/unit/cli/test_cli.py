@@ -89,7 +89,7 @@ class FakeSession:
             for stream in ("stdout", "stderr"):
                 text = getattr(outcome, stream, "")
                 if isinstance(text, str) and text:
-                    on_output(OutputEvent(stream, text))
+                    on_output(OutputEvent(stream, text, text.encode()))
         if isinstance(outcome, BaseException):
             raise outcome
         assert isinstance(outcome, ExecResult)

@@ -63,7 +63,7 @@ def test_streamed_pieces_are_marked_and_escaped_as_whole_lines_would_be(pieces, 
     stdout = io.StringIO()
     live = render.LiveOutput(output.Output(stdout, io.StringIO(), sandbox_text="escape"))
     for piece in pieces:
-        live.write("stdout", piece)
+        live.write("stdout", piece, piece.encode())
     live.finish()
     assert stdout.getvalue() == shown == output.shown("".join(pieces))
 
