@@ -14,6 +14,7 @@ from .api.tools import PythonTool
 from .backends.base import Placement
 from .config import Capacity, Confinement, ResourceLimits, Settings, SwarmSettings, Timeouts
 from .errors import (
+    AgentStartFailed,
     AgentStartTimeout,
     AgentTimeoutError,
     CapacityExceeded,
@@ -27,8 +28,10 @@ from .errors import (
     EngineUnavailable,
     ExecutionTimeout,
     GenerationNotFound,
+    ImageBuildFailed,
     ImageMissing,
     InputRequestNotFound,
+    NotASandboxImage,
     OrchestratorError,
     ProtocolError,
     RelayUnavailable,
@@ -49,6 +52,7 @@ from .ops.survey import SessionInfo, SessionStatus
 from .runtime.hostcalls import HostCallError, HostCalls
 
 __all__ = [
+    "AgentStartFailed",
     "AgentStartTimeout",
     "AgentTimeoutError",
     "AsyncContext",
@@ -74,9 +78,11 @@ __all__ = [
     "GenerationNotFound",
     "HostCallError",
     "HostCalls",
+    "ImageBuildFailed",
     "ImageMissing",
     "InputRequest",
     "InputRequestNotFound",
+    "NotASandboxImage",
     "Orchestrator",
     "OrchestratorError",
     "OutputEvent",
