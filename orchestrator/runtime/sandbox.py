@@ -16,8 +16,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent import futures
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
@@ -530,9 +530,7 @@ def _wait_for_agent(
 
     threading.Thread(target=wait, name="orchestrator-agent-start", daemon=True).start()
     try:
-        while True:
-            with contextlib.suppress(FutureTimeout):
-                return opened.result(timeout=_START_WATCH_SECONDS)
+        while not futures.wait([opened], timeout=_START_WATCH_SECONDS).done:
             try:
                 state = backend.inspect(container_id)
             except EngineError as exc:  # the engine hiccuped: the wait goes on to its deadline
@@ -540,6 +538,7 @@ def _wait_for_agent(
                 continue
             if state is None or state.ended:
                 raise _Ended(state)
+        return opened.result()
     except BaseException:
         opened.add_done_callback(_close_late_connection)
         raise
