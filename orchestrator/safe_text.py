@@ -64,8 +64,9 @@ def visible(text: str, *, multiline: bool = True) -> str:
 
 def last_lines(text: str, count: int = 20, width: int = 300) -> tuple[str, ...]:
     """The last ``count`` non-blank lines of a log (a build's, a container's), each made ``visible`` on one line and
-    cut to ``width`` characters: what an error may quote of text that may come from a sandbox or a user's image."""
-    lines = [line for line in text.splitlines() if line.strip()][-count:]
+    cut to ``width`` characters: what an error may quote of text that may come from a sandbox or a user's image. Only
+    a newline ends a line; a carriage return is shown (``\\r``), so no line can overwrite another."""
+    lines = [line for line in text.split("\n") if line.strip()][-count:]
     return tuple(_cut(visible(line.rstrip(), multiline=False), width) for line in lines)
 
 
