@@ -240,6 +240,7 @@ def check_sandbox_image(backend: Backend, image: str, *, base_image: str | None 
         raise NotASandboxImage(
             f"{image!r} is not a sandbox image (no orchestrator agent in it; sandbox images carry the label "
             f"{SANDBOX_LABEL}): to run sessions on this base image, build a sandbox image on it with "
-            f"`orchestrator image build --base {image}` and pass the tag it prints",
+            f"`orchestrator image build --base {image}` and pass the tag it prints (Python: "
+            f"Settings(base_image={image!r}) and Orchestrator.build_image())",
             image=image,
         )
