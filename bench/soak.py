@@ -49,6 +49,8 @@ FD_SLACK = 64
 THREAD_SLACK = 16
 RSS_SLACK = 256 << 20
 LATENCY_RATIO = 2.0
+CYCLE_WAIT = 600.0
+"""How long a phase may run past its length for the hostile session to have done every abuse once."""
 
 ORDINARY_SETUP = f"import hashlib, os\nbig = os.urandom({BIG})\nh = hashlib.sha256(big).hexdigest()\nn = 0"
 ORDINARY_CHECK = "n, hashlib.sha256(big).hexdigest() == h"
@@ -215,10 +217,13 @@ def ordinary(orch: Orchestrator, session: Session, stop: threading.Event, phase:
         phase.lost.append(f"{session.id}: {type(exc).__name__}: {exc}")
 
 
-def hostile(orch: Orchestrator, session: Session, stop: threading.Event, phase: Phase) -> None:
-    """Every abuse in turn until ``stop``; the session's own errors are counted, never raised."""
+def hostile(orch: Orchestrator, session: Session, stop: threading.Event, phase: Phase, cycled: threading.Event) -> None:
+    """Every abuse in turn until ``stop``, setting ``cycled`` once each was done; its own errors are counted, never
+    raised."""
     rounds = 0
     while not stop.is_set():
+        if rounds == len(HOSTILE_STEPS):
+            cycled.set()
         name, cell, times = HOSTILE_STEPS[rounds % len(HOSTILE_STEPS)]
         rounds += 1
         try:
@@ -232,6 +237,7 @@ def hostile(orch: Orchestrator, session: Session, stop: threading.Event, phase: 
             error = f"{name}: {type(exc).__name__}"
             phase.hostile_errors[error] = phase.hostile_errors.get(error, 0) + 1
         phase.hostile_steps[name] = phase.hostile_steps.get(name, 0) + 1
+    cycled.set()
 
 
 def sample(orch: Orchestrator, hostile_id: str | None, stop: threading.Event, peaks: Peaks, state_dir: Path) -> None:
@@ -246,9 +252,11 @@ def sample(orch: Orchestrator, hostile_id: str | None, stop: threading.Event, pe
 
 
 def run_phase(orch: Orchestrator, name: str, count: int, seconds: float, with_hostile: bool) -> Phase:
-    """Open ``count`` ordinary sessions (and a hostile one), run them for ``seconds``, close them all."""
+    """Open ``count`` ordinary sessions (and a hostile one), run them for ``seconds`` (and until the hostile one
+    did every abuse once, ``CYCLE_WAIT`` at most), close them all."""
     phase = Phase(name, seconds)
     stop = threading.Event()
+    cycled = threading.Event()
     sessions: list[Session] = []
     try:
         for _ in range(count):
@@ -259,13 +267,17 @@ def run_phase(orch: Orchestrator, name: str, count: int, seconds: float, with_ho
         workers = [threading.Thread(target=ordinary, args=(orch, s, stop, phase)) for s in sessions]
         if rogue is not None:
             sessions.append(rogue)
-            workers.append(threading.Thread(target=hostile, args=(orch, rogue, stop, phase)))
+            workers.append(threading.Thread(target=hostile, args=(orch, rogue, stop, phase, cycled)))
         sampler = threading.Thread(
             target=sample, args=(orch, rogue.id if rogue else None, stop, phase.peaks, orch.settings.state_dir)
         )
+        started = time.monotonic()
         for thread in [*workers, sampler]:
             thread.start()
         time.sleep(seconds)
+        if rogue is not None:
+            cycled.wait(CYCLE_WAIT)
+        phase.seconds = time.monotonic() - started
         stop.set()
         for thread in [*workers, sampler]:
             thread.join(timeout=120)
@@ -310,12 +322,13 @@ def _ms(samples: list[float], how: Callable[[list[float]], float]) -> str:
 def print_report(base: Phase, attacked: Phase, quota: int) -> bool:
     mib = 1 << 20
     print(
-        f"{'phase':24} {'cells':>6} {'p50 ms':>8} {'p99 ms':>8} {'loads':>6} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'phase':24} {'s':>4} {'cells':>6} {'p50 ms':>8} {'p99 ms':>8} {'loads':>6} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'fds':>5} {'thr':>4} {'RSS MiB':>8} {'hostile disk MiB':>17}"
     )
     for phase in (base, attacked):
         print(
-            f"{phase.name:24} {len(phase.cells):6} {_ms(phase.cells, statistics.median)} {_ms(phase.cells, p99)} "
+            f"{phase.name:24} {phase.seconds:4.0f} {len(phase.cells):6} {_ms(phase.cells, statistics.median)} "
+            f"{_ms(phase.cells, p99)} "
             f"{len(phase.loads):6} {_ms(phase.loads, statistics.median)} {_ms(phase.loads, p99)} "
             f"{phase.peaks.fds:5} {phase.peaks.threads:4} {phase.peaks.rss / mib:8.1f} "
             f"{phase.peaks.hostile_disk / mib:17.2f}"

@@ -2,11 +2,13 @@
 
 Standard library only (runs in the sandbox). Text and ``sys.stdout.buffer`` writes land in one
 ``CellOutput`` per stream. It keeps the first ``limit`` bytes for the reply and counts the rest.
-Bytes also go to the controller as ``output`` frames (docs/protocol.md, "Output") in two cases:
-the caller streams the cell (everything, as it comes), or the stream went past ``limit`` (then
-everything from its first byte, so the controller keeps the whole stream in a file). Either way
-at most ``send_limit`` bytes per stream travel; the rest is only counted. A cell that prints
-nothing, or less than ``limit`` without streaming, sends no frame at all.
+Bytes also go to the controller as ``output`` frames (docs/protocol.md, "Output") in three cases:
+the caller streams the cell (everything, as it comes), the stream went past ``limit`` (then
+everything from its first byte, so the controller keeps the whole stream in a file), or the cell
+ended and its kept bytes are not UTF-8 (the reply's text would lose them: the controller gets
+them as they are). Either way at most ``send_limit`` bytes per stream travel; the rest is only
+counted. A cell that prints nothing, or less than ``limit`` of UTF-8 without streaming, sends no
+frame at all.
 
 An exec's ``output_cap`` bounds the bytes of both streams together: the write that would pass
 it keeps the part up to the cap and raises ``OutputLimitExceeded`` in the code that wrote, and
@@ -115,6 +117,18 @@ class CellOutput(io.RawIOBase):
             self._send(self.name, chunk)
         except Exception:  # the link to the supervisor broke: keep the head, send nothing more
             self._send = None
+
+    def send_if_not_text(self) -> None:
+        """The cell ended: kept bytes that are not UTF-8 (``sys.stdout.buffer``) go out as they are, since the
+        reply's text would replace them. Already sent, or nothing to send with: nothing to do."""
+        with self._lock:
+            if self._sending or self._send is None or not self.kept:
+                return
+            try:
+                self.kept.decode("utf-8")
+            except UnicodeDecodeError:
+                self._queue(self.kept)
+                self._flush_locked()
 
     def text(self) -> str:
         out = self.kept.decode("utf-8", errors="replace")
@@ -230,3 +244,5 @@ class CellStreams:
             with contextlib.suppress(Exception, OutputLimitExceeded):  # the agent's flushes never raise the cap
                 text.flush()
         self.flush()
+        for sink in self.sinks:
+            sink.send_if_not_text()

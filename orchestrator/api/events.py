@@ -36,10 +36,14 @@ _MAX_WAITING_INPUTS = 16  # input() calls of one cell waiting at once (one per t
 
 @dataclass(frozen=True)
 class OutputEvent:
-    """A piece of what the cell printed, decoded as UTF-8 (a character split across pieces is kept whole)."""
+    """A piece of what the cell printed: ``data`` its bytes exactly as the cell wrote them, ``text`` those decoded as
+    UTF-8 (a character split across pieces is kept whole, so ``text`` may be empty; a byte that is not UTF-8 is
+    U+FFFD). The ``data`` of a stream's events, joined, are its bytes as written (up to the per-call file limit);
+    the last event of a stream that ended inside a character has its U+FFFD as ``text`` and no ``data``."""
 
     stream: str  # "stdout" or "stderr"
     text: str
+    data: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -105,16 +109,15 @@ class LiveCall:
         if recorder is None:
             recorder = self.recorders[stream] = self._new_recorder(stream)
         recorder.write(data)
-        if self._on_output is not None:
+        if self._on_output is not None and data:
             decoder = self._decoders.get(stream)
             if decoder is None:
                 decoder = self._decoders[stream] = codecs.getincrementaldecoder("utf-8")("replace")
-            text = decoder.decode(bytes(data))
-            if text:
-                self._tell(OutputEvent(stream, text))
+            raw = bytes(data)
+            self._tell(OutputEvent(stream, decoder.decode(raw), raw))
 
     def finish_output(self) -> None:
-        """The call ended: a dangling partial character goes out as a replacement character."""
+        """The call ended: a dangling partial character goes out as a replacement character (its bytes went already)."""
         for stream, decoder in self._decoders.items():
             text = decoder.decode(b"", final=True)
             if text and self._on_output is not None:

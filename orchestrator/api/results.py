@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..agent.protocol import ExecReply
+from ..runtime.output import StreamRecorder
 from ..state.history import Snapshot
 from ..state.store import SessionRecord
 from ..wire.replies import expect, expect_count
@@ -87,7 +89,8 @@ class ExecResult:
     """What one ``Session.execute`` call produced.
 
     Attributes:
-        stdout: captured standard output (truncated with a marker past the output limit).
+        stdout: captured standard output as text (truncated with a marker past the output limit); what the cell
+            wrote is decoded as UTF-8, a byte that is not UTF-8 (``sys.stdout.buffer.write``) becomes U+FFFD.
         stderr: captured standard error (likewise).
         return_value: repr of the cell's trailing expression, or None.
         error: the user's exception, or None when the cell completed.
@@ -105,6 +108,9 @@ class ExecResult:
         stderr_path: the whole stderr of the call on the host when it went past the output limit
             (the ``stderr`` field then holds a head-and-tail preview), else None.
         callback_errors: what the ``on_output`` callback raised during the call (it went on regardless).
+        stdout_bytes: ``stdout`` byte for byte as the cell wrote it, where ``stdout`` is only its text (past the
+            output limit: the preview's head and tail as written; ``stdout_path`` holds every byte).
+        stderr_bytes: ``stderr`` byte for byte (likewise; ``stderr_path``).
     """
 
     stdout: str = ""
@@ -120,6 +126,15 @@ class ExecResult:
     stdout_path: Path | None = None
     stderr_path: Path | None = None
     callback_errors: tuple[str, ...] = ()
+    stdout_bytes: bytes = field(default=b"", repr=False)
+    stderr_bytes: bytes = field(default=b"", repr=False)
+
+    def __post_init__(self) -> None:
+        # Given only the text (the reply of an agent that sent no bytes, or a result made by hand): its UTF-8.
+        for name in ("stdout", "stderr"):
+            text = getattr(self, name)
+            if text and not getattr(self, f"{name}_bytes"):
+                object.__setattr__(self, f"{name}_bytes", text.encode("utf-8", "surrogatepass"))
 
     @property
     def ok(self) -> bool:
@@ -143,6 +158,21 @@ class ExecResult:
             restore_failures=restore_failures,
             scaffold=reply["scaffold"],
         )
+
+
+def output_fields(reply: ExecReply, recorders: Mapping[str, StreamRecorder]) -> dict[str, Any]:
+    """The fields of a result that the call's ``output`` frames give, per stream that sent some: its bytes as they
+    came; past the output limit also its preview and ``<stream>_path``. A stream whose every byte came (an agent
+    sends a stream that is not UTF-8 whole) gets its bytes; one cut short keeps the reply's text."""
+    fields: dict[str, Any] = {}
+    for name, recorder in recorders.items():
+        produced: int = reply[f"{name}_bytes"]  # type: ignore[literal-required]
+        if recorder.spilled or recorder.received == produced:
+            fields[f"{name}_bytes"] = recorder.data(produced)
+        if recorder.spilled:
+            fields[name] = recorder.preview(produced)
+            fields[f"{name}_path"] = recorder.path
+    return fields
 
 
 @dataclass(frozen=True)

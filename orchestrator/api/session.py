@@ -52,7 +52,7 @@ from .contexts import (
     workspace,
 )
 from .events import Event, LiveCall, OnOutput
-from .results import ExecError, ExecResult, Generation, generations
+from .results import ExecError, ExecResult, Generation, generations, output_fields
 from .tools import DEFAULT_ANSWER_CHARS, PythonTool
 
 __all__ = ["Session", "SessionState"]
@@ -561,14 +561,13 @@ class Session:
         )
 
     def _output(self, parsed: protocol.ExecReply, live: LiveCall) -> dict[str, Any]:
-        """What the result gets beside the reply: previews of streams kept in files (and their paths), the
-        callback's errors. Empty for a call that printed little and had no callback (nothing to copy)."""
+        """What the result gets beside the reply: the bytes of streams that came as frames, previews of streams
+        kept in files (and their paths), the callback's errors. Empty for a call that printed little text and had
+        no callback (nothing to copy)."""
         live.finish_output()
-        fields: dict[str, Any] = {"callback_errors": tuple(live.callback_errors)} if live.callback_errors else {}
-        for name, recorder in live.recorders.items():
-            if recorder.spilled:
-                fields[name] = recorder.preview(parsed[f"{name}_bytes"])  # type: ignore[literal-required]
-                fields[f"{name}_path"] = recorder.path
+        fields = output_fields(parsed, live.recorders)
+        if live.callback_errors:
+            fields["callback_errors"] = tuple(live.callback_errors)
         if any(recorder.spilled for recorder in live.recorders.values()):
             keep_newest(self._ledger.store.outputs_dir(self.id), self._settings.limits.max_output_files)
         return fields

@@ -7,32 +7,75 @@ stderr and has its own exit status (below; docs/cli.md has the whole guide).
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import __version__
-from ..api.manager import Orchestrator
-from ..config import Settings
 from ..errors import OrchestratorError
-from ..ops import janitor
 from ..safe_text import log_to_stderr, visible
 from ..units import duration_argument, positive_duration_argument
-from . import commands, evaluate, filters, mcp_command, shell
-from . import logs as session_logs
-from .render import EXIT_HELP, Exit, Output
+from . import filters
+from .output import EXIT_HELP, Exit, Output
+
+if TYPE_CHECKING:
+    from ..api.manager import Orchestrator
+    from ..config import Settings
 
 __all__ = ["build_parser", "main"]
 
+# Every command imports this module, ``--version`` and ``--help`` too: it imports only what parsing needs. A
+# command's module (and the API, rich, the Docker SDK behind it) is imported when that command runs, and the
+# options that other modules define (eval, janitor, mcp) when that command is parsed (``_Parser``'s ``setup``).
+
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with the CLI's one-line errors."""
+    """argparse with the CLI's one-line errors; ``setup`` adds a command's options when it is parsed or its help
+    shown (they come from a module that costs to import)."""
+
+    def __init__(self, *args: Any, setup: Callable[[argparse.ArgumentParser], None] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._setup = setup
+
+    def _ready(self) -> None:
+        setup, self._setup = self._setup, None
+        if setup is not None:
+            setup(self)
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        self._ready()
+        return super().parse_known_args(*args, **kwargs)
+
+    def format_help(self) -> str:
+        self._ready()
+        return super().format_help()
 
     def error(self, message: str) -> NoReturn:
         self.exit(Exit.USAGE, f"orchestrator: UsageError: {message} (see `{self.prog} --help`)\n")
+
+
+class Command:
+    """A command's function, named by its module of ``orchestrator.cli``: imported when the command runs.
+
+    (A plain class: ``dataclasses`` alone would cost ``--version`` 7 ms to import.)
+    """
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module = module
+        self.name = name
+
+    def target(self) -> Callable[..., int]:
+        function: Callable[..., int] = getattr(importlib.import_module(f".{self.module}", __name__), self.name)
+        return function
+
+    def __call__(self, *args: Any) -> int:
+        return self.target()(*args)
 
 
 def _tail(text: str) -> int | None:
@@ -136,7 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parser.set_defaults(func=None, help_of=parser)
 
-    def command(name: str, help: str, *, json: bool = True, aliases: Sequence[str] = ()) -> argparse.ArgumentParser:
+    def command(
+        name: str,
+        help: str,
+        *,
+        json: bool = True,
+        aliases: Sequence[str] = (),
+        setup: Callable[[argparse.ArgumentParser], None] | None = None,
+    ) -> argparse.ArgumentParser:
         return sub.add_parser(
             name,
             help=help,
@@ -145,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
             parents=[printing if json else common],
             epilog=EXIT_HELP,
             formatter_class=formatter,
+            setup=setup,
         )
 
     ls = command(
@@ -165,11 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument(
         "--format", choices=("table", "json"), default="table", help="table (default) or json (the same as --json)"
     )
-    ls.set_defaults(func=commands.ls)
+    ls.set_defaults(func=Command("commands", "ls"))
 
     inspect = command("inspect", "show everything known of one session (without touching it)")
     inspect.add_argument("session_id", metavar="ID")
-    inspect.set_defaults(func=commands.inspect)
+    inspect.set_defaults(func=Command("commands", "inspect"))
 
     exec_ = command(
         "exec",
@@ -183,13 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _sandbox_text_options(exec_, "auto")
     _force_option(exec_)
-    exec_.set_defaults(func=commands.exec_code)
+    exec_.set_defaults(func=Command("commands", "exec_code"))
 
     for name, func, what in (
-        ("create", commands.create, "start a session and leave it running; print its id"),
+        ("create", "create", "start a session and leave it running; print its id"),
         (
             "run",
-            commands.run,
+            "run",
             "start a session and run CODE in it, like exec (the session keeps running unless --rm); "
             "exit status as exec",
         ),
@@ -203,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         _labels_option(new, "the session")
         new.add_argument("-q", "--quiet", action="store_true", help="print only the id (create) or the output (run)")
-        new.set_defaults(func=func)
+        new.set_defaults(func=Command("commands", func))
         if name == "run":
             new.add_argument("code", metavar="CODE", help="Python source; '-' reads it from standard input")
             new.add_argument(
@@ -232,11 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _labels_option(fork, "each fork, added to ID's labels")
     fork.add_argument("-q", "--quiet", action="store_true", help="print only the ids (no note on stderr)")
-    fork.set_defaults(func=commands.fork)
+    fork.set_defaults(func=Command("commands", "fork"))
 
     hist = command("history", "list the generations a session keeps for rewind and fork --at (without touching it)")
     hist.add_argument("session_id", metavar="ID")
-    hist.set_defaults(func=commands.history)
+    hist.set_defaults(func=Command("commands", "history"))
 
     rew = command(
         "rewind",
@@ -246,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     rew.add_argument("session_id", metavar="ID")
     rew.add_argument("generation", metavar="GEN", type=_generation, help="a generation `history ID` lists")
     _force_option(rew)
-    rew.set_defaults(func=commands.rewind)
+    rew.set_defaults(func=Command("commands", "rewind"))
 
     sh = command(
         "shell",
@@ -259,18 +310,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _sandbox_text_options(sh, "auto")
     _force_option(sh)
-    sh.set_defaults(func=shell.shell)
+    sh.set_defaults(func=Command("shell", "shell"))
 
     for name, func, what in (
-        ("hibernate", commands.hibernate, "remove sessions' containers and keep their checkpoints"),
-        ("resume", commands.resume, "start hibernated sessions' containers now and restore them"),
-        ("rm", commands.rm, "remove sessions: containers and stored state"),
+        ("hibernate", "hibernate", "remove sessions' containers and keep their checkpoints"),
+        ("resume", "resume", "start hibernated sessions' containers now and restore them"),
+        ("rm", "rm", "remove sessions: containers and stored state"),
     ):
         many = command(name, what)
         many.add_argument("session_ids", metavar="ID", nargs="+")
         if name != "hibernate":  # hibernating never takes a session: it refuses a busy one
             _force_option(many)
-        many.set_defaults(func=func)
+        many.set_defaults(func=Command("commands", func))
 
     logs = command(
         "logs",
@@ -291,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the files where the host kept the whole stdout/stderr of calls past ORCH_MAX_OUTPUT_BYTES",
     )
     _sandbox_text_options(logs, "escape")
-    logs.set_defaults(func=session_logs.run)
+    logs.set_defaults(func=Command("logs", "run"))
 
     prune = command(
         "prune",
@@ -312,26 +363,22 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument(
         "-y", "--yes", action="store_true", help="do not ask (needed without a terminal, unless --dry-run)"
     )
-    prune.set_defaults(func=commands.prune)
+    prune.set_defaults(func=Command("commands", "prune"))
 
-    evaluation = sub.add_parser(
+    sub.add_parser(
         "eval",
         help="grade a JSONL file of untrusted submissions, each in a fresh sandbox (docs/eval.md)",
         description="grade a JSONL file of untrusted submissions, each in a fresh sandbox (docs/eval.md)",
         parents=[printing],
-        epilog=evaluate.EXIT_HELP,
         formatter_class=formatter,
+        setup=_eval_options,
     )
-    evaluate.add_arguments(evaluation)
-    evaluation.set_defaults(func=evaluate.run, needs_orchestrator=False)
-
-    jan = sub.add_parser(
+    sub.add_parser(
         "janitor",
         help="run pruning on an interval until SIGTERM (the compose service)",
         description="run pruning on an interval until SIGTERM (the compose service)",
+        setup=_janitor_options,
     )
-    janitor.add_arguments(jan)
-    jan.set_defaults(func=_janitor, needs_orchestrator=False)
 
     image = sub.add_parser("image", help="sandbox image commands", parents=[common])
     image.set_defaults(func=None, help_of=image)
@@ -353,23 +400,55 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="record the base image as the default of later runs on this state dir (no ORCH_BASE_IMAGE needed)",
     )
-    build.set_defaults(func=commands.image_build)
+    build.set_defaults(func=Command("commands", "image_build"))
 
-    mcp = command(
+    command(
         "mcp",
         "serve persistent sessions to an MCP client (stdio, or --http on loopback with a token); docs/mcp.md",
         json=False,
+        setup=_mcp_options,
     )
-    mcp_command.add_arguments(mcp)
-    _labels_option(mcp, "each session it creates")
-    mcp.set_defaults(func=mcp_command.run)
 
-    command("demo", "show a session surviving a killed container", json=False).set_defaults(func=commands.demo)
+    command("demo", "show a session surviving a killed container", json=False).set_defaults(
+        func=Command("commands", "demo")
+    )
     return parser
 
 
+def _eval_options(parser: argparse.ArgumentParser) -> None:
+    from . import evaluate
+
+    parser.epilog = evaluate.EXIT_HELP
+    evaluate.add_arguments(parser)
+    parser.set_defaults(func=evaluate.run, needs_orchestrator=False)
+
+
+def _janitor_options(parser: argparse.ArgumentParser) -> None:
+    from ..ops import janitor
+
+    janitor.add_arguments(parser)
+    parser.set_defaults(func=_janitor, needs_orchestrator=False)
+
+
 def _janitor(args: argparse.Namespace) -> int:
+    from ..ops import janitor
+
     return int(janitor.run(args))
+
+
+def _mcp_options(parser: argparse.ArgumentParser) -> None:
+    from . import mcp_command
+
+    mcp_command.add_arguments(parser)
+    _labels_option(parser, "each session it creates")
+    parser.set_defaults(func=mcp_command.run)
+
+
+def connect(settings: Settings) -> Orchestrator:
+    """The orchestrator of a command that needs the engine (the Docker SDK is imported here, not before)."""
+    from ..api.manager import Orchestrator
+
+    return Orchestrator(settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -404,14 +483,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, out: Output) -> int:
+    from ..config import Settings
+    from .commands import Context
+
     try:
         settings = Settings.from_env()
         if getattr(args, "base", None):
             settings = settings.replace(base_image=args.base)
-        orch = Orchestrator(settings)
     except OrchestratorError as exc:
         return out.error(exc)
-    ctx = commands.Context(orch, out)
+    ctx = Context(settings, out, connect)
     try:
         return int(args.func(ctx, args))
     except OrchestratorError as exc:

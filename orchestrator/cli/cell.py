@@ -19,7 +19,8 @@ from ..api.results import ExecResult
 from ..api.session import Session
 from ..errors import ExecutionTimeout, InputRequestNotFound, OrchestratorError
 from ..units import describe_bytes
-from .render import LiveOutput, Output
+from .output import Output
+from .render import LiveOutput
 
 
 def run_cell(
@@ -43,7 +44,7 @@ def run_cell(
     def on_output(event: Event) -> str | None:
         if isinstance(event, OutputEvent):
             if live is not None:
-                live.write(event.stream, event.text)
+                live.write(event.stream, event.text, event.data)
         elif isinstance(event, InputRequest):  # its prompt came on stdout already, as the cell's own output
             _answer_from(session, event.request_id, stdin)
         return None

@@ -7,42 +7,52 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TextIO
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TextIO
 
-from ..api.manager import Orchestrator
-from ..api.session import Session, SessionState
-from ..config import save_default_base_image
+from ..config import Settings, save_default_base_image
 from ..errors import OrchestratorError, SandboxError
-from ..ops.prune import PruneReport
+from ..state.store import SessionStore
 from . import filters
-from .cell import cut_streams, run_cell
+from .output import Exit, Output, UsageError, error_json, error_line, one_line
 from .render import (
-    Exit,
-    Output,
-    UsageError,
-    error_json,
-    error_line,
     exec_json,
     fit_columns,
     fit_last_column,
     generation_json,
     history_columns,
     key_value_table,
-    one_line,
     plain_table,
     session_columns,
     session_rows,
     write_exec_result,
 )
 
+if TYPE_CHECKING:  # the API is imported when a command first needs the engine (``Context.orch``)
+    from ..api.manager import Orchestrator
+    from ..api.session import Session
+    from ..ops.prune import PruneReport
+
 
 class Context:
     """One command's orchestrator and output, and the sessions it attached (each detached again, never closed)."""
 
-    def __init__(self, orch: Orchestrator, out: Output) -> None:
-        self.orch = orch
+    def __init__(self, settings: Settings, out: Output, connect: Callable[[Settings], Orchestrator]) -> None:
+        """``connect``: makes the orchestrator of ``settings`` (it connects to the engine) when first needed."""
+        self.settings = settings
         self.out = out
+        self._connect = connect
         self._handles: list[Session] = []
+
+    @cached_property
+    def orch(self) -> Orchestrator:
+        """The command's orchestrator, made on first use: a command that needs no engine never pays for it."""
+        return self._connect(self.settings)
+
+    def has_sessions(self) -> bool:
+        """Whether the store names a session, read without the engine (``ls`` of an empty store connects to none)."""
+        store = self.orch.store if "orch" in self.__dict__ else SessionStore(self.settings.state_dir)
+        return bool(store.names())
 
     @contextlib.contextmanager
     def attached(self, session_id: str, *, force: bool = False) -> Iterator[Session]:
@@ -65,7 +75,7 @@ class Context:
         try:
             session.detach()
         finally:
-            if session.state is not SessionState.READY:
+            if not _held(session):
                 self._handles.remove(session)
 
     def abandon(self, session: Session) -> None:
@@ -83,7 +93,9 @@ class Context:
         ``Orchestrator.close`` closes (removes) the sessions it still holds, and a CLI command
         must never remove a session it was only asked to use.
         """
-        if any(h.state is SessionState.READY for h in self._handles):
+        if "orch" not in self.__dict__:  # never connected
+            return
+        if any(_held(h) for h in self._handles):
             self.orch.backend.close()
         else:
             self.orch.close()
@@ -105,8 +117,15 @@ class Context:
         except BaseException:
             self.abandon(session)
             raise
-        if session.state is SessionState.READY:
+        if _held(session):
             self.detach(session)
+
+
+def _held(session: Session) -> bool:
+    """The handle holds its session still (not detached, closed or gone stale)."""
+    from ..api.session import SessionState  # loaded already, with the session
+
+    return session.state is SessionState.READY
 
 
 def image_build(ctx: Context, args: argparse.Namespace) -> int:
@@ -132,14 +151,14 @@ def image_build(ctx: Context, args: argparse.Namespace) -> int:
 
 def ls(ctx: Context, args: argparse.Namespace) -> int:
     """The stored sessions (those ``--filter`` selects): a table that fits the terminal, ids only, or JSON."""
-    infos = filters.select(ctx.orch.list_sessions(), args.filters)
+    infos = filters.select(ctx.orch.list_sessions(), args.filters) if ctx.has_sessions() else []
     if ctx.out.json_mode or args.format == "json":
         ctx.out.json_rows([info.to_json() for info in infos])
     elif args.quiet:
         ctx.out.write("".join(f"{one_line(info.id)}\n" for info in infos))
     elif not infos and not args.filters:
         ctx.out.note(
-            f"orchestrator: no sessions (state dir {ctx.orch.settings.state_dir}); `orchestrator create` starts one"
+            f"orchestrator: no sessions (state dir {ctx.settings.state_dir}); `orchestrator create` starts one"
         )
     elif infos:
         ctx.out.write(plain_table(fit_columns(session_columns(infos), ctx.out.width)))
@@ -262,6 +281,8 @@ def exec_code(ctx: Context, args: argparse.Namespace) -> int:
 
 def run_and_show(ctx: Context, session: Session, code: str, timeout: float | None, *, stdin: TextIO | None) -> int:
     """Run one cell of ``exec`` or ``run`` and show it; the exit status of the cell (docs/cli.md, "exec")."""
+    from .cell import cut_streams, run_cell  # the live-call API: loaded with the session already
+
     result, live = run_cell(session, code, timeout=timeout, out=ctx.out, stdin=stdin)
     if ctx.out.json_mode:
         ctx.out.json(exec_json(session.id, result))

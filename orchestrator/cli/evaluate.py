@@ -37,7 +37,7 @@ from ..evaluation import (
 from ..evaluation.accounting import slowest
 from ..evaluation.evaluator import MAX_RUNS, Evaluator, OnResult
 from ..units import describe_bytes, positive_duration_argument, size_argument
-from .render import Output, error_line, one_line
+from .output import Output, error_line, one_line
 
 INFRA = 2
 _STYLE = {Status.PASSED: "green", Status.FAILED: "red", Status.INFRA_ERROR: "bold magenta"}

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
-from ..ops.survey import SessionInfo, SessionStatus
+if TYPE_CHECKING:
+    from ..ops.survey import SessionInfo
 
 KEYS = ("id", "status", "image", "label", "node")
 """What ``--filter`` accepts (``state`` is ``status``)."""
 _ALIASES = {"state": "status"}
-_STATUSES = tuple(status.value for status in SessionStatus)
 
 
 def parse_filter(text: str) -> tuple[str, str]:
@@ -26,11 +27,17 @@ def parse_filter(text: str) -> tuple[str, str]:
     key = _ALIASES.get(key.strip().lower(), key.strip().lower())
     if not equals or key not in KEYS:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE with KEY one of {', '.join(KEYS)}")
-    if key == "status" and value not in _STATUSES:
-        raise argparse.ArgumentTypeError(f"status {value!r} is not one of {', '.join(_STATUSES)}")
+    if key == "status" and value not in _statuses():
+        raise argparse.ArgumentTypeError(f"status {value!r} is not one of {', '.join(_statuses())}")
     if not value:
         raise argparse.ArgumentTypeError(f"{text!r} has no value after '='")
     return key, value
+
+
+def _statuses() -> tuple[str, ...]:
+    from ..ops.survey import SessionStatus  # the survey costs to import: only for a status filter
+
+    return tuple(status.value for status in SessionStatus)
 
 
 def select(infos: Iterable[SessionInfo], filters: Sequence[tuple[str, str]]) -> list[SessionInfo]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, SessionNotFound
 from .commands import Context
-from .render import Exit, UsageError
+from .output import Exit, UsageError
 
 POLL_SECONDS = 0.5
 

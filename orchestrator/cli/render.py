@@ -1,155 +1,21 @@
-"""What the CLI shows: human units, rich tables, JSON documents, one-line errors and their exit codes."""
+"""What the CLI shows of the API's values: human units, session and history tables, a cell's result and live output."""
 
 from __future__ import annotations
 
-import contextlib
-import enum
-import json
-import os
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
-from ..api.results import ExecResult, Generation
-from ..errors import (
-    CapacityExceeded,
-    ConfigError,
-    EngineError,
-    GenerationNotFound,
-    SandboxError,
-    SessionAttachedElsewhere,
-    SessionBusy,
-    SessionNotFound,
-    TransportError,
-)
-from ..ops.survey import SessionInfo, SessionStatus
 from ..safe_text import visible
 from ..units import describe_bytes, describe_duration
+from .output import OUR_PREFIX, SANDBOX_MARK, Output, one_line, write_bytes
 
+if TYPE_CHECKING:
+    from rich.table import Table
 
-class Exit(enum.IntEnum):
-    """The CLI's exit statuses (also in ``--help`` and docs/cli.md)."""
-
-    OK = 0
-    CODE_RAISED = 1
-    """``exec``/``run``: the user's code raised (its traceback is on stderr)."""
-    USAGE = 2
-    """Bad arguments or settings (argparse, ``ConfigError``)."""
-    PARTIAL = 3
-    """Some of several targets failed (``hibernate``/``resume``/``rm`` with several ids, ``prune``)."""
-    NOT_FOUND = 4
-    """No session with that id (``SessionNotFound``), or no such generation kept (``GenerationNotFound``)."""
-    UNAVAILABLE = 5
-    """The session is in use: in a call, locked, attached elsewhere, or no room (``SessionBusy``, ...)."""
-    ENGINE = 6
-    """The Docker engine is unreachable or refused (``EngineUnavailable``, ``ImageMissing``, ``EngineError``)."""
-    SANDBOX = 7
-    """The call failed in the sandbox or its channel (``ExecutionTimeout``, ``SandboxCrashed``, ``ProtocolError``)."""
-    FAILED = 8
-    """Any other failure (``CheckpointError``, ``SessionClosed``, an unexpected error)."""
-    OUTPUT_CUT = 9
-    """``exec``/``run``: the cell ended, but output past the per-call limit (``ORCH_MAX_OUTPUT_FILE_BYTES``) was
-    dropped: what reached stdout or stderr is not all the cell wrote."""
-    INTERRUPTED = 130
-    """Ctrl-C."""
-
-
-EXIT_HELP = """\
-exit status:
-  0    success
-  1    exec/run: the code raised (its traceback is on stderr)
-  2    usage: bad arguments or settings (ConfigError)
-  3    partial failure: some of several ids, or some prune actions, failed
-  4    no such session or kept generation (SessionNotFound, GenerationNotFound)
-  5    session unavailable: in a call, locked, attached elsewhere, no room (SessionBusy, ...)
-  6    engine: unreachable, refused, image missing (EngineError)
-  7    the call failed in the sandbox or its channel (SandboxError, TransportError)
-  8    any other failure
-  9    exec/run: output past the per-call limit was dropped (ORCH_MAX_OUTPUT_FILE_BYTES)
-  130  interrupted (Ctrl-C)
-
-Errors are one line on stderr: "orchestrator: <ErrorType>: <message>".
-See docs/cli.md for every command, its output and its JSON shape."""
-
-
-class UsageError(ConfigError):
-    """The command line asks for something the command will not do as given (exit status 2, like argparse's)."""
-
-
-_BY_ERROR: tuple[tuple[type[BaseException], Exit], ...] = (
-    (GenerationNotFound, Exit.NOT_FOUND),  # a ConfigError too: the first match counts
-    (ConfigError, Exit.USAGE),
-    (SessionNotFound, Exit.NOT_FOUND),
-    (SessionBusy, Exit.UNAVAILABLE),
-    (SessionAttachedElsewhere, Exit.UNAVAILABLE),
-    (CapacityExceeded, Exit.UNAVAILABLE),
-    (EngineError, Exit.ENGINE),
-    (SandboxError, Exit.SANDBOX),
-    (TransportError, Exit.SANDBOX),
-    (KeyboardInterrupt, Exit.INTERRUPTED),
-)
-
-
-def exit_code(exc: BaseException) -> Exit:
-    """The exit status that reports ``exc``."""
-    for kind, code in _BY_ERROR:
-        if isinstance(exc, kind):
-            return code
-    return Exit.FAILED
-
-
-def error_line(exc: BaseException) -> str:
-    """``orchestrator: <ErrorType>: <message>`` on one line (the message's own line breaks folded, and anything a
-    terminal would act on made visible: a message may quote the sandbox). An error that quotes a log's last lines
-    (``log_tail``) gives its headline here; ``Output.error`` shows those lines below it."""
-    message = one_line(" ".join(str(getattr(exc, "headline", exc)).split())) or "(no message)"
-    step = next((step for kind, step in _NEXT_STEP if isinstance(exc, kind)), "")
-    return f"orchestrator: {type(exc).__name__}: {message}" + (f"; {step}" if step and step not in message else "")
-
-
-_NEXT_STEP: tuple[tuple[type[BaseException], str], ...] = ((SessionNotFound, "`orchestrator ls` lists the sessions"),)
-"""What to do next, for errors whose message (written for the Python API) does not say it in CLI terms."""
-
-
-OUR_PREFIX = "orchestrator"
-"""Every line the CLI writes of its own on stderr starts with this (notes, errors, the shell's remarks)."""
-SANDBOX_MARK = "[sandbox] "
-"""Shown before a line of sandbox text that starts like one of ours, so it cannot pass for ours."""
-SANDBOX_TEXT_MODES = ("auto", "escape", "raw")
-
-
-def one_line(text: str) -> str:
-    """A field that may come from a sandbox (a name, a reason, a message), for one line of ours: nothing in it can
-    end the line, move the cursor or drive the terminal."""
-    return visible(text, multiline=False)
-
-
-def shown(text: str) -> str:
-    """Lines of sandbox text (a cell's output, a container log) for a terminal: control characters made visible
-    (carriage returns included), and a line that starts like one of ours marked ``[sandbox]``."""
-    text = visible(text)
-    if OUR_PREFIX not in text:
-        return text
-    return "".join(
-        SANDBOX_MARK + line if line.startswith(OUR_PREFIX) else line for line in text.splitlines(keepends=True)
-    )
-
-
-def error_json(exc: BaseException) -> dict[str, Any]:
-    """The JSON form of an error: its type, message and exit status (and a timed-out cell's output)."""
-    document: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc), "exit_code": int(exit_code(exc))}
-    if getattr(exc, "log_tail", None):
-        document["log_tail"] = list(exc.log_tail)  # type: ignore[attr-defined]
-    for name in ("stdout", "stderr"):
-        if isinstance(getattr(exc, name, None), str):
-            document[name] = getattr(exc, name)
-    return document
+    from ..api.results import ExecResult, Generation
+    from ..ops.survey import SessionInfo
 
 
 def human_time(stamp: float | None, now: float) -> str:
@@ -158,134 +24,6 @@ def human_time(stamp: float | None, now: float) -> str:
         return "-"
     local = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
     return f"{local} ({describe_duration(now - stamp)} ago)"
-
-
-class Output:
-    """Where one command writes: its stdout and stderr, as text, rich tables or JSON."""
-
-    def __init__(
-        self,
-        stdout: TextIO | None = None,
-        stderr: TextIO | None = None,
-        *,
-        stdin: TextIO | None = None,
-        json_mode: bool = False,
-        sandbox_text: str = "auto",
-    ) -> None:
-        """``sandbox_text``: how a cell's output reaches a stream: "auto" (made visible on a terminal, as it is
-        to a pipe or a file), "escape" (always made visible: ``--escape``), "raw" (always as it is: ``--raw``)."""
-        if sandbox_text not in SANDBOX_TEXT_MODES:
-            raise ValueError(f"sandbox_text must be one of {SANDBOX_TEXT_MODES}, not {sandbox_text!r}")
-        self.stdout = stdout or sys.stdout
-        self.stderr = stderr or sys.stderr
-        self.stdin = stdin or sys.stdin
-        self.json_mode = json_mode
-        self.sandbox_text = sandbox_text
-        self.console = _console(self.stdout)
-        self.err_console = _console(self.stderr)
-
-    def write(self, text: str) -> None:
-        """Text of ours exactly as given (sandbox text goes through ``program_output`` or ``sandbox_log``)."""
-        self.stdout.write(text)
-        self.stdout.flush()
-
-    def program_output(self, text: str, stream: TextIO | None = None) -> None:
-        """What the cell itself wrote (its stdout or stderr, its value's repr, its traceback) to ``stream``
-        (stdout by default): the program's own bytes when the stream is a pipe or a file (or ``--raw``), made
-        visible on a terminal (or ``--escape``)."""
-        stream = stream or self.stdout
-        raw = self.sandbox_text == "raw" or (self.sandbox_text == "auto" and not _isatty(stream))
-        stream.write(text if raw else shown(text))
-        stream.flush()
-
-    def sandbox_log(self, text: str) -> None:
-        """Sandbox text that is not a program's output (a container log): made visible unless ``--raw``."""
-        self.write(text if self.sandbox_text == "raw" else shown(text))
-
-    def line(self, text: str) -> None:
-        self.write(text + "\n")
-
-    def note(self, text: str) -> None:
-        """A remark for the person at the terminal, on stderr (never part of what scripts parse); it starts with
-        ``orchestrator``, and any sandbox field in it went through ``one_line``."""
-        self.stderr.write(text + "\n")
-        self.stderr.flush()
-
-    def json(self, document: Any) -> None:
-        """One JSON document on stdout."""
-        self.write(json.dumps(document, indent=2, default=str) + "\n")
-
-    def json_rows(self, rows: Sequence[Any]) -> None:
-        """One JSON array on stdout, one compact element per line: a listing of 10,000 sessions is printed by the C
-        encoder (``indent`` falls back to the pure-Python one, 5x slower) and stays a line per session."""
-        if not rows:
-            self.write("[]\n")
-            return
-        encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
-        self.write("[\n" + ",\n".join(encode(row) for row in rows) + "\n]\n")
-
-    def error(self, exc: BaseException, hint: str = "") -> Exit:
-        """Report ``exc`` as one line on stderr (and as JSON on stdout in JSON mode); return its exit status."""
-        self.note(error_line(exc) + hint)
-        for line in getattr(exc, "log_tail", ()):  # the end of a log it quotes (made safe where it was read)
-            self.note(f"  | {one_line(line)}")
-        if self.json_mode:
-            self.json({"error": error_json(exc)})
-        return exit_code(exc)
-
-    @property
-    def width(self) -> int | None:
-        """The terminal's width when stdout is one, else None (a pipe or a file: whole rows, nothing dropped)."""
-        return self.console.width if self.console.is_terminal else None
-
-    def table(self, table: Table) -> None:
-        if self.console.is_terminal:
-            self.console.print(table)
-            return
-        # Plain text for pipes and files: no padding at line ends.
-        with self.console.capture() as captured:
-            self.console.print(table)
-        self.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
-
-    @property
-    def interactive(self) -> bool:
-        """A person is there to answer: stdin and stderr are terminals."""
-        return _isatty(self.stdin) and _isatty(self.stderr)
-
-    def confirm(self, question: str) -> bool:
-        """Ask on stderr, read the answer from stdin: True only for y or yes (end of input is no)."""
-        self.stderr.write(question)
-        self.stderr.flush()
-        return self.stdin.readline().strip().lower() in ("y", "yes")
-
-    @contextlib.contextmanager
-    def progress(self, message: str) -> Iterator[None]:
-        """A spinner on stderr while something slow runs, only when stderr is a terminal."""
-        if not self.err_console.is_terminal:
-            yield
-            return
-        with self.err_console.status(Text(message)):
-            yield
-
-
-def _isatty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # a closed or foreign stream
-        return False
-
-
-def _console(stream: TextIO) -> Console:
-    # Not a terminal: no colours and no width limit, so a pipe or a file gets whole rows to grep.
-    terminal = _isatty(stream)
-    return Console(
-        file=stream,
-        width=None if terminal else int(os.environ.get("COLUMNS", "0") or 0) or 1000,
-        highlight=False,
-        markup=False,
-        emoji=False,
-        soft_wrap=False,
-    )
 
 
 @dataclass(frozen=True)
@@ -321,7 +59,7 @@ def session_columns(infos: Sequence[SessionInfo]) -> list[Column]:
     ]
     if any(info.node for info in infos):
         columns.append(Column("NODE", [_compact(one_line(info.node or "-")) for info in infos]))
-    idle = ["-" if i.status is SessionStatus.BUSY else describe_duration(i.idle_seconds) for i in infos]
+    idle = ["-" if _busy(i) else describe_duration(i.idle_seconds) for i in infos]
     columns += [
         Column("AGE", [_compact(describe_duration(info.age_seconds)) for info in infos], right=True),
         Column("IDLE", [_compact(text) for text in idle], right=True),
@@ -330,6 +68,12 @@ def session_columns(infos: Sequence[SessionInfo]) -> list[Column]:
         Column("CHECKPOINT", [_compact(describe_bytes(info.checkpoint_bytes)) for info in infos], right=True),
     ]
     return columns
+
+
+def _busy(info: SessionInfo) -> bool:
+    from ..ops.survey import SessionStatus  # loaded already, with the infos
+
+    return info.status is SessionStatus.BUSY
 
 
 def fit_columns(columns: Sequence[Column], width: int | None) -> list[Column]:
@@ -389,7 +133,7 @@ def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
         ("created", human_time(info.created_at, now)),
         ("last active", human_time(info.last_active_at, now)),
         ("age", describe_duration(info.age_seconds)),
-        ("idle", "- (in a call)" if info.status is SessionStatus.BUSY else describe_duration(info.idle_seconds)),
+        ("idle", "- (in a call)" if _busy(info) else describe_duration(info.idle_seconds)),
         ("hibernated", human_time(info.hibernated_at, now)),
         ("generation", str(info.generation)),
         ("variables", str(info.variables)),
@@ -465,6 +209,9 @@ def generation_json(generation: Generation, session_id: str | None = None) -> di
 
 def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
     """Two columns, no header: the shape of ``inspect``."""
+    from rich.table import Table  # rich costs a tenth of a second to import: only where it draws
+    from rich.text import Text
+
     table = Table(box=None, show_header=False, pad_edge=False)
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
@@ -474,8 +221,13 @@ def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
 
 
 def exec_json(session_id: str, result: ExecResult) -> dict[str, Any]:
-    """The JSON of ``orchestrator exec --json``: every field of the ExecResult, plus the id and ``ok``."""
-    return {"id": session_id, "ok": result.ok, **asdict(result)}
+    """The JSON of ``orchestrator exec --json``: every field of the ExecResult but the bytes (JSON holds text: the
+    ``stdout`` and ``stderr`` fields), plus the id and ``ok``."""
+    fields = {key: value for key, value in asdict(result).items() if key not in _BYTES_FIELDS}
+    return {"id": session_id, "ok": result.ok, **fields}
+
+
+_BYTES_FIELDS = ("stdout_bytes", "stderr_bytes")
 
 
 def write_exec_result(out: Output, result: ExecResult, live: LiveOutput | None = None) -> None:
@@ -488,9 +240,9 @@ def write_exec_result(out: Output, result: ExecResult, live: LiveOutput | None =
         live.finish()
     else:
         if result.stdout:
-            out.program_output(result.stdout)
+            out.program_output(result.stdout, data=result.stdout_bytes)
         if result.stderr:
-            out.program_output(result.stderr, out.stderr)
+            out.program_output(result.stderr, out.stderr, data=result.stderr_bytes)
     if result.return_value is not None:
         ended = live.stdout.ends_line if live is not None else not result.stdout or result.stdout.endswith("\n")
         if not ended:
@@ -514,7 +266,7 @@ class LiveStream:
 
     def __init__(self, out: Output, stream: TextIO) -> None:
         self.stream = stream
-        self.raw = out.sandbox_text == "raw" or (out.sandbox_text == "auto" and not _isatty(stream))
+        self.raw = out.passes_through(stream)
         self._at_start = True  # the next character the cell writes begins a line
         self._held = ""
         self.broken = False  # the stream's reader went away
@@ -524,12 +276,15 @@ class LiveStream:
         """Nothing was written, or the last of it was a newline."""
         return self._at_start and not self._held
 
-    def write(self, text: str) -> None:
-        if not text:
-            return
+    def write(self, text: str, data: bytes) -> None:
+        """A piece of the stream (an ``OutputEvent``): ``data`` its bytes as the cell wrote them, ``text`` them as
+        text. Passed through, the bytes go out; made visible, the text."""
         if self.raw:
-            self._emit(text)
-            self._at_start = text.endswith("\n")
+            if data:
+                self._emit(data)
+                self._at_start = data.endswith(b"\n")
+            return
+        if not text:
             return
         text, self._held = self._held + visible(text), ""
         at_start = self._at_start
@@ -553,13 +308,17 @@ class LiveStream:
             self._emit(self._held)
             self._held, self._at_start = "", False
 
-    def _emit(self, text: str) -> None:
-        if text and not self.broken:
-            try:
-                self.stream.write(text)
+    def _emit(self, piece: str | bytes) -> None:
+        if not piece or self.broken:
+            return
+        try:
+            if isinstance(piece, bytes):
+                write_bytes(self.stream, piece)
+            else:
+                self.stream.write(piece)
                 self.stream.flush()
-            except BrokenPipeError:  # the reader went away (`| head`): the call goes on, unread
-                self.broken = True
+        except BrokenPipeError:  # the reader went away (`| head`): the call goes on, unread
+            self.broken = True
 
 
 class LiveOutput:
@@ -569,8 +328,8 @@ class LiveOutput:
         self.stdout = LiveStream(out, out.stdout)
         self.stderr = LiveStream(out, out.stderr)
 
-    def write(self, stream: str, text: str) -> None:
-        (self.stderr if stream == "stderr" else self.stdout).write(text)
+    def write(self, stream: str, text: str, data: bytes) -> None:
+        (self.stderr if stream == "stderr" else self.stdout).write(text, data)
 
     def finish(self) -> None:
         """The call ended: what was held back goes out.

@@ -21,7 +21,8 @@ from typing import TextIO
 from ..api.session import Session
 from ..errors import OrchestratorError, SandboxError, SessionAttachedElsewhere, SessionClosed, SessionNotFound
 from .commands import Context
-from .render import Exit, error_line, write_exec_result
+from .output import Exit, error_line
+from .render import write_exec_result
 
 PS1 = ">>> "
 PS2 = "... "

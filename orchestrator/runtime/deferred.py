@@ -134,10 +134,10 @@ class DeferredBlobs:
                 f"the blob of {key[:200]!r} was handed out {count} times since the restore, the most it may; it loads "
                 "again after the next restore"
             )
+        self._check(digest)  # first: the host hashes its own read while the copy for the worker is made
         served = self._open(key, digest, as_file)
         self._served[key] = count + 1
         self.served_bytes += served.size
-        self._check(digest)
         return served
 
     def verdict(self, payload: object) -> bool:
@@ -185,8 +185,9 @@ class DeferredBlobs:
 
     def _check(self, digest: str) -> None:
         """Check ``digest``'s stored blob on ``lane`` unless it was since the restore (a host-made blob has no content
-        digest: the worker checks its frame)."""
-        if digest in self._checks:
+        digest: the worker checks its frame). One that could not read the blob (out of descriptors) runs again."""
+        earlier = self._checks.get(digest)
+        if earlier is not None and not (earlier.done() and (earlier.cancelled() or earlier.exception() is not None)):
             return
         if protocol.is_host_blob(digest):
             check: Future[bool] = Future()

@@ -125,36 +125,37 @@ CONTROLLER_HOST_CALLS = 512
 session's own bound (128 by default) keeps one session to a quarter of them."""
 
 
-class ControllerHandlers:
-    """The bound on host calls of the whole controller process, shared by every session's ``HandlerPool``.
+class Slots:
+    """A count of calls held, at most ``limit`` at once, across threads: a session's, or the controller's.
 
-    Threads are a process's resource, so the bound is the process's: at most ``limit`` calls held across all
-    sessions. Each handler runs on a thread of its own that ends with it, so the threads alive are never more than
-    the calls held (an executor of a session's own would keep its peak of idle threads until the session closed).
+    Threads are a process's resource, so the controller's bound is the process's (``_controller``), shared by
+    every session's ``HandlerPool``. Each handler runs on a thread of its own that ends with it, so the threads
+    alive are never more than the calls held (an executor of a session's own kept its peak of idle threads until
+    the session closed).
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._held = 0
+        self.held = 0
 
     def reserve(self) -> bool:
         with self._lock:
-            if self._held >= self.limit:
+            if self.held >= self.limit:
                 return False
-            self._held += 1
+            self.held += 1
             return True
 
     def release(self, count: int = 1) -> None:
         with self._lock:
-            self._held -= count
+            self.held -= count
 
 
-_controller = ControllerHandlers(CONTROLLER_HOST_CALLS)
+_controller = Slots(CONTROLLER_HOST_CALLS)
 
 
 class HandlerPool:
-    """he host-call handlers of one session, across its cells: a bound on calls held.
+    """The host-call handlers of one session, across its cells: a bound on calls held.
 
     A call is *held* from the moment a cell's desk queues it until it is answered without running, or its
     handler returns. At most ``limit`` are held at once (a handler still running after its cell ended counts
@@ -165,13 +166,13 @@ class HandlerPool:
     more.
     """
 
-    def __init__(self, limit: int, controller: ControllerHandlers = _controller) -> None:
+    def __init__(self, limit: int, controller: Slots = _controller) -> None:
         if not (isinstance(limit, int) and limit >= 1):
             raise ConfigError(f"the host-call bound of a session must be an int >= 1, got {limit!r}")
         self.limit = limit
+        self._own = Slots(limit)
         self._controller = controller
         self._lock = threading.Lock()
-        self._held = 0
         self._closed = False
         self.controller_full = False
         """Whether the last refused ``reserve`` was refused for the controller's bound, not the session's."""
@@ -179,7 +180,7 @@ class HandlerPool:
     @property
     def held(self) -> int:
         """Calls held now (queued in a cell's desk, or with a handler running)."""
-        return self._held
+        return self._own.held
 
     @property
     def closed(self) -> bool:
@@ -195,17 +196,16 @@ class HandlerPool:
         closed (``controller_full`` says whether it was the controller's bound)."""
         with self._lock:
             self.controller_full = False
-            if self._closed or self._held >= self.limit:
+            if self._closed or not self._own.reserve():
                 return False
             if not self._controller.reserve():
+                self._own.release()
                 self.controller_full = True
                 return False
-            self._held += 1
             return True
 
     def release(self, count: int = 1) -> None:
-        with self._lock:
-            self._held -= count
+        self._own.release(count)
         self._controller.release(count)
 
     def run(self, job: Callable[[], None]) -> bool:

@@ -76,9 +76,18 @@ class StreamRecorder:
         """What came so far: all of it within the limit, else the preview."""
         return self.preview(self.received) if self.spilled else self._head.decode("utf-8", "replace")
 
+    def data(self, produced: int) -> bytes:
+        """What came, byte for byte: all of it within the limit, else the preview's bytes (``preview_bytes``)."""
+        return self.preview_bytes(produced) if self.spilled else bytes(self._head)
+
     def preview(self, produced: int) -> str:
-        """The head and the tail of a stream kept in the file, with a marker that names the file: at most
-        ``limit`` bytes in all, as a result that did not pass the limit.
+        """``preview_bytes`` as text (UTF-8; a byte that is not, or a character cut at the head's or the tail's
+        edge, is U+FFFD)."""
+        return self.preview_bytes(produced).decode("utf-8", "replace")
+
+    def preview_bytes(self, produced: int) -> bytes:
+        """The head and the tail of a stream kept in the file, as they came, with a marker between that names the
+        file: at most ``limit`` bytes in all, as a result that did not pass the limit.
 
         ``produced``: how many bytes the cell wrote, as the agent counts them (more than were received when the
         file's cap was hit); never less than what came here.
@@ -94,7 +103,7 @@ class StreamRecorder:
         half = max(0, (self.limit - len(marker.encode()) - 20) // 2)
         head, tail = bytes(self._head[:half]), bytes(self._tail[len(self._tail) - half :])
         hidden = self.received - len(head) - len(tail)
-        return head.decode("utf-8", "replace") + marker.format(hidden=hidden) + tail.decode("utf-8", "replace")
+        return head + marker.format(hidden=hidden).encode() + tail
 
 
 def save_output(directory: Path, kind: str, data: bytes) -> Path:

@@ -114,9 +114,11 @@ def test_errors_are_one_line_with_their_exit_status(cli, store):
     usage = cli("prune", "--idle", "soon")
     assert usage.returncode == 2
     one_line(usage.stderr, "UsageError")
-    no_engine = cli("ls", DOCKER_HOST=f"unix://{store.runtime_dir}/no-engine.sock")
+    no_engine = cli("create", DOCKER_HOST=f"unix://{store.runtime_dir}/no-engine.sock")
     assert no_engine.returncode == 6
     one_line(no_engine.stderr, "EngineUnavailable")
+    empty = cli("ls", DOCKER_HOST=f"unix://{store.runtime_dir}/no-engine.sock")  # nothing stored: nothing to ask
+    assert empty.returncode == 0 and empty.stderr.startswith("orchestrator: no sessions (state dir ")
 
 
 def test_exec_timeout_exits_7_and_the_session_goes_on(cli, make):

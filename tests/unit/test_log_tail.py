@@ -7,7 +7,7 @@ import io
 import json
 
 from orchestrator import AgentStartFailed, ImageBuildFailed
-from orchestrator.cli.render import Exit, Output
+from orchestrator.cli.output import Exit, Output
 from orchestrator.safe_text import last_lines
 
 

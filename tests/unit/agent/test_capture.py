@@ -72,3 +72,23 @@ def test_only_a_streamed_cell_runs_a_ticker_and_finish_stops_it() -> None:
     assert threading.active_count() == before + 1
     streamed.finish()
     assert threading.active_count() == before
+
+
+def test_at_the_end_kept_bytes_that_are_not_utf8_go_out_as_they_are_and_text_sends_nothing() -> None:
+    sent: list[tuple[str, bytes]] = []
+    streams = capture.CellStreams(1000, lambda name, data: sent.append((name, data)), False, 1000)
+    out, err = streams.streams
+    out.write("héllo\n")
+    err.flush()
+    err.buffer.write(b"\xff\x00raw")
+    streams.finish()
+    assert sent == [("stderr", b"\xff\x00raw")]
+    assert streams.sinks[1].text() == "\ufffd\x00raw"
+
+
+def test_a_stream_that_was_sent_already_is_not_sent_again_at_the_end() -> None:
+    sink, sent = _sink(4, stream=False, send_limit=100)
+    sink.write(b"\xffabcdef")
+    sink.send_pending()
+    sink.send_if_not_text()
+    assert b"".join(sent) == b"\xffabcdef"

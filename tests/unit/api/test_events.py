@@ -34,7 +34,25 @@ def test_output_is_decoded_across_chunk_boundaries(tmp_path: Path) -> None:
     live.output("stdout", bytearray(data[3:]))
     live.output("stderr", bytearray(b"\xff"))
     live.finish_output()
-    assert events == [OutputEvent("stdout", "é"), OutputEvent("stdout", "€"), OutputEvent("stderr", "\ufffd")]
+    assert events == [
+        OutputEvent("stdout", "", b"\xc3"),
+        OutputEvent("stdout", "é", b"\xa9\xe2"),
+        OutputEvent("stdout", "€", b"\x82\xac"),
+        OutputEvent("stderr", "\ufffd", b"\xff"),
+    ]
+    live.close()
+
+
+def test_the_bytes_of_each_piece_are_the_cells_and_a_cut_character_ends_as_text_only(tmp_path: Path) -> None:
+    events: list[OutputEvent] = []
+    live = _live(tmp_path, events.append)
+    written = bytes(range(256)) + "€".encode()[:2]
+    for start in range(0, len(written), 7):
+        live.output("stdout", bytearray(written[start : start + 7]))
+    live.finish_output()
+    assert b"".join(e.data for e in events) == written
+    assert "".join(e.text for e in events) == written.decode("utf-8", "replace")
+    assert events[-1] == OutputEvent("stdout", "\ufffd")
     live.close()
 
 

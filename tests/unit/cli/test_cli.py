@@ -32,9 +32,9 @@ from orchestrator import (
 )
 from orchestrator.api.events import OutputEvent
 from orchestrator.api.session import SessionState
-from orchestrator.cli import commands, render, shell
+from orchestrator.cli import commands, output, render, shell
 from orchestrator.cli import logs as session_logs
-from orchestrator.cli.render import Exit
+from orchestrator.cli.output import Exit
 from orchestrator.config import defaults_path
 from orchestrator.errors import CapacityExceeded, CheckpointError, ProtocolError
 from orchestrator.ops.prune import PruneAction, PruneReport
@@ -89,7 +89,7 @@ class FakeSession:
             for stream in ("stdout", "stderr"):
                 text = getattr(outcome, stream, "")
                 if isinstance(text, str) and text:
-                    on_output(OutputEvent(stream, text))
+                    on_output(OutputEvent(stream, text, text.encode()))
         if isinstance(outcome, BaseException):
             raise outcome
         assert isinstance(outcome, ExecResult)
@@ -229,13 +229,15 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeOrchestrator:
     monkeypatch.setenv("ORCH_RUNTIME_DIR", str(tmp_path / "run"))
     made: list[FakeOrchestrator] = []
     orch = FakeOrchestrator(Settings.from_env())
+    (tmp_path / "state" / "sessions" / "web-1").mkdir(mode=0o700, parents=True)  # stored: `ls` connects
+    (tmp_path / "state").chmod(0o700)
 
     def construct(settings: Settings) -> FakeOrchestrator:
         orch.settings = settings
         made.append(orch)
         return orch
 
-    monkeypatch.setattr(cli, "Orchestrator", construct)
+    monkeypatch.setattr(cli, "connect", construct)
     return orch
 
 
@@ -259,7 +261,7 @@ def test_durations_tail_and_flags_parse():
 @pytest.mark.parametrize("argv", [["ls", "--json"], ["--json", "ls"], ["list", "--json"]])
 def test_json_is_accepted_before_or_after_the_command(argv):
     args = cli.build_parser().parse_args(argv)
-    assert args.json is True and args.func is commands.ls
+    assert args.json is True and args.func.target() is commands.ls
 
 
 def test_verbose_after_the_command_and_defaults():
@@ -331,10 +333,8 @@ def test_a_missing_session_says_how_to_list_them(fake, capsys):
 
 
 def test_janitor_is_registered_from_its_module():
-    parser = cli.build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command")
-    jan = sub.choices["janitor"]  # type: ignore[index]
-    assert jan.get_default("func") is cli._janitor and jan.get_default("needs_orchestrator") is False
+    args = cli.build_parser().parse_args(["janitor", "--once"])
+    assert args.func is cli._janitor and args.needs_orchestrator is False and args.once is True
 
 
 # ---------------------------------------------------------------------------- rendering
@@ -391,11 +391,11 @@ def test_human_duration(seconds, text):
     ],
 )
 def test_every_error_has_its_exit_status(error, code):
-    assert render.exit_code(error) == code
+    assert output.exit_code(error) == code
 
 
 def test_an_error_is_one_line():
-    line = render.error_line(EngineUnavailable("no engine\n  start one with:\n\tscripts/setup-engine"))
+    line = output.error_line(EngineUnavailable("no engine\n  start one with:\n\tscripts/setup-engine"))
     assert line == "orchestrator: EngineUnavailable: no engine start one with: scripts/setup-engine"
 
 
@@ -731,7 +731,7 @@ def test_prune_needs_a_criterion_and_yes_without_a_terminal(fake, capsys):
 
 @pytest.mark.parametrize(("answer", "pruned"), [("y\n", True), ("yes\n", True), ("\n", False), ("", False)])
 def test_prune_on_a_terminal_shows_what_it_would_do_and_asks(fake, capsys, monkeypatch, answer, pruned):
-    monkeypatch.setattr(render, "_isatty", lambda stream: True)
+    monkeypatch.setattr(output, "_isatty", lambda stream: True)
     monkeypatch.setattr("sys.stdin", io.StringIO(answer))
     fake.report = PruneReport([PruneAction("remove", "s1", "idle 2h")], dry_run=False)
     code, out, err = run(capsys, "prune", "--idle", "0")
@@ -766,12 +766,26 @@ def test_no_engine_is_one_line_and_exit_6(monkeypatch, capsys, tmp_path):
     def no_engine(settings: Settings) -> None:
         raise EngineUnavailable("no Docker engine answers at unix:///x;\nstart one with scripts/setup-engine")
 
-    monkeypatch.setattr(cli, "Orchestrator", no_engine)
-    code, out, err = run(capsys, "ls")
+    monkeypatch.setattr(cli, "connect", no_engine)
+    code, out, err = run(capsys, "inspect", "s1")
     assert code == Exit.ENGINE == 6 and out == ""
     assert err == (
         "orchestrator: EngineUnavailable: no Docker engine answers at unix:///x; start one with scripts/setup-engine\n"
     )
+
+
+def test_ls_of_an_empty_store_needs_no_engine(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("ORCH_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("ORCH_RUNTIME_DIR", str(tmp_path / "run"))
+
+    def no_engine(settings: Settings) -> None:
+        raise AssertionError("ls of an empty store connected to the engine")
+
+    monkeypatch.setattr(cli, "connect", no_engine)
+    code, out, err = run(capsys, "ls")
+    assert (code, out) == (0, "") and err.startswith("orchestrator: no sessions (state dir ")
+    assert run(capsys, "ls", "--json") == (0, "[]\n", "")
+    assert run(capsys, "ls", "-q", "--filter", "status=running") == (0, "", "")
 
 
 def test_a_bad_setting_is_a_usage_error(monkeypatch, capsys):
@@ -832,7 +846,7 @@ def test_invalid_and_unfinished_input_is_sent_for_the_sandbox_to_report():
 
 def make_shell(fake: FakeOrchestrator, stdin: str) -> tuple[shell.Shell, io.StringIO, io.StringIO]:
     out, err = io.StringIO(), io.StringIO()
-    ctx = commands.Context(fake, render.Output(out, err))  # type: ignore[arg-type]
+    ctx = commands.Context(fake.settings, output.Output(out, err), lambda settings: fake)  # type: ignore[arg-type,return-value]
     return shell.Shell(ctx, "s1", timeout=None, stdin=io.StringIO(stdin)), out, err
 
 
@@ -946,7 +960,7 @@ def test_exec_on_a_terminal_escapes_and_raw_does_not(fake):
     for mode, expected_raw in (("auto", False), ("raw", True)):
         out, err = Terminal(), Terminal()
         fake.results.append(ExecResult(stdout=HOSTILE, stderr=HOSTILE))
-        render.write_exec_result(render.Output(out, err, sandbox_text=mode), fake.attach("s1").execute("1"))
+        render.write_exec_result(output.Output(out, err, sandbox_text=mode), fake.attach("s1").execute("1"))
         assert (out.getvalue() == HOSTILE) is expected_raw and (err.getvalue() == HOSTILE) is expected_raw
         assert no_control(out.getvalue()) is not expected_raw
 

@@ -11,7 +11,7 @@ import pytest
 from orchestrator import Generation, GenerationNotFound
 from orchestrator.api.session import SessionState
 from orchestrator.cli import render
-from orchestrator.cli.render import Exit
+from orchestrator.cli.output import Exit
 
 from . import test_cli
 

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator import ExecError, ExecResult
 from orchestrator.api.session import SessionState
-from orchestrator.cli import render
+from orchestrator.cli import output, render
 
 from . import test_cli
 
@@ -61,11 +61,11 @@ def test_create_and_run_usage_errors(capsys, argv):
 )
 def test_streamed_pieces_are_marked_and_escaped_as_whole_lines_would_be(pieces, shown):
     stdout = io.StringIO()
-    live = render.LiveOutput(render.Output(stdout, io.StringIO(), sandbox_text="escape"))
+    live = render.LiveOutput(output.Output(stdout, io.StringIO(), sandbox_text="escape"))
     for piece in pieces:
-        live.write("stdout", piece)
+        live.write("stdout", piece, piece.encode())
     live.finish()
-    assert stdout.getvalue() == shown == render.shown("".join(pieces))
+    assert stdout.getvalue() == shown == output.shown("".join(pieces))
 
 
 def test_streamed_pieces_pass_raw_to_a_pipe_and_the_value_starts_a_new_line(fake, capsys):

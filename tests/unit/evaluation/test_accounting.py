@@ -15,7 +15,7 @@ from orchestrator.agent import usage
 from orchestrator.backends import docker as docker_backend
 from orchestrator.backends.base import ContainerUsage
 from orchestrator.cli.evaluate import _summary
-from orchestrator.cli.render import Output
+from orchestrator.cli.output import Output
 from orchestrator.errors import EngineError
 from orchestrator.evaluation import EvalReport, EvalResult, Status, write_junit
 from orchestrator.evaluation.accounting import (

@@ -132,11 +132,11 @@ def test_a_damaged_blob_is_refused_at_its_verdict(blobs: DeferredBlobs, store: S
 def test_a_host_that_cannot_open_the_blob_answers_unavailable(
     blobs: DeferredBlobs, store: Store, error: int, caplog: Any
 ) -> None:
-    failing = [True, False]  # the answer's open fails; later the check's
+    failing = {"answer": True, "check": False}  # the answer's open fails (on this thread), the check's (its lane's)
 
     @contextlib.contextmanager
     def short(digest: str) -> Iterator[memoryview]:
-        if failing and failing.pop(0):
+        if failing["answer" if threading.current_thread() is threading.main_thread() else "check"]:
             raise CheckpointError("cannot map it") from OSError(error, os.strerror(error))
         with store.open_blob(digest) as blob:
             yield blob
@@ -145,10 +145,12 @@ def test_a_host_that_cannot_open_the_blob_answers_unavailable(
     with pytest.raises(BlobUnavailable, match="cannot read its stored blob now"):
         blobs.serve({"key": "big", "digest": DIGEST})
     assert blobs.served_bytes == 0 and "cannot be read now" in caplog.text
-    failing[:] = [False, True]
+    failing.update(answer=False, check=True)
+    blobs._checks.clear()  # the check the failed ask started (it passed): this one's fails
     served(blobs, {"key": "big", "digest": DIGEST})  # the failed ask did not count
     with pytest.raises(BlobUnavailable, match="could not read its stored blob now"):
         blobs.verdict({"key": "big", "digest": DIGEST})
+    failing["check"] = False
     served(blobs, {"key": "big", "digest": DIGEST})  # checked again
     assert blobs.verdict({"key": "big", "digest": DIGEST}) is True
 

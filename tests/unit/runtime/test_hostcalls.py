@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.agent import protocol
 from orchestrator.errors import ConfigError
-from orchestrator.runtime.hostcalls import CallDesk, ControllerHandlers, HandlerPool, HostCalls
+from orchestrator.runtime.hostcalls import CallDesk, HandlerPool, HostCalls, Slots
 
 
 class Gate:
@@ -133,7 +133,7 @@ def test_a_closed_pool_starts_nothing_and_refuses_every_call() -> None:
 
 def test_calls_waiting_when_the_pool_closes_are_refused_one_after_another_not_one_stack_frame_each() -> None:
     gate = Gate()
-    pool = HandlerPool(5000, ControllerHandlers(5000))  # beyond the controller's default bound
+    pool = HandlerPool(5000, Slots(5000))  # beyond the controller's default bound
     desk = CallDesk(HostCalls({"llm_query": gate}, max_concurrent=1), pool, max_held=5000)
     try:
         for call in range(3000):  # one runs, 2,999 wait: more than the interpreter's recursion limit
@@ -160,7 +160,7 @@ def test_the_bound_must_be_positive() -> None:
 
 def test_the_controllers_bound_holds_across_sessions_and_each_handler_thread_ends_with_it() -> None:
     gate = Gate()
-    controller = ControllerHandlers(6)
+    controller = Slots(6)
     pools = [HandlerPool(4, controller) for _ in range(3)]
     desks = [CallDesk(HostCalls({"llm_query": gate}), pool, max_held=4) for pool in pools]
     threads_before = threading.active_count()
