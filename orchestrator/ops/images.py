@@ -27,7 +27,7 @@ from pathlib import Path
 from .. import __version__
 from ..agent import protocol
 from ..backends.base import LABEL_PREFIX, Backend
-from ..errors import ConfigError, ImageMissing, NotASandboxImage
+from ..errors import ConfigError, ImageBuildFailed, ImageMissing, NotASandboxImage
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,8 @@ def build_image(backend: Backend, base_image: str, *, rebuild: bool = False) -> 
     """Ensure the sandbox image for ``base_image`` exists; return its tag.
 
     Raises:
-        EngineError: the build failed (for example the base has no ``python3``).
+        ImageBuildFailed: the build failed (for example the base has no ``python3``).
+        ImageMissing: the base is not on the engine, and the engine could not pull it.
         EngineUnavailable: no engine answers.
     """
     tag = image_tag(base_image)
@@ -199,16 +200,24 @@ def build_image(backend: Backend, base_image: str, *, rebuild: bool = False) -> 
         logger.info("sandbox image %s exists; reusing it", tag)
         return tag
     logger.info("building sandbox image %s on %s", tag, base_image)
-    backend.build_image(
-        _tar(_context_files()),
-        tag,
-        buildargs={"BASE_IMAGE": base_image},
-        labels={
-            LABEL_PREFIX + "image-version": __version__,
-            SANDBOX_LABEL: str(protocol.PROTOCOL_VERSION),
-            LABEL_PREFIX + "base-image": base_image,
-        },
-    )
+    try:
+        backend.build_image(
+            _tar(_context_files()),
+            tag,
+            buildargs={"BASE_IMAGE": base_image},
+            labels={
+                LABEL_PREFIX + "image-version": __version__,
+                SANDBOX_LABEL: str(protocol.PROTOCOL_VERSION),
+                LABEL_PREFIX + "base-image": base_image,
+            },
+        )
+    except ImageBuildFailed as exc:
+        if backend.image_exists(base_image):
+            raise
+        raise ImageMissing(
+            f"base image {base_image!r} is not on this Docker engine and could not be pulled ({exc.headline}); "
+            f"`docker pull` or build it first (`docker images` lists those there)"
+        ) from exc
     return tag
 
 

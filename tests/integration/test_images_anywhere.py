@@ -127,6 +127,15 @@ def test_a_failed_build_shows_its_last_lines_as_lines(
     assert error["log_tail"][-1] == "/bin/sh: 1: python3: not found"  # (its steps came from the cache this time)
 
 
+def test_a_base_that_is_not_there_is_named(store: Settings, run_id: str) -> None:
+    """A mistyped --base (and no registry to pull it from): ImageMissing naming it, not a build log."""
+    base = f"orchestrator-test-absent:{run_id}"
+    failed = cli(store, "image", "build", "--base", base)
+    assert failed.returncode == 6, failed.stderr
+    (line,) = failed.stderr.splitlines()
+    assert line.startswith(f"orchestrator: ImageMissing: base image {base!r} is not on this Docker engine")
+
+
 def _created_containers(client: docker.DockerClient, store: Settings, since: float) -> list[dict[str, object]]:
     """The engine's "create" events since ``since`` for containers of ``store``'s controller."""
     with closing_orch(Orchestrator(store)) as orch:
