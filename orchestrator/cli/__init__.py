@@ -437,7 +437,11 @@ def _janitor(args: argparse.Namespace) -> int:
 
 
 def _mcp_options(parser: argparse.ArgumentParser) -> None:
-    from . import mcp_command
+    from ..extras import needs
+    from ..mcp import EXTRA, NEEDS
+
+    with needs(EXTRA, NEEDS):
+        from . import mcp_command
 
     mcp_command.add_arguments(parser)
     _labels_option(parser, "each session it creates")
@@ -457,6 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version, a usage error
         return exc.code if isinstance(exc.code, int) else Exit.USAGE
+    except OrchestratorError as exc:  # a command's options come from an extra that is not installed
+        return Output().error(exc)
     if args.func is None:  # `orchestrator`, `orchestrator image`: what there is to do
         args.help_of.print_help()
         return Exit.OK

@@ -17,7 +17,8 @@ from types import FrameType
 from ..api.tools import DEFAULT_ANSWER_CHARS, MIN_ANSWER_CHARS
 from ..bearer import RULE, acceptable
 from ..errors import ConfigError
-from ..mcp import INSTALL_HINT
+from ..extras import needs
+from ..mcp import EXTRA, NEEDS
 from ..mcp.seats import Seats
 from ..mcp.workspace import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSIONS, Limits, Workspace
 from ..units import positive_duration_argument, size_argument
@@ -101,15 +102,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
     """Serve until the client goes (stdio: its pipe closes) or SIGINT/SIGTERM, then let go of the sessions."""
-    try:
+    with needs(EXTRA, NEEDS):  # anyio too: the SDK brings it, and a user without the extra misses it first
         import anyio
 
         from ..mcp.clients import Clients
         from ..mcp.server import IDLE_AFTER, build_server, serve_http
-    except ImportError as exc:
-        if exc.name is not None and exc.name.split(".")[0] in ("mcp", "mcp_types", "starlette", "uvicorn", "pydantic"):
-            raise ConfigError(INSTALL_HINT) from None
-        raise
     limits = _limits(args)
     seats = Seats(limits.max_sessions)  # one count for every client's workspace
     token, made = _token() if args.http else ("", False)

@@ -2,10 +2,12 @@
 
 ``workspace`` holds one client's sessions and builds each tool's answer (it needs only the
 public API); ``server`` offers them through the official ``mcp`` SDK, an optional dependency
-(``pip install 'orchestrator[mcp]'``).
+(the ``mcp`` extra: ``pip install 'orchestrator-sessions[mcp]'``).
 """
 
 from __future__ import annotations
 
-INSTALL_HINT = "orchestrator mcp needs the MCP SDK: pip install 'orchestrator[mcp]'"
-"""What to do when the ``mcp`` package is missing."""
+EXTRA = "mcp"
+"""The optional dependencies of ``orchestrator mcp`` (pyproject.toml)."""
+NEEDS = "orchestrator mcp needs the MCP SDK"
+"""The start of the one line ``orchestrator mcp`` prints without them (``orchestrator.extras.needs``)."""

@@ -28,6 +28,7 @@ from .. import __version__
 from ..agent import protocol
 from ..backends.base import LABEL_PREFIX, Backend
 from ..errors import ConfigError, ImageBuildFailed, ImageMissing, NotASandboxImage
+from ..extras import DISTRIBUTION
 
 logger = logging.getLogger(__name__)
 
@@ -106,12 +107,21 @@ def _distribution_files(distribution: str) -> dict[str, bytes]:
     return files
 
 
-def _runtime_distributions(root: str = "orchestrator") -> list[str]:
+def _runtime_distributions(root: str = DISTRIBUTION) -> list[str]:
     """``root`` and every distribution it needs at run time (no extras), as installed on this host.
 
     A requirement under an environment marker that is not installed here (``pywin32; sys_platform ==
     'win32'``) is taken to be for another platform or Python and left out; a plain one must be installed.
+
+    Raises:
+        ConfigError: ``root``, or a distribution it needs, is not installed.
     """
+    try:
+        importlib.metadata.distribution(root)
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(
+            f"the distribution {root!r} is not installed here (in a checkout: pip install -e .)"
+        ) from None
     wanted, queue = {root}, [root]
     while queue:
         for requirement in importlib.metadata.requires(queue.pop()) or ():

@@ -13,7 +13,9 @@ from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-INSTALL_HINT = "install it with `pip install -e '.[rlm]'` in a checkout, or `pip install 'orchestrator[rlm]'`"
+from ..extras import install_line
+
+INSTALL_HINT = f"install it with `pip install -e '.[rlm]'` in a checkout, or `{install_line('rlm')}`"
 
 
 def load(name: str) -> ModuleType:

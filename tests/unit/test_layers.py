@@ -12,6 +12,7 @@ PACKAGE = Path(orchestrator.__file__).parent
 RANK = {
     # the top-level helpers and the agent (stdlib only, copied into the image) are below everything
     "errors": 0,
+    "extras": 0,
     "config": 0,
     "checks": 0,
     "files": 0,

@@ -64,5 +64,5 @@ def test_without_the_sdk_the_command_says_what_to_install(monkeypatch: pytest.Mo
     for name in [name for name in sys.modules if name == "mcp" or name.startswith("mcp.")]:
         monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
     monkeypatch.setitem(sys.modules, "mcp", None)
-    with pytest.raises(ConfigError, match=re.escape("pip install 'orchestrator[mcp]'")):
+    with pytest.raises(ConfigError, match=re.escape("pip install 'orchestrator-sessions[mcp]'")):
         run(SimpleNamespace(orch=None), parse())

@@ -230,6 +230,7 @@ def test_without_rlms_the_import_error_says_what_to_install() -> None:
     result = _python("import sys; sys.modules['rlm'] = None\nimport orchestrator.rlm")
     assert "ImportError: orchestrator.rlm needs the rlms package" in result.stderr
     assert "pip install -e '.[rlm]'" in result.stderr
+    assert "pip install 'orchestrator-sessions[rlm]'" in result.stderr  # ours, not PyPI's unrelated orchestrator
 
 
 # ----------------------------------------------------------------- RLMSession on any persistent environment
