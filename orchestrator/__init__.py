@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .backends.base import Placement
     from .config import Capacity, Confinement, ResourceLimits, Settings, SwarmSettings, Timeouts
     from .errors import (
+        AgentStartFailed,
         AgentStartTimeout,
         AgentTimeoutError,
         CapacityExceeded,
@@ -36,8 +37,10 @@ if TYPE_CHECKING:
         EngineUnavailable,
         ExecutionTimeout,
         GenerationNotFound,
+        ImageBuildFailed,
         ImageMissing,
         InputRequestNotFound,
+        NotASandboxImage,
         OrchestratorError,
         ProtocolError,
         RelayUnavailable,
@@ -91,6 +94,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AgentStartFailed",
     "AgentStartTimeout",
     "AgentTimeoutError",
     "AsyncContext",
@@ -116,9 +120,11 @@ __all__ = [
     "GenerationNotFound",
     "HostCallError",
     "HostCalls",
+    "ImageBuildFailed",
     "ImageMissing",
     "InputRequest",
     "InputRequestNotFound",
+    "NotASandboxImage",
     "Orchestrator",
     "OrchestratorError",
     "OutputEvent",

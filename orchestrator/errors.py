@@ -6,11 +6,13 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
 
     OrchestratorError
     ├── ConfigError (ValueError)             a setting or argument is invalid
-    │   └── GenerationNotFound (LookupError) the session keeps no such generation (rewind, fork(at=...))
+    │   ├── GenerationNotFound (LookupError) the session keeps no such generation (rewind, fork(at=...))
+    │   └── NotASandboxImage                 a base image was given where a sandbox image goes; build on it
     ├── InputRequestNotFound (LookupError)   no input() request with that id waits
     ├── EngineError                          the Docker engine refused or failed
     │   ├── EngineUnavailable (ConnectionError)  no engine answers; how to start one
-    │   └── ImageMissing (LookupError)           the sandbox image is not built; how to build it
+    │   ├── ImageMissing (LookupError)           the sandbox image is not built; how to build it
+    │   └── ImageBuildFailed                     a sandbox image's build failed; the end of its log
     ├── SessionError
     │   ├── SessionNotFound (LookupError)    no session with that id
     │   ├── ContextNotFound (LookupError)    no context with that id in the session (or it was destroyed)
@@ -26,7 +28,8 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     │   ├── ExecutionTimeout (TimeoutError)  the cell ran past its timeout
     │   ├── SandboxCrashed                   the interpreter or container died
     │   │   └── SandboxOutOfMemory (MemoryError)  ... killed for exceeding its memory limit
-    │   └── AgentStartTimeout (TimeoutError) a new container's agent never connected
+    │   ├── AgentStartTimeout (TimeoutError) a new container's agent never connected
+    │   └── AgentStartFailed                 a new container exited before its agent connected
     └── TransportError                       the channel to the agent failed
         ├── ProtocolError                    the agent sent something invalid or oversized; see .restored
         │   └── CheckpointLimitExceeded      ... a checkpoint past the session's limits (also a CheckpointQuotaExceeded)
@@ -42,8 +45,40 @@ class OrchestratorError(Exception):
     """Root of every error the controller raises."""
 
 
+class _QuotesLog(OrchestratorError):
+    """An error that quotes the last lines of a log (a build's, a container's), each a line of its own.
+
+    ``headline`` is the one-line message; ``str()`` adds the quoted lines below it, indented, so a traceback
+    shows them. They were made safe for a terminal and bounded where the log was read (``safe_text.last_lines``).
+
+    Attributes:
+        log_tail: the log's last lines, oldest first.
+    """
+
+    def __init__(self, headline: str, *, log_tail: tuple[str, ...] = ()) -> None:
+        super().__init__(headline)
+        self.headline = headline
+        self.log_tail = tuple(log_tail)
+
+    def __str__(self) -> str:
+        return self.headline + "".join(f"\n  | {line}" for line in self.log_tail)
+
+
 class ConfigError(OrchestratorError, ValueError):
     """A setting or argument is invalid; the message names it and what is allowed."""
+
+
+class NotASandboxImage(ConfigError):
+    """The image given where a sandbox image goes (``create_session(image=...)``, the CLI's ``--image``) has no agent:
+    it is a base image. Nothing was started; the message says how to build a sandbox image on it (``--base``).
+
+    Attributes:
+        image: the image given.
+    """
+
+    def __init__(self, message: str, *, image: str) -> None:
+        super().__init__(message)
+        self.image = image
 
 
 class EngineError(OrchestratorError):
@@ -56,6 +91,21 @@ class EngineUnavailable(EngineError, ConnectionError):
 
 class ImageMissing(EngineError, LookupError):
     """The sandbox image does not exist; the message says how to build it."""
+
+
+class ImageBuildFailed(_QuotesLog, EngineError):
+    """A sandbox image's build failed (a base without ``python3``, a full disk): the headline is the engine's error,
+    ``log_tail`` the build log's last lines.
+
+    Attributes:
+        tag: the image that was being built.
+        base_image: the base it was built on.
+    """
+
+    def __init__(self, headline: str, *, tag: str, base_image: str, log_tail: tuple[str, ...] = ()) -> None:
+        super().__init__(headline, log_tail=log_tail)
+        self.tag = tag
+        self.base_image = base_image
 
 
 class InputRequestNotFound(OrchestratorError, LookupError):
@@ -212,6 +262,20 @@ class SandboxOutOfMemory(SandboxCrashed, MemoryError):
 
 class AgentStartTimeout(SandboxError, TimeoutError):
     """A new container started but its agent did not connect in time."""
+
+
+class AgentStartFailed(_QuotesLog, SandboxError):
+    """A new container exited before its agent connected (a base image given as the sandbox image, an agent command
+    that fails): reported as soon as the engine says so, not at the start timeout. Nothing is left behind.
+
+    Attributes:
+        exit_code: the container's exit code (None: the engine did not say, or the container was gone).
+        log_tail: the container's last log lines.
+    """
+
+    def __init__(self, headline: str, *, exit_code: int | None, log_tail: tuple[str, ...] = ()) -> None:
+        super().__init__(headline, log_tail=log_tail)
+        self.exit_code = exit_code
 
 
 class TransportError(OrchestratorError):

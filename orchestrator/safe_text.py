@@ -62,6 +62,18 @@ def visible(text: str, *, multiline: bool = True) -> str:
     return "".join(char if char in kept or not _unsafe(char) else _escape(char) for char in text)
 
 
+def last_lines(text: str, count: int = 20, width: int = 300) -> tuple[str, ...]:
+    """The last ``count`` non-blank lines of a log (a build's, a container's), each made ``visible`` on one line and
+    cut to ``width`` characters: what an error may quote of text that may come from a sandbox or a user's image. Only
+    a newline ends a line; a carriage return is shown (``\\r``), so no line can overwrite another."""
+    lines = [line for line in text.split("\n") if line.strip()][-count:]
+    return tuple(_cut(visible(line.rstrip(), multiline=False), width) for line in lines)
+
+
+def _cut(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
 class VisibleFormatter(logging.Formatter):
     """Log records for a person's terminal (the CLI's ``-v``, the janitor): a message may quote the sandbox (a
     reason, a name, an error), so control characters are made visible, and the lines after the first (a

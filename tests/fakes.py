@@ -91,6 +91,9 @@ class FakeBackend:
     def image_id(self, tag: str) -> str | None:
         return "sha256:" + "0" * 64
 
+    def image_labels(self, tag: str) -> dict[str, str] | None:
+        return {"orchestrator.protocol": "1"}
+
     def build_image(
         self, context_tar: bytes, tag: str, buildargs: Mapping[str, str], labels: Mapping[str, str]
     ) -> None:

@@ -23,7 +23,6 @@ from ..errors import (
     CheckpointError,
     ConfigError,
     EngineError,
-    ImageMissing,
     OrchestratorError,
     SessionAttachedElsewhere,
     SessionBusy,
@@ -161,7 +160,8 @@ class Orchestrator:
 
         Args:
             session_id: an id of your choosing (3-63 lowercase letters, digits, dashes).
-            image: an image with the agent in it (default: ``default_image``).
+            image: a sandbox image, one with the agent in it (default: ``default_image``); a base image is refused
+                (build a sandbox image on it: ``Settings.base_image``, ``build_image``).
             labels: extra container labels; keys must start with ``orchestrator.``.
             placement: where its sandboxes may run and what they reserve (Swarm backend); kept for its restarts.
 
@@ -169,7 +169,9 @@ class Orchestrator:
             ConfigError: the id is invalid or taken, a label is outside our namespace, or a placement is given to
                 the docker backend.
             ImageMissing: the image is not built; the message says how to build it.
+            NotASandboxImage: the image is a base image (no agent); nothing was started.
             EngineError: the engine refused to start the container.
+            AgentStartFailed: the container exited before its agent connected (its exit code and last log lines).
             AgentStartTimeout: the container started but its agent never connected.
         """
         session_id = validate_session_id(session_id) if session_id else f"s{secrets.token_hex(6)}"
@@ -177,11 +179,9 @@ class Orchestrator:
         placement = placement or Placement()
         self._check_placement(placement)
         image = image or self.default_image
-        if not self.backend.image_exists(image):
-            raise ImageMissing(
-                f"sandbox image {image!r} does not exist; build it with `orchestrator image build`"
-                + (f" (base image {self.settings.base_image})" if image == self.default_image else "")
-            )
+        images.check_sandbox_image(
+            self.backend, image, base_image=self.settings.base_image if image == self.default_image else None
+        )
         now = time.time()
         record = SessionRecord(
             session_id=session_id,

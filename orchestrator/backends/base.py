@@ -57,6 +57,12 @@ class ContainerState:
     created_at: float | None = None
     """When the engine created it (Unix time), where the listing says; prune's grace for containers never started."""
 
+    @property
+    def ended(self) -> bool:
+        """It ran and stopped: its exit code is known (a Swarm task still pending has none), it will not start
+        again by itself."""
+        return not self.running and self.exit_code is not None and self.status != "created"
+
     def describe(self) -> str:
         """A sentence for error messages: how the container ended."""
         if self.oom_killed:
@@ -149,6 +155,10 @@ class Backend(Protocol):
 
     def image_id(self, tag: str) -> str | None:
         """The image's id (``sha256:...``), or None when it does not exist."""
+        ...
+
+    def image_labels(self, tag: str) -> Mapping[str, str] | None:
+        """The image's labels, or None when it does not exist."""
         ...
 
     def build_image(

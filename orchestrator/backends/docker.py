@@ -20,7 +20,8 @@ from docker.types import LogConfig
 
 from ..agent.usage import container_usage, cpu_and_peak
 from ..config import Settings
-from ..errors import EngineError, EngineUnavailable, ImageMissing
+from ..errors import EngineError, EngineUnavailable, ImageBuildFailed, ImageMissing
+from ..safe_text import last_lines
 from ..wire.endpoint import UnixSocketEndpoint
 from .base import (
     MANAGED,
@@ -33,6 +34,16 @@ from .base import (
 )
 
 logger = logging.getLogger(__name__)
+
+BUILD_NETWORK = "none"
+"""The network of an image build's steps: none (the sandbox image's build context holds everything it installs)."""
+_BUILD_LOG_LINES = 20
+_BUILDER_COLOUR = re.compile(r"\x1b\[(?:91|0)m")
+"""The classic builder's own marking of a step's stderr (red, then reset): dropped, not shown escaped."""
+_BUILDER_NOISE = re.compile(r"^(?: ---> .*|Removing intermediate container \w+)$", re.MULTILINE)
+"""The builder's bookkeeping lines (layer ids, cache use), which would push a step's own output out of the tail."""
+_STEP_COMMAND = re.compile(r"^The command '.*' returned", re.DOTALL)
+"""The engine's error repeats the whole failed step; the tail shows that step already."""
 
 _START_ENGINE_HINT = (
     "start one with `scripts/setup-engine` (installs and starts Debian's docker.io as root) "
@@ -47,7 +58,8 @@ def engine_errors(action: str) -> Iterator[None]:
         yield
     except docker.errors.ImageNotFound as exc:
         raise ImageMissing(
-            f"{action}: image not found ({exc.explanation}); build it with `orchestrator image build`"
+            f"{action}: image not found ({exc.explanation}); build a sandbox image on a base image with python3: "
+            "`orchestrator image build --base IMAGE`"
         ) from exc
     except (requests.exceptions.RequestException, docker.errors.DockerException) as exc:  # a timeout included
         if isinstance(exc, docker.errors.APIError):
@@ -76,19 +88,28 @@ class DockerBackend:
         return self.image_id(tag) is not None
 
     def image_id(self, tag: str) -> str | None:
+        image = self._image(tag)
+        return None if image is None else str(image.id)
+
+    def image_labels(self, tag: str) -> dict[str, str] | None:
+        image = self._image(tag)
+        return None if image is None else dict(image.labels)
+
+    def _image(self, tag: str) -> Any:
         with engine_errors(f"inspecting image {tag}"):
             try:
-                return str(self.client.images.get(tag).id)
+                return self.client.images.get(tag)
             except docker.errors.ImageNotFound:
                 return None
 
     def build_image(
         self, context_tar: bytes, tag: str, buildargs: Mapping[str, str], labels: Mapping[str, str]
     ) -> None:
-        """Build ``tag`` from an in-memory build context.
+        """Build ``tag`` from an in-memory build context, its steps with no network (``network_mode`` "none"): the
+        context holds all they need, and an engine without a default bridge (``--bridge=none``) builds it too.
 
         Raises:
-            EngineError: the build failed; the message carries the end of the build log.
+            ImageBuildFailed: the build failed; the engine's error, and the build log's last lines.
         """
         with engine_errors(f"building image {tag}"):
             try:
@@ -98,13 +119,22 @@ class DockerBackend:
                     tag=tag,
                     buildargs=dict(buildargs),
                     labels=dict(labels),
+                    network_mode=BUILD_NETWORK,
                     rm=True,
                     forcerm=True,
                     pull=False,
                 )
             except docker.errors.BuildError as exc:
-                tail = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in list(exc.build_log)[-15:])
-                raise EngineError(f"building image {tag} failed: {exc.msg}\n{tail}") from exc
+                base = buildargs.get("BASE_IMAGE", "")
+                log = "".join(str(chunk.get("stream", "")) for chunk in exc.build_log if isinstance(chunk, dict))
+                log = _BUILDER_NOISE.sub("", _BUILDER_COLOUR.sub("", log))
+                reason = _STEP_COMMAND.sub("the step's command returned", " ".join(last_lines(str(exc.msg), 3, 500)))
+                raise ImageBuildFailed(
+                    f"building image {tag}{f' on {base}' if base else ''} failed: {reason}",
+                    tag=tag,
+                    base_image=base,
+                    log_tail=last_lines(log, _BUILD_LOG_LINES),
+                ) from None
 
     def create_endpoint(self, sandbox_id: str, settings: Settings, placement: Placement) -> UnixSocketEndpoint:
         """The controller listens in ``<runtime_dir>/<sandbox_id>/`` on this host (one machine: placement is moot)."""

@@ -247,7 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         new = command(name, what)
         new.add_argument("--name", metavar="ID", help="the session's id (3-63 lowercase letters, digits, dashes)")
-        new.add_argument("--image", help="a sandbox image with the agent (default: the image `image build` makes)")
+        new.add_argument(
+            "--image",
+            help="a sandbox image, one `image build` made (default: the one it makes); for a base image with python3, "
+            "run `image build --base BASE` first and pass the tag it prints",
+        )
         _labels_option(new, "the session")
         new.add_argument("-q", "--quiet", action="store_true", help="print only the id (create) or the output (run)")
         new.set_defaults(func=Command("commands", func))

@@ -45,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="when the client goes, leave the sessions it made running (detached) instead of removing them",
     )
-    parser.add_argument("--image", help="the image of new sessions (default: the image `image build` makes)")
+    parser.add_argument(
+        "--image", help="the sandbox image of new sessions, one `image build` made (default: the one it makes)"
+    )
     parser.add_argument(
         "--allow-files",
         dest="file_roots",

@@ -106,8 +106,9 @@ def exit_code(exc: BaseException) -> Exit:
 
 def error_line(exc: BaseException) -> str:
     """``orchestrator: <ErrorType>: <message>`` on one line (the message's own line breaks folded, and anything a
-    terminal would act on made visible: a message may quote the sandbox)."""
-    message = one_line(" ".join(str(exc).split())) or "(no message)"
+    terminal would act on made visible: a message may quote the sandbox). An error that quotes a log's last lines
+    (``log_tail``) gives its headline here; ``Output.error`` shows those lines below it."""
+    message = one_line(" ".join(str(getattr(exc, "headline", exc)).split())) or "(no message)"
     step = next((step for kind, step in _NEXT_STEP if isinstance(exc, kind)), "")
     return f"orchestrator: {type(exc).__name__}: {message}" + (f"; {step}" if step and step not in message else "")
 
@@ -143,6 +144,8 @@ def shown(text: str) -> str:
 def error_json(exc: BaseException) -> dict[str, Any]:
     """The JSON form of an error: its type, message and exit status (and a timed-out cell's output)."""
     document: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc), "exit_code": int(exit_code(exc))}
+    if getattr(exc, "log_tail", None):
+        document["log_tail"] = list(exc.log_tail)  # type: ignore[attr-defined]
     for name in ("stdout", "stderr"):
         if isinstance(getattr(exc, name, None), str):
             document[name] = getattr(exc, name)
@@ -230,6 +233,8 @@ class Output:
     def error(self, exc: BaseException, hint: str = "") -> Exit:
         """Report ``exc`` as one line on stderr (and as JSON on stdout in JSON mode); return its exit status."""
         self.note(error_line(exc) + hint)
+        for line in getattr(exc, "log_tail", ()):  # the end of a log it quotes (made safe where it was read)
+            self.note(f"  | {one_line(line)}")
         if self.json_mode:
             self.json({"error": error_json(exc)})
         return exit_code(exc)

@@ -27,12 +27,15 @@ from pathlib import Path
 from .. import __version__
 from ..agent import protocol
 from ..backends.base import LABEL_PREFIX, Backend
-from ..errors import ConfigError
+from ..errors import ConfigError, ImageBuildFailed, ImageMissing, NotASandboxImage
 from ..extras import DISTRIBUTION
 
 logger = logging.getLogger(__name__)
 
 IMAGE_REPOSITORY = "orchestrator-sandbox"
+SANDBOX_LABEL = LABEL_PREFIX + "protocol"
+"""The mark of a sandbox image: the protocol version its agent speaks. Every image ``build_image`` made carries it
+(and so does an image built FROM one); a base image does not."""
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _DOCKERFILE = Path(__file__).resolve().with_name("sandbox.Dockerfile")
 
@@ -198,7 +201,8 @@ def build_image(backend: Backend, base_image: str, *, rebuild: bool = False) -> 
     """Ensure the sandbox image for ``base_image`` exists; return its tag.
 
     Raises:
-        EngineError: the build failed (for example the base has no ``python3``).
+        ImageBuildFailed: the build failed (for example the base has no ``python3``).
+        ImageMissing: the base is not on the engine, and the engine could not pull it.
         EngineUnavailable: no engine answers.
     """
     tag = image_tag(base_image)
@@ -206,14 +210,56 @@ def build_image(backend: Backend, base_image: str, *, rebuild: bool = False) -> 
         logger.info("sandbox image %s exists; reusing it", tag)
         return tag
     logger.info("building sandbox image %s on %s", tag, base_image)
-    backend.build_image(
-        _tar(_context_files()),
-        tag,
-        buildargs={"BASE_IMAGE": base_image},
-        labels={
-            LABEL_PREFIX + "image-version": __version__,
-            LABEL_PREFIX + "protocol": str(protocol.PROTOCOL_VERSION),
-            LABEL_PREFIX + "base-image": base_image,
-        },
-    )
+    try:
+        backend.build_image(
+            _tar(_context_files()),
+            tag,
+            buildargs={"BASE_IMAGE": base_image},
+            labels={
+                LABEL_PREFIX + "image-version": __version__,
+                SANDBOX_LABEL: str(protocol.PROTOCOL_VERSION),
+                LABEL_PREFIX + "base-image": base_image,
+            },
+        )
+    except ImageBuildFailed as exc:
+        if backend.image_exists(base_image):
+            raise
+        raise ImageMissing(
+            f"base image {base_image!r} is not on this Docker engine and could not be pulled ({exc.headline}); "
+            f"`docker pull` or build it first (`docker images` lists those there)"
+        ) from exc
     return tag
+
+
+def is_sandbox_image(backend: Backend, image: str) -> bool | None:
+    """Whether ``image`` is a sandbox image (it carries ``SANDBOX_LABEL``); None when it does not exist."""
+    labels = backend.image_labels(image)
+    return None if labels is None else SANDBOX_LABEL in labels
+
+
+def check_sandbox_image(backend: Backend, image: str, *, base_image: str | None = None) -> None:
+    """Refuse, before any container starts, an image that cannot serve as a sandbox image.
+
+    Args:
+        base_image: the base ``image`` would be built on, when it is the default sandbox image (named in the hint).
+
+    Raises:
+        ImageMissing: ``image`` does not exist; how to build it.
+        NotASandboxImage: ``image`` is a base image (no agent); how to build a sandbox image on it.
+    """
+    found = is_sandbox_image(backend, image)
+    if found is None:
+        build = (
+            f"`orchestrator image build --base {base_image}`"
+            if base_image
+            else ("`orchestrator image build --base BASE` (BASE: an image with python3) and pass the tag it prints")
+        )
+        raise ImageMissing(f"sandbox image {image!r} does not exist; build it with {build}")
+    if not found:
+        raise NotASandboxImage(
+            f"{image!r} is not a sandbox image (no orchestrator agent in it; sandbox images carry the label "
+            f"{SANDBOX_LABEL}): to run sessions on this base image, build a sandbox image on it with "
+            f"`orchestrator image build --base {image}` and pass the tag it prints (Python: "
+            f"Settings(base_image={image!r}) and Orchestrator.build_image())",
+            image=image,
+        )

@@ -159,8 +159,9 @@ class DockerREPL(NonIsolatedEnv):
         """Start (or, with ``session_id``, resume) a sandbox session.
 
         Args:
-            image: a base image with python3 (3.9+); the sandbox image is built on it once,
-                offline. Default: ``settings.base_image`` (``ORCH_BASE_IMAGE``).
+            image: a base image with python3 (3.9+), as in rlms; the sandbox image is built on it once,
+                offline. Default: ``settings.base_image`` (``ORCH_BASE_IMAGE``). A sandbox image (one
+                ``orchestrator image build`` made) is run as it is.
             lm_handler_address: (host, port) of rlms' LMHandler; ``update_handler_address``
                 changes it. Without one, ``llm_query`` returns an "Error: ..." string.
             context_payload: loaded as ``context_0`` (and ``context``).

@@ -2,9 +2,10 @@
 
 rlms' ``DockerREPL(image=...)`` takes an image with Python and installs what it needs into
 each container at start. Here ``image`` is the *base* the sandbox image is built on, once
-and offline (cached by digest); the default is the configured base, ``Settings.base_image``
-(``ORCH_BASE_IMAGE``). A base without a usable ``python3`` fails the build, and that failure
-is told as such.
+and offline (cached by digest), as rlms users pass it; the default is the configured base,
+``Settings.base_image`` (``ORCH_BASE_IMAGE``). A base without a usable ``python3`` fails the
+build, and that failure is told as such. A sandbox image given there (one ``orchestrator image
+build`` made, known by its label ``images.SANDBOX_LABEL``) is run as it is.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import re
 
 from ..api.manager import Orchestrator
 from ..config import Settings
-from ..errors import ConfigError, EngineError, ImageMissing
+from ..errors import ConfigError, ImageBuildFailed, ImageMissing
+from ..ops import images
 
 # What a build step says when the base has no python3 (or no shell to look for it with).
 _NO_PYTHON = re.compile(
@@ -33,17 +35,20 @@ def resolve_settings(settings: Settings | None, image: str | None) -> Settings:
 
 
 def ensure_image(orch: Orchestrator) -> str:
-    """The tag of the sandbox image for ``orch.settings``, built on its base if it does not exist yet.
+    """The tag of the sandbox image for ``orch.settings``, built on its base if it does not exist yet; a base that is
+    a sandbox image already is used as it is.
 
     Raises:
         ImageMissing: the base image is not on this engine (nothing is pulled).
         ConfigError: the base image has no usable ``python3``.
-        EngineError: the build failed for another reason (the message has the end of its log).
+        ImageBuildFailed: the build failed for another reason (``log_tail``: the end of its log).
     """
     settings = orch.settings
     if settings.image:
         return settings.image
     base = settings.base_image
+    if images.is_sandbox_image(orch.backend, base):
+        return base
     if not orch.backend.image_exists(orch.default_image) and not orch.backend.image_exists(base):
         raise ImageMissing(
             f"base image {base!r} is not on this Docker engine and is never pulled automatically; "
@@ -51,9 +56,7 @@ def ensure_image(orch: Orchestrator) -> str:
         )
     try:
         return orch.build_image()
-    except ImageMissing:
-        raise
-    except EngineError as exc:
+    except ImageBuildFailed as exc:
         if _NO_PYTHON.search(str(exc)):
             raise ConfigError(
                 f"image {base!r} has no usable python3 on its PATH, and the sandbox runs Python code: "

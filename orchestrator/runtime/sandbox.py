@@ -13,8 +13,10 @@ import contextlib
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent import futures
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -25,7 +27,15 @@ from ..agent.sealed import sealed_copy_of
 from ..api.events import LiveCall
 from ..backends.base import SANDBOX_ID, WORKER_UID, Backend, ContainerState, Placement, SandboxSpec
 from ..config import Settings
-from ..errors import AgentStartTimeout, AgentTimeoutError, OrchestratorError, ProtocolError
+from ..errors import (
+    AgentStartFailed,
+    AgentStartTimeout,
+    AgentTimeoutError,
+    EngineError,
+    OrchestratorError,
+    ProtocolError,
+)
+from ..safe_text import last_lines
 from ..state.store import new_sandbox_id
 from ..wire.connection import AgentConnection, Body, Header
 from ..wire.endpoint import Endpoint, UnixSocketEndpoint
@@ -38,6 +48,10 @@ from .identity import choose_worker_uid
 logger = logging.getLogger(__name__)
 
 _DEATH_SETTLE_SECONDS = 3.0
+_START_WATCH_SECONDS = 0.2
+"""How often a starting sandbox's container is inspected while its agent is awaited (most agents connect within
+0.3-1 s: one to five inspects)."""
+_START_LOG_LINES = 20
 _CONTROL_SECONDS = 10.0
 _CHECK_BESIDE_BYTES = 1 << 20
 _RESTORE_LOADS_PER_VALUE = 4
@@ -116,6 +130,7 @@ class Sandbox:
 
         Raises:
             ImageMissing, EngineError: the engine could not start it.
+            AgentStartFailed: the container exited before its agent connected; reported as soon as the engine says so.
             AgentStartTimeout: the container started but its agent never connected.
         """
         sandbox_id = new_sandbox_id()
@@ -142,19 +157,29 @@ class Sandbox:
         except BaseException:
             endpoint.remove()
             raise
+        deadline = time.monotonic() + settings.timeouts.start
         try:
-            connection = AgentConnection.open(
-                endpoint,
-                sandbox_id=sandbox_id,
-                deadline=time.monotonic() + settings.timeouts.start,
-                one_hop=settings.one_hop,
-                interrupt_grace=settings.timeouts.interrupt_grace,
-                frame_seconds=settings.timeouts.frame,
+            connection = _wait_for_agent(
+                backend,
+                container_id,
+                lambda: AgentConnection.open(
+                    endpoint,
+                    sandbox_id=sandbox_id,
+                    deadline=deadline,
+                    one_hop=settings.one_hop,
+                    interrupt_grace=settings.timeouts.interrupt_grace,
+                    frame_seconds=settings.timeouts.frame,
+                ),
             )
         except BaseException as exc:
-            state = _quietly(lambda: backend.inspect(container_id))
+            state = exc.state if isinstance(exc, _Ended) else _quietly(lambda: backend.inspect(container_id))
+            failed = None
+            if isinstance(exc, (_Ended, AgentTimeoutError)) and (state is None or state.ended):
+                failed = _start_failed(backend, sandbox_id, container_id, state)  # its log, before it is removed
             _quietly(lambda: backend.remove(container_id))
             endpoint.remove()
+            if failed is not None:
+                raise failed from None
             if isinstance(exc, AgentTimeoutError):
                 how = state.describe() if state is not None else "the container is gone"
                 raise AgentStartTimeout(
@@ -472,6 +497,75 @@ class Sandbox:
             self._backend.remove(self.container_id)
         finally:
             self._endpoint.remove()
+
+
+class _Ended(Exception):
+    """The container of a sandbox being started ended (or is gone: ``state`` None) before its agent connected."""
+
+    def __init__(self, state: ContainerState | None) -> None:
+        super().__init__()
+        self.state = state
+
+
+def _wait_for_agent(
+    backend: Backend, container_id: str, open_connection: Callable[[], AgentConnection]
+) -> AgentConnection:
+    """``open_connection()`` (the wait for the agent, up to the start timeout), watching the container meanwhile: one
+    that ends first (a base image run as a sandbox, an agent that fails at once) ends the wait at once.
+
+    The wait runs on a thread of its own, so it is never cut inside a handshake; once we stop waiting (the container
+    ended, an interrupt) the caller removes the endpoint, which ends that thread's accept, and a connection it
+    still made is closed.
+
+    Raises:
+        _Ended: the container ended, or is gone, before the agent connected.
+    """
+    opened: Future[AgentConnection] = Future()
+
+    def wait() -> None:
+        try:
+            opened.set_result(open_connection())
+        except BaseException as exc:  # the future carries it to the starting thread
+            opened.set_exception(exc)
+
+    threading.Thread(target=wait, name="orchestrator-agent-start", daemon=True).start()
+    try:
+        while not futures.wait([opened], timeout=_START_WATCH_SECONDS).done:
+            try:
+                state = backend.inspect(container_id)
+            except EngineError as exc:  # the engine hiccuped: the wait goes on to its deadline
+                logger.debug("sandbox container %s not inspected while starting: %s", container_id[:12], exc)
+                continue
+            if state is None or state.ended:
+                raise _Ended(state)
+        return opened.result()
+    except BaseException:
+        opened.add_done_callback(_close_late_connection)
+        raise
+
+
+def _close_late_connection(opened: Future[AgentConnection]) -> None:
+    if not opened.cancelled() and opened.exception() is None:
+        opened.result().close()
+
+
+def _start_failed(
+    backend: Backend, sandbox_id: str, container_id: str, state: ContainerState | None
+) -> AgentStartFailed:
+    """The error for a sandbox whose container ended before its agent connected: its exit code and its last log lines
+    (made safe for a terminal: the image may print anything)."""
+    if state is None:
+        return AgentStartFailed(
+            f"the container of sandbox {sandbox_id} was removed before its agent connected", exit_code=None
+        )
+    log = _quietly(lambda: backend.logs(container_id, tail=_START_LOG_LINES)) or ""
+    return AgentStartFailed(
+        f"the container of sandbox {sandbox_id} exited before its agent connected ({state.describe()}): is its image "
+        "a sandbox image (a base image needs `orchestrator image build --base IMAGE` first), and does its agent "
+        "command run?" + (" Its last log lines:" if log.strip() else " It logged nothing."),
+        exit_code=state.exit_code,
+        log_tail=last_lines(log, _START_LOG_LINES),
+    )
 
 
 def agent_environment(endpoint: Endpoint, settings: Settings) -> dict[str, str]:

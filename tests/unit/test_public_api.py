@@ -8,12 +8,13 @@ import orchestrator
 from orchestrator import errors
 
 EXPECTED = {
-    "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError",
+    "AgentStartFailed", "AgentStartTimeout", "AgentTimeoutError", "CapacityExceeded", "ChannelLost", "CheckpointError",
     "CheckpointLimitExceeded", "CheckpointQuotaExceeded", "ConfigError", "Context", "ContextNotFound", "EngineError",
     "EngineUnavailable",
     "ExecError", "ExecResult", "ExecutionTimeout", "Generation", "GenerationNotFound", "HostCallError", "HostCalls",
-    "ImageMissing", "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError", "OutputEvent",
-    "Placement", "ProtocolError", "PruneAction", "PruneReport", "PythonTool", "RelayUnavailable", "SandboxCrashed",
+    "ImageBuildFailed", "ImageMissing", "InputRequest", "InputRequestNotFound", "Orchestrator", "OrchestratorError",
+    "OutputEvent", "NotASandboxImage", "Placement", "ProtocolError", "PruneAction", "PruneReport", "PythonTool",
+    "RelayUnavailable", "SandboxCrashed",
     "SandboxError",
     "SandboxOutOfMemory", "Session", "SessionAttachedElsewhere", "SessionBusy", "SessionClosed", "SessionError",
     "SessionHeld", "SessionInfo", "SessionNotFound", "SessionsNotClosed", "SessionStatus", "Settings", "TransportError",

@@ -123,6 +123,9 @@ class SwarmBackend:
     def image_id(self, tag: str) -> str | None:
         return self._images.image_id(tag)
 
+    def image_labels(self, tag: str) -> Mapping[str, str] | None:
+        return self._images.image_labels(tag)
+
     def build_image(
         self, context_tar: bytes, tag: str, buildargs: Mapping[str, str], labels: Mapping[str, str]
     ) -> None:
