@@ -321,8 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     logs = command(
         "logs",
-        "print a session's container log (the agent's messages, what cells wrote to the process's own stderr or "
-        "stdout), or with --output the whole outputs the host kept of its calls; -f follows",
+        "print a session's container log (what cells wrote to the process's own stderr or stdout; the agent's "
+        "messages with --agent), or with --output the whole outputs the host kept of its calls; -f follows",
     )
     logs.add_argument("session_id", metavar="ID")
     logs.add_argument("--tail", type=_tail, default=200, metavar="N", help="last N lines, or 'all' (default 200)")
@@ -336,6 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         action="store_true",
         help="the files where the host kept the whole stdout/stderr of calls past ORCH_MAX_OUTPUT_BYTES",
+    )
+    logs.add_argument(
+        "--agent",
+        action="store_true",
+        help="also the agent's own lines ('orchestrator agent: connection ended ...'), for debugging the sandbox",
     )
     _sandbox_text_options(logs, "escape")
     logs.set_defaults(func=Command("logs", "run"))

@@ -170,13 +170,21 @@ def ls(ctx: Context, args: argparse.Namespace) -> int:
 
 def inspect(ctx: Context, args: argparse.Namespace) -> int:
     """Everything known of one session, without touching it."""
+    from ..api.answers import listed_names
+
     now = time.time()
     info = ctx.orch.describe(args.session_id, now=now)
+    unsaved = {} if info.record_unreadable else ctx.orch.history(info.id)[-1].unsaved  # the current generation's
     if ctx.out.json_mode:
-        ctx.out.json(info.to_json())
+        ctx.out.json({**info.to_json(), "unsaved": unsaved})
     else:
-        ctx.out.table(key_value_table(session_rows(info, now)))
+        listed = f"{listed_names(unsaved, _UNSAVED_CHARS)} (lost if the sandbox restarts)" if unsaved else "-"
+        ctx.out.table(key_value_table(session_rows(info, now, listed)))
     return Exit.OK
+
+
+_UNSAVED_CHARS = 200
+"""Characters of names ``inspect`` lists as not saved (the rest are counted; ``--json`` has them all)."""
 
 
 def create(ctx: Context, args: argparse.Namespace) -> int:

@@ -123,8 +123,9 @@ def plain_table(columns: Sequence[Column]) -> str:
     return "".join(lines)
 
 
-def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
-    """Everything ``orchestrator inspect`` shows of a session, as (key, value) pairs."""
+def session_rows(info: SessionInfo, now: float, unsaved: str = "-") -> list[tuple[str, str]]:
+    """Everything ``orchestrator inspect`` shows of a session, as (key, value) pairs; ``unsaved`` the names its
+    record reports not saved (``Session.unsaved``), listed."""
     return [
         ("id", info.id),
         ("state", info.status.value),
@@ -137,6 +138,7 @@ def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
         ("hibernated", human_time(info.hibernated_at, now)),
         ("generation", str(info.generation)),
         ("variables", str(info.variables)),
+        ("not saved", unsaved),
         ("checkpoint", f"{describe_bytes(info.checkpoint_bytes)} ({info.checkpoint_bytes} bytes)"),
         ("checkpoint damaged", "yes" if info.checkpoint_damaged else "no"),
         ("forked from", _origin(info.forked_from)),
@@ -250,7 +252,7 @@ def write_exec_result(out: Output, result: ExecResult, live: LiveOutput | None =
         out.program_output(result.return_value + "\n")
     if result.error is not None:
         out.program_output(result.error.traceback or f"{result.error}\n", out.stderr)
-    for name, reason in sorted(result.unsaved.items()):
+    for name, reason in sorted(result.newly_unsaved.items()):  # once: `inspect` lists them all
         out.note(f"orchestrator: not saved (lost if the sandbox restarts): {one_line(name)}: {one_line(reason)}")
     for name, reason in sorted(result.restore_failures.items()):
         out.note(f"orchestrator: dropped by a restore before this call: {one_line(name)}: {one_line(reason)}")
