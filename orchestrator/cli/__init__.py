@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .. import __version__
 from ..errors import OrchestratorError
 from ..safe_text import log_to_stderr, visible
+from ..spelling import did_you_mean
 from ..units import duration_argument, positive_duration_argument
 from . import filters
 from .output import EXIT_HELP, Exit, Output
@@ -56,6 +57,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(Exit.USAGE, f"orchestrator: UsageError: {message} (see `{self.prog} --help`)\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A value outside an argument's choices (a command, a format) is refused naming the closest one."""
+        choices = action.choices
+        if choices is not None and value not in choices:
+            hint = did_you_mean(str(value), map(str, choices))
+            listed = ", ".join(map(str, choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{hint}; choose from {listed}")
 
 
 class Command:
@@ -161,7 +170,8 @@ def _label(text: str) -> tuple[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command (``func`` in the namespace runs the command)."""
     formatter = argparse.RawDescriptionHelpFormatter
-    parser = _Parser(prog="orchestrator", description=__doc__, epilog=EXIT_HELP, formatter_class=formatter)
+    description = (__doc__ or "").replace("``", "")  # the docstring's reST literals, as plain text for a terminal
+    parser = _Parser(prog="orchestrator", description=description, epilog=EXIT_HELP, formatter_class=formatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log lifecycle events to stderr")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text (also after the command)")
     parser.add_argument(
