@@ -21,6 +21,7 @@ from ..safe_text import log_to_stderr, visible
 from ..spelling import did_you_mean
 from ..units import duration_argument, positive_duration_argument
 from . import filters
+from .labels import stored_key
 from .output import EXIT_HELP, Exit, Output
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def _labels_option(parser: argparse.ArgumentParser, what: str) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help=f"a label to keep with {what} (key like orchestrator.<you>.<name>); repeatable",
+        help=f"a label to keep with {what}, as docker takes one (team=a); repeatable",
     )
 
 
@@ -164,7 +165,7 @@ def _label(text: str) -> tuple[str, str]:
     key, equals, value = text.partition("=")
     if not equals or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key, value
+    return stored_key(key), value
 
 
 def build_parser() -> argparse.ArgumentParser:

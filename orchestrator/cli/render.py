@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ..safe_text import visible
 from ..units import describe_bytes, describe_duration
+from .labels import shown_key
 from .output import OUR_PREFIX, SANDBOX_MARK, Output, one_line, write_bytes
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def session_rows(info: SessionInfo, now: float, unsaved: str = "-") -> list[tupl
             "cpu",
             _percent(info.cpu_percent) + ("" if info.cpu_seconds is None else f" ({info.cpu_seconds:.1f} s in all)"),
         ),
-        ("labels", ", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())) or "-"),
+        ("labels", ", ".join(f"{k}={v}" for k, v in sorted((shown_key(k), v) for k, v in info.labels.items())) or "-"),
     ]
 
 

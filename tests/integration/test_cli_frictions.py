@@ -41,3 +41,17 @@ def test_the_eval_summary_has_no_rules_and_speaks_of_runs_and_sizes_as_people_do
     assert done.stdout.splitlines()[0].split() == ["STATUS", "COUNT"]
     assert "\n1 run: CPU" in done.stdout, done.stdout
     assert "printed more than 1.0 MiB and was stopped" in done.stderr and "1048576" not in done.stderr, done.stderr
+
+
+def test_labels_as_docker_takes_them(cli):
+    made = cli("create", "-q", "--name", "lab-1", "--label", "team=a", "--label", "orchestrator.test.x=1")
+    assert made.returncode == 0, made.stderr
+    assert cli("ls", "-q", "--filter", "label=team=a").stdout == "lab-1\n"
+    assert cli("ls", "-q", "--filter", "label=team").stdout == "lab-1\n"
+    assert cli("ls", "-q", "--filter", "label=team=b").stdout == ""
+    assert "labels              orchestrator.test.x=1, team=a\n" in cli("inspect", "lab-1").stdout
+    forked = cli("fork", "lab-1", "-q", "--name", "lab-2", "--label", "team=b")
+    assert forked.returncode == 0, forked.stderr
+    assert cli("ls", "-q", "--filter", "label=team=b").stdout == "lab-2\n"
+    stored = json.loads(cli("inspect", "lab-2", "--json").stdout)["labels"]
+    assert stored["orchestrator.label.team"] == "b"  # under our prefix for the API and the engine
