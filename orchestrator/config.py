@@ -7,7 +7,6 @@ variable and ``EnvVariable.parse`` is the one place a variable's text becomes a 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import logging
 import math
@@ -27,6 +26,7 @@ from .checks import is_count, is_integer, is_number
 from .errors import ConfigError
 from .files import replace_file
 from .metrics import parse_address
+from .spelling import closest
 from .units import DURATION_HELP, SIZE_HELP, parse_duration, parse_size
 
 logger = logging.getLogger(__name__)
@@ -602,12 +602,12 @@ def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
     """Each ``ORCH_*`` name of ``environ`` nobody reads, with the ``Settings`` variable closest to it (or None)."""
     suffixes = [v.name.removeprefix("ORCH_") for v in ENV_VARIABLES]  # the shared prefix would make all look close
 
-    def closest(name: str) -> str | None:
-        found = difflib.get_close_matches(name.removeprefix("ORCH_"), suffixes, n=1, cutoff=0.6)
-        return "ORCH_" + found[0] if found else None
+    def nearest(name: str) -> str | None:
+        found = closest(name.removeprefix("ORCH_"), suffixes)
+        return None if found is None else "ORCH_" + found
 
     return {
-        name: closest(name) for name in sorted(environ) if name.startswith("ORCH_") and name not in _KNOWN_VARIABLES
+        name: nearest(name) for name in sorted(environ) if name.startswith("ORCH_") and name not in _KNOWN_VARIABLES
     }
 
 
@@ -616,8 +616,8 @@ def warn_unknown_variables(environ: Mapping[str, str]) -> None:
     process (a misspelt variable would otherwise be ignored without a word)."""
     unknown = unknown_variables(environ)
     with _warned_lock:
-        new = {name: closest for name, closest in unknown.items() if name not in _warned}
+        new = {name: near for name, near in unknown.items() if name not in _warned}
         _warned.update(new)
     if new:
-        named = ", ".join(name + (f" (did you mean {closest}?)" if closest else "") for name, closest in new.items())
+        named = ", ".join(name + (f" (did you mean {near}?)" if near else "") for name, near in new.items())
         logger.warning("unknown ORCH_ variable%s, ignored: %s", "s" if len(new) > 1 else "", named)

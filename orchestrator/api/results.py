@@ -96,7 +96,9 @@ class ExecResult:
         error: the user's exception, or None when the cell completed.
         duration: seconds the cell ran inside the sandbox.
         unsaved: variables that could not be checkpointed, with the reason; they are lost
-            if the sandbox restarts.
+            if the sandbox restarts. Every such name, at every call for as long as it stays unsaved.
+        newly_unsaved: the names of ``unsaved`` that were not unsaved before this call (a generator this cell
+            made, a value that grew past the quota): what to tell a person once (the CLI shows these only).
         generation: the checkpoint generation that holds the state after this call.
         checkpoint_duration: seconds the checkpoint of this call took (not part of ``duration``
             and not counted against the cell's timeout).
@@ -128,6 +130,7 @@ class ExecResult:
     callback_errors: tuple[str, ...] = ()
     stdout_bytes: bytes = field(default=b"", repr=False)
     stderr_bytes: bytes = field(default=b"", repr=False)
+    newly_unsaved: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Given only the text (the reply of an agent that sent no bytes, or a result made by hand): its UTF-8.
@@ -143,8 +146,14 @@ class ExecResult:
 
     @classmethod
     def from_reply(
-        cls, reply: ExecReply, unsaved: dict[str, str], generation: int, restore_failures: dict[str, str]
+        cls,
+        reply: ExecReply,
+        unsaved: dict[str, str],
+        generation: int,
+        restore_failures: dict[str, str],
+        newly_unsaved: dict[str, str] | None = None,
     ) -> ExecResult:
+        """The result of a parsed reply; ``newly_unsaved`` None: every name of ``unsaved`` is new."""
         error = reply["error"]
         return cls(
             stdout=reply["stdout"],
@@ -153,6 +162,7 @@ class ExecResult:
             error=None if error is None else ExecError.from_reply(error),
             duration=reply["duration"],
             unsaved=unsaved,
+            newly_unsaved=dict(unsaved if newly_unsaved is None else newly_unsaved),
             generation=generation,
             checkpoint_duration=reply["checkpoint_duration"],
             restore_failures=restore_failures,

@@ -585,7 +585,10 @@ class Session:
             ExecError.from_reply(parsed["error"])  # every field checked before anything is stored
         parsed["duration"] = min(parsed["duration"], elapsed)
         parsed["checkpoint_duration"] = min(parsed["checkpoint_duration"], elapsed)
-        unsaved = local_names(self._ledger.commit(parsed["checkpoint"], body, context=self._context_of(context)))
+        before = set(self._ledger.record.unsaved)  # the session's unsaved report up to this call
+        reported = self._ledger.commit(parsed["checkpoint"], body, context=self._context_of(context))
+        unsaved = local_names(reported)
+        newly = local_names({k: why for k, why in reported.items() if k not in before and repr(k) not in before})
         failures = self._sandbox.take_unreported()
         output = self._output(parsed, live)
         if parsed["status"] == protocol.STATUS_TIMEOUT:
@@ -601,7 +604,7 @@ class Session:
                 stdout=output.get("stdout", parsed["stdout"]),
                 stderr=output.get("stderr", parsed["stderr"]),
             )
-        result = ExecResult.from_reply(parsed, unsaved, self.generation, failures)
+        result = ExecResult.from_reply(parsed, unsaved, self.generation, failures, newly)
         return dataclasses.replace(result, **output) if output else result
 
     def _commit_state(

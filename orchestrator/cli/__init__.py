@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .. import __version__
 from ..errors import OrchestratorError
 from ..safe_text import log_to_stderr, visible
+from ..spelling import did_you_mean
 from ..units import duration_argument, positive_duration_argument
 from . import filters
+from .labels import stored_key
 from .output import EXIT_HELP, Exit, Output
 
 if TYPE_CHECKING:
@@ -56,6 +58,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(Exit.USAGE, f"orchestrator: UsageError: {message} (see `{self.prog} --help`)\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A value outside an argument's choices (a command, a format) is refused naming the closest one."""
+        choices = action.choices
+        if choices is not None and value not in choices:
+            hint = did_you_mean(str(value), map(str, choices))
+            listed = ", ".join(map(str, choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{hint}; choose from {listed}")
 
 
 class Command:
@@ -147,7 +157,7 @@ def _labels_option(parser: argparse.ArgumentParser, what: str) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help=f"a label to keep with {what} (key like orchestrator.<you>.<name>); repeatable",
+        help=f"a label to keep with {what}, as docker takes one (team=a); repeatable",
     )
 
 
@@ -155,13 +165,14 @@ def _label(text: str) -> tuple[str, str]:
     key, equals, value = text.partition("=")
     if not equals or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key, value
+    return stored_key(key), value
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command (``func`` in the namespace runs the command)."""
     formatter = argparse.RawDescriptionHelpFormatter
-    parser = _Parser(prog="orchestrator", description=__doc__, epilog=EXIT_HELP, formatter_class=formatter)
+    description = (__doc__ or "").replace("``", "")  # the docstring's reST literals, as plain text for a terminal
+    parser = _Parser(prog="orchestrator", description=description, epilog=EXIT_HELP, formatter_class=formatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log lifecycle events to stderr")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text (also after the command)")
     parser.add_argument(
@@ -325,8 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     logs = command(
         "logs",
-        "print a session's container log (the agent's messages, what cells wrote to the process's own stderr or "
-        "stdout), or with --output the whole outputs the host kept of its calls; -f follows",
+        "print a session's container log (what cells wrote to the process's own stderr or stdout; the agent's "
+        "messages with --agent), or with --output the whole outputs the host kept of its calls; -f follows",
     )
     logs.add_argument("session_id", metavar="ID")
     logs.add_argument("--tail", type=_tail, default=200, metavar="N", help="last N lines, or 'all' (default 200)")
@@ -340,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         action="store_true",
         help="the files where the host kept the whole stdout/stderr of calls past ORCH_MAX_OUTPUT_BYTES",
+    )
+    logs.add_argument(
+        "--agent",
+        action="store_true",
+        help="also the agent's own lines ('orchestrator agent: connection ended ...'), for debugging the sandbox",
     )
     _sandbox_text_options(logs, "escape")
     logs.set_defaults(func=Command("logs", "run"))

@@ -11,8 +11,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..config import Settings, save_default_base_image
-from ..errors import OrchestratorError, SandboxError
-from ..state.store import SessionStore
+from ..errors import ConfigError, OrchestratorError, SandboxError
+from ..state.store import SessionStore, validate_session_id
 from . import filters
 from .output import Exit, Output, UsageError, error_json, error_line, one_line
 from .render import (
@@ -109,7 +109,7 @@ class Context:
     @contextlib.contextmanager
     def created(self, *, name: str | None, image: str | None, labels: dict[str, str]) -> Iterator[Session]:
         """Create a session for the block (a spinner while it starts), then detach it, unless the block closed it."""
-        with self.out.progress("starting a session ..."):
+        with self.out.progress("starting a session ..."), self.names_free([] if name is None else [name]):
             session = self.orch.create_session(session_id=name, image=image, labels=labels)
         self._handles.append(session)
         try:
@@ -119,6 +119,28 @@ class Context:
             raise
         if _held(session):
             self.detach(session)
+
+    @contextlib.contextmanager
+    def names_free(self, names: Sequence[str]) -> Iterator[None]:
+        """A ``--name`` of a session that exists already is refused in the CLI's words, not the API's."""
+        try:
+            yield
+        except ConfigError:
+            taken = [name for name in names if _valid_id(name) and self.orch.store.exists(name)]
+            if not taken:
+                raise
+            raise ConfigError(
+                f"session {one_line(taken[0])} exists already; `orchestrator exec {taken[0]} CODE` uses it, "
+                f"`orchestrator rm {taken[0]}` removes it, or choose another --name"
+            ) from None
+
+
+def _valid_id(name: str) -> bool:
+    try:
+        validate_session_id(name)
+    except ConfigError:
+        return False
+    return True
 
 
 def _held(session: Session) -> bool:
@@ -170,13 +192,21 @@ def ls(ctx: Context, args: argparse.Namespace) -> int:
 
 def inspect(ctx: Context, args: argparse.Namespace) -> int:
     """Everything known of one session, without touching it."""
+    from ..api.answers import listed_names
+
     now = time.time()
     info = ctx.orch.describe(args.session_id, now=now)
+    unsaved = {} if info.record_unreadable else ctx.orch.history(info.id)[-1].unsaved  # the current generation's
     if ctx.out.json_mode:
-        ctx.out.json(info.to_json())
+        ctx.out.json({**info.to_json(), "unsaved": unsaved})
     else:
-        ctx.out.table(key_value_table(session_rows(info, now)))
+        listed = f"{listed_names(unsaved, _UNSAVED_CHARS)} (lost if the sandbox restarts)" if unsaved else "-"
+        ctx.out.table(key_value_table(session_rows(info, now, listed)))
     return Exit.OK
+
+
+_UNSAVED_CHARS = 200
+"""Characters of names ``inspect`` lists as not saved (the rest are counted; ``--json`` has them all)."""
 
 
 def create(ctx: Context, args: argparse.Namespace) -> int:
@@ -196,7 +226,7 @@ def fork(ctx: Context, args: argparse.Namespace) -> int:
     count = args.count or len(args.names) or 1
     if args.names and count != len(args.names):
         raise UsageError(f"-n {count} with {len(args.names)} --name: give one --name per fork, or none")
-    with ctx.out.progress(f"forking {args.session_id} ..."):
+    with ctx.out.progress(f"forking {args.session_id} ..."), ctx.names_free(args.names):
         forks = ctx.orch.fork(
             args.session_id, count, at=args.at, labels=dict(args.labels), session_ids=args.names or None
         )

@@ -16,7 +16,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -37,7 +36,7 @@ from ..evaluation import (
 from ..evaluation.accounting import slowest
 from ..evaluation.evaluator import MAX_RUNS, Evaluator, OnResult
 from ..units import describe_bytes, positive_duration_argument, size_argument
-from .output import Output, error_line, one_line
+from .output import Output, counted, error_line, one_line
 
 INFRA = 2
 _STYLE = {Status.PASSED: "green", Status.FAILED: "red", Status.INFRA_ERROR: "bold magenta"}
@@ -165,7 +164,7 @@ def _progress(out: Output, total: int, quiet: bool) -> Iterator[OnResult | None]
             if not result.passed:
                 shown = (one_line(result.id), one_line(result.message))
                 passes = sum(run.get("status") == Status.PASSED.value for run in result.runs)
-                flaky = f" (flaky: passed {passes} of {len(result.runs)} runs)" if result.flaky else ""
+                flaky = f" (flaky: passed {passes} of {counted(len(result.runs), 'run')})" if result.flaky else ""
                 out.note(f"{shown[0]}: {result.status.value}{flaky}: {shown[1]}")
 
         yield note
@@ -218,7 +217,7 @@ def _summary(out: Output, report: EvalReport) -> None:
             }
         )
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = Table(box=None, pad_edge=False)  # no rules: as every table of ours (docs/cli.md)
     table.add_column("STATUS")
     table.add_column("COUNT", justify="right")
     for status, count in counts.items():
@@ -230,7 +229,7 @@ def _summary(out: Output, report: EvalReport) -> None:
         table.add_row("flaky", str(figures.flaky), style="yellow")
     out.table(table)
     if slow:
-        slowest_table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title="slowest")
+        slowest_table = Table(box=None, pad_edge=False, title="slowest", title_justify="left")
         for column in ("ID", "STATUS", "WALL", "CPU", "PEAK"):
             slowest_table.add_column(column, justify="left" if column in ("ID", "STATUS") else "right")
         for result in slow:
@@ -244,9 +243,9 @@ def _summary(out: Output, report: EvalReport) -> None:
         out.table(slowest_table)
     peak = describe_bytes(figures.peak_memory)
     unmeasured = figures.runs - figures.measured
-    missing = f" ({unmeasured} runs without a CPU figure)" if unmeasured else ""
+    missing = f" ({counted(unmeasured, 'run')} without a CPU figure)" if unmeasured else ""
     out.line(
-        f"{figures.runs} runs: CPU {figures.cpu_seconds:.2f} s{missing}, wall {figures.wall_seconds:.2f} s, "
+        f"{counted(figures.runs, 'run')}: CPU {figures.cpu_seconds:.2f} s{missing}, wall {figures.wall_seconds:.2f} s, "
         f"largest peak memory {peak}"
     )
     rate = len(report.results) - report.resumed

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
+from .labels import stored_key
+
 if TYPE_CHECKING:
     from ..ops.survey import SessionInfo
 
@@ -53,6 +55,7 @@ def _matches(info: SessionInfo, key: str, value: str) -> bool:
         return info.status.value == value
     if key == "label":
         name, equals, wanted = value.partition("=")
+        name = stored_key(name)
         return name in info.labels and (not equals or info.labels[name] == wanted)
     field = {"id": info.id, "image": info.image, "node": info.node}[key]
     return field is not None and fnmatchcase(field, value)

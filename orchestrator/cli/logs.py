@@ -1,10 +1,11 @@
 """``orchestrator logs``: a session's container log, or the whole outputs the host kept of its calls; ``-f`` follows.
 
-The container log is what the sandbox wrote outside a cell's captured ``print``: the agent's
-messages and whatever a cell (or a program it started) wrote to the process's own file
-descriptors. ``--output`` shows instead the files where the host keeps the whole stdout or
-stderr of a call that printed more than ``ORCH_MAX_OUTPUT_BYTES`` (the call's result holds only
-a preview of it); calls that printed less leave no file.
+The container log is what the sandbox wrote outside a cell's captured ``print``: whatever a cell
+(or a program it started) wrote to the process's own file descriptors, and the agent's messages
+(one per connection of every command: noise to a user, so shown with ``--agent`` only).
+``--output`` shows instead the files where the host keeps the whole stdout or stderr of a call
+that printed more than ``ORCH_MAX_OUTPUT_BYTES`` (the call's result holds only a preview of it);
+calls that printed less leave no file.
 
 ``-f`` polls every ``POLL_SECONDS``: new lines of the log as they come, across the containers of
 the session's life (a restart, a resume: the new container's log follows a note); while the session
@@ -26,6 +27,8 @@ from .commands import Context
 from .output import Exit, UsageError
 
 POLL_SECONDS = 0.5
+AGENT_PREFIXES = ("orchestrator agent: ", "orchestrator worker: ")
+"""How the agent's own lines on the container's stderr begin (``agent/log.py``, ``agent/worker.py``)."""
 
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
@@ -34,19 +37,24 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
         if ctx.out.json_mode:
             raise UsageError("logs --output prints the files as text; it has no --json")
         return show_outputs(ctx, args.session_id, args.follow)
-    return show_log(ctx, args.session_id, args.tail, args.follow)
+    return show_log(ctx, args.session_id, args.tail, args.follow, agent=args.agent)
 
 
-def show_log(ctx: Context, session_id: str, tail: int | None, follow: bool) -> int:
-    """The container log's last ``tail`` lines; with ``follow``, then every new line until the session is removed."""
+def show_log(ctx: Context, session_id: str, tail: int | None, follow: bool, *, agent: bool = False) -> int:
+    """The container log's last ``tail`` lines; with ``follow``, then every new line until the session is removed.
+
+    ``agent``: the agent's own lines too; else they are left out before the last ``tail`` lines are taken.
+    """
+    shown = _as_is if agent else _without_agent
     if not follow:
         try:
-            text = ctx.orch.logs(session_id, tail=tail)
+            text = shown(ctx.orch.logs(session_id, tail=tail if agent else None))
         except ConfigError as exc:  # no container now
             raise ConfigError(
                 f"{exc}; `orchestrator resume {session_id}` starts one, "
                 f"`orchestrator logs -f {session_id}` waits for it"
             ) from None
+        text = _last_lines(text, tail)
         if ctx.out.json_mode:
             ctx.out.json({"id": session_id, "tail": tail, "log": text})
         else:
@@ -71,12 +79,12 @@ def show_log(ctx: Context, session_id: str, tail: int | None, follow: bool) -> i
                 continue
             text = text[: text.rfind("\n") + 1]  # whole lines only: the rest comes with the next poll
             if first:
-                new = _last_lines(text, tail)
+                new = _last_lines(shown(text), tail)
             elif waiting or not text.startswith(seen):  # another container: its log starts anew
                 ctx.out.note(f"orchestrator: session {session_id} runs in a new container; its log follows")
-                new = text
+                new = shown(text)
             else:
-                new = text[len(seen) :]
+                new = shown(text[len(seen) :])
             first = waiting = False
             seen = text
             if new:
@@ -122,6 +130,15 @@ def _until_interrupted() -> Iterator[None]:
     """Ctrl-C ends following: the usual way to stop it, not a failure."""
     with contextlib.suppress(KeyboardInterrupt):
         yield
+
+
+def _without_agent(text: str) -> str:
+    """``text`` without the agent's own lines (whole lines: ``text`` ends with a line break or is cut at one)."""
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith(AGENT_PREFIXES))
+
+
+def _as_is(text: str) -> str:
+    return text
 
 
 def _last_lines(text: str, tail: int | None) -> str:

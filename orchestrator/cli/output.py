@@ -124,6 +124,11 @@ SANDBOX_MARK = "[sandbox] "
 SANDBOX_TEXT_MODES = ("auto", "escape", "raw")
 
 
+def counted(count: int, noun: str) -> str:
+    """``1 run``, ``2 runs``, ``0 runs``: a count with its noun (a regular plural)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def one_line(text: str) -> str:
     """A field that may come from a sandbox (a name, a reason, a message), for one line of ours: nothing in it can
     end the line, move the cursor or drive the terminal."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ..safe_text import visible
 from ..units import describe_bytes, describe_duration
+from .labels import shown_key
 from .output import OUR_PREFIX, SANDBOX_MARK, Output, one_line, write_bytes
 
 if TYPE_CHECKING:
@@ -123,8 +124,9 @@ def plain_table(columns: Sequence[Column]) -> str:
     return "".join(lines)
 
 
-def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
-    """Everything ``orchestrator inspect`` shows of a session, as (key, value) pairs."""
+def session_rows(info: SessionInfo, now: float, unsaved: str = "-") -> list[tuple[str, str]]:
+    """Everything ``orchestrator inspect`` shows of a session, as (key, value) pairs; ``unsaved`` the names its
+    record reports not saved (``Session.unsaved``), listed."""
     return [
         ("id", info.id),
         ("state", info.status.value),
@@ -137,6 +139,7 @@ def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
         ("hibernated", human_time(info.hibernated_at, now)),
         ("generation", str(info.generation)),
         ("variables", str(info.variables)),
+        ("not saved", unsaved),
         ("checkpoint", f"{describe_bytes(info.checkpoint_bytes)} ({info.checkpoint_bytes} bytes)"),
         ("checkpoint damaged", "yes" if info.checkpoint_damaged else "no"),
         ("forked from", _origin(info.forked_from)),
@@ -153,7 +156,7 @@ def session_rows(info: SessionInfo, now: float) -> list[tuple[str, str]]:
             "cpu",
             _percent(info.cpu_percent) + ("" if info.cpu_seconds is None else f" ({info.cpu_seconds:.1f} s in all)"),
         ),
-        ("labels", ", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())) or "-"),
+        ("labels", ", ".join(f"{k}={v}" for k, v in sorted((shown_key(k), v) for k, v in info.labels.items())) or "-"),
     ]
 
 
@@ -250,7 +253,7 @@ def write_exec_result(out: Output, result: ExecResult, live: LiveOutput | None =
         out.program_output(result.return_value + "\n")
     if result.error is not None:
         out.program_output(result.error.traceback or f"{result.error}\n", out.stderr)
-    for name, reason in sorted(result.unsaved.items()):
+    for name, reason in sorted(result.newly_unsaved.items()):  # once: `inspect` lists them all
         out.note(f"orchestrator: not saved (lost if the sandbox restarts): {one_line(name)}: {one_line(reason)}")
     for name, reason in sorted(result.restore_failures.items()):
         out.note(f"orchestrator: dropped by a restore before this call: {one_line(name)}: {one_line(reason)}")

@@ -25,6 +25,7 @@ from ..config import Settings
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 from ..runtime.output import StreamRecorder
 from ..runtime.sandbox import Sandbox
+from ..units import describe_bytes
 from ..wire.replies import is_signal_name, parse_exec_reply, worker_failure
 from ..wire.wakeup import Wakeup
 from .grading import CellRun, Verdict, grade
@@ -175,7 +176,7 @@ class SubmissionRunner:
         parsed = parse_exec_reply(reply)
         error = None if parsed["error"] is None else ExecError.from_reply(parsed["error"])
         if parsed["output_limited"]:
-            ended, reason = "output_limit", f"printed more than {self._output_limit} bytes and was stopped"
+            ended, reason = "output_limit", f"printed more than {describe_bytes(self._output_limit)} and was stopped"
         elif parsed["status"] == protocol.STATUS_TIMEOUT:
             ended, reason = "timeout", "ran past its timeout and was interrupted"
         else:
@@ -187,7 +188,10 @@ class SubmissionRunner:
         """A cell whose reply never came: the output it had streamed is what is left of it."""
         streams = {name: recorder.text() for name, recorder in live.recorders.items()}
         if ended == "timeout" and sum(r.received for r in live.recorders.values()) >= self._output_limit:
-            ended, reason = "output_limit", f"printed more than {self._output_limit} bytes and ignored being stopped"
+            ended, reason = (
+                "output_limit",
+                f"printed more than {describe_bytes(self._output_limit)} and ignored being stopped",
+            )
         duration = time.monotonic() - started
         return CellRun(ended, streams.get("stdout", ""), streams.get("stderr", ""), None, duration, reason, ended_by)
 

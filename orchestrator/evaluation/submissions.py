@@ -16,6 +16,7 @@ from typing import Any
 from ..checks import is_integer, is_number
 from ..config import MIN_MEMORY_WHY, MIN_SANDBOX_MEMORY
 from ..errors import ConfigError
+from ..spelling import did_you_mean
 from ..units import describe_bytes, describe_duration, parse_duration, parse_size
 
 MAX_ID_CHARS = 200
@@ -129,7 +130,8 @@ def parse_line(text: str, number: int = 0) -> Submission | InvalidLine:
     named = raw_id if isinstance(raw_id, str) else (str(raw_id) if isinstance(raw_id, int) else None)
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
-        return InvalidLine(number, named, f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(FIELDS)}")
+        listed = ", ".join(name + did_you_mean(name, FIELDS) for name in unknown)
+        return InvalidLine(number, named, f"unknown field(s) {listed}; allowed: {', '.join(FIELDS)}")
     try:
         return submission_from_json(data, number)
     except ConfigError as exc:

@@ -81,6 +81,11 @@ class RLMSession:
         """The REPL, once the first ``chat`` made it."""
         return self._rlm.environment
 
+    @property
+    def session_id(self) -> str | None:
+        """The orchestrator session of the REPL, once the first ``chat`` made it (``RLM.session_id``)."""
+        return self._rlm.session_id
+
     def chat(self, prompt: str | dict[str, Any], root_prompt: str | None = None) -> RLMChatCompletion:
         """One turn: the RLM answers ``prompt`` (stored as ``session_context_<turn>``) seeing the turns before.
 

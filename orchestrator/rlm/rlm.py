@@ -49,6 +49,14 @@ class RLM(_PeerRLM):
         """The persistent environment once the first completion made it (``persistent=True``), else None."""
         return self._persistent_env
 
+    @property
+    def session_id(self) -> str | None:
+        """The orchestrator session of the persistent environment (``orchestrator inspect ID``, ``logs ID``,
+        ``DockerREPL(session_id=ID)``): None before the first completion, after ``close()``, without
+        ``persistent=True`` (each completion's REPL is removed when it ends) or in another environment."""
+        session_id = getattr(self._persistent_env, "session_id", None)
+        return session_id if isinstance(session_id, str) else None
+
     @contextmanager
     def _spawn_completion_context(self, prompt: str | dict[str, Any]) -> Iterator[tuple[Any, Any]]:
         server = None

@@ -229,8 +229,8 @@ class SessionSandbox:
         self.ledger.drop(failures)
         self.restore_failures = failures
         self._unreported_failures.update(failures)
-        if failures:
-            logger.warning("session %s: could not restore %s", self.session_id, ", ".join(sorted(failures)))
+        if failures:  # the next call's result reports them (restore_failures)
+            logger.info("session %s: could not restore %s", self.session_id, ", ".join(sorted(failures)))
         if self.scaffold is not None:
             self.install_scaffold()
 

@@ -432,7 +432,7 @@ class Sandbox:
                     retry.append(name)
                 else:
                     failed[name] = reply["reason"] or f"restoring it ended with {reply['status']}"
-                    logger.warning("sandbox %s: value %r took the worker down while restoring", self.sandbox_id, name)
+                    logger.info("sandbox %s: value %r took the worker down while restoring", self.sandbox_id, name)
                     return False
             if len(retry) == len(pending):
                 failed.update(errors)

@@ -169,8 +169,8 @@ class CallLink:
         self._open.clear()
         if channel is None:
             return
-        if why is not None:
-            logger.warning("closed the worker's host-call link until its next data channel: %s", why)
+        if why is not None:  # a worker that died (reported as SandboxCrashed) or a cell that closed K: nothing to do
+            logger.debug("closed the worker's host-call link until its next data channel: %s", why)
         channel.close()
 
     def _settle(self, output: OutputBudget | None, refusal: str) -> None:

@@ -396,6 +396,7 @@ def test_sandbox_text_is_escaped_on_request_raw_to_a_pipe_and_our_notes_always(c
         "orchestrator: not saved (lost if the sandbox restarts): g\\x1b[2J\\x1b[H\\norchestrator: saved: "
         + ours[0].split(": saved: ", 1)[1]
     ]
+    sid = make()  # a session where the name fails for the first time: the note is said once per name
     piped = cli("exec", sid, HOSTILE_CELL)  # a pipe: the program's own bytes, our note still escaped
     assert "before\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[H\n" in piped.stdout
     (note,) = [line for line in piped.stderr.splitlines() if line.startswith("orchestrator: not saved")]

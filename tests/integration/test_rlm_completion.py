@@ -7,6 +7,9 @@ return it, so nothing leaves this machine.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +19,7 @@ import rlm.core.lm_handler
 import rlm.core.rlm
 from rlm.environments import docker_repl
 from rlm_support import ScriptedLM, repl_block
-from support import kill_and_wait
+from support import cli_env, kill_and_wait
 
 from orchestrator import Orchestrator, Settings
 from orchestrator.rlm import RLM, DockerREPL, RLMSession, register, registered, unregister
@@ -81,6 +84,26 @@ def test_persistent_rlm_reuses_one_repl_across_completions(make_rlm, lm: Scripte
     assert environment.get_context_count() == 2 and environment.get_history_count() == 2
     engine.close()
     assert containers(env_kwargs) == []
+
+
+def test_an_rlms_session_id_is_public_and_the_cli_finds_it(make_rlm, lm: ScriptedLM, env_kwargs) -> None:
+    engine = make_rlm(persistent=True)
+    assert engine.session_id is None  # no REPL before the first completion
+    lm.script = [repl_block("answer['content'] = 'ok'; answer['ready'] = True")]
+    assert engine.completion("doc").response == "ok"
+    session_id = engine.session_id
+    assert isinstance(session_id, str)
+    shown = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "inspect", session_id, "--json"],
+        capture_output=True,
+        text=True,
+        env=cli_env(env_kwargs["settings"]),
+        timeout=120,
+    )
+    assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == session_id, shown.stderr
+    engine.close()
+    assert engine.session_id is None
+    assert make_rlm().session_id is None  # not persistent: nothing to name
 
 
 def test_non_persistent_rlm_makes_and_removes_a_repl_per_completion(make_rlm, lm: ScriptedLM, env_kwargs) -> None:

@@ -17,6 +17,7 @@ RANK = {
     "checks": 0,
     "files": 0,
     "units": 0,
+    "spelling": 0,
     "safe_text": 0,
     "metrics": 0,
     "metrics_http": 0,

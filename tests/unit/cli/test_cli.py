@@ -506,9 +506,10 @@ def test_inspect_shows_everything_and_json(fake, capsys):
         assert any(line.startswith(key + " ") for line in out.splitlines()), key
     assert "orchestrator.test.x=1" in out
     code, out, _ = run(capsys, "inspect", "s2", "--json")
-    assert (
-        json.loads(out) == info("s2", status=SessionStatus.HIBERNATED, memory_bytes=None, container_id=None).to_json()
-    )
+    assert json.loads(out) == {
+        **info("s2", status=SessionStatus.HIBERNATED, memory_bytes=None, container_id=None).to_json(),
+        "unsaved": {},
+    }
 
 
 LS_HINT = "`orchestrator ls` lists the sessions\n"
@@ -536,7 +537,9 @@ def test_exec_prints_output_and_value_then_detaches(fake, capsys):
 def test_exec_exits_1_with_the_traceback_when_the_code_raised(fake, capsys):
     tb = 'Traceback (most recent call last):\n  File "<cell-1>", line 1\nZeroDivisionError: division by zero\n'
     error = ExecError("ZeroDivisionError", "division by zero", 1, "1/0", tb)
-    fake.results.append(ExecResult(stdout="before\n", error=error, unsaved={"g": "generator"}))
+    fake.results.append(
+        ExecResult(stdout="before\n", error=error, unsaved={"g": "generator"}, newly_unsaved={"g": "generator"})
+    )
     code, out, err = run(capsys, "exec", "s1", "print('before'); 1/0")
     assert code == Exit.CODE_RAISED == 1 and out == "before\n"
     assert err.startswith(tb) and "not saved (lost if the sandbox restarts): g: generator" in err
@@ -549,7 +552,15 @@ def test_exec_json_has_every_result_field(fake, capsys):
     document = json.loads(out)
     assert code == 0 and document["id"] == "s1" and document["ok"] is True
     assert document["return_value"] == "1" and document["generation"] == 4 and document["error"] is None
-    assert set(document) >= {"stdout", "stderr", "unsaved", "restore_failures", "duration", "checkpoint_duration"}
+    assert set(document) >= {
+        "stdout",
+        "stderr",
+        "unsaved",
+        "newly_unsaved",
+        "restore_failures",
+        "duration",
+        "checkpoint_duration",
+    }
 
 
 def test_exec_reads_code_from_stdin(fake, capsys, monkeypatch):
@@ -631,9 +642,15 @@ def test_many_ids_all_failing_alike_exit_with_that_status(fake, capsys):
 
 
 def test_logs(fake, capsys):
-    fake.log = "line 1\nline 2"
-    assert run(capsys, "logs", "s1", "--tail", "2")[:2] == (0, "line 1\nline 2\n")
+    fake.log = "line 1\norchestrator agent: connection ended: the peer closed the connection\nline 2"
+    assert run(capsys, "logs", "s1", "--tail", "2")[:2] == (0, "line 1\nline 2\n")  # the agent's lines left out
+    assert ("tail", None) in fake.calls  # then the last 2 lines taken
+    assert run(capsys, "logs", "s1", "--tail", "2", "--agent")[:2] == (
+        0,
+        "[sandbox] orchestrator agent: connection ended: the peer closed the connection\nline 2\n",
+    )
     assert ("tail", 2) in fake.calls
+    fake.log = "line 1\nline 2"
     code, out, _ = run(capsys, "logs", "s1", "--json", "--tail", "all")
     assert code == 0 and json.loads(out) == {"id": "s1", "tail": None, "log": "line 1\nline 2"}
     fake.errors[("logs", "s2")] = ConfigError("session s2 has no container now")
@@ -926,7 +943,7 @@ def no_control(text: str) -> bool:
 def test_exec_output_on_a_terminal_or_with_escape_shows_control_characters_escaped(fake, capsys):
     name = f"x{CLEAR}\norchestrator: saved"
     fake.results.append(
-        ExecResult(stdout=HOSTILE, stderr=HOSTILE, return_value=repr(BIDI), unsaved={name: f"gen{CLIPBOARD}\r!"})
+        ExecResult(stdout=HOSTILE, stderr=HOSTILE, return_value=repr(BIDI), newly_unsaved={name: f"gen{CLIPBOARD}\r!"})
     )
     code, out, err = run(capsys, "exec", "s1", "1", "--escape")
     assert code == 0 and no_control(out) and no_control(err)
@@ -944,7 +961,7 @@ def test_exec_output_on_a_terminal_or_with_escape_shows_control_characters_escap
 
 
 def test_exec_output_to_a_pipe_is_the_programs_own_bytes_and_raw_passes_them(fake, capsys):
-    fake.results.append(ExecResult(stdout=HOSTILE, unsaved={f"n{CLEAR}": "r"}))
+    fake.results.append(ExecResult(stdout=HOSTILE, newly_unsaved={f"n{CLEAR}": "r"}))
     _code, out, err = run(capsys, "exec", "s1", "1")  # captured: not a terminal
     assert out == HOSTILE
     assert err == "orchestrator: not saved (lost if the sandbox restarts): n\\x1b[2J\\x1b[H: r\n", "notes: escaped"
