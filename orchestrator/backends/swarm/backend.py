@@ -564,6 +564,11 @@ def _newest(tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(tasks, key=lambda t: (t.get("CreatedAt", ""), t.get("Version", {}).get("Index", 0)), default=None)
 
 
+_NOT_YET_ENDED = frozenset({"new", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running"})
+"""Task states with no exit code yet: a task on its way to running reports 0 in its container status, which would
+read as a container that ended (and a start that failed at once)."""
+
+
 def _state(service: Mapping[str, Any], task: Mapping[str, Any] | None, nodes: Mapping[str, Node]) -> ContainerState:
     """A sandbox's state the way a container's would read, from its task, the task's desired state and its node."""
     spec = service.get("Spec") or {}
@@ -586,7 +591,7 @@ def _state(service: Mapping[str, Any], task: Mapping[str, Any] | None, nodes: Ma
         name=str(spec.get("Name", "")),
         status=word,
         running=state == "running" and desired == "running" and node is not None and node.ready,
-        exit_code=int(exit_code) if isinstance(exit_code, int) and state != "running" else None,
+        exit_code=int(exit_code) if isinstance(exit_code, int) and state not in _NOT_YET_ENDED else None,
         oom_killed=False,  # a task does not say; its exit code (137) and the node's engine would
         labels=dict(spec.get("Labels") or {}),
         node=node.hostname if node else None,
