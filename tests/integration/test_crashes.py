@@ -200,7 +200,9 @@ def test_worker_killed_from_outside_during_a_call(orch: Orchestrator, stateful: 
     pid = int(stateful.execute("worker_pid").return_value or "0")
     assert pid > 1
     killed, crash = _kill_during_a_call(stateful, pid, as_worker=True)  # a process of the worker's own uid
-    assert killed.exit_code == 0, killed.output
+    # The killer is of the worker's uid too: when the worker's replacement ends every process of that uid before
+    # the killer has exited, it goes as well (SIGKILL, 137), as a cell's own processes do.
+    assert killed.exit_code in (0, 137), killed.output
     assert crash.restored is True
     assert "SIGKILL" in str(crash)
     assert_state_back(stateful)
