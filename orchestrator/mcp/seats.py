@@ -6,8 +6,7 @@ Over HTTP each MCP session has a workspace of its own; were the cap a workspace'
 
 from __future__ import annotations
 
-import threading
-
+from ..slots import Slots
 from .files import BadCall
 
 
@@ -22,8 +21,7 @@ class Seats:
         if most < 1:
             raise ValueError(f"a server holds at least one session, not {most}")
         self.most = most
-        self._held = 0
-        self._lock = threading.Lock()
+        self._slots = Slots(most)
 
     def take(self) -> None:
         """Hold one more place.
@@ -31,21 +29,17 @@ class Seats:
         Raises:
             Refused: every place is held.
         """
-        with self._lock:
-            if self._held >= self.most:
-                raise Refused(
-                    f"This server holds {self._held} sandbox sessions, the most it allows for all its clients "
-                    f"together (--max-sessions {self.most}); close one of yours with close_session, or try again "
-                    "once other clients have gone."
-                )
-            self._held += 1
+        if not self._slots.reserve():
+            raise Refused(
+                f"This server holds {self._slots.held} sandbox sessions, the most it allows for all its clients "
+                f"together (--max-sessions {self.most}); close one of yours with close_session, or try again "
+                "once other clients have gone."
+            )
 
     def give_back(self, count: int = 1) -> None:
         """Let go of ``count`` places (sessions removed or detached)."""
-        with self._lock:
-            self._held -= count
+        self._slots.release(count)
 
     @property
     def held(self) -> int:
-        with self._lock:
-            return self._held
+        return self._slots.held

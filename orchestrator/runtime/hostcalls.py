@@ -35,6 +35,7 @@ from typing import Any
 from ..agent import protocol
 from ..errors import ConfigError
 from ..metrics import NO_METRICS, Recorder
+from ..slots import Slots
 from ..wire.wakeup import Wakeup
 
 logger = logging.getLogger(__name__)
@@ -125,33 +126,10 @@ CONTROLLER_HOST_CALLS = 512
 session's own bound (128 by default) keeps one session to a quarter of them."""
 
 
-class Slots:
-    """A count of calls held, at most ``limit`` at once, across threads: a session's, or the controller's.
-
-    Threads are a process's resource, so the controller's bound is the process's (``_controller``), shared by
-    every session's ``HandlerPool``. Each handler runs on a thread of its own that ends with it, so the threads
-    alive are never more than the calls held (an executor of a session's own kept its peak of idle threads until
-    the session closed).
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._lock = threading.Lock()
-        self.held = 0
-
-    def reserve(self) -> bool:
-        with self._lock:
-            if self.held >= self.limit:
-                return False
-            self.held += 1
-            return True
-
-    def release(self, count: int = 1) -> None:
-        with self._lock:
-            self.held -= count
-
-
 _controller = Slots(CONTROLLER_HOST_CALLS)
+"""The controller process's bound, shared by every session's ``HandlerPool`` (threads are a process's resource).
+Each handler runs on a thread of its own that ends with it, so the threads alive are never more than the calls held
+(an executor of a session's own kept its peak of idle threads until the session closed)."""
 
 
 class HandlerPool:

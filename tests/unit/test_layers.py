@@ -22,6 +22,7 @@ RANK = {
     "metrics": 0,
     "metrics_http": 0,
     "bearer": 0,
+    "slots": 0,
     "agent": 0,
     "wire": 1,
     "backends": 2,

@@ -11,7 +11,8 @@ import pytest
 
 from orchestrator.agent import protocol
 from orchestrator.errors import ConfigError
-from orchestrator.runtime.hostcalls import CallDesk, HandlerPool, HostCalls, Slots
+from orchestrator.runtime.hostcalls import CallDesk, HandlerPool, HostCalls
+from orchestrator.slots import Slots
 
 
 class Gate:
