@@ -110,11 +110,11 @@ def _check_stored_sizes(record: SessionRecord, blobs: dict[str, memoryview]) -> 
     Raises:
         ProtocolError: naming the first such blob.
     """
-    stored: dict[str, int] = {}
-    for sizes in [*(snapshot.blob_sizes for snapshot in record.history), record.blob_sizes]:
-        stored.update(sizes)
-    for blob_digest, data in blobs.items():
-        size = stored.get(blob_digest)
+    for blob_digest, data in blobs.items():  # only the blobs sent: a commit never walks the whole history
+        size = record.blob_sizes.get(blob_digest)
+        if size is None:
+            kept = (snapshot.blob_sizes for snapshot in reversed(record.history))
+            size = next((sizes[blob_digest] for sizes in kept if blob_digest in sizes), None)
         if size is not None and size != len(data):
             raise wrong_size(blob_digest, len(data), size)
 
