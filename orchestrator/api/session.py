@@ -524,7 +524,7 @@ class Session:
         """
         if isinstance(context, Context):
             if context.session is not self:
-                raise ConfigError(f"{context!r} is not a context of session {self.id}; use session.context(id)")
+                raise ConfigError(f"context {context.id!r} is of another session, not {self.id}; use its own session")
             context = context.id
         if context is not None and not isinstance(context, str):
             raise ConfigError(f"context must be a Context or its id (a str), not {type(context).__name__}")
