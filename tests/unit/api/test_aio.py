@@ -19,7 +19,6 @@ from orchestrator import (
     AsyncOrchestrator,
     AsyncPythonTool,
     AsyncSession,
-    ConfigError,
     Context,
     ContextNotFound,
     InputRequest,
@@ -99,7 +98,7 @@ def test_the_calls_of_a_session_its_contexts_and_its_tool(tmp_path: Path) -> Non
                 assert (await created.execute("z = 'three'")).ok and await created.add_context("c") == 0
                 assert await session.add_history([], context=created) == 0 and await created.get_history_count() == 1
                 assert await session.get_context_count(context="other") == 1 == created.sync.get_context_count()
-                with pytest.raises(ConfigError, match="of another session"):
+                with pytest.raises(orchestrator.ConfigError, match="of another session"):
                     await session.set_value("w", "four", context=Context(orch.sync, "other"))  # type: ignore[arg-type]
                 assert created.cwd == "/tmp/contexts/other" and created.env == {}
                 items = [item async for item in created.stream("v = 'five'")]
