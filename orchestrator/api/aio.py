@@ -78,6 +78,7 @@ def _twin(
         return result
 
     functools.update_wrapper(method, call)
+    method.__module__ = __name__
     method.__doc__ = f"``{call.__qualname__}`` as a coroutine.\n\n{inspect.getdoc(call) or ''}".rstrip()
     return method
 

@@ -1,10 +1,10 @@
-"""The public handle on one persistent session: its calls, each a transaction on the session's checkpoint.
+"""The public handles on one persistent session: ``Session``, whose calls are each defined once here, and
+``Context``, a namespace of it, whose calls are the session's with ``context=`` it.
 
-A call's reply carries the checkpoint delta it caused; it is stored (by the ledger, under the
-store lock, only while this handle owns the session) before the call returns. What the sandbox
-is and how it is restored live in ``runtime.restore``; what a failed request does to it, and
-the error the caller gets, in ``runtime.recovery``.
-"""
+Each call checks its arguments and runs as a transaction on the session's checkpoint (``transactions.py``;
+a cell: ``execution.py``; a value made on the host: ``values.py``). What the sandbox is and how it is restored
+live in ``runtime.restore``; what a failed request does to it, and the error the caller gets, in
+``runtime.recovery``. The async twins are made from these calls in ``aio.py``."""
 
 from __future__ import annotations
 
