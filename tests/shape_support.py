@@ -26,6 +26,7 @@ RANK = {
     "metrics_http": 0,
     "bearer": 0,
     "slots": 0,
+    "background": 0,
     "agent": 0,
     "wire": 1,
     "backends": 2,

@@ -26,6 +26,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from .. import background
 from ..agent import protocol
 from ..agent.protocol import CheckpointDelta
 from ..errors import (
@@ -39,7 +40,6 @@ from ..errors import (
     SessionHeld,
 )
 from ..metrics import NO_METRICS, Recorder
-from ..runtime import background
 from ..units import describe_bytes
 from . import history, lease
 from .store import SessionRecord, SessionStore, Written, new_host_blob_id, wrong_size

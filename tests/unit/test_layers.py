@@ -31,7 +31,6 @@ UPWARD = {
     ("wire.call_link", "runtime.hostcalls"),
     ("wire.call_link", "runtime.deferred"),
     ("wire.replies", "state.store"),  # the blob id and digest patterns
-    ("state.ledger", "runtime"),  # runtime.background: the thread that writes a host-made blob
     ("state.controllers", "runtime.discard"),  # a dead controller's sandboxes are discarded
     ("runtime.recovery", "api.events"),  # the running call whose output a failure ends
 }
