@@ -67,7 +67,8 @@ class Block:
     parameters: int = 0
     """Functions only: how many it takes, ``self`` and ``cls`` aside (``*args`` and ``**kwargs`` count one each)."""
     value_constructor: bool = False
-    """An ``__init__`` of a value object: a dataclass, NamedTuple or TypedDict, or one that only sets attributes."""
+    """An ``__init__`` of a value object: a dataclass, NamedTuple or TypedDict, or one that only sets attributes
+    (itself or through its base class's ``__init__``)."""
 
     def __str__(self) -> str:
         return f"{self.module}:{self.name}"
@@ -261,9 +262,18 @@ def _is_value_object(owner: ast.ClassDef, init: ast.FunctionDef | ast.AsyncFunct
 
 
 def _sets_attributes(statement: ast.stmt) -> bool:
-    """A docstring, or an assignment whose every target is an attribute of ``self``."""
+    """A docstring, an assignment whose every target is an attribute of ``self``, or the base class's ``__init__``
+    given names only (``super().__init__(message, restored=restored)``: the base sets its attributes)."""
     if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
         return True
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        call = statement.value
+        names = [*call.args, *(keyword.value for keyword in call.keywords)]
+        return (
+            isinstance(call.func, ast.Attribute)
+            and call.func.attr == "__init__"
+            and all(isinstance(name, ast.Name) for name in names)
+        )
     if isinstance(statement, ast.Assign):
         return all(_is_self_attribute(target) for target in statement.targets)
     if isinstance(statement, ast.AnnAssign):

@@ -60,16 +60,20 @@ def test_no_class_outside_the_agent_is_over_500_lines(shape: Shape):
     assert {str(block) for block in shape.big_classes()} - BIG == set()
 
 
-def test_a_constructor_that_only_sets_attributes_is_a_value_objects(tmp_path: Path):
+def test_only_a_constructor_that_just_stores_its_arguments_is_excepted(tmp_path: Path):
     (tmp_path / "values.py").write_text(
         "class Point:\n"
         "    def __init__(self, a, b, c, d, e, f, g, h):\n"
         '        """Eight coordinates."""\n'
         "        self.a, self.b = a, b\n"
+        "class Error(Exception):\n"
+        "    def __init__(self, a, b, c, d, e, f, g, h):\n"
+        "        super().__init__(a, b=b)\n"
+        "        self.c = c\n"
         "class Worker:\n"
         "    def __init__(self, a, b, c, d, e, f, g, h):\n"
         "        self.start()\n"
     )
     shape = Shape.of(tmp_path)
-    assert [str(f) for f in shape.wide_constructors()] == ["values:Point.__init__"]
+    assert [str(f) for f in shape.wide_constructors()] == ["values:Point.__init__", "values:Error.__init__"]
     assert [str(f) for f in shape.wide()] == ["values:Worker.__init__"]
