@@ -100,36 +100,28 @@ def _arg(*flags: str, **options: Any) -> Argument:
     return lambda parser: parser.add_argument(*flags, **options)
 
 
+def _at_least(least: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``least``, or a usage error saying it is not ``what``."""
+
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            number = least - 1
+        if number < least:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return number
+
+    return parse
+
+
+_generation = _at_least(0, "a generation (an integer >= 0; `history ID` lists them)")
+_count = _at_least(1, "a number of forks (1 or more)")
+_lines = _at_least(1, "a number of lines (1 or more) or 'all'")
+
+
 def _tail(text: str) -> int | None:
-    if text == "all":
-        return None
-    try:
-        lines = int(text)
-    except ValueError:
-        lines = 0
-    if lines < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines (1 or more) or 'all'")
-    return lines
-
-
-def _generation(text: str) -> int:
-    try:
-        generation = int(text)
-    except ValueError:
-        generation = -1
-    if generation < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a generation (an integer >= 0; `history ID` lists them)")
-    return generation
-
-
-def _count(text: str) -> int:
-    try:
-        count = int(text)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of forks (1 or more)")
-    return count
+    return None if text == "all" else _lines(text)
 
 
 def _label(text: str) -> tuple[str, str]:
