@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shape_support import RANK, cycles, modules, upward_imports
+
 import orchestrator
-from tests.shape_support import RANK, cycles, modules, upward_imports
 
 PACKAGE = Path(orchestrator.__file__).parent
 

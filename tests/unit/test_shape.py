@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from shape_support import Shape
 
 import orchestrator
-from tests.shape_support import Shape
 
 PACKAGE = Path(orchestrator.__file__).parent
 
