@@ -179,6 +179,22 @@ FORCE = _arg(  # take a session a live controller holds (its running call is sto
     action="store_true",
     help="take the session even from a live controller that holds it (its running call is stopped and lost)",
 )
+WAIT = (  # exec's and shell's: two terminals on one session take turns
+    _arg(
+        "--wait",
+        type=duration_argument,
+        metavar="D",
+        default=600.0,
+        help="while another call holds the session, wait up to D for its turn (default 10m)",
+    ),
+    _arg(
+        "--no-wait",
+        dest="wait",
+        action="store_const",
+        const=0.0,
+        help="fail at once (exit 5) while another call holds the session",
+    ),
+)
 NEW = (  # create's and run's
     _arg("--name", metavar="ID", help="the session's id (3-63 lowercase letters, digits, dashes)"),
     _arg(
@@ -260,9 +276,9 @@ COMMANDS = (
     Spec(
         "exec",
         "run CODE in a session and print its output; exit 1 when the code raised "
-        "(refused while a live controller holds the session, unless --force)",
+        "(while another call holds the session, it waits its turn: --wait, --no-wait, --force)",
         Command("commands", "exec_code"),
-        (ID, CODE, _timeout("the cell"), _sandbox_text("auto"), FORCE),
+        (ID, CODE, _timeout("the cell"), _sandbox_text("auto"), FORCE, *WAIT),
     ),
     Spec("create", "start a session and leave it running; print its id", Command("commands", "create"), NEW),
     Spec(
@@ -316,9 +332,9 @@ COMMANDS = (
     Spec(
         "shell",
         "an interactive Python prompt in a session (Ctrl-D detaches; the session keeps running; "
-        "refused like exec while a live controller holds the session, unless --force)",
+        "waits its turn like exec while another call holds the session)",
         Command("shell", "shell"),
-        (ID, _timeout("each input"), _sandbox_text("auto"), FORCE),
+        (ID, _timeout("each input"), _sandbox_text("auto"), FORCE, *WAIT),
     ),
     # hibernating never takes a session: it refuses a busy one
     Spec(
