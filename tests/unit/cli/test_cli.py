@@ -1041,8 +1041,8 @@ HELD = SessionHeld(
 )
 
 
-@pytest.mark.parametrize(("argv", "method"), [(["exec", "s2", "1"], "attach"), (["rm", "s2"], "remove"),
-                                              (["resume", "s2"], "resume"), (["shell", "s2"], "attach"),
+@pytest.mark.parametrize(("argv", "method"), [(["exec", "s2", "1", "--no-wait"], "attach"), (["rm", "s2"], "remove"),
+                                              (["resume", "s2"], "resume"), (["shell", "s2", "--no-wait"], "attach"),
                                               (["rewind", "s2", "2"], "rewind")])  # fmt: skip
 def test_a_session_a_live_controller_holds_is_refused_in_one_line_and_taken_with_force(
     fake, capsys, monkeypatch, argv, method
@@ -1056,6 +1056,15 @@ def test_a_session_a_live_controller_holds_is_refused_in_one_line_and_taken_with
     fake.results.append(ExecResult(return_value="1"))
     assert run(capsys, *argv, "--force")[0] == Exit.OK
     assert ("force", "s2") in fake.calls
+
+
+def test_exec_waits_its_turn_saying_so_once_and_gives_up_after_wait(fake, capsys):
+    fake.errors[("attach", "s2")] = HELD
+    code, out, err = run(capsys, "exec", "s2", "1", "--wait", "0.5s")
+    assert (code, out) == (Exit.UNAVAILABLE, "")
+    waiting, refused = err.splitlines()
+    assert "session s2 is busy (pid 4242 on host h holds it); waiting for its turn, up to 0s" in waiting
+    assert "SessionHeld" in refused and "(waited 0s; --wait D waits longer)" in refused
 
 
 def test_log_json_writes_json_lines_on_stderr(tmp_path):
