@@ -33,7 +33,7 @@ import types
 import warnings
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, Union
 
-from . import protocol
+from . import blob_format, checkpoint_names
 
 _SCALARS = (str, bytes, int, float, complex, bool, type(None), range, type(Ellipsis))
 _IMMUTABLE_SCAN_LIMIT = 10_000
@@ -59,29 +59,24 @@ def describe(exc: BaseException) -> str:
     return ("%s: %s" % (type(exc).__name__, message))[:_MAX_REASON]
 
 
-def is_internal(name: Any) -> bool:
-    """Names the checkpoint leaves out: dunders such as __builtins__ belong to the runtime."""
-    return isinstance(name, str) and name.startswith("__") and name.endswith("__")
-
-
 def names_reason() -> str:
     return "the checkpoint holds at most %d names and %d bytes of names" % (
-        protocol.MAX_CHECKPOINT_NAMES,
-        protocol.MAX_CHECKPOINT_NAME_BYTES,
+        checkpoint_names.MAX_CHECKPOINT_NAMES,
+        checkpoint_names.MAX_CHECKPOINT_NAME_BYTES,
     )
 
 
 def shown_name(name: Any) -> str:
     """How ``unsaved`` lists a namespace key that cannot be a checkpoint name: clipped, a non-str as its repr."""
     text = name if isinstance(name, str) else repr(name)
-    return text if len(text) <= protocol.MAX_NAME_CHARS else text[: protocol.MAX_NAME_CHARS] + "..."
+    return text if len(text) <= checkpoint_names.MAX_NAME_CHARS else text[: checkpoint_names.MAX_NAME_CHARS] + "..."
 
 
 def listed(unsaved: Dict[str, str]) -> Dict[str, str]:
     """``unsaved`` as a delta lists it: at most MAX_UNSAVED_NAMES entries, the last one counting those left out."""
-    if len(unsaved) <= protocol.MAX_UNSAVED_NAMES:
+    if len(unsaved) <= checkpoint_names.MAX_UNSAVED_NAMES:
         return unsaved
-    kept = dict(list(unsaved.items())[: protocol.MAX_UNSAVED_NAMES - 1])
+    kept = dict(list(unsaved.items())[: checkpoint_names.MAX_UNSAVED_NAMES - 1])
     more = len(unsaved) - len(kept)
     kept["+%d more" % more] = "%d more names were not saved; only the first %d are listed" % (more, len(kept))
     return kept
@@ -129,7 +124,7 @@ class _BlobWriter:
         self.parts: List[Part] = []
         self.chunk = bytearray()
         self.size = 0
-        self.hash = protocol.blob_hash()
+        self.hash = blob_format.blob_hash()
 
     def write(self, data: Any) -> int:
         size = len(data)
@@ -368,8 +363,8 @@ class HeldBlobs:
         self.bytes = 0
         self.refs: Dict[str, int] = {}  # digest -> how many saved names hold it
         self.sizes: Dict[str, int] = {}
-        self.names = 0  # saved names (checkpoint keys) of every context: protocol.MAX_CHECKPOINT_NAMES
-        self.name_bytes = 0  # their keys' UTF-8 bytes: protocol.MAX_CHECKPOINT_NAME_BYTES
+        self.names = 0  # saved names (checkpoint keys) of every context: checkpoint_names.MAX_CHECKPOINT_NAMES
+        self.name_bytes = 0  # their keys' UTF-8 bytes: checkpoint_names.MAX_CHECKPOINT_NAME_BYTES
 
 
 class Tracker:
@@ -400,14 +395,14 @@ class Tracker:
         return self.held.bytes
 
     def _key_bytes(self, name: str) -> int:
-        return protocol.key_bytes(self.prefix + name)
+        return checkpoint_names.key_bytes(self.prefix + name)
 
     def _room_for(self, name: str) -> bool:
         """True when one more name fits the manifest's bounds (counted across contexts)."""
         held = self.held
         return (
-            held.names < protocol.MAX_CHECKPOINT_NAMES
-            and held.name_bytes + self._key_bytes(name) <= protocol.MAX_CHECKPOINT_NAME_BYTES
+            held.names < checkpoint_names.MAX_CHECKPOINT_NAMES
+            and held.name_bytes + self._key_bytes(name) <= checkpoint_names.MAX_CHECKPOINT_NAME_BYTES
         )
 
     def _hold(self, blob_digest: str, size: int) -> None:
@@ -520,7 +515,9 @@ class Tracker:
 
         excluded = self.excluded
         items = [
-            (name, value) for name, value in list(namespace.items()) if not is_internal(name) and name not in excluded
+            (name, value)
+            for name, value in list(namespace.items())
+            if not checkpoint_names.is_internal(name) and name not in excluded
         ]
         present = {name for name, _ in items}
         for name in [n for n in self.pending if n in present]:  # bound again meanwhile: its new value counts
@@ -541,7 +538,7 @@ class Tracker:
         for name, value in items:
             prev = self._saved.get(name)  # a saved name passed the checks below when it was saved
             if prev is None:
-                problem = protocol.name_problem(name)
+                problem = checkpoint_names.name_problem(name)
                 if problem is not None:  # the store could not read it back (docs/trust.md): named, never saved
                     unsaved[shown_name(name)] = problem
                     continue

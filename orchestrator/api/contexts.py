@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR
+from ..agent.checkpoint_names import CONTEXT_ID, CONTEXT_SEPARATOR
 from ..config import Settings
 from ..errors import ConfigError
 from ..state.store import SessionRecord

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..agent import protocol
+from ..agent import blob_format, protocol, reply_types, request_table
 from ..checks import is_count
 from ..errors import (
     ConfigError,
@@ -211,7 +211,7 @@ class Session:
             raise ConfigError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
         if on_output is not None and not callable(on_output):
             raise ConfigError(f"on_output must be callable, got {type(on_output).__name__}")
-        header = protocol.exec_request(
+        header = request_table.exec_request(
             code,
             limit,
             checkpoint_timeout=self._settings.timeouts.checkpoint,
@@ -465,7 +465,7 @@ class Session:
         self._reset(None)
 
     def _reset(self, context: str | None) -> None:
-        header = protocol.reset_request(self._settings.timeouts.checkpoint)
+        header = request_table.reset_request(self._settings.timeouts.checkpoint)
         with self._turn():
             self._name_context(header, context)
             self._recovery.call(
@@ -560,7 +560,7 @@ class Session:
             self._settings.limits.max_output_file_bytes,
         )
 
-    def _output(self, parsed: protocol.ExecReply, live: LiveCall) -> dict[str, Any]:
+    def _output(self, parsed: reply_types.ExecReply, live: LiveCall) -> dict[str, Any]:
         """What the result gets beside the reply: the bytes of streams that came as frames, previews of streams
         kept in files (and their paths), the callback's errors. Empty for a call that printed little text and had
         no callback (nothing to copy)."""
@@ -650,7 +650,7 @@ class Session:
         """One ``set_value`` request: a host-made value (``encode_payload``) under ``name`` and ``aliases``.
 
         A str or bytes value's checkpoint blob is made here, not in the sandbox: a pickle written
-        around the raw bytes (``protocol.host_blob_parts``, no copy of them), named by a fresh id
+        around the raw bytes (``blob_format.host_blob_parts``, no copy of them), named by a fresh id
         (no hash). It is checked against the quota before anything is sent and written to the store
         while the request is in flight; the agent adopts it and sends nothing back
         (docs/protocol.md, "Host-made blobs"). JSON values are pickled by the agent, as cells' are.
@@ -659,16 +659,16 @@ class Session:
             CheckpointQuotaExceeded: a str or bytes value would take the checkpoint past the quota.
         """
         kind, raw = encoded
-        header = protocol.set_value_request(name, kind, aliases, self._settings.timeouts.checkpoint)
+        header = request_table.set_value_request(name, kind, aliases, self._settings.timeouts.checkpoint)
         self._name_context(header, context)
         staged: list[StagedBlob] = []
         body: Body | ValueFile = raw
-        if kind in protocol.HOST_BLOB_KINDS:
+        if kind in blob_format.HOST_BLOB_KINDS:
             keys = {checkpoint_key(header.get("context"), n) for n in [name, *aliases]}
-            self._ledger.check_room(keys, len(raw) + protocol.HOST_BLOB_OVERHEAD, f"the {kind} value for {name}")
-            staged.append(self._ledger.stage(protocol.host_blob_parts(kind, raw)))
+            self._ledger.check_room(keys, len(raw) + blob_format.HOST_BLOB_OVERHEAD, f"the {kind} value for {name}")
+            staged.append(self._ledger.stage(blob_format.host_blob_parts(kind, raw)))
             header["blob"], header["blob_size"] = staged[0].blob_id, staged[0].size
-            if staged[0].size >= protocol.VALUE_FILE_MIN_BYTES:  # a local sandbox maps the staged file instead
+            if staged[0].size >= blob_format.VALUE_FILE_MIN_BYTES:  # a local sandbox maps the staged file instead
                 body = ValueFile(staged[0].directory, staged[0].written, staged[0].blob_id, raw)
         try:
             self._recovery.call(
@@ -720,7 +720,7 @@ class Session:
         path = resolve_cwd(workspace(self._settings), new_id, cwd)
         variables = validate_env(env)
         spec = {"cwd": path, "env": variables, "context_count": 0, "history_count": 0}
-        header = protocol.context_create_request(new_id, path, variables, self._settings.timeouts.checkpoint)
+        header = request_table.context_create_request(new_id, path, variables, self._settings.timeouts.checkpoint)
         with self._turn():
             if new_id in self._ledger.record.contexts:
                 raise ConfigError(
@@ -733,7 +733,7 @@ class Session:
         return Context(self, new_id, self._context_calls)
 
     def _destroy_context(self, context_id: str) -> None:
-        header = protocol.context_destroy_request(context_id, self._settings.timeouts.checkpoint)
+        header = request_table.context_destroy_request(context_id, self._settings.timeouts.checkpoint)
         with self._turn():
             self._context_spec(context_id)
             self._recovery.call(
@@ -773,7 +773,7 @@ class Session:
         """The context id a delta's names are prefixed with (None for the default context)."""
         return None if context == DEFAULT_CONTEXT else context
 
-    def _name_context(self, header: protocol.InContext, context: str | None) -> None:
+    def _name_context(self, header: request_table.InContext, context: str | None) -> None:
         """Put the context a request runs in into its header (nothing for the default context)."""
         if context is not None and self._context_spec(context) is not None:
             header["context"] = context

@@ -26,8 +26,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from ..agent import protocol
-from ..agent.protocol import CheckpointDelta
+from ..agent import checkpoint_names, framing
+from ..agent.reply_types import CheckpointDelta
 from ..errors import (
     CheckpointError,
     CheckpointLimitExceeded,
@@ -60,7 +60,7 @@ class StagedBlob:
     failed leaves no file behind (and one whose controller died leaves a file prune removes).
     """
 
-    def __init__(self, store: SessionStore, session_id: str, parts: Sequence[protocol.Body]) -> None:
+    def __init__(self, store: SessionStore, session_id: str, parts: Sequence[framing.Body]) -> None:
         self.blob_id = new_host_blob_id()
         self.size = sum(memoryview(part).nbytes for part in parts)
         self._store = store
@@ -100,7 +100,7 @@ class StagedBlob:
 
 
 def _key_bytes(variables: dict[str, str]) -> int:
-    return sum(protocol.key_bytes(key) for key in variables)
+    return sum(checkpoint_names.key_bytes(key) for key in variables)
 
 
 def _check_stored_sizes(record: SessionRecord, blobs: dict[str, memoryview]) -> None:
@@ -322,19 +322,23 @@ class CheckpointLedger:
                 quota=self.quota,
             )
         variables = dict.fromkeys([*record.variables, *keys], "")
-        if len(variables) > protocol.MAX_CHECKPOINT_NAMES or _key_bytes(variables) > protocol.MAX_CHECKPOINT_NAME_BYTES:
+        if (
+            len(variables) > checkpoint_names.MAX_CHECKPOINT_NAMES
+            or _key_bytes(variables) > checkpoint_names.MAX_CHECKPOINT_NAME_BYTES
+        ):
             raise CheckpointQuotaExceeded(
                 f"{what}: with its names session {self.session_id} would hold {len(variables)} names "
                 f"({_key_bytes(variables)} bytes of names), over the checkpoint's bound of "
-                f"{protocol.MAX_CHECKPOINT_NAMES} names and {protocol.MAX_CHECKPOINT_NAME_BYTES} bytes of names; "
+                f"{checkpoint_names.MAX_CHECKPOINT_NAMES} names and "
+                f"{checkpoint_names.MAX_CHECKPOINT_NAME_BYTES} bytes of names; "
                 "nothing was sent or stored. Delete variables first (del in a cell, reset())",
                 size=size,
                 held=held,
                 quota=self.quota,
             )
 
-    def stage(self, parts: Sequence[protocol.Body]) -> StagedBlob:
-        """Start writing a host-made blob (``protocol.host_blob_parts``) under a new id; ``commit`` names it."""
+    def stage(self, parts: Sequence[framing.Body]) -> StagedBlob:
+        """Start writing a host-made blob (``blob_format.host_blob_parts``) under a new id; ``commit`` names it."""
         return StagedBlob(self._store, self.session_id, parts)
 
     def commit(
@@ -373,13 +377,13 @@ class CheckpointLedger:
         ):
             return delta["unsaved"]  # nothing to store; the activity file (not the record) says it was used
         for key in changed:
-            problem = protocol.checkpoint_key_problem(key)
+            problem = checkpoint_names.checkpoint_key_problem(key)
             if problem is not None:  # the store would refuse the record: never commit what cannot be read back
                 shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
                 raise ProtocolError(f"checkpoint names a variable {shown} that cannot be stored: {problem}")
         try:
-            parts = protocol.split_body(body, [entry["size"] for entry in delta["blobs"]])
-        except protocol.ProtocolViolation as exc:
+            parts = framing.split_body(body, [entry["size"] for entry in delta["blobs"]])
+        except framing.ProtocolViolation as exc:
             raise ProtocolError(str(exc)) from None
         blobs = {entry["digest"]: part for entry, part in zip(delta["blobs"], parts, strict=True)}
         _check_stored_sizes(self.record, blobs)
@@ -390,11 +394,12 @@ class CheckpointLedger:
         variables = {k: v for k, v in self.record.variables.items() if k not in gone}
         variables.update(changed)
         if any(
-            protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known for k in changed
+            checkpoint_names.CONTEXT_SEPARATOR in k and k.partition(checkpoint_names.CONTEXT_SEPARATOR)[0] not in known
+            for k in changed
         ):
             raise ProtocolError("checkpoint names a variable of a context the session does not have")
         if contexts is not None and any(
-            protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known
+            checkpoint_names.CONTEXT_SEPARATOR in k and k.partition(checkpoint_names.CONTEXT_SEPARATOR)[0] not in known
             for k in variables
         ):
             raise ProtocolError("the agent kept variables of a context it was told to destroy")
@@ -431,8 +436,8 @@ class CheckpointLedger:
         before = self.record
         limits = [("bytes", sum(blob_sizes.values()), self.quota)]
         if any(key not in before.variables for key in variables):  # only added names grow the manifest
-            limits.append(("names", len(variables), protocol.MAX_CHECKPOINT_NAMES))
-            limits.append(("name bytes", _key_bytes(variables), protocol.MAX_CHECKPOINT_NAME_BYTES))
+            limits.append(("names", len(variables), checkpoint_names.MAX_CHECKPOINT_NAMES))
+            limits.append(("name bytes", _key_bytes(variables), checkpoint_names.MAX_CHECKPOINT_NAME_BYTES))
         for unit, held, limit in limits:
             if held > limit:
                 had = (  # counted only here: a commit within its limits does not pay for the record's name bytes
