@@ -36,8 +36,8 @@ from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import NamedTuple
 
+from .. import background
 from ..agent import blob_format, protocol
-from . import background
 
 logger = logging.getLogger(__name__)
 

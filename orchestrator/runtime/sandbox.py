@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
+from .. import background
 from ..agent import blob_format, checkpoint_names, protocol, request_table
 from ..agent.sealed import sealed_copy_of
 from ..api.events import LiveCall
@@ -40,7 +41,6 @@ from ..state.store import new_sandbox_id
 from ..wire.connection import AgentConnection, Body, Header
 from ..wire.endpoint import Endpoint, UnixSocketEndpoint
 from ..wire.replies import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
-from . import background
 from .deferred import DeferredBlobs, deferrable
 from .hostcalls import CallDesk
 from .identity import choose_worker_uid
