@@ -61,46 +61,44 @@ class _ExecFields(InContext):
     code: str
 
 
-class ExecRequest(_ExecFields, total=False):
+class ExecOptions(TypedDict, total=False):
+    """The fields an exec may do without: each absent one has its default, which the builder leaves out."""
+
+    checkpoint_timeout: float
+    checkpoint: bool  # false: no checkpoint (an empty delta)
+    stream: bool  # true: every byte of output travels as ``output`` frames
+    input: bool  # true: the cell's input() asks the controller (a host call of INPUT_CALL)
+    send_limit: int  # output bytes per stream that may travel as ``output`` frames (> 0; else none)
+    output_cap: int  # bytes of stdout and stderr together past which the cell's writes raise (>= 0)
+    stdin: str  # the text sys.stdin and Python's own input() read; then ``input`` is ignored
+
+
+class ExecRequest(_ExecFields, ExecOptions, total=False):
     """Run a cell, then checkpoint (docs/protocol.md, "Requests and replies" and "Output, input() and interrupts")."""
 
     timeout: float
-    checkpoint_timeout: float
-    send_limit: int  # output bytes per stream that may travel as ``output`` frames (> 0; else none)
-    stream: bool  # true: every byte of output travels as ``output`` frames
-    input: bool  # true: the cell's input() asks the controller (a host call of INPUT_CALL)
-    stdin: str  # the text sys.stdin and Python's own input() read; then ``input`` is ignored
-    output_cap: int  # bytes of stdout and stderr together past which the cell's writes raise (>= 0)
-    checkpoint: bool  # false: no checkpoint (an empty delta)
 
 
-def exec_request(
-    code: str,
-    timeout: float,
-    *,
-    checkpoint_timeout: Optional[float] = None,
-    send_limit: Optional[int] = None,
-    stream: bool = False,
-    input: bool = False,
-    stdin: Optional[str] = None,
-    output_cap: Optional[int] = None,
-    checkpoint: bool = True,
-) -> ExecRequest:
+_EXEC_DEFAULTS = (
+    ("checkpoint_timeout", None),
+    ("checkpoint", True),
+    ("stream", False),
+    ("input", False),
+    ("send_limit", None),
+    ("output_cap", None),
+    ("stdin", None),
+)
+"""Each option of an exec in the order the builder writes it, with the default it is left out at."""
+
+
+def exec_request(code: str, timeout: float, options: Optional[ExecOptions] = None) -> ExecRequest:
+    """The exec of ``code``, with the ``options`` that are not at their defaults."""
     request = ExecRequest(type=EXEC, code=code, timeout=timeout)
-    if checkpoint_timeout is not None:
-        request["checkpoint_timeout"] = checkpoint_timeout
-    if not checkpoint:
-        request["checkpoint"] = False
-    if stream:
-        request["stream"] = True
-    if input:
-        request["input"] = True
-    if send_limit is not None:
-        request["send_limit"] = send_limit
-    if output_cap is not None:
-        request["output_cap"] = output_cap
-    if stdin is not None:
-        request["stdin"] = stdin
+    given = cast(Dict[str, Any], options or {})
+    for name, default in _EXEC_DEFAULTS:
+        value = given.get(name)
+        if value is not None and value != default:
+            cast(Dict[str, Any], request)[name] = value
     return request
 
 

@@ -29,14 +29,13 @@ def run_cell(
 ) -> ExecResult:
     """Run ``code`` for at most ``limit`` seconds in ``context`` (None: the default one), on the caller's behalf."""
     settings, sandbox = calls.settings, calls.sandbox
-    header = request_table.exec_request(
-        code,
-        limit,
+    options = request_table.ExecOptions(
         checkpoint_timeout=settings.timeouts.checkpoint,
         send_limit=settings.limits.max_output_file_bytes,
         stream=on_output is not None,
         input=on_output is not None,
     )
+    header = request_table.exec_request(code, limit, options)
     slack = settings.timeouts.interrupt_grace + settings.timeouts.reply_margin
     with calls.turn():
         calls.in_context(header, context)

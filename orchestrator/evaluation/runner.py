@@ -121,15 +121,10 @@ class SubmissionRunner:
     def _cell(self, sandbox: Sandbox, code: str, seconds: float, stdin: str) -> tuple[CellRun, str | None]:
         """One cell, whatever it does, and its value (the repr of its last expression, as the worker sent it);
         never raises for what the sandbox did. Its ``input()`` reads ``stdin``."""
-        header = request_table.exec_request(
-            code,
-            seconds,
-            checkpoint=False,
-            stream=True,
-            send_limit=self._output_limit,
-            output_cap=self._output_limit,
-            stdin=stdin,
+        options = request_table.ExecOptions(
+            checkpoint=False, stream=True, send_limit=self._output_limit, output_cap=self._output_limit, stdin=stdin
         )
+        header = request_table.exec_request(code, seconds, options)
         wakeup = Wakeup()
         live = LiveCall(self._recorder, None, self._settings.timeouts.input, owner=self, wakeup=wakeup)
         started = time.monotonic()

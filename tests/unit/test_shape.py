@@ -13,7 +13,6 @@ PACKAGE = Path(orchestrator.__file__).parent
 
 WIDE = {
     "rlm.environment:DockerREPL.__init__",  # being fixed by issue 35 (host-ops)
-    "agent.request_table:exec_request",  # being fixed by issue 35 (agent-table)
     "ops.survey:survey",  # being fixed by issue 35 (backend-neutral)
     "ops.pool:SandboxPool.__init__",  # being fixed by issue 35 (backend-neutral)
     "runtime.restore:SessionSandbox.__init__",  # being fixed by issue 35 (backend-neutral)

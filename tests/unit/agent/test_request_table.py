@@ -31,20 +31,18 @@ _REPLIES = {"exec_reply", "state_reply", "load_reply", "restore_reply", "install
 
 
 def test_an_exec_as_a_session_builds_it_is_read_whole() -> None:
-    built = request_table.exec_request(
-        "x = 1", 5.0, checkpoint_timeout=60.0, send_limit=1 << 20, stream=True, input=True
-    )
+    options = request_table.ExecOptions(checkpoint_timeout=60.0, send_limit=1 << 20, stream=True, input=True)
+    built = request_table.exec_request("x = 1", 5.0, options)
     assert request_table.read_exec(_wire(built)) == built
-    assert built == {
-        "type": "exec", "code": "x = 1", "timeout": 5.0, "checkpoint_timeout": 60.0,
-        "send_limit": 1 << 20, "stream": True, "input": True,
-    }  # fmt: skip
+    assert list(built.items()) == [
+        ("type", "exec"), ("code", "x = 1"), ("timeout", 5.0), ("checkpoint_timeout", 60.0),
+        ("stream", True), ("input", True), ("send_limit", 1 << 20),
+    ]  # fmt: skip
 
 
 def test_an_exec_as_the_grader_builds_it_is_read_whole() -> None:
-    built = request_table.exec_request(
-        "print(1)", 2.0, checkpoint=False, stream=True, send_limit=9, output_cap=9, stdin=""
-    )
+    options = request_table.ExecOptions(checkpoint=False, stream=True, send_limit=9, output_cap=9, stdin="")
+    built = request_table.exec_request("print(1)", 2.0, options)
     request = request_table.read_exec(_wire(built))
     assert request == built
     assert request.get("checkpoint") is False and request.get("stdin") == "" and "input" not in request
