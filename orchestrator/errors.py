@@ -168,8 +168,9 @@ class CapacityExceeded(SessionError):
 
 class CheckpointQuotaExceeded(SessionError):
     """A value handed to the session (``add_context``, ``set_value``) would take its stored checkpoint past
-    ``Settings.limits.checkpoint_quota``, or past the manifest's bounds (``protocol.MAX_CHECKPOINT_NAMES`` names,
-    ``protocol.MAX_CHECKPOINT_NAME_BYTES`` bytes of names); it was refused before it was sent, and nothing was stored.
+    ``Settings.limits.checkpoint_quota``, or past the manifest's bounds (``checkpoint_names.MAX_CHECKPOINT_NAMES``
+    names, ``checkpoint_names.MAX_CHECKPOINT_NAME_BYTES`` bytes of names); it was refused before it was sent, and
+    nothing was stored.
 
     Attributes:
         size: bytes the value's checkpoint blob takes.
@@ -289,7 +290,8 @@ class ProtocolError(_Recovered, TransportError):
 class CheckpointLimitExceeded(CheckpointQuotaExceeded, ProtocolError):
     """The agent sent a checkpoint that would take the session past one of its limits, which an honest agent keeps
     within by itself (it names what does not fit in ``unsaved``): the checkpoint quota in bytes, or the manifest's
-    bounds (``protocol.MAX_CHECKPOINT_NAMES`` names, ``protocol.MAX_CHECKPOINT_NAME_BYTES`` bytes of names).
+    bounds (``checkpoint_names.MAX_CHECKPOINT_NAMES`` names, ``checkpoint_names.MAX_CHECKPOINT_NAME_BYTES`` bytes
+    of names).
 
     Nothing of that checkpoint was stored; the sandbox was replaced and the session restored to its last
     checkpoint (``restored``), so what the call did is lost and everything stored before is kept.

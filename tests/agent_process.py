@@ -19,7 +19,7 @@ from pathlib import Path
 
 import dill
 
-from orchestrator.agent import protocol
+from orchestrator.agent import blob_format, framing, handshake, protocol, request_table
 
 SLOW_REDUCE = """
 import time
@@ -38,11 +38,11 @@ class Link:
 
     def send(self, header: dict, body=b"") -> None:
         self.sock.settimeout(60)
-        protocol.send_frame(self.sock, header, body)
+        framing.send_frame(self.sock, header, body)
 
     def recv(self, timeout: float = 30) -> tuple[dict, bytearray]:
         self.sock.settimeout(timeout)
-        return protocol.recv_frame(self.sock)
+        return framing.recv_frame(self.sock)
 
     def closed_by_peer(self, timeout: float = 10) -> bool:
         self.sock.settimeout(timeout)
@@ -118,13 +118,13 @@ class Agent:
         hello, _ = link.recv(timeout)
         assert hello["type"] == protocol.HELLO
         self.hello = hello
-        nonce = protocol.new_nonce()
-        proof = protocol.auth_proof(self.secret, "controller", hello["nonce"], nonce)
+        nonce = handshake.new_nonce()
+        proof = handshake.auth_proof(self.secret, "controller", hello["nonce"], nonce)
         auth = {"type": protocol.AUTH, "nonce": nonce, "proof": proof}
         link.send({**auth, protocol.ONE_HOP: True} if self.one_hop else auth)
         ok, _ = link.recv(timeout)
         assert ok["type"] == protocol.AUTH_OK
-        assert protocol.proof_matches(protocol.auth_proof(self.secret, "agent", hello["nonce"], nonce), ok["proof"])
+        assert handshake.proof_matches(handshake.auth_proof(self.secret, "agent", hello["nonce"], nonce), ok["proof"])
         return link
 
     def request(self, type_: str, body=b"", wait: float = 30, **fields) -> tuple[dict, bytearray]:
@@ -132,14 +132,14 @@ class Agent:
         self.link.send(header, body)
         reply, reply_body = self.link.recv(wait)
         if reply["type"] == protocol.CHECKPOINTING:  # an exec's cell ended; its checkpoint's clock runs now
-            assert type_ == protocol.EXEC and reply["id"] == header["id"], reply
+            assert type_ == request_table.EXEC and reply["id"] == header["id"], reply
             self.notices.append(reply)
             reply, reply_body = self.link.recv(wait)
         assert reply["id"] == header["id"], reply
         return reply, reply_body
 
     def run(self, code: str, timeout: float = 10, checkpoint_timeout: float = 10) -> tuple[dict, bytearray]:
-        return self.request(protocol.EXEC, code=code, timeout=timeout, checkpoint_timeout=checkpoint_timeout)
+        return self.request(request_table.EXEC, code=code, timeout=timeout, checkpoint_timeout=checkpoint_timeout)
 
     def value(self, expression: str) -> str:
         reply, _ = self.run(expression)
@@ -156,13 +156,13 @@ class Agent:
 def blobs_of(reply: dict, body: bytes) -> dict[str, bytes]:
     """name -> blob bytes of an exec / state reply (blobs the checkpoint held before are not in it)."""
     index = reply["checkpoint"]["blobs"]
-    parts = protocol.split_body(body, [entry["size"] for entry in index])
+    parts = framing.split_body(body, [entry["size"] for entry in index])
     by_digest = {entry["digest"]: bytes(part) for entry, part in zip(index, parts, strict=True)}
     for digest, blob in by_digest.items():
-        assert protocol.blob_digest(blob) == digest
+        assert blob_format.blob_digest(blob) == digest
     return {name: by_digest[digest] for name, digest in reply["checkpoint"]["vars"].items() if digest in by_digest}
 
 
 def load(agent: Agent, name: str, blob: bytes, timeout: float = 10, **fields) -> dict:
-    digest = fields.pop("digest", protocol.blob_digest(blob))
-    return agent.request(protocol.LOAD, blob, name=name, digest=digest, timeout=timeout, **fields)[0]
+    digest = fields.pop("digest", blob_format.blob_digest(blob))
+    return agent.request(request_table.LOAD, blob, name=name, digest=digest, timeout=timeout, **fields)[0]

@@ -27,7 +27,7 @@ from typing import Any
 
 import reply_support
 
-from orchestrator.agent import protocol
+from orchestrator.agent import blob_format, framing, handshake, protocol, request_table
 from orchestrator.backends.base import SANDBOX_ID, ContainerState, Placement, ResourceUsage, SandboxSpec
 from orchestrator.config import Settings
 from orchestrator.wire.transport import Channel
@@ -163,7 +163,7 @@ class FakeEndpoint:
 
     def __init__(self, backend: FakeBackend, sandbox_id: str, settings: Settings) -> None:
         self.sandbox_id = sandbox_id
-        self.secret = secrets.token_bytes(protocol.SECRET_BYTES)
+        self.secret = secrets.token_bytes(handshake.SECRET_BYTES)
         self._backend = backend
         self._settings = settings
         self._accepted = False
@@ -229,25 +229,30 @@ class FakeAgent:
     def answer(self, request: Header, body: bytes) -> Answer:
         """What a healthy agent replies to ``request``."""
         kind = request["type"]
-        if kind == protocol.RESTORE_BEGIN:
+        if kind == request_table.RESTORE_BEGIN:
             self.values = {}
-            return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK}
-        if kind == protocol.LOAD:
+            return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_OK}
+        if kind == request_table.LOAD:
             self.values[request["name"]] = bytes(body)
-            return {"type": protocol.LOAD_REPLY, "status": protocol.STATUS_OK}
-        if kind == protocol.RESTORE_END:
+            return {"type": request_table.LOAD_REPLY, "status": protocol.STATUS_OK}
+        if kind == request_table.RESTORE_END:
             self.generation = request["generation"]
-            return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": self.generation}
-        if kind == protocol.INSTALL:
-            return {"type": protocol.INSTALL_REPLY, "status": protocol.STATUS_OK}
-        if kind == protocol.EXEC:
+            return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": self.generation}
+        if kind == request_table.INSTALL:
+            return {"type": request_table.INSTALL_REPLY, "status": protocol.STATUS_OK}
+        if kind == request_table.EXEC:
             assignment = _ASSIGNMENT.fullmatch(request["code"])
             changed = {} if assignment is None else {assignment[1]: assignment[2].encode()}
             delta, blobs = self.delta(changed)
             return exec_reply(checkpoint=delta), blobs
-        if kind in (protocol.RESET, protocol.SET_VALUE, protocol.CONTEXT_CREATE, protocol.CONTEXT_DESTROY):
+        if kind in (
+            request_table.RESET,
+            request_table.SET_VALUE,
+            request_table.CONTEXT_CREATE,
+            request_table.CONTEXT_DESTROY,
+        ):
             delta, blobs = self.delta({})
-            return {"type": protocol.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": delta}, blobs
+            return {"type": request_table.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": delta}, blobs
         raise AssertionError(f"the fake agent does not know {kind!r}")
 
     def delta(self, changed: Mapping[str, bytes]) -> tuple[Header, bytes]:
@@ -255,7 +260,7 @@ class FakeAgent:
         if changed:
             self.generation += 1
             self.values.update(changed)
-        digests = {name: protocol.blob_digest(value) for name, value in changed.items()}
+        digests = {name: blob_format.blob_digest(value) for name, value in changed.items()}
         blobs = {digests[name]: value for name, value in changed.items()}
         delta = {
             "generation": self.generation,
@@ -274,7 +279,7 @@ class FakeAgent:
     def say_goodbye(self) -> None:
         """Another controller took the sandbox over (docs/protocol.md, "Takeover")."""
         with contextlib.suppress(OSError):  # its controller may have hung up already
-            protocol.send_frame(self._sock, {"type": protocol.GOODBYE, "reason": "taken over"})
+            framing.send_frame(self._sock, {"type": protocol.GOODBYE, "reason": "taken over"})
 
     def hang_up(self) -> None:
         with contextlib.suppress(OSError):
@@ -289,7 +294,7 @@ class FakeAgent:
         try:
             self._handshake()
             while True:
-                request, body = protocol.recv_frame(self._sock)
+                request, body = framing.recv_frame(self._sock)
                 self.requests.append(request)
                 answer = self._backend.handler(self, request, bytes(body))
                 if answer is None:
@@ -297,14 +302,14 @@ class FakeAgent:
                 header, reply_body = answer if isinstance(answer, tuple) else (answer, b"")
                 if "id" not in header:
                     header = {**header, "id": request["id"]}
-                protocol.send_frame(self._sock, header, reply_body)
-        except (OSError, protocol.ChannelClosed):
+                framing.send_frame(self._sock, header, reply_body)
+        except (OSError, framing.ChannelClosed):
             pass
         finally:
             self._sock.close()
 
     def _handshake(self) -> None:
-        nonce = protocol.new_nonce()
+        nonce = handshake.new_nonce()
         hello = {
             "type": protocol.HELLO,
             "protocol": protocol.PROTOCOL_VERSION,
@@ -314,10 +319,10 @@ class FakeAgent:
             "dill": "fake",
             "nonce": nonce,
         }
-        protocol.send_frame(self._sock, hello)
-        auth, _ = protocol.recv_frame(self._sock)
-        proof = protocol.auth_proof(self._endpoint.secret, "agent", nonce, auth["nonce"])
-        protocol.send_frame(self._sock, {"type": protocol.AUTH_OK, "proof": proof})
+        framing.send_frame(self._sock, hello)
+        auth, _ = framing.recv_frame(self._sock)
+        proof = handshake.auth_proof(self._endpoint.secret, "agent", nonce, auth["nonce"])
+        framing.send_frame(self._sock, {"type": protocol.AUTH_OK, "proof": proof})
 
 
 def exec_reply(status: str = protocol.STATUS_OK, *, checkpoint: Header | None = None, **fields: Any) -> Header:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.agent import protocol
+from orchestrator.agent import request_table
 
 D1 = "1" * 32
 
 
 def exec_reply(**changes: Any) -> dict[str, Any]:
     reply: dict[str, Any] = {
-        "type": protocol.EXEC_REPLY,
+        "type": request_table.EXEC_REPLY,
         "status": "ok",
         "stdout": "",
         "stderr": "",

@@ -20,7 +20,7 @@ import socket
 import time
 from typing import Any, Dict, Optional
 
-from . import protocol
+from . import framing
 from .frames import CHUNK_BYTES, Inbox
 
 
@@ -43,7 +43,7 @@ class Channel(object):
                 sock.connect(self.path)
                 if os.stat(self.path).st_ino == inode:
                     self.inode = inode
-                    protocol.limit_each_io(sock, self.frame_timeout)
+                    framing.limit_each_io(sock, self.frame_timeout)
                     return sock
             except OSError:
                 pass
@@ -101,13 +101,13 @@ class ControllerLink(object):
 
     def send(self, header: Dict[str, Any], body: Any = b"") -> None:
         assert self.conn is not None
-        protocol.send_frame(self.conn, header, body)  # within the socket's own limits (limit_each_io)
+        framing.send_frame(self.conn, header, body)  # within the socket's own limits (limit_each_io)
 
     def tell(self, header: Dict[str, Any]) -> None:
         """A notice during a request (the controller moves its deadline); a lost controller shows up later."""
         if self.conn is not None:
             with contextlib.suppress(OSError):
-                protocol.send_frame(self.conn, header)
+                framing.send_frame(self.conn, header)
 
     def watch(self, on: bool) -> None:
         """Read the controller during a request only while a cell runs (it may be interrupted) or host calls wait
@@ -142,5 +142,5 @@ class ControllerLink(object):
         while size:
             got = inbox.sock.recv_into(view[: min(size, CHUNK_BYTES)])
             if not got:
-                raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
+                raise framing.ChannelClosed("the controller closed the connection in the middle of a frame")
             size -= got

@@ -33,7 +33,7 @@ import types
 import warnings
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, Union
 
-from . import protocol
+from . import blob_format, checkpoint_names
 
 _SCALARS = (str, bytes, int, float, complex, bool, type(None), range, type(Ellipsis))
 _IMMUTABLE_SCAN_LIMIT = 10_000
@@ -59,29 +59,24 @@ def describe(exc: BaseException) -> str:
     return ("%s: %s" % (type(exc).__name__, message))[:_MAX_REASON]
 
 
-def is_internal(name: Any) -> bool:
-    """Names the checkpoint leaves out: dunders such as __builtins__ belong to the runtime."""
-    return isinstance(name, str) and name.startswith("__") and name.endswith("__")
-
-
 def names_reason() -> str:
     return "the checkpoint holds at most %d names and %d bytes of names" % (
-        protocol.MAX_CHECKPOINT_NAMES,
-        protocol.MAX_CHECKPOINT_NAME_BYTES,
+        checkpoint_names.MAX_CHECKPOINT_NAMES,
+        checkpoint_names.MAX_CHECKPOINT_NAME_BYTES,
     )
 
 
 def shown_name(name: Any) -> str:
     """How ``unsaved`` lists a namespace key that cannot be a checkpoint name: clipped, a non-str as its repr."""
     text = name if isinstance(name, str) else repr(name)
-    return text if len(text) <= protocol.MAX_NAME_CHARS else text[: protocol.MAX_NAME_CHARS] + "..."
+    return text if len(text) <= checkpoint_names.MAX_NAME_CHARS else text[: checkpoint_names.MAX_NAME_CHARS] + "..."
 
 
 def listed(unsaved: Dict[str, str]) -> Dict[str, str]:
     """``unsaved`` as a delta lists it: at most MAX_UNSAVED_NAMES entries, the last one counting those left out."""
-    if len(unsaved) <= protocol.MAX_UNSAVED_NAMES:
+    if len(unsaved) <= checkpoint_names.MAX_UNSAVED_NAMES:
         return unsaved
-    kept = dict(list(unsaved.items())[: protocol.MAX_UNSAVED_NAMES - 1])
+    kept = dict(list(unsaved.items())[: checkpoint_names.MAX_UNSAVED_NAMES - 1])
     more = len(unsaved) - len(kept)
     kept["+%d more" % more] = "%d more names were not saved; only the first %d are listed" % (more, len(kept))
     return kept
@@ -129,7 +124,7 @@ class _BlobWriter:
         self.parts: List[Part] = []
         self.chunk = bytearray()
         self.size = 0
-        self.hash = protocol.blob_hash()
+        self.hash = blob_format.blob_hash()
 
     def write(self, data: Any) -> int:
         size = len(data)
@@ -368,8 +363,34 @@ class HeldBlobs:
         self.bytes = 0
         self.refs: Dict[str, int] = {}  # digest -> how many saved names hold it
         self.sizes: Dict[str, int] = {}
-        self.names = 0  # saved names (checkpoint keys) of every context: protocol.MAX_CHECKPOINT_NAMES
-        self.name_bytes = 0  # their keys' UTF-8 bytes: protocol.MAX_CHECKPOINT_NAME_BYTES
+        self.names = 0  # saved names (checkpoint keys) of every context: checkpoint_names.MAX_CHECKPOINT_NAMES
+        self.name_bytes = 0  # their keys' UTF-8 bytes: checkpoint_names.MAX_CHECKPOINT_NAME_BYTES
+
+
+class _Delta(object):
+    """One checkpoint in the making: the protocol's ``checkpoint`` object so far, and its body's blobs."""
+
+    __slots__ = ("blob_index", "changed", "deleted", "held_before", "out_of_time", "parts", "pickle",
+                 "pickled_now", "sent", "unsaved")  # fmt: skip
+
+    def __init__(self, pickle: DumpsFunction, held_before: Set[str]) -> None:
+        self.pickle = pickle
+        self.held_before = held_before  # the blobs the checkpoint held when it began: the controller has them
+        self.changed: Dict[str, str] = {}
+        self.unsaved: Dict[str, str] = {}
+        self.deleted: List[str] = []
+        self.blob_index: List[dict] = []
+        self.parts: List[Part] = []
+        self.sent: Set[str] = set()
+        self.pickled_now: Dict[int, Blob] = {}  # id(value) -> its blob, for a value several names hold
+        self.out_of_time = False
+
+    def send(self, blob: Blob) -> None:
+        """Put ``blob`` in the body, unless the controller has it already or it is in the body already."""
+        if blob.digest not in self.held_before and blob.digest not in self.sent:
+            self.sent.add(blob.digest)
+            self.blob_index.append({"digest": blob.digest, "size": blob.size})
+            self.parts.extend(blob.parts)
 
 
 class Tracker:
@@ -400,14 +421,14 @@ class Tracker:
         return self.held.bytes
 
     def _key_bytes(self, name: str) -> int:
-        return protocol.key_bytes(self.prefix + name)
+        return checkpoint_names.key_bytes(self.prefix + name)
 
     def _room_for(self, name: str) -> bool:
         """True when one more name fits the manifest's bounds (counted across contexts)."""
         held = self.held
         return (
-            held.names < protocol.MAX_CHECKPOINT_NAMES
-            and held.name_bytes + self._key_bytes(name) <= protocol.MAX_CHECKPOINT_NAME_BYTES
+            held.names < checkpoint_names.MAX_CHECKPOINT_NAMES
+            and held.name_bytes + self._key_bytes(name) <= checkpoint_names.MAX_CHECKPOINT_NAME_BYTES
         )
 
     def _hold(self, blob_digest: str, size: int) -> None:
@@ -506,89 +527,94 @@ class Tracker:
         hold yet, once, even when several names hold it (``context`` and ``context_0``).
         ``dumps`` (default: this module's) may raise KeyboardInterrupt: time is up.
         """
-        pickle = dumps if dumps is not None else globals()["dumps"]
-        held_before = set(self._refs)
-        changed: Dict[str, str] = {}
-        unsaved: Dict[str, str] = {}
-        deleted: List[str] = []
-        blob_index: List[dict] = []
-        parts: List[Part] = []
-        sent: Set[str] = set()
-        pickled_now: Dict[int, Blob] = {}
         adopted, self._adopted = self._adopted, {}
-        out_of_time = False
+        run = _Delta(dumps if dumps is not None else globals()["dumps"], set(self._refs))
+        saved = self._saved
+        for name, value in self._to_check(namespace, run):
+            prev = saved.get(name)  # a saved name passed the checks of _check when it was saved
+            if prev is not None and prev.value is value and prev.frozen:  # unchanged, the common case: no call
+                if name in adopted:
+                    run.changed[name] = prev.digest
+                continue
+            self._check(name, value, prev, run)
+        self._unsaved_last = set(run.unsaved)
+        if run.changed or run.deleted:
+            self.generation += 1
+        description = {
+            "generation": self.generation,
+            "blobs": run.blob_index,
+            "vars": run.changed,
+            "deleted": run.deleted,
+            "unsaved": listed(run.unsaved),
+        }
+        return description, run.parts
 
+    def _to_check(self, namespace: Dict[str, Any], run: "_Delta") -> List[Tuple[str, Any]]:
+        """The namespace's names to checkpoint, those that failed last time last (so one that keeps timing out
+        cannot starve the values after it). The saved names that are gone are dropped first, as deleted: they free
+        quota for what follows."""
         excluded = self.excluded
         items = [
-            (name, value) for name, value in list(namespace.items()) if not is_internal(name) and name not in excluded
+            (name, value)
+            for name, value in list(namespace.items())
+            if not checkpoint_names.is_internal(name) and name not in excluded
         ]
         present = {name for name, _ in items}
         for name in [n for n in self.pending if n in present]:  # bound again meanwhile: its new value counts
             del self.pending[name]
         present.update(self.pending)
-        # Deletions first: they free quota for what follows. Values that failed last time go last,
-        # so one that keeps timing out cannot starve the values after it.
         for name in [n for n in self._saved if n not in present]:
             self._drop(name)
-            deleted.append(name)
+            run.deleted.append(name)
         items.sort(key=lambda item: item[0] in self._unsaved_last)
+        return items
 
-        def unsave(name: str, reason: str) -> None:
-            unsaved[name] = reason
-            if self._drop(name):
-                deleted.append(name)
-
-        for name, value in items:
-            prev = self._saved.get(name)  # a saved name passed the checks below when it was saved
-            if prev is None:
-                problem = protocol.name_problem(name)
-                if problem is not None:  # the store could not read it back (docs/trust.md): named, never saved
-                    unsaved[shown_name(name)] = problem
-                    continue
-                if not self._room_for(name):
-                    unsave(name, names_reason())
-                    continue
-            elif prev.value is value and prev.frozen:
-                if name in adopted:
-                    changed[name] = prev.digest
-                continue
-            blob = pickled_now.get(id(value)) or self._held_blob_of(value)
+    def _check(self, name: str, value: Any, prev: Optional[_Saved], run: "_Delta") -> None:
+        """Save ``name`` (saved before as ``prev``, if it was) in this checkpoint when its new value fits; else say in
+        ``run.unsaved`` why not."""
+        if prev is None:
+            problem = checkpoint_names.name_problem(name)
+            if problem is not None:  # the store could not read it back (docs/trust.md): named, never saved
+                run.unsaved[shown_name(name)] = problem
+                return
+            if not self._room_for(name):
+                self._unsave(run, name, names_reason())
+                return
+        blob = run.pickled_now.get(id(value)) or self._held_blob_of(value)
+        if blob is None:
+            blob = self._pickled(name, value, run)
             if blob is None:
-                if out_of_time:
-                    unsave(name, TIMEOUT_REASON)
-                    continue
-                try:
-                    blob = pickle(name, value)
-                except KeyboardInterrupt:
-                    out_of_time = True
-                    unsave(name, TIMEOUT_REASON)
-                    continue
-                except BaseException as exc:  # anything a __reduce__ raises, even SystemExit: cannot be saved
-                    unsave(name, describe(exc))
-                    continue
-                if blob.digest in held_before:
-                    blob = Blob([], blob.size, blob.digest)  # the controller has these bytes: free them now
-                pickled_now[id(value)] = blob
-            if prev is not None and prev.digest == blob.digest:
-                self._rebind(prev, value)
-                continue
-            if self.quota and self._held_after(prev, blob.digest, blob.size) > self.quota:
-                unsave(name, quota_reason(self.quota))
-                continue
-            if blob.digest not in held_before and blob.digest not in sent:
-                sent.add(blob.digest)
-                blob_index.append({"digest": blob.digest, "size": blob.size})
-                parts.extend(blob.parts)
-            self.record(name, value, blob.digest, blob.size)
-            changed[name] = blob.digest
-        self._unsaved_last = set(unsaved)
-        if changed or deleted:
-            self.generation += 1
-        description = {
-            "generation": self.generation,
-            "blobs": blob_index,
-            "vars": changed,
-            "deleted": deleted,
-            "unsaved": listed(unsaved),
-        }
-        return description, parts
+                return
+        if prev is not None and prev.digest == blob.digest:
+            self._rebind(prev, value)
+            return
+        if self.quota and self._held_after(prev, blob.digest, blob.size) > self.quota:
+            self._unsave(run, name, quota_reason(self.quota))
+            return
+        run.send(blob)
+        self.record(name, value, blob.digest, blob.size)
+        run.changed[name] = blob.digest
+
+    def _pickled(self, name: str, value: Any, run: "_Delta") -> Optional[Blob]:
+        """``value``'s new blob; None when it cannot be saved now (out of time, or pickling it raised): unsaved."""
+        if run.out_of_time:
+            self._unsave(run, name, TIMEOUT_REASON)
+            return None
+        try:
+            blob = run.pickle(name, value)
+        except KeyboardInterrupt:
+            run.out_of_time = True
+            self._unsave(run, name, TIMEOUT_REASON)
+            return None
+        except BaseException as exc:  # anything a __reduce__ raises, even SystemExit: cannot be saved
+            self._unsave(run, name, describe(exc))
+            return None
+        if blob.digest in run.held_before:
+            blob = Blob([], blob.size, blob.digest)  # the controller has these bytes: free them now
+        run.pickled_now[id(value)] = blob
+        return blob
+
+    def _unsave(self, run: "_Delta", name: str, reason: str) -> None:
+        run.unsaved[name] = reason
+        if self._drop(name):
+            run.deleted.append(name)

@@ -6,7 +6,7 @@ import math
 import os
 from typing import Any, Dict, Optional
 
-from . import confinement, protocol
+from . import confinement, framing, handshake, protocol
 from .log import log
 
 DEFAULT_CHANNEL = "/run/orchestrator/channel.sock"
@@ -41,9 +41,7 @@ class Config:
         self.grace = _env_number(environ, "ORCH_INTERRUPT_GRACE", 2.0, False)
         # A frame that started must keep flowing: a stall this long mid-frame is treated as a forgery.
         self.frame_timeout = _env_number(environ, "ORCH_FRAME_TIMEOUT", 10.0, False) or 10.0
-        self.max_body = min(
-            _env_number(environ, "ORCH_MAX_BODY", protocol.MAX_BODY_BYTES, True), protocol.MAX_BODY_BYTES
-        )
+        self.max_body = min(_env_number(environ, "ORCH_MAX_BODY", framing.MAX_BODY_BYTES, True), framing.MAX_BODY_BYTES)
         self.checkpoint_quota = _env_number(environ, "ORCH_CHECKPOINT_QUOTA", 0, True)
         self.host_call_max = (
             _env_number(environ, "ORCH_HOST_CALL_MAX_BYTES", protocol.HOST_CALL_MAX_BYTES, True)
@@ -59,13 +57,13 @@ class Config:
 
 
 def read_secret(path: str) -> bytes:
-    """The sandbox's shared secret from its file (``protocol.parse_secret``: 64 hex characters, one final newline)."""
+    """The sandbox's shared secret from its file (``handshake.parse_secret``: 64 hex characters, one final newline)."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read(1024)
     except OSError as exc:
         raise ConfigError("cannot read the secret file %s: %s" % (path, exc.strerror or exc)) from None
     try:
-        return protocol.parse_secret(raw)
+        return handshake.parse_secret(raw)
     except ValueError:
         raise ConfigError("the secret file %s must hold exactly 64 hex characters" % path) from None

@@ -19,7 +19,7 @@ import socket
 import time
 from typing import Any, Dict, Optional, Tuple, Union
 
-from . import protocol
+from . import framing
 
 CHUNK_BYTES = 1 << 20
 READ_AHEAD = 64 << 10  # one read from a socket takes up to this much: a small frame and whatever came after it
@@ -66,7 +66,7 @@ class Inbox(object):
             ProtocolViolation: the prefix or the header breaks the format or a limit.
         """
         header, body_len, size = self.raw_head(max_header, max_body, timeout)
-        return protocol.decode_header(header), body_len, size
+        return framing.decode_header(header), body_len, size
 
     def raw_head(self, max_header: int, max_body: int, timeout: float) -> Tuple[memoryview, int, int]:
         """As ``head``, with the header's bytes as they came (not decoded: the caller checks them), valid until the
@@ -75,14 +75,14 @@ class Inbox(object):
             self.start = self.end = 0
             if len(self.buf) > READ_AHEAD:  # a big header came last time: let it go
                 self._replace(READ_AHEAD)
-        prefix_size = protocol.PREFIX.size
+        prefix_size = framing.PREFIX.size
         want = prefix_size
         head_len = body_len = -1
         deadline = -1.0
         while True:
             have = self.end - self.start
             if head_len < 0 and have >= prefix_size:
-                head_len, body_len = protocol.parse_prefix(
+                head_len, body_len = framing.parse_prefix(
                     self.view[self.start : self.start + prefix_size], max_header, max_body
                 )
                 want = prefix_size + head_len
@@ -96,20 +96,20 @@ class Inbox(object):
             elif time.monotonic() > deadline:
                 raise socket.timeout("timed out after %s" % self._progress(head_len, want))
             if self.end == len(self.buf):  # full: a new buffer, as big as the head needs, grown with what arrived
-                self._replace(max(READ_AHEAD, min(want, have + protocol.RECV_CHUNK)))
+                self._replace(max(READ_AHEAD, min(want, have + framing.RECV_CHUNK)))
             try:
                 got = self.sock.recv_into(self.view[self.end :])
             except BlockingIOError:  # the socket's own limit (limit_each_io)
                 raise socket.timeout("timed out after %s" % self._progress(head_len, want)) from None
             if not got:
-                raise protocol.ChannelClosed("connection closed after %s" % self._progress(head_len, want))
+                raise framing.ChannelClosed("connection closed after %s" % self._progress(head_len, want))
             self.end += got
 
     def _progress(self, head_len: int, want: int) -> str:
         have = self.end - self.start
         if head_len < 0:
             return "%d of %d bytes of the frame prefix" % (have, want)
-        return "%d of %d bytes of the frame header" % (have - protocol.PREFIX.size, head_len)
+        return "%d of %d bytes of the frame header" % (have - framing.PREFIX.size, head_len)
 
     def _replace(self, size: int) -> None:
         """Move the bytes not taken yet to the front of a new buffer (views of the old one stay valid)."""
@@ -132,7 +132,7 @@ class Inbox(object):
         """``size`` bytes: those read already, then from the socket; ChannelClosed on EOF before that."""
         body = bytearray(self.take(size))
         if len(body) < size:
-            body += protocol.recv_exactly(self.sock, size - len(body))
+            body += framing.recv_exactly(self.sock, size - len(body))
         return body
 
 

@@ -40,7 +40,7 @@ import types
 import warnings
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
-from . import boundary, capture, cells, confinement, protocol
+from . import boundary, capture, cells, confinement, framing
 from .cgroup import oom_kill_count  # the counter the supervisor reads for the worker
 
 _RECORD_BYTES = 256 << 10
@@ -413,8 +413,8 @@ def _examiner() -> None:
 def _parse_record(raw: bytes, phase: str) -> Optional[Dict[str, Any]]:
     """A child's record (``{"phase", "error"}``) made safe, or None when it is not one."""
     try:
-        record = protocol.decode_json(raw, "a child's record")
-    except protocol.ProtocolViolation:
+        record = framing.decode_json(raw, "a child's record")
+    except framing.ProtocolViolation:
         return None
     if type(record) is not dict or record.get("phase") != phase:
         return None

@@ -16,14 +16,14 @@ import socket
 import sys
 from typing import List, Sequence, Tuple
 
-from . import protocol
+from . import framing
 
 _CONTROL_HEADER_BYTES = 4096  # a control frame is a type and a few small fields
 
 
-def send_with_fds(sock: socket.socket, header: protocol.Message, fds: Sequence[int]) -> None:
+def send_with_fds(sock: socket.socket, header: framing.Message, fds: Sequence[int]) -> None:
     """Write a frame without a body, ``fds`` attached to its first bytes."""
-    data = protocol.frame_head(header, 0)
+    data = framing.frame_head(header, 0)
     sent = socket.send_fds(sock, [data], list(fds))
     if sent < len(data):
         sock.sendall(data[sent:])
@@ -45,10 +45,10 @@ def take_fds(sock: socket.socket, count: int) -> List[socket.socket]:
     data, fds, flags, _ = socket.recv_fds(sock, 1, count, socket.MSG_CMSG_CLOEXEC)
     if not data:
         close_fds(fds)
-        raise protocol.ChannelClosed("the supervisor closed the link")
+        raise framing.ChannelClosed("the supervisor closed the link")
     if flags & socket.MSG_CTRUNC:
         close_fds(fds)
-        raise protocol.ProtocolViolation("more than %d descriptors came" % count)
+        raise framing.ProtocolViolation("more than %d descriptors came" % count)
     return stream_sockets(fds, count)
 
 
@@ -69,7 +69,7 @@ def close_fds(fds: Sequence[int]) -> None:
             os.close(fd)
 
 
-def recv_with_fds(sock: socket.socket, max_fds: int) -> Tuple[protocol.Header, List[int]]:
+def recv_with_fds(sock: socket.socket, max_fds: int) -> Tuple[framing.Header, List[int]]:
     """One frame without a body and the descriptors that came with it (at most ``max_fds``; they are close-on-exec).
 
     Raises:
@@ -80,18 +80,18 @@ def recv_with_fds(sock: socket.socket, max_fds: int) -> Tuple[protocol.Header, L
     prefix = bytearray()
     fds: List[int] = []
     try:
-        while len(prefix) < protocol.PREFIX.size:
+        while len(prefix) < framing.PREFIX.size:
             data, got, flags, _ = socket.recv_fds(
-                sock, protocol.PREFIX.size - len(prefix), max_fds, socket.MSG_CMSG_CLOEXEC
+                sock, framing.PREFIX.size - len(prefix), max_fds, socket.MSG_CMSG_CLOEXEC
             )
             fds.extend(got)
             if flags & socket.MSG_CTRUNC or len(fds) > max_fds:
-                raise protocol.ProtocolViolation("a frame came with more than %d descriptors" % max_fds)
+                raise framing.ProtocolViolation("a frame came with more than %d descriptors" % max_fds)
             if not data:
-                raise protocol.ChannelClosed("the peer closed the connection")
+                raise framing.ChannelClosed("the peer closed the connection")
             prefix += data
-        head_len, _ = protocol.parse_prefix(prefix, _CONTROL_HEADER_BYTES, 0)
-        header = protocol.decode_header(protocol.recv_exactly(sock, head_len))
+        head_len, _ = framing.parse_prefix(prefix, _CONTROL_HEADER_BYTES, 0)
+        header = framing.decode_header(framing.recv_exactly(sock, head_len))
     except BaseException:
         close_fds(fds)
         raise
@@ -107,18 +107,18 @@ def stream_sockets(fds: Sequence[int], count: int) -> List[socket.socket]:
     sockets: List[socket.socket] = []
     try:
         if len(fds) != count:
-            raise protocol.ProtocolViolation("a data channel needs %d descriptors, got %d" % (count, len(fds)))
+            raise framing.ProtocolViolation("a data channel needs %d descriptors, got %d" % (count, len(fds)))
         for fd in fds:
             sock = socket.socket(fileno=fd)  # OSError (ENOTSOCK) for a file or a pipe
             sockets.append(sock)
             if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
-                raise protocol.ProtocolViolation("a data channel's descriptor is not a Unix stream socket")
+                raise framing.ProtocolViolation("a data channel's descriptor is not a Unix stream socket")
     except OSError as exc:
         for sock in sockets:
             sock.close()
         close_fds(fds[len(sockets) :])
-        raise protocol.ProtocolViolation("a data channel's descriptor is not a socket (%s)" % exc) from None
-    except protocol.ProtocolViolation:
+        raise framing.ProtocolViolation("a data channel's descriptor is not a socket (%s)" % exc) from None
+    except framing.ProtocolViolation:
         for sock in sockets:
             sock.close()
         close_fds(fds[len(sockets) :])

@@ -16,7 +16,7 @@ import selectors
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Set
 
-from . import protocol
+from . import framing, protocol
 from .channel import ControllerLink
 from .config import Config
 from .frames import PEEK_NOW, Copier, Movers
@@ -81,7 +81,7 @@ class HostCallRelay(object):
         worker = self._worker()
         assert worker.calls is not None
         try:
-            header, body = protocol.recv_frame(
+            header, body = framing.recv_frame(
                 worker.calls,
                 protocol.HOST_CALL_HEADER_BYTES,
                 self.config.host_call_max,
@@ -92,8 +92,8 @@ class HostCallRelay(object):
                 self._relay_output(request_id, header["stream"], body)
                 return
             if header["type"] != protocol.HOST_CALL or type(call) is not int or not isinstance(name, str):
-                raise protocol.ProtocolViolation("a %r frame that is not a host call" % header["type"])
-        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
+                raise framing.ProtocolViolation("a %r frame that is not a host call" % header["type"])
+        except (OSError, framing.ChannelClosed, framing.ProtocolViolation) as exc:
             # Cell code can write on this link too; once it is out of step, no call can be trusted on it.
             log("closed the worker's host-call link: %s" % (exc or type(exc).__name__))
             self._forget_link(worker)
@@ -142,7 +142,7 @@ class HostCallRelay(object):
         inbox = self.controller.inbox
         assert inbox is not None
         try:
-            header, body_len, _ = inbox.head(protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout)
+            header, body_len, _ = inbox.head(framing.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout)
             call = header.get("call")
             if header["type"] == protocol.INTERRUPT:
                 self.controller.discard(body_len)
@@ -165,7 +165,7 @@ class HostCallRelay(object):
                 return False
             else:
                 body = inbox.read_exactly(body_len)
-        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
+        except (OSError, framing.ChannelClosed, framing.ProtocolViolation) as exc:
             self._lose_controller("reading a host call's answer: %s" % (exc or type(exc).__name__))
             return False
         self._settle(call)
@@ -189,7 +189,7 @@ class HostCallRelay(object):
         worker = self._worker()
         first = inbox.take(size)  # the body bytes that came with the head
         remaining = size - len(first)
-        head = protocol.frame_head({"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_OK}, size)
+        head = framing.frame_head({"type": protocol.HOST_REPLY, "call": call, "status": protocol.STATUS_OK}, size)
         target = worker.calls
         try:
             if target is not None:
@@ -204,8 +204,8 @@ class HostCallRelay(object):
             try:
                 got = mover.fill(inbox.sock, remaining)
                 if not got:
-                    raise protocol.ChannelClosed("the controller closed the connection in the middle of a frame")
-            except (OSError, protocol.ChannelClosed) as exc:
+                    raise framing.ChannelClosed("the controller closed the connection in the middle of a frame")
+            except (OSError, framing.ChannelClosed) as exc:
                 if target is not None:
                     self._forget_link(worker)  # it holds half a frame
                 self._lose_controller("reading a deferred value's blob: %s" % (exc or type(exc).__name__))
@@ -227,7 +227,7 @@ class HostCallRelay(object):
             return
         header["type"] = protocol.HOST_REPLY
         try:
-            protocol.send_frame(worker.calls, header, body)
+            framing.send_frame(worker.calls, header, body)
         except OSError as exc:
             log("closed the worker's host-call link: %s" % (exc or type(exc).__name__))
             self._forget_link(worker)

@@ -19,7 +19,7 @@ import socket
 import threading
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
-from . import handover, protocol
+from . import framing, handover, protocol
 
 _FD_SPACE = socket.CMSG_SPACE(2 * 4)  # a reply brings at most one descriptor; room for two to see a second
 
@@ -91,7 +91,7 @@ class HostCallClient(object):
                 self._reader.start()
         try:
             with self._shield(), self._send_lock:
-                protocol.send_frame(self._sock, {"type": protocol.HOST_CALL, "call": call_id, "name": name}, raw)
+                framing.send_frame(self._sock, {"type": protocol.HOST_CALL, "call": call_id, "name": name}, raw)
             if not slot.done.wait(timeout):
                 raise HostCallError("host call %r got no answer within %g s" % (name, timeout))
         except OSError as exc:
@@ -106,7 +106,7 @@ class HostCallClient(object):
     def send_output(self, stream: str, data: bytes) -> None:
         """Send a piece of the running cell's output (one-way: no answer comes). Raises OSError if the link broke."""
         with self._shield(), self._send_lock:
-            protocol.send_frame(self._sock, {"type": protocol.OUTPUT, "stream": stream}, data)
+            framing.send_frame(self._sock, {"type": protocol.OUTPUT, "stream": stream}, data)
 
     def close(self) -> None:
         """Shut the link down (one hop's data channel ended): its reader ends, and waiting calls fail."""
@@ -119,7 +119,7 @@ class HostCallClient(object):
             try:
                 # The supervisor bounds each answer (a deferred value's blob by the request body limit).
                 header, body, fds = _recv_reply(self._sock)
-            except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
+            except (OSError, framing.ChannelClosed, framing.ProtocolViolation) as exc:
                 self._fail("the link to the supervisor broke (%s)" % (exc or type(exc).__name__))
                 return
             with self._lock:
@@ -162,7 +162,7 @@ def _recv_reply(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray, List[in
     The prefix is read with ``recvmsg`` asking for no byte past it, so a descriptor it brings belongs to this frame;
     the rest is read with plain reads, which never take a descriptor in (the kernel drops any that comes there).
     """
-    prefix = bytearray(protocol.PREFIX.size)
+    prefix = bytearray(framing.PREFIX.size)
     fds: List[int] = []
     got = 0
     try:
@@ -172,11 +172,11 @@ def _recv_reply(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray, List[in
             )
             fds.extend(handover.rights(ancillary))
             if not count:
-                raise protocol.ChannelClosed("connection closed after %d of %d bytes" % (got, len(prefix)))
+                raise framing.ChannelClosed("connection closed after %d of %d bytes" % (got, len(prefix)))
             got += count
-        head_len, body_len = protocol.parse_prefix(prefix, protocol.MAX_HEADER_BYTES, protocol.MAX_BODY_BYTES)
-        header = protocol.decode_header(protocol.recv_exactly(sock, head_len))
-        body = protocol.recv_exactly(sock, body_len)
+        head_len, body_len = framing.parse_prefix(prefix, framing.MAX_HEADER_BYTES, framing.MAX_BODY_BYTES)
+        header = framing.decode_header(framing.recv_exactly(sock, head_len))
+        body = framing.recv_exactly(sock, body_len)
     except BaseException:
         handover.close_fds(fds)
         raise

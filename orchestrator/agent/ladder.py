@@ -23,7 +23,7 @@ import math
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from . import protocol
+from . import protocol, request_table
 
 DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
 CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows them 10 s plus the grace)
@@ -91,15 +91,15 @@ class Ladder(object):
     ) -> "Ladder":
         """The ladder of ``request``: its phase and limits from its type, ``timeout`` and ``checkpoint_timeout``."""
         kind = request.get("type")
+        row = request_table.REQUESTS.get(str(kind))
+        phase = request_table.CONTROL_PHASE if row is None else row.phase
         checkpoint_limit = _seconds(request.get("checkpoint_timeout"), DEFAULT_STEP_SECONDS)
-        if kind == protocol.EXEC:
-            phase, limit = "cell", _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
-        elif kind == protocol.LOAD:
-            phase, limit = "load", _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
-        elif kind in (protocol.SET_VALUE, protocol.RESET, protocol.CONTEXT_CREATE, protocol.CONTEXT_DESTROY):
-            phase, limit = "checkpoint", checkpoint_limit
-        else:  # restore_begin / restore_end: no user code, only a namespace to clear (whose __del__ may hang)
-            phase, limit = "request", _seconds(request.get("timeout"), CONTROL_STEP_SECONDS)
+        if phase == request_table.CHECKPOINT_PHASE:
+            limit = checkpoint_limit
+        elif phase == request_table.CONTROL_PHASE:  # no user code, only a namespace to clear (whose __del__ may hang)
+            limit = _seconds(request.get("timeout"), CONTROL_STEP_SECONDS)
+        else:
+            limit = _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
         ladder = cls(phase, limit, checkpoint_limit, grace, interrupt, clock, notice)
         ladder.kind = str(kind)
         return ladder
@@ -179,13 +179,14 @@ class Ladder(object):
         or of an interrupted load; it is a ``timeout, worker_restarted: false`` (a cell that finished just at its
         deadline stays a success)."""
         return status == protocol.STATUS_ERROR and (
-            self.cell_interrupted or (self.kind == protocol.LOAD and self.interrupted)
+            self.cell_interrupted or (self.kind == request_table.LOAD and self.interrupted)
         )
 
     def killed_reply(self) -> Dict[str, Any]:
         """The fields of the reply to a request (made by ``for_request``) whose worker was killed at the end of the
         ladder (KILL) and replaced: a fresh worker is an empty one."""
-        if self.kind == protocol.RESTORE_BEGIN:
+        row = request_table.REQUESTS.get(self.kind)
+        if row is not None and row.fresh_worker_ok:
             return {"status": protocol.STATUS_OK, "worker_restarted": True}
         reply: Dict[str, Any] = {
             "status": protocol.STATUS_TIMEOUT,
@@ -194,6 +195,6 @@ class Ladder(object):
             "phase": self.phase,
             "reason": "the %s ignored the interrupt for %.1f s; the worker was killed" % (self.phase, self.grace),
         }
-        if self.kind == protocol.EXEC:
+        if self.kind == request_table.EXEC:
             reply["duration"] = self.duration()
         return reply

@@ -31,7 +31,7 @@ import threading
 import types
 from typing import Any, Callable, Iterator, List, NoReturn, Set
 
-from . import checkpoint, hostcall, protocol
+from . import blob_format, checkpoint, checkpoint_names, hostcall, protocol
 
 _LOAD_ALL = frozenset(("globals", "vars", "dir", "locals", "__builtins__"))
 _DELETES = frozenset(("DELETE_NAME", "DELETE_GLOBAL"))
@@ -145,7 +145,11 @@ class Deferred(object):
             if entry is None:
                 raise KeyError(name)
             digest = entry[0]
-            prefix = "" if self._context.context_id is None else self._context.context_id + protocol.CONTEXT_SEPARATOR
+            prefix = (
+                ""
+                if self._context.context_id is None
+                else self._context.context_id + checkpoint_names.CONTEXT_SEPARATOR
+            )
             key = prefix + name
             try:
                 value = self._unpickle(self._blobs.fetch(key, digest), digest)
@@ -196,7 +200,7 @@ class Deferred(object):
 
     def _unpickle(self, body: Any, digest: str) -> Any:
         try:
-            if protocol.is_host_blob(digest) and not protocol.host_blob_framed(body):
+            if blob_format.is_host_blob(digest) and not blob_format.host_blob_framed(body):
                 raise ValueError("the host-made blob is not whole")
             return checkpoint.loads(body, self._context.module)
         finally:

@@ -62,7 +62,7 @@ import time
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Mapping, Optional, Set, Tuple
 
-from . import protocol, rendezvous
+from . import handshake, rendezvous
 from .bridge import READ, WRITE, Bridge
 from .usage import CGROUP_ROOT, CONTAINER_ID, MAX_USAGE_IDS, container_usage
 
@@ -631,10 +631,10 @@ class Relay:
         try:
             if op == "create":
                 key = self.create(sandbox_id, request["uid"], request["gid"], peer)
-                return {"ok": True, "secret": protocol.format_secret(key).decode("ascii")}
+                return {"ok": True, "secret": handshake.format_secret(key).decode("ascii")}
             if op == "open":
                 key = self.open(sandbox_id, request["uid"], request["gid"], peer)
-                return {"ok": True, "secret": protocol.format_secret(key).decode("ascii")}
+                return {"ok": True, "secret": handshake.format_secret(key).decode("ascii")}
             if op == "remove":
                 self.remove(sandbox_id, peer)
                 return {"ok": True}

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Callable, List, NamedTuple, Optional, Set, Tuple
 
-from . import protocol
+from . import handshake
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Rendezvous(NamedTuple):
         directory: ``<base>/<sandbox_id>``.
         listener: non-blocking, listening, bound at ``directory/SOCKET_NAME``; the caller owns it.
         socket_file: (st_dev, st_ino) of the socket file, to tell whether another owner replaced it.
-        secret: the key (``protocol.SECRET_BYTES`` bytes), what ``protocol.auth_proof`` takes.
+        secret: the key (``handshake.SECRET_BYTES`` bytes), what ``handshake.auth_proof`` takes.
     """
 
     directory: Path
@@ -178,8 +178,8 @@ def create(
         dir_fd = os.open(directory, _DIR_FLAGS)
         try:
             os.fchmod(dir_fd, 0o700)  # closed until everything in it is in place
-            key = secrets.token_bytes(protocol.SECRET_BYTES)
-            _write_secret(dir_fd, protocol.format_secret(key), give_to)
+            key = secrets.token_bytes(handshake.SECRET_BYTES)
+            _write_secret(dir_fd, handshake.format_secret(key), give_to)
             listener, socket_file = _listen(directory / SOCKET_NAME, give_to)
             try:
                 if give_to is not None:
@@ -353,11 +353,11 @@ def _read_secret(dir_fd: int, path: Path, owners: Set[int]) -> bytes:
         raise RendezvousError("cannot open the sandbox secret %s: %s" % (path, exc)) from exc
     try:
         _check_entry(path, os.fstat(fd), stat.S_ISREG, "a regular file", owners)
-        text = os.read(fd, 2 * protocol.SECRET_BYTES + 2)
+        text = os.read(fd, 2 * handshake.SECRET_BYTES + 2)
     finally:
         os.close(fd)
     try:
-        return protocol.parse_secret(text)
+        return handshake.parse_secret(text)
     except ValueError as exc:
         raise RendezvousError("the sandbox secret %s is malformed: %s" % (path, exc)) from None
 

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Set
 
-from . import confinement, handover, protocol
+from . import blob_format, confinement, framing, handover, handshake, protocol, request_table
 from .channel import Channel, ControllerLink
 from .config import Config, ConfigError, read_secret
 from .frames import CHUNK_BYTES, Copier, Movers
@@ -40,7 +40,7 @@ from .worker_process import WorkerProcess, start_worker
 _HANDSHAKE_HEADER_BYTES = 64 << 10
 _SETTLE_TICK = 0.05  # one hop: how often a worker whose controller left is interrupted until it is idle
 # A \uD800-\uDFFF escape in a header (a surrogate, perhaps a lone one): such a header is decoded and encoded
-# again (protocol.encode_header replaces lone surrogates), never relayed as it came. False positives only cost that.
+# again (framing.encode_header replaces lone surrogates), never relayed as it came. False positives only cost that.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
 _PLAIN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")  # a request id whose JSON form is itself in quotes
 _CHECKPOINT_MEMBER = b',"checkpoint":'
@@ -69,8 +69,8 @@ def _glance(raw: memoryview, reply_type: str, request_id: Any) -> Optional[Dict[
     if start < 0:
         return None
     try:
-        checkpoint = protocol.decode_json(data[start + len(_CHECKPOINT_MEMBER) : len(data) - len(tail)], "checkpoint")
-    except protocol.ProtocolViolation:
+        checkpoint = framing.decode_json(data[start + len(_CHECKPOINT_MEMBER) : len(data) - len(tail)], "checkpoint")
+    except framing.ProtocolViolation:
         return None  # not the whole member: another one comes after it
     return {"type": reply_type, "id": request_id, "checkpoint": checkpoint}
 
@@ -193,7 +193,7 @@ class Supervisor:
                         self.serve_one_hop(conn)
                     else:
                         self.serve(conn)
-            except (protocol.ChannelClosed, protocol.ProtocolViolation, ConnectionLost, OSError) as exc:
+            except (framing.ChannelClosed, framing.ProtocolViolation, ConnectionLost, OSError) as exc:
                 log("connection ended: %s" % (exc or type(exc).__name__))
             except Exception:  # never crash: a fresh connection is the way back
                 import traceback  # here only: it is not worth its import at every start
@@ -224,25 +224,25 @@ class Supervisor:
 
     def handshake(self, conn: socket.socket) -> bool:
         """hello -> auth -> auth_ok (docs/protocol.md); False when the peer does not prove the secret."""
-        agent_nonce = protocol.new_nonce()
-        protocol.send_frame(conn, self.hello(agent_nonce))
-        header, _ = protocol.recv_head(conn, _HANDSHAKE_HEADER_BYTES, 0, self.config.frame_timeout)
+        agent_nonce = handshake.new_nonce()
+        framing.send_frame(conn, self.hello(agent_nonce))
+        header, _ = framing.recv_head(conn, _HANDSHAKE_HEADER_BYTES, 0, self.config.frame_timeout)
         try:
-            controller_nonce = protocol.read_auth(header)["nonce"]
+            controller_nonce = handshake.read_auth(header)["nonce"]
         except protocol.BadRequest:
             log("the controller did not answer the hello with a valid auth frame")
             return False
-        expected = protocol.auth_proof(self._secret, "controller", agent_nonce, controller_nonce)
-        if not protocol.proof_matches(expected, header.get("proof")):
+        expected = handshake.auth_proof(self._secret, "controller", agent_nonce, controller_nonce)
+        if not handshake.proof_matches(expected, header.get("proof")):
             log("the controller's proof does not match the sandbox secret; closing")
             return False
-        proof = protocol.auth_proof(self._secret, "agent", agent_nonce, controller_nonce)
-        protocol.send_frame(conn, {"type": protocol.AUTH_OK, "proof": proof})
+        proof = handshake.auth_proof(self._secret, "agent", agent_nonce, controller_nonce)
+        framing.send_frame(conn, {"type": protocol.AUTH_OK, "proof": proof})
         self.one_hop = header.get(protocol.ONE_HOP) is True
         return True
 
     def _send(self, conn: socket.socket, header: Dict[str, Any], body: Any = b"") -> None:
-        protocol.send_frame(conn, header, body)  # within the socket's own limits (limit_each_io)
+        framing.send_frame(conn, header, body)  # within the socket's own limits (limit_each_io)
 
     # -- serving requests
 
@@ -275,7 +275,7 @@ class Supervisor:
                     continue
                 if conn_fd in ready:
                     header, body_len, _ = inbox.head(
-                        protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
+                        framing.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
                     )
                     try:
                         self.handle(conn, header, body_len)
@@ -333,8 +333,8 @@ class Supervisor:
                     sock.close()
             return
         handover.close_fds(fds)
-        if kind == protocol.PING:
-            self._send(conn, {"type": protocol.PONG, "id": header.get("id"), "generation": self.generation})
+        if kind == request_table.PING:
+            self._send(conn, {"type": request_table.PONG, "id": header.get("id"), "generation": self.generation})
             return
         if kind == protocol.INTERRUPT and header.get("phase") in protocol.INTERRUPT_PHASES:
             self.worker.interrupt(header["phase"])  # the controller's clock ran out (or its caller cancelled)
@@ -348,7 +348,7 @@ class Supervisor:
             reply = {"type": protocol.WORKER_REPLACED, "id": header.get("id"), "reason": reason}
             self._send(conn, dict(reply, oom=bool(info.get("oom")), signal=info.get("signal")))
             return
-        raise protocol.ProtocolViolation("a %r frame on a one-hop connection" % kind)
+        raise framing.ProtocolViolation("a %r frame on a one-hop connection" % kind)
 
     def _worker_aside(self, conn: socket.socket) -> None:
         """One hop: the worker's link or process woke us. ``idle`` (its data channel closed) is the one frame it may
@@ -370,7 +370,7 @@ class Supervisor:
         """The generation of the worker's ``idle`` frame on its link, or None if the frame is anything else."""
         try:
             header, body_len, _ = self.worker.inbox.head(_HANDSHAKE_HEADER_BYTES, 0, self.config.frame_timeout)
-        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation):
+        except (OSError, framing.ChannelClosed, framing.ProtocolViolation):
             return None
         generation = header.get("generation")
         if header["type"] != protocol.WORKER_IDLE or body_len or type(generation) is not int or generation < 0:
@@ -436,17 +436,18 @@ class Supervisor:
         if kind in (protocol.HOST_REPLY, protocol.INTERRUPT):  # for a cell that ended meanwhile: too late
             self.controller.discard(body_len)
             return
-        if kind == protocol.PING:
+        if kind == request_table.PING:
             self.controller.discard(body_len)
-            self._send(conn, {"type": protocol.PONG, "id": request_id, "generation": self.generation})
+            self._send(conn, {"type": request_table.PONG, "id": request_id, "generation": self.generation})
             return
-        reply_type = protocol.REPLY_TYPES.get(kind)
-        if reply_type is None:
+        row = request_table.REQUESTS.get(kind)
+        if row is None:
             self.controller.discard(body_len)
             reply = {"status": protocol.STATUS_PROTOCOL_ERROR, "ran": False, "reason": "unknown request %r" % kind}
             self._send(conn, {"type": protocol.ERROR, "id": request_id, **reply})
             return
-        if kind == protocol.RESTORE_BEGIN:
+        reply_type = row.reply
+        if row.fresh_worker_ok:
             self.worker_lost = None
         if self.worker_lost is not None:
             self.controller.discard(body_len)
@@ -454,7 +455,7 @@ class Supervisor:
             lost.update(type=reply_type, id=request_id, status=protocol.STATUS_CRASHED, ran=False)
             self._send(conn, lost)
             return
-        value_fd = self._open_value_file(header) if kind == protocol.SET_VALUE else None
+        value_fd = self._open_value_file(header) if row.value_file else None
         try:
             forwarded = self._forward(body_len, value_fd)
         finally:
@@ -463,7 +464,7 @@ class Supervisor:
         if not forwarded:
             # The worker was gone before it got the request; a fresh one stands by.
             lost, self.worker_lost = self.worker_lost, None
-            if kind == protocol.RESTORE_BEGIN:
+            if row.fresh_worker_ok:
                 self._send(conn, {"type": reply_type, "id": request_id, "status": protocol.STATUS_OK})
                 return
             assert lost is not None
@@ -488,7 +489,7 @@ class Supervisor:
         not arrive). Never the file's own: it is the host's stored blob, which a cell that kept its descriptor would
         keep allocated on the host's disk after the host deleted it (sealed.py); the copy is the sandbox's memory."""
         name = header.get("file")
-        if not isinstance(name, str) or protocol.VALUE_FILE.fullmatch(name) is None:
+        if not isinstance(name, str) or blob_format.VALUE_FILE.fullmatch(name) is None:
             return None
         try:
             return sealed_copy_of(os.path.join(os.path.dirname(self.config.channel), name))
@@ -521,10 +522,8 @@ class Supervisor:
                     try:
                         got = mover.fill(inbox.sock, remaining)
                         if not got:
-                            raise protocol.ChannelClosed(
-                                "the controller closed the connection in the middle of a frame"
-                            )
-                    except (OSError, protocol.ChannelClosed) as exc:
+                            raise framing.ChannelClosed("the controller closed the connection in the middle of a frame")
+                    except (OSError, framing.ChannelClosed) as exc:
                         self._replace_worker()
                         raise ConnectionLost("reading a request body: %s" % (exc or type(exc).__name__)) from None
                     remaining -= got
@@ -549,14 +548,14 @@ class Supervisor:
         raw_head = inbox.view[inbox.mark : inbox.mark + frame.head_size]
         if frame.edited or not isinstance(request_id, str) or _SURROGATE_ESCAPE.search(raw_head):
             frame.header["id"] = request_id
-            parts: List[Any] = [protocol.frame_head(frame.header, size), first]
+            parts: List[Any] = [framing.frame_head(frame.header, size), first]
         else:  # the worker echoed the id (_read_worker_frame): the head it sent is the one we would encode
             parts = [inbox.raw()]
         if size <= CHUNK_BYTES:
             if len(first) < size:
                 try:
-                    parts.append(protocol.recv_exactly(worker.sock, size - len(first)))
-                except (OSError, protocol.ChannelClosed) as exc:
+                    parts.append(framing.recv_exactly(worker.sock, size - len(first)))
+                except (OSError, framing.ChannelClosed) as exc:
                     reply = self._worker_failed(exc)
                     reply.update(type=frame.header.get("type"), id=request_id)
                     self._send(conn, reply)
@@ -578,8 +577,8 @@ class Supervisor:
             try:
                 got = mover.fill(worker.sock, remaining)
                 if not got:
-                    raise protocol.ChannelClosed("the worker closed its socket in the middle of a frame")
-            except (OSError, protocol.ChannelClosed) as exc:
+                    raise framing.ChannelClosed("the worker closed its socket in the middle of a frame")
+            except (OSError, framing.ChannelClosed) as exc:
                 # Half a frame went out: the controller cannot be answered on this connection any more.
                 self.worker_lost = self._worker_failed(exc)
                 raise ConnectionLost("the worker's reply broke off: %s" % self.worker_lost["reason"]) from None
@@ -618,7 +617,7 @@ class Supervisor:
         kind = request["type"]
         request_id = request.get("id")
         ladder = Ladder.for_request(request, self.config.grace, self._interrupt_worker)
-        if kind == protocol.EXEC:
+        if kind == request_table.EXEC:
             self.host_calls.start_cell(request.get("input") is True)
         while True:
             if not ladder.taken_over and self.channel.takeover_due():
@@ -696,13 +695,15 @@ class Supervisor:
             raise _Takeover(request_id)
         # The status matters only to an interrupted cell (_finish): then the reply is decoded in full.
         glance = (
-            reply_type if kind == protocol.EXEC and not ladder.interrupted and not ladder.cell_interrupted else None
+            reply_type
+            if kind == request_table.EXEC and not ladder.interrupted and not ladder.cell_interrupted
+            else None
         )
         frame = self._read_worker_frame(request_id, glance)
         if not isinstance(frame, _Frame):
             frame.update(phase=ladder.phase)
             return frame
-        if ladder.in_cell and kind == protocol.EXEC and link_ready:
+        if ladder.in_cell and kind == request_table.EXEC and link_ready:
             # The cell's last output went out before this frame: in the link by the wait that saw this frame (its
             # bytes had come, or were read already), so a link that was not readable then holds none of it.
             self.host_calls.drain(request_id)
@@ -720,16 +721,16 @@ class Supervisor:
         ``glance``: the reply type of an exec whose reply may be read at a glance (``_glance``)."""
         try:
             raw, body_len, head_size = self.worker.inbox.raw_head(
-                protocol.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
+                framing.MAX_HEADER_BYTES, self.config.max_body, self.config.frame_timeout
             )
             header = _glance(raw, glance, request_id) if glance is not None else None
             if header is None:
-                header = protocol.decode_header(raw)
+                header = framing.decode_header(raw)
         except socket.timeout as exc:
             return self._worker_failed(exc)
-        except protocol.ProtocolViolation as exc:
+        except framing.ProtocolViolation as exc:
             return self._worker_misbehaved("the worker sent an invalid frame (%s)" % exc)
-        except (protocol.ChannelClosed, OSError) as exc:
+        except (framing.ChannelClosed, OSError) as exc:
             return self._worker_failed(exc)
         if header.get("id") != request_id:
             # Cell code can write frames on the worker's socket. A reply that does not echo the
@@ -749,14 +750,14 @@ class Supervisor:
         if ladder.stopped_by_interrupt(status):
             reply["status"] = protocol.STATUS_TIMEOUT
             reply["worker_restarted"] = False
-            reply.setdefault("phase", "cell" if kind == protocol.EXEC else "load")
+            reply.setdefault("phase", "cell" if kind == request_table.EXEC else "load")
             frame.edited = True
         checkpoint = reply.get("checkpoint")
         if isinstance(checkpoint, dict) and type(checkpoint.get("generation")) is int:
             self.generation = checkpoint["generation"]
-        if kind == protocol.RESTORE_BEGIN and status == protocol.STATUS_OK:
+        if kind == request_table.RESTORE_BEGIN and status == protocol.STATUS_OK:
             self.generation = 0
-        if kind == protocol.RESTORE_END and type(reply.get("generation")) is int:
+        if kind == request_table.RESTORE_END and type(reply.get("generation")) is int:
             self.generation = reply["generation"]
         return frame
 

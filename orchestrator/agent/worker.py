@@ -45,7 +45,7 @@ import traceback
 import types
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import capture, handover, hostcall, protocol
+from . import blob_format, capture, checkpoint_names, framing, handover, hostcall, protocol, request_table
 
 _session_module = types.ModuleType("__main__")
 sys.modules["__main__"] = _session_module
@@ -57,14 +57,6 @@ _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
 
 class _LeaveDataChannel(BaseException):
     """SIGHUP while the worker waits on its data channel for a request: go back to the supervisor's link."""
-
-
-def _unpickles(header: Dict[str, Any]) -> bool:
-    """Whether dill is imported before this request: a load unpickles; a restore that says ``prepare`` is an empty
-    one that readies a warm pool's sandbox (``Sandbox.warm_up``), while nobody waits, for the fork or restore that
-    takes it. A new session's own empty restore does not: a session of plain data never needs dill."""
-    kind = header.get("type")
-    return kind == protocol.LOAD or (kind == protocol.RESTORE_BEGIN and header.get("prepare") is True)
 
 
 _MISSING = object()
@@ -125,7 +117,7 @@ def _replace_environ(target: Dict[str, str]) -> None:
 
 def _prefixed(delta: Dict[str, Any], context_id: str) -> Dict[str, Any]:
     """A context's checkpoint delta with its names as checkpoint keys (``<context>/<name>``)."""
-    prefix = context_id + protocol.CONTEXT_SEPARATOR
+    prefix = context_id + checkpoint_names.CONTEXT_SEPARATOR
     delta["vars"] = dict((prefix + name, d) for name, d in delta["vars"].items())
     delta["deleted"] = [prefix + name for name in delta["deleted"]]
     delta["unsaved"] = dict((prefix + name, reason) for name, reason in delta["unsaved"].items())
@@ -137,7 +129,7 @@ def _recv_into(sock: socket.socket, buf: bytearray, got: int = 0) -> None:
     while got < len(buf):
         count = sock.recv_into(view[got:])
         if not count:
-            raise protocol.ChannelClosed("the supervisor closed the link after %d of %d bytes" % (got, len(buf)))
+            raise framing.ChannelClosed("the supervisor closed the link after %d of %d bytes" % (got, len(buf)))
         got += count
 
 
@@ -151,7 +143,7 @@ def _recv_request(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray, Optio
     The body lands in one buffer of its exact size with no copy after it: a 150 MB restore
     blob costs 150 MB here, and is unpickled straight out of this buffer.
     """
-    prefix = bytearray(protocol.PREFIX.size)
+    prefix = bytearray(framing.PREFIX.size)
     got, ancillary, _, _ = sock.recvmsg_into([prefix], _FD_SPACE)
     fds = handover.rights(ancillary)
     for extra in fds[1:]:
@@ -159,12 +151,12 @@ def _recv_request(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray, Optio
     fd = fds[0] if fds else None
     try:
         if not got:
-            raise protocol.ChannelClosed("the supervisor closed the link")
+            raise framing.ChannelClosed("the supervisor closed the link")
         _recv_into(sock, prefix, got)
-        head_len, body_len = protocol.parse_prefix(prefix)
+        head_len, body_len = framing.parse_prefix(prefix)
         raw = bytearray(head_len)
         _recv_into(sock, raw)
-        header = protocol.decode_header(raw)
+        header = framing.decode_header(raw)
         body = bytearray(body_len)
         _recv_into(sock, body)
     except BaseException:
@@ -181,7 +173,7 @@ def _map_value_file(fd: int, size: int) -> Any:
         ValueError: the file is not ``size`` bytes or not a host-made blob's frame.
     """
     mapped = hostcall.map_file(fd, size)
-    if not protocol.host_blob_framed(mapped):
+    if not blob_format.host_blob_framed(mapped):
         mapped.close()
         raise ValueError("the value file is not a whole host-made blob")
     return mapped
@@ -322,7 +314,7 @@ class Worker:
 
     def send(self, reply: Dict[str, Any], parts: Any = b"") -> None:
         try:
-            protocol.send_frame(self.sock, reply, parts)
+            framing.send_frame(self.sock, reply, parts)
         except (TypeError, ValueError) as exc:  # a header that cannot be JSON (should not happen): say so
             fallback = {
                 "type": reply.get("type"),
@@ -330,12 +322,12 @@ class Worker:
                 "status": protocol.STATUS_ERROR,
                 "reason": "the worker could not encode its reply: %s" % _reason(exc),
             }
-            protocol.send_frame(self.sock, fallback)
+            framing.send_frame(self.sock, fallback)
 
     def serve(self) -> None:
         self._install_handlers()
         hello = {"type": protocol.HELLO, "python": sys.version.split()[0], "dill": checkpoint.dill_version()}
-        protocol.send_frame(self.sock, dict(hello, pid=os.getpid()))
+        framing.send_frame(self.sock, dict(hello, pid=os.getpid()))
         while True:
             self._enter(_IDLE)
             self.call_refusal = protocol.CALL_NO_CELL
@@ -348,7 +340,7 @@ class Worker:
             except _LeaveDataChannel:
                 self._leave_data_channel()
                 continue
-            except protocol.ChannelClosed:
+            except framing.ChannelClosed:
                 if self.sock is self.link:
                     return
                 self._leave_data_channel()
@@ -365,7 +357,8 @@ class Worker:
                 self._take_data_channel()
                 continue
             self._install_handlers()
-            if _unpickles(header) or any(deferred.pending for deferred in self._all_deferred()):
+            row = request_table.REQUESTS.get(header["type"])
+            if (row is not None and row.imports_dill(header)) or any(d.pending for d in self._all_deferred()):
                 checkpoint.dill_module()  # now, while interrupts are only noted, never torn mid-import by one
             try:
                 reply, parts = self.handle(header)
@@ -400,7 +393,7 @@ class Worker:
         if self.calls is not None and self.calls is not self.link_calls:
             self.calls.close()
         self.sock, self.calls = self.link, self.link_calls
-        protocol.send_frame(self.link, {"type": protocol.WORKER_IDLE, "generation": self.tracker.generation})
+        framing.send_frame(self.link, {"type": protocol.WORKER_IDLE, "generation": self.tracker.generation})
 
     def _take_body(self) -> bytearray:
         """The request's body; the worker keeps no other reference, so dropping it frees it."""
@@ -408,54 +401,52 @@ class Worker:
         return body if body is not None else bytearray()
 
     def handle(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
+        """Serve one request as its row of ``request_table.REQUESTS`` says: the context it runs in, the phase it
+        starts in, its reader, then its handler (a method of this class, given the request the reader returned)."""
         kind = header["type"]
-        if kind in (protocol.CONTEXT_CREATE, protocol.CONTEXT_DESTROY):
-            self._enter(_CHECKPOINT)  # like reset: clearing a namespace runs __del__, then a checkpoint
-            return self.context_request(kind, header)
+        row = request_table.REQUESTS.get(kind)
+        if row is None or row.handler is None:
+            return {
+                "type": protocol.ERROR,
+                "status": protocol.STATUS_PROTOCOL_ERROR,
+                "reason": "unknown request type %r" % kind,
+            }, []
         context_id = header.get("context")
-        if context_id != self.active.context_id and kind != protocol.RESTORE_BEGIN:
+        if row.in_context and context_id != self.active.context_id:
             target = self.default if context_id is None else self.contexts.get(context_id)
             if target is None:
-                return {
-                    "type": protocol.REPLY_TYPES.get(kind, protocol.ERROR),
-                    "status": protocol.STATUS_PROTOCOL_ERROR,
-                    "reason": "no context %r in this worker" % (context_id,),
-                }, []
+                reason = "no context %r in this worker" % (context_id,)
+                return {"type": row.reply, "status": protocol.STATUS_PROTOCOL_ERROR, "reason": reason}, []
             self._activate(target)
-        if kind == protocol.EXEC:
-            return self.execute(header)
-        if kind == protocol.LOAD:
-            return self.load(header, self._take_body())
-        if kind == protocol.DEFER:
-            return self.defer(header)
-        if kind == protocol.SET_VALUE:
-            self._enter(_CHECKPOINT)  # the supervisor runs the checkpoint's clock for the whole request
-            return self.set_value(header, self._take_body())
-        if kind == protocol.RESET:
+        if row.phase == request_table.CHECKPOINT_PHASE:
+            # The supervisor runs the checkpoint's clock for the whole request: a namespace changed or cleared (its
+            # __del__ runs), then a checkpoint.
             self._enter(_CHECKPOINT)
-            _fresh_namespace(self.namespace)
-            self.active.deferred.clear()
-            return self.state_reply()
-        if kind == protocol.RESTORE_BEGIN:
-            self._activate(self.default)
-            for context in self.contexts.values():
-                _fresh_namespace(context.module.__dict__)
-            self.contexts = {}
-            _fresh_namespace(self.namespace)
-            self.tracker = self.default.tracker = checkpoint.Tracker(self.quota)
-            self.default.deferred = lazy.Deferred(self.default, self._blobs)
-            self.restored_frozen = {}
-            gc.collect()
-            return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK}, []
-        if kind == protocol.RESTORE_END:
-            return self.restore_end(header)
-        if kind == protocol.INSTALL:
-            return self.install(header)
-        return {
-            "type": protocol.ERROR,
-            "status": protocol.STATUS_PROTOCOL_ERROR,
-            "reason": "unknown request type %r" % kind,
-        }, []
+        try:
+            request = row.read(header, 0 if self._body is None else len(self._body))
+        except protocol.BadRequest as exc:
+            return {"type": row.reply, "status": row.refusal, "reason": str(exc)}, []
+        handler: Callable[[Any], Tuple[Dict[str, Any], List[Any]]] = getattr(self, row.handler)
+        return handler(request)
+
+    def reset(self, request: request_table.ResetRequest) -> Tuple[Dict[str, Any], List[Any]]:
+        """Clear the context's namespace, then checkpoint."""
+        _fresh_namespace(self.namespace)
+        self.active.deferred.clear()
+        return self.state_reply()
+
+    def restore_begin(self, request: request_table.RestoreBeginRequest) -> Tuple[Dict[str, Any], List[Any]]:
+        """Clear every namespace and drop every context but the default one: a restore starts."""
+        self._activate(self.default)
+        for context in self.contexts.values():
+            _fresh_namespace(context.module.__dict__)
+        self.contexts = {}
+        _fresh_namespace(self.namespace)
+        self.tracker = self.default.tracker = checkpoint.Tracker(self.quota)
+        self.default.deferred = lazy.Deferred(self.default, self._blobs)
+        self.restored_frozen = {}
+        gc.collect()
+        return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_OK}, []
 
     # -- checkpoints
 
@@ -479,7 +470,7 @@ class Worker:
     def state_reply(self) -> Tuple[Dict[str, Any], List[Any]]:
         delta, parts, took = self.checkpoint()
         reply = {
-            "type": protocol.STATE_REPLY,
+            "type": request_table.STATE_REPLY,
             "status": protocol.STATUS_OK,
             "checkpoint": delta,
             "checkpoint_duration": took,
@@ -488,14 +479,10 @@ class Worker:
 
     # -- requests
 
-    def execute(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
+    def execute(self, request: request_table.ExecRequest) -> Tuple[Dict[str, Any], List[Any]]:
         """Run a cell, then checkpoint. Optional fields (docs/protocol.md): ``stdin`` (text that ``sys.stdin``
         and Python's own ``input()`` read), ``output_cap`` (bytes of stdout and stderr together, past which
         writes raise ``OutputLimitExceeded``) and ``checkpoint: false`` (no checkpoint: an empty delta)."""
-        try:
-            request = protocol.read_exec(header)
-        except protocol.BadRequest as exc:
-            return {"type": protocol.EXEC_REPLY, "status": protocol.STATUS_PROTOCOL_ERROR, "reason": str(exc)}, []
         code = request["code"]
         self.cell_number += 1
         stdin = request.get("stdin")
@@ -551,7 +538,7 @@ class Worker:
             self._cell_done(request.get("id"))
             delta, parts, took = self.checkpoint()
         reply = {
-            "type": protocol.EXEC_REPLY,
+            "type": request_table.EXEC_REPLY,
             "status": protocol.STATUS_ERROR if outcome["error"] else protocol.STATUS_OK,
             "stdout": output.sinks[0].text(),
             "stderr": output.sinks[1].text(),
@@ -612,12 +599,8 @@ class Worker:
             raise hostcall.HostCallError(self.call_refusal)
         return calls.call(name, payload, timeout)
 
-    def install(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
+    def install(self, request: request_table.InstallRequest) -> Tuple[Dict[str, Any], List[Any]]:
         """Run the session's scaffold code in a fresh module of its own; it replaces the one before."""
-        try:
-            request = protocol.read_install(header)
-        except protocol.BadRequest as exc:
-            return self._install_reply(str(exc))
         code, names = request["code"], request["names"]
         scope: Dict[str, Any] = {
             "__name__": "__orchestrator_scaffold__",
@@ -662,14 +645,20 @@ class Worker:
         self.tracker = target.tracker
         self.active = target
 
-    def context_request(self, kind: str, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
-        """``context_create`` (an existing one is destroyed first) or ``context_destroy``; replies with the delta."""
-        try:
-            request = protocol.read_context(header)
-        except protocol.BadRequest as exc:
-            return self._state_error(str(exc))
-        context_id, cwd, env = request["context"], header.get("cwd"), header.get("env")
-        if kind == protocol.CONTEXT_CREATE:
+    def context_create(self, request: request_table.ContextCreateRequest) -> Tuple[Dict[str, Any], List[Any]]:
+        """Make an empty context (an existing one of that id is destroyed first); replies with the delta."""
+        return self._replace_context(request["context"], request)
+
+    def context_destroy(self, request: request_table.ContextDestroyRequest) -> Tuple[Dict[str, Any], List[Any]]:
+        """Delete a context and its names; replies with the delta."""
+        return self._replace_context(request["context"], None)
+
+    def _replace_context(
+        self, context_id: str, create: Optional[request_table.ContextCreateRequest]
+    ) -> Tuple[Dict[str, Any], List[Any]]:
+        """Destroy context ``context_id`` if it exists, then make it anew as ``create`` says (None: do not)."""
+        if create is not None:
+            cwd = create["cwd"]
             try:
                 os.makedirs(cwd, exist_ok=True)
             except OSError as exc:
@@ -677,7 +666,7 @@ class Worker:
         existing = self.contexts.get(context_id)
         if existing is None:
             empty = self.empty_delta()
-            reply, parts = {"type": protocol.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": empty}, []
+            reply, parts = {"type": request_table.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": empty}, []
         else:
             self._activate(existing)
             _fresh_namespace(self.namespace)
@@ -685,26 +674,28 @@ class Worker:
             reply, parts = self.state_reply()  # its names, deleted
             self._activate(self.default)
             del self.contexts[context_id]
-        if kind == protocol.CONTEXT_CREATE:
+        if create is not None:
             module = types.ModuleType("__main__")
             _fresh_namespace(module.__dict__)
             # One quota and one manifest bound for the session; this context's keys are ``<id>/<name>``.
-            tracker = checkpoint.Tracker(self.quota, self.default.tracker.held, context_id + protocol.CONTEXT_SEPARATOR)
+            tracker = checkpoint.Tracker(
+                self.quota, self.default.tracker.held, context_id + checkpoint_names.CONTEXT_SEPARATOR
+            )
             tracker.excluded = self.excluded
             environ = dict(self.base_environ)
-            environ.update(env)
-            self.contexts[context_id] = _Context(context_id, module, tracker, cwd, environ, self._blobs)
+            environ.update(create["env"])
+            self.contexts[context_id] = _Context(context_id, module, tracker, create["cwd"], environ, self._blobs)
         return reply, parts
 
     @staticmethod
     def _state_error(reason: str) -> Tuple[Dict[str, Any], List[Any]]:
-        return {"type": protocol.STATE_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}, []
+        return {"type": request_table.STATE_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}, []
 
     @staticmethod
     def _install_reply(reason: Optional[str]) -> Tuple[Dict[str, Any], List[Any]]:
         if reason is None:
-            return {"type": protocol.INSTALL_REPLY, "status": protocol.STATUS_OK}, []
-        return {"type": protocol.INSTALL_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}, []
+            return {"type": request_table.INSTALL_REPLY, "status": protocol.STATUS_OK}, []
+        return {"type": request_table.INSTALL_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}, []
 
     def _hook(self, name: str) -> Any:
         """Call the scaffold's ``name`` with the namespace; a failure goes to the cell's stderr (and gives None)."""
@@ -716,7 +707,7 @@ class Worker:
             if result is not None:
                 # It goes into the reply's header, which must be strict JSON (docs/trust.md): fail here, with a message.
                 reply = json.dumps({"scaffold": result}, allow_nan=False)  # as deep as the reply's header
-                protocol.decode_json(reply.encode("ascii"), "after_cell's result")
+                framing.decode_json(reply.encode("ascii"), "after_cell's result")
             return result
         except (Exception, capture.OutputLimitExceeded):  # it printed past the cell's output cap: a failure too
             with contextlib.suppress(capture.OutputLimitExceeded):
@@ -736,23 +727,21 @@ class Worker:
     def _announce_checkpoint(self) -> None:
         request_id, self.cell_done_for = self.cell_done_for, _MISSING
         try:
-            protocol.send_frame(self.sock, {"type": protocol.CELL_DONE, "id": request_id})
+            framing.send_frame(self.sock, {"type": protocol.CELL_DONE, "id": request_id})
         except OSError:
             if self.sock is self.link:
                 raise
             # One hop: the controller closed the data channel. The checkpoint goes on (a tracker cut short would not
             # match the generation it reports); its reply finds the channel closed too, and the worker goes idle.
 
-    def load(self, header: Dict[str, Any], body: bytearray) -> Tuple[Dict[str, Any], List[Any]]:
-        try:
-            request = protocol.read_load(header, checkpoint.is_internal)
-        except protocol.BadRequest as exc:
-            return self._load_error(str(exc)), []
+    def load(self, request: request_table.LoadRequest) -> Tuple[Dict[str, Any], List[Any]]:
+        """Unpickle the body (one blob) into the request's name."""
+        body = self._take_body()
         name, expected = request["name"], request["digest"]
-        if protocol.is_host_blob(expected):  # the controller made it (no digest to check): its frame must be whole
-            if not protocol.host_blob_framed(body):
+        if blob_format.is_host_blob(expected):  # the controller made it (no digest to check): its frame must be whole
+            if not blob_format.host_blob_framed(body):
                 return self._load_error("the host-made blob is not whole"), []
-        elif request.get("verified") is not True and protocol.blob_digest(body) != expected:
+        elif request.get("verified") is not True and blob_format.blob_digest(body) != expected:
             return self._load_error("the blob does not match its digest"), []
         value = self.restored_frozen.get(expected, _MISSING)
         if value is _MISSING:  # not loaded yet in this restore (or mutable: each name gets its own copy)
@@ -771,22 +760,18 @@ class Worker:
         self.tracker.record(name, value, expected, len(body))
         if checkpoint.deeply_immutable(value):
             self.restored_frozen[expected] = value
-        return {"type": protocol.LOAD_REPLY, "status": protocol.STATUS_OK}, []
+        return {"type": request_table.LOAD_REPLY, "status": protocol.STATUS_OK}, []
 
-    def defer(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
+    def defer(self, request: request_table.DeferRequest) -> Tuple[Dict[str, Any], List[Any]]:
         """Bind a name to a stored blob loaded when a cell first uses it (lazy.py)."""
-        try:
-            request = protocol.read_defer(header, checkpoint.is_internal)
-        except protocol.BadRequest as exc:
-            return self._load_error(str(exc)), []
         self.active.deferred.defer(request["name"], request["digest"], request["size"])
-        return {"type": protocol.LOAD_REPLY, "status": protocol.STATUS_OK}, []
+        return {"type": request_table.LOAD_REPLY, "status": protocol.STATUS_OK}, []
 
     def _fetch_blob(self, key: str, digest: str) -> Any:
         """A deferred value's blob, from the controller (a host call it answers from the store)."""
         if self.calls is None:
             raise hostcall.HostCallError("this worker has no link for host calls")
-        return self.calls.call_raw(protocol.BLOB_CALL, protocol.blob_call(key, digest))
+        return self.calls.call_raw(protocol.BLOB_CALL, blob_format.blob_call(key, digest))
 
     def _deferred_values(self) -> Dict[str, int]:
         """The active context's deferred names, with their stored sizes (for the scaffold's hooks); a name the cell
@@ -804,32 +789,27 @@ class Worker:
     def _check_blob(self, key: str, digest: str) -> None:
         """Whether the blob the controller handed out matched its digest (it checked while the blob was unpickled)."""
         assert self.calls is not None  # a blob was fetched
-        if self.calls.call(protocol.BLOB_CHECK_CALL, protocol.blob_call(key, digest)) is not True:
+        if self.calls.call(protocol.BLOB_CHECK_CALL, blob_format.blob_call(key, digest)) is not True:
             raise hostcall.HostCallError("the controller did not confirm the blob")
 
     @staticmethod
     def _load_error(reason: str) -> Dict[str, Any]:
-        return {"type": protocol.LOAD_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}
+        return {"type": request_table.LOAD_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}
 
-    def restore_end(self, header: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Any]]:
-        try:
-            generation = protocol.read_restore_end(header)["generation"]
-        except protocol.BadRequest as exc:
-            return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_ERROR, "reason": str(exc)}, []
+    def restore_end(self, request: request_table.RestoreEndRequest) -> Tuple[Dict[str, Any], List[Any]]:
+        """The restore is complete: the worker holds the request's checkpoint generation now."""
+        generation = request["generation"]
         self.tracker.generation = generation
         self.restored_frozen = {}
-        return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": generation}, []
+        return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": generation}, []
 
-    def set_value(self, header: Dict[str, Any], body: bytearray) -> Tuple[Dict[str, Any], List[Any]]:
-        """Bind a value the controller made to a name and its aliases; reply with the checkpoint delta.
+    def set_value(self, request: request_table.SetValueRequest) -> Tuple[Dict[str, Any], List[Any]]:
+        """Bind a value the controller made (the body) to a name and its aliases; reply with the checkpoint delta.
 
         With ``blob`` (a host-made blob id) and ``blob_size``, the controller stores the value's
         blob itself: the names are adopted as saved in it, nothing is pickled or sent back.
         """
-        try:
-            request = protocol.read_set_value(header, len(body), checkpoint.is_internal)
-        except protocol.BadRequest as exc:
-            return self._state_error(str(exc))
+        body: Any = self._take_body()
         kind, blob_id, blob_size = request["kind"], request.get("blob"), request.get("blob_size")
         names = [request["name"], *request.get("aliases", [])]
         mapped = None
@@ -842,7 +822,7 @@ class Worker:
                     mapped = _map_value_file(fd, blob_size)
                 finally:
                     os.close(fd)
-                body = memoryview(mapped)[protocol.HOST_BLOB_OVERHEAD - 1 : -1]
+                body = memoryview(mapped)[blob_format.HOST_BLOB_OVERHEAD - 1 : -1]
             if kind == "str":
                 value: Any = str(body, "utf-8", "surrogatepass")  # as the controller encoded it
             elif kind == "bytes":
@@ -889,6 +869,6 @@ def main() -> None:
     call_max = int(sys.argv[5]) if len(sys.argv) > 5 else protocol.HOST_CALL_MAX_BYTES
     try:
         Worker(sock, int(sys.argv[2]), quota, call_sock, call_max).serve()
-    except (protocol.ProtocolViolation, protocol.ChannelClosed, OSError) as exc:
+    except (framing.ProtocolViolation, framing.ChannelClosed, OSError) as exc:
         print("orchestrator worker: %s" % exc, file=sys.stderr)
         sys.exit(3)

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from . import confinement, protocol
+from . import confinement, framing
 from .cgroup import oom_kill_count
 from .config import Config
 from .frames import PEEK_NOW, Inbox
@@ -75,11 +75,11 @@ class WorkerProcess:
         with contextlib.suppress(AttributeError, OSError):  # Linux >= 5.3, Python >= 3.9
             self.pidfd = os.pidfd_open(self.pid)
         try:
-            protocol.limit_each_io(self.sock, _WORKER_START_SECONDS)
-            hello, _ = protocol.recv_frame(self.sock, max_body=0)
-            protocol.limit_each_io(self.sock, config.frame_timeout)
-            protocol.limit_each_io(calls_ours, config.frame_timeout)
-        except (OSError, protocol.ChannelClosed, protocol.ProtocolViolation) as exc:
+            framing.limit_each_io(self.sock, _WORKER_START_SECONDS)
+            hello, _ = framing.recv_frame(self.sock, max_body=0)
+            framing.limit_each_io(self.sock, config.frame_timeout)
+            framing.limit_each_io(calls_ours, config.frame_timeout)
+        except (OSError, framing.ChannelClosed, framing.ProtocolViolation) as exc:
             self.kill()
             raise RuntimeError("the worker did not start: %s" % exc) from None
         self.dill = str(hello.get("dill", ""))

@@ -15,7 +15,7 @@ import posixpath
 import secrets
 from collections.abc import Collection, Mapping
 
-from ..agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR
+from ..agent.checkpoint_names import CONTEXT_ID, CONTEXT_SEPARATOR
 from ..config import Settings
 from ..errors import ConfigError
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..agent import protocol
+from ..agent import framing, protocol
 from ..errors import ConfigError, InputRequestNotFound
 from ..runtime.hostcalls import Answer, answer_error, answer_ok, serving_as
 from ..runtime.output import StreamRecorder
@@ -139,8 +139,8 @@ class LiveCall:
                 self._wakeup.notify()
             return
         try:
-            prompt = protocol.decode_json(body, "an input() prompt", surrogates=True).get("prompt", "")
-        except (protocol.ProtocolViolation, AttributeError):
+            prompt = framing.decode_json(body, "an input() prompt", surrogates=True).get("prompt", "")
+        except (framing.ProtocolViolation, AttributeError):
             prompt = ""
         if not isinstance(prompt, str):
             prompt = ""

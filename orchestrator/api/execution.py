@@ -8,7 +8,7 @@ import time
 from functools import partial
 from typing import Any
 
-from ..agent import protocol
+from ..agent import protocol, reply_types, request_table
 from ..errors import ExecutionTimeout
 from ..runtime.hostcalls import CallDesk, HostCalls
 from ..runtime.output import StreamRecorder, keep_newest
@@ -29,14 +29,13 @@ def run_cell(
 ) -> ExecResult:
     """Run ``code`` for at most ``limit`` seconds in ``context`` (None: the default one), on the caller's behalf."""
     settings, sandbox = calls.settings, calls.sandbox
-    header = protocol.exec_request(
-        code,
-        limit,
+    options = request_table.ExecOptions(
         checkpoint_timeout=settings.timeouts.checkpoint,
         send_limit=settings.limits.max_output_file_bytes,
         stream=on_output is not None,
         input=on_output is not None,
     )
+    header = request_table.exec_request(code, limit, options)
     slack = settings.timeouts.interrupt_grace + settings.timeouts.reply_margin
     with calls.turn():
         calls.in_context(header, context)
@@ -80,7 +79,7 @@ def _recorder(calls: Transactions, stream: str) -> StreamRecorder:
     )
 
 
-def _output(calls: Transactions, parsed: protocol.ExecReply, live: LiveCall) -> dict[str, Any]:
+def _output(calls: Transactions, parsed: reply_types.ExecReply, live: LiveCall) -> dict[str, Any]:
     """What the result gets beside the reply: the bytes of streams that came as frames, previews of streams
     kept in files (and their paths), the callback's errors. Empty for a call that printed little text and had
     no callback (nothing to copy)."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..agent.protocol import ExecReply
+from ..agent.reply_types import ExecReply
 from ..runtime.output import StreamRecorder
 from ..state.history import Snapshot
 from ..state.store import SessionRecord

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from ..agent import protocol
+from ..agent import request_table
 from ..checks import is_count
 from ..errors import ConfigError, InputRequestNotFound, SessionAttachedElsewhere, SessionNotFound
 from ..ops import hibernation
@@ -383,7 +383,7 @@ class Session:
         """Clear every variable of the default context, or of ``context`` (the container keeps running, other
         contexts keep theirs); the empty state is checkpointed."""
         context_id = self._context_id(context)
-        header = protocol.reset_request(self._settings.timeouts.checkpoint)
+        header = request_table.reset_request(self._settings.timeouts.checkpoint)
         with self._calls.turn():
             self._calls.in_context(header, context_id)
             counters = {"context_count": 0, "history_count": 0}
@@ -499,7 +499,7 @@ class Session:
         path = resolve_cwd(workspace(self._settings), new_id, cwd)
         variables = validate_env(env)
         spec = {"cwd": path, "env": variables, "context_count": 0, "history_count": 0}
-        header = protocol.context_create_request(new_id, path, variables, self._settings.timeouts.checkpoint)
+        header = request_table.context_create_request(new_id, path, variables, self._settings.timeouts.checkpoint)
         with self._calls.turn():
             if new_id in self._ledger.record.contexts:
                 raise ConfigError(
@@ -510,7 +510,7 @@ class Session:
         return Context(self, new_id)
 
     def _destroy_context(self, context_id: str) -> None:
-        header = protocol.context_destroy_request(context_id, self._settings.timeouts.checkpoint)
+        header = request_table.context_destroy_request(context_id, self._settings.timeouts.checkpoint)
         with self._calls.turn():
             self._calls.spec(context_id)
             self._calls.control(header, lambda r, b: self._calls.commit_context(r, b, context_id, None))

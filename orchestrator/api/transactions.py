@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from ..agent import protocol
+from ..agent import protocol, request_table
 from ..errors import ConfigError, ContextNotFound
 from ..runtime.recovery import Recoverer
 from ..runtime.restore import SessionSandbox
@@ -65,14 +65,14 @@ class Transactions:
         spec = self.spec(context)
         return int(getattr(self.ledger.record, counter) if spec is None else spec[counter])
 
-    def in_context(self, header: protocol.InContext, context: str | None) -> None:
+    def in_context(self, header: request_table.InContext, context: str | None) -> None:
         """Put the context a request runs in into its header (nothing for the default one), once it is known."""
         if self.spec(context) is not None:
             header["context"] = str(context)
 
     def control(
         self,
-        header: protocol.Request,
+        header: request_table.Request,
         accept: Callable[[dict[str, Any], bytearray], T],
         body: Body | ValueFile = b"",
     ) -> T:

@@ -1,7 +1,7 @@
 """Values made on the host (``add_context``, ``add_history``, ``set_value``): one ``set_value`` request each.
 
 A str or bytes value's checkpoint blob is made here, not in the sandbox: a pickle written around the raw bytes
-(``protocol.host_blob_parts``, no copy of them), named by a fresh id (no hash). It is checked against the quota
+(``blob_format.host_blob_parts``, no copy of them), named by a fresh id (no hash). It is checked against the quota
 before anything is sent and written to the store while the request is in flight; the agent adopts it and sends
 nothing back (docs/protocol.md, "Host-made blobs"). JSON values are pickled by the agent, as cells' are.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..agent import protocol
+from ..agent import blob_format, request_table
 from ..checks import is_count
 from ..errors import ConfigError
 from ..runtime.sandbox import ValueFile
@@ -52,16 +52,16 @@ def store(
         CheckpointQuotaExceeded: a str or bytes value would take the checkpoint past the quota.
     """
     kind, raw = encoded
-    header = protocol.set_value_request(name, kind, aliases, calls.settings.timeouts.checkpoint)
+    header = request_table.set_value_request(name, kind, aliases, calls.settings.timeouts.checkpoint)
     calls.in_context(header, context)
     staged: list[StagedBlob] = []
     body: Body | ValueFile = raw
-    if kind in protocol.HOST_BLOB_KINDS:
+    if kind in blob_format.HOST_BLOB_KINDS:
         keys = {checkpoint_key(header.get("context"), n) for n in [name, *aliases]}
-        calls.ledger.check_room(keys, len(raw) + protocol.HOST_BLOB_OVERHEAD, f"the {kind} value for {name}")
-        staged.append(calls.ledger.stage(protocol.host_blob_parts(kind, raw)))
+        calls.ledger.check_room(keys, len(raw) + blob_format.HOST_BLOB_OVERHEAD, f"the {kind} value for {name}")
+        staged.append(calls.ledger.stage(blob_format.host_blob_parts(kind, raw)))
         header["blob"], header["blob_size"] = staged[0].blob_id, staged[0].size
-        if staged[0].size >= protocol.VALUE_FILE_MIN_BYTES:  # a local sandbox maps the staged file instead
+        if staged[0].size >= blob_format.VALUE_FILE_MIN_BYTES:  # a local sandbox maps the staged file instead
             body = ValueFile(staged[0].directory, staged[0].written, staged[0].blob_id, raw)
     try:
         calls.control(header, lambda r, b: calls.commit_state(r, b, counters, context, staged), body)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..agent import protocol
+from ..agent import framing, protocol, request_table
 from ..api.events import LiveCall
 from ..api.results import ExecError
 from ..config import Settings
@@ -121,15 +121,10 @@ class SubmissionRunner:
     def _cell(self, sandbox: Sandbox, code: str, seconds: float, stdin: str) -> tuple[CellRun, str | None]:
         """One cell, whatever it does, and its value (the repr of its last expression, as the worker sent it);
         never raises for what the sandbox did. Its ``input()`` reads ``stdin``."""
-        header = protocol.exec_request(
-            code,
-            seconds,
-            checkpoint=False,
-            stream=True,
-            send_limit=self._output_limit,
-            output_cap=self._output_limit,
-            stdin=stdin,
+        options = request_table.ExecOptions(
+            checkpoint=False, stream=True, send_limit=self._output_limit, output_cap=self._output_limit, stdin=stdin
         )
+        header = request_table.exec_request(code, seconds, options)
         wakeup = Wakeup()
         live = LiveCall(self._recorder, None, self._settings.timeouts.input, owner=self, wakeup=wakeup)
         started = time.monotonic()
@@ -200,7 +195,7 @@ def harness_report(value: str | None) -> tuple[str, str, ExecError | None, str |
     """What the grading harness said about a phase: ``(ended, reason, error, signal)``, checked field by field.
 
     The harness runs where the submission never did, but its report still crossed from the sandbox: it is read
-    as strict, bounded JSON (``protocol.decode_json``) and every field is checked.
+    as strict, bounded JSON (``framing.decode_json``) and every field is checked.
 
     Raises:
         ProtocolError: it is not a report.
@@ -208,10 +203,10 @@ def harness_report(value: str | None) -> tuple[str, str, ExecError | None, str |
     if not isinstance(value, str) or len(value) > _MAX_REPORT_CHARS:
         raise ProtocolError("the grading harness sent no report")
     try:
-        data = protocol.decode_json(
+        data = framing.decode_json(
             value.encode("utf-8", "surrogatepass"), "the grading harness's report", surrogates=True
         )
-    except protocol.ProtocolViolation as exc:
+    except framing.ProtocolViolation as exc:
         raise ProtocolError(str(exc)) from None
     if not isinstance(data, dict):
         raise ProtocolError("the grading harness's report is not an object")

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from ..agent import protocol
+from ..agent import framing
 from ..api.manager import Orchestrator
 from ..api.results import Generation
 from ..api.session import Session
@@ -512,8 +512,8 @@ class DockerREPL(NonIsolatedEnv):
         result = session.execute(f"print(__import__('json').dumps({COMPACTION_NAME}))")
         raw = result.stdout.encode("utf-8", "surrogatepass")  # a lying reply's lone surrogate: not UTF-8, refused
         try:
-            stored = protocol.decode_json(raw, "compaction history") if result.error is None else None
-        except protocol.ProtocolViolation:  # the sandbox's text: strict, bounded JSON or nothing
+            stored = framing.decode_json(raw, "compaction history") if result.error is None else None
+        except framing.ProtocolViolation:  # the sandbox's text: strict, bounded JSON or nothing
             stored = None
         if not isinstance(stored, list):
             logger.warning("DockerREPL session %s: its compaction history could not be read back", session.id)

@@ -37,7 +37,7 @@ from contextlib import AbstractContextManager
 from typing import NamedTuple
 
 from .. import background
-from ..agent import protocol
+from ..agent import blob_format, protocol
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class DeferredBlobs:
         earlier = self._checks.get(digest)
         if earlier is not None and not (earlier.done() and (earlier.cancelled() or earlier.exception() is not None)):
             return
-        if protocol.is_host_blob(digest):
+        if blob_format.is_host_blob(digest):
             check: Future[bool] = Future()
             check.set_result(True)
         else:
@@ -199,12 +199,12 @@ class DeferredBlobs:
     def _matches(self, digest: str) -> bool:
         """Whether the stored blob has content digest ``digest``, read by an open of the check's own."""
         with self._open_blob(digest) as blob:
-            return protocol.blob_digest(blob) == digest
+            return blob_format.blob_digest(blob) == digest
 
     def _granted(self, payload: object) -> tuple[str, str]:
         """The key and digest a call names, if the last restore deferred that key and the record names that blob."""
         try:
-            call = protocol.read_blob_call(payload)
+            call = blob_format.read_blob_call(payload)
         except protocol.BadRequest as exc:
             raise BlobRefused(str(exc)) from None
         key, digest = call["key"], call["digest"]

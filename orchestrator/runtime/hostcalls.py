@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..agent import protocol
+from ..agent import framing, protocol, reply_types
 from ..errors import ConfigError
 from ..metrics import NO_METRICS, Recorder
 from ..slots import Slots
@@ -97,17 +97,17 @@ class HostCalls:
                 raise ConfigError(f"HostCalls.handlers maps non-empty names to callables, got {name!r}: {handler!r}")
 
 
-Answer = tuple[protocol.HostReply, bytes]
+Answer = tuple[reply_types.HostReply, bytes]
 """A ``host_reply`` frame for the connection to send: header and JSON body."""
 
 
 def answer_ok(call: int, result: bytes) -> Answer:
-    return protocol.host_reply(call), result
+    return reply_types.host_reply(call), result
 
 
 def answer_error(call: int, message: str) -> Answer:
     """The sandbox's call fails with ``message`` (it raises ``HostCallError``, or ``EOFError`` for input())."""
-    return protocol.host_reply(call, message), b""
+    return reply_types.host_reply(call, message), b""
 
 
 def encode(value: Any, max_bytes: int) -> bytes:
@@ -364,7 +364,7 @@ class CallDesk:
             return
         try:
             with serving_as(self._owner):
-                result = self._calls.handlers[name](protocol.decode_json(body, "host call payload", surrogates=True))
+                result = self._calls.handlers[name](framing.decode_json(body, "host call payload", surrogates=True))
             answer = answer_ok(call, encode(result, self._calls.max_bytes))
         except HostCallError as exc:
             answer = answer_error(call, str(exc))

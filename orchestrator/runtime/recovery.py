@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ..agent import protocol
+from ..agent import protocol, request_table
 from ..api.events import LiveCall
 from ..backends.base import ContainerState
 from ..errors import (
@@ -152,7 +152,7 @@ class Recoverer:
 
     def call(
         self,
-        header: protocol.Request,
+        header: request_table.Request,
         body: Body | ValueFile,
         seconds: float,
         accept: Callable[[dict[str, Any], bytearray], T],
@@ -182,7 +182,7 @@ class Recoverer:
 
     def _call(
         self,
-        header: protocol.Request,
+        header: request_table.Request,
         body: Body | ValueFile,
         seconds: float,
         accept: Callable[[dict[str, Any], bytearray], T],
@@ -207,7 +207,7 @@ class Recoverer:
 
     def _attempt(
         self,
-        header: protocol.Request,
+        header: request_table.Request,
         body: Body | ValueFile,
         seconds: float,
         accept: Callable[[dict[str, Any], bytearray], T],
@@ -228,7 +228,7 @@ class Recoverer:
 
     def _send(
         self,
-        header: protocol.Request,
+        header: request_table.Request,
         body: Body | ValueFile,
         seconds: float,
         checkpoint_seconds: float | None,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 from .. import background
-from ..agent import protocol
+from ..agent import request_table
 from ..backends.base import SESSION_ID, STORE_ID, Backend, ContainerState, Placement
 from ..config import Settings
 from ..errors import ChannelLost, ConfigError, OrchestratorError, SessionAttachedElsewhere, SessionClosed
@@ -276,7 +276,7 @@ class SessionSandbox:
         assert self.sandbox is not None and self.scaffold is not None
         code, names = self.scaffold
         seconds = self.settings.timeouts.start
-        header = protocol.install_request(code, names, seconds)
+        header = request_table.install_request(code, names, seconds)
         reply, _ = self.sandbox.request(header, seconds=seconds + self.settings.timeouts.interrupt_grace)
         failure = worker_failure(reply)
         reason = failure["reason"] if failure is not None else parse_install_reply(reply)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from .. import background
-from ..agent import protocol
+from ..agent import blob_format, checkpoint_names, protocol, request_table
 from ..agent.sealed import sealed_copy_of
 from ..api.events import LiveCall
 from ..backends.base import SANDBOX_ID, WORKER_UID, Backend, ContainerState, Placement, SandboxSpec
@@ -236,7 +236,7 @@ class Sandbox:
 
     def request(
         self,
-        header: protocol.Request,
+        header: request_table.Request,
         body: Body | ValueFile = b"",
         *,
         seconds: float,
@@ -258,8 +258,8 @@ class Sandbox:
             if link is None and value_fd is None:
                 body = body.raw
             else:
-                name = protocol.value_file_name(body.blob_id)
-                header, body = cast(protocol.SetValueRequest, {**header, "file": name}), b""
+                name = blob_format.value_file_name(body.blob_id)
+                header, body = cast(request_table.SetValueRequest, {**header, "file": name}), b""
         try:
             return self.connection.request(
                 header,
@@ -291,7 +291,7 @@ class Sandbox:
         path = value.written()
         if path is None:
             return None
-        link = directory / protocol.value_file_name(value.blob_id)
+        link = directory / blob_format.value_file_name(value.blob_id)
         try:
             os.link(path, link)
         except OSError as exc:
@@ -357,7 +357,7 @@ class Sandbox:
             logger.info("sandbox %s: a value failed with others deferred; restoring all at once", self.sandbox_id)
             self._deferring({})
             failed = self._restore_all(manifest, generation, open_blob, contexts or {}, {})
-        self._control(protocol.restore_end_request(generation))
+        self._control(request_table.restore_end_request(generation))
         return failed
 
     def _deferring(self, deferred: Mapping[str, int]) -> None:
@@ -390,7 +390,7 @@ class Sandbox:
         deferred: Mapping[str, int],
     ) -> bool:
         """One attempt from an empty namespace; False when a value took the worker down (start over)."""
-        self._control(protocol.restore_begin_request(generation))
+        self._control(request_table.restore_begin_request(generation))
         for context_id, spec in sorted(contexts.items()):
             self._create_context(context_id, spec)
         for name, size in sorted(deferred.items()):
@@ -410,11 +410,11 @@ class Sandbox:
                     failed.update({left: errors.get(left, given_up) for left in (*retry, *pending[index:])})
                     logger.error("sandbox %s: restore gave up after %d loads", self.sandbox_id, budget.total)
                     return True
-                context_id, separator, local = name.partition(protocol.CONTEXT_SEPARATOR)
+                context_id, separator, local = name.partition(checkpoint_names.CONTEXT_SEPARATOR)
                 if separator:
-                    header = protocol.load_request(local, manifest[name], limit, context_id)
+                    header = request_table.load_request(local, manifest[name], limit, context_id)
                 else:
-                    header = protocol.load_request(name, manifest[name], limit)
+                    header = request_table.load_request(name, manifest[name], limit)
                 with open_blob(manifest[name]) as blob:
                     checked = _check_digest(header, blob)
                     try:
@@ -442,11 +442,11 @@ class Sandbox:
 
     def _defer(self, key: str, digest: str, size: int) -> bool:
         """Announce a value the agent loads on first use (its context exists already); False: the worker died."""
-        context_id, separator, local = key.partition(protocol.CONTEXT_SEPARATOR)
+        context_id, separator, local = key.partition(checkpoint_names.CONTEXT_SEPARATOR)
         if separator:
-            header = protocol.defer_request(local, digest, size, context_id)
+            header = request_table.defer_request(local, digest, size, context_id)
         else:
-            header = protocol.defer_request(key, digest, size)
+            header = request_table.defer_request(key, digest, size)
         seconds = _CONTROL_SECONDS + self._settings.timeouts.interrupt_grace
         reply = parse_load_reply(self.request(header, seconds=seconds)[0])
         if reply["status"] in (protocol.STATUS_CRASHED, protocol.STATUS_TIMEOUT):
@@ -458,12 +458,12 @@ class Sandbox:
     def warm_up(self) -> None:
         """Have the agent load what checkpoints and restores need (dill) now, while nobody waits: an empty restore
         that says so (a new session's own empty restore does not import dill: plain data never needs it)."""
-        self._control(protocol.restore_begin_request(0, prepare=True))
-        self._control(protocol.restore_end_request(0))
+        self._control(request_table.restore_begin_request(0, prepare=True))
+        self._control(request_table.restore_end_request(0))
 
     def _create_context(self, context_id: str, spec: Mapping[str, Any]) -> None:
         """Make an empty context in the (restoring) worker, as ``Session.create_context`` did."""
-        header = protocol.context_create_request(context_id, spec["cwd"], spec["env"])
+        header = request_table.context_create_request(context_id, spec["cwd"], spec["env"])
         reply, _ = self.request(header, seconds=_CONTROL_SECONDS + self._settings.timeouts.interrupt_grace)
         failure = worker_failure(reply)
         if failure is not None:
@@ -472,7 +472,7 @@ class Sandbox:
             raise ProtocolError(f"creating context {context_id} while restoring failed: {reply.get('reason')!r:.200}")
         parse_state_reply(reply)
 
-    def _control(self, header: protocol.RestoreBeginRequest | protocol.RestoreEndRequest) -> None:
+    def _control(self, header: request_table.RestoreBeginRequest | request_table.RestoreEndRequest) -> None:
         parse_restore_reply(self.request(header, seconds=_CONTROL_SECONDS + self._settings.timeouts.interrupt_grace)[0])
 
     def settled_state(self) -> ContainerState | None:
@@ -581,7 +581,7 @@ def agent_environment(endpoint: Endpoint, settings: Settings) -> dict[str, str]:
     }
 
 
-def _check_digest(header: protocol.LoadRequest, blob: memoryview) -> Future[bool] | None:
+def _check_digest(header: request_table.LoadRequest, blob: memoryview) -> Future[bool] | None:
     """Check a stored blob against its content digest on a host thread while it is sent, and tell the agent so.
 
     The sandbox has one CPU and a big value's restore is bound by it; the digest (~1.2 ms per MB)
@@ -589,14 +589,14 @@ def _check_digest(header: protocol.LoadRequest, blob: memoryview) -> Future[bool
     checks its frame). Small blobs are checked at once.
     """
     digest = header["digest"]
-    if protocol.is_host_blob(digest):
+    if blob_format.is_host_blob(digest):
         return None
     header["verified"] = True
     if len(blob) < _CHECK_BESIDE_BYTES:
         done: Future[bool] = Future()
-        done.set_result(protocol.blob_digest(blob) == digest)
+        done.set_result(blob_format.blob_digest(blob) == digest)
         return done
-    return background.beside().submit(lambda: protocol.blob_digest(blob) == digest)
+    return background.beside().submit(lambda: blob_format.blob_digest(blob) == digest)
 
 
 def _no_blobs(blob_digest: str) -> AbstractContextManager[memoryview]:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import background
-from ..agent import protocol
-from ..agent.protocol import CheckpointDelta
+from ..agent import checkpoint_names, framing
+from ..agent.reply_types import CheckpointDelta
 from ..errors import (
     CheckpointError,
     CheckpointLimitExceeded,
@@ -60,7 +60,7 @@ class StagedBlob:
     failed leaves no file behind (and one whose controller died leaves a file prune removes).
     """
 
-    def __init__(self, store: SessionStore, session_id: str, parts: Sequence[protocol.Body]) -> None:
+    def __init__(self, store: SessionStore, session_id: str, parts: Sequence[framing.Body]) -> None:
         self.blob_id = new_host_blob_id()
         self.size = sum(memoryview(part).nbytes for part in parts)
         self._store = store
@@ -100,13 +100,13 @@ class StagedBlob:
 
 
 def _key_bytes(variables: dict[str, str]) -> int:
-    return sum(protocol.key_bytes(key) for key in variables)
+    return sum(checkpoint_names.key_bytes(key) for key in variables)
 
 
 def _check_names(changed: dict[str, str]) -> None:
     """Refuse a variable name the store would refuse: never commit what cannot be read back."""
     for key in changed:
-        problem = protocol.checkpoint_key_problem(key)
+        problem = checkpoint_names.checkpoint_key_problem(key)
         if problem is not None:
             shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
             raise ProtocolError(f"checkpoint names a variable {shown} that cannot be stored: {problem}")
@@ -115,8 +115,8 @@ def _check_names(changed: dict[str, str]) -> None:
 def _received_blobs(record: SessionRecord, delta: CheckpointDelta, body: bytearray) -> dict[str, memoryview]:
     """The blobs a checkpoint sent, by digest, cut from its ``body`` (their sizes checked against those stored)."""
     try:
-        parts = protocol.split_body(body, [entry["size"] for entry in delta["blobs"]])
-    except protocol.ProtocolViolation as exc:
+        parts = framing.split_body(body, [entry["size"] for entry in delta["blobs"]])
+    except framing.ProtocolViolation as exc:
         raise ProtocolError(str(exc)) from None
     blobs = {entry["digest"]: part for entry, part in zip(delta["blobs"], parts, strict=True)}
     _check_stored_sizes(record, blobs)
@@ -129,7 +129,7 @@ def _check_contexts(
     """Refuse variables of a context the session does not have (``destroying``: one it was told to destroy)."""
 
     def unknown(names: Iterable[str]) -> bool:
-        separator = protocol.CONTEXT_SEPARATOR
+        separator = checkpoint_names.CONTEXT_SEPARATOR
         return any(separator in k and k.partition(separator)[0] not in known for k in names)
 
     if unknown(changed):
@@ -357,19 +357,23 @@ class CheckpointLedger:
                 quota=self.quota,
             )
         variables = dict.fromkeys([*record.variables, *keys], "")
-        if len(variables) > protocol.MAX_CHECKPOINT_NAMES or _key_bytes(variables) > protocol.MAX_CHECKPOINT_NAME_BYTES:
+        if (
+            len(variables) > checkpoint_names.MAX_CHECKPOINT_NAMES
+            or _key_bytes(variables) > checkpoint_names.MAX_CHECKPOINT_NAME_BYTES
+        ):
             raise CheckpointQuotaExceeded(
                 f"{what}: with its names session {self.session_id} would hold {len(variables)} names "
                 f"({_key_bytes(variables)} bytes of names), over the checkpoint's bound of "
-                f"{protocol.MAX_CHECKPOINT_NAMES} names and {protocol.MAX_CHECKPOINT_NAME_BYTES} bytes of names; "
+                f"{checkpoint_names.MAX_CHECKPOINT_NAMES} names and "
+                f"{checkpoint_names.MAX_CHECKPOINT_NAME_BYTES} bytes of names; "
                 "nothing was sent or stored. Delete variables first (del in a cell, reset())",
                 size=size,
                 held=held,
                 quota=self.quota,
             )
 
-    def stage(self, parts: Sequence[protocol.Body]) -> StagedBlob:
-        """Start writing a host-made blob (``protocol.host_blob_parts``) under a new id; ``commit`` names it."""
+    def stage(self, parts: Sequence[framing.Body]) -> StagedBlob:
+        """Start writing a host-made blob (``blob_format.host_blob_parts``) under a new id; ``commit`` names it."""
         return StagedBlob(self._store, self.session_id, parts)
 
     def commit(
@@ -460,8 +464,8 @@ class CheckpointLedger:
         before = self.record
         limits = [("bytes", sum(blob_sizes.values()), self.quota)]
         if any(key not in before.variables for key in variables):  # only added names grow the manifest
-            limits.append(("names", len(variables), protocol.MAX_CHECKPOINT_NAMES))
-            limits.append(("name bytes", _key_bytes(variables), protocol.MAX_CHECKPOINT_NAME_BYTES))
+            limits.append(("names", len(variables), checkpoint_names.MAX_CHECKPOINT_NAMES))
+            limits.append(("name bytes", _key_bytes(variables), checkpoint_names.MAX_CHECKPOINT_NAME_BYTES))
         for unit, held, limit in limits:
             if held > limit:
                 had = (  # counted only here: a commit within its limits does not pay for the record's name bytes

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR, checkpoint_key_problem
+from ..agent.checkpoint_names import CONTEXT_ID, CONTEXT_SEPARATOR, checkpoint_key_problem
 from ..checks import is_count, is_number
 from ..errors import CheckpointError, ConfigError, ProtocolError, SessionNotFound
 from ..files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
@@ -62,7 +62,7 @@ _SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")  # what new_sandbox_id makes
 DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
 """A content digest: the id of a blob the agent made."""
 BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
-"""Any blob id: a content digest, or the ``h``-prefixed random id of a host-made blob (``protocol.HOST_BLOB_ID``)."""
+"""Any blob id: a content digest, or the ``h``-prefixed random id of a host-made blob (``blob_format.HOST_BLOB_ID``)."""
 _STORE_ID = re.compile(r"^[0-9a-f]{12}$")
 _CONTAINER_ID = re.compile(r"^[0-9a-z]{12,64}$")  # a container id (hex) or a Swarm service id (base 36)
 _REMOVED_PREFIX = ".removed-"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 
-from ..agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR, MAX_UNSAVED_NAMES
+from ..agent.checkpoint_names import CONTEXT_ID, CONTEXT_SEPARATOR, MAX_UNSAVED_NAMES
 from ..errors import ProtocolError
 from .history import compact_json, stored
 

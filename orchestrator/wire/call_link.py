@@ -22,7 +22,7 @@ import select
 import time
 from collections.abc import Iterable
 
-from ..agent import protocol
+from ..agent import framing, protocol
 from ..api.events import LiveCall
 from ..errors import TransportError
 from ..runtime.deferred import DeferredBlobs
@@ -201,7 +201,7 @@ class CallLink:
             except TransportError as exc:
                 self.close(f"{exc}")
 
-    def _output(self, message: protocol.Header, body: bytearray, output: OutputBudget | None) -> bool:
+    def _output(self, message: framing.Header, body: bytearray, output: OutputBudget | None) -> bool:
         """An ``output`` frame of the running cell to ``output`` (dropped without it); a bad one closes K (False)."""
         stream = message.get("stream")
         if stream not in protocol.OUTPUT_STREAMS:
@@ -211,7 +211,7 @@ class CallLink:
             output.output(str(stream), body)
         return True
 
-    def _call(self, message: protocol.Header) -> int | None:
+    def _call(self, message: framing.Header) -> int | None:
         """The number of a ``host_call`` frame; None (K closed) if the frame is not one."""
         call, name, kind = message.get("call"), message.get("name"), message.get("type")
         if kind == protocol.HOST_CALL and type(call) is int and isinstance(name, str):

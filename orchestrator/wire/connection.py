@@ -21,8 +21,8 @@ import select
 import time
 from typing import Any
 
-from ..agent import protocol
-from ..agent.protocol import Hello
+from ..agent import handshake, protocol, request_table
+from ..agent.handshake import Hello
 from ..api.events import LiveCall
 from ..config import Timeouts
 from ..errors import AgentTimeoutError, ChannelLost, OrchestratorError, ProtocolError, TransportError
@@ -61,14 +61,14 @@ def _handshake(
     if hello["sandbox_id"] != sandbox_id:
         raise ProtocolError(f"the agent of sandbox {hello['sandbox_id'][:64]!r} connected, not {sandbox_id!r}")
     one_hop = one_hop and protocol.ONE_HOP in hello.get("capabilities", ())
-    nonce = protocol.new_nonce()
-    proof = protocol.auth_proof(secret, "controller", hello["nonce"], nonce)
-    auth: dict[str, Any] = dict(protocol.auth_message(nonce, proof))
+    nonce = handshake.new_nonce()
+    proof = handshake.auth_proof(secret, "controller", hello["nonce"], nonce)
+    auth: dict[str, Any] = dict(handshake.auth_message(nonce, proof))
     if one_hop:
         auth[protocol.ONE_HOP] = True
     channel.send(auth, deadline=deadline)
-    expected = protocol.auth_proof(secret, "agent", hello["nonce"], nonce)
-    if not protocol.proof_matches(expected, parse_auth_ok(channel.recv(deadline=deadline)[0])):
+    expected = handshake.auth_proof(secret, "agent", hello["nonce"], nonce)
+    if not handshake.proof_matches(expected, parse_auth_ok(channel.recv(deadline=deadline)[0])):
         raise ProtocolError(f"the peer on the channel of sandbox {sandbox_id} does not know its secret")
     return hello, DataChannel.hand_over(channel, deadline=deadline) if one_hop else None
 
@@ -175,7 +175,7 @@ class AgentConnection:
 
     def request(
         self,
-        header: protocol.Request,
+        header: request_table.Request,
         body: Body = b"",
         *,
         deadline: float,
@@ -214,7 +214,7 @@ class AgentConnection:
 
     def _request(
         self,
-        header: protocol.Request,
+        header: request_table.Request,
         body: Body,
         deadline: float,
         checkpoint_seconds: float | None,
@@ -247,7 +247,7 @@ class AgentConnection:
             self._raise_if_goodbye()  # a takeover's goodbye may wait behind the pipe that just broke
             raise
         channel = self._channel
-        output = OutputBudget(live, lambda: channel.enqueue(protocol.interrupt_message(header["id"])))
+        output = OutputBudget(live, lambda: channel.enqueue(request_table.interrupt_message(header["id"])))
         paused_at: float | None = None
         # The reply cannot have come yet: wait before the first read, unless the deadline passed or bytes wait in the
         # channel already (what arrived is then read first, as always).
@@ -299,7 +299,7 @@ class AgentConnection:
         for answer, answer_body in due_answers(ready, desk, live):
             channel.enqueue(answer, answer_body)
         if live is not None and live.take_interrupt():
-            channel.enqueue(protocol.interrupt_message(request_id))
+            channel.enqueue(request_table.interrupt_message(request_id))
         if channel.has_queued:
             channel.flush()
 

@@ -45,7 +45,7 @@ class Endpoint(Protocol):
 
     sandbox_id: str
     secret: bytes
-    """The sandbox's shared secret: the key ``protocol.auth_proof`` takes."""
+    """The sandbox's shared secret: the key ``handshake.auth_proof`` takes."""
 
     def accept(self, deadline: float) -> Channel:
         """Wait until ``deadline`` (``time.monotonic()``) for the agent to connect.
@@ -150,7 +150,7 @@ class UnixSocketEndpoint:
         sandbox_id: the sandbox's id (a plain file name).
         directory: the sandbox directory on the host.
         path: the socket file on the host.
-        secret: the shared secret (``protocol.SECRET_BYTES`` bytes).
+        secret: the shared secret (``handshake.SECRET_BYTES`` bytes).
         sandbox_uid: the uid the agent runs as, if known; connections from other uids are refused.
     """
 

@@ -12,7 +12,7 @@ import select
 import time
 from collections.abc import Callable, Iterator
 
-from ..agent import protocol
+from ..agent import framing, protocol, reply_types
 from ..api.events import LiveCall
 from ..errors import AgentTimeoutError, ProtocolError
 from ..runtime.deferred import BlobRefused, BlobUnavailable, DeferredBlobs
@@ -60,7 +60,7 @@ nothing gets "unavailable" past this, so what it makes the host hold stays bound
 
 def serve_host_call(
     channel: Channel,
-    frame: protocol.Header,
+    frame: framing.Header,
     body: bytearray,
     desk: CallDesk | None,
     blobs: DeferredBlobs | None,
@@ -130,7 +130,7 @@ def due_answers(ready: set[int], desk: CallDesk | None, live: LiveCall | None) -
             yield from source.answers()
 
 
-def call_number(frame: protocol.Header) -> int:
+def call_number(frame: framing.Header) -> int:
     call = frame.get("call")
     if type(call) is not int:
         raise ProtocolError("a host_call frame without a call number")
@@ -147,20 +147,20 @@ def _answer_blob_call(
         channel.enqueue(*answer_error(call, protocol.BLOB_REFUSED + "this sandbox has no deferred values"))
         return
     try:
-        payload = protocol.decode_json(body, "blob call payload")
+        payload = framing.decode_json(body, "blob call payload")
         if name == protocol.BLOB_CHECK_CALL:
             channel.enqueue(*answer_ok(call, b"true" if blobs.verdict(payload) else b"false"))
             return
         if channel.carrying >= _BLOBS_ON_THE_WAY:
             raise BlobUnavailable(f"{channel.carrying} blobs are on their way to this sandbox already")
         served = blobs.serve(payload, as_file=as_file)
-    except (protocol.ProtocolViolation, BlobRefused) as exc:
+    except (framing.ProtocolViolation, BlobRefused) as exc:
         channel.enqueue(*answer_error(call, protocol.BLOB_REFUSED + str(exc)))
         return
     except BlobUnavailable as exc:
         channel.enqueue(*answer_error(call, protocol.BLOB_UNAVAILABLE + str(exc)))
         return
     if served.fd is not None:
-        channel.enqueue(protocol.host_reply_file(call, served.size), b"", (served.fd,), sent=served.close)
+        channel.enqueue(reply_types.host_reply_file(call, served.size), b"", (served.fd,), sent=served.close)
     else:
-        channel.enqueue(protocol.host_reply(call), served.body, sent=served.close)
+        channel.enqueue(reply_types.host_reply(call), served.body, sent=served.close)

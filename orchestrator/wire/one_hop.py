@@ -17,9 +17,9 @@ import select
 import time
 from collections.abc import Callable, Iterator
 
-from ..agent import protocol
+from ..agent import framing, protocol, request_table
 from ..agent.ladder import KILL, Ladder
-from ..agent.protocol import Goodbye
+from ..agent.reply_types import Goodbye
 from ..api.events import LiveCall
 from ..config import Timeouts
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
@@ -45,16 +45,16 @@ def goodbye_behind(control: Channel) -> Goodbye | None:
     return parse_goodbye(message) if message.get("type") == protocol.GOODBYE else None
 
 
-def made_up_reply(header: protocol.Request, **fields: object) -> protocol.Header:
+def made_up_reply(header: request_table.Request, **fields: object) -> framing.Header:
     """A reply the controller makes for ``header`` when the worker could not give one (its worker was lost or
     replaced): the reply type and id of the request, and ``fields``."""
-    return {"type": protocol.REPLY_TYPES.get(header["type"], protocol.ERROR), "id": header["id"], **fields}
+    return {"type": request_table.reply_type(header["type"]), "id": header["id"], **fields}
 
 
 class _WorkerLost(Exception):
     """The supervisor said ``worker_lost`` on C during a request (its message)."""
 
-    def __init__(self, message: protocol.Header) -> None:
+    def __init__(self, message: framing.Header) -> None:
         super().__init__("the worker was lost")
         self.message = message
 
@@ -73,11 +73,11 @@ class OneHop:
         self._data: DataChannel | None = data
         self._grace = grace  # between the ladder's interrupt and its kill: the supervisor's interrupt_grace
         self._frame_seconds = frame_seconds  # a frame the worker began on D may stall this long (two hops: the agent's)
-        self._lost: protocol.Header | None = None  # the worker died between calls: how (the next request says so)
+        self._lost: framing.Header | None = None  # the worker died between calls: how (the next request says so)
 
     def request(
         self,
-        header: protocol.Request,
+        header: request_table.Request,
         body: FrameBody,
         *,
         deadline: float,
@@ -86,7 +86,7 @@ class OneHop:
         live: LiveCall | None,
         blobs: DeferredBlobs | None,
         value_fd: int | None = None,
-    ) -> tuple[protocol.Header, bytearray]:
+    ) -> tuple[framing.Header, bytearray]:
         """``request`` in one hop: the request and its reply on D, the cell's calls and output on K, control on C.
         ``value_fd`` (a request without a body: a ``set_value``'s value file) goes with the request's first bytes.
 
@@ -130,8 +130,8 @@ class OneHop:
             return self._worker_misbehaved(header, exc, deadline)
 
     def _worker_misbehaved(
-        self, header: protocol.Request, exc: ProtocolError, deadline: float
-    ) -> tuple[protocol.Header, bytearray]:
+        self, header: request_table.Request, exc: ProtocolError, deadline: float
+    ) -> tuple[framing.Header, bytearray]:
         """A forged or invalid frame on D or K (cell code holds their other ends): the worker is replaced through C
         and the request answered ``protocol_error``, as the supervisor answers a frame it refuses in two hops, so
         recovery restores into the same sandbox. Raises what ``replace_worker`` raises."""
@@ -150,13 +150,13 @@ class OneHop:
     def _reply(
         self,
         data: DataChannel,
-        header: protocol.Request,
+        header: request_table.Request,
         deadline: float,
         checkpoint_seconds: float | None,
         desk: CallDesk | None,
         live: LiveCall | None,
         blobs: DeferredBlobs | None,
-    ) -> tuple[protocol.Header, bytearray]:
+    ) -> tuple[framing.Header, bytearray]:
         """Wait for the reply of the request sent on D under its ladder, serving K and watching C meanwhile."""
         request_id = header["id"]
         requests, calls, control = data.requests, data.calls, self._control
@@ -201,7 +201,7 @@ class OneHop:
                         self._interrupts_delivered(deadline)
                     if ladder.stopped_by_interrupt(reply.get("status")):  # as the supervisor says it in two hops
                         reply.update(status=protocol.STATUS_TIMEOUT, worker_restarted=False)
-                        reply.setdefault("phase", "load" if header["type"] == protocol.LOAD else "cell")
+                        reply.setdefault("phase", "load" if header["type"] == request_table.LOAD else "cell")
                     return reply, reply_body
             if live is not None:  # after K was read: an input() asked for just now stops the clock from now
                 waiting = live.waiting_for_input
@@ -241,14 +241,18 @@ class OneHop:
             TakenOver: the supervisor said goodbye first (the request is not kept, as a takeover during it).
         """
 
-        def lost(message: protocol.Header) -> None:  # the worker died after its reply, which counts
+        def lost(message: framing.Header) -> None:  # the worker died after its reply, which counts
             self._drop_data()
             self._hand_over()
             self._lost = self._lost or message  # the next request is told
 
         deadline = max(deadline, time.monotonic() + _HAND_OVER_SECONDS)
         self._ask(
-            {"type": protocol.PING, "id": secrets.token_hex(16)}, protocol.PONG, deadline, lost, "was asked for a pong"
+            {"type": request_table.PING, "id": secrets.token_hex(16)},
+            request_table.PONG,
+            deadline,
+            lost,
+            "was asked for a pong",
         )
 
     def _read_control(self, control: Channel) -> None:
@@ -268,7 +272,7 @@ class OneHop:
         raise _SupervisorSpoke(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
 
     @staticmethod
-    def _crashed(header: protocol.Request, lost: protocol.Header, *, ran: bool) -> protocol.Header:
+    def _crashed(header: request_table.Request, lost: framing.Header, *, ran: bool) -> framing.Header:
         """The reply to a request whose worker died (or was replaced because its data channel broke), as the
         supervisor makes it in two hops from ``lost``, its ``worker_lost`` or ``worker_replaced``: recovery restores
         into the fresh worker (and sends a request that never ran once more)."""
@@ -285,7 +289,7 @@ class OneHop:
             reply["signal"] = signal
         return reply
 
-    def replace_worker(self, kill_id: str | None = None, *, deadline: float) -> protocol.Header:
+    def replace_worker(self, kill_id: str | None = None, *, deadline: float) -> framing.Header:
         """Have the supervisor kill this worker and start a fresh one, and hand that one a new data channel.
 
         The way out of whatever leaves the worker's data channel unusable while the supervisor is sound: a cell that
@@ -309,7 +313,7 @@ class OneHop:
         """
         kill_id = kill_id if kill_id is not None else secrets.token_hex(16)
         self._drop_data()
-        deaths: list[protocol.Header] = []
+        deaths: list[framing.Header] = []
         deadline = max(deadline, time.monotonic() + _REPLACE_SECONDS)
         kill = {"type": protocol.KILL, "id": kill_id}  # behind an interrupt still queued, if any
         replaced = self._ask(kill, protocol.WORKER_REPLACED, deadline, deaths.append, "replaced its worker")
@@ -318,12 +322,12 @@ class OneHop:
 
     def _ask(
         self,
-        question: protocol.Message,
+        question: framing.Message,
         answer_type: str,
         deadline: float,
-        lost: Callable[[protocol.Header], None],
+        lost: Callable[[framing.Header], None],
         what: str,
-    ) -> protocol.Header:
+    ) -> framing.Header:
         """Send ``question`` on C and return the supervisor's answer of ``answer_type`` with its id; each
         ``worker_lost`` that comes first goes to ``lost``.
 
@@ -374,9 +378,9 @@ class OneHop:
             self._data = DataChannel.hand_over(self._control, deadline=deadline)
 
     @staticmethod
-    def _refusal(header: protocol.Request, cell_ended: bool) -> str | None:
+    def _refusal(header: request_table.Request, cell_ended: bool) -> str | None:
         """Why a host call that comes now is answered ``error`` at once: none while an exec's cell runs."""
-        if header["type"] != protocol.EXEC:
+        if header["type"] != request_table.EXEC:
             return protocol.CALL_NO_CELL
         return protocol.CALL_ENDED if cell_ended else None
 

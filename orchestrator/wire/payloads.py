@@ -1,7 +1,7 @@
 """How a value the caller gives (``set_value``, ``add_context``, ``add_history``) travels: its kind and raw bytes.
 
 The host never pickles: a str or bytes goes as its bytes (the controller makes its checkpoint
-blob itself, ``protocol.host_blob_parts``), a dict or list as JSON that the agent loads.
+blob itself, ``blob_format.host_blob_parts``), a dict or list as JSON that the agent loads.
 """
 
 from __future__ import annotations

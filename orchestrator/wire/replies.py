@@ -2,7 +2,7 @@
 
 The host never trusts what an agent sends (cell code can forge frames): a field of the wrong
 type or size is a ``ProtocolError`` here, so the code above handles typed values only. The
-messages and the shapes both sides share are defined in ``agent/protocol.py`` (docs/protocol.md);
+messages and the shapes both sides share are defined in ``agent/reply_types.py`` (docs/protocol.md);
 the views here that differ from a message (clipped, defaults filled in) are the host's own.
 """
 
@@ -11,15 +11,19 @@ from __future__ import annotations
 import re
 from typing import Any, TypedDict, TypeVar, cast
 
-from ..agent import protocol
-from ..agent.protocol import BlobEntry, CheckpointDelta, ExecReply, Goodbye, Hello, LoadReply, Status
+from ..agent import checkpoint_names, framing, protocol, request_table
+from ..agent.handshake import Hello
+from ..agent.protocol import Status
+from ..agent.reply_types import BlobEntry, CheckpointDelta, ExecReply, Goodbye, LoadReply
 from ..errors import ProtocolError, TransportError
 from ..safe_text import visible
 from ..state.store import BLOB_ID, DIGEST
 
 T = TypeVar("T")
-_MAX_ENTRIES = 4 * protocol.MAX_CHECKPOINT_NAMES  # of a delta's lists: past the manifest's bound, work stays bounded
-_MAX_REASON = protocol.MAX_REASON_CHARS
+_MAX_ENTRIES = (
+    4 * checkpoint_names.MAX_CHECKPOINT_NAMES
+)  # of a delta's lists: past the manifest's bound, work stays bounded
+_MAX_REASON = checkpoint_names.MAX_REASON_CHARS
 _MAX_COUNT = (1 << 63) - 1  # generations, byte counts: what the agent can count in a lifetime
 _MAX_SECONDS = 10_000_000.0  # a reported duration past this (115 days) is a lie; the host clamps it anyway
 _MAX_TEXT = 64  # versions, ids, phases: short labels
@@ -176,13 +180,13 @@ def parse_delta(header: dict[str, Any]) -> CheckpointDelta:
         if not isinstance(entry, dict):
             raise ProtocolError("checkpoint blob entries must be objects")
         blob_digest = expect(entry, "digest", str)
-        size = expect_count(entry, "size", protocol.MAX_BODY_BYTES)
+        size = expect_count(entry, "size", framing.MAX_BODY_BYTES)
         if not DIGEST.match(blob_digest):
             raise ProtocolError("checkpoint blob entries need a 32-hex digest")
         entries.append(BlobEntry(digest=blob_digest, size=size))
     if entries and len({entry["digest"] for entry in entries}) != len(entries):
         raise ProtocolError("checkpoint lists a blob twice")
-    key_chars = protocol.MAX_UNSAVED_KEY_CHARS
+    key_chars = checkpoint_names.MAX_UNSAVED_KEY_CHARS
     changed = expect_str_map(delta, "vars", key_chars=key_chars, value_chars=33)
     if changed and not all(BLOB_ID.match(d) for d in changed.values()):  # a content digest, or a host-made blob's id
         raise ProtocolError("checkpoint names must map to blob ids (32-hex digests or host-made ids)")
@@ -199,9 +203,9 @@ def parse_delta(header: dict[str, Any]) -> CheckpointDelta:
         unsaved=expect_str_map(
             delta,
             "unsaved",
-            entries=protocol.MAX_UNSAVED_NAMES,
+            entries=checkpoint_names.MAX_UNSAVED_NAMES,
             key_chars=key_chars,
-            value_chars=protocol.MAX_REASON_CHARS,
+            value_chars=checkpoint_names.MAX_REASON_CHARS,
         ),
     )
 
@@ -254,7 +258,7 @@ def worker_failure(header: dict[str, Any]) -> WorkerFailure | None:
 
 def parse_exec_reply(header: dict[str, Any]) -> ExecReply:
     """A completed (or interrupted) cell, its optional fields filled in; call ``worker_failure`` first."""
-    _expect_type(header, protocol.EXEC_REPLY)
+    _expect_type(header, request_table.EXEC_REPLY)
     error = header.get("error")
     if error is not None and not isinstance(error, dict):
         raise ProtocolError("agent reply field 'error' should be an object")
@@ -276,26 +280,26 @@ def parse_exec_reply(header: dict[str, Any]) -> ExecReply:
 
 def parse_install_reply(header: dict[str, Any]) -> str | None:
     """None when the scaffold was installed, else why not; call ``worker_failure`` first."""
-    _expect_type(header, protocol.INSTALL_REPLY)
+    _expect_type(header, request_table.INSTALL_REPLY)
     if parse_status(header) == protocol.STATUS_OK:
         return None
     return expect(header, "reason", str)[:_MAX_INSTALL_REASON]
 
 
 def parse_state_reply(header: dict[str, Any]) -> CheckpointDelta:
-    _expect_type(header, protocol.STATE_REPLY)
+    _expect_type(header, request_table.STATE_REPLY)
     return parse_delta(header)
 
 
 def parse_load_reply(header: dict[str, Any]) -> LoadReply:
     """The outcome of a load, with a ``reason`` ("" when the agent gave none)."""
-    _expect_type(header, protocol.LOAD_REPLY, protocol.EXEC_REPLY)
+    _expect_type(header, request_table.LOAD_REPLY, request_table.EXEC_REPLY)
     return LoadReply(status=parse_status(header), reason=reply_reason(header, ""))
 
 
 def parse_restore_reply(header: dict[str, Any]) -> int | None:
     """The generation a ``restore_end`` set (None for ``restore_begin``)."""
-    _expect_type(header, protocol.RESTORE_REPLY)
+    _expect_type(header, request_table.RESTORE_REPLY)
     if parse_status(header) != protocol.STATUS_OK:
         raise ProtocolError(f"restore failed in the agent: {reply_reason(header, '')}")
     return expect_count(header, "generation", optional=True)

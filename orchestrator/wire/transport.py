@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, NoReturn
 
-from ..agent import handover, protocol
+from ..agent import framing, handover
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 
 logger = logging.getLogger(__name__)
@@ -31,8 +31,8 @@ logger = logging.getLogger(__name__)
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)  # EPIPE as an error, even where SIGPIPE is not ignored
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 READ_AHEAD = 8 << 10  # one read takes up to this much: a small frame and what came after it (held only meanwhile)
-_PREFIX = protocol.PREFIX.size
-FrameBody = protocol.Body | Sequence[protocol.Body]  # one buffer, or several sent back to back
+_PREFIX = framing.PREFIX.size
+FrameBody = framing.Body | Sequence[framing.Body]  # one buffer, or several sent back to back
 
 
 class PeerCredentials(NamedTuple):
@@ -103,7 +103,7 @@ class _ReadAhead:
         self._end = 0  # bytes of ``_buf`` read from the socket, the frame's first byte at 0
         self._head_len = -1
         self._body_len = 0
-        self._header: protocol.Header | None = None
+        self._header: framing.Header | None = None
         self._body = bytearray()
         self._filled = 0
 
@@ -119,20 +119,20 @@ class _ReadAhead:
             return f"{self._end} of {_PREFIX} bytes of the frame prefix"
         return f"{self._end - _PREFIX} of {self._head_len} bytes of the frame header"
 
-    def poll(self, sock: socket.socket) -> tuple[protocol.Header, bytearray]:
+    def poll(self, sock: socket.socket) -> tuple[framing.Header, bytearray]:
         """The next frame, read without waiting.
 
         Raises:
             BlockingIOError: the frame is not complete yet (what came is kept).
-            protocol.ChannelClosed: EOF.
-            protocol.ProtocolViolation: the frame breaks the format or a limit.
+            framing.ChannelClosed: EOF.
+            framing.ProtocolViolation: the frame breaks the format or a limit.
         """
         if self._header is None:
             self._read_head(sock)
         while self._filled < self._body_len:
-            got = protocol.recv_growing(sock, self._body, self._filled, self._body_len)
+            got = framing.recv_growing(sock, self._body, self._filled, self._body_len)
             if not got:
-                raise protocol.ChannelClosed(f"connection closed after {self.progress()}")
+                raise framing.ChannelClosed(f"connection closed after {self.progress()}")
             self._filled += got
         header, body = self._header, self._body
         assert header is not None
@@ -145,13 +145,13 @@ class _ReadAhead:
             buf, end = self._buf, self._end
             if buf is not None:
                 if self._head_len < 0 and end >= _PREFIX:
-                    self._head_len, self._body_len = protocol.parse_prefix(
+                    self._head_len, self._body_len = framing.parse_prefix(
                         memoryview(buf)[:_PREFIX], self._max_header, self._max_body
                     )
                 want = _PREFIX + self._head_len
                 if self._head_len >= 0 and end >= want:
                     with memoryview(buf) as view:
-                        self._header = protocol.decode_header(view[_PREFIX:want])
+                        self._header = framing.decode_header(view[_PREFIX:want])
                         taken = min(end, want + self._body_len)
                         self._body = bytearray(view[want:taken])
                         self._filled = taken - want
@@ -168,11 +168,11 @@ class _ReadAhead:
             buf = self._buf = bytearray(READ_AHEAD)
         elif end == len(buf):
             want = _PREFIX + self._head_len if self._head_len >= 0 else _PREFIX
-            buf.extend(bytes(max(min(want - end, protocol.RECV_CHUNK), READ_AHEAD)))
+            buf.extend(bytes(max(min(want - end, framing.RECV_CHUNK), READ_AHEAD)))
         with memoryview(buf) as view:
             got = sock.recv_into(view[end:])
         if not got:
-            raise protocol.ChannelClosed(f"connection closed after {self.progress()}")
+            raise framing.ChannelClosed(f"connection closed after {self.progress()}")
         self._end = end + got
 
 
@@ -227,7 +227,7 @@ class Channel:
 
     def send(
         self,
-        header: protocol.Message,
+        header: framing.Message,
         body: FrameBody = b"",
         *,
         deadline: float | None,
@@ -248,8 +248,8 @@ class Channel:
         if self._send_broken is not None:
             raise ChannelLost(f"cannot send to the agent: {self._send_broken}")
         try:
-            parts = protocol.frame_parts(header, body)
-        except protocol.ProtocolViolation as exc:
+            parts = framing.frame_parts(header, body)
+        except framing.ProtocolViolation as exc:
             raise ProtocolError(f"refusing to send a {header.get('type')!r} frame: {exc}") from exc
         total = sum(memoryview(part).nbytes for part in parts)
         sent = 0
@@ -279,7 +279,7 @@ class Channel:
             raise ChannelLost(f"sending to the agent failed: {exc}") from exc
         logger.debug("sent a %r frame of %d bytes", header.get("type"), total)
 
-    def recv(self, *, deadline: float | None) -> tuple[protocol.Header, bytearray]:
+    def recv(self, *, deadline: float | None) -> tuple[framing.Header, bytearray]:
         """Receive one frame, all of it by ``deadline``.
 
         Args:
@@ -301,7 +301,7 @@ class Channel:
                 return frame
             wait_for(self._sock, select.POLLIN, deadline, functools.partial(self._receiving, self._reader))
 
-    def poll_recv(self) -> tuple[protocol.Header, bytearray] | None:
+    def poll_recv(self) -> tuple[framing.Header, bytearray] | None:
         """Read what has arrived without waiting: a complete frame, or None (the part that came is kept).
 
         Raises:
@@ -313,9 +313,9 @@ class Channel:
             header, body = self._reader.poll(self._sock)
         except BlockingIOError:
             return None
-        except protocol.ChannelClosed as exc:
+        except framing.ChannelClosed as exc:
             self._fail(ChannelLost(f"the agent closed the channel ({exc})"), exc)
-        except protocol.ProtocolViolation as exc:
+        except framing.ProtocolViolation as exc:
             self._fail(ProtocolError(f"the agent sent an invalid frame: {exc}"), exc)
         except MemoryError as exc:  # a body within max_body that this host cannot hold
             self._fail(ProtocolError(f"the agent's frame does not fit in this controller's memory ({exc})"), exc)
@@ -331,8 +331,8 @@ class Channel:
 
     def enqueue(
         self,
-        header: protocol.Message,
-        body: protocol.Body = b"",
+        header: framing.Message,
+        body: framing.Body = b"",
         fds: Sequence[int] = (),
         *,
         sent: Callable[[], None] | None = None,
@@ -345,8 +345,8 @@ class Channel:
             ProtocolError: the frame is over the protocol's limits (nothing was queued).
         """
         try:
-            parts = protocol.frame_parts(header, body)
-        except protocol.ProtocolViolation as exc:
+            parts = framing.frame_parts(header, body)
+        except framing.ProtocolViolation as exc:
             if sent is not None:
                 sent()
             raise ProtocolError(f"refusing to send a {header.get('type')!r} frame: {exc}") from exc
@@ -407,7 +407,7 @@ class Channel:
         """The largest header and body accepted from the peer (a data channel of one hop takes the same)."""
         return self._max_header, self._max_body
 
-    def send_fds(self, header: protocol.Message, fds: Sequence[int], *, deadline: float) -> None:
+    def send_fds(self, header: framing.Message, fds: Sequence[int], *, deadline: float) -> None:
         """Send a frame without a body with ``fds`` attached (SCM_RIGHTS: one hop's ``data_channel``, a value file).
 
         Raises:
@@ -469,5 +469,5 @@ class Channel:
         return f"the agent sent no complete frame (got {reader.progress()})"
 
     @staticmethod
-    def _sending(header: protocol.Message, sent: int, total: int) -> str:
+    def _sending(header: framing.Message, sent: int, total: int) -> str:
         return f"the agent did not take a {header.get('type')!r} frame ({sent} of {total} bytes sent)"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from orchestrator import Orchestrator, Session
-from orchestrator.agent import protocol
+from orchestrator.agent import blob_format, protocol
 from orchestrator.runtime.hostcalls import HostCalls
 
 pytestmark = pytest.mark.docker
@@ -175,7 +175,7 @@ def test_one_sessions_digest_checks_never_queue_another_sessions(
 
     gate = threading.Event()
     hashed: list[str] = []
-    real = protocol.blob_digest
+    real = blob_format.blob_digest
 
     def held_digest(blob: Any) -> str:
         """The attacker's checks hash, then wait for the gate: they fill whatever queue they are on."""
@@ -185,7 +185,7 @@ def test_one_sessions_digest_checks_never_queue_another_sessions(
             gate.wait(120)
         return digest
 
-    monkeypatch.setattr(protocol, "blob_digest", held_digest)
+    monkeypatch.setattr(blob_format, "blob_digest", held_digest)
     seen: dict[str, Any] = {}
 
     def meanwhile(_: object) -> bool:

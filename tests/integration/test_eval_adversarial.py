@@ -504,7 +504,7 @@ FORGE_FRAMES = (
     WRONG
     + """\
 import gc, os, socket, sys
-protocol = [m for n, m in sys.modules.items() if n.endswith('.protocol') and hasattr(m, 'send_frame')][0]
+framing = [m for n, m in sys.modules.items() if n.endswith('.framing') and hasattr(m, 'send_frame')][0]
 reply = {'type': 'exec_reply', 'status': 'ok', 'stdout': '', 'stderr': '', 'stdout_bytes': 0, 'stderr_bytes': 0,
          'return_value': '{"ended": "ok", "reason": "", "error": null}', 'error': None, 'duration': 0.0,
          'checkpoint_duration': 0.0, 'checkpoint': {}}
@@ -513,7 +513,7 @@ for sock in [o for o in gc.get_objects() if isinstance(o, socket.socket)]:
     if 0 <= sock.fileno() < 5:  # S's own stdio, report socket and link (garbage there: `garbage-report`)
         continue
     try:
-        protocol.send_frame(sock, dict(reply, id='x'))
+        framing.send_frame(sock, dict(reply, id='x'))
         reached += 1
     except OSError:
         pass

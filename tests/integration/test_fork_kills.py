@@ -81,7 +81,7 @@ def main(orch, args):
 
 REWINDER = """
 import signal
-from orchestrator.agent import protocol
+from orchestrator.agent import request_table
 from orchestrator.runtime.restore import SessionSandbox
 from orchestrator.runtime.sandbox import Sandbox
 
@@ -95,7 +95,7 @@ def main(orch, args):
     else:
         real_control = Sandbox._control
         def control(self, header, *a, **k):
-            if header["type"] == protocol.RESTORE_END:
+            if header["type"] == request_table.RESTORE_END:
                 die()
             return real_control(self, header, *a, **k)
         Sandbox._control = control

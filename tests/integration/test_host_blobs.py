@@ -24,7 +24,7 @@ import pytest
 from support import kill_and_wait, one_hop
 
 from orchestrator import CheckpointQuotaExceeded, Orchestrator, Session, Settings
-from orchestrator.agent import protocol
+from orchestrator.agent import blob_format
 from orchestrator.runtime import sandbox as sandbox_module
 from orchestrator.runtime.sandbox import Sandbox, ValueFile
 
@@ -85,7 +85,7 @@ def test_host_made_values_are_stored_once_and_survive_a_kill(
     assert blob_names(settings, session) == set(manifest.values())  # one file per blob, no temp file left
     with (blobs_dir(settings, session) / manifest["context"]).open("rb") as fh:
         assert pickle.load(fh) == TEXT  # a plain pickle of the str (the test may unpickle what its host made)
-    assert (blobs_dir(settings, session) / manifest["raw"]).stat().st_size == len(DATA) + protocol.HOST_BLOB_OVERHEAD
+    assert (blobs_dir(settings, session) / manifest["raw"]).stat().st_size == len(DATA) + blob_format.HOST_BLOB_OVERHEAD
 
     # Cells that leave the values alone send nothing for them.
     assert sandbox_hash(session, "context") == text_hash(TEXT)
@@ -151,7 +151,7 @@ def test_a_value_over_the_quota_is_refused_before_it_is_sent(
     with pytest.raises(CheckpointQuotaExceeded) as caught:
         s.add_context("y" * (600 << 10))
     error = caught.value
-    assert error.quota == quota and error.size == (600 << 10) + protocol.HOST_BLOB_OVERHEAD
+    assert error.quota == quota and error.size == (600 << 10) + blob_format.HOST_BLOB_OVERHEAD
     assert error.held == 2 * error.size and "checkpoint_quota" in str(error) and str(quota) in str(error)
     with pytest.raises(CheckpointQuotaExceeded):
         s.set_value("big", b"z" * (quota + 1))

@@ -28,7 +28,7 @@ from orchestrator import (
     ProtocolError,
     Session,
 )
-from orchestrator.agent import protocol
+from orchestrator.agent import checkpoint_names
 
 pytestmark = pytest.mark.docker
 
@@ -146,7 +146,7 @@ def test_twenty_thousand_names_for_one_blob_are_refused_and_nothing_grows(statef
         tracemalloc.stop()
     error = info.value
     assert isinstance(error, CheckpointQuotaExceeded) and isinstance(error, ProtocolError)
-    assert error.restored is True and (error.unit, error.quota) == ("names", protocol.MAX_CHECKPOINT_NAMES)
+    assert error.restored is True and (error.unit, error.quota) == ("names", checkpoint_names.MAX_CHECKPOINT_NAMES)
     assert error.held == 20_000 + len(variables)
     assert peak < 64 << 20, f"the controller held {peak} B for a refused delta"
     assert len(stateful._ledger.record.variables) == len(variables)
@@ -180,7 +180,7 @@ def test_an_honest_cell_with_names_the_checkpoint_cannot_hold_gets_unsaved(
     assert result.unsaved["esc\x1b[2J"] == "the name is not a Python identifier"
     assert result.unsaved["a b"] == "the name is not a Python identifier"
     assert result.unsaved["7"] == "the name is not a str"
-    assert result.unsaved["y" * protocol.MAX_NAME_CHARS + "..."].startswith("the name is longer than")
+    assert result.unsaved["y" * checkpoint_names.MAX_NAME_CHARS + "..."].startswith("the name is longer than")
     kill_and_wait(orch, stateful.container_id)
     restored = stateful.execute("good, kept, len(name)")
     assert restored.return_value == "(5, {'a': 1}, 1000)" and restored.restore_failures == {}
@@ -191,8 +191,8 @@ def test_a_million_names_for_one_value_are_saved_up_to_the_bound_and_the_rest_na
     result = session.execute("globals().update({'v%d' % i: 0 for i in range(1_000_000)})\nkept = 1", timeout=120)
     assert result.ok, result.error
     variables = session.variables
-    assert len(variables) == protocol.MAX_CHECKPOINT_NAMES
-    assert len(result.unsaved) == protocol.MAX_UNSAVED_NAMES
+    assert len(variables) == checkpoint_names.MAX_CHECKPOINT_NAMES
+    assert len(result.unsaved) == checkpoint_names.MAX_UNSAVED_NAMES
     summary = [key for key in result.unsaved if key.startswith("+")]
     assert len(summary) == 1 and "more names were not saved" in result.unsaved[summary[0]]
     listed = [reason for key, reason in result.unsaved.items() if not key.startswith("+")]

@@ -263,11 +263,11 @@ hostcall.map_file = grab
 
 FORGED_FD = """\
 import array, json, socket
-from orchestrator_agent import protocol
+from orchestrator_agent import framing
 def forge(key, digest):
     head = json.dumps({'type': 'host_call', 'call': 999, 'name': '__blob__'}).encode()
     body = json.dumps({'key': key, 'digest': digest}).encode()
-    frame = protocol.PREFIX.pack(protocol.MAGIC, len(head), len(body)) + head + body
+    frame = framing.PREFIX.pack(framing.MAGIC, len(head), len(body)) + head + body
     link = worker.calls._sock
     with open('/proc/self/status', 'rb') as attached:  # any descriptor: the controller must never take it in
         link.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [attached.fileno()]))])

@@ -18,10 +18,10 @@ pytestmark = pytest.mark.docker
 
 FLOOD = """\
 import gc, json
-from orchestrator_agent import protocol
+from orchestrator_agent import framing
 worker = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')
 head = json.dumps({'type': 'output', 'stream': 'stdout'}).encode()
-frame = protocol.PREFIX.pack(protocol.MAGIC, len(head), 1) + head + b'.'
+frame = framing.PREFIX.pack(framing.MAGIC, len(head), 1) + head + b'.'
 batch = frame * 4096
 while True:
     worker.calls._sock.sendall(batch)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator import Orchestrator, Settings
-from orchestrator.agent import protocol
+from orchestrator.agent import protocol, request_table
 from orchestrator.ops.pool import SandboxPool
 from orchestrator.runtime.sandbox import Sandbox
 
@@ -18,7 +18,7 @@ LABELS = {"orchestrator.role": "pool-test"}
 
 
 def _run(sandbox: Sandbox, code: str) -> str:
-    header = {"type": protocol.EXEC, "code": code, "timeout": 10.0, "checkpoint": False}
+    header = {"type": request_table.EXEC, "code": code, "timeout": 10.0, "checkpoint": False}
     reply, _ = sandbox.request(header, seconds=20)
     assert reply["status"] == protocol.STATUS_OK, reply
     return str(reply["return_value"])

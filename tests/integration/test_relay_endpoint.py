@@ -29,7 +29,7 @@ import pytest
 from relay_support import RelayProcess
 
 from orchestrator import ChannelLost, Orchestrator, Settings
-from orchestrator.agent import protocol
+from orchestrator.agent import protocol, request_table
 from orchestrator.backends.base import SANDBOX_ID, SandboxSpec
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.swarm.backend import stale_sandbox_dirs
@@ -138,7 +138,7 @@ def connect(endpoint: Endpoint, seconds: float = 30.0) -> AgentConnection:
 
 
 def run(connection: AgentConnection, code: str) -> str:
-    header = {"type": protocol.EXEC, "code": code, "timeout": 10.0, "checkpoint_timeout": 10.0}
+    header = {"type": request_table.EXEC, "code": code, "timeout": 10.0, "checkpoint_timeout": 10.0}
     # checkpoint_seconds, as Session passes it: the agent's ``checkpointing`` notice (it may come before the reply)
     # moves the deadline instead of being taken for the reply (a reply without ``status``: CI saw it once).
     reply, _ = connection.request(header, deadline=time.monotonic() + 30, checkpoint_seconds=10.0)
@@ -175,7 +175,13 @@ def test_a_sandbox_behind_the_relay_works_is_taken_over_and_outlives_a_relay_res
     worker = run(connection, "import os; os.getpid()")
 
     payload = os.urandom(10 << 20)
-    header = {"type": protocol.SET_VALUE, "name": "blob", "kind": "bytes", "aliases": [], "checkpoint_timeout": 30.0}
+    header = {
+        "type": request_table.SET_VALUE,
+        "name": "blob",
+        "kind": "bytes",
+        "aliases": [],
+        "checkpoint_timeout": 30.0,
+    }
     reply, body = connection.request(header, payload, deadline=time.monotonic() + 60, checkpoint_seconds=30.0)
     assert reply.get("status") == protocol.STATUS_OK, reply
     assert len(body) >= len(payload) and payload in body  # its checkpoint came back: 10 MB each way, unchanged
@@ -244,7 +250,7 @@ def test_a_directory_whose_removal_missed_the_relay_is_listed_with_its_age_and_s
 
 
 def _round_trips(connection: AgentConnection) -> list[float]:
-    header = {"type": protocol.EXEC, "code": "1", "timeout": 10.0, "checkpoint_timeout": 10.0}
+    header = {"type": request_table.EXEC, "code": "1", "timeout": 10.0, "checkpoint_timeout": 10.0}
     times = []
     for i in range(WARM_UP + CALLS):
         started = time.perf_counter()

@@ -17,7 +17,7 @@ from fakes import Answer, FakeAgent, FakeBackend, Header, fake_settings, worker_
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import ConfigError, Orchestrator, SandboxCrashed
-from orchestrator.agent import protocol
+from orchestrator.agent import request_table
 from orchestrator.backends.base import ResourceUsage
 from orchestrator.metrics import DEFINED, NO_METRICS, Metrics, MetricsServer, Recorder, parse_address
 from orchestrator.runtime.recovery import RECOVERY
@@ -224,7 +224,7 @@ def test_an_orchestrator_measures_calls_restores_and_checkpoints(orch: Orchestra
     failed: list[bool] = []
 
     def crash_once(agent: FakeAgent, request: Header, body: bytes) -> Answer:
-        if request["type"] == protocol.EXEC and not failed:
+        if request["type"] == request_table.EXEC and not failed:
             failed.append(True)
             return worker_lost()
         return agent.answer(request, body)

@@ -13,7 +13,6 @@ PACKAGE = Path(orchestrator.__file__).parent
 
 WIDE = {
     "rlm.environment:DockerREPL.__init__",  # being fixed by issue 35 (host-ops)
-    "agent.protocol:exec_request",  # being fixed by issue 35 (agent-table)
     "ops.survey:survey",  # being fixed by issue 35 (backend-neutral)
     "ops.pool:SandboxPool.__init__",  # being fixed by issue 35 (backend-neutral)
     "runtime.restore:SessionSandbox.__init__",  # being fixed by issue 35 (backend-neutral)
@@ -29,7 +28,6 @@ LONG = {
     "api.session:Session.execute",  # being fixed by issue 35 (host-ops)
     "rlm.environment:DockerREPL.__init__",  # being fixed by issue 35 (host-ops)
     "ops.survey:survey",  # being fixed by issue 35 (backend-neutral)
-    "agent.checkpoint:Tracker.delta",  # being fixed by issue 35 (agent-table)
 }
 """Functions over 80 lines today. A declarative table (a parser's, say) may join, with a comment saying so."""
 

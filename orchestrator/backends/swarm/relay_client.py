@@ -25,7 +25,7 @@ import time
 from pathlib import PurePath, PurePosixPath
 from typing import Any
 
-from ...agent import protocol, rendezvous
+from ...agent import handshake, rendezvous
 from ...agent.bridge import Bridge
 from ...agent.usage import MAX_USAGE_IDS
 from ...checks import is_count, is_number
@@ -77,7 +77,7 @@ class RelayClient:
         """Have the relay make the sandbox's directory with a fresh secret and listen in it.
 
         Returns:
-            The secret (the key ``protocol.auth_proof`` takes).
+            The secret (the key ``handshake.auth_proof`` takes).
 
         Raises:
             ConfigError: the directory exists already (or the id or ids are invalid).
@@ -250,7 +250,7 @@ class RelayClient:
         try:
             if not isinstance(text, str):
                 raise ValueError("no secret")
-            return protocol.parse_secret(text.encode("ascii"))
+            return handshake.parse_secret(text.encode("ascii"))
         except ValueError:  # UnicodeEncodeError included
             raise RelayUnavailable(f"the relay at {self.address} sent a malformed secret") from None
 

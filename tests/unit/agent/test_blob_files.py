@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import blob_format, framing, protocol, reply_types
 from orchestrator.agent.hostcall import HostCallClient, HostCallError
 from orchestrator.runtime.deferred import BlobRefused, DeferredBlobs
 from orchestrator.wire.transport import Channel
@@ -61,8 +61,8 @@ def link() -> Iterator[tuple[HostCallClient, socket.socket]]:
 
 def answer(controller: socket.socket, header: dict[str, Any], body: bytes = b"", fds: tuple[int, ...] = ()) -> None:
     """Read the worker's call and send ``header`` (with its call number) and ``body``, ``fds`` on its first byte."""
-    call, _ = protocol.recv_frame(controller)
-    frame = b"".join(protocol.frame_parts({**header, "call": call["call"]}, body))
+    call, _ = framing.recv_frame(controller)
+    frame = b"".join(framing.frame_parts({**header, "call": call["call"]}, body))
     rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     controller.sendmsg([frame], rights)
 
@@ -89,7 +89,7 @@ def test_a_blob_answer_with_a_file_is_mapped_and_leaves_no_descriptor(link: Any,
     fd = os.open(blob_file, os.O_RDONLY)
     before = open_fds()
     mapped = call_in_thread(
-        client, protocol.BLOB_CALL, controller, header=dict(protocol.host_reply_file(0, len(BLOB))), fds=(fd,)
+        client, protocol.BLOB_CALL, controller, header=dict(reply_types.host_reply_file(0, len(BLOB))), fds=(fd,)
     )
     os.close(fd)
     assert type(mapped).__name__ == "mmap" and bytes(mapped) == BLOB
@@ -126,7 +126,7 @@ def test_a_descriptor_on_an_answer_that_asks_for_none_is_closed(link: Any, blob_
     fd = os.open(blob_file, os.O_RDONLY)
     before = open_fds()
     result = call_in_thread(
-        client, protocol.BLOB_CALL, controller, header=dict(protocol.host_reply(0)), body=BLOB, fds=(fd,)
+        client, protocol.BLOB_CALL, controller, header=dict(reply_types.host_reply(0)), body=BLOB, fds=(fd,)
     )
     os.close(fd)
     assert bytes(result) == BLOB  # the body, as in two hops
@@ -140,12 +140,10 @@ def test_a_descriptor_past_a_frames_prefix_is_never_taken_in(link: Any, blob_fil
     done: list[Any] = []
     thread = threading.Thread(target=lambda: done.append(client.call("handler", None, timeout=10)))
     thread.start()
-    call, _ = protocol.recv_frame(controller)
-    frame = b"".join(protocol.frame_parts({**protocol.host_reply(call["call"])}, b"[1]"))
-    controller.sendall(frame[: protocol.PREFIX.size])
-    controller.sendmsg(
-        [frame[protocol.PREFIX.size :]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
-    )
+    call, _ = framing.recv_frame(controller)
+    frame = b"".join(framing.frame_parts({**reply_types.host_reply(call["call"])}, b"[1]"))
+    controller.sendall(frame[: framing.PREFIX.size])
+    controller.sendmsg([frame[framing.PREFIX.size :]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
     thread.join(10)
     os.close(fd)
     assert done == [[1]]
@@ -154,20 +152,20 @@ def test_a_descriptor_past_a_frames_prefix_is_never_taken_in(link: Any, blob_fil
 
 def test_the_controllers_channel_closes_a_descriptor_as_soon_as_it_is_sent_or_dropped() -> None:
     ours, theirs = socket.socketpair()
-    channel = Channel(ours, protocol.MAX_HEADER_BYTES, protocol.MAX_BODY_BYTES)
+    channel = Channel(ours, framing.MAX_HEADER_BYTES, framing.MAX_BODY_BYTES)
     read, write = os.pipe()
     before = open_fds()
-    channel.enqueue(dict(protocol.host_reply_file(1, 3)), b"", (read,), sent=lambda: os.close(read))
+    channel.enqueue(dict(reply_types.host_reply_file(1, 3)), b"", (read,), sent=lambda: os.close(read))
     assert open_fds() == before  # no copy
     channel.flush(deadline=None)
     assert open_fds() == before - {read}  # closed once sent
     data, fds, _, _ = socket.recv_fds(theirs, 1 << 16, 4)
-    assert len(fds) == 1 and data.startswith(protocol.MAGIC)
+    assert len(fds) == 1 and data.startswith(framing.MAGIC)
     os.write(write, b"via")
     assert os.read(fds[0], 3) == b"via"  # the same pipe
     os.close(fds[0])
     again = os.dup(write)
-    channel.enqueue(dict(protocol.host_reply_file(2, 3)), b"", (again,), sent=lambda: os.close(again))
+    channel.enqueue(dict(reply_types.host_reply_file(2, 3)), b"", (again,), sent=lambda: os.close(again))
     mine = ours.fileno()
     channel.close()  # dropped unsent: closed too
     assert open_fds() == before - {mine, read}
@@ -186,7 +184,7 @@ def _stored(path: Path) -> Any:
 
 
 def test_the_host_checks_the_stored_blob_not_the_descriptor_it_hands_out(blob_file: Path, tmp_path: Path) -> None:
-    digest = protocol.blob_digest(BLOB)
+    digest = blob_format.blob_digest(BLOB)
     copy = tmp_path / "copy"  # what is handed out need not be the stored file (a sealed copy, say)
     copy.write_bytes(b"not the blob")
     blobs = DeferredBlobs("sb-test", {"big": digest}.get, _stored(blob_file), lambda _: os.open(copy, os.O_RDONLY))
@@ -201,7 +199,7 @@ def test_the_host_checks_the_stored_blob_not_the_descriptor_it_hands_out(blob_fi
 
 
 def test_a_damaged_stored_blob_is_refused_at_its_verdict(blob_file: Path) -> None:
-    digest = protocol.blob_digest(BLOB)
+    digest = blob_format.blob_digest(BLOB)
     blob_file.write_bytes(BLOB[:-1] + b"!")
     blobs = DeferredBlobs("sb-test", {"big": digest}.get, _stored(blob_file), lambda _: os.open(blob_file, os.O_RDONLY))
     blobs.restored({"big": len(BLOB)})
@@ -211,7 +209,7 @@ def test_a_damaged_stored_blob_is_refused_at_its_verdict(blob_file: Path) -> Non
 
 
 def test_without_a_file_the_blob_goes_as_its_body(blob_file: Path) -> None:
-    digest = protocol.blob_digest(BLOB)
+    digest = blob_format.blob_digest(BLOB)
     for open_file in (None, lambda _: None):  # none may be handed out (two hops), or this one may not
         blobs = DeferredBlobs("sb-test", {"big": digest}.get, _stored(blob_file), open_file)
         blobs.restored({"big": len(BLOB)})

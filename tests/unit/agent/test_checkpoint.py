@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from orchestrator.agent import checkpoint, protocol
+from orchestrator.agent import blob_format, checkpoint, checkpoint_names
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def by_digest(delta: dict, parts: list) -> dict[str, bytes]:
     for entry in delta["blobs"]:
         blob = body[offset : offset + entry["size"]]
         offset += entry["size"]
-        assert protocol.blob_digest(blob) == entry["digest"]
+        assert blob_format.blob_digest(blob) == entry["digest"]
         out[entry["digest"]] = blob
     assert offset == len(body)
     return out
@@ -88,7 +88,7 @@ def test_equal_values_send_their_blob_once_and_a_held_blob_not_again():
 def test_big_payloads_are_referenced_not_copied():
     text = "y" * 1_000_000
     blob = checkpoint.dumps("text", text)
-    assert blob.size == len(blob.tobytes()) and protocol.blob_digest(blob.tobytes()) == blob.digest
+    assert blob.size == len(blob.tobytes()) and blob_format.blob_digest(blob.tobytes()) == blob.digest
     assert any(type(part) is bytes and len(part) == len(text) for part in blob.parts)
     payload = b"z" * 500_000
     assert any(part is payload for part in checkpoint.dumps("payload", payload).parts)
@@ -294,20 +294,20 @@ def test_deeply_immutable():
 
 def test_names_the_store_would_refuse_are_named_unsaved_never_saved():
     tracker = checkpoint.Tracker()
-    long_name = "n" * (protocol.MAX_NAME_CHARS + 1)
+    long_name = "n" * (checkpoint_names.MAX_NAME_CHARS + 1)
     namespace = {"ok": 1, "a b": 2, "esc\x1b[2J": 3, long_name: 4, 7: 5}
     delta, _ = tracker.delta(namespace)
     assert set(delta["vars"]) == {"ok"}
     assert delta["unsaved"]["a b"] == "the name is not a Python identifier"
     assert "esc\x1b[2J" in delta["unsaved"]
     assert delta["unsaved"]["7"] == "the name is not a str"
-    shown = long_name[: protocol.MAX_NAME_CHARS] + "..."
-    assert delta["unsaved"][shown] == f"the name is longer than {protocol.MAX_NAME_CHARS} characters"
-    assert all(protocol.checkpoint_key_problem(key) is None for key in delta["vars"])
+    shown = long_name[: checkpoint_names.MAX_NAME_CHARS] + "..."
+    assert delta["unsaved"][shown] == f"the name is longer than {checkpoint_names.MAX_NAME_CHARS} characters"
+    assert all(checkpoint_names.checkpoint_key_problem(key) is None for key in delta["vars"])
 
 
 def test_names_past_the_manifest_bound_are_unsaved_and_the_rest_saved(monkeypatch):
-    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAMES", 5)
+    monkeypatch.setattr(checkpoint_names, "MAX_CHECKPOINT_NAMES", 5)
     tracker = checkpoint.Tracker()
     first, _ = tracker.delta({f"v{i}": i for i in range(8)})
     assert len(first["vars"]) == 5 and len(first["unsaved"]) == 3
@@ -320,7 +320,7 @@ def test_names_past_the_manifest_bound_are_unsaved_and_the_rest_saved(monkeypatc
 
 
 def test_name_bytes_count_with_the_context_prefix_across_contexts(monkeypatch):
-    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAME_BYTES", 19)
+    monkeypatch.setattr(checkpoint_names, "MAX_CHECKPOINT_NAME_BYTES", 19)
     default = checkpoint.Tracker()
     other = checkpoint.Tracker(held=default.held, prefix="ctx/")
     assert set(default.delta({"abcdefgh": 1})[0]["vars"]) == {"abcdefgh"}
@@ -330,13 +330,13 @@ def test_name_bytes_count_with_the_context_prefix_across_contexts(monkeypatch):
 
 
 def test_unsaved_lists_at_most_the_protocol_bound(monkeypatch):
-    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAMES", 3)
+    monkeypatch.setattr(checkpoint_names, "MAX_CHECKPOINT_NAMES", 3)
     tracker = checkpoint.Tracker()
-    delta, _ = tracker.delta({f"v{i}": i for i in range(protocol.MAX_UNSAVED_NAMES + 50)})
+    delta, _ = tracker.delta({f"v{i}": i for i in range(checkpoint_names.MAX_UNSAVED_NAMES + 50)})
     assert len(delta["vars"]) == 3
-    assert len(delta["unsaved"]) == protocol.MAX_UNSAVED_NAMES
-    unsaved_in_all = protocol.MAX_UNSAVED_NAMES + 50 - 3
-    listed = protocol.MAX_UNSAVED_NAMES - 1
+    assert len(delta["unsaved"]) == checkpoint_names.MAX_UNSAVED_NAMES
+    unsaved_in_all = checkpoint_names.MAX_UNSAVED_NAMES + 50 - 3
+    listed = checkpoint_names.MAX_UNSAVED_NAMES - 1
     summary = f"+{unsaved_in_all - listed} more"
     assert [key for key in delta["unsaved"] if not key.startswith("v")] == [summary]
     assert delta["unsaved"][summary].startswith(f"{unsaved_in_all - listed} more names were not saved")

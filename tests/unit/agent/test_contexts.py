@@ -11,18 +11,18 @@ import os
 
 from agent_process import Agent, blobs_of, load
 
-from orchestrator.agent import protocol
+from orchestrator.agent import protocol, request_table
 
 
 def create(agent: Agent, context: str, cwd: str, **env: str) -> dict:
-    reply, _ = agent.request(protocol.CONTEXT_CREATE, context=context, cwd=cwd, env=env, checkpoint_timeout=10)
-    assert reply["type"] == protocol.STATE_REPLY, reply
+    reply, _ = agent.request(request_table.CONTEXT_CREATE, context=context, cwd=cwd, env=env, checkpoint_timeout=10)
+    assert reply["type"] == request_table.STATE_REPLY, reply
     return reply
 
 
 def run_in(agent: Agent, context: str | None, code: str) -> tuple[dict, bytearray]:
     fields = {} if context is None else {"context": context}
-    return agent.request(protocol.EXEC, code=code, timeout=10, checkpoint_timeout=10, **fields)
+    return agent.request(request_table.EXEC, code=code, timeout=10, checkpoint_timeout=10, **fields)
 
 
 def value_in(agent: Agent, context: str | None, code: str) -> str:
@@ -69,11 +69,11 @@ def test_functions_and_classes_of_a_context_restore_into_that_context(agent, tmp
     saved = blobs_of(reply, body)
     run_in(agent, None, "y = 99\nclass P:\n    kind = 'default'")
     agent.run("import os; os._exit(1)")  # the worker dies; a fresh one is restored below
-    agent.request(protocol.RESTORE_BEGIN, generation=2)
+    agent.request(request_table.RESTORE_BEGIN, generation=2)
     create(agent, "a", str(tmp_path / "a"))
     for key in ("a/y", "a/f", "a/P", "a/p"):
         assert load(agent, key.split("/")[1], saved[key], context="a")["status"] == "ok", key
-    agent.request(protocol.RESTORE_END, generation=2)
+    agent.request(request_table.RESTORE_END, generation=2)
     assert value_in(agent, "a", "y = 11\nf(), p.kind, type(p) is P") == "(11, 'a', True)"
     assert value_in(agent, None, "'f' in globals(), 'y' in globals()") == "(False, False)"
 
@@ -83,7 +83,7 @@ def test_destroy_deletes_the_context_and_its_names(agent, tmp_path):
     create(agent, "b", str(tmp_path / "b"))
     run_in(agent, "a", "x = 1\nz = 2")
     run_in(agent, "b", "x = 3")
-    reply, _ = agent.request(protocol.CONTEXT_DESTROY, context="a", checkpoint_timeout=10)
+    reply, _ = agent.request(request_table.CONTEXT_DESTROY, context="a", checkpoint_timeout=10)
     assert sorted(reply["checkpoint"]["deleted"]) == ["a/x", "a/z"] and reply["checkpoint"]["generation"] == 3
     gone, _ = run_in(agent, "a", "x")
     assert gone["status"] == protocol.STATUS_PROTOCOL_ERROR and "'a'" in gone["reason"]
@@ -97,21 +97,21 @@ def test_destroy_deletes_the_context_and_its_names(agent, tmp_path):
 def test_restore_begin_drops_every_context(agent, tmp_path):
     create(agent, "a", str(tmp_path / "a"), GREETING="hello")
     run_in(agent, "a", "x = 1")
-    agent.request(protocol.RESTORE_BEGIN, generation=1)
-    agent.request(protocol.RESTORE_END, generation=1)
+    agent.request(request_table.RESTORE_BEGIN, generation=1)
+    agent.request(request_table.RESTORE_END, generation=1)
     assert run_in(agent, "a", "x")[0]["status"] == protocol.STATUS_PROTOCOL_ERROR
     assert value_in(agent, None, "import os\n'GREETING' in os.environ") == "False"
 
 
 def test_a_bad_context_request_is_an_error(agent, tmp_path):
-    reply, _ = agent.request(protocol.CONTEXT_CREATE, context="a", cwd="relative", env={}, checkpoint_timeout=10)
+    reply, _ = agent.request(request_table.CONTEXT_CREATE, context="a", cwd="relative", env={}, checkpoint_timeout=10)
     assert reply["status"] == "error" and "absolute" in reply["reason"]
     (tmp_path / "file").write_text("")
     reply, _ = agent.request(
-        protocol.CONTEXT_CREATE, context="a", cwd=str(tmp_path / "file" / "x"), env={}, checkpoint_timeout=10
+        request_table.CONTEXT_CREATE, context="a", cwd=str(tmp_path / "file" / "x"), env={}, checkpoint_timeout=10
     )
     assert reply["status"] == "error" and "cannot create" in reply["reason"]
-    reply, _ = agent.request(protocol.CONTEXT_DESTROY, checkpoint_timeout=10)
+    reply, _ = agent.request(request_table.CONTEXT_DESTROY, checkpoint_timeout=10)
     assert reply["status"] == "error"
 
 
@@ -125,6 +125,6 @@ def test_the_checkpoint_quota_is_the_sessions_across_contexts(make_agent, tmp_pa
     assert reply["checkpoint"]["unsaved"] == {"b/half": "checkpoint quota of 100000 bytes reached"}
     assert reply["checkpoint"]["vars"].keys() == {"b/same"} and reply["checkpoint"]["blobs"] == []
     # Destroying a frees its share of the quota (the blob b holds stays).
-    agent.request(protocol.CONTEXT_DESTROY, context="a", checkpoint_timeout=10)
+    agent.request(request_table.CONTEXT_DESTROY, context="a", checkpoint_timeout=10)
     reply, _ = run_in(agent, "b", "more = 'c' * 30000")
     assert reply["checkpoint"]["vars"].keys() == {"b/more"} and "b/half" in reply["checkpoint"]["unsaved"]

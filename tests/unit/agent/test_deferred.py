@@ -9,7 +9,7 @@ from typing import Any
 import dill
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import blob_format, protocol, reply_types, request_table
 from tests.agent_process import Agent
 
 
@@ -25,14 +25,14 @@ class Store:
 
     def add(self, value: Any) -> str:
         blob = dill.dumps(value)
-        digest = protocol.blob_digest(blob)
+        digest = blob_format.blob_digest(blob)
         self.blobs[digest] = blob
         return digest
 
 
 def run(agent: Agent, store: Store, code: str, context: str | None = None) -> dict:
     """An exec whose BLOB_CALLs are answered from ``store``; the reply (its ``checkpoint``'s blobs dropped)."""
-    header: dict[str, Any] = {"type": protocol.EXEC, "id": uuid.uuid4().hex, "code": code, "timeout": 20}
+    header: dict[str, Any] = {"type": request_table.EXEC, "id": uuid.uuid4().hex, "code": code, "timeout": 20}
     if context is not None:
         header["context"] = context
     agent.link.send(header)
@@ -42,10 +42,10 @@ def run(agent: Agent, store: Store, code: str, context: str | None = None) -> di
             key = json.loads(body)["key"]
             if key in store.damaged:
                 agent.link.send(
-                    protocol.host_reply(reply["call"], protocol.BLOB_REFUSED + "it does not match its digest")
+                    reply_types.host_reply(reply["call"], protocol.BLOB_REFUSED + "it does not match its digest")
                 )
             else:
-                agent.link.send(protocol.host_reply(reply["call"]), b"true")
+                agent.link.send(reply_types.host_reply(reply["call"]), b"true")
             continue
         if reply["type"] == protocol.HOST_CALL:
             assert reply["name"] == protocol.BLOB_CALL, reply
@@ -53,11 +53,11 @@ def run(agent: Agent, store: Store, code: str, context: str | None = None) -> di
             store.asked.append(call["key"])
             blob = store.blobs.get(call["digest"])
             if call["key"] in store.unreachable:
-                agent.link.send(protocol.host_reply(reply["call"], "the controller is not connected"))
+                agent.link.send(reply_types.host_reply(reply["call"], "the controller is not connected"))
             elif blob is None or call["key"] in store.refuse:
-                agent.link.send(protocol.host_reply(reply["call"], protocol.BLOB_REFUSED + "gone"))
+                agent.link.send(reply_types.host_reply(reply["call"], protocol.BLOB_REFUSED + "gone"))
             else:
-                agent.link.send(protocol.host_reply(reply["call"]), blob)
+                agent.link.send(reply_types.host_reply(reply["call"]), blob)
             continue
         if reply["type"] in (protocol.CHECKPOINTING, protocol.OUTPUT):
             continue
@@ -67,21 +67,21 @@ def run(agent: Agent, store: Store, code: str, context: str | None = None) -> di
 
 def restore(agent: Agent, store: Store, eager: dict[str, Any], deferred: dict[str, Any], **contexts: str) -> None:
     """A restore as the controller sends it: contexts, deferred values (``<context>/<name>`` keys), then loads."""
-    assert agent.request(protocol.RESTORE_BEGIN, generation=3)[0]["status"] == "ok"
+    assert agent.request(request_table.RESTORE_BEGIN, generation=3)[0]["status"] == "ok"
     for context_id, cwd in contexts.items():
-        assert agent.request(protocol.CONTEXT_CREATE, context=context_id, cwd=cwd, env={})[0]["status"] == "ok"
+        assert agent.request(request_table.CONTEXT_CREATE, context=context_id, cwd=cwd, env={})[0]["status"] == "ok"
     for key, value in deferred.items():
         digest = store.add(value)
         context, _, name = key.rpartition("/")
-        header = protocol.defer_request(name, digest, len(store.blobs[digest]), context or None)
-        reply, _ = agent.request(protocol.DEFER, **{k: v for k, v in header.items() if k != "type"})
-        assert reply == {"type": protocol.LOAD_REPLY, "status": "ok", "id": reply["id"]}
+        header = request_table.defer_request(name, digest, len(store.blobs[digest]), context or None)
+        reply, _ = agent.request(request_table.DEFER, **{k: v for k, v in header.items() if k != "type"})
+        assert reply == {"type": request_table.LOAD_REPLY, "status": "ok", "id": reply["id"]}
     for name, value in eager.items():
         digest = store.add(value)
-        header = protocol.load_request(name, digest, 10)
+        header = request_table.load_request(name, digest, 10)
         fields = {k: v for k, v in header.items() if k != "type"}
-        assert agent.request(protocol.LOAD, store.blobs[digest], **fields)[0]["status"] == "ok"
-    assert agent.request(protocol.RESTORE_END, generation=3)[0]["status"] == "ok"
+        assert agent.request(request_table.LOAD, store.blobs[digest], **fields)[0]["status"] == "ok"
+    assert agent.request(request_table.RESTORE_END, generation=3)[0]["status"] == "ok"
 
 
 @pytest.fixture
@@ -186,10 +186,10 @@ def test_a_scanned_value_that_cannot_be_loaded_stops_the_cell(agent: Agent, stor
 
 def test_reset_and_set_value_replace_a_deferred_value(agent: Agent, store: Store) -> None:
     restore(agent, store, {}, {"big": BIG, "gone": BIG + "y"})
-    reply, _ = agent.request(protocol.SET_VALUE, b"7", name="big", kind="json", checkpoint_timeout=10)
+    reply, _ = agent.request(request_table.SET_VALUE, b"7", name="big", kind="json", checkpoint_timeout=10)
     assert reply["checkpoint"]["vars"].keys() == {"big"} and reply["checkpoint"]["deleted"] == []
     assert run(agent, store, "big")["return_value"] == "7" and store.asked == []
-    reply, _ = agent.request(protocol.RESET, checkpoint_timeout=10)
+    reply, _ = agent.request(request_table.RESET, checkpoint_timeout=10)
     assert sorted(reply["checkpoint"]["deleted"]) == ["big", "gone"]
     assert run(agent, store, "gone")["error"]["ename"] == "NameError" and store.asked == []
 
@@ -214,10 +214,10 @@ def test_builtins_and_input_stay_live_while_values_are_pending(agent: Agent, sto
 def test_an_interrupt_while_loading_leaves_the_value_pending(agent: Agent, store: Store) -> None:
     restore(agent, store, {}, {"big": BIG})
     request_id = uuid.uuid4().hex
-    agent.link.send({"type": protocol.EXEC, "id": request_id, "code": "len(big)", "timeout": 20})
+    agent.link.send({"type": request_table.EXEC, "id": request_id, "code": "len(big)", "timeout": 20})
     call, _ = agent.link.recv(30)
     assert call["type"] == protocol.HOST_CALL and call["name"] == protocol.BLOB_CALL
-    agent.link.send(protocol.interrupt_message(request_id))  # the answer never comes
+    agent.link.send(request_table.interrupt_message(request_id))  # the answer never comes
     while True:
         reply, _ = agent.link.recv(30)
         if reply["type"] not in (protocol.CHECKPOINTING, protocol.OUTPUT):
@@ -228,7 +228,7 @@ def test_an_interrupt_while_loading_leaves_the_value_pending(agent: Agent, store
 
 def test_a_context_destroyed_with_a_pending_value_reports_it_deleted(agent: Agent, store: Store, tmp_path: Any) -> None:
     restore(agent, store, {}, {"c1/big": BIG}, c1=str(tmp_path / "c1"))
-    reply, _ = agent.request(protocol.CONTEXT_DESTROY, context="c1", checkpoint_timeout=10)
+    reply, _ = agent.request(request_table.CONTEXT_DESTROY, context="c1", checkpoint_timeout=10)
     assert reply["checkpoint"]["deleted"] == ["c1/big"] and store.asked == []
 
 

@@ -17,7 +17,7 @@ from agent_process import SLOW_REDUCE, Agent
 from reply_support import exec_reply
 
 from orchestrator import ExecResult, ProtocolError
-from orchestrator.agent import capture, cells, protocol
+from orchestrator.agent import capture, cells, request_table
 from orchestrator.wire.replies import parse_exec_reply
 
 EMPTY_DELTA = {"generation": 0, "blobs": [], "vars": {}, "deleted": [], "unsaved": {}}
@@ -209,7 +209,7 @@ def test_output_limited_is_optional_and_must_be_a_bool() -> None:
 
 
 def run(agent: Agent, code: str, **fields: object) -> tuple[dict, bytearray]:
-    return agent.request(protocol.EXEC, code=code, timeout=10, checkpoint_timeout=10, **fields)
+    return agent.request(request_table.EXEC, code=code, timeout=10, checkpoint_timeout=10, **fields)
 
 
 def test_a_plain_exec_reply_has_exactly_the_fields_it_had(agent):
@@ -238,7 +238,7 @@ def test_a_capped_cell_stops_at_the_cap_and_says_so(agent):
 def test_a_scaffold_hook_that_prints_past_the_cap_does_not_break_the_worker(agent):
     pid = agent.value("import os\nos.getpid()")
     scaffold = "def after_cell(namespace):\n    print('after the cell')\n    return {'seen': True}\n"
-    reply, _ = agent.request(protocol.INSTALL, code=scaffold, names=[], timeout=10)
+    reply, _ = agent.request(request_table.INSTALL, code=scaffold, names=[], timeout=10)
     assert reply["status"] == "ok", reply
     reply, _ = run(agent, "try:\n    print('x' * 50)\nexcept BaseException:\n    pass\n'ran'", output_cap=5)
     assert reply["status"] == "ok" and reply["return_value"] == "'ran'" and reply["output_limited"] is True
@@ -320,7 +320,7 @@ def test_the_options_together(agent):
 def test_a_scaffold_result_strict_json_cannot_carry_is_reported_not_sent(agent, result):
     """The reply's header must be strict JSON: such a result goes to stderr, and the reply is valid."""
     scaffold = f"def after_cell(namespace):\n    return {result}\n"
-    reply, _ = agent.request(protocol.INSTALL, code=scaffold, names=[], timeout=10)
+    reply, _ = agent.request(request_table.INSTALL, code=scaffold, names=[], timeout=10)
     assert reply["status"] == "ok", reply
     reply, _ = agent.run("1 + 1")
     assert reply["status"] == "ok" and reply["return_value"] == "2" and "scaffold" not in reply

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import framing, protocol, request_table
 from orchestrator.agent.supervisor import _glance
 
 REQUEST_ID = "0123456789abcdef0123456789abcdef"
@@ -14,7 +14,7 @@ DELTA = {"generation": 3, "blobs": [], "vars": {}, "deleted": [], "unsaved": {"x
 def reply(**fields) -> dict:
     """An exec reply as the worker builds it: ``type`` first, ``checkpoint`` after the cell's fields, ``id`` last."""
     header = {
-        "type": protocol.EXEC_REPLY,
+        "type": request_table.EXEC_REPLY,
         "status": "ok",
         "stdout": fields.pop("stdout", ""),
         "stderr": "",
@@ -31,33 +31,33 @@ def reply(**fields) -> dict:
     return header
 
 
-def glance(header: dict, request_id: str = REQUEST_ID, reply_type: str = protocol.EXEC_REPLY) -> dict | None:
-    return _glance(memoryview(protocol.encode_header(header)), reply_type, request_id)
+def glance(header: dict, request_id: str = REQUEST_ID, reply_type: str = request_table.EXEC_REPLY) -> dict | None:
+    return _glance(memoryview(framing.encode_header(header)), reply_type, request_id)
 
 
 def test_a_plain_reply_is_read_at_a_glance():
-    assert glance(reply()) == {"type": protocol.EXEC_REPLY, "id": REQUEST_ID, "checkpoint": DELTA}
+    assert glance(reply()) == {"type": request_table.EXEC_REPLY, "id": REQUEST_ID, "checkpoint": DELTA}
 
 
 def test_output_that_looks_like_the_reply_s_end_is_only_text():
     header = reply(stdout=',"checkpoint":{"generation":99},"id":"' + REQUEST_ID + '"}')
-    assert glance(header) == {"type": protocol.EXEC_REPLY, "id": REQUEST_ID, "checkpoint": DELTA}
+    assert glance(header) == {"type": request_table.EXEC_REPLY, "id": REQUEST_ID, "checkpoint": DELTA}
 
 
 @pytest.mark.parametrize(
     "header, request_id, reply_type",
     [
-        (reply(), "another", protocol.EXEC_REPLY),  # a reply to another request: decoded, then refused
-        (reply(), REQUEST_ID, protocol.LOAD_REPLY),  # not the type asked for
-        (reply(), "not plain!", protocol.EXEC_REPLY),  # an id whose JSON form is not itself in quotes
-        (reply(scaffold={"ok": True}), REQUEST_ID, protocol.EXEC_REPLY),  # a member after the checkpoint
+        (reply(), "another", request_table.EXEC_REPLY),  # a reply to another request: decoded, then refused
+        (reply(), REQUEST_ID, request_table.LOAD_REPLY),  # not the type asked for
+        (reply(), "not plain!", request_table.EXEC_REPLY),  # an id whose JSON form is not itself in quotes
+        (reply(scaffold={"ok": True}), REQUEST_ID, request_table.EXEC_REPLY),  # a member after the checkpoint
         (
             reply(scaffold={"checkpoint": {"generation": 99}}),  # a nested checkpoint is not the last member
             REQUEST_ID,
-            protocol.EXEC_REPLY,
+            request_table.EXEC_REPLY,
         ),
-        ({"type": protocol.EXEC_REPLY, "status": "ok", "id": REQUEST_ID}, REQUEST_ID, protocol.EXEC_REPLY),
-        ({"type": protocol.CELL_DONE, "id": REQUEST_ID}, REQUEST_ID, protocol.EXEC_REPLY),
+        ({"type": request_table.EXEC_REPLY, "status": "ok", "id": REQUEST_ID}, REQUEST_ID, request_table.EXEC_REPLY),
+        ({"type": protocol.CELL_DONE, "id": REQUEST_ID}, REQUEST_ID, request_table.EXEC_REPLY),
     ],
 )
 def test_anything_else_is_decoded_in_full(header, request_id, reply_type):
@@ -65,10 +65,10 @@ def test_anything_else_is_decoded_in_full(header, request_id, reply_type):
 
 
 def test_a_surrogate_escape_is_decoded_in_full():
-    raw = protocol.encode_header(reply()).replace(b'"stderr":""', b'"stderr":"\\ud800"')
-    assert _glance(memoryview(raw), protocol.EXEC_REPLY, REQUEST_ID) is None
+    raw = framing.encode_header(reply()).replace(b'"stderr":""', b'"stderr":"\\ud800"')
+    assert _glance(memoryview(raw), request_table.EXEC_REPLY, REQUEST_ID) is None
 
 
 def test_a_checkpoint_that_is_not_json_is_decoded_in_full():
-    raw = protocol.encode_header(reply()).replace(b'"generation":3', b'"generation":3,,')
-    assert _glance(memoryview(raw), protocol.EXEC_REPLY, REQUEST_ID) is None
+    raw = framing.encode_header(reply()).replace(b'"generation":3', b'"generation":3,,')
+    assert _glance(memoryview(raw), request_table.EXEC_REPLY, REQUEST_ID) is None

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import framing, protocol
 from orchestrator.agent.channel import ControllerLink
 from orchestrator.agent.config import Config
 from orchestrator.agent.host_call_relay import HostCallRelay
@@ -47,17 +47,17 @@ class Sandbox:
         self.relay = HostCallRelay(config, self.controller, lambda: self.worker, [self.selector])  # type: ignore[arg-type,return-value]
 
     def call(self, call: Any, name: str = "lookup", body: bytes = b"payload") -> None:
-        protocol.send_frame(self.worker_end, {"type": protocol.HOST_CALL, "call": call, "name": name}, body)
+        framing.send_frame(self.worker_end, {"type": protocol.HOST_CALL, "call": call, "name": name}, body)
 
     def answer(self, header: dict[str, Any], body: bytes = b"") -> None:
-        protocol.send_frame(self.controller_end, {"type": protocol.HOST_REPLY, **header}, body)
+        framing.send_frame(self.controller_end, {"type": protocol.HOST_REPLY, **header}, body)
 
     def worker_gets(self) -> tuple[dict[str, Any], bytes]:
-        header, body = protocol.recv_frame(self.worker_end)
+        header, body = framing.recv_frame(self.worker_end)
         return header, bytes(body)
 
     def controller_gets(self) -> tuple[dict[str, Any], bytes]:
-        header, body = protocol.recv_frame(self.controller_end)
+        header, body = framing.recv_frame(self.controller_end)
         return header, bytes(body)
 
     def nothing_for(self, sock: socket.socket) -> bool:
@@ -123,8 +123,8 @@ def test_an_answer_to_no_open_call_is_dropped(sandbox: Sandbox) -> None:
 
 
 def test_an_interrupt_counts_only_for_the_running_request(sandbox: Sandbox) -> None:
-    protocol.send_frame(sandbox.controller_end, {"type": protocol.INTERRUPT, "id": "old"})
-    protocol.send_frame(sandbox.controller_end, {"type": protocol.INTERRUPT, "id": "r1"})
+    framing.send_frame(sandbox.controller_end, {"type": protocol.INTERRUPT, "id": "old"})
+    framing.send_frame(sandbox.controller_end, {"type": protocol.INTERRUPT, "id": "r1"})
     assert sandbox.relay.take_reply("r1") is False
     assert sandbox.relay.take_reply("r1") is True
 
@@ -202,17 +202,17 @@ def test_only_an_allowed_input_call_stops_the_cells_clock(sandbox: Sandbox) -> N
 
 
 def test_output_goes_out_as_the_running_execs_and_is_dropped_outside_one(sandbox: Sandbox) -> None:
-    protocol.send_frame(sandbox.worker_end, {"type": protocol.OUTPUT, "stream": "stdout"}, b"hello\n")
+    framing.send_frame(sandbox.worker_end, {"type": protocol.OUTPUT, "stream": "stdout"}, b"hello\n")
     sandbox.relay.take_call("r1", None)
     assert sandbox.controller_gets() == ({"type": protocol.OUTPUT, "id": "r1", "stream": "stdout"}, b"hello\n")
-    protocol.send_frame(sandbox.worker_end, {"type": protocol.OUTPUT, "stream": "stderr"}, b"late\n")
+    framing.send_frame(sandbox.worker_end, {"type": protocol.OUTPUT, "stream": "stderr"}, b"late\n")
     sandbox.relay.take_call(None, ENDED)
     assert sandbox.nothing_for(sandbox.controller_end)
 
 
 def test_drain_relays_the_output_sent_before_the_reply(sandbox: Sandbox) -> None:
     for line in (b"a\n", b"b\n"):
-        protocol.send_frame(sandbox.worker_end, {"type": protocol.OUTPUT, "stream": "stdout"}, line)
+        framing.send_frame(sandbox.worker_end, {"type": protocol.OUTPUT, "stream": "stdout"}, line)
     sandbox.relay.drain("r1")
     assert [sandbox.controller_gets()[1] for _ in range(2)] == [b"a\n", b"b\n"]
     sandbox.relay.drain("r1")  # nothing waits: returns at once
@@ -224,7 +224,7 @@ def test_drain_relays_the_output_sent_before_the_reply(sandbox: Sandbox) -> None
 )
 def test_a_frame_that_is_not_a_call_closes_the_link(sandbox: Sandbox, header: dict[str, Any]) -> None:
     sandbox.selector.register(sandbox.worker.calls, selectors.EVENT_READ)  # type: ignore[arg-type]
-    protocol.send_frame(sandbox.worker_end, header)
+    framing.send_frame(sandbox.worker_end, header)
     sandbox.relay.take_call("r1", None)
     assert sandbox.worker.calls is None and sandbox.relay.link_fd() == -1
     assert not sandbox.selector.get_map()

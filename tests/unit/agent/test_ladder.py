@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import protocol, request_table
 from orchestrator.agent.ladder import ABANDON, CONTROL_STEP_SECONDS, DEFAULT_STEP_SECONDS, KILL, NOTICE_DELAY, Ladder
 
 
@@ -168,15 +168,15 @@ def test_a_takeover_after_the_interrupt_sends_no_second_one(clock: Clock) -> Non
 @pytest.mark.parametrize(
     ("request_", "phase", "limit"),
     [
-        ({"type": protocol.EXEC, "timeout": 3, "checkpoint_timeout": 30}, "cell", 3.0),
-        ({"type": protocol.LOAD, "timeout": 4.5}, "load", 4.5),
-        ({"type": protocol.SET_VALUE, "checkpoint_timeout": 30}, "checkpoint", 30.0),
-        ({"type": protocol.RESET}, "checkpoint", DEFAULT_STEP_SECONDS),
-        ({"type": protocol.RESTORE_BEGIN}, "request", CONTROL_STEP_SECONDS),
-        ({"type": protocol.INSTALL, "timeout": 7}, "request", 7.0),
-        ({"type": protocol.EXEC, "timeout": float("inf")}, "cell", DEFAULT_STEP_SECONDS),
-        ({"type": protocol.EXEC, "timeout": True}, "cell", DEFAULT_STEP_SECONDS),
-        ({"type": protocol.EXEC, "timeout": -1}, "cell", DEFAULT_STEP_SECONDS),
+        ({"type": request_table.EXEC, "timeout": 3, "checkpoint_timeout": 30}, "cell", 3.0),
+        ({"type": request_table.LOAD, "timeout": 4.5}, "load", 4.5),
+        ({"type": request_table.SET_VALUE, "checkpoint_timeout": 30}, "checkpoint", 30.0),
+        ({"type": request_table.RESET}, "checkpoint", DEFAULT_STEP_SECONDS),
+        ({"type": request_table.RESTORE_BEGIN}, "request", CONTROL_STEP_SECONDS),
+        ({"type": request_table.INSTALL, "timeout": 7}, "request", 7.0),
+        ({"type": request_table.EXEC, "timeout": float("inf")}, "cell", DEFAULT_STEP_SECONDS),
+        ({"type": request_table.EXEC, "timeout": True}, "cell", DEFAULT_STEP_SECONDS),
+        ({"type": request_table.EXEC, "timeout": -1}, "cell", DEFAULT_STEP_SECONDS),
     ],
 )
 def test_a_requests_ladder_takes_its_phase_and_limits_from_the_request(
@@ -188,7 +188,7 @@ def test_a_requests_ladder_takes_its_phase_and_limits_from_the_request(
 
 def test_without_the_notice_the_checkpoints_clock_is_all_there_is(clock: Clock) -> None:
     ladder = Ladder.for_request(
-        {"type": protocol.EXEC, "timeout": 10, "checkpoint_timeout": 30}, 2.0, print, clock, False
+        {"type": request_table.EXEC, "timeout": 10, "checkpoint_timeout": 30}, 2.0, print, clock, False
     )
     ladder.cell_done()
     assert ladder.notice_at is None and not ladder.notice_due()
@@ -196,24 +196,26 @@ def test_without_the_notice_the_checkpoints_clock_is_all_there_is(clock: Clock) 
 
 
 def test_an_interrupted_cells_or_loads_error_is_the_interrupts_doing(clock: Clock) -> None:
-    cell = Ladder.for_request({"type": protocol.EXEC, "timeout": 1}, 2.0, lambda phase: None, clock)
+    cell = Ladder.for_request({"type": request_table.EXEC, "timeout": 1}, 2.0, lambda phase: None, clock)
     assert not cell.stopped_by_interrupt(protocol.STATUS_ERROR)
     cell.cancel()
     cell.expired()
     assert cell.stopped_by_interrupt(protocol.STATUS_ERROR)
     assert not cell.stopped_by_interrupt(protocol.STATUS_OK), "a cell that finished just then stays a success"
-    load = Ladder.for_request({"type": protocol.LOAD, "timeout": 1}, 2.0, lambda phase: None, clock)
+    load = Ladder.for_request({"type": request_table.LOAD, "timeout": 1}, 2.0, lambda phase: None, clock)
     clock.advance(1.0)
     load.expired()
     assert load.stopped_by_interrupt(protocol.STATUS_ERROR)
-    checkpoint = Ladder.for_request({"type": protocol.RESET, "checkpoint_timeout": 1}, 2.0, lambda phase: None, clock)
+    checkpoint = Ladder.for_request(
+        {"type": request_table.RESET, "checkpoint_timeout": 1}, 2.0, lambda phase: None, clock
+    )
     clock.advance(1.0)
     checkpoint.expired()
     assert not checkpoint.stopped_by_interrupt(protocol.STATUS_ERROR), "an interrupted checkpoint replies normally"
 
 
 def test_the_reply_of_a_killed_worker(clock: Clock) -> None:
-    cell = Ladder.for_request({"type": protocol.EXEC, "timeout": 1}, 2.0, lambda phase: None, clock)
+    cell = Ladder.for_request({"type": request_table.EXEC, "timeout": 1}, 2.0, lambda phase: None, clock)
     clock.advance(3.0)
     assert cell.killed_reply() == {
         "status": protocol.STATUS_TIMEOUT,
@@ -223,7 +225,7 @@ def test_the_reply_of_a_killed_worker(clock: Clock) -> None:
         "reason": "the cell ignored the interrupt for 2.0 s; the worker was killed",
         "duration": 3.0,
     }
-    load = Ladder.for_request({"type": protocol.LOAD, "timeout": 1}, 2.0, lambda phase: None, clock)
+    load = Ladder.for_request({"type": request_table.LOAD, "timeout": 1}, 2.0, lambda phase: None, clock)
     assert load.killed_reply()["phase"] == "load" and "duration" not in load.killed_reply()
-    begin = Ladder.for_request({"type": protocol.RESTORE_BEGIN}, 2.0, lambda phase: None, clock)
+    begin = Ladder.for_request({"type": request_table.RESTORE_BEGIN}, 2.0, lambda phase: None, clock)
     assert begin.killed_reply() == {"status": protocol.STATUS_OK, "worker_restarted": True}  # a fresh worker is empty

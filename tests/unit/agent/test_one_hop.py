@@ -20,7 +20,7 @@ import dill
 import pytest
 from agent_process import Agent, Link
 
-from orchestrator.agent import handover, protocol
+from orchestrator.agent import blob_format, framing, handover, protocol, reply_types, request_table
 
 _OPEN: list[DataChannel] = []
 
@@ -67,7 +67,7 @@ class DataChannel:
         return reply, reply_body
 
     def run(self, code: str, **fields) -> dict:
-        return self.request(protocol.EXEC, code=code, timeout=10, checkpoint_timeout=10, **fields)[0]
+        return self.request(request_table.EXEC, code=code, timeout=10, checkpoint_timeout=10, **fields)[0]
 
     def value(self, code: str) -> str:
         reply = self.run(code)
@@ -101,22 +101,22 @@ def test_cells_run_on_the_data_channel_and_the_connection_stays_quiet(one_hop):
 
 def test_a_restore_goes_through_the_data_channel(one_hop):
     channel = DataChannel(one_hop.link)
-    assert channel.request(protocol.RESTORE_BEGIN, timeout=10)[0]["status"] == "ok"
+    assert channel.request(request_table.RESTORE_BEGIN, timeout=10)[0]["status"] == "ok"
     blob = dill.dumps([1, 2, 3])
-    reply, _ = channel.request(protocol.LOAD, blob, name="y", digest=protocol.blob_digest(blob), timeout=10)
+    reply, _ = channel.request(request_table.LOAD, blob, name="y", digest=blob_format.blob_digest(blob), timeout=10)
     assert reply["status"] == "ok", reply
-    assert channel.request(protocol.RESTORE_END, generation=3, timeout=10)[0]["generation"] == 3
+    assert channel.request(request_table.RESTORE_END, generation=3, timeout=10)[0]["generation"] == 3
     assert channel.value("sum(y)") == "6"
 
 
 def test_host_calls_go_to_the_controller_on_their_own_link(one_hop):
     channel = DataChannel(one_hop.link)
     scaffold = "def before_cell(namespace):\n    namespace['ask'] = host_call\n"
-    assert channel.request(protocol.INSTALL, code=scaffold, names=["ask"], timeout=10)[0]["status"] == "ok"
-    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": "ask('double', 21)", "timeout": 10})
+    assert channel.request(request_table.INSTALL, code=scaffold, names=["ask"], timeout=10)[0]["status"] == "ok"
+    channel.data.send({"type": request_table.EXEC, "id": "e1", "code": "ask('double', 21)", "timeout": 10})
     call, payload = channel.calls.recv()
     assert call["type"] == protocol.HOST_CALL and call["name"] == "double" and payload == b"21"
-    channel.calls.send(protocol.host_reply(call["call"]), b"42")
+    channel.calls.send(reply_types.host_reply(call["call"]), b"42")
     reply, _ = channel.reply("e1")
     assert reply["return_value"] == "42", reply
     assert quiet(one_hop.link)
@@ -127,9 +127,9 @@ def test_a_closed_data_channel_leaves_the_worker_idle_with_its_memory(one_hop):
     channel.run("x = 7")
     channel.close()
     for _ in range(200):  # the worker's idle (generation 1) reaches the supervisor soon after the close
-        one_hop.link.send({"type": protocol.PING, "id": "p"})
+        one_hop.link.send({"type": request_table.PING, "id": "p"})
         pong, _ = one_hop.link.recv()
-        assert pong["type"] == protocol.PONG and pong["generation"] in (0, 1), pong
+        assert pong["type"] == request_table.PONG and pong["generation"] in (0, 1), pong
         if pong["generation"] == 1:
             break
         time.sleep(0.01)
@@ -141,8 +141,8 @@ def test_a_closed_data_channel_leaves_the_worker_idle_with_its_memory(one_hop):
 def test_a_worker_that_dies_is_reported_on_the_connection_and_replaced(one_hop):
     channel = DataChannel(one_hop.link)
     channel.run("x = 1")
-    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": "import os\nos._exit(3)", "timeout": 10})
-    with pytest.raises(protocol.ChannelClosed):
+    channel.data.send({"type": request_table.EXEC, "id": "e1", "code": "import os\nos._exit(3)", "timeout": 10})
+    with pytest.raises(framing.ChannelClosed):
         channel.data.recv()
     lost, _ = one_hop.link.recv()
     assert lost["type"] == protocol.WORKER_LOST and lost["oom"] is False and "3" in lost["reason"], lost
@@ -155,7 +155,7 @@ def test_a_worker_that_writes_on_its_link_is_replaced(one_hop):
     pid = channel.value("import os\nos.getpid()")
     worker = "[o for o in __import__('gc').get_objects() if type(o).__name__ == 'Worker'][0]"
     # Cell code holds the worker's link to the supervisor; the worker is killed at once (its reply may not come).
-    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": f"{worker}.link.send(b'garbage!' * 4)"})
+    channel.data.send({"type": request_table.EXEC, "id": "e1", "code": f"{worker}.link.send(b'garbage!' * 4)"})
     lost, _ = one_hop.link.recv()
     assert lost["type"] == protocol.WORKER_LOST and "out of turn" in lost["reason"], lost
     assert DataChannel(one_hop.link).value("import os\nos.getpid()") != pid
@@ -183,7 +183,7 @@ def test_a_controller_that_leaves_during_a_cell_gets_it_interrupted_and_the_next
     # Interrupted, the cell's checkpoint (it tries `time` again) meets the closed channel, and so does its reply.
     started = tmp_path / "started"
     code = f"open({str(started)!r}, 'w').close()\ntime.sleep(60)"
-    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": code, "timeout": 120})
+    channel.data.send({"type": request_table.EXEC, "id": "e1", "code": code, "timeout": 120})
     while not started.exists():
         time.sleep(0.01)
     channel.close()
@@ -200,7 +200,7 @@ def test_a_data_channel_handed_right_after_another_closed_is_still_watched(one_h
     second = DataChannel(one_hop.link)  # the idle for the first may reach the supervisor after this one
     started = tmp_path / "started"
     code = f"open({str(started)!r}, 'w').close()\ntime.sleep(60)"
-    second.data.send({"type": protocol.EXEC, "id": "e2", "code": code, "timeout": 120})
+    second.data.send({"type": request_table.EXEC, "id": "e2", "code": code, "timeout": 120})
     while not started.exists():
         time.sleep(0.01)
     second.close()
@@ -213,7 +213,7 @@ def test_a_data_channel_handed_right_after_another_closed_is_still_watched(one_h
 def test_the_controller_interrupts_a_cell_through_the_connection(one_hop):
     channel = DataChannel(one_hop.link)
     channel.run("x = 2")
-    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": "while True:\n    pass", "timeout": 60})
+    channel.data.send({"type": request_table.EXEC, "id": "e1", "code": "while True:\n    pass", "timeout": 60})
     for _ in range(200):  # until the cell runs: an interrupt that comes before it is only noted
         one_hop.link.send({"type": protocol.INTERRUPT, "id": "e1", "phase": "cell"})
         if select.select([channel.data.sock], [], [], 0.05)[0]:
@@ -227,13 +227,13 @@ def test_the_controller_has_a_worker_that_ignores_the_interrupt_killed(one_hop):
     channel = DataChannel(one_hop.link)
     pid = channel.value("import os\nos.getpid()")
     code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
-    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": code, "timeout": 60})
+    channel.data.send({"type": request_table.EXEC, "id": "e1", "code": code, "timeout": 60})
     one_hop.link.send({"type": protocol.INTERRUPT, "id": "e1", "phase": "cell"})
     one_hop.link.send({"type": protocol.KILL, "id": "e1"})
     replaced, _ = one_hop.link.recv()
     assert replaced["type"] == protocol.WORKER_REPLACED and replaced["id"] == "e1", replaced
     # The data channel went with the worker (a reset when bytes it had not read were in it): nothing to resynchronise.
-    with pytest.raises((protocol.ChannelClosed, ConnectionResetError)):
+    with pytest.raises((framing.ChannelClosed, ConnectionResetError)):
         channel.data.recv()
     assert DataChannel(one_hop.link).value("import os\nos.getpid()") != pid
 
@@ -280,8 +280,8 @@ def test_a_takeover_hands_over_the_idle_worker_with_its_memory_while_the_old_con
 
 def test_a_kill_that_comes_as_the_worker_dies_names_its_death(one_hop):
     channel = DataChannel(one_hop.link)
-    channel.data.send({"type": protocol.EXEC, "id": "e1", "code": "import os\nos._exit(3)", "timeout": 10})
-    with pytest.raises(protocol.ChannelClosed):
+    channel.data.send({"type": request_table.EXEC, "id": "e1", "code": "import os\nos._exit(3)", "timeout": 10})
+    with pytest.raises(framing.ChannelClosed):
         channel.data.recv()
     one_hop.link.send({"type": protocol.KILL, "id": "e1"})  # the controller saw D break: the worker may live
     said = [one_hop.link.recv()[0]]
@@ -297,6 +297,6 @@ def test_an_interrupt_for_a_request_that_ended_leaves_the_idle_worker_on_its_dat
     channel.run("x = 3")
     for phase in ("cell", "checkpoint"):
         one_hop.link.send({"type": protocol.INTERRUPT, "id": "ended", "phase": phase})
-    one_hop.link.send({"type": protocol.PING, "id": "p1"})
-    assert one_hop.link.recv()[0]["type"] == protocol.PONG  # the signals were sent: the idle worker ignores them
+    one_hop.link.send({"type": request_table.PING, "id": "p1"})
+    assert one_hop.link.recv()[0]["type"] == request_table.PONG  # the signals were sent: the idle worker ignores them
     assert channel.value("x") == "3" and quiet(one_hop.link)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import bridge, protocol, rendezvous
+from orchestrator.agent import bridge, handshake, rendezvous
 from orchestrator.agent import node_relay as relay
 from orchestrator.backends.swarm.relay_client import RelayEndpoint
 from orchestrator.errors import ConfigError
@@ -44,7 +44,7 @@ def test_create_take_over_and_remove(base):
     made = rendezvous.create(base, SID, None, None, SETTING)
     try:
         assert made.directory == base / SID
-        assert protocol.parse_secret((made.directory / rendezvous.SECRET_NAME).read_bytes()) == made.secret
+        assert handshake.parse_secret((made.directory / rendezvous.SECRET_NAME).read_bytes()) == made.secret
         assert rendezvous.socket_file(made.directory) == made.socket_file
         assert made.listener.getblocking() is False
         taken = rendezvous.take_over(base, SID, None, None, SETTING)

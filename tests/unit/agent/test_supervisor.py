@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from agent_process import AGENT_COMMAND, AGENT_ENV, SLOW_REDUCE, Agent, Link, blobs_of, load
 
-from orchestrator.agent import checkpoint, protocol
+from orchestrator.agent import blob_format, checkpoint, framing, handshake, protocol, request_table
 
 
 def vm_hwm(pid: int) -> int:
@@ -39,27 +39,27 @@ def test_hello_and_handshake(agent):
     hello = agent.hello
     assert hello["protocol"] == protocol.PROTOCOL_VERSION == 7
     assert hello["sandbox_id"] == "sb-unit" and hello["generation"] == 0
-    assert hello["python"] and hello["dill"] and len(hello["nonce"]) == 2 * protocol.NONCE_BYTES
+    assert hello["python"] and hello["dill"] and len(hello["nonce"]) == 2 * handshake.NONCE_BYTES
     assert hello["agent_pid"] == agent.proc.pid and hello["worker_pid"] not in (0, agent.proc.pid)
     assert "session_id" not in hello
-    assert agent.request(protocol.PING, id="p0")[0] == {"type": protocol.PONG, "id": "p0", "generation": 0}
+    assert agent.request(request_table.PING, id="p0")[0] == {"type": request_table.PONG, "id": "p0", "generation": 0}
 
 
 def test_ping_reports_the_generation(agent):
     agent.run("x = 1")
-    assert agent.request(protocol.PING, id="p")[0] == {"type": protocol.PONG, "id": "p", "generation": 1}
+    assert agent.request(request_table.PING, id="p")[0] == {"type": request_table.PONG, "id": "p", "generation": 1}
 
 
 def test_a_wrong_proof_is_refused_and_the_agent_tries_again(agent):
     agent.link.close()
     link = agent.accept()
     hello, _ = link.recv()
-    nonce = protocol.new_nonce()
+    nonce = handshake.new_nonce()
     link.send(
         {
             "type": protocol.AUTH,
             "nonce": nonce,
-            "proof": protocol.auth_proof(b"wrong", "controller", hello["nonce"], nonce),
+            "proof": handshake.auth_proof(b"wrong", "controller", hello["nonce"], nonce),
         }
     )
     assert link.closed_by_peer()
@@ -67,7 +67,7 @@ def test_a_wrong_proof_is_refused_and_the_agent_tries_again(agent):
     # Something else than auth is refused the same way.
     link = agent.accept()
     link.recv()
-    link.send({"type": protocol.EXEC, "id": "1", "code": "1", "timeout": 5})
+    link.send({"type": request_table.EXEC, "id": "1", "code": "1", "timeout": 5})
     assert link.closed_by_peer()
     link.close()
     agent.link = agent.connect()
@@ -152,7 +152,7 @@ def test_cell_that_swallows_the_interrupt_is_killed(agent):
     reply, _ = agent.run(code, timeout=0.3)
     assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True
     assert reply["phase"] == "cell" and time.monotonic() - started < 5
-    assert agent.request(protocol.PING)[0]["generation"] == 0
+    assert agent.request(request_table.PING)[0]["generation"] == 0
     assert agent.value("1 + 1") == "2"
 
 
@@ -175,7 +175,7 @@ def test_worker_lost_between_requests_is_reported_once_without_running(agent):
 def test_restore_begin_clears_a_pending_worker_lost_notice(agent):
     agent.run("import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), os._exit(4))).start()")
     time.sleep(1.5)
-    assert agent.request(protocol.RESTORE_BEGIN, generation=0)[0]["status"] == "ok"
+    assert agent.request(request_table.RESTORE_BEGIN, generation=0)[0]["status"] == "ok"
     assert agent.value("5") == "5"
 
 
@@ -223,8 +223,8 @@ def test_a_worker_that_stalls_in_the_middle_of_a_large_reply_is_replaced(agent):
     code += "data = memoryview(b'x' * 2_000_000)\n"
     code += "while data:\n    data = data[os.write(fd, data):]\n"
     code += "time.sleep(30)"
-    agent.link.send({"type": protocol.EXEC, "id": "stall", "code": code, "timeout": 30, "checkpoint_timeout": 5})
-    with pytest.raises(protocol.ChannelClosed):  # half a frame came, then the agent hung up
+    agent.link.send({"type": request_table.EXEC, "id": "stall", "code": code, "timeout": 30, "checkpoint_timeout": 5})
+    with pytest.raises(framing.ChannelClosed):  # half a frame came, then the agent hung up
         agent.link.recv(15)
     agent.link.close()
     agent.link = agent.connect()
@@ -238,8 +238,8 @@ def test_a_worker_that_stalls_in_the_middle_of_a_large_reply_is_replaced(agent):
 
 def test_a_controller_that_stalls_in_the_middle_of_a_request_body_is_dropped(agent):
     worker = agent.hello["worker_pid"]
-    head = protocol.encode_header({"type": protocol.LOAD, "id": "l", "name": "x", "digest": "0" * 32, "timeout": 5})
-    agent.link.sock.sendall(protocol.PREFIX.pack(protocol.MAGIC, len(head), 1000) + head + b"y" * 10)
+    head = framing.encode_header({"type": request_table.LOAD, "id": "l", "name": "x", "digest": "0" * 32, "timeout": 5})
+    agent.link.sock.sendall(framing.PREFIX.pack(framing.MAGIC, len(head), 1000) + head + b"y" * 10)
     assert agent.link.closed_by_peer(10)
     agent.link.close()
     agent.link = agent.connect()  # the worker had half a request: it was replaced
@@ -262,7 +262,7 @@ FIND_REQUEST_ID = (
 def test_a_large_request_body_goes_through_intact(agent):
     data = os.urandom(5_000_000)
     for _ in range(2):  # the second one reuses the pipe
-        reply, _ = agent.request(protocol.SET_VALUE, data, name="data", kind="bytes")
+        reply, _ = agent.request(request_table.SET_VALUE, data, name="data", kind="bytes")
         assert reply["status"] == "ok"
         assert agent.value("import hashlib; hashlib.md5(data).hexdigest()") == repr(
             __import__("hashlib").md5(data).hexdigest()
@@ -271,13 +271,13 @@ def test_a_large_request_body_goes_through_intact(agent):
 
 def test_a_controller_that_stalls_in_the_middle_of_a_large_request_body_is_dropped(agent):
     worker = agent.hello["worker_pid"]
-    head = protocol.encode_header({"type": protocol.SET_VALUE, "id": "s", "name": "x", "kind": "bytes"})
-    agent.link.sock.sendall(protocol.PREFIX.pack(protocol.MAGIC, len(head), 5_000_000) + head + b"y" * 2_000_000)
+    head = framing.encode_header({"type": request_table.SET_VALUE, "id": "s", "name": "x", "kind": "bytes"})
+    agent.link.sock.sendall(framing.PREFIX.pack(framing.MAGIC, len(head), 5_000_000) + head + b"y" * 2_000_000)
     assert agent.link.closed_by_peer(10)
     agent.link.close()
     agent.link = agent.connect()  # the worker had half a request: it was replaced
     assert agent.hello["worker_pid"] != worker
-    reply, _ = agent.request(protocol.SET_VALUE, b"z" * 3_000_000, name="x", kind="bytes")
+    reply, _ = agent.request(request_table.SET_VALUE, b"z" * 3_000_000, name="x", kind="bytes")
     assert reply["status"] == "ok" and agent.value("len(x), x[:1]") == "(3000000, b'z')"
 
 
@@ -289,16 +289,18 @@ def test_a_worker_that_stops_reading_a_large_request_is_replaced(agent):
     )
     time.sleep(1)
     started = time.monotonic()
-    reply, _ = agent.request(protocol.SET_VALUE, b"v" * 20_000_000, name="v", kind="bytes")
+    reply, _ = agent.request(request_table.SET_VALUE, b"v" * 20_000_000, name="v", kind="bytes")
     assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is False
     assert "stopped reading" in reply["reason"] and time.monotonic() - started < 10
-    reply, _ = agent.request(protocol.SET_VALUE, b"w" * 20_000_000, name="v", kind="bytes")  # a new pipe, a new worker
+    reply, _ = agent.request(
+        request_table.SET_VALUE, b"w" * 20_000_000, name="v", kind="bytes"
+    )  # a new pipe, a new worker
     assert reply["status"] == "ok" and agent.value("len(v), v[:1], 'keep' in globals()") == "(20000000, b'w', False)"
 
 
 def test_an_interrupt_in_the_same_write_as_its_exec_stops_the_cell(agent):
-    head = {"type": protocol.EXEC, "id": "e", "code": "import time; time.sleep(30)", "timeout": 60}
-    frames = protocol.frame_parts(head) + protocol.frame_parts({"type": protocol.INTERRUPT, "id": "e"})
+    head = {"type": request_table.EXEC, "id": "e", "code": "import time; time.sleep(30)", "timeout": 60}
+    frames = framing.frame_parts(head) + framing.frame_parts({"type": protocol.INTERRUPT, "id": "e"})
     started = time.monotonic()
     agent.link.sock.sendall(b"".join(frames))
     reply, _ = agent.link.recv(10)
@@ -314,9 +316,9 @@ def test_a_reply_is_relayed_byte_for_byte(agent):
         + "head = json.dumps({'type': 'exec_reply', 'id': request_id, 'status': 'ok', 'x': 1e0}).encode()\n"
     )
     code += "os.write(fd, struct.pack('!4sII', b'ORC1', len(head), 3) + head + b'abc')\ntime.sleep(3)"
-    agent.link.send({"type": protocol.EXEC, "id": "raw", "code": code, "timeout": 30})
+    agent.link.send({"type": request_table.EXEC, "id": "raw", "code": code, "timeout": 30})
     sock = agent.link.sock
-    _, head_len, body_len = protocol.PREFIX.unpack(sock.recv(protocol.PREFIX.size, socket.MSG_WAITALL))
+    _, head_len, body_len = framing.PREFIX.unpack(sock.recv(framing.PREFIX.size, socket.MSG_WAITALL))
     head = sock.recv(head_len, socket.MSG_WAITALL)
     assert head == b'{"type": "exec_reply", "id": "raw", "status": "ok", "x": 1.0}'  # not encoded again
     assert sock.recv(body_len, socket.MSG_WAITALL) == b"abc"
@@ -329,7 +331,7 @@ def test_a_reply_with_a_surrogate_escape_is_encoded_again(agent):
     )
     code += "head = head.encode()\nos.write(fd, struct.pack('!4sII', b'ORC1', len(head), 0) + head)\ntime.sleep(3)"
     reply, _ = agent.run(code)
-    assert reply["status"] == "ok" and reply["stdout"] == "\ufffd"  # as protocol.encode_header writes a lone one
+    assert reply["status"] == "ok" and reply["stdout"] == "\ufffd"  # as framing.encode_header writes a lone one
 
 
 def test_bytes_that_came_right_after_a_reply_are_out_of_turn(agent):
@@ -357,14 +359,14 @@ def test_sigint_never_tears_a_frame(agent):
     thread.start()
     try:
         for i in range(100):
-            assert agent.request(protocol.RESTORE_BEGIN, generation=i)[0]["status"] == "ok"
+            assert agent.request(request_table.RESTORE_BEGIN, generation=i)[0]["status"] == "ok"
             reply = load(agent, "v", pickle.dumps(list(range(i))))
             assert reply["status"] == "ok" or reply["reason"].startswith("KeyboardInterrupt"), reply
-            assert agent.request(protocol.RESTORE_END, generation=i)[0]["generation"] == i
+            assert agent.request(request_table.RESTORE_END, generation=i)[0]["generation"] == i
     finally:
         stop.set()
         thread.join()
-    assert agent.request(protocol.PING)[0]["generation"] == 99
+    assert agent.request(request_table.PING)[0]["generation"] == 99
     assert agent.hello["worker_pid"] == worker and agent.value("'still alive'") == "'still alive'"
 
 
@@ -403,7 +405,7 @@ def test_dill_is_imported_by_the_first_value_that_needs_it(agent):
     assert agent.value("'dill' in sys.modules") == "True"
     # A fresh worker (the old one died) unpickles the function: a load imports dill before it runs.
     assert agent.run("import os\nos._exit(1)")[0]["status"] == "crashed"
-    assert agent.request(protocol.RESTORE_BEGIN, timeout=5)[0]["status"] == "ok"
+    assert agent.request(request_table.RESTORE_BEGIN, timeout=5)[0]["status"] == "ok"
     assert load(agent, "n", pickle.dumps(1))["status"] == "ok"
     assert load(agent, "f", f)["status"] == "ok"
     assert agent.value("f(1)") == "2"
@@ -412,10 +414,10 @@ def test_dill_is_imported_by_the_first_value_that_needs_it(agent):
 def test_a_restore_that_prepares_a_pooled_sandbox_imports_dill_and_a_new_sessions_does_not(agent):
     # Sandbox.warm_up is an empty restore that says `prepare`: a fork or restore that takes the sandbox from the
     # warm pool then pays no import. A new session's own empty restore (no `prepare`) leaves dill out.
-    assert agent.request(protocol.RESTORE_BEGIN, timeout=5)[0]["status"] == "ok"
-    assert agent.request(protocol.RESTORE_END, timeout=5, generation=0)[0]["status"] == "ok"
+    assert agent.request(request_table.RESTORE_BEGIN, timeout=5)[0]["status"] == "ok"
+    assert agent.request(request_table.RESTORE_END, timeout=5, generation=0)[0]["status"] == "ok"
     assert agent.value("import sys\n'dill' in sys.modules") == "False"
-    assert agent.request(protocol.RESTORE_BEGIN, timeout=5, prepare=True)[0]["status"] == "ok"
+    assert agent.request(request_table.RESTORE_BEGIN, timeout=5, prepare=True)[0]["status"] == "ok"
     assert agent.value("import sys\n'dill' in sys.modules") == "True"  # (a restore empties the namespace)
 
 
@@ -476,18 +478,20 @@ def test_the_checkpoint_quota_leaves_out_what_does_not_fit(make_agent):
 
 
 def test_set_value_kinds_and_aliases(agent):
-    reply, _ = agent.request(protocol.SET_VALUE, "héllo".encode(), name="context_0", kind="str", aliases=["context"])
-    assert reply["type"] == protocol.STATE_REPLY and reply["status"] == "ok"
+    reply, _ = agent.request(
+        request_table.SET_VALUE, "héllo".encode(), name="context_0", kind="str", aliases=["context"]
+    )
+    assert reply["type"] == request_table.STATE_REPLY and reply["status"] == "ok"
     assert reply["checkpoint"]["vars"]["context"] == reply["checkpoint"]["vars"]["context_0"]
     assert len(reply["checkpoint"]["blobs"]) == 1
-    agent.request(protocol.SET_VALUE, b"\x00\x01", name="raw", kind="bytes")
-    agent.request(protocol.SET_VALUE, b'{"k": [1]}', name="doc", kind="json")
+    agent.request(request_table.SET_VALUE, b"\x00\x01", name="raw", kind="bytes")
+    agent.request(request_table.SET_VALUE, b'{"k": [1]}', name="doc", kind="json")
     assert agent.value("context, raw, doc") == "('héllo', b'\\x00\\x01', {'k': [1]})"
 
 
 def test_reset_deletes_everything(agent):
     agent.run("a = 1\nb = 2")
-    reply, _ = agent.request(protocol.RESET)
+    reply, _ = agent.request(request_table.RESET)
     assert sorted(reply["checkpoint"]["deleted"]) == ["a", "b"] and reply["status"] == "ok"
     assert agent.value("'a' in globals()") == "False"
 
@@ -525,10 +529,10 @@ def test_restore_loads_values_and_reports_the_bad_one(agent):
     reply, body = agent.run("data = {'k': [1, 2]}\ntext = 'abc'\nn = 7")
     blobs = blobs_of(reply, body)
     agent.run("import os; os._exit(1)")
-    begin, _ = agent.request(protocol.RESTORE_BEGIN, id="b", generation=5)
-    assert begin == {"type": protocol.RESTORE_REPLY, "id": "b", "status": "ok"}
+    begin, _ = agent.request(request_table.RESTORE_BEGIN, id="b", generation=5)
+    assert begin == {"type": request_table.RESTORE_REPLY, "id": "b", "status": "ok"}
     for name, blob in blobs.items():
-        assert load(agent, name, blob, id=name) == {"type": protocol.LOAD_REPLY, "id": name, "status": "ok"}
+        assert load(agent, name, blob, id=name) == {"type": request_table.LOAD_REPLY, "id": name, "status": "ok"}
     bad = load(agent, "bad", pickle.dumps(_Raises()))
     assert bad["status"] == "error" and bad["reason"].startswith("ValueError: invalid literal")
     exits = load(agent, "exits", pickle.dumps(_SystemExits()))
@@ -538,9 +542,9 @@ def test_restore_loads_values_and_reports_the_bad_one(agent):
     # A blob the controller checked as it sent it is not hashed again here (the sandbox's CPU is the bottleneck).
     trusted = load(agent, "trusted", blobs["n"], digest="0" * 32, verified=True)
     assert trusted["status"] == "ok"
-    end, _ = agent.request(protocol.RESTORE_END, generation=5)
+    end, _ = agent.request(request_table.RESTORE_END, generation=5)
     assert end["status"] == "ok" and end["generation"] == 5
-    assert agent.request(protocol.PING)[0]["generation"] == 5
+    assert agent.request(request_table.PING)[0]["generation"] == 5
     assert agent.value("data, text, n, trusted, 'bad' in globals()") == "({'k': [1, 2]}, 'abc', 7, 7, False)"
     # The loaded values count as saved: the next checkpoint sends nothing for them.
     reply, _ = agent.run("m = 1")
@@ -551,29 +555,29 @@ def test_restore_retries_an_instance_after_its_class(agent):
     reply, body = agent.run("class Point:\n    def __init__(self, x):\n        self.x = x\np = Point(3)")
     blobs = blobs_of(reply, body)
     agent.run("import os; os._exit(1)")
-    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    agent.request(request_table.RESTORE_BEGIN, generation=1)
     first = load(agent, "p", blobs["p"])
     assert first["status"] == "error" and "Point" in first["reason"]
     assert load(agent, "Point", blobs["Point"])["status"] == "ok"
     assert load(agent, "p", blobs["p"])["status"] == "ok"
-    agent.request(protocol.RESTORE_END, generation=1)
+    agent.request(request_table.RESTORE_END, generation=1)
     assert agent.value("p.x, isinstance(p, Point)") == "(3, True)"
 
 
 def test_a_value_that_kills_the_worker_while_loading(agent):
-    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    agent.request(request_table.RESTORE_BEGIN, generation=1)
     assert load(agent, "a", pickle.dumps([1]))["status"] == "ok"
     reply = load(agent, "exits", pickle.dumps(_Exits()))
     assert reply["status"] == protocol.STATUS_CRASHED and reply["exit_code"] == 7
-    assert agent.request(protocol.PING)[0]["generation"] == 0
-    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    assert agent.request(request_table.PING)[0]["generation"] == 0
+    agent.request(request_table.RESTORE_BEGIN, generation=1)
     assert load(agent, "a", pickle.dumps([1]))["status"] == "ok"
-    agent.request(protocol.RESTORE_END, generation=1)
+    agent.request(request_table.RESTORE_END, generation=1)
     assert agent.value("a") == "[1]"
 
 
 def test_a_value_that_hangs_while_loading_is_interrupted(agent):
-    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    agent.request(request_table.RESTORE_BEGIN, generation=1)
     started = time.monotonic()
     reply = load(agent, "sleeps", pickle.dumps(_Sleeps()), timeout=0.3)
     assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is False
@@ -581,7 +585,7 @@ def test_a_value_that_hangs_while_loading_is_interrupted(agent):
 
 
 def test_a_value_that_ignores_the_interrupt_while_loading_kills_the_worker(agent):
-    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    agent.request(request_table.RESTORE_BEGIN, generation=1)
     worker = agent.hello["worker_pid"]
     started = time.monotonic()
     reply = load(agent, "stubborn", pickle.dumps(_Stubborn()), timeout=0.3)
@@ -596,12 +600,12 @@ def test_restoring_a_large_value_costs_about_two_copies_of_it(agent):
     size = 150_000_000
     blob = checkpoint.dumps("big", "x" * size)
     worker, supervisor = agent.hello["worker_pid"], agent.hello["agent_pid"]
-    assert agent.request(protocol.RESTORE_BEGIN, generation=1)[0]["status"] == "ok"
+    assert agent.request(request_table.RESTORE_BEGIN, generation=1)[0]["status"] == "ok"
     worker_before, supervisor_before = vm_hwm(worker), vm_hwm(supervisor)
-    reply, _ = agent.request(protocol.LOAD, blob.parts, name="big", digest=blob.digest, timeout=60)
+    reply, _ = agent.request(request_table.LOAD, blob.parts, name="big", digest=blob.digest, timeout=60)
     assert reply["status"] == "ok"
     worker_peak, supervisor_peak = vm_hwm(worker), vm_hwm(supervisor)
-    agent.request(protocol.RESTORE_END, generation=1)
+    agent.request(request_table.RESTORE_END, generation=1)
     assert agent.value("len(big)") == str(size)
     grown = worker_peak - worker_before
     print(
@@ -655,7 +659,7 @@ def test_a_stale_sigusr1_is_ignored(agent):
 def test_takeover_in_the_middle_of_a_cell(agent):
     agent.run("keep = 'me'")
     worker = agent.hello["worker_pid"]
-    agent.link.send({"type": protocol.EXEC, "id": "long", "code": "import time; time.sleep(60)", "timeout": 100})
+    agent.link.send({"type": request_table.EXEC, "id": "long", "code": "import time; time.sleep(60)", "timeout": 100})
     time.sleep(0.5)
     started = time.monotonic()
     old = _take_over(agent)
@@ -670,11 +674,18 @@ def test_takeover_in_the_middle_of_a_cell(agent):
 
 
 def test_takeover_in_the_middle_of_a_load(agent):
-    agent.request(protocol.RESTORE_BEGIN, generation=1)
-    agent.link.send({"type": protocol.LOAD, "id": "slow", "name": "s", "digest": "", "timeout": 100}, b"")
+    agent.request(request_table.RESTORE_BEGIN, generation=1)
+    agent.link.send({"type": request_table.LOAD, "id": "slow", "name": "s", "digest": "", "timeout": 100}, b"")
     blob = pickle.dumps(_Sleeps())
     agent.link.send(
-        {"type": protocol.LOAD, "id": "slow2", "name": "s", "digest": protocol.blob_digest(blob), "timeout": 100}, blob
+        {
+            "type": request_table.LOAD,
+            "id": "slow2",
+            "name": "s",
+            "digest": blob_format.blob_digest(blob),
+            "timeout": 100,
+        },
+        blob,
     )
     first, _ = agent.link.recv()
     assert first["id"] == "slow" and first["status"] == "error"

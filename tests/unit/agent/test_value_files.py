@@ -14,28 +14,28 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import blob_format, protocol, request_table
 
 TEXT = "a document ✓ with a lone \ud800 surrogate\n" * 60_000  # ~2.3 MB as UTF-8
 
 
 def blob_of(kind: str, raw: bytes) -> bytes:
-    return b"".join(bytes(part) for part in protocol.host_blob_parts(kind, raw))
+    return b"".join(bytes(part) for part in blob_format.host_blob_parts(kind, raw))
 
 
 def put_value(directory: Path, blob: bytes) -> str:
     """A value file of ``blob`` in the channel directory, as ``Sandbox.request`` links it; returns its blob id."""
     blob_id = "h" + secrets.token_hex(16)
-    path = directory / protocol.value_file_name(blob_id)
+    path = directory / blob_format.value_file_name(blob_id)
     path.write_bytes(blob)
     path.chmod(0o644)
     return blob_id
 
 
 def set_value(agent, blob_id: str, size: int, kind: str = "str", name: str = "doc", **fields) -> dict:
-    fields.setdefault("file", protocol.value_file_name(blob_id))
+    fields.setdefault("file", blob_format.value_file_name(blob_id))
     reply, body = agent.request(
-        protocol.SET_VALUE, name=name, kind=kind, aliases=[], blob=blob_id, blob_size=size, **fields
+        request_table.SET_VALUE, name=name, kind=kind, aliases=[], blob=blob_id, blob_size=size, **fields
     )
     assert not body  # nothing travels back
     return reply
@@ -85,7 +85,7 @@ def test_a_value_file_that_is_not_the_announced_blob_is_an_error_and_the_worker_
     raw = b"x" * 100_000
     blob = blob_of("bytes", raw)
     blob_id = "h" + secrets.token_hex(16)
-    path = agent.directory / protocol.value_file_name(blob_id)
+    path = agent.directory / blob_format.value_file_name(blob_id)
     if spoil == "shorter":
         path.write_bytes(blob[:-10])
     elif spoil == "longer":
@@ -122,16 +122,16 @@ def test_a_value_file_with_a_body_or_without_a_blob_is_refused(agent):
     blob = blob_of("bytes", b"z" * 1000)
     blob_id = put_value(agent.directory, blob)
     reply, _ = agent.request(
-        protocol.SET_VALUE,
+        request_table.SET_VALUE,
         b"body",
         name="w",
         kind="bytes",
         blob=blob_id,
         blob_size=len(blob),
-        file=protocol.value_file_name(blob_id),
+        file=blob_format.value_file_name(blob_id),
     )
     assert reply["status"] == protocol.STATUS_ERROR and "empty body" in reply["reason"], reply
-    reply, _ = agent.request(protocol.SET_VALUE, name="w", kind="bytes", file=protocol.value_file_name(blob_id))
+    reply, _ = agent.request(request_table.SET_VALUE, name="w", kind="bytes", file=blob_format.value_file_name(blob_id))
     assert reply["status"] == protocol.STATUS_ERROR, reply
     assert open_value_files(agent) == []
 
@@ -140,7 +140,7 @@ def test_a_value_file_named_by_another_request_is_never_opened(agent):
     blob = blob_of("bytes", b"q" * 1000)
     blob_id = put_value(agent.directory, blob)
     reply, _ = agent.request(
-        protocol.EXEC, code="x = 1", timeout=10, checkpoint_timeout=10, file=protocol.value_file_name(blob_id)
+        request_table.EXEC, code="x = 1", timeout=10, checkpoint_timeout=10, file=blob_format.value_file_name(blob_id)
     )
     assert reply["status"] == "ok"
     assert open_value_files(agent) == []

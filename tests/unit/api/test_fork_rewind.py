@@ -10,7 +10,7 @@ import pytest
 from fakes import Answer, FakeAgent, FakeBackend, Header, fake_settings
 
 from orchestrator import ConfigError, Generation, GenerationNotFound, Orchestrator, Placement, Session
-from orchestrator.agent import protocol
+from orchestrator.agent import request_table
 from orchestrator.errors import EngineError, SessionAttachedElsewhere
 
 
@@ -54,12 +54,12 @@ def test_rewind_restores_the_old_state_into_the_live_sandbox_as_a_new_generation
     session: Session, backend: FakeBackend
 ) -> None:
     agent = agent_of(backend, session)
-    loads = agent.count(protocol.LOAD)
+    loads = agent.count(request_table.LOAD)
     rewound = session.rewind(1)
     assert (rewound.generation, rewound.rewound_from, rewound.current) == (4, 1, True)
     assert rewound.changed == ("x",)
     assert agent.values == {"x": b"'one'"} and agent.generation == 4
-    assert agent.count(protocol.LOAD) == loads + 1 and agent_of(backend, session) is agent  # in place
+    assert agent.count(request_table.LOAD) == loads + 1 and agent_of(backend, session) is agent  # in place
     session.execute("y = 'after'")
     assert session.generation == 5
     assert [g.generation for g in session.history()] == [2, 3, 4, 5]
@@ -155,7 +155,7 @@ def test_forks_whose_sandboxes_cannot_start_are_removed_with_the_others(
 def test_the_scaffold_and_unsaved_report_come_with_a_fork(orch: Orchestrator, backend: FakeBackend) -> None:
     def unsaved_socket(agent: FakeAgent, request: Header, body: bytes) -> Answer:
         answer = agent.answer(request, body)
-        if request["type"] == protocol.EXEC and request["code"] == "s = socket()":
+        if request["type"] == request_table.EXEC and request["code"] == "s = socket()":
             header, blobs = answer  # type: ignore[misc]
             header["checkpoint"]["unsaved"] = {"s": "cannot pickle 'socket' object"}
             return header, blobs
@@ -168,7 +168,7 @@ def test_the_scaffold_and_unsaved_report_come_with_a_fork(orch: Orchestrator, ba
     assert session.unsaved == {"s": "cannot pickle 'socket' object"}
     fork = session.fork()
     assert fork.unsaved == {"s": "cannot pickle 'socket' object"}
-    installs = [r for r in agent_of(backend, fork).requests if r["type"] == protocol.INSTALL]
+    installs = [r for r in agent_of(backend, fork).requests if r["type"] == request_table.INSTALL]
     assert [r["names"] for r in installs] == [["helper"]]
 
 

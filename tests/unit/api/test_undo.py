@@ -12,17 +12,17 @@ import pytest
 from fakes import FakeAgent, FakeBackend, Header, fake_settings
 
 from orchestrator import AsyncOrchestrator, ConfigError, Generation, Orchestrator, PythonTool, SandboxCrashed, Session
-from orchestrator.agent import protocol
+from orchestrator.agent import protocol, request_table
 
 
 def resetting(agent: FakeAgent, request: Header, body: bytes) -> Any:
     """A healthy agent whose reset deletes every name (the default fake's changes nothing)."""
-    if request["type"] != protocol.RESET:
+    if request["type"] != request_table.RESET:
         return agent.answer(request, body)
     agent.generation += 1
     deleted, agent.values = sorted(agent.values), {}
     delta = {"generation": agent.generation, "blobs": [], "vars": {}, "deleted": deleted, "unsaved": {}}
-    return {"type": protocol.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": delta}
+    return {"type": request_table.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": delta}
 
 
 @pytest.fixture

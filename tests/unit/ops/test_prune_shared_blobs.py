@@ -12,12 +12,12 @@ import pytest
 from fakes import FakeBackend, fake_settings
 
 from orchestrator import Orchestrator, Settings
-from orchestrator.agent import protocol
+from orchestrator.agent import blob_format
 from orchestrator.ops import janitor
 from orchestrator.ops.janitor import Janitor
 
 BIG = "x" * 200_000
-BIG_BLOB = protocol.blob_digest(BIG.encode())
+BIG_BLOB = blob_format.blob_digest(BIG.encode())
 HOUR = 3600.0
 
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import blob_format, protocol, request_table
 from orchestrator.config import Settings
 from orchestrator.errors import CheckpointError
 from orchestrator.runtime.deferred import BlobRefused, BlobUnavailable, DeferredBlobs
 from orchestrator.runtime.sandbox import Sandbox
 
 BLOB = b"\x80\x04blob of a big value."
-DIGEST = protocol.blob_digest(BLOB)
-OTHER = protocol.blob_digest(b"another session's blob")
+DIGEST = blob_format.blob_digest(BLOB)
+OTHER = blob_format.blob_digest(b"another session's blob")
 
 
 class Store:
@@ -184,11 +184,11 @@ class _ScriptedSandbox(Sandbox):
 
     def request(self, header: Any, body: Any = b"", **_: Any) -> tuple[dict[str, Any], bytes]:
         kind = header["type"]
-        if kind in (protocol.LOAD, protocol.DEFER):
+        if kind in (request_table.LOAD, request_table.DEFER):
             self.sent.append((kind, header["name"]))
             status = protocol.STATUS_ERROR if header["name"] in self.failing else protocol.STATUS_OK
-            return {"type": protocol.LOAD_REPLY, "status": status, "reason": "needs its class"}, b""
-        return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": 1}, b""
+            return {"type": request_table.LOAD_REPLY, "status": status, "reason": "needs its class"}, b""
+        return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": 1}, b""
 
 
 def _sized(sizes: dict[str, int]) -> tuple[dict[str, str], Any]:

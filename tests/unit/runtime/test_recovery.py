@@ -24,7 +24,7 @@ from orchestrator import (
     Session,
     SessionAttachedElsewhere,
 )
-from orchestrator.agent import protocol
+from orchestrator.agent import protocol, request_table
 from orchestrator.api.session import SessionState
 from orchestrator.runtime.recovery import RECOVERY
 
@@ -90,7 +90,7 @@ def test_worker_died_restores_into_the_fresh_worker(
     session: Session, backend: FakeBackend, oom: bool, error: type[Exception]
 ) -> None:
     container = session.container_id
-    fail_once(backend, protocol.EXEC, lambda agent: worker_lost(reason="the worker was killed", oom=oom))
+    fail_once(backend, request_table.EXEC, lambda agent: worker_lost(reason="the worker was killed", oom=oom))
     with pytest.raises(error) as caught:
         session.execute("x = 'lost'")
     assert type(caught.value) is error
@@ -99,13 +99,15 @@ def test_worker_died_restores_into_the_fresh_worker(
     assert message.startswith("worker died (crash, kill -9, OOM): the worker was killed")
     assert f"session {session.id} was restored to checkpoint generation 2" in message
     assert session.container_id == container and backend.removed == []  # the agent lives: same container
-    assert backend.container_of(session.sandbox_id).agent.count(protocol.RESTORE_BEGIN) == 2  # start, recovery
+    assert backend.container_of(session.sandbox_id).agent.count(request_table.RESTORE_BEGIN) == 2  # start, recovery
     assert_serves_its_checkpoint(session, backend)
 
 
 def test_worker_that_ignored_the_interrupt_is_a_timeout_with_restore(session: Session, backend: FakeBackend) -> None:
     container = session.container_id
-    fail_once(backend, protocol.EXEC, lambda agent: worker_lost(status=protocol.STATUS_TIMEOUT, reason="no SIGINT"))
+    fail_once(
+        backend, request_table.EXEC, lambda agent: worker_lost(status=protocol.STATUS_TIMEOUT, reason="no SIGINT")
+    )
     with pytest.raises(ExecutionTimeout) as caught:
         session.execute("x = 'lost'")
     assert caught.value.restored and caught.value.generation == 2
@@ -117,7 +119,7 @@ def test_worker_that_ignored_the_interrupt_is_a_timeout_with_restore(session: Se
 def test_a_checkpoint_that_ignored_the_interrupt_says_so(session: Session, backend: FakeBackend) -> None:
     fail_once(
         backend,
-        protocol.EXEC,
+        request_table.EXEC,
         lambda agent: worker_lost(status=protocol.STATUS_TIMEOUT, reason="stuck", phase="checkpoint"),
     )
     with pytest.raises(ExecutionTimeout, match=r"^checkpointing took longer than checkpoint_timeout"):
@@ -127,7 +129,9 @@ def test_a_checkpoint_that_ignored_the_interrupt_says_so(session: Session, backe
 
 def test_worker_that_forged_a_frame_is_a_protocol_error_with_restore(session: Session, backend: FakeBackend) -> None:
     container = session.container_id
-    fail_once(backend, protocol.EXEC, lambda agent: worker_lost(status=protocol.STATUS_PROTOCOL_ERROR, reason="forged"))
+    fail_once(
+        backend, request_table.EXEC, lambda agent: worker_lost(status=protocol.STATUS_PROTOCOL_ERROR, reason="forged")
+    )
     with pytest.raises(ProtocolError) as caught:
         session.execute("x = 'lost'")
     assert type(caught.value) is ProtocolError and caught.value.restored
@@ -156,7 +160,7 @@ def test_container_died_during_the_call_is_replaced(
     session: Session, backend: FakeBackend, oom: bool, error: type[Exception], how: str
 ) -> None:
     container = session.container_id
-    fail_once(backend, protocol.EXEC, _dies(oom))
+    fail_once(backend, request_table.EXEC, _dies(oom))
     with pytest.raises(error) as caught:
         session.execute("x = 'lost'")
     assert type(caught.value) is error and caught.value.restored and caught.value.generation == 2
@@ -169,7 +173,7 @@ def test_container_died_during_the_call_is_replaced(
 
 def test_agent_past_its_deadline_is_a_timeout_and_replaced(session: Session, backend: FakeBackend) -> None:
     container = session.container_id
-    fail_once(backend, protocol.EXEC, lambda agent: None)  # never answers
+    fail_once(backend, request_table.EXEC, lambda agent: None)  # never answers
     with pytest.raises(ExecutionTimeout) as caught:
         session.execute("x = 'lost'", timeout=0.05)
     assert caught.value.restored and caught.value.generation == 2
@@ -180,7 +184,7 @@ def test_agent_past_its_deadline_is_a_timeout_and_replaced(session: Session, bac
 
 def test_invalid_reply_is_a_protocol_error_and_replaced(session: Session, backend: FakeBackend) -> None:
     container = session.container_id
-    fail_once(backend, protocol.EXEC, lambda agent: exec_reply(status="fine, thanks"))
+    fail_once(backend, request_table.EXEC, lambda agent: exec_reply(status="fine, thanks"))
     with pytest.raises(ProtocolError) as caught:
         session.execute("x = 'lost'")
     assert type(caught.value) is ProtocolError and caught.value.restored
@@ -204,7 +208,7 @@ def test_checkpoint_past_the_quota_is_refused_and_replaced(session: Session, bac
 
 def _with_big_value(inner: Any) -> Any:
     def handler(agent: FakeAgent, request: Header, body: bytes) -> Answer:
-        if request["type"] == protocol.EXEC and request["code"].startswith("big = "):
+        if request["type"] == request_table.EXEC and request["code"].startswith("big = "):
             delta, blobs = agent.delta({"big": b"b" * (QUOTA + 1)})
             return exec_reply(checkpoint=delta), blobs
         return inner(agent, request, body)
@@ -216,12 +220,12 @@ def test_worker_dead_between_calls_is_restored_and_the_request_sent_again(
     session: Session, backend: FakeBackend
 ) -> None:
     container = session.container_id
-    fail_once(backend, protocol.EXEC, lambda agent: worker_lost(ran=False))
+    fail_once(backend, request_table.EXEC, lambda agent: worker_lost(ran=False))
     result = session.execute("z = 'three'")  # no error: the request never ran, so it runs now
     assert result.generation == 3 and session.variables == ["x", "y", "z"]
     agent = backend.container_of(session.sandbox_id).agent
-    assert session.container_id == container and agent.count(protocol.EXEC) == 4  # two earlier, this one twice
-    assert agent.count(protocol.RESTORE_BEGIN) == 2
+    assert session.container_id == container and agent.count(request_table.EXEC) == 4  # two earlier, this one twice
+    assert agent.count(request_table.RESTORE_BEGIN) == 2
 
 
 def test_losing_the_worker_again_before_running_is_a_worker_death(session: Session, backend: FakeBackend) -> None:
@@ -229,7 +233,7 @@ def test_losing_the_worker_again_before_running_is_a_worker_death(session: Sessi
     lost: list[bool] = []
 
     def handler(agent: FakeAgent, request: Header, body: bytes) -> Answer:
-        if request["type"] == protocol.EXEC and len(lost) < 2:
+        if request["type"] == request_table.EXEC and len(lost) < 2:
             lost.append(True)
             return worker_lost(ran=False)
         return agent.answer(request, body)
@@ -239,17 +243,17 @@ def test_losing_the_worker_again_before_running_is_a_worker_death(session: Sessi
         session.execute("z = 'lost'")
     assert caught.value.restored and str(caught.value).startswith("worker died (crash, kill -9, OOM): ")
     agent = backend.container_of(session.sandbox_id).agent
-    assert session.container_id == container and agent.count(protocol.EXEC) == 4
-    assert agent.count(protocol.RESTORE_BEGIN) == 3  # start, before sending again, recovery
+    assert session.container_id == container and agent.count(request_table.EXEC) == 4
+    assert agent.count(request_table.RESTORE_BEGIN) == 3  # start, before sending again, recovery
     assert_serves_its_checkpoint(session, backend)
 
 
 def test_restore_failures_are_named_in_the_error(session: Session, backend: FakeBackend) -> None:
     def handler(agent: FakeAgent, request: Header, body: bytes) -> Answer:
-        if request["type"] == protocol.EXEC and request["code"] == "crash":
+        if request["type"] == request_table.EXEC and request["code"] == "crash":
             return worker_lost()
-        if request["type"] == protocol.LOAD and request["name"] == "y":
-            return {"type": protocol.LOAD_REPLY, "status": protocol.STATUS_ERROR, "reason": "no module named y"}
+        if request["type"] == request_table.LOAD and request["name"] == "y":
+            return {"type": request_table.LOAD_REPLY, "status": protocol.STATUS_ERROR, "reason": "no module named y"}
         return agent.answer(request, body)
 
     backend.handler = handler
@@ -265,10 +269,10 @@ def test_a_failed_restore_drops_the_sandbox_for_the_next_call(session: Session, 
     container = session.container_id
 
     def handler(agent: FakeAgent, request: Header, body: bytes) -> Answer:
-        if agent.container.id == container and request["type"] == protocol.EXEC:
+        if agent.container.id == container and request["type"] == request_table.EXEC:
             return worker_lost()
-        if agent.container.id == container and request["type"] == protocol.RESTORE_BEGIN:
-            return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_ERROR, "reason": "cannot"}
+        if agent.container.id == container and request["type"] == request_table.RESTORE_BEGIN:
+            return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_ERROR, "reason": "cannot"}
         return agent.answer(request, body)
 
     backend.handler = handler
@@ -280,9 +284,9 @@ def test_a_failed_restore_drops_the_sandbox_for_the_next_call(session: Session, 
 
 def test_taken_over_during_recovery_makes_the_handle_stale(session: Session, backend: FakeBackend) -> None:
     def handler(agent: FakeAgent, request: Header, body: bytes) -> Answer:
-        if request["type"] == protocol.EXEC:
+        if request["type"] == request_table.EXEC:
             return worker_lost()
-        if request["type"] == protocol.RESTORE_BEGIN:
+        if request["type"] == request_table.RESTORE_BEGIN:
             agent.say_goodbye()
             return None
         return agent.answer(request, body)
@@ -302,7 +306,7 @@ def test_taken_over_during_the_call_makes_the_handle_stale(session: Session, bac
         agent.say_goodbye()
         return None
 
-    fail_once(backend, protocol.EXEC, goodbye)
+    fail_once(backend, request_table.EXEC, goodbye)
     with pytest.raises(SessionAttachedElsewhere, match="this call was not kept"):
         session.execute("x = 'lost'")
     assert session.state is SessionState.DETACHED and backend.removed == []

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import protocol, request_table
 from orchestrator.config import Settings
 from orchestrator.runtime.sandbox import _RESTORE_LOADS_PER_VALUE, _RESTORE_LOADS_SLACK, Sandbox
 
@@ -24,11 +24,11 @@ class _ScriptedSandbox(Sandbox):
         self.loads = 0
 
     def request(self, header: Any, body: Any = b"", **_: Any) -> tuple[dict[str, Any], bytes]:
-        if header["type"] == protocol.LOAD:
+        if header["type"] == request_table.LOAD:
             self.loads += 1
             status = protocol.STATUS_OK if header["name"] in self.honest else self.status
-            return {"type": protocol.LOAD_REPLY, "status": status, "reason": "lied"}, b""
-        return {"type": protocol.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": 1}, b""
+            return {"type": request_table.LOAD_REPLY, "status": status, "reason": "lied"}, b""
+        return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_OK, "generation": 1}, b""
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import pytest
 from fakes import FakeBackend, fake_settings
 
 from orchestrator import Orchestrator, SessionAttachedElsewhere, SessionHeld
-from orchestrator.agent import protocol
+from orchestrator.agent import request_table
 from orchestrator.api.session import SessionState
 
 
@@ -38,7 +38,7 @@ def test_attach_takes_the_live_sandbox_over_and_the_old_handle_goes_stale(
     new = second.attach(old.id, force=True)
     assert new.container_id == container and backend.removed == []  # the same container, moved over
     agent = backend.container_of(new.sandbox_id).agent
-    assert agent.count(protocol.RESTORE_BEGIN) == 0  # it held the session's generation: nothing to restore
+    assert agent.count(request_table.RESTORE_BEGIN) == 0  # it held the session's generation: nothing to restore
     assert new.epoch == old.epoch + 1
     with pytest.raises(SessionAttachedElsewhere, match="was attached by another controller"):
         old.execute("x = 'lost'")

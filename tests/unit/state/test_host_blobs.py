@@ -11,7 +11,7 @@ import time
 import pytest
 from agent_process import load
 
-from orchestrator.agent import checkpoint, protocol
+from orchestrator.agent import blob_format, checkpoint, request_table
 from orchestrator.errors import CheckpointError, CheckpointQuotaExceeded, ProtocolError, SessionAttachedElsewhere
 from orchestrator.state.ledger import CheckpointLedger, new_owner_token
 from orchestrator.state.store import BLOB_ID, DIGEST, SessionRecord, new_host_blob_id
@@ -21,7 +21,7 @@ D1 = "1" * 32
 
 
 def joined(kind: str, raw: bytes) -> bytes:
-    return b"".join(protocol.host_blob_parts(kind, raw))
+    return b"".join(blob_format.host_blob_parts(kind, raw))
 
 
 def host_delta(generation, changed, deleted=()):
@@ -32,10 +32,10 @@ def host_delta(generation, changed, deleted=()):
 
 
 def test_the_opcodes_are_the_pickle_modules():
-    assert protocol._HOST_BLOB_OPCODES == {"str": pickle.BINUNICODE8, "bytes": pickle.BINBYTES8}
-    head = protocol.host_blob_parts("str", b"ab")[0]
-    assert head[:1] == pickle.PROTO and head[1] == 4 and protocol.host_blob_parts("str", b"")[2] == pickle.STOP
-    assert len(joined("str", b"ab")) == 2 + protocol.HOST_BLOB_OVERHEAD
+    assert blob_format._HOST_BLOB_OPCODES == {"str": pickle.BINUNICODE8, "bytes": pickle.BINBYTES8}
+    head = blob_format.host_blob_parts("str", b"ab")[0]
+    assert head[:1] == pickle.PROTO and head[1] == 4 and blob_format.host_blob_parts("str", b"")[2] == pickle.STOP
+    assert len(joined("str", b"ab")) == 2 + blob_format.HOST_BLOB_OVERHEAD
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_a_str_blob_unpickles_to_the_str(text):
     blob = joined("str", raw)
     assert pickle.loads(blob) == text and type(pickle.loads(blob)) is str
     assert checkpoint.loads(bytearray(blob)) == text  # as the agent restores it: from its receive buffer
-    assert protocol.host_blob_framed(blob) and protocol.host_blob_framed(memoryview(bytearray(blob)))
+    assert blob_format.host_blob_framed(blob) and blob_format.host_blob_framed(memoryview(bytearray(blob)))
 
 
 @pytest.mark.parametrize("data", [b"", b"\x00\xff raw", os.urandom(3 << 20)])
@@ -66,23 +66,23 @@ def test_a_bytes_blob_unpickles_to_the_bytes(data):
 
 def test_the_payload_is_not_copied_into_the_parts():
     raw = b"y" * 100_000
-    assert protocol.host_blob_parts("bytes", raw)[1] is raw
+    assert blob_format.host_blob_parts("bytes", raw)[1] is raw
 
 
 def test_a_damaged_blob_is_not_whole():
     blob = joined("str", b"abc")
     for bad in (blob[:-1], blob + b".", b"\x80\x03" + blob[2:], blob[:-1] + b"!", blob[:5], b"", pickle.dumps("abc")):
-        assert not protocol.host_blob_framed(bad), bad
+        assert not blob_format.host_blob_framed(bad), bad
 
 
 def test_host_ids_and_content_digests_are_told_apart():
     fresh = new_host_blob_id()
-    assert protocol.is_host_blob(fresh) and BLOB_ID.match(fresh) and not DIGEST.match(fresh)
+    assert blob_format.is_host_blob(fresh) and BLOB_ID.match(fresh) and not DIGEST.match(fresh)
     assert fresh != new_host_blob_id()
-    digest = protocol.blob_digest(b"x")
-    assert not protocol.is_host_blob(digest) and BLOB_ID.match(digest) and DIGEST.match(digest)
+    digest = blob_format.blob_digest(b"x")
+    assert not blob_format.is_host_blob(digest) and BLOB_ID.match(digest) and DIGEST.match(digest)
     for bad in ("h" + "A" * 32, "h" * 33, "h" + "1" * 31, "g" + "1" * 32, H1 + "\n", D1 + "\n", None, 7):
-        assert not protocol.is_host_blob(bad)
+        assert not blob_format.is_host_blob(bad)
         assert not (isinstance(bad, str) and BLOB_ID.match(bad))
 
 
@@ -107,7 +107,7 @@ def test_an_adopted_value_is_changed_without_a_blob_and_then_left_alone(counted_
     tracker.delta(ns, counted_dumps)
     value = "context " * 1000
     ns["context_0"] = ns["context"] = value
-    size = len(value) + protocol.HOST_BLOB_OVERHEAD
+    size = len(value) + blob_format.HOST_BLOB_OVERHEAD
     tracker.adopt(["context_0", "context"], value, H1, size)
     counted_dumps.calls.clear()
     delta, parts = tracker.delta(ns, counted_dumps)
@@ -129,7 +129,7 @@ def test_rebinding_an_adopted_name_sends_a_pickle_and_drops_the_host_blob(counte
     tracker = checkpoint.Tracker()
     value = b"raw bytes" * 100
     ns = {"doc": value}
-    tracker.adopt(["doc"], value, H1, len(value) + protocol.HOST_BLOB_OVERHEAD)
+    tracker.adopt(["doc"], value, H1, len(value) + blob_format.HOST_BLOB_OVERHEAD)
     tracker.delta(ns, counted_dumps)
     ns["doc"] = b"other bytes"
     delta, parts = tracker.delta(ns, counted_dumps)
@@ -143,7 +143,7 @@ def test_a_new_name_for_an_adopted_object_shares_its_blob_without_pickling(count
     tracker = checkpoint.Tracker()
     value = "shared " * 1000
     ns = {"context": value}
-    tracker.adopt(["context"], value, H1, len(value) + protocol.HOST_BLOB_OVERHEAD)
+    tracker.adopt(["context"], value, H1, len(value) + blob_format.HOST_BLOB_OVERHEAD)
     tracker.delta(ns, counted_dumps)
     ns["copy"] = ns["context"]
     delta, parts = tracker.delta(ns, counted_dumps)
@@ -182,9 +182,9 @@ def test_adopting_replaces_what_the_name_held_and_counts_the_quota_once():
 def test_set_value_with_a_host_blob_sends_no_blob_and_restores_from_it(agent):
     text = "héllo \ud800 wörld " * 10_000
     raw = text.encode("utf-8", errors="surrogatepass")
-    size = len(raw) + protocol.HOST_BLOB_OVERHEAD
+    size = len(raw) + blob_format.HOST_BLOB_OVERHEAD
     reply, body = agent.request(
-        protocol.SET_VALUE, raw, name="context_0", kind="str", aliases=["context"], blob=H1, blob_size=size
+        request_table.SET_VALUE, raw, name="context_0", kind="str", aliases=["context"], blob=H1, blob_size=size
     )
     assert reply["status"] == "ok" and len(body) == 0
     assert reply["checkpoint"]["vars"] == {"context_0": H1, "context": H1} and reply["checkpoint"]["blobs"] == []
@@ -194,16 +194,21 @@ def test_set_value_with_a_host_blob_sends_no_blob_and_restores_from_it(agent):
     assert reply["checkpoint"]["vars"].keys() == {"n"} and reply["checkpoint"]["generation"] == 2
     data = b"\x00\xff" * 50_000
     reply, body = agent.request(
-        protocol.SET_VALUE, data, name="raw", kind="bytes", blob=H2, blob_size=len(data) + protocol.HOST_BLOB_OVERHEAD
+        request_table.SET_VALUE,
+        data,
+        name="raw",
+        kind="bytes",
+        blob=H2,
+        blob_size=len(data) + blob_format.HOST_BLOB_OVERHEAD,
     )
     assert reply["checkpoint"]["vars"] == {"raw": H2} and len(body) == 0
     # A restore loads them from the blobs the controller made (no digest to check), context and context_0 as one.
     agent.run("import os; os._exit(1)")
-    agent.request(protocol.RESTORE_BEGIN, generation=3)
+    agent.request(request_table.RESTORE_BEGIN, generation=3)
     for name, blob_id, blob in (("context_0", H1, joined("str", raw)), ("context", H1, joined("str", raw))):
         assert load(agent, name, blob, digest=blob_id)["status"] == "ok"
     assert load(agent, "raw", joined("bytes", data), digest=H2)["status"] == "ok"
-    agent.request(protocol.RESTORE_END, generation=3)
+    agent.request(request_table.RESTORE_END, generation=3)
     assert agent.value(f"context == {text!r} and context is context_0 and raw == {data!r}") == "True"
     reply, _ = agent.run("m = 1")
     assert reply["checkpoint"]["vars"].keys() == {"m"}
@@ -211,20 +216,20 @@ def test_set_value_with_a_host_blob_sends_no_blob_and_restores_from_it(agent):
 
 def test_a_host_blob_that_is_not_whole_or_does_not_fit_is_refused(agent):
     blob = joined("str", b"abcdef")
-    agent.request(protocol.RESTORE_BEGIN, generation=1)
+    agent.request(request_table.RESTORE_BEGIN, generation=1)
     for bad in (blob[:-1], blob[:-2] + b"."):
         reply = load(agent, "x", bad, digest=H1)
         assert reply["status"] == "error" and "not whole" in reply["reason"]
     # A content digest is still checked.
     reply = load(agent, "x", blob, digest=D1)
     assert reply["status"] == "error" and "digest" in reply["reason"]
-    agent.request(protocol.RESTORE_END, generation=1)
+    agent.request(request_table.RESTORE_END, generation=1)
     for fields in (
         {"kind": "str", "blob": H1, "blob_size": 3},  # wrong size
-        {"kind": "json", "blob": H1, "blob_size": 4 + protocol.HOST_BLOB_OVERHEAD},  # JSON is pickled by the agent
-        {"kind": "str", "blob": D1, "blob_size": 4 + protocol.HOST_BLOB_OVERHEAD},  # not a host-made id
+        {"kind": "json", "blob": H1, "blob_size": 4 + blob_format.HOST_BLOB_OVERHEAD},  # JSON is pickled by the agent
+        {"kind": "str", "blob": D1, "blob_size": 4 + blob_format.HOST_BLOB_OVERHEAD},  # not a host-made id
     ):
-        reply, _ = agent.request(protocol.SET_VALUE, b'"ab"', name="v", **fields)
+        reply, _ = agent.request(request_table.SET_VALUE, b'"ab"', name="v", **fields)
         assert reply["status"] == "error" and "host-made blob" in reply["reason"], fields
     assert agent.value("'v' in globals()") == "False"
 
@@ -238,8 +243,8 @@ def blob_files(store, session_id="s-test"):
 
 def test_a_staged_blob_is_named_by_the_commit_with_the_manifest(store, ledger):
     raw = "ünïcode".encode()
-    staged = ledger.stage(protocol.host_blob_parts("str", raw))
-    assert protocol.is_host_blob(staged.blob_id) and staged.size == len(raw) + protocol.HOST_BLOB_OVERHEAD
+    staged = ledger.stage(blob_format.host_blob_parts("str", raw))
+    assert blob_format.is_host_blob(staged.blob_id) and staged.size == len(raw) + blob_format.HOST_BLOB_OVERHEAD
     delta = host_delta(1, {"context_0": staged.blob_id, "context": staged.blob_id})
     ledger.commit(delta, bytearray(), counters={"context_count": 1}, staged=[staged])
     staged.discard()
@@ -255,14 +260,14 @@ def test_a_staged_blob_is_named_by_the_commit_with_the_manifest(store, ledger):
 
 
 def test_a_staged_blob_the_reply_does_not_name_leaves_nothing(store, ledger):
-    staged = ledger.stage(protocol.host_blob_parts("bytes", b"abc"))
+    staged = ledger.stage(blob_format.host_blob_parts("bytes", b"abc"))
     ledger.commit(host_delta(1, {"x": D1}) | {"blobs": [{"digest": D1, "size": 3}]}, b"one", staged=[staged])
     staged.discard()
     assert blob_files(store) == [D1] and store.load("s-test").variables == {"x": D1}
 
 
 def test_a_failed_commit_leaves_no_staged_file(store, ledger):
-    staged = ledger.stage(protocol.host_blob_parts("bytes", b"abc"))
+    staged = ledger.stage(blob_format.host_blob_parts("bytes", b"abc"))
     with pytest.raises(ProtocolError, match="out of step"):
         ledger.commit(host_delta(7, {"x": staged.blob_id}), bytearray(), staged=[staged])
     with pytest.raises(ProtocolError, match="neither sent nor stored"):
@@ -272,7 +277,7 @@ def test_a_failed_commit_leaves_no_staged_file(store, ledger):
 
 
 def test_a_staged_file_a_prune_removed_meanwhile_is_written_again_under_the_lock(store, ledger):
-    staged = ledger.stage(protocol.host_blob_parts("bytes", b"abc"))
+    staged = ledger.stage(blob_format.host_blob_parts("bytes", b"abc"))
     staged._written.result()  # written; now a prune judges it unnamed and removes it
     with store.transaction("s-test") as record:
         stray = store.stray_files("s-test", record.blob_sizes)
@@ -287,7 +292,7 @@ def test_a_staged_file_a_prune_removed_meanwhile_is_written_again_under_the_lock
 
 
 def test_a_stale_owner_cannot_place_a_staged_blob(store, ledger):
-    staged = ledger.stage(protocol.host_blob_parts("bytes", b"abc"))
+    staged = ledger.stage(blob_format.host_blob_parts("bytes", b"abc"))
     CheckpointLedger.take_ownership(store, "s-test", ledger.quota, keep=0)
     with pytest.raises(SessionAttachedElsewhere):
         ledger.commit(host_delta(1, {"x": staged.blob_id}), bytearray(), staged=[staged])

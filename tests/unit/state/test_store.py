@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from orchestrator.agent import protocol
-from orchestrator.agent.protocol import CheckpointDelta
+from orchestrator.agent import checkpoint_names
+from orchestrator.agent.reply_types import CheckpointDelta
 from orchestrator.errors import (
     CheckpointError,
     CheckpointLimitExceeded,
@@ -203,8 +203,8 @@ def test_a_delete_leaves_nothing_while_others_keep_opening_the_session(store, le
 CANDIDATE_KEYS = [
     "x",
     "caf\u00e9",
-    "n" * protocol.MAX_NAME_CHARS,
-    "n" * (protocol.MAX_NAME_CHARS + 1),
+    "n" * checkpoint_names.MAX_NAME_CHARS,
+    "n" * (checkpoint_names.MAX_NAME_CHARS + 1),
     "n" * 10_000,
     "a b",
     "esc\x1b[2J",
@@ -230,7 +230,7 @@ def test_every_name_the_ledger_commits_the_store_reads_back(ledger, store, key):
         assert store.load("s-test").variables == {}, "a refused delta stored nothing"
         assert blob_files(store) == []
         return
-    assert protocol.checkpoint_key_problem(key) is None
+    assert checkpoint_names.checkpoint_key_problem(key) is None
     assert store.load("s-test").variables == {key: D1}
 
 
@@ -256,7 +256,7 @@ def test_the_store_refuses_a_record_whose_names_break_the_rule(store, ledger):
 
 
 def test_names_past_the_manifest_bound_are_refused_and_nothing_stored(ledger, store, monkeypatch):
-    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAMES", 3)
+    monkeypatch.setattr(checkpoint_names, "MAX_CHECKPOINT_NAMES", 3)
     ledger.commit(*delta(1, [(D1, b"one")], {"a": D1, "b": D1}))
     with pytest.raises(CheckpointLimitExceeded, match="3 names") as info:
         ledger.commit(*delta(2, [], {f"v{i}": D1 for i in range(5)}))
@@ -269,7 +269,7 @@ def test_names_past_the_manifest_bound_are_refused_and_nothing_stored(ledger, st
 
 
 def test_name_bytes_past_the_manifest_bound_are_refused(ledger, store, monkeypatch):
-    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAME_BYTES", 10)
+    monkeypatch.setattr(checkpoint_names, "MAX_CHECKPOINT_NAME_BYTES", 10)
     ledger.commit(*delta(1, [(D1, b"one")], {"abcde": D1}))
     with pytest.raises(CheckpointLimitExceeded, match="name bytes"):
         ledger.commit(*delta(2, [], {"fghijk": D1}))
@@ -322,7 +322,7 @@ def test_the_store_refuses_an_existing_blob_file_of_another_size(store, ledger):
 
 
 def test_a_host_made_value_past_the_names_bound_is_refused_before_it_is_sent(ledger, monkeypatch):
-    monkeypatch.setattr(protocol, "MAX_CHECKPOINT_NAMES", 2)
+    monkeypatch.setattr(checkpoint_names, "MAX_CHECKPOINT_NAMES", 2)
     ledger.commit(*delta(1, [(D1, b"one")], {"a": D1, "b": D1}))
     ledger.check_room({"a"}, 10, "the str value for a")  # replaces a name: fits
     with pytest.raises(CheckpointQuotaExceeded, match="2 names"):
@@ -345,11 +345,11 @@ def test_the_name_rule_and_the_stored_record_agree_on_random_names():
             variables={key: D1},
             blob_sizes={D1: 1},
             contexts={key.partition("/")[0]: {"cwd": "/tmp", "env": {}, "context_count": 0, "history_count": 0}}
-            if "/" in key and protocol.CONTEXT_ID.match(key.rpartition("/")[0])
+            if "/" in key and checkpoint_names.CONTEXT_ID.match(key.rpartition("/")[0])
             else {},
         )
         raw = json.loads(record.to_json())
-        if protocol.checkpoint_key_problem(key) is None:
+        if checkpoint_names.checkpoint_key_problem(key) is None:
             assert SessionRecord.from_json(raw, "s-test").variables == {key: D1}
         else:
             with pytest.raises(ValueError):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from orchestrator.agent.protocol import MAX_UNSAVED_NAMES
+from orchestrator.agent.checkpoint_names import MAX_UNSAVED_NAMES
 from orchestrator.errors import ProtocolError
 from orchestrator.state.ledger import CheckpointLedger, new_owner_token
 from orchestrator.state.store import SessionRecord, SessionStore

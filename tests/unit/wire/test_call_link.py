@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import framing, protocol, request_table
 from orchestrator.runtime.hostcalls import CallDesk, HandlerPool, HostCalls, answer_ok
 from orchestrator.wire.call_link import ANSWER_MAX_BYTES, CallLink
 from orchestrator.wire.transport import Channel
@@ -35,11 +35,11 @@ def pair() -> Iterator[tuple[CallLink, socket.socket]]:
 
 
 def call(sock: socket.socket, number: int, name: str = "echo", payload: Any = None) -> None:
-    protocol.send_frame(sock, {"type": protocol.HOST_CALL, "call": number, "name": name}, json.dumps(payload).encode())
+    framing.send_frame(sock, {"type": protocol.HOST_CALL, "call": number, "name": name}, json.dumps(payload).encode())
 
 
 def answer(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
-    return protocol.recv_frame(sock, protocol.MAX_HEADER_BYTES, protocol.MAX_BODY_BYTES)
+    return framing.recv_frame(sock, framing.MAX_HEADER_BYTES, framing.MAX_BODY_BYTES)
 
 
 def nothing_more(sock: socket.socket) -> bool:
@@ -84,7 +84,7 @@ def test_an_answer_over_the_sandboxs_own_bound_is_an_error(pair: tuple[CallLink,
 
 def test_between_calls_a_call_is_answered_and_output_dropped(pair: tuple[CallLink, socket.socket]) -> None:
     link, worker = pair
-    protocol.send_frame(worker, {"type": protocol.OUTPUT, "stream": "stdout"}, b"left behind\n")
+    framing.send_frame(worker, {"type": protocol.OUTPUT, "stream": "stdout"}, b"left behind\n")
     call(worker, 7)
     link.idle()
     header, _ = answer(worker)
@@ -98,9 +98,9 @@ def test_between_calls_a_call_is_answered_and_output_dropped(pair: tuple[CallLin
         b"\x00garbage, not a frame\xff" * 64,
         struct.pack("!4sII", b"ORC1", 40, 0xFFFFFFF0) + b'{"type": "host_call", "call": 1, "name": "x"}',
         struct.pack("!4sII", b"ORC1", 0x7FFFFFFF, 0) + b"{",
-        protocol.frame_head({"type": protocol.EXEC_REPLY, "id": "x"}, 0),
-        protocol.frame_head({"type": protocol.OUTPUT, "stream": "nowhere"}, 0),
-        protocol.frame_head({"type": protocol.HOST_CALL, "call": "1", "name": "echo"}, 0),
+        framing.frame_head({"type": request_table.EXEC_REPLY, "id": "x"}, 0),
+        framing.frame_head({"type": protocol.OUTPUT, "stream": "nowhere"}, 0),
+        framing.frame_head({"type": protocol.HOST_CALL, "call": "1", "name": "echo"}, 0),
     ],
     ids=["garbage", "huge-body", "huge-header", "not-a-call", "bad-stream", "bad-call-number"],
 )
@@ -121,7 +121,7 @@ def test_a_worker_that_sends_calls_without_taking_the_answers_is_not_read_on_and
 ) -> None:
     link, worker = pair
     worker.setblocking(False)
-    frame = protocol.frame_head({"type": protocol.HOST_CALL, "call": 1, "name": "echo"}, 0)
+    frame = framing.frame_head({"type": protocol.HOST_CALL, "call": 1, "name": "echo"}, 0)
     for sent in range(1, 2000):  # forged calls until K's buffer is full; the answers are never read
         try:
             worker.send(frame)

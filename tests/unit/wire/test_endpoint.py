@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import framing, handshake
 from orchestrator.errors import AgentTimeoutError, ChannelLost, ConfigError
 from orchestrator.wire import endpoint as endpoint_module
 from orchestrator.wire.endpoint import (
@@ -150,8 +150,8 @@ def test_as_root_the_sandbox_directory_secret_and_socket_belong_to_the_sandbox_u
         assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (expected, NOBODY, NOBODY), name
     assert stat.S_ISSOCK(os.lstat(endpoint.path).st_mode)
     text = (directory / SECRET_NAME).read_bytes()
-    assert len(text) == 64 and protocol.parse_secret(text) == endpoint.secret
-    assert len(endpoint.secret) == protocol.SECRET_BYTES
+    assert len(text) == 64 and handshake.parse_secret(text) == endpoint.secret
+    assert len(endpoint.secret) == handshake.SECRET_BYTES
     assert sorted(os.listdir(directory)) == [SOCKET_NAME, SECRET_NAME]
 
 
@@ -241,7 +241,7 @@ def test_accept_returns_a_working_channel(runtime, opened):
     try:
         channel = endpoint.accept(time.monotonic() + 5)
         try:
-            protocol.send_frame(client, {"type": "hello"})
+            framing.send_frame(client, {"type": "hello"})
             assert channel.recv(deadline=time.monotonic() + 5)[0] == {"type": "hello"}
             assert channel.peer_credentials().pid == os.getpid()
         finally:
@@ -388,7 +388,7 @@ def test_open_refuses_a_bad_secret_without_hanging(base, runtime, opened, plant)
     secret.unlink()
     if plant == "symlink":
         decoy = base / "decoy"
-        decoy.write_bytes(protocol.format_secret(bytes(32)))
+        decoy.write_bytes(handshake.format_secret(bytes(32)))
         secret.symlink_to(decoy)
     elif plant == "fifo":
         os.mkfifo(secret, 0o400)

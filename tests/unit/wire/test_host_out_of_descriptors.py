@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import framing, request_table
 from orchestrator.errors import ChannelLost, TransportError
 from orchestrator.wire.connection import AgentConnection
 from orchestrator.wire.data_channel import DataChannel
@@ -26,7 +26,7 @@ def _emfile(*_: object, **__: object) -> Any:
 
 def test_a_data_channel_the_host_cannot_make_is_channel_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     ours, theirs = socket.socketpair()
-    control = Channel(ours, protocol.MAX_HEADER_BYTES, protocol.MAX_BODY_BYTES)
+    control = Channel(ours, framing.MAX_HEADER_BYTES, framing.MAX_BODY_BYTES)
     monkeypatch.setattr(socket, "socketpair", _emfile)
     with pytest.raises(ChannelLost, match="no data channel could be made"):
         DataChannel.hand_over(control, deadline=float("inf"))
@@ -36,10 +36,10 @@ def test_a_data_channel_the_host_cannot_make_is_channel_lost(monkeypatch: pytest
 
 def test_emfile_in_a_request_loop_is_channel_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     ours, theirs = socket.socketpair()
-    connection = AgentConnection(Channel(ours, protocol.MAX_HEADER_BYTES, protocol.MAX_BODY_BYTES), HELLO)
+    connection = AgentConnection(Channel(ours, framing.MAX_HEADER_BYTES, framing.MAX_BODY_BYTES), HELLO)
     monkeypatch.setattr(Channel, "send", _emfile)
     with pytest.raises(ChannelLost, match="failed on this host"):
-        connection.request({"type": protocol.EXEC}, deadline=float("inf"))  # type: ignore[typeddict-item]
+        connection.request({"type": request_table.EXEC}, deadline=float("inf"))  # type: ignore[typeddict-item]
     connection.close()
     theirs.close()
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from agent_process import AGENT_COMMAND, AGENT_ENV
 
-from orchestrator.agent import handover, protocol
+from orchestrator.agent import blob_format, framing, handover, protocol, request_table
 from orchestrator.api.events import LiveCall, OutputEvent
 from orchestrator.errors import ChannelLost, ProtocolError
 from orchestrator.runtime.output import StreamRecorder
@@ -34,7 +34,7 @@ from orchestrator.wire.wakeup import Wakeup
 
 SANDBOX = "sb-unit"
 NO_CALLS: Any = {"checkpoint_seconds": None, "desk": None, "live": None, "blobs": None}
-EXEC: Any = {"type": protocol.EXEC, "id": "e1"}
+EXEC: Any = {"type": request_table.EXEC, "id": "e1"}
 SCAFFOLD = "def before_cell(namespace):\n    namespace['ask'] = host_call\n"
 
 
@@ -85,7 +85,7 @@ def host_agent() -> Iterator[HostAgent]:
 
 
 def run(connection: AgentConnection, code: str, live: LiveCall | None = None, **fields: Any) -> dict[str, Any]:
-    header: Any = {"type": protocol.EXEC, "code": code, "timeout": 10, "checkpoint_timeout": 10, **fields}
+    header: Any = {"type": request_table.EXEC, "code": code, "timeout": 10, "checkpoint_timeout": 10, **fields}
     reply, _ = connection.request(header, deadline=time.monotonic() + 30, checkpoint_seconds=10, live=live)
     return reply
 
@@ -119,12 +119,12 @@ def test_a_restore_goes_on_the_data_channel(host_agent: HostAgent) -> None:
 
     connection = host_agent.connect()
     deadline = time.monotonic() + 30
-    begin: Any = {"type": protocol.RESTORE_BEGIN, "timeout": 10}
+    begin: Any = {"type": request_table.RESTORE_BEGIN, "timeout": 10}
     assert connection.request(begin, deadline=deadline)[0]["status"] == "ok"
     blob = dill.dumps([1, 2, 3])
-    load: Any = {"type": protocol.LOAD, "name": "y", "digest": protocol.blob_digest(blob), "timeout": 10}
+    load: Any = {"type": request_table.LOAD, "name": "y", "digest": blob_format.blob_digest(blob), "timeout": 10}
     assert connection.request(load, blob, deadline=deadline)[0]["status"] == "ok"
-    end: Any = {"type": protocol.RESTORE_END, "generation": 3, "timeout": 10}
+    end: Any = {"type": request_table.RESTORE_END, "generation": 3, "timeout": 10}
     assert connection.request(end, deadline=deadline)[0]["generation"] == 3
     assert value(connection, "sum(y)") == "6"
 
@@ -142,7 +142,7 @@ def test_output_comes_on_the_call_link_before_the_reply_returns(host_agent: Host
 
 def test_a_host_call_without_a_desk_is_refused_on_its_link(host_agent: HostAgent) -> None:
     connection = host_agent.connect()
-    install: Any = {"type": protocol.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
+    install: Any = {"type": request_table.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
     assert connection.request(install, deadline=time.monotonic() + 30)[0]["status"] == "ok"
     code = "try:\n    ask('double', 21)\nexcept Exception as exc:\n    said = str(exc)\n"
     assert run(connection, code)["status"] == "ok"
@@ -177,7 +177,7 @@ def test_a_host_call_between_requests_is_refused_by_the_worker_and_one_forged_on
     host_agent: HostAgent,
 ) -> None:
     connection = host_agent.connect()
-    install: Any = {"type": protocol.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
+    install: Any = {"type": request_table.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
     assert connection.request(install, deadline=time.monotonic() + 30)[0]["status"] == "ok"
     code = (
         "import gc, json, os, struct, threading, time\nsaid = []\n"
@@ -208,7 +208,7 @@ def test_the_handover_sends_two_fresh_stream_sockets_and_keeps_none() -> None:
     requests, calls = handover.stream_sockets(fds, protocol.DATA_CHANNEL_FDS)
     data.requests.send({"type": "ping"}, deadline=time.monotonic() + 5)
     requests.settimeout(5)
-    assert protocol.recv_frame(requests)[0] == {"type": "ping"}
+    assert framing.recv_frame(requests)[0] == {"type": "ping"}
     data.close()
     calls.settimeout(5)
     assert calls.recv(1) == b""  # our end closed: the worker sees EOF
@@ -271,7 +271,7 @@ def test_a_cell_that_ignores_the_interrupt_is_killed_after_the_grace_and_its_fre
     reply = run(connection, code, timeout=0.3)
     assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True, reply
     assert reply["phase"] == "cell" and reply["ran"] is True and "killed" in reply["reason"], reply
-    assert reply["type"] == protocol.EXEC_REPLY and isinstance(reply["duration"], float), reply
+    assert reply["type"] == request_table.EXEC_REPLY and isinstance(reply["duration"], float), reply
     assert connection.one_hop and value(connection, "'kept' in globals()") == "False"  # a fresh worker, one hop
     connection.check_idle()
 
@@ -291,7 +291,7 @@ def test_a_cell_that_closes_its_own_call_link_loses_only_its_calls(host_agent: H
     """As two hops close the worker's call link when it breaks: the cell, its worker and its namespace go on, its
     calls fail until the worker's next data channel."""
     connection = host_agent.connect()
-    install: Any = {"type": protocol.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
+    install: Any = {"type": request_table.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
     assert connection.request(install, deadline=time.monotonic() + 30)[0]["status"] == "ok"
     assert run(connection, "kept = 7")["status"] == "ok"
     code = f"import socket\n{WORKER}.calls._sock.shutdown(socket.SHUT_WR)\nkept += 1"
@@ -385,11 +385,11 @@ def test_a_frame_that_stalls_on_d_is_a_protocol_error_after_the_frame_time(host_
 FORGE_CELL_DONE = f"""
 import sys, time
 w = {WORKER}
-protocol = sys.modules[type(w).__module__.rpartition('.')[0] + '.protocol']
+framing = sys.modules[type(w).__module__.rpartition('.')[0] + '.framing']
 f = sys._getframe()
 while not isinstance(f.f_locals.get('header'), dict):
     f = f.f_back
-protocol.send_frame(w.sock, {{'type': 'cell_done', 'id': f.f_locals['header']['id']}})
+framing.send_frame(w.sock, {{'type': 'cell_done', 'id': f.f_locals['header']['id']}})
 while True:
     time.sleep(1)
 """
@@ -422,10 +422,10 @@ class FakeSupervisor:
         handover.close_fds(fds)
 
     def say(self, **message: Any) -> None:
-        protocol.send_frame(self.sock, message)
+        framing.send_frame(self.sock, message)
 
     def heard(self) -> dict[str, Any]:
-        return protocol.recv_frame(self.sock)[0]
+        return framing.recv_frame(self.sock)[0]
 
     def close(self) -> None:
         self.hop.close()
@@ -452,7 +452,8 @@ def test_replace_worker_returns_the_death_the_kill_outran_and_hands_over_after_t
 
 
 @pytest.mark.parametrize(
-    "answer", [{"type": protocol.PONG, "id": "k1"}, {"type": "lunch"}, {"type": protocol.WORKER_REPLACED, "id": "k0"}]
+    "answer",
+    [{"type": request_table.PONG, "id": "k1"}, {"type": "lunch"}, {"type": protocol.WORKER_REPLACED, "id": "k0"}],
 )
 def test_replace_worker_refuses_any_other_answer_and_leaves_no_data_channel(
     supervisor: FakeSupervisor, answer: dict[str, Any]
@@ -503,7 +504,7 @@ def test_a_worker_lost_between_calls_answers_the_next_request_without_sending_it
     supervisor.take_data_channel()
     reply, _ = supervisor.hop.request(EXEC, b"", deadline=time.monotonic() + 1, **NO_CALLS)
     assert reply == {
-        "type": protocol.EXEC_REPLY,
+        "type": request_table.EXEC_REPLY,
         "id": "e1",
         "status": protocol.STATUS_CRASHED,
         "reason": "the worker was killed by SIGKILL",
@@ -519,7 +520,7 @@ def test_a_restore_that_hangs_clearing_the_namespace_gets_a_fresh_worker_through
     connection = host_agent.connect()
     code = "class Stuck:\n    def __del__(self):\n        __import__('time').sleep(60)\nstuck = Stuck()"
     assert run(connection, code, checkpoint=False)["status"] == "ok"
-    begin: Any = {"type": protocol.RESTORE_BEGIN, "generation": 0, "timeout": 0.3}
+    begin: Any = {"type": request_table.RESTORE_BEGIN, "generation": 0, "timeout": 0.3}
     reply, _ = connection.request(begin, deadline=time.monotonic() + 30)
     assert reply["status"] == protocol.STATUS_OK and reply["worker_restarted"] is True, reply  # a fresh one is empty
     assert connection.one_hop and value(connection, "'stuck' in globals()") == "False"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from reply_support import exec_reply
 
-from orchestrator.agent import protocol
+from orchestrator.agent import checkpoint_names, framing, protocol, request_table
 from orchestrator.api.results import ExecResult
 from orchestrator.errors import ProtocolError
 from orchestrator.wire.replies import (
@@ -44,17 +44,17 @@ ERROR = {"ename": "E", "evalue": "", "snippet": "", "traceback": "", "line": 1}
         {"checkpoint__generation": -1},
         {"checkpoint__generation": True},
         {"checkpoint__blobs": [{"digest": D1, "size": -3}]},
-        {"checkpoint__blobs": [{"digest": D1, "size": protocol.MAX_BODY_BYTES + 1}]},
+        {"checkpoint__blobs": [{"digest": D1, "size": framing.MAX_BODY_BYTES + 1}]},
         {"checkpoint__blobs": [{"digest": D1, "size": 3}, {"digest": D1, "size": 3}]},
-        {"checkpoint__blobs": [{"digest": D1, "size": 3}] * (4 * protocol.MAX_CHECKPOINT_NAMES + 1)},
+        {"checkpoint__blobs": [{"digest": D1, "size": 3}] * (4 * checkpoint_names.MAX_CHECKPOINT_NAMES + 1)},
         {"checkpoint__vars": {"x" * 300: D1}},
         {"checkpoint__vars": {"x": "not a blob id"}},
         {"checkpoint__deleted": ["x" * 300]},
         {"checkpoint__deleted": [1]},
-        {"checkpoint__deleted": ["x"] * (4 * protocol.MAX_CHECKPOINT_NAMES + 1)},
-        {"checkpoint__unsaved": {f"v{i}": "r" for i in range(protocol.MAX_UNSAVED_NAMES + 1)}},
-        {"checkpoint__unsaved": {"v": "r" * (protocol.MAX_REASON_CHARS + 1)}},
-        {"checkpoint__unsaved": {"v" * (protocol.MAX_UNSAVED_KEY_CHARS + 1): "r"}},
+        {"checkpoint__deleted": ["x"] * (4 * checkpoint_names.MAX_CHECKPOINT_NAMES + 1)},
+        {"checkpoint__unsaved": {f"v{i}": "r" for i in range(checkpoint_names.MAX_UNSAVED_NAMES + 1)}},
+        {"checkpoint__unsaved": {"v": "r" * (checkpoint_names.MAX_REASON_CHARS + 1)}},
+        {"checkpoint__unsaved": {"v" * (checkpoint_names.MAX_UNSAVED_KEY_CHARS + 1): "r"}},
         {"checkpoint__unsaved": {"v": 1}},
     ],
     ids=lambda changes: next(iter(changes)),
@@ -101,9 +101,15 @@ def test_labels_are_clipped_and_made_visible() -> None:
 
 
 def test_reasons_are_clipped_and_only_text() -> None:
-    failure = worker_failure({"type": protocol.EXEC_REPLY, "status": "crashed", "reason": "r" * 10**6, "phase": {}})
-    assert failure is not None and len(failure["reason"]) == protocol.MAX_REASON_CHARS and failure["phase"] == "cell"
-    load = parse_load_reply({"type": protocol.LOAD_REPLY, "status": "error", "reason": ["x"] * 10})
+    failure = worker_failure(
+        {"type": request_table.EXEC_REPLY, "status": "crashed", "reason": "r" * 10**6, "phase": {}}
+    )
+    assert (
+        failure is not None
+        and len(failure["reason"]) == checkpoint_names.MAX_REASON_CHARS
+        and failure["phase"] == "cell"
+    )
+    load = parse_load_reply({"type": request_table.LOAD_REPLY, "status": "error", "reason": ["x"] * 10})
     assert load["reason"] == ""
     with pytest.raises(ProtocolError):
-        parse_restore_reply({"type": protocol.RESTORE_REPLY, "status": "ok", "generation": -1})
+        parse_restore_reply({"type": request_table.RESTORE_REPLY, "status": "ok", "generation": -1})

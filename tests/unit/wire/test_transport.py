@@ -15,7 +15,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from orchestrator.agent import protocol
+from orchestrator.agent import framing
 from orchestrator.errors import AgentTimeoutError, ChannelLost, ProtocolError
 from orchestrator.wire.transport import Channel, PeerCredentials, peer_credentials
 
@@ -49,9 +49,9 @@ def test_round_trip_both_ways_with_large_bodies(pair):
     receiver_result = {}
 
     def agent() -> None:
-        header, got = protocol.recv_frame(peer)
+        header, got = framing.recv_frame(peer)
         receiver_result["frame"] = (header, bytes(got))
-        protocol.send_frame(peer, {"type": "exec_reply", "id": header["id"]}, [got[:10], got[10:]])
+        framing.send_frame(peer, {"type": "exec_reply", "id": header["id"]}, [got[:10], got[10:]])
 
     thread = in_thread(agent)
     channel.send({"type": "exec", "id": "r1"}, [body[:1000], memoryview(body)[1000:]], deadline=soon(10))
@@ -63,7 +63,7 @@ def test_round_trip_both_ways_with_large_bodies(pair):
 
 def test_deadline_none_waits_for_the_frame(pair):
     channel, peer = pair
-    timer = threading.Timer(0.2, protocol.send_frame, args=(peer, {"type": "pong"}))
+    timer = threading.Timer(0.2, framing.send_frame, args=(peer, {"type": "pong"}))
     timer.start()
     assert channel.recv(deadline=None) == ({"type": "pong"}, bytearray())
     timer.join()
@@ -71,7 +71,7 @@ def test_deadline_none_waits_for_the_frame(pair):
 
 def test_a_trickling_peer_times_out_at_the_deadline_not_later(pair):
     channel, peer = pair
-    frame = b"".join(protocol.frame_parts({"type": "exec_reply", "id": "x", "pad": "p" * 100}))
+    frame = b"".join(framing.frame_parts({"type": "exec_reply", "id": "x", "pad": "p" * 100}))
     stop = threading.Event()
 
     def trickle() -> None:
@@ -92,7 +92,7 @@ def test_a_trickling_peer_times_out_at_the_deadline_not_later(pair):
 
 def test_a_stopped_peer_mid_frame_times_out_and_the_frame_resumes_later(pair):
     channel, peer = pair
-    frame = b"".join(protocol.frame_parts({"type": "pong", "generation": 7}, b"body"))
+    frame = b"".join(framing.frame_parts({"type": "pong", "generation": 7}, b"body"))
     peer.sendall(frame[:15])  # the prefix and a little of the header, then nothing (as if SIGSTOPped)
     started = time.monotonic()
     with pytest.raises(AgentTimeoutError, match="3 of"):
@@ -105,14 +105,14 @@ def test_a_stopped_peer_mid_frame_times_out_and_the_frame_resumes_later(pair):
 
 def test_a_frame_that_already_arrived_is_returned_after_the_deadline(pair):
     channel, peer = pair
-    protocol.send_frame(peer, {"type": "pong"})
+    framing.send_frame(peer, {"type": "pong"})
     time.sleep(0.05)
     assert channel.recv(deadline=time.monotonic() - 1)[0] == {"type": "pong"}
 
 
 def test_a_sigstopped_agent_process_times_out_at_the_deadline(pair):
     channel, peer = pair
-    head = protocol.encode_header({"type": "exec_reply", "pad": "x" * 100})
+    head = framing.encode_header({"type": "exec_reply", "pad": "x" * 100})
     # The child keeps writing header bytes (1 MiB declared) until it is stopped.
     script = (
         "import socket, sys, time\n"
@@ -122,7 +122,7 @@ def test_a_sigstopped_agent_process_times_out_at_the_deadline(pair):
         "    s.sendall(b' ')\n"
         "    time.sleep(0.01)\n"
     )
-    prefix = protocol.PREFIX.pack(protocol.MAGIC, 1 << 20, 0)
+    prefix = framing.PREFIX.pack(framing.MAGIC, 1 << 20, 0)
     child = subprocess.Popen(
         [sys.executable, "-c", script, str(peer.fileno()), (prefix + head[:-1]).hex()], pass_fds=[peer.fileno()]
     )
@@ -146,8 +146,8 @@ def test_frames_that_arrive_together_are_returned_one_by_one(pair):
     channel, peer = pair
     big = os.urandom(100_000)  # more than one read takes ahead
     frames = [({"type": "output", "n": 1}, b"ab"), ({"type": "output", "n": 2}, big), ({"type": "pong", "n": 3}, b"")]
-    wire = b"".join(b"".join(protocol.frame_parts(header, body)) for header, body in frames)
-    last = b"".join(protocol.frame_parts({"type": "pong", "n": 4}, b"xyz"))
+    wire = b"".join(b"".join(framing.frame_parts(header, body)) for header, body in frames)
+    last = b"".join(framing.frame_parts({"type": "pong", "n": 4}, b"xyz"))
     peer.sendall(wire + last[:20])
     for header, body in frames:
         assert channel.recv(deadline=soon(5)) == (header, bytearray(body))
@@ -173,7 +173,7 @@ def test_a_small_frame_costs_one_read():
     counting = CountingSocket(fileno=ours.detach())
     channel = Channel(counting, MAX_HEADER, MAX_BODY)
     try:
-        protocol.send_frame(peer, {"type": "exec_reply", "stdout": "x" * 1000}, b"body")
+        framing.send_frame(peer, {"type": "exec_reply", "stdout": "x" * 1000}, b"body")
         assert channel.recv(deadline=soon(5)) == ({"type": "exec_reply", "stdout": "x" * 1000}, bytearray(b"body"))
         assert counting.reads == 1
         assert not channel.buffered
@@ -185,17 +185,17 @@ def test_a_small_frame_costs_one_read():
 def test_a_header_larger_than_a_read_is_assembled(pair):
     channel, peer = pair
     header = {"type": "exec_reply", "stdout": "s" * (3 << 20)}
-    thread = in_thread(protocol.send_frame, peer, header, b"body")
+    thread = in_thread(framing.send_frame, peer, header, b"body")
     assert channel.recv(deadline=soon(10)) == (header, bytearray(b"body"))
     thread.join()
-    protocol.send_frame(peer, {"type": "pong"})
+    framing.send_frame(peer, {"type": "pong"})
     assert channel.recv(deadline=soon(5)) == ({"type": "pong"}, bytearray())
 
 
 def test_a_declared_gigabyte_is_never_allocated(pair):
     channel, peer = pair
-    head = protocol.encode_header({"type": "exec_reply"})
-    peer.sendall(protocol.PREFIX.pack(protocol.MAGIC, len(head), MAX_BODY) + head + b"x" * 1000)
+    head = framing.encode_header({"type": "exec_reply"})
+    peer.sendall(framing.PREFIX.pack(framing.MAGIC, len(head), MAX_BODY) + head + b"x" * 1000)
     tracemalloc.start()
     try:
         started = time.monotonic()
@@ -247,13 +247,13 @@ def test_sending_to_a_peer_that_never_reads_times_out(pair):
     with pytest.raises(ChannelLost, match="cut off"):
         channel.send({"type": "ping"}, deadline=soon(1))
     # ... but what the agent says can still be read.
-    protocol.send_frame(peer, {"type": "goodbye", "reason": "takeover"})
+    framing.send_frame(peer, {"type": "goodbye", "reason": "takeover"})
     assert channel.recv(deadline=soon(5))[0]["type"] == "goodbye"
 
 
 def test_a_goodbye_waiting_behind_a_broken_pipe_can_still_be_read(pair):
     channel, peer = pair
-    protocol.send_frame(peer, {"type": "goodbye", "reason": "takeover", "in_flight": None})
+    framing.send_frame(peer, {"type": "goodbye", "reason": "takeover", "in_flight": None})
     peer.close()
     with pytest.raises(ChannelLost, match="sending"):
         channel.send({"type": "exec", "id": "1"}, bytes(1 << 20), deadline=soon(5))
@@ -281,12 +281,12 @@ def test_many_open_files_do_not_break_waiting():
             channel = Channel(ours, MAX_HEADER, MAX_BODY)
             stack.callback(channel.close)
             assert not channel.has_pending()
-            timer = threading.Timer(0.1, protocol.send_frame, args=(theirs, {"type": "pong"}, b"late"))
+            timer = threading.Timer(0.1, framing.send_frame, args=(theirs, {"type": "pong"}, b"late"))
             timer.start()
             assert channel.recv(deadline=soon(5)) == ({"type": "pong"}, bytearray(b"late"))
             timer.join()
             channel.send({"type": "ping"}, deadline=soon(5))
-            assert protocol.recv_frame(theirs)[0] == {"type": "ping"}
+            assert framing.recv_frame(theirs)[0] == {"type": "ping"}
             with pytest.raises(AgentTimeoutError):
                 channel.recv(deadline=soon(0.05))
     finally:
@@ -304,10 +304,10 @@ def test_many_open_files_do_not_break_waiting():
 )
 def test_bad_headers_are_protocol_errors_and_end_receiving(pair, raw, match):
     channel, peer = pair
-    peer.sendall(protocol.PREFIX.pack(protocol.MAGIC, len(raw), 0) + raw)
+    peer.sendall(framing.PREFIX.pack(framing.MAGIC, len(raw), 0) + raw)
     with pytest.raises(ProtocolError, match=match):
         channel.recv(deadline=soon(5))
-    protocol.send_frame(peer, {"type": "pong"})
+    framing.send_frame(peer, {"type": "pong"})
     with pytest.raises(ChannelLost, match="invalid frame"):
         channel.recv(deadline=soon(5))
     assert channel.has_pending()
@@ -334,7 +334,7 @@ def test_bad_magic_is_a_protocol_error(pair):
 
 def test_eof_mid_frame_is_channel_lost(pair):
     channel, peer = pair
-    peer.sendall(protocol.PREFIX.pack(protocol.MAGIC, 50, 0) + b'{"type"')
+    peer.sendall(framing.PREFIX.pack(framing.MAGIC, 50, 0) + b'{"type"')
     peer.close()
     with pytest.raises(ChannelLost, match="7 of 50"):
         channel.recv(deadline=soon(5))
@@ -349,18 +349,18 @@ def test_a_reset_connection_is_channel_lost(pair):
 
 def test_sending_over_the_protocol_limit_is_refused_before_anything_is_sent(pair, monkeypatch):
     channel, peer = pair
-    monkeypatch.setattr(protocol, "MAX_BODY_BYTES", 10)
+    monkeypatch.setattr(framing, "MAX_BODY_BYTES", 10)
     with pytest.raises(ProtocolError, match="over limit"):
         channel.send({"type": "set_value"}, b"x" * 11, deadline=soon(5))
     monkeypatch.undo()
     channel.send({"type": "ping"}, deadline=soon(5))  # nothing went out, so the channel is fine
-    assert protocol.recv_frame(peer)[0] == {"type": "ping"}
+    assert framing.recv_frame(peer)[0] == {"type": "ping"}
 
 
 def test_has_pending(pair):
     channel, peer = pair
     assert not channel.has_pending()
-    protocol.send_frame(peer, {"type": "goodbye"})
+    framing.send_frame(peer, {"type": "goodbye"})
     assert channel.has_pending()
     channel.recv(deadline=soon(5))
     assert not channel.has_pending()

@@ -32,7 +32,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from relay_support import RelayProcess, connect_agent
 
 from orchestrator import Settings
-from orchestrator.agent import protocol
+from orchestrator.agent import framing, handshake
 from orchestrator.agent.node_relay import MAX_REQUEST, BadRequest, parse_request
 from orchestrator.backends.base import MANAGED, SANDBOX_ID, STORE_ID, Placement, ResourceUsage
 from orchestrator.backends.swarm.backend import SwarmBackend
@@ -107,7 +107,7 @@ def soon(seconds: float = 10.0) -> float:
 
 
 def frame_bytes(header: dict[str, Any], body: bytes = b"") -> bytes:
-    return b"".join(bytes(part) for part in protocol.frame_parts(header, body))
+    return b"".join(bytes(part) for part in framing.frame_parts(header, body))
 
 
 def recv_exactly(sock: socket.socket, size: int, timeout: float = 20.0) -> bytes:
@@ -136,7 +136,7 @@ def closed_by_peer(sock: socket.socket, timeout: float = 10.0) -> bool:
 
 def ping_pong(channel: Channel, agent: socket.socket, n: int = 0) -> None:
     """One frame each way through the bridge."""
-    protocol.send_frame(agent, {"type": "hello", "n": n})
+    framing.send_frame(agent, {"type": "hello", "n": n})
     assert channel.recv(deadline=soon())[0] == {"type": "hello", "n": n}
     channel.send({"type": "auth", "n": n}, deadline=soon())
     expected = frame_bytes({"type": "auth", "n": n})
@@ -258,7 +258,7 @@ def test_create_open_list_and_remove(relay):
     client = relay.client()
     directory = relay.node_dir / SID
     key = client.create(SID, UID, UID)
-    assert protocol.parse_secret((directory / SECRET_NAME).read_bytes()) == key
+    assert handshake.parse_secret((directory / SECRET_NAME).read_bytes()) == key
     assert sorted(os.listdir(directory)) == [SOCKET_NAME, SECRET_NAME]
     assert stat.S_ISSOCK(os.lstat(directory / SOCKET_NAME).st_mode)
     assert stat.S_IMODE(os.lstat(relay.node_dir).st_mode) == 0o700
@@ -423,7 +423,7 @@ def _exchange(port: int, line: bytes, context: ssl.SSLContext | None) -> bytes:
 
 def test_clients_without_our_certificate_are_refused_and_learn_nothing(relay, credentials, stranger):
     client = relay.client()
-    secret_text = protocol.format_secret(client.create(SID, UID, UID))
+    secret_text = handshake.format_secret(client.create(SID, UID, UID))
     inode = os.lstat(relay.node_dir / SID / SOCKET_NAME).st_ino
     refused = {
         "no certificate": _context(credentials, None, None),
@@ -505,7 +505,7 @@ def test_bytes_cross_the_bridge_unchanged_both_ways(relay):
         expected_up = frame_bytes({"type": "set_value"}, up)
         got: list[bytes] = []
         reader = threading.Thread(target=lambda: got.append(recv_exactly(agent, len(expected_up), 60)))
-        writer = threading.Thread(target=lambda: protocol.send_frame(agent, {"type": "state_reply"}, down))
+        writer = threading.Thread(target=lambda: framing.send_frame(agent, {"type": "state_reply"}, down))
         reader.start()
         writer.start()
         channel.send({"type": "set_value"}, up, deadline=soon(60))
@@ -553,7 +553,7 @@ def test_an_agent_closing_its_side_closes_the_controllers(relay):
     agent = connect_agent(relay.node_dir / SID / SOCKET_NAME)
     channel = made.accept(soon())
     try:
-        protocol.send_frame(agent, {"type": "goodbye"})
+        framing.send_frame(agent, {"type": "goodbye"})
         agent.close()  # right after a last frame: that frame still arrives
         assert channel.recv(deadline=soon())[0] == {"type": "goodbye"}
         with pytest.raises(ChannelLost):
