@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..agent import protocol
-from ..backends.base import LABEL_PREFIX, SESSION_ID, STORE_ID, Backend, ContainerState, Placement
-from ..backends.docker import DockerBackend
+from ..backends.base import LABEL_PREFIX, SESSION_ID, STORE_ID, Backend, ContainerState, Phase, Placement
 from ..checks import is_count
 from ..config import Settings
 from ..errors import (
@@ -33,6 +32,7 @@ from ..evaluation import EvalOptions, EvalReport, Evaluator, ResultsFile, Submis
 from ..evaluation.evaluator import OnResult
 from ..metrics import NO_METRICS, Metrics, MetricsServer, Recorder
 from ..ops import capacity, hibernation, images
+from ..ops.connect import connect_engine, open_store
 from ..ops.pool import SandboxPool
 from ..ops.prune import Pruner, PruneReport
 from ..ops.survey import SessionInfo, survey
@@ -43,8 +43,7 @@ from ..state.activity import Activity
 from ..state.controllers import controller_labels
 from ..state.lease import RENEW_EVERY
 from ..state.ledger import CheckpointLedger, generation_not_found, new_owner_token
-from ..state.store import SessionRecord, SessionStore, validate_session_id
-from ..wire.endpoint import ensure_private_dir
+from ..state.store import SessionRecord, validate_session_id
 from .results import Generation, generations
 from .session import Session, SessionState
 
@@ -59,15 +58,6 @@ def _check_labels(labels: Mapping[str, str] | None) -> None:
     for key in labels or {}:
         if not key.startswith(LABEL_PREFIX) or key.count(".") < 2:
             raise ConfigError(f"label {key!r} must be namespaced like 'orchestrator.<you>.<name>'")
-
-
-def _connect(settings: Settings, scope: str) -> Backend:
-    """The engine ``Settings.backend`` names, reached through DOCKER_HOST (or the local socket)."""
-    if settings.backend == "swarm":
-        from ..backends.swarm.backend import SwarmBackend  # only Swarm users load it
-
-        return SwarmBackend(settings, scope=scope)
-    return DockerBackend()
 
 
 class Orchestrator:
@@ -88,12 +78,9 @@ class Orchestrator:
             EngineUnavailable: no Docker engine answers; the message says how to start one.
         """
         self.settings = settings or Settings.from_env()
-        ensure_private_dir(self.settings.runtime_dir)
-        self.store = SessionStore(
-            self.settings.state_dir, fsync=self.settings.fsync, lock_timeout=self.settings.timeouts.lock
-        )
+        self.store = open_store(self.settings)
         self._owns_backend = backend is None
-        self.backend: Backend = backend or _connect(self.settings, self.store.store_id)
+        self.backend: Backend = backend or connect_engine(self.settings, self.store)
         self._sessions: dict[str, tuple[Session, SessionSandbox]] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -142,7 +129,7 @@ class Orchestrator:
     @property
     def default_image(self) -> str:
         """The image sessions use unless told otherwise."""
-        return self.settings.image or images.image_tag(self.settings.base_image)
+        return images.sandbox_image(self.settings)
 
     def build_image(self, *, rebuild: bool = False) -> str:
         """Build (or reuse) the default sandbox image on ``settings.base_image``; return its tag."""
@@ -177,7 +164,7 @@ class Orchestrator:
         session_id = validate_session_id(session_id) if session_id else f"s{secrets.token_hex(6)}"
         _check_labels(labels)
         placement = placement or Placement()
-        self._check_placement(placement)
+        self.backend.check_placement(placement)
         image = image or self.default_image
         images.check_sandbox_image(
             self.backend, image, base_image=self.settings.base_image if image == self.default_image else None
@@ -250,13 +237,6 @@ class Orchestrator:
             raise
         return session, sandbox
 
-    def _check_placement(self, placement: Placement | None) -> None:
-        if placement is not None and not placement.is_empty() and self.settings.backend != "swarm":
-            raise ConfigError(
-                "a session placement (constraints, reservations) needs Settings.backend='swarm' (ORCH_BACKEND=swarm); "
-                "the docker backend runs every sandbox on one engine"
-            )
-
     @property
     def _quota(self) -> int:
         return self.settings.limits.checkpoint_quota_bytes
@@ -307,7 +287,8 @@ class Orchestrator:
             raise ConfigError(f"session_ids must name {count} different ids, got {ids!r}")
         ids = [validate_session_id(child) for child in ids]
         _check_labels(labels)
-        self._check_placement(placement)
+        if placement is not None:
+            self.backend.check_placement(placement)
         source = self.store.load(validate_session_id(session_id))
         now = time.time()
         children = [
@@ -498,7 +479,7 @@ class Orchestrator:
         except EngineError:  # removed meanwhile ("dead or marked for removal"): say which, as above
             self.store.load(session_id)  # SessionNotFound when the session went with it
             state = self.backend.inspect(record.container_id)
-            if state is None or state.status in ("removing", "dead"):
+            if state is None or state.phase in (Phase.REMOVING, Phase.DEAD):
                 raise gone from None
             raise
 

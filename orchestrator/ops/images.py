@@ -27,6 +27,7 @@ from pathlib import Path
 from .. import __version__
 from ..agent import protocol
 from ..backends.base import LABEL_PREFIX, Backend
+from ..config import Settings
 from ..errors import ConfigError, ImageBuildFailed, ImageMissing, NotASandboxImage
 from ..extras import DISTRIBUTION
 
@@ -195,6 +196,11 @@ def image_tag(base_image: str) -> str:
     for name, data in sorted(_context_files().items()):
         digest.update(name.encode() + b"\0" + data)
     return f"{IMAGE_REPOSITORY}:{digest.hexdigest()[:16]}"
+
+
+def sandbox_image(settings: Settings) -> str:
+    """The image sessions use unless told otherwise: ``settings.image``, or the sandbox image of its base image."""
+    return settings.image or image_tag(settings.base_image)
 
 
 def build_image(backend: Backend, base_image: str, *, rebuild: bool = False) -> str:

@@ -831,7 +831,7 @@ def test_a_directory_a_removal_left_is_swept_by_the_next_removal_once_its_relay_
         client.create(sandbox_id, None, None)
     api = FakeSwarmApi({"svc-live": "sb-live", "svc-gone": "sb-gone", "svc-other": "sb-other"})
     settings = Settings(image="orchestrator-sandbox:test", state_dir=base / "state", runtime_dir=base / "run")
-    backend = SwarmBackend(settings, scope=STORE, client=FakeEngine(api))
+    backend = SwarmBackend(settings, scope=STORE, relay_image=settings.image, client=FakeEngine(api))
     fleet = backend._relays = FakeFleet(relay, credentials)  # type: ignore[assignment]
     try:
         relay.stop()  # its node was drained
@@ -874,7 +874,7 @@ class StubFleet:
 def test_node_choices_list_the_store_at_most_once_a_second_and_count_the_sandboxes_placed_since(base, monkeypatch):
     api = CountingSwarmApi()
     settings = Settings(image="orchestrator-sandbox:test", state_dir=base / "state", runtime_dir=base / "run")
-    backend = SwarmBackend(settings, scope=STORE, client=FakeEngine(api))
+    backend = SwarmBackend(settings, scope=STORE, relay_image=settings.image, client=FakeEngine(api))
     backend._relays = StubFleet()  # type: ignore[assignment]
     monkeypatch.setattr(RelayEndpoint, "create", lambda relay, sandbox_id, node_id, **_: node_id)
     try:
@@ -971,7 +971,7 @@ class UsageSwarmApi(FakeSwarmApi):
 
 def test_the_swarm_backend_asks_each_nodes_relay_and_skips_those_that_do_not_answer(usage_relay, base, credentials):
     settings = Settings(image="orchestrator-sandbox:test", state_dir=base / "state", runtime_dir=base / "run")
-    backend = SwarmBackend(settings, scope=STORE, client=FakeEngine(UsageSwarmApi({})))
+    backend = SwarmBackend(settings, scope=STORE, relay_image=settings.image, client=FakeEngine(UsageSwarmApi({})))
     fleet = backend._relays = FakeFleet(usage_relay, credentials)  # type: ignore[assignment]
     try:
         usage = backend.resource_usage(["svc-a", "svc-b", "svc-c"])
