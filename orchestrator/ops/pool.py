@@ -25,11 +25,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from ..backends.base import Backend, SandboxSpec
+from ..agent import protocol
+from ..backends.base import LABEL_PREFIX, STORE_ID, Backend, SandboxSpec
 from ..config import Settings
 from ..errors import ChannelLost, ConfigError, EngineError, OrchestratorError, TransportError
 from ..metrics import NO_METRICS, Recorder
 from ..runtime.sandbox import Sandbox
+from ..state.controllers import controller_labels
 from ..state.store import new_sandbox_id
 
 logger = logging.getLogger(__name__)
@@ -301,3 +303,56 @@ class SandboxPool:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class WarmPool:
+    """The warm pool an ``Orchestrator``'s new sessions start from (``Settings.capacity.pool_size``), started at the
+    first ``take``: sandboxes of that image, labelled with the store and this controller (no session label, labels
+    cannot change: a session's record names the one it took, and prune removes spares whose controller is gone)."""
+
+    def __init__(self, backend: Backend, settings: Settings, *, scope: str, metrics: Recorder) -> None:
+        self._backend = backend
+        self._settings = settings
+        self._scope = scope
+        self._metrics = metrics
+        self._pool: SandboxPool | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def take(self, image: str) -> Sandbox | None:
+        """A started sandbox of ``image`` (always the same one), or None: no pool, closed, or the pool could not give
+        one (the caller then starts one itself, which reports the engine's error if it fails too)."""
+        if self._settings.capacity.pool_size == 0:
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            if self._pool is None:
+                labels = {
+                    STORE_ID: self._scope,
+                    LABEL_PREFIX + "protocol": str(protocol.PROTOCOL_VERSION),
+                    **controller_labels("pool", self._settings.runtime_dir),
+                }
+                self._pool = SandboxPool(
+                    self._backend,
+                    self._settings,
+                    image=image,
+                    scope=self._scope,
+                    labels=labels,
+                    size=self._settings.capacity.pool_size,
+                    share_network=False,  # a session keeps its sandbox for long: a namespace of its own
+                    prepare=Sandbox.warm_up,  # its first checkpoint or restore then needs no import
+                    metrics=self._metrics,
+                )
+            pool = self._pool
+        try:
+            return pool.take()
+        except OrchestratorError as exc:
+            logger.warning("warm pool of store %s gave no sandbox (%s); starting one directly", self._scope, exc)
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed, pool, self._pool = True, self._pool, None
+        if pool is not None:
+            pool.close()
