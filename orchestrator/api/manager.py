@@ -34,7 +34,6 @@ from ..ops.survey import SessionInfo, survey
 from ..runtime import takeover
 from ..runtime.restore import SessionSandbox
 from ..runtime.sandbox import Sandbox
-from ..state.activity import Activity
 from ..state.ledger import CheckpointLedger, generation_not_found
 from ..state.store import validate_session_id
 from .held import HeldSessions
@@ -462,9 +461,7 @@ class Orchestrator:
             ledger,
             backend=self.backend,
             settings=self.settings,
-            scope=self.store.store_id,
             labels=labels,
-            activity=Activity(self.store.activity_path(record.session_id), wait=self.settings.timeouts.lock),
             make_room=lambda session_id: capacity.room_for(self.store, self.backend, self.settings, session_id),
             # A pooled container has only the pool's labels and runs anywhere: a session with labels or a placement
             # of its own starts its own.

@@ -33,7 +33,7 @@ from ..state.store import QUARANTINE_DIR, SessionStore, is_sandbox_id
 from ..units import describe_bytes, describe_duration
 from ..wire.endpoint import discard_sandbox_dir, leftover_dir_grace
 from . import hibernation
-from .survey import SessionInfo, SessionStatus, survey
+from .survey import Deciding, SessionInfo, SessionStatus, survey
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +107,7 @@ class Pruner:
 
     def run(self, idle_for: float | None, older_than: float | None, hibernate_only: bool) -> PruneReport:
         self.containers = {c.id: c for c in self.backend.find({STORE_ID: self.store.store_id})}
-        infos = survey(
-            self.store, self.backend, now=self.now, usage=False, containers=self.containers, index=self.index
-        )
+        infos = survey(self.store, self.backend, now=self.now, deciding=Deciding(self.containers, self.index))
         for info in infos:
             stale = _stale(info, idle_for, older_than)
             if info.record_unreadable:
@@ -172,30 +170,14 @@ class Pruner:
         """The session surveyed again, held still: its record (in full, not from the index) and activity read anew,
         the engine's listing of the first survey reused unless the record names another container since (then the
         engine is asked again, and its answer kept for the decisions that follow)."""
-        fresh = survey(
-            self.store,
-            self.backend,
-            now=self.now,
-            session_ids=[info.id],
-            held=True,
-            usage=False,
-            containers=self.containers,
-            index=self.index,
-            reread=True,
-        )[0]
+        fresh = self._survey_one(info.id, Deciding(self.containers, self.index, held=True, reread=True))
         if fresh.container_id == info.container_id:
             return fresh
         self.containers.update((c.id, c) for c in self.backend.find({STORE_ID: self.store.store_id}))
-        return survey(
-            self.store,
-            self.backend,
-            now=self.now,
-            session_ids=[info.id],
-            held=True,
-            usage=False,
-            containers=self.containers,
-            reread=True,
-        )[0]
+        return self._survey_one(info.id, Deciding(self.containers, held=True, reread=True))
+
+    def _survey_one(self, session_id: str, deciding: Deciding) -> SessionInfo:
+        return survey(self.store, self.backend, now=self.now, session_ids=[session_id], deciding=deciding)[0]
 
     def _orphan(self, info: SessionInfo) -> bool:
         """A record whose container and checkpoint are both gone: nothing is left to resume."""
