@@ -24,7 +24,7 @@ from ..checks import is_integer
 from ..config import Settings
 from ..errors import ConfigError, ImageMissing, OrchestratorError
 from ..metrics import NO_METRICS, Recorder
-from ..ops.pool import SandboxPool
+from ..ops.pool import SandboxPool, SandboxTemplate
 from ..runtime.discard import discard_left_behind
 from ..runtime.sandbox import Sandbox
 from ..state.controllers import EVAL_RUN, controller_labels, left_behind
@@ -189,9 +189,7 @@ class Evaluator:
         pool = SandboxPool(
             self._backend,
             self._settings,
-            image=image,
-            scope=f"eval-{self._run_id}",
-            labels=self._labels,
+            SandboxTemplate(image, f"eval-{self._run_id}", self._labels),
             size=min(size, self._options.runs * sum(1 for s in todo if s.memory in (None, self._default_memory))),
             share_network=self._options.share_network,
             metrics=self._metrics,

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from ..agent import protocol
 from ..backends.base import LABEL_PREFIX, STORE_ID, Backend, SandboxSpec
@@ -40,15 +41,24 @@ _HOLDER_COMMAND = ("python3", "-S", "-c", "import signal; signal.pause()")
 _HOLDER_LIMITS = {"memory": "32m", "pids": 4}
 
 
+@dataclass(frozen=True)
+class SandboxTemplate:
+    """What a pool starts: sandboxes of ``image``, their containers named after ``scope`` and carrying ``labels``."""
+
+    image: str
+    scope: str
+    labels: Mapping[str, str]
+
+
 class NetworkSlots:
     """Loopback-only network namespaces lent to one sandbox at a time (see the module's docstring)."""
 
-    def __init__(self, backend: Backend, settings: Settings, *, image: str, scope: str, labels: Mapping[str, str]):
+    def __init__(self, backend: Backend, settings: Settings, template: SandboxTemplate):
         self._backend = backend
         self._settings = settings.replace(limits=settings.limits.replace(**_HOLDER_LIMITS))
-        self._image = image
-        self._scope = scope
-        self._labels = dict(labels)
+        self._image = template.image
+        self._scope = template.scope
+        self._labels = dict(template.labels)
         self._free: list[str] = []
         self._all: list[str] = []
         self._lock = threading.Lock()
@@ -126,10 +136,8 @@ class SandboxPool:
         self,
         backend: Backend,
         settings: Settings,
+        template: SandboxTemplate,
         *,
-        image: str,
-        scope: str,
-        labels: Mapping[str, str],
         size: int,
         share_network: bool = True,
         prepare: Callable[[Sandbox], None] | None = None,
@@ -138,8 +146,6 @@ class SandboxPool:
         """Start filling at once.
 
         Args:
-            scope: goes into the containers' names.
-            labels: labels of every container the pool starts.
             size: sandboxes kept started ahead (0: each ``take`` starts one).
             share_network: lend loopback-only network namespaces (``NetworkSlots``) when
                 ``settings.confinement.network_mode`` is "none"; False gives each sandbox a new one.
@@ -151,14 +157,14 @@ class SandboxPool:
             raise ConfigError(f"the pool size must be a non-negative integer, got {size!r}")
         self._backend = backend
         self._settings = settings
-        self._image = image
-        self._scope = scope
-        self._labels = dict(labels)
+        self._image = template.image
+        self._scope = template.scope
+        self._labels = dict(template.labels)
         self._size = size
         self._prepare = prepare
         self._metrics = metrics
         self._slots = (
-            NetworkSlots(backend, settings, image=image, scope=scope, labels=labels)
+            NetworkSlots(backend, settings, template)
             if share_network and settings.confinement.network_mode == "none"
             else None
         )
@@ -166,7 +172,7 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._ready: queue.SimpleQueue[Sandbox | BaseException] = queue.SimpleQueue()
         self._closed = threading.Event()
-        self._starter = ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix=f"pool-{scope}")
+        self._starter = ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix=f"pool-{template.scope}")
         for _ in range(size):
             self._starter.submit(self._fill_one)
 
@@ -336,9 +342,7 @@ class WarmPool:
                 self._pool = SandboxPool(
                     self._backend,
                     self._settings,
-                    image=image,
-                    scope=self._scope,
-                    labels=labels,
+                    SandboxTemplate(image, self._scope, labels),
                     size=self._settings.capacity.pool_size,
                     share_network=False,  # a session keeps its sandbox for long: a namespace of its own
                     prepare=Sandbox.warm_up,  # its first checkpoint or restore then needs no import
