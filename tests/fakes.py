@@ -70,16 +70,8 @@ class FakeContainer:
 
     def state(self) -> ContainerState:
         status, phase = ("running", Phase.RUNNING) if self.running else ("exited", Phase.ENDED)
-        return ContainerState(
-            self.id,
-            self.spec.name,
-            status,
-            phase,
-            self.running,
-            self.exit_code,
-            self.oom_killed,
-            dict(self.spec.labels),
-        )
+        facts = (status, phase, self.running, self.exit_code, self.oom_killed)
+        return ContainerState(self.id, self.spec.name, *facts, dict(self.spec.labels))
 
 
 class FakeBackend:
