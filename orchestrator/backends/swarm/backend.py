@@ -59,7 +59,7 @@ from ..base import (
 )
 from ..docker import DockerBackend, endpoint_options, engine_errors
 from .nodes import Node, choose, parse_constraint
-from .relay_client import RelayClient, RelayEndpoint
+from .relay_client import NodeDirectory, RelayClient, RelayEndpoint
 from .relay_service import ROLE, RelayFleet
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class SwarmBackend:
             for node in candidates:
                 try:
                     endpoint = RelayEndpoint.create(
-                        self._relays.client(node), sandbox_id, node_id=node.id, **self._endpoint_options(settings)
+                        self._relays.client(node), sandbox_id, node=self._directory(node), **endpoint_options(settings)
                     )
                 except RelayUnavailable as exc:
                     logger.warning("relay on node %s did not answer (%s); trying another node", node.hostname, exc)
@@ -197,11 +197,11 @@ class SwarmBackend:
         if node is None:
             raise EngineError(f"sandbox {sandbox_id} (service {container_id[:12]}) runs on no node the Swarm knows")
         return RelayEndpoint.open(
-            self._relays.client(node), sandbox_id, node_id=node.id, **self._endpoint_options(settings)
+            self._relays.client(node), sandbox_id, node=self._directory(node), **endpoint_options(settings)
         )
 
-    def _endpoint_options(self, settings: Settings) -> dict[str, Any]:
-        return {"node_dir": self._relays.node_dir(), **endpoint_options(settings)}
+    def _directory(self, node: Node) -> NodeDirectory:
+        return NodeDirectory(node.id, self._relays.node_dir())
 
     # -- services
 
