@@ -63,8 +63,6 @@ class Capabilities:
     passes_descriptors: bool
     """Its sandboxes run on this host, so a file descriptor can be passed to their processes over a Unix socket
     (the local engine); a sandbox on another machine is reached only over a connection (Swarm)."""
-    chooses_nodes: bool
-    """It places each sandbox on one of several machines, as a ``Placement`` allows (constraints, reservations)."""
     delivers_signals: bool
     """``kill`` delivers any signal to the sandbox's init (SIGUSR1: the agent reconnects, for a takeover); without
     it only SIGKILL is honoured, and opening an endpoint cuts the agent's connection instead."""
@@ -118,8 +116,8 @@ class ContainerUsage:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a session's sandboxes may run and what they reserve there; only a backend that ``chooses_nodes`` takes
-    one (``Backend.check_placement``).
+    """Where a session's sandboxes may run and what they reserve there; only a backend that places sandboxes on
+    several machines takes one (``Backend.check_placement``).
 
     Constraints are in the backend's syntax, which it checks (Swarm's: ``node.labels.zone==eu``,
     ``node.role!=manager``, ``node.hostname==n1``, ...).
@@ -187,7 +185,8 @@ class Backend(Protocol):
 
     def check_placement(self, placement: Placement) -> None:
         """Raises ConfigError for a placement this backend cannot honour (its constraints' syntax, or any placement
-        on a backend that does not choose nodes), before anything is stored or started."""
+        on a backend that runs every sandbox on one machine), before anything is stored or started: the node choice
+        is the backend's, so is what a placement may say."""
         ...
 
     def image_exists(self, tag: str) -> bool: ...

@@ -72,7 +72,7 @@ def engine_errors(action: str) -> Iterator[None]:
 class DockerBackend:
     """Sandbox containers and images on one Docker engine."""
 
-    capabilities = Capabilities(passes_descriptors=True, chooses_nodes=False, delivers_signals=True)
+    capabilities = Capabilities(passes_descriptors=True, delivers_signals=True)
 
     def __init__(self, client: docker.DockerClient | None = None) -> None:
         """Connect to the engine from the environment (DOCKER_HOST or the local socket).

@@ -77,7 +77,7 @@ _RESOLVER_THAT_ANSWERS_NOTHING = "0.0.0.0"
 class SwarmBackend:
     """Sandboxes as Swarm services on the nodes of the Swarm whose manager DOCKER_HOST names."""
 
-    capabilities = Capabilities(passes_descriptors=False, chooses_nodes=True, delivers_signals=False)
+    capabilities = Capabilities(passes_descriptors=False, delivers_signals=False)
 
     def __init__(
         self, settings: Settings, *, scope: str, relay_image: str, client: docker.DockerClient | None = None
