@@ -59,7 +59,7 @@ from rows import Side, fmt, fmt_ratio
 from runners import OrchestratorRunner, PeerRunner, Runner, session, shut_down
 
 from orchestrator import Session
-from orchestrator.backends.base import STORE_ID
+from orchestrator.backends.base import STORE_ID, Phase
 
 REPO = Path(__file__).resolve().parents[1]
 RELAY_PORT = 7443
@@ -174,7 +174,7 @@ class SwarmRunner(OrchestratorRunner):
         self._drained = self.node_of(handle)
         self.swarm.set_availability(self._drained, "drain")
         ends = time.monotonic() + 60
-        while any(c.running or c.status == "removing" for c in self.orch.containers(handle.id)):
+        while any(c.running or c.phase is Phase.REMOVING for c in self.orch.containers(handle.id)):
             if time.monotonic() > ends:
                 raise RuntimeError(f"session {handle.id}: its task still runs 60 s after the drain")
             time.sleep(0.05)

@@ -13,6 +13,8 @@ from .errors import ConfigError
 
 DISTRIBUTION = "orchestrator-sessions"
 """What ``pip install`` and ``importlib.metadata`` know this project by."""
+VERSION = "0.1.0"
+"""Its version (``orchestrator.__version__``), here so that the layers can name it without importing the package."""
 
 
 def install_line(extra: str) -> str:

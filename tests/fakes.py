@@ -28,7 +28,8 @@ from typing import Any
 import reply_support
 
 from orchestrator.agent import blob_format, framing, handshake, protocol, request_table
-from orchestrator.backends.base import SANDBOX_ID, ContainerState, Placement, ResourceUsage, SandboxSpec
+from orchestrator.backends.base import SANDBOX_ID, ContainerState, Phase, Placement, ResourceUsage, SandboxSpec
+from orchestrator.backends.docker import DockerBackend
 from orchestrator.config import Settings
 from orchestrator.wire.transport import Channel
 
@@ -68,14 +69,16 @@ class FakeContainer:
     agent: FakeAgent | None = None
 
     def state(self) -> ContainerState:
-        status = "running" if self.running else "exited"
-        return ContainerState(
-            self.id, self.spec.name, status, self.running, self.exit_code, self.oom_killed, dict(self.spec.labels)
-        )
+        status, phase = ("running", Phase.RUNNING) if self.running else ("exited", Phase.ENDED)
+        facts = (status, phase, self.running, self.exit_code, self.oom_killed)
+        return ContainerState(self.id, self.spec.name, *facts, dict(self.spec.labels))
 
 
 class FakeBackend:
     """The engine: containers are records, each sandbox's agent a thread behind a socket pair."""
+
+    capabilities = DockerBackend.capabilities  # a local engine's
+    check_placement = DockerBackend.check_placement
 
     def __init__(self, handler: Handler = healthy) -> None:
         self.handler = handler

@@ -5,18 +5,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
-import threading
 import time
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ..agent import protocol
-from ..backends.base import LABEL_PREFIX, SESSION_ID, STORE_ID, Backend, ContainerState, Placement
-from ..backends.docker import DockerBackend
+from ..backends.base import LABEL_PREFIX, SESSION_ID, STORE_ID, Backend, ContainerState, Phase, Placement
 from ..checks import is_count
 from ..config import Settings
 from ..errors import (
@@ -24,7 +19,6 @@ from ..errors import (
     ConfigError,
     EngineError,
     OrchestratorError,
-    SessionAttachedElsewhere,
     SessionBusy,
     SessionNotFound,
     SessionsNotClosed,
@@ -33,41 +27,21 @@ from ..evaluation import EvalOptions, EvalReport, Evaluator, ResultsFile, Submis
 from ..evaluation.evaluator import OnResult
 from ..metrics import NO_METRICS, Metrics, MetricsServer, Recorder
 from ..ops import capacity, hibernation, images
-from ..ops.pool import SandboxPool
+from ..ops.connect import connect_engine, open_store
+from ..ops.pool import WarmPool
 from ..ops.prune import Pruner, PruneReport
 from ..ops.survey import SessionInfo, survey
 from ..runtime import takeover
 from ..runtime.restore import SessionSandbox
 from ..runtime.sandbox import Sandbox
-from ..state.activity import Activity
-from ..state.controllers import controller_labels
-from ..state.lease import RENEW_EVERY
-from ..state.ledger import CheckpointLedger, generation_not_found, new_owner_token
-from ..state.store import SessionRecord, SessionStore, validate_session_id
-from ..wire.endpoint import ensure_private_dir
+from ..state.ledger import CheckpointLedger, generation_not_found
+from ..state.store import validate_session_id
+from .held import HeldSessions
+from .new_sessions import check_labels, fork_ids, new_id, new_record, start_all
 from .results import Generation, generations
-from .session import Session, SessionState
+from .session import Session
 
 logger = logging.getLogger(__name__)
-
-_FORK_STARTS = 8
-"""Forks whose sandboxes ``Orchestrator.fork`` starts and restores at once."""
-
-
-def _check_labels(labels: Mapping[str, str] | None) -> None:
-    """Raises ConfigError for a label outside our namespace (``orchestrator.<you>.<name>``)."""
-    for key in labels or {}:
-        if not key.startswith(LABEL_PREFIX) or key.count(".") < 2:
-            raise ConfigError(f"label {key!r} must be namespaced like 'orchestrator.<you>.<name>'")
-
-
-def _connect(settings: Settings, scope: str) -> Backend:
-    """The engine ``Settings.backend`` names, reached through DOCKER_HOST (or the local socket)."""
-    if settings.backend == "swarm":
-        from ..backends.swarm.backend import SwarmBackend  # only Swarm users load it
-
-        return SwarmBackend(settings, scope=scope)
-    return DockerBackend()
 
 
 class Orchestrator:
@@ -88,24 +62,16 @@ class Orchestrator:
             EngineUnavailable: no Docker engine answers; the message says how to start one.
         """
         self.settings = settings or Settings.from_env()
-        ensure_private_dir(self.settings.runtime_dir)
-        self.store = SessionStore(
-            self.settings.state_dir, fsync=self.settings.fsync, lock_timeout=self.settings.timeouts.lock
-        )
+        self.store = open_store(self.settings)
         self._owns_backend = backend is None
-        self.backend: Backend = backend or _connect(self.settings, self.store.store_id)
-        self._sessions: dict[str, tuple[Session, SessionSandbox]] = {}
-        self._lock = threading.Lock()
-        self._closing = threading.Event()
-        self._idle_watch: threading.Thread | None = None
-        self._pool: SandboxPool | None = None
-        self._renewer: threading.Thread | None = None
+        self.backend: Backend = backend or connect_engine(self.settings, self.store)
         self.metrics: Recorder = NO_METRICS
         """What this orchestrator's sessions, pool and evaluations are measured with (``Settings.metrics_address``)."""
         self._metrics_server: MetricsServer | None = None
+        self._sessions = HeldSessions()
         if self.settings.metrics_address is not None:
             metrics = Metrics()
-            metrics.watch_sessions(self._session_states)
+            metrics.watch_sessions(self._sessions.states)
             try:
                 self._metrics_server = MetricsServer(
                     metrics, self.settings.metrics_address, self.settings.metrics_token
@@ -116,33 +82,18 @@ class Orchestrator:
                 raise
             self.metrics = metrics
         if self.settings.capacity.hibernate_after is not None:
-            self._idle_watch = threading.Thread(
-                target=self._hibernate_idle_sessions, args=(self.settings.capacity.hibernate_after,), daemon=True
-            )
-            self._idle_watch.start()
+            self._sessions.apply_idle_policy(self.settings.capacity.hibernate_after)
+        self._pool = WarmPool(self.backend, self.settings, scope=self.store.store_id, metrics=self.metrics)
 
     @property
     def metrics_address(self) -> str | None:
         """Where this orchestrator serves ``/metrics`` (HOST:PORT, the port bound), or None (docs/metrics.md)."""
         return None if self._metrics_server is None else self._metrics_server.address
 
-    def _session_states(self) -> list[str]:
-        """The state of each session this orchestrator holds, for ``orchestrator_sessions`` (no engine call)."""
-        states = []
-        for sandbox in self._held_sandboxes():
-            if sandbox.sandbox is None:
-                states.append("hibernated")
-            elif sandbox.lock.acquire(blocking=False):  # a call (or a start, a restore) holds it while it runs
-                sandbox.lock.release()
-                states.append("running")
-            else:
-                states.append("busy")
-        return states
-
     @property
     def default_image(self) -> str:
         """The image sessions use unless told otherwise."""
-        return self.settings.image or images.image_tag(self.settings.base_image)
+        return images.sandbox_image(self.settings)
 
     def build_image(self, *, rebuild: bool = False) -> str:
         """Build (or reuse) the default sandbox image on ``settings.base_image``; return its tag."""
@@ -174,25 +125,15 @@ class Orchestrator:
             AgentStartFailed: the container exited before its agent connected (its exit code and last log lines).
             AgentStartTimeout: the container started but its agent never connected.
         """
-        session_id = validate_session_id(session_id) if session_id else f"s{secrets.token_hex(6)}"
-        _check_labels(labels)
+        session_id = validate_session_id(session_id) if session_id else new_id()
+        check_labels(labels)
         placement = placement or Placement()
-        self._check_placement(placement)
+        self.backend.check_placement(placement)
         image = image or self.default_image
         images.check_sandbox_image(
             self.backend, image, base_image=self.settings.base_image if image == self.default_image else None
         )
-        now = time.time()
-        record = SessionRecord(
-            session_id=session_id,
-            image=image,
-            created_at=now,
-            last_used_at=now,
-            labels=dict(labels or {}),
-            placement=placement.to_json(),
-            owner=new_owner_token(),
-            epoch=1,
-        )
+        record = new_record(session_id, image, labels or {}, placement)
         session, sandbox = self._session(CheckpointLedger.create(self.store, record, self._quota, keep=self._keep))
         try:
             sandbox.start()
@@ -224,21 +165,8 @@ class Orchestrator:
         """
         return self._attach(session_id, force=force)[0]
 
-    def _held(self, session_id: str) -> tuple[Session, SessionSandbox] | None:
-        """This orchestrator's handle on the session, if it still owns it."""
-        with self._lock:
-            held = self._sessions.get(validate_session_id(session_id))
-        if held is None or held[0].state is not SessionState.READY:
-            return None
-        try:
-            held[1].ledger.check_owner()
-        except SessionAttachedElsewhere:
-            held[1].become_stale()  # taken by force meanwhile: this handle is stale, the next attach decides
-            return None
-        return held
-
     def _attach(self, session_id: str, *, force: bool) -> tuple[Session, SessionSandbox]:
-        held = self._held(session_id)
+        held = self._sessions.owned(session_id)
         if held is not None:
             return held
         ledger = CheckpointLedger.take_ownership(self.store, session_id, self._quota, force=force, keep=self._keep)
@@ -246,16 +174,9 @@ class Orchestrator:
         try:
             takeover.serve(sandbox)
         except BaseException:
-            self._forget(session)
+            self._sessions.forget(session)
             raise
         return session, sandbox
-
-    def _check_placement(self, placement: Placement | None) -> None:
-        if placement is not None and not placement.is_empty() and self.settings.backend != "swarm":
-            raise ConfigError(
-                "a session placement (constraints, reservations) needs Settings.backend='swarm' (ORCH_BACKEND=swarm); "
-                "the docker backend runs every sandbox on one engine"
-            )
 
     @property
     def _quota(self) -> int:
@@ -300,28 +221,12 @@ class Orchestrator:
                 namespace.
             CheckpointError: the source's checkpoint is damaged.
         """
-        if not is_count(count) or count < 1:
-            raise ConfigError(f"count must be a positive integer, got {count!r}")
-        ids = [f"s{secrets.token_hex(6)}" for _ in range(count)] if session_ids is None else list(session_ids)
-        if len(ids) != count or len(set(ids)) != count:
-            raise ConfigError(f"session_ids must name {count} different ids, got {ids!r}")
-        ids = [validate_session_id(child) for child in ids]
-        _check_labels(labels)
-        self._check_placement(placement)
+        ids = fork_ids(count, session_ids)
+        check_labels(labels)
+        if placement is not None:
+            self.backend.check_placement(placement)
         source = self.store.load(validate_session_id(session_id))
-        now = time.time()
-        children = [
-            SessionRecord(
-                session_id=child,
-                image=source.image,
-                created_at=now,
-                last_used_at=now,
-                labels={**source.labels, **(labels or {})},
-                owner=new_owner_token(),
-                epoch=1,
-            )
-            for child in ids
-        ]
+        children = [new_record(child, source.image, {**source.labels, **(labels or {})}) for child in ids]
         ledgers = CheckpointLedger.fork(
             self.store,
             session_id,
@@ -332,15 +237,7 @@ class Orchestrator:
             placement=None if placement is None else placement.to_json(),
         )
         forks = [self._session(ledger) for ledger in ledgers]
-        try:
-            with ThreadPoolExecutor(min(count, _FORK_STARTS), thread_name_prefix="fork-start") as starts:
-                for started in [starts.submit(sandbox.start) for _, sandbox in forks]:
-                    started.result()
-        except BaseException:
-            for fork, _ in forks:
-                with contextlib.suppress(OrchestratorError):
-                    fork.close()
-            raise
+        start_all(forks)
         logger.info("forked session %s into %s", session_id, ", ".join(ids))
         return [fork for fork, _ in forks]
 
@@ -364,7 +261,7 @@ class Orchestrator:
             SessionHeld: a live controller holds the session and ``force`` is False.
             SessionNotFound: no session with that id was stored.
         """
-        held = self._held(session_id)
+        held = self._sessions.owned(session_id)
         if held is None and is_count(generation):  # refused before the session is taken from anyone
             record = self.store.load(validate_session_id(session_id))
             if record.generation_at(generation) is None:
@@ -453,10 +350,9 @@ class Orchestrator:
         done = hibernation.hibernate_idle(self.store, self.backend, self.settings.runtime_dir, session_id)
         if done is None:
             raise SessionBusy(f"session {session_id} is in a call; hibernate it when the call has ended")
-        with self._lock:
-            held = self._sessions.get(session_id)
+        held = self._sessions.sandbox_of(session_id)
         if held is not None:
-            hibernation.forget_sandbox(held[1])
+            hibernation.forget_sandbox(held)
         return done
 
     def resume(self, session_id: str, *, force: bool = False) -> bool:
@@ -471,7 +367,7 @@ class Orchestrator:
             SessionNotFound: no session with that id was stored.
             SandboxError, EngineError: the sandbox could not be started.
         """
-        held = self._held(session_id)
+        held = self._sessions.owned(session_id)
         session, sandbox = held or self._attach(session_id, force=force)
         try:
             if sandbox.sandbox is not None:
@@ -498,7 +394,7 @@ class Orchestrator:
         except EngineError:  # removed meanwhile ("dead or marked for removal"): say which, as above
             self.store.load(session_id)  # SessionNotFound when the session went with it
             state = self.backend.inspect(record.container_id)
-            if state is None or state.status in ("removing", "dead"):
+            if state is None or state.phase in (Phase.REMOVING, Phase.DEAD):
                 raise gone from None
             raise
 
@@ -543,7 +439,7 @@ class Orchestrator:
             SessionHeld: a live controller holds the session and ``force`` is False.
             SessionNotFound: no session with that id was stored.
         """
-        held = self._held(session_id)
+        held = self._sessions.owned(session_id)
         if held is not None:
             held[0].close()
             return
@@ -565,82 +461,25 @@ class Orchestrator:
             ledger,
             backend=self.backend,
             settings=self.settings,
-            scope=self.store.store_id,
             labels=labels,
-            activity=Activity(self.store.activity_path(record.session_id), wait=self.settings.timeouts.lock),
             make_room=lambda session_id: capacity.room_for(self.store, self.backend, self.settings, session_id),
             # A pooled container has only the pool's labels and runs anywhere: a session with labels or a placement
             # of its own starts its own.
             take_pooled=(lambda image: None) if record.labels or record.placement else self._pooled_sandbox,
             metrics=self.metrics,
         )
-        session = Session(sandbox, on_close=self._forget, forker=self.fork)
-        with self._lock:
-            self._sessions[session.id] = (session, sandbox)
-            if self._renewer is None and not self._closing.is_set():
-                self._renewer = threading.Thread(
-                    target=_renew_leases, args=(weakref.ref(self), self._closing), name="lease-renewal", daemon=True
-                )
-                self._renewer.start()
+        session = Session(sandbox, on_close=self._sessions.forget, forker=self.fork)
+        self._sessions.add(session, sandbox)
         return session, sandbox
 
-    def _held_sandboxes(self) -> list[SessionSandbox]:
-        """The sessions this orchestrator holds now (not detached, stale or closed)."""
-        with self._lock:
-            return [sandbox for session, sandbox in self._sessions.values() if session.state is SessionState.READY]
-
     def _pooled_sandbox(self, image: str) -> Sandbox | None:
-        """A started sandbox from the warm pool (``Settings.capacity.pool_size``), or None: no pool, another image, or
-        the pool could not give one (the caller then starts one itself, which reports the engine's error if it fails
-        too).
+        """A started sandbox from the warm pool for a session of the default image, or None (the session starts one).
 
-        The pool starts with the first call. Its containers carry no session label (labels cannot change): a
-        session's record names the one it took, and prune removes spares whose controller is gone.
+        The pool starts with the first call; its containers carry no session label (labels cannot change).
         """
-        if self.settings.capacity.pool_size == 0 or image != self.default_image:
+        if image != self.default_image or self._sessions.closing.is_set():
             return None
-        with self._lock:
-            if self._closing.is_set():
-                return None
-            if self._pool is None:
-                labels = {
-                    STORE_ID: self.store.store_id,
-                    LABEL_PREFIX + "protocol": str(protocol.PROTOCOL_VERSION),
-                    **controller_labels("pool", self.settings.runtime_dir),
-                }
-                self._pool = SandboxPool(
-                    self.backend,
-                    self.settings,
-                    image=image,
-                    scope=self.store.store_id,
-                    labels=labels,
-                    size=self.settings.capacity.pool_size,
-                    share_network=False,  # a session keeps its sandbox for long: a namespace of its own
-                    prepare=Sandbox.warm_up,  # its first checkpoint or restore then needs no import
-                    metrics=self.metrics,
-                )
-            pool = self._pool
-        try:
-            return pool.take()
-        except OrchestratorError as exc:
-            logger.warning(
-                "warm pool of store %s gave no sandbox (%s); starting one directly", self.store.store_id, exc
-            )
-            return None
-
-    def _hibernate_idle_sessions(self, idle_for: float) -> None:
-        """The idle policy for the sessions this orchestrator holds (the janitor applies it to the others)."""
-        while not self._closing.wait(min(max(idle_for / 4, 0.2), 30.0)):
-            with self._lock:
-                held = [sandbox for _, sandbox in self._sessions.values()]
-            for sandbox in held:
-                hibernation.hibernate_if_idle(sandbox, idle_for)
-
-    def _forget(self, session: Session) -> None:
-        with self._lock:
-            held = self._sessions.get(session.id)
-            if held is not None and held[0] is session:
-                del self._sessions[session.id]
+        return self._pool.take(image)
 
     def containers(self, session_id: str | None = None) -> list[ContainerState]:
         """Containers of this store, running or not: all (warm pools' spares too), or one session's (found by label,
@@ -669,31 +508,11 @@ class Orchestrator:
             SessionsNotClosed: some sessions could not be closed (an unreadable record, the engine failing); it
                 names each with its error. Raised after everything else was done.
         """
-        self._closing.set()
-        if self._idle_watch is not None:
-            self._idle_watch.join()
-        if self._renewer is not None:
-            self._renewer.join()
-        with self._lock:
-            held = [session for session, _ in self._sessions.values()]
-        failures: dict[str, Exception] = {}
         try:
-            for session in held:
-                try:
-                    if session.state is SessionState.READY:
-                        with contextlib.suppress(SessionAttachedElsewhere):
-                            session.close()
-                except Exception as exc:  # every session gets its turn; all failures are reported
-                    logger.warning("closing session %s failed: %s: %s", session.id, type(exc).__name__, exc)
-                    failures[session.id] = exc
-                finally:
-                    self._forget(session)
+            failures = self._sessions.close_all()
         finally:
-            with self._lock:
-                pool, self._pool = self._pool, None
             try:
-                if pool is not None:
-                    pool.close()
+                self._pool.close()
             finally:
                 if self._metrics_server is not None:
                     self._metrics_server.close()
@@ -712,24 +531,3 @@ class Orchestrator:
             if exc_type is None:
                 raise
             # The block's own exception goes on (the close failures were logged, one line per session).
-
-
-def _renew_leases(orchestrator: weakref.ref[Orchestrator], closing: threading.Event) -> None:
-    """The proof of life of the sessions an orchestrator holds: their leases renewed every ``RENEW_EVERY`` seconds
-    until it closes (or is collected: its leases then lapse, and others may take its sessions)."""
-    while not closing.wait(RENEW_EVERY):
-        orch = orchestrator()
-        if orch is None:
-            return
-        held = orch._held_sandboxes()
-        del orch
-        for sandbox in held:
-            try:
-                if not sandbox.ledger.renew_lease():
-                    logger.debug("session %s: its lease is another handle's now", sandbox.session_id)
-            except SessionNotFound:
-                pass  # removed meanwhile: its handle learns it at its next call
-            except Exception as exc:  # the thread must go on: the other sessions' leases depend on it
-                logger.warning(
-                    "session %s: its lease was not renewed: %s: %s", sandbox.session_id, type(exc).__name__, exc
-                )

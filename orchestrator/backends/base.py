@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
 from ..checks import is_number
@@ -17,7 +18,6 @@ from ..config import Settings
 from ..errors import ConfigError
 from ..units import parse_size
 from ..wire.endpoint import Endpoint
-from .swarm.nodes import parse_constraint
 
 LABEL_PREFIX = "orchestrator."
 MANAGED = LABEL_PREFIX + "managed"
@@ -41,6 +41,33 @@ class ResourceUsage:
     """CPU time its processes used since it started (all cores together); two readings give the live CPU share."""
 
 
+class Phase(Enum):
+    """Where a sandbox container is in its life, in our words: each backend translates its engine's into these, and
+    nothing above this layer reads the engine's own words (``ContainerState.status``, for people)."""
+
+    CREATED = "created"
+    """Made and not started yet (a local container created but never started; a Swarm task on its way)."""
+    RUNNING = "running"
+    REMOVING = "removing"
+    """On its way out (being removed; a Swarm task told to shut down): its end is not settled yet."""
+    DEAD = "dead"
+    """Its removal failed half-way: what is left only waits to be removed."""
+    ENDED = "ended"
+    """It stopped (or was lost with its machine) and will not start again by itself."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do that another may not: callers ask it here instead of testing which backend it is."""
+
+    passes_descriptors: bool
+    """Its sandboxes run on this host, so a file descriptor can be passed to their processes over a Unix socket
+    (the local engine); a sandbox on another machine is reached only over a connection (Swarm)."""
+    delivers_signals: bool
+    """``kill`` delivers any signal to the sandbox's init (SIGUSR1: the agent reconnects, for a takeover); without
+    it only SIGKILL is honoured, and opening an endpoint cuts the agent's connection instead."""
+
+
 @dataclass(frozen=True)
 class ContainerState:
     """What the engine says about one sandbox container."""
@@ -48,6 +75,8 @@ class ContainerState:
     id: str
     name: str
     status: str
+    """The engine's own word for its state ("exited", a Swarm task's "rejected: ..."), for messages and listings."""
+    phase: Phase
     running: bool
     exit_code: int | None
     oom_killed: bool
@@ -61,7 +90,7 @@ class ContainerState:
     def ended(self) -> bool:
         """It ran and stopped: its exit code is known (a Swarm task still pending has none), it will not start
         again by itself."""
-        return not self.running and self.exit_code is not None and self.status != "created"
+        return not self.running and self.exit_code is not None and self.phase is not Phase.CREATED
 
     def describe(self) -> str:
         """A sentence for error messages: how the container ended."""
@@ -87,9 +116,11 @@ class ContainerUsage:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a session's sandboxes may run and what they reserve there; only a multi-node backend (Swarm) uses it.
+    """Where a session's sandboxes may run and what they reserve there; only a backend that places sandboxes on
+    several machines takes one (``Backend.check_placement``).
 
-    Constraints are Swarm's (``node.labels.zone==eu``, ``node.role!=manager``, ``node.hostname==n1``, ...).
+    Constraints are in the backend's syntax, which it checks (Swarm's: ``node.labels.zone==eu``,
+    ``node.role!=manager``, ``node.hostname==n1``, ...).
     """
 
     constraints: tuple[str, ...] = ()
@@ -103,7 +134,6 @@ class Placement:
         for constraint in self.constraints:
             if not isinstance(constraint, str):
                 raise ConfigError(f"a placement constraint must be a string, got {constraint!r}")
-            parse_constraint(constraint)
         if self.reserve_cpus is not None and not is_number(self.reserve_cpus):
             raise ConfigError(f"Placement.reserve_cpus must be a number of CPUs, got {self.reserve_cpus!r}")
         if self.reserve_cpus is not None and not self.reserve_cpus > 0:
@@ -151,6 +181,14 @@ class SandboxSpec:
 class Backend(Protocol):
     """A container engine, reduced to what sandboxes need."""
 
+    capabilities: Capabilities
+
+    def check_placement(self, placement: Placement) -> None:
+        """Raises ConfigError for a placement this backend cannot honour (its constraints' syntax, or any placement
+        on a backend that runs every sandbox on one machine), before anything is stored or started: the node choice
+        is the backend's, so is what a placement may say."""
+        ...
+
     def image_exists(self, tag: str) -> bool: ...
 
     def image_id(self, tag: str) -> str | None:
@@ -186,8 +224,8 @@ class Backend(Protocol):
         ...
 
     def kill(self, container_id: str, signal: str = "SIGKILL") -> None:
-        """Send the sandbox's init a signal; SIGKILL stops the sandbox. SIGUSR1 asks its agent to reconnect (takeover);
-        a backend whose endpoint already cut the agent's connection when it was opened may ignore it."""
+        """Send the sandbox's init a signal; SIGKILL stops the sandbox. SIGUSR1 asks its agent to reconnect (takeover),
+        sent only where ``capabilities.delivers_signals``: elsewhere opening the endpoint cut the agent's connection."""
         ...
 
     def remove(self, container_id: str) -> None:

@@ -20,14 +20,16 @@ from docker.types import LogConfig
 
 from ..agent.usage import container_usage, cpu_and_peak
 from ..config import Settings
-from ..errors import EngineError, EngineUnavailable, ImageBuildFailed, ImageMissing
+from ..errors import ConfigError, EngineError, EngineUnavailable, ImageBuildFailed, ImageMissing
 from ..safe_text import last_lines
 from ..wire.endpoint import UnixSocketEndpoint
 from .base import (
     MANAGED,
     SUPERVISOR_CAPABILITIES,
+    Capabilities,
     ContainerState,
     ContainerUsage,
+    Phase,
     Placement,
     ResourceUsage,
     SandboxSpec,
@@ -70,6 +72,8 @@ def engine_errors(action: str) -> Iterator[None]:
 class DockerBackend:
     """Sandbox containers and images on one Docker engine."""
 
+    capabilities = Capabilities(passes_descriptors=True, delivers_signals=True)
+
     def __init__(self, client: docker.DockerClient | None = None) -> None:
         """Connect to the engine from the environment (DOCKER_HOST or the local socket).
 
@@ -83,6 +87,14 @@ class DockerBackend:
     def close(self) -> None:
         """Close the connection pool to the engine."""
         self.client.close()
+
+    def check_placement(self, placement: Placement) -> None:
+        """One engine runs every sandbox: any placement is refused."""
+        if not placement.is_empty():
+            raise ConfigError(
+                "a session placement (constraints, reservations) needs Settings.backend='swarm' (ORCH_BACKEND=swarm); "
+                "the docker backend runs every sandbox on one engine"
+            )
 
     def image_exists(self, tag: str) -> bool:
         return self.image_id(tag) is not None
@@ -309,6 +321,13 @@ def _counter(data: Any, *path: str) -> int | None:
 
 
 _EXITED = re.compile(r"^Exited \((-?\d+)\)")
+_PHASES = {"created": Phase.CREATED, "running": Phase.RUNNING, "removing": Phase.REMOVING, "dead": Phase.DEAD}
+"""The engine's words for what is not an end; any other ("exited", "paused" or "restarting", which no sandbox of ours
+reaches) is ``Phase.ENDED``."""
+
+
+def _phase(status: str) -> Phase:
+    return _PHASES.get(status, Phase.ENDED)
 
 
 def _listed_state(attrs: dict[str, Any]) -> ContainerState:
@@ -320,6 +339,7 @@ def _listed_state(attrs: dict[str, Any]) -> ContainerState:
         id=attrs["Id"],
         name=str(names[0]).lstrip("/"),
         status=status,
+        phase=_phase(status),
         running=status == "running",
         exit_code=int(exited.group(1)) if exited else None,
         oom_killed=False,
@@ -334,6 +354,7 @@ def _state(attrs: dict[str, Any]) -> ContainerState:
         id=attrs["Id"],
         name=attrs.get("Name", "").lstrip("/"),
         status=state.get("Status", "unknown"),
+        phase=_phase(state.get("Status", "unknown")),
         running=bool(state.get("Running")),
         exit_code=state.get("ExitCode"),
         oom_killed=bool(state.get("OOMKilled")),

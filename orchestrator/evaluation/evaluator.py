@@ -24,9 +24,10 @@ from ..checks import is_integer
 from ..config import Settings
 from ..errors import ConfigError, ImageMissing, OrchestratorError
 from ..metrics import NO_METRICS, Recorder
-from ..ops.pool import SandboxPool
+from ..ops.pool import SandboxPool, SandboxTemplate
+from ..runtime.discard import discard_left_behind
 from ..runtime.sandbox import Sandbox
-from ..state.controllers import controller_labels, discard_left_behind, left_behind
+from ..state.controllers import EVAL_RUN, controller_labels, left_behind
 from ..units import parse_size
 from .accounting import Totals, combine_runs, cpu_seconds, read_usage, totals
 from .grading import Status, error_json
@@ -36,7 +37,6 @@ from .submissions import InvalidLine, Submission, read_memory, read_timeout
 
 logger = logging.getLogger(__name__)
 
-EVAL_RUN = "orchestrator.eval-run"
 MAX_RUNS = 100
 
 
@@ -193,9 +193,7 @@ class Evaluator:
         return SandboxPool(
             self._backend,
             self._settings,
-            image=self._image,
-            scope=f"eval-{self._run_id}",
-            labels=self._labels,
+            SandboxTemplate(self._image, f"eval-{self._run_id}", self._labels),
             size=min(size, self._options.runs * sum(1 for s in todo if s.memory in (None, self._default_memory))),
             share_network=self._options.share_network,
             metrics=self._metrics,

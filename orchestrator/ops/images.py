@@ -24,11 +24,11 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from .. import __version__
 from ..agent import protocol
 from ..backends.base import LABEL_PREFIX, Backend
+from ..config import Settings
 from ..errors import ConfigError, ImageBuildFailed, ImageMissing, NotASandboxImage
-from ..extras import DISTRIBUTION
+from ..extras import DISTRIBUTION, VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +197,11 @@ def image_tag(base_image: str) -> str:
     return f"{IMAGE_REPOSITORY}:{digest.hexdigest()[:16]}"
 
 
+def sandbox_image(settings: Settings) -> str:
+    """The image sessions use unless told otherwise: ``settings.image``, or the sandbox image of its base image."""
+    return settings.image or image_tag(settings.base_image)
+
+
 def build_image(backend: Backend, base_image: str, *, rebuild: bool = False) -> str:
     """Ensure the sandbox image for ``base_image`` exists; return its tag.
 
@@ -216,7 +221,7 @@ def build_image(backend: Backend, base_image: str, *, rebuild: bool = False) -> 
             tag,
             buildargs={"BASE_IMAGE": base_image},
             labels={
-                LABEL_PREFIX + "image-version": __version__,
+                LABEL_PREFIX + "image-version": VERSION,
                 SANDBOX_LABEL: str(protocol.PROTOCOL_VERSION),
                 LABEL_PREFIX + "base-image": base_image,
             },

@@ -25,15 +25,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from ..api.manager import Orchestrator
+from ..backends.base import Backend
 from ..config import Settings
 from ..errors import ConfigError
 from ..files import replace_file
 from ..metrics import Metrics, MetricsServer
 from ..safe_text import log_to_stderr
+from ..state.store import SessionStore
 from ..units import describe_duration, optional_duration_argument, positive_duration_argument
+from .connect import connect_engine, open_store
 from .images import write_janitor_context
-from .prune import PruneAction, PruneReport
+from .prune import PruneAction, Pruner, PruneReport
+from .survey import survey
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +69,13 @@ class Janitor:
         """
         if not interval > 0:
             raise ConfigError(f"the janitor's interval must be more than 0 seconds, got {interval!r}")
-        # Its own idle policy would watch sessions this orchestrator holds: it holds none. Its metrics: the janitor's.
-        self.settings = settings.replace(capacity=settings.capacity.replace(hibernate_after=None), metrics_address=None)
+        self.settings = settings
         self.interval = interval
         self.idle_for = idle_for
         self.older_than = older_than
         self.hibernate_after = hibernate_after
         self.heartbeat = Path(heartbeat)
-        self._orch: Orchestrator | None = None
+        self._engine: tuple[SessionStore, Backend] | None = None
         self.metrics: Metrics | None = None
         self._metrics_server: MetricsServer | None = None
         self._states: list[str] = []
@@ -96,18 +98,35 @@ class Janitor:
                 are not raised: they are in the list, with ``ok`` False.
         """
         started = time.monotonic()
-        if self._orch is None:  # made here, not at start: the engine may come up after the janitor
-            self._orch = Orchestrator(self.settings)
+        if self._engine is None:  # made here, not at start: the engine may come up after the janitor
+            store = open_store(self.settings)
+            self._engine = store, connect_engine(self.settings, store)
+        store, backend = self._engine
         actions: list[PruneAction] = []
         if self.hibernate_after is not None:
-            actions += self._log(self._orch.prune(idle_for=self.hibernate_after, hibernate_only=True).actions)
+            actions += self._log(self._prune(store, backend, self.hibernate_after, None, hibernate_only=True))
         # With no removal criterion no session is stale: this prune then only reaps orphans.
-        actions += self._log(self._orch.prune(idle_for=self.idle_for, older_than=self.older_than).actions)
+        actions += self._log(self._prune(store, backend, self.idle_for, self.older_than, hibernate_only=False))
         if self.metrics is not None:
-            self._states = [info.status.value for info in self._orch.list_sessions()]
+            self._states = [info.status.value for info in survey(store, backend, now=time.time())]
         if actions:
             logger.info("pass %s (%.1f s)", PruneReport(actions, dry_run=False).summary(), time.monotonic() - started)
         return actions
+
+    def _prune(
+        self,
+        store: SessionStore,
+        backend: Backend,
+        idle_for: float | None,
+        older_than: float | None,
+        *,
+        hibernate_only: bool,
+    ) -> list[PruneAction]:
+        return (
+            Pruner(store, backend, self.settings, dry_run=False, now=time.time())
+            .run(idle_for, older_than, hibernate_only)
+            .actions
+        )
 
     def serve(self, stop: threading.Event, *, once: bool = False) -> int:
         """Run passes every ``interval`` until ``stop`` is set (after the pass under way), or one with ``once``.
@@ -150,9 +169,9 @@ class Janitor:
         """Close the engine client (the janitor holds no session) and stop serving metrics."""
         if self._metrics_server is not None:
             self._metrics_server.close()
-        if self._orch is not None:
-            self._orch.close()
-            self._orch = None
+        if self._engine is not None:
+            self._engine[1].close()
+            self._engine = None
 
     def _beat(self) -> None:
         """Touch the heartbeat atomically; it holds the interval, so ``--health`` needs no options."""

@@ -24,12 +24,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
-from ..backends.base import Backend, SandboxSpec
+from ..agent import protocol
+from ..backends.base import LABEL_PREFIX, STORE_ID, Backend, SandboxSpec
 from ..config import Settings
 from ..errors import ChannelLost, ConfigError, EngineError, OrchestratorError, TransportError
 from ..metrics import NO_METRICS, Recorder
 from ..runtime.sandbox import Sandbox
+from ..state.controllers import controller_labels
 from ..state.store import new_sandbox_id
 
 logger = logging.getLogger(__name__)
@@ -38,15 +41,24 @@ _HOLDER_COMMAND = ("python3", "-S", "-c", "import signal; signal.pause()")
 _HOLDER_LIMITS = {"memory": "32m", "pids": 4}
 
 
+@dataclass(frozen=True)
+class SandboxTemplate:
+    """What a pool starts: sandboxes of ``image``, their containers named after ``scope`` and carrying ``labels``."""
+
+    image: str
+    scope: str
+    labels: Mapping[str, str]
+
+
 class NetworkSlots:
     """Loopback-only network namespaces lent to one sandbox at a time (see the module's docstring)."""
 
-    def __init__(self, backend: Backend, settings: Settings, *, image: str, scope: str, labels: Mapping[str, str]):
+    def __init__(self, backend: Backend, settings: Settings, template: SandboxTemplate):
         self._backend = backend
         self._settings = settings.replace(limits=settings.limits.replace(**_HOLDER_LIMITS))
-        self._image = image
-        self._scope = scope
-        self._labels = dict(labels)
+        self._image = template.image
+        self._scope = template.scope
+        self._labels = dict(template.labels)
         self._free: list[str] = []
         self._all: list[str] = []
         self._lock = threading.Lock()
@@ -124,10 +136,8 @@ class SandboxPool:
         self,
         backend: Backend,
         settings: Settings,
+        template: SandboxTemplate,
         *,
-        image: str,
-        scope: str,
-        labels: Mapping[str, str],
         size: int,
         share_network: bool = True,
         prepare: Callable[[Sandbox], None] | None = None,
@@ -136,8 +146,6 @@ class SandboxPool:
         """Start filling at once.
 
         Args:
-            scope: goes into the containers' names.
-            labels: labels of every container the pool starts.
             size: sandboxes kept started ahead (0: each ``take`` starts one).
             share_network: lend loopback-only network namespaces (``NetworkSlots``) when
                 ``settings.confinement.network_mode`` is "none"; False gives each sandbox a new one.
@@ -149,14 +157,14 @@ class SandboxPool:
             raise ConfigError(f"the pool size must be a non-negative integer, got {size!r}")
         self._backend = backend
         self._settings = settings
-        self._image = image
-        self._scope = scope
-        self._labels = dict(labels)
+        self._image = template.image
+        self._scope = template.scope
+        self._labels = dict(template.labels)
         self._size = size
         self._prepare = prepare
         self._metrics = metrics
         self._slots = (
-            NetworkSlots(backend, settings, image=image, scope=scope, labels=labels)
+            NetworkSlots(backend, settings, template)
             if share_network and settings.confinement.network_mode == "none"
             else None
         )
@@ -164,7 +172,7 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._ready: queue.SimpleQueue[Sandbox | BaseException] = queue.SimpleQueue()
         self._closed = threading.Event()
-        self._starter = ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix=f"pool-{scope}")
+        self._starter = ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix=f"pool-{template.scope}")
         for _ in range(size):
             self._starter.submit(self._fill_one)
 
@@ -301,3 +309,54 @@ class SandboxPool:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class WarmPool:
+    """The warm pool an ``Orchestrator``'s new sessions start from (``Settings.capacity.pool_size``), started at the
+    first ``take``: sandboxes of that image, labelled with the store and this controller (no session label, labels
+    cannot change: a session's record names the one it took, and prune removes spares whose controller is gone)."""
+
+    def __init__(self, backend: Backend, settings: Settings, *, scope: str, metrics: Recorder) -> None:
+        self._backend = backend
+        self._settings = settings
+        self._scope = scope
+        self._metrics = metrics
+        self._pool: SandboxPool | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def take(self, image: str) -> Sandbox | None:
+        """A started sandbox of ``image`` (always the same one), or None: no pool, closed, or the pool could not give
+        one (the caller then starts one itself, which reports the engine's error if it fails too)."""
+        if self._settings.capacity.pool_size == 0:
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            if self._pool is None:
+                labels = {
+                    STORE_ID: self._scope,
+                    LABEL_PREFIX + "protocol": str(protocol.PROTOCOL_VERSION),
+                    **controller_labels("pool", self._settings.runtime_dir),
+                }
+                self._pool = SandboxPool(
+                    self._backend,
+                    self._settings,
+                    SandboxTemplate(image, self._scope, labels),
+                    size=self._settings.capacity.pool_size,
+                    share_network=False,  # a session keeps its sandbox for long: a namespace of its own
+                    prepare=Sandbox.warm_up,  # its first checkpoint or restore then needs no import
+                    metrics=self._metrics,
+                )
+            pool = self._pool
+        try:
+            return pool.take()
+        except OrchestratorError as exc:
+            logger.warning("warm pool of store %s gave no sandbox (%s); starting one directly", self._scope, exc)
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed, pool, self._pool = True, self._pool, None
+        if pool is not None:
+            pool.close()

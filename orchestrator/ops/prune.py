@@ -22,19 +22,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import SANDBOX_ID, SESSION_ID, STORE_ID, Backend, ContainerState
+from ..backends.base import SANDBOX_ID, SESSION_ID, STORE_ID, Backend, ContainerState, Phase
 from ..config import Settings
 from ..errors import CheckpointError, OrchestratorError, SessionNotFound
-from ..evaluation.evaluator import EVAL_RUN
 from ..runtime import discard
 from ..state import activity
-from ..state.controllers import CONTROLLER_RUNTIME_DIR, controller_gone, discard_left_behind, left_behind
+from ..state.controllers import CONTROLLER_RUNTIME_DIR, EVAL_RUN, controller_gone, left_behind
 from ..state.index import StoreIndex
 from ..state.store import QUARANTINE_DIR, SessionStore, is_sandbox_id
 from ..units import describe_bytes, describe_duration
 from ..wire.endpoint import discard_sandbox_dir, leftover_dir_grace
 from . import hibernation
-from .survey import SessionInfo, SessionStatus, survey
+from .survey import Deciding, SessionInfo, SessionStatus, survey
 
 logger = logging.getLogger(__name__)
 
@@ -108,17 +107,15 @@ class Pruner:
 
     def run(self, idle_for: float | None, older_than: float | None, hibernate_only: bool) -> PruneReport:
         self.containers = {c.id: c for c in self.backend.find({STORE_ID: self.store.store_id})}
-        infos = survey(
-            self.store, self.backend, now=self.now, usage=False, containers=self.containers, index=self.index
-        )
+        infos = survey(self.store, self.backend, now=self.now, deciding=Deciding(self.containers, self.index))
         for info in infos:
             stale = _stale(info, idle_for, older_than)
             if info.record_unreadable:
                 if not hibernate_only:
                     self._quarantine(info)
-            elif _orphan(info):
+            elif self._orphan(info):
                 if not hibernate_only:
-                    self._session(info, "remove-orphan-record", info.problem or "", _orphan)
+                    self._session(info, "remove-orphan-record", info.problem or "", self._orphan)
             elif stale is not None and hibernate_only:
                 if info.status is not SessionStatus.HIBERNATED:
                     self._session(info, "hibernate", stale, lambda f: _stale(f, idle_for, older_than) is not None)
@@ -172,23 +169,21 @@ class Pruner:
     def _recheck(self, info: SessionInfo) -> SessionInfo:
         """The session surveyed again, held still: its record (in full, not from the index) and activity read anew,
         the engine's listing of the first survey reused unless the record names another container since (then the
-        engine is asked again)."""
-        fresh = survey(
-            self.store,
-            self.backend,
-            now=self.now,
-            session_ids=[info.id],
-            held=True,
-            usage=False,
-            containers=self.containers,
-            index=self.index,
-            reread=True,
-        )[0]
+        engine is asked again, and its answer kept for the decisions that follow)."""
+        fresh = self._survey_one(info.id, Deciding(self.containers, self.index, held=True, reread=True))
         if fresh.container_id == info.container_id:
             return fresh
-        return survey(
-            self.store, self.backend, now=self.now, session_ids=[info.id], held=True, usage=False, reread=True
-        )[0]
+        self.containers.update((c.id, c) for c in self.backend.find({STORE_ID: self.store.store_id}))
+        return self._survey_one(info.id, Deciding(self.containers, held=True, reread=True))
+
+    def _survey_one(self, session_id: str, deciding: Deciding) -> SessionInfo:
+        return survey(self.store, self.backend, now=self.now, session_ids=[session_id], deciding=deciding)[0]
+
+    def _orphan(self, info: SessionInfo) -> bool:
+        """A record whose container and checkpoint are both gone: nothing is left to resume."""
+        container = self.containers.get(info.container_id or "")
+        running = container is not None and container.running
+        return info.checkpoint_damaged and info.status is not SessionStatus.BUSY and not running
 
     def _own_bytes(self, session_id: str) -> int:
         """Bytes removing the session gives back: its blobs (kept generations' too) that no fork's directory shares."""
@@ -262,7 +257,7 @@ class Pruner:
                     "remove-orphan-container",
                     container.name,
                     "a warm pool's spare whose controller is gone",
-                    lambda c=container: discard_left_behind(self.backend, c),
+                    lambda c=container: discard.discard_left_behind(self.backend, c),
                 )
 
     def _unstarted_containers(self) -> None:
@@ -281,7 +276,7 @@ class Pruner:
         unstarted = [
             (c, now - c.created_at)
             for c in found.values()
-            if c.status == "created"
+            if c.phase is Phase.CREATED
             and c.created_at is not None
             and now - c.created_at > grace
             and c.name not in done
@@ -301,7 +296,7 @@ class Pruner:
     def _discard(self, container: ContainerState) -> None:
         """Remove a container with its channel directory (in the runtime dir its controller label names, or ours)."""
         if container.labels.get(CONTROLLER_RUNTIME_DIR):
-            discard_left_behind(self.backend, container)
+            discard.discard_left_behind(self.backend, container)
         else:
             discard.discard_sandbox(
                 self.backend, self.settings.runtime_dir, container.labels.get(SANDBOX_ID), container.id
@@ -393,7 +388,7 @@ class Pruner:
                 "remove-orphan-container",
                 container.name,
                 f"its eval run {container.labels.get(EVAL_RUN, '?')} ended without removing it",
-                lambda c=container: discard_left_behind(self.backend, c),
+                lambda c=container: discard.discard_left_behind(self.backend, c),
             )
 
     def _orphan_sandbox_dirs(self) -> None:
@@ -440,11 +435,6 @@ def _discard_dir(runtime_dir: Path, path: Path) -> None:
     discard_sandbox_dir(runtime_dir, path.name)
     if os.path.lexists(path):
         raise OSError(f"{path} could not be deleted (see the log)")
-
-
-def _orphan(info: SessionInfo) -> bool:
-    """A record whose container and checkpoint are both gone: nothing is left to resume."""
-    return info.checkpoint_damaged and info.status is not SessionStatus.BUSY and info.container_status != "running"
 
 
 def _stale(info: SessionInfo, idle_for: float | None, older_than: float | None) -> str | None:

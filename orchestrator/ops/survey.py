@@ -10,7 +10,7 @@ import enum
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backends.base import STORE_ID, Backend, ContainerState, ResourceUsage
@@ -92,57 +92,50 @@ class SessionInfo:
         return data
 
 
+@dataclass(frozen=True)
+class Deciding:
+    """How a caller that acts on what it surveys (prune) reads the sessions: with the engine's listing it has just
+    made, measuring no usage (two engine readings it does not need)."""
+
+    containers: Mapping[str, ContainerState]
+    """The store's containers by id."""
+    index: StoreIndex | None = None
+    """The store's summary cache (``state.index``), which the caller goes on using; else as ``survey`` says."""
+    held: bool = False
+    """The caller holds these sessions still (``activity.quiet``), so none is busy."""
+    reread: bool = False
+    """Read every record in full, whatever the index holds (to decide on them)."""
+
+
 def survey(
     store: SessionStore,
     backend: Backend,
     *,
     now: float,
     session_ids: Iterable[str] | None = None,
-    held: bool = False,
     shared: bool = False,
-    usage: bool = True,
-    containers: Mapping[str, ContainerState] | None = None,
-    index: StoreIndex | None = None,
-    reread: bool = False,
+    deciding: Deciding | None = None,
 ) -> list[SessionInfo]:
     """Describe stored sessions (all, or ``session_ids``) with one engine listing for all of them.
 
-    ``held``: the caller holds these sessions still (``activity.quiet``), so none is busy. ``shared``: measure
-    ``shared_bytes`` (a stat of each blob: for one session, not for a listing). ``usage``: measure running
-    containers' memory and CPU (two engine readings ``CPU_WINDOW`` apart). ``containers``: the store's containers
-    by id, when the caller has just listed them. ``index``: the store's summary cache (``state.index``), when the
-    caller goes on using it; else a survey of the whole store reads it and writes it back, and one of
-    ``session_ids`` reads their records (cheaper than the cache file of a big store). ``reread``:
-    read every record in full, whatever the index holds (to decide on them).
+    ``shared``: measure ``shared_bytes`` (a stat of each blob: for one session, not for a listing). Without
+    ``deciding``, running containers' memory and CPU are measured (two engine readings ``CPU_WINDOW`` apart), and a
+    survey of the whole store reads the summary cache and writes it back, one of ``session_ids`` reads their
+    records (cheaper than the cache file of a big store).
 
     Raises:
         SessionNotFound: one of ``session_ids`` is not stored.
         EngineUnavailable: no engine answers.
     """
-    whole = session_ids is None
-    ids = store.names() if session_ids is None else list(session_ids)
-    if containers is None:
-        containers = {c.id: c for c in backend.find({STORE_ID: store.store_id})}
-    live = [c.id for c in containers.values() if c.running] if usage else []
+    measure = deciding is None
+    deciding = deciding or Deciding({c.id: c for c in backend.find({STORE_ID: store.store_id})})
+    containers = deciding.containers
+    live = [c.id for c in containers.values() if c.running] if measure else []
     first, sampled = (backend.resource_usage(live) if live else {}), time.monotonic()
-    cache = StoreIndex(store, load=whole) if index is None else index
-    facts: dict[str, tuple[Summary, int] | CheckpointError] = {}
-    for session_id in ids:
-        try:
-            facts[session_id] = summarize(store, cache, session_id, trusted=whole, reread=reread)
-        except CheckpointError as exc:
-            facts[session_id] = exc
-        except SessionNotFound:
-            if not whole:
-                raise
-            continue  # removed since it was listed (its owner or another prune), or a directory without a record
-    if whole:
-        cache.keep_only(set(facts))
-        if index is None:
-            cache.save()
+    facts = _summaries(store, session_ids, deciding)
     recorded = [f[0].container_id for f in facts.values() if not isinstance(f, CheckpointError)]
     running = [cid for cid in recorded if cid is not None and cid in containers and containers[cid].running]
-    usage_now = _live_usage(backend, running, first, sampled) if usage and running else {}
+    usage_now = _live_usage(backend, running, first, sampled) if measure and running else {}
     infos = []
     root = str(store.root)
     for session_id, fact in facts.items():
@@ -151,44 +144,84 @@ def survey(
             infos.append(_unreadable(session_id, fact, last_active(path, 0.0), now))
             continue
         record, missing = fact
-        container = containers.get(record.container_id or "")
-        if held:
+        if deciding.held:
             busy, active = False, last_active(path, record.last_used_at)
         else:
             busy, active = observe(path, record.last_used_at)
-        status, problem = _status(record, container, busy, missing)
+        info = _info(session_id, record, containers.get(record.container_id or ""), (busy, active), missing, now)
         measured = usage_now.get(record.container_id or "", _NONE)
         infos.append(
-            SessionInfo(
-                id=session_id,
-                status=status,
-                image=record.image,
-                created_at=record.created_at,
-                last_active_at=active,
-                age_seconds=max(0.0, now - record.created_at),
-                idle_seconds=0.0 if busy else max(0.0, now - active),
-                generation=record.generation,
-                variables=record.variables,
-                checkpoint_bytes=record.checkpoint_bytes,
-                epoch=record.epoch,
-                sandbox_id=record.sandbox_id,
-                container_id=record.container_id,
-                container_status=container.status if container else None,
-                node=container.node if container else None,
+            replace(
+                info,
                 memory_bytes=measured[0],
                 cpu_percent=measured[1],
                 cpu_seconds=measured[2],
-                hibernated_at=record.hibernated_at,
-                problem=problem,
-                checkpoint_damaged=bool(missing),
-                labels=dict(record.labels),
-                forked_from=dict(record.forked_from) or None,
-                generations_kept=record.generations_kept,
-                history_bytes=record.history_bytes,
                 shared_bytes=store.shared_bytes_of(session_id, record.blobs) if shared else None,
             )
         )
     return infos
+
+
+def _summaries(
+    store: SessionStore, session_ids: Iterable[str] | None, deciding: Deciding
+) -> dict[str, tuple[Summary, int] | CheckpointError]:
+    """Each session's summary and missing blobs (or why its record cannot be read), from the cache where it holds."""
+    whole = session_ids is None
+    ids = store.names() if session_ids is None else list(session_ids)
+    cache = StoreIndex(store, load=whole) if deciding.index is None else deciding.index
+    facts: dict[str, tuple[Summary, int] | CheckpointError] = {}
+    for session_id in ids:
+        try:
+            facts[session_id] = summarize(store, cache, session_id, trusted=whole, reread=deciding.reread)
+        except CheckpointError as exc:
+            facts[session_id] = exc
+        except SessionNotFound:
+            if not whole:
+                raise
+            continue  # removed since it was listed (its owner or another prune), or a directory without a record
+    if whole:
+        cache.keep_only(set(facts))
+        if deciding.index is None:
+            cache.save()
+    return facts
+
+
+def _info(
+    session_id: str,
+    record: Summary,
+    container: ContainerState | None,
+    activity: tuple[bool, float],
+    missing: int,
+    now: float,
+) -> SessionInfo:
+    """What the record and its container say of the session (its usage and shared bytes measured apart)."""
+    busy, active = activity
+    status, problem = _status(record, container, busy, missing)
+    return SessionInfo(
+        id=session_id,
+        status=status,
+        image=record.image,
+        created_at=record.created_at,
+        last_active_at=active,
+        age_seconds=max(0.0, now - record.created_at),
+        idle_seconds=0.0 if busy else max(0.0, now - active),
+        generation=record.generation,
+        variables=record.variables,
+        checkpoint_bytes=record.checkpoint_bytes,
+        epoch=record.epoch,
+        sandbox_id=record.sandbox_id,
+        container_id=record.container_id,
+        container_status=container.status if container else None,
+        node=container.node if container else None,
+        memory_bytes=None,
+        hibernated_at=record.hibernated_at,
+        problem=problem,
+        checkpoint_damaged=bool(missing),
+        labels=dict(record.labels),
+        forked_from=dict(record.forked_from) or None,
+        generations_kept=record.generations_kept,
+        history_bytes=record.history_bytes,
+    )
 
 
 def summarize(

@@ -7,11 +7,13 @@ them on sessions nobody here holds, while the session's activity lock proves no 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..backends.base import SANDBOX_ID, SESSION_ID, STORE_ID, Backend
+from ..backends.base import SANDBOX_ID, SESSION_ID, STORE_ID, Backend, ContainerState
 from ..errors import CheckpointError
+from ..state.controllers import CONTROLLER_RUNTIME_DIR
 from ..state.store import SessionRecord, SessionStore
 from ..wire.endpoint import discard_sandbox_dir
 
@@ -23,6 +25,16 @@ def discard_sandbox(backend: Backend, runtime_dir: Path, sandbox_id: str | None,
     backend.remove(container_id)
     if sandbox_id is not None:
         discard_sandbox_dir(runtime_dir, sandbox_id)
+
+
+def discard_left_behind(backend: Backend, container: ContainerState) -> None:
+    """Remove a container a gone controller left behind (``state.controllers.left_behind``) and its channel
+    directory (in the runtime dir its label names)."""
+    runtime_dir = container.labels.get(CONTROLLER_RUNTIME_DIR)
+    if runtime_dir and os.path.isabs(runtime_dir):
+        discard_sandbox(backend, Path(runtime_dir), container.labels.get(SANDBOX_ID), container.id)
+    else:
+        backend.remove(container.id)
 
 
 def discard_strays(

@@ -54,9 +54,7 @@ class SessionSandbox:
         *,
         backend: Backend,
         settings: Settings,
-        scope: str,
         labels: dict[str, str],
-        activity: Activity,
         make_room: Callable[[str], AbstractContextManager[object]] = lambda session_id: contextlib.nullcontext(),
         take_pooled: Callable[[str], Sandbox | None] = lambda image: None,
         metrics: Recorder = NO_METRICS,
@@ -66,8 +64,9 @@ class SessionSandbox:
         ledger.metrics = metrics
         self.backend = backend
         self.settings = settings
-        self.activity = activity
-        self._scope = scope
+        self.activity = Activity(ledger.store.activity_path(ledger.session_id), wait=settings.timeouts.lock)
+        """Whether a call runs on the session, and when the last one ended, for every process (prune's proof)."""
+        self._scope = ledger.store.store_id
         self._labels = labels
         self._make_room = make_room
         self._take_pooled = take_pooled

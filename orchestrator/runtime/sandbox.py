@@ -26,7 +26,7 @@ from .. import background
 from ..agent import blob_format, checkpoint_names, protocol, request_table
 from ..agent.sealed import sealed_copy_of
 from ..api.events import LiveCall
-from ..backends.base import SANDBOX_ID, WORKER_UID, Backend, ContainerState, Placement, SandboxSpec
+from ..backends.base import SANDBOX_ID, WORKER_UID, Backend, ContainerState, Phase, Placement, SandboxSpec
 from ..config import Settings
 from ..errors import (
     AgentStartFailed,
@@ -215,7 +215,8 @@ class Sandbox:
         with claim():
             endpoint = backend.open_endpoint(sandbox_id, container_id, settings)
             try:
-                backend.kill(container_id, signal="SIGUSR1")
+                if backend.capabilities.delivers_signals:  # else opening the endpoint cut the agent's connection
+                    backend.kill(container_id, signal="SIGUSR1")
             except BaseException:
                 endpoint.close()
                 raise
@@ -480,7 +481,7 @@ class Sandbox:
         ends = time.monotonic() + _DEATH_SETTLE_SECONDS
         while True:
             state = self._backend.inspect(self.container_id)
-            settled = state is None or (not state.running and state.status != "removing")
+            settled = state is None or (not state.running and state.phase is not Phase.REMOVING)
             if settled or time.monotonic() > ends:
                 return state
             time.sleep(0.05)

@@ -13,11 +13,12 @@ import os
 import socket
 from pathlib import Path
 
-from ..backends.base import SANDBOX_ID, Backend, ContainerState
-from ..runtime.discard import discard_sandbox
+from ..backends.base import Backend, ContainerState
 
 ROLE = "orchestrator.role"
 """What a container is for when it is not (yet) a session's: "pool" or "eval"."""
+EVAL_RUN = "orchestrator.eval-run"
+"""The ``orchestrator eval`` run a container of role "eval" serves."""
 CONTROLLER_HOST = "orchestrator.controller-host"
 CONTROLLER_PID = "orchestrator.controller-pid"
 CONTROLLER_RUNTIME_DIR = "orchestrator.controller-runtime-dir"
@@ -53,12 +54,3 @@ def left_behind(backend: Backend, role: str) -> list[ContainerState]:
     """Containers started for ``role`` on this host by a controller process that is gone."""
     candidates = backend.find({ROLE: role, CONTROLLER_HOST: socket.gethostname()})
     return [container for container in candidates if controller_gone(container)]
-
-
-def discard_left_behind(backend: Backend, container: ContainerState) -> None:
-    """Remove one such container and its channel directory (in the runtime dir its label names)."""
-    runtime_dir = container.labels.get(CONTROLLER_RUNTIME_DIR)
-    if runtime_dir and os.path.isabs(runtime_dir):
-        discard_sandbox(backend, Path(runtime_dir), container.labels.get(SANDBOX_ID), container.id)
-    else:
-        backend.remove(container.id)

@@ -19,7 +19,7 @@ from conftest import RUN_ID, TEST_LABEL
 from orchestrator import Capacity, EngineError, EngineUnavailable, Orchestrator, Session, SessionsNotClosed, Settings
 from orchestrator.backends.base import MANAGED, SANDBOX_ID, SESSION_ID, STORE_ID, SandboxSpec
 from orchestrator.backends.docker import DockerBackend
-from orchestrator.ops.pool import SandboxPool
+from orchestrator.ops.pool import SandboxPool, SandboxTemplate
 from orchestrator.ops.prune import PruneReport
 from orchestrator.state.controllers import ROLE
 from orchestrator.state.store import QUARANTINE_DIR, QUARANTINE_NOTE, new_sandbox_id
@@ -230,7 +230,7 @@ def test_a_pool_whose_network_slot_died_leaves_no_created_container(
 ) -> None:
     """The path that left "created" containers in CI: a sandbox joining a network slot whose holder is gone."""
     labels = {TEST_LABEL: RUN_ID, "orchestrator.test.case": new_sandbox_id()}
-    pool = SandboxPool(orch.backend, settings, image=image, scope="zt-slot", labels=labels, size=0)
+    pool = SandboxPool(orch.backend, settings, SandboxTemplate(image, "zt-slot", labels), size=0)
     try:
         first = pool.take()
         holder = pool._slot_of[first.sandbox_id]  # the slot whose holder this test kills

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator import Orchestrator, Settings
 from orchestrator.agent import protocol, request_table
-from orchestrator.ops.pool import SandboxPool
+from orchestrator.ops.pool import SandboxPool, SandboxTemplate
 from orchestrator.runtime.sandbox import Sandbox
 
 pytestmark = pytest.mark.docker
@@ -27,7 +27,7 @@ def _run(sandbox: Sandbox, code: str) -> str:
 @pytest.fixture
 def pool(orch: Orchestrator) -> Iterator[SandboxPool]:
     with SandboxPool(
-        orch.backend, orch.settings, image=orch.default_image, scope="pooltest", labels=LABELS, size=2
+        orch.backend, orch.settings, SandboxTemplate(orch.default_image, "pooltest", LABELS), size=2
     ) as made:
         yield made
 

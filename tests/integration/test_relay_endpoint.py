@@ -33,7 +33,7 @@ from orchestrator.agent import protocol, request_table
 from orchestrator.backends.base import SANDBOX_ID, SandboxSpec
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.swarm.backend import stale_sandbox_dirs
-from orchestrator.backends.swarm.relay_client import RelayClient, RelayEndpoint
+from orchestrator.backends.swarm.relay_client import NodeDirectory, RelayClient, RelayEndpoint
 from orchestrator.backends.swarm.tls import Credentials, client_context, ensure_credentials
 from orchestrator.runtime.sandbox import agent_environment
 from orchestrator.wire.connection import AgentConnection
@@ -114,7 +114,7 @@ def endpoint_options(settings: Settings) -> dict[str, Any]:
 
 def relay_endpoint(relay: RelayProcess, settings: Settings, sandbox_id: str, *, take_over: bool = False) -> Endpoint:
     make = RelayEndpoint.open if take_over else RelayEndpoint.create
-    return make(relay.client(), sandbox_id, node_id=NODE_ID, node_dir=relay.node_dir, **endpoint_options(settings))
+    return make(relay.client(), sandbox_id, node=NodeDirectory(NODE_ID, relay.node_dir), **endpoint_options(settings))
 
 
 def run_sandbox(
@@ -345,7 +345,7 @@ def test_the_relay_runs_on_the_oldest_python(
         node_dir = node / "store"
         client_ = RelayClient("127.0.0.1", port, client_context(credentials), timeout=5)
         endpoint = RelayEndpoint.create(
-            client_, new_id(), node_id=NODE_ID, node_dir=node_dir, **endpoint_options(oldest)
+            client_, new_id(), node=NodeDirectory(NODE_ID, node_dir), **endpoint_options(oldest)
         )
         run_sandbox(backend, oldest, image, endpoint, run_id, containers)
         connection = connect(endpoint)

@@ -15,9 +15,6 @@ UPWARD = {
     ("api.manager", "evaluation.evaluator"),
     ("api.aio", "evaluation"),  # AsyncOrchestrator.evaluate, the twin of Orchestrator.evaluate: its argument types
     ("api.aio", "evaluation.evaluator"),
-    ("ops.janitor", "api.manager"),  # the janitor is a service built on an Orchestrator
-    ("ops.prune", "evaluation.evaluator"),  # the label of an eval run's containers
-    ("backends.swarm.backend", "ops"),  # the relays run the sandbox image (ops.images)
     ("runtime.sandbox", "api.events"),  # a running call's live events (LiveCall)
     ("wire.connection", "api.events"),
     ("wire.connection", "runtime.hostcalls"),  # host calls that arrive while a request waits (CallDesk)
@@ -32,7 +29,6 @@ UPWARD = {
     ("wire.call_link", "runtime.hostcalls"),
     ("wire.call_link", "runtime.deferred"),
     ("wire.replies", "state.store"),  # the blob id and digest patterns
-    ("state.controllers", "runtime.discard"),  # a dead controller's sandboxes are discarded
     ("runtime.recovery", "api.events"),  # the running call whose output a failure ends
 }
 """Imports that point up today: each is a candidate to move, and nothing may join them unnoticed."""

@@ -42,7 +42,6 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, stop_w
 
 from ...config import Settings
 from ...errors import ConfigError, EngineError, RelayUnavailable
-from ...ops import images
 from ...units import parse_size
 from ...wire.endpoint import leftover_dir_grace
 from ..base import (
@@ -50,15 +49,17 @@ from ..base import (
     SANDBOX_ID,
     STORE_ID,
     SUPERVISOR_CAPABILITIES,
+    Capabilities,
     ContainerState,
     ContainerUsage,
+    Phase,
     Placement,
     ResourceUsage,
     SandboxSpec,
 )
 from ..docker import DockerBackend, endpoint_options, engine_errors
-from .nodes import Node, choose
-from .relay_client import RelayClient, RelayEndpoint
+from .nodes import Node, choose, parse_constraint
+from .relay_client import NodeDirectory, RelayClient, RelayEndpoint
 from .relay_service import ROLE, RelayFleet
 
 logger = logging.getLogger(__name__)
@@ -76,11 +77,16 @@ _RESOLVER_THAT_ANSWERS_NOTHING = "0.0.0.0"
 class SwarmBackend:
     """Sandboxes as Swarm services on the nodes of the Swarm whose manager DOCKER_HOST names."""
 
-    def __init__(self, settings: Settings, *, scope: str, client: docker.DockerClient | None = None) -> None:
+    capabilities = Capabilities(passes_descriptors=False, delivers_signals=False)
+
+    def __init__(
+        self, settings: Settings, *, scope: str, relay_image: str, client: docker.DockerClient | None = None
+    ) -> None:
         """Connect to a Swarm manager.
 
         Args:
             scope: the store id: it names this store's relay service and its part of each node's directory.
+            relay_image: the image the relays run: the sandbox image (the relay is ``agent/node_relay.py``).
 
         Raises:
             EngineUnavailable: no engine answers.
@@ -98,9 +104,7 @@ class SwarmBackend:
             )
         self._settings = settings
         self._scope = scope
-        self._relays = RelayFleet(
-            self.client, settings, scope=scope, image=settings.image or images.image_tag(settings.base_image)
-        )
+        self._relays = RelayFleet(self.client, settings, scope=scope, image=relay_image)
         self._nodes: tuple[float, dict[str, Node]] = (0.0, {})
         self._loads: tuple[float, Counter[str]] = (0.0, Counter())
         self._lock = threading.Lock()
@@ -114,6 +118,11 @@ class SwarmBackend:
         self._closing.set()
         self._sweeper.shutdown(wait=True, cancel_futures=True)
         self._images.close()
+
+    def check_placement(self, placement: Placement) -> None:
+        """Raises ConfigError for a constraint this controller cannot evaluate when it chooses a node."""
+        for constraint in placement.constraints:
+            parse_constraint(constraint)
 
     # -- images: on the manager's engine (a Swarm without a registry needs them loaded on every node: docs/swarm.md)
 
@@ -156,7 +165,7 @@ class SwarmBackend:
             for node in candidates:
                 try:
                     endpoint = RelayEndpoint.create(
-                        self._relays.client(node), sandbox_id, node_id=node.id, **self._endpoint_options(settings)
+                        self._relays.client(node), sandbox_id, node=self._directory(node), **endpoint_options(settings)
                     )
                 except RelayUnavailable as exc:
                     logger.warning("relay on node %s did not answer (%s); trying another node", node.hostname, exc)
@@ -188,11 +197,11 @@ class SwarmBackend:
         if node is None:
             raise EngineError(f"sandbox {sandbox_id} (service {container_id[:12]}) runs on no node the Swarm knows")
         return RelayEndpoint.open(
-            self._relays.client(node), sandbox_id, node_id=node.id, **self._endpoint_options(settings)
+            self._relays.client(node), sandbox_id, node=self._directory(node), **endpoint_options(settings)
         )
 
-    def _endpoint_options(self, settings: Settings) -> dict[str, Any]:
-        return {"node_dir": self._relays.node_dir(), **endpoint_options(settings)}
+    def _directory(self, node: Node) -> NodeDirectory:
+        return NodeDirectory(node.id, self._relays.node_dir())
 
     # -- services
 
@@ -579,17 +588,20 @@ def _state(service: Mapping[str, Any], task: Mapping[str, Any] | None, nodes: Ma
     container_status = status.get("ContainerStatus") or {}
     exit_code = container_status.get("ExitCode")
     if node is not None and not node.ready:
-        word = f"lost with its node ({node.hostname} is down)"
+        word, phase = f"lost with its node ({node.hostname} is down)", Phase.ENDED
     elif state == "running" and desired != "running":
-        word = "removing"  # shutting down: not settled yet
+        word, phase = "removing", Phase.REMOVING  # shutting down: not settled yet
+    elif state == "running" and node is not None:
+        word, phase = state, Phase.RUNNING
     else:
-        word = state
+        word, phase = state, Phase.CREATED if state in _NOT_YET_ENDED else Phase.ENDED
     if status.get("Err"):
         word = f"{word}: {status['Err']}"
     return ContainerState(
         id=str(service["ID"]),
         name=str(spec.get("Name", "")),
         status=word,
+        phase=phase,
         running=state == "running" and desired == "running" and node is not None and node.ready,
         exit_code=int(exit_code) if isinstance(exit_code, int) and state not in _NOT_YET_ENDED else None,
         oom_killed=False,  # a task does not say; its exit code (137) and the node's engine would

@@ -22,6 +22,7 @@ import socket
 import ssl
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import PurePath, PurePosixPath
 from typing import Any
 
@@ -297,6 +298,16 @@ def _raise_refusal(reply: dict[str, Any], where: str) -> None:
     raise error_class(f"the relay at {where}: {text}")
 
 
+@dataclass(frozen=True)
+class NodeDirectory:
+    """Where a node's relay keeps its sandboxes' directories."""
+
+    node_id: str
+    """The Swarm node's id: a sandbox with its directory there must run there (``RelayEndpoint.constraints``)."""
+    path: PurePath | str
+    """The relay's directory as that node's engine sees it (the bind mount's source)."""
+
+
 class RelayEndpoint:
     """A sandbox's endpoint on a Swarm node: the node's relay holds its directory, secret and listening socket.
 
@@ -314,17 +325,16 @@ class RelayEndpoint:
         sandbox_id: str,
         secret: bytes,
         *,
-        node_id: str,
-        node_dir: PurePath | str,
+        node: NodeDirectory,
         max_header: int,
         max_body: int,
     ) -> None:
         """Use ``create`` or ``open`` rather than this."""
         self.sandbox_id = sandbox_id
         self.secret = secret
-        self.node_id = node_id
+        self.node_id = node.node_id
         self.client = client
-        self.directory = PurePosixPath(node_dir) / sandbox_id
+        self.directory = PurePosixPath(node.path) / sandbox_id
         self._max_header = max_header
         self._max_body = max_body
         self._closed = False
@@ -335,8 +345,7 @@ class RelayEndpoint:
         client: RelayClient,
         sandbox_id: str,
         *,
-        node_id: str,
-        node_dir: PurePath | str,
+        node: NodeDirectory,
         sandbox_uid: int | None,
         sandbox_gid: int | None,
         max_header: int,
@@ -347,8 +356,7 @@ class RelayEndpoint:
         Args:
             client: the relay of the node the sandbox will run on.
             sandbox_id: the new sandbox's id.
-            node_id: that node's Swarm id.
-            node_dir: the relay's directory as that node's engine sees it (the bind mount's source).
+            node: that node and its relay's directory.
             sandbox_uid: the uid the agent will run as, if known (numeric).
             sandbox_gid: its gid, if known.
             max_header: largest frame header accepted from the agent.
@@ -360,10 +368,8 @@ class RelayEndpoint:
         """
         _check_id(sandbox_id)
         key = client.create(sandbox_id, sandbox_uid, sandbox_gid)
-        logger.info("sandbox %s: the relay at %s listens for it on node %s", sandbox_id, client.address, node_id)
-        return cls(
-            client, sandbox_id, key, node_id=node_id, node_dir=node_dir, max_header=max_header, max_body=max_body
-        )
+        logger.info("sandbox %s: the relay at %s listens for it on node %s", sandbox_id, client.address, node.node_id)
+        return cls(client, sandbox_id, key, node=node, max_header=max_header, max_body=max_body)
 
     @classmethod
     def open(
@@ -371,8 +377,7 @@ class RelayEndpoint:
         client: RelayClient,
         sandbox_id: str,
         *,
-        node_id: str,
-        node_dir: PurePath | str,
+        node: NodeDirectory,
         sandbox_uid: int | None,
         sandbox_gid: int | None,
         max_header: int,
@@ -390,9 +395,7 @@ class RelayEndpoint:
         _check_id(sandbox_id)
         key = client.open(sandbox_id, sandbox_uid, sandbox_gid)
         logger.info("sandbox %s: took over its channel at the relay at %s", sandbox_id, client.address)
-        return cls(
-            client, sandbox_id, key, node_id=node_id, node_dir=node_dir, max_header=max_header, max_body=max_body
-        )
+        return cls(client, sandbox_id, key, node=node, max_header=max_header, max_body=max_body)
 
     def accept(self, deadline: float) -> Channel:
         """Wait for the agent to connect to the relay, and return the bridged connection.

@@ -42,7 +42,7 @@ def test_hibernating_a_held_session_from_ops_lets_its_handle_resume(orch: Orches
 def test_the_idle_policy_hibernates_only_an_idle_session(orch: Orchestrator, backend: FakeBackend) -> None:
     session = orch.create_session()
     session.execute("x = 'one'")
-    held = orch._sessions[session.id][1]  # the runtime the orchestrator's idle watch hibernates
+    held = orch._sessions.sandbox_of(session.id)  # the runtime the orchestrator's idle watch hibernates
     assert not hibernation.hibernate_if_idle(held, idle_for=3600)
     assert session.container_id is not None
     assert hibernation.hibernate_if_idle(held, idle_for=0)

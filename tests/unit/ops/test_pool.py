@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.config import Settings
 from orchestrator.errors import EngineError, ImageMissing
-from orchestrator.ops.pool import SandboxPool
+from orchestrator.ops.pool import SandboxPool, SandboxTemplate
 
 
 class _Idle:
@@ -37,7 +37,7 @@ def _pool(monkeypatch: pytest.MonkeyPatch, outcomes: list[BaseException | None])
         return _Sandbox()
 
     monkeypatch.setattr(SandboxPool, "start", start)
-    return SandboxPool(None, Settings(), image="img", scope="t", labels={}, size=1, share_network=False)  # type: ignore[arg-type]
+    return SandboxPool(None, Settings(), SandboxTemplate("img", "t", {}), size=1, share_network=False)  # type: ignore[arg-type]
 
 
 def test_a_sandbox_the_engine_refused_to_start_costs_one_attempt(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,7 +35,7 @@ def orch(settings: Settings) -> Iterator[Orchestrator]:
 @pytest.fixture
 def sweep(orch: Orchestrator, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A prune and a janitor pass (on the fake engine) over the store; both must succeed."""
-    monkeypatch.setattr(janitor, "Orchestrator", lambda s: Orchestrator(s, backend=FakeBackend()))
+    monkeypatch.setattr(janitor, "connect_engine", lambda settings, store: FakeBackend())
     keeper = Janitor(settings, heartbeat=tmp_path / "heartbeat")
 
     def run() -> None:

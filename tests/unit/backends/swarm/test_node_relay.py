@@ -37,7 +37,7 @@ from orchestrator.agent.node_relay import MAX_REQUEST, BadRequest, parse_request
 from orchestrator.backends.base import MANAGED, SANDBOX_ID, STORE_ID, Placement, ResourceUsage
 from orchestrator.backends.swarm.backend import SwarmBackend
 from orchestrator.backends.swarm.nodes import Node
-from orchestrator.backends.swarm.relay_client import RelayClient, RelayEndpoint
+from orchestrator.backends.swarm.relay_client import NodeDirectory, RelayClient, RelayEndpoint
 from orchestrator.backends.swarm.tls import RELAY_NAME, Credentials, client_context, ensure_credentials
 from orchestrator.errors import AgentTimeoutError, ChannelLost, ConfigError, RelayUnavailable
 from orchestrator.wire.endpoint import CHANNEL_MOUNT, SECRET_NAME, SOCKET_NAME
@@ -94,8 +94,7 @@ def endpoint(relay: RelayProcess, uid: int | None = UID, *, take_over: bool = Fa
     return make(
         relay.client(),
         SID,
-        node_id="node-1",
-        node_dir="/var/lib/orchestrator-relay/store",
+        node=NodeDirectory("node-1", "/var/lib/orchestrator-relay/store"),
         sandbox_uid=uid,
         sandbox_gid=uid,
         **LIMITS,
@@ -388,7 +387,7 @@ def test_an_unreachable_relay_is_relay_unavailable_with_advice(credentials, capl
         client.create(SID, None, None)
     with pytest.raises(RelayUnavailable):
         client.connect(SID, soon(1))
-    gone = RelayEndpoint(client, SID, bytes(32), node_id="n", node_dir="/n", **LIMITS)
+    gone = RelayEndpoint(client, SID, bytes(32), node=NodeDirectory("n", "/n"), **LIMITS)
     gone.remove()  # clean-up: logged, not raised
     assert any("stays" in r.getMessage() for r in caplog.records)
 
@@ -831,7 +830,7 @@ def test_a_directory_a_removal_left_is_swept_by_the_next_removal_once_its_relay_
         client.create(sandbox_id, None, None)
     api = FakeSwarmApi({"svc-live": "sb-live", "svc-gone": "sb-gone", "svc-other": "sb-other"})
     settings = Settings(image="orchestrator-sandbox:test", state_dir=base / "state", runtime_dir=base / "run")
-    backend = SwarmBackend(settings, scope=STORE, client=FakeEngine(api))
+    backend = SwarmBackend(settings, scope=STORE, relay_image=settings.image, client=FakeEngine(api))
     fleet = backend._relays = FakeFleet(relay, credentials)  # type: ignore[assignment]
     try:
         relay.stop()  # its node was drained
@@ -874,9 +873,9 @@ class StubFleet:
 def test_node_choices_list_the_store_at_most_once_a_second_and_count_the_sandboxes_placed_since(base, monkeypatch):
     api = CountingSwarmApi()
     settings = Settings(image="orchestrator-sandbox:test", state_dir=base / "state", runtime_dir=base / "run")
-    backend = SwarmBackend(settings, scope=STORE, client=FakeEngine(api))
+    backend = SwarmBackend(settings, scope=STORE, relay_image=settings.image, client=FakeEngine(api))
     backend._relays = StubFleet()  # type: ignore[assignment]
-    monkeypatch.setattr(RelayEndpoint, "create", lambda relay, sandbox_id, node_id, **_: node_id)
+    monkeypatch.setattr(RelayEndpoint, "create", lambda relay, sandbox_id, node, **_: node.node_id)
     try:
         placed = [backend.create_endpoint(f"sb-{i:012x}", settings, Placement()) for i in range(6)]
     finally:
@@ -971,7 +970,7 @@ class UsageSwarmApi(FakeSwarmApi):
 
 def test_the_swarm_backend_asks_each_nodes_relay_and_skips_those_that_do_not_answer(usage_relay, base, credentials):
     settings = Settings(image="orchestrator-sandbox:test", state_dir=base / "state", runtime_dir=base / "run")
-    backend = SwarmBackend(settings, scope=STORE, client=FakeEngine(UsageSwarmApi({})))
+    backend = SwarmBackend(settings, scope=STORE, relay_image=settings.image, client=FakeEngine(UsageSwarmApi({})))
     fleet = backend._relays = FakeFleet(usage_relay, credentials)  # type: ignore[assignment]
     try:
         usage = backend.resource_usage(["svc-a", "svc-b", "svc-c"])
