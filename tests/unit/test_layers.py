@@ -43,14 +43,7 @@ def test_imports_point_down_but_for_the_listed_ones():
     assert upward_imports(modules(PACKAGE)) == UPWARD
 
 
-CYCLES = [
-    # backends.swarm.backend imports ops.images (the relays run the sandbox image), which imports the package's
-    # __init__ (its version), which names the public API (api.manager, api.aio) that reaches the backend:
-    # being fixed by issue 35 (backend-neutral)
-    ["", "api.aio", "api.manager", "backends.swarm.backend", "ops.images"],
-    # a Context reaches its Session through a bundle of callbacks: being fixed by issue 35 (host-ops)
-    ["api.contexts", "api.session"],
-]
+CYCLES: list[list[str]] = []
 """Groups of modules that import each other (counting imports in functions and under TYPE_CHECKING)."""
 
 
