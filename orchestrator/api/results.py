@@ -12,6 +12,7 @@ from ..runtime.output import StreamRecorder
 from ..state.history import Snapshot
 from ..state.store import SessionRecord
 from ..wire.replies import expect, expect_count
+from . import hints
 
 _MAX_POSITION = 1 << 31  # a line or column number of a cell
 _MAX_TYPE_NAME = 1000  # an exception's qualified class name
@@ -39,6 +40,11 @@ class ExecError:
     traceback: str
     column: int | None = None
     end_column: int | None = None
+
+    @property
+    def hint(self) -> str | None:
+        """What to do instead, for an error a sandbox makes by design (no pip, no network), else None."""
+        return hints.hint(self.type, self.message)
 
     @property
     def pointer(self) -> str:

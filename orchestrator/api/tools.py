@@ -299,6 +299,8 @@ def describe_result(result: ExecResult) -> Answer:
             answer.line(f"    {snippet}" + (f"\n    {pointer}" if pointer else ""))
         if error.traceback.startswith("Traceback"):  # the user's frames (none for a cell that did not parse)
             answer.section("traceback", error.traceback)
+    if error is not None and error.hint is not None:
+        answer.line(f"hint: {error.hint}")
     if not (result.stdout or result.stderr or result.return_value is not None or error is not None):
         answer.line("(no output and no value)")
     if result.unsaved:

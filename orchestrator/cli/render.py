@@ -253,6 +253,8 @@ def write_exec_result(out: Output, result: ExecResult, live: LiveOutput | None =
         out.program_output(result.return_value + "\n")
     if result.error is not None:
         out.program_output(result.error.traceback or f"{result.error}\n", out.stderr)
+        if result.error.hint is not None:
+            out.note(f"orchestrator: hint: {result.error.hint}")
     for name, reason in sorted(result.newly_unsaved.items()):  # once: `inspect` lists them all
         out.note(f"orchestrator: not saved (lost if the sandbox restarts): {one_line(name)}: {one_line(reason)}")
     for name, reason in sorted(result.restore_failures.items()):

@@ -90,3 +90,13 @@ def _wait_until_held(cli, sid: str) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"session {sid} was never held")
+
+
+def test_pip_and_a_url_in_a_cell_say_what_works_instead(cli, make):
+    sid = make()
+    pip = cli("exec", sid, "import pip")
+    assert pip.returncode == 1 and "No module named 'pip'" in pip.stderr
+    assert "orchestrator: hint: a sandbox has no pip and no network" in pip.stderr, pip.stderr
+    # The sandbox has only `lo` and no route: the lookup fails inside it, no packet leaves.
+    url = cli("exec", sid, "import urllib.request; urllib.request.urlopen('http://data.test/x.csv')")
+    assert url.returncode == 1 and "orchestrator: hint: a sandbox has no network" in url.stderr, url.stderr
