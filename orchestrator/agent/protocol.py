@@ -1194,3 +1194,35 @@ class LoadReply(_LoadReplyFields, total=False):
     """The reply to ``load``."""
 
     reason: str  # why it failed
+
+
+# The controller's control frames to the supervisor in one hop (docs/design/one-hop.md), built here as the other
+# messages are.
+class ControlRequest(TypedDict):
+    """``kill {id}`` or ``ping {id}``: answered ``worker_replaced {id}`` or ``pong {id}``."""
+
+    type: str
+    id: str
+
+
+class PhaseInterrupt(ControlRequest):
+    """The ladder's ``interrupt {id, phase}``: the signal of ``phase`` (one of INTERRUPT_PHASES)."""
+
+    phase: str
+
+
+def kill_message(request_id: str) -> ControlRequest:
+    return ControlRequest(type=KILL, id=request_id)
+
+
+def ping_message(ping_id: str) -> ControlRequest:
+    return ControlRequest(type=PING, id=ping_id)
+
+
+def phase_interrupt_message(request_id: str, phase: str) -> PhaseInterrupt:
+    return PhaseInterrupt(type=INTERRUPT, id=request_id, phase=phase)
+
+
+def data_channel_message() -> Header:
+    """The frame whose descriptors (SCM_RIGHTS) are a worker's data channel: D, then K."""
+    return {"type": DATA_CHANNEL}

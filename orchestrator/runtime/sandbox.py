@@ -24,7 +24,6 @@ from typing import Any, cast
 
 from ..agent import protocol
 from ..agent.sealed import sealed_copy_of
-from ..api.events import LiveCall
 from ..backends.base import SANDBOX_ID, WORKER_UID, Backend, ContainerState, Placement, SandboxSpec
 from ..config import Settings
 from ..errors import (
@@ -37,6 +36,7 @@ from ..errors import (
 )
 from ..safe_text import last_lines
 from ..state.store import new_sandbox_id
+from ..wire.call import Call, LiveEvents
 from ..wire.connection import AgentConnection, Body, Header
 from ..wire.endpoint import Endpoint, UnixSocketEndpoint
 from ..wire.replies import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
@@ -242,7 +242,7 @@ class Sandbox:
         seconds: float,
         checkpoint_seconds: float | None = None,
         desk: CallDesk | None = None,
-        live: LiveCall | None = None,
+        live: LiveEvents | None = None,
     ) -> tuple[Header, bytearray]:
         """One request to the agent within ``seconds`` (and ``checkpoint_seconds`` once the cell ended).
 
@@ -261,16 +261,8 @@ class Sandbox:
                 name = protocol.value_file_name(body.blob_id)
                 header, body = cast(protocol.SetValueRequest, {**header, "file": name}), b""
         try:
-            return self.connection.request(
-                header,
-                body,
-                deadline=time.monotonic() + seconds,
-                checkpoint_seconds=checkpoint_seconds,
-                desk=desk,
-                live=live,
-                blobs=self.deferred,
-                value_fd=value_fd,
-            )
+            call = Call(time.monotonic() + seconds, checkpoint_seconds, desk, live, self.deferred, value_fd)
+            return self.connection.request(header, body, call)
         finally:
             if link is not None:
                 _unlink_value_file(link)

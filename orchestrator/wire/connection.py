@@ -23,11 +23,9 @@ from typing import Any
 
 from ..agent import protocol
 from ..agent.protocol import Hello
-from ..api.events import LiveCall
 from ..config import Timeouts
 from ..errors import AgentTimeoutError, ChannelLost, OrchestratorError, ProtocolError, TransportError
-from ..runtime.deferred import DeferredBlobs
-from ..runtime.hostcalls import CallDesk
+from .call import Call
 from .data_channel import DataChannel
 from .endpoint import Endpoint, UnixSocketEndpoint
 from .host_link import (
@@ -176,24 +174,13 @@ class AgentConnection:
     def request(
         self,
         header: protocol.Request,
-        body: Body = b"",
-        *,
-        deadline: float,
-        checkpoint_seconds: float | None = None,
-        desk: CallDesk | None = None,
-        live: LiveCall | None = None,
-        blobs: DeferredBlobs | None = None,
-        value_fd: int | None = None,
+        body: Body,
+        call: Call,
     ) -> tuple[Header, bytearray]:
-        """Send one request and return its reply; every byte both ways must move before ``deadline``.
+        """Send one request and return its reply; every byte both ways must move before ``call.deadline``.
 
-        With ``checkpoint_seconds``, the agent's ``checkpointing`` notice (the cell ended) moves
-        the deadline to that many seconds from its arrival, once. Host calls made meanwhile go
-        to ``desk`` (without one, each is answered with an error); the cell's output and its
-        ``input()`` requests go to ``live``, which may also ask for an interrupt. While an
-        ``input()`` waits for its answer the deadline stands still, as the agent's clock does. ``blobs``
-        answers the agent's requests for deferred values (``protocol.BLOB_CALL``; without it, refused). ``value_fd``
-        (one hop only, a request without a body) goes with the request: a ``set_value``'s value file.
+        ``call`` carries the request's side parts (``wire/call.py``). While an ``input()`` waits for its answer the
+        deadline stands still, as the agent's clock does. ``call.value_fd`` goes only on a worker's data channel.
 
         Raises:
             TakenOver: the agent said goodbye (the request was not kept).
@@ -205,7 +192,7 @@ class AgentConnection:
         if "id" not in header:
             header["id"] = new_request_id()
         try:
-            return self._request(header, body, deadline, checkpoint_seconds, desk, live, blobs, value_fd)
+            return self._request(header, body, call)
         except OSError as exc:
             if isinstance(exc, OrchestratorError):  # typed already (a ``TimeoutError``, a ``ConnectionError``)
                 raise
@@ -216,31 +203,18 @@ class AgentConnection:
         self,
         header: protocol.Request,
         body: Body,
-        deadline: float,
-        checkpoint_seconds: float | None,
-        desk: CallDesk | None,
-        live: LiveCall | None,
-        blobs: DeferredBlobs | None,
-        value_fd: int | None,
+        call: Call,
     ) -> tuple[Header, bytearray]:
         if self._hop is not None:
             hop = self._hop
             try:
-                return hop.request(
-                    header,
-                    body,
-                    deadline=deadline,
-                    checkpoint_seconds=checkpoint_seconds,
-                    desk=desk,
-                    live=live,
-                    blobs=blobs,
-                    value_fd=value_fd,
-                )
+                return hop.request(header, body, call)
             except TakenOver:
                 hop.close()  # at once, not when the session is dropped: the worker goes back to its supervisor
                 raise
-        if value_fd is not None:
+        if call.value_fd is not None:
             raise ValueError("a value file's descriptor goes only on a worker's data channel (one hop)")
+        deadline, checkpoint_seconds, live = call.deadline, call.checkpoint_seconds, call.live
         try:
             self._channel.send(header, body, deadline=deadline)
         except ChannelLost:
@@ -261,11 +235,11 @@ class AgentConnection:
                     paused_at = None
             if not read_first:
                 read_first = True
-                self._wait(math.inf if paused_at is not None else deadline, desk, live, header["id"])
+                self._wait(math.inf if paused_at is not None else deadline, call, header["id"])
                 continue
             frame = channel.poll_recv()
             if frame is None:
-                self._wait(math.inf if paused_at is not None else deadline, desk, live, header["id"])
+                self._wait(math.inf if paused_at is not None else deadline, call, header["id"])
                 continue
             reply, reply_body = frame
             kind = reply.get("type")
@@ -276,7 +250,7 @@ class AgentConnection:
                 if reply.get("name") == protocol.INPUT_CALL and live is not None:
                     live.input_request(call_number(reply), reply_body)
                 else:
-                    serve_host_call(channel, reply, reply_body, desk, blobs)
+                    serve_host_call(channel, reply, reply_body, call)
                     send_while_quiet(channel, deadline)
                 continue
             if kind == protocol.GOODBYE:
@@ -290,15 +264,15 @@ class AgentConnection:
                 channel.flush(deadline=deadline)
             return reply, reply_body
 
-    def _wait(self, deadline: float, desk: CallDesk | None, live: LiveCall | None, request_id: str) -> None:
+    def _wait(self, deadline: float, call: Call, request_id: str) -> None:
         """Until the channel is readable (or writable with answers queued), an answer is ready, or a time limit."""
         channel = self._channel
         poller = select.poll()
         poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
-        ready = wait_for_sandbox(poller, deadline, desk, live, wake_at=deadline, what="the agent")
-        for answer, answer_body in due_answers(ready, desk, live):
+        ready = wait_for_sandbox(poller, deadline, call, wake_at=deadline, what="the agent")
+        for answer, answer_body in due_answers(ready, call):
             channel.enqueue(answer, answer_body)
-        if live is not None and live.take_interrupt():
+        if call.live is not None and call.live.take_interrupt():
             channel.enqueue(protocol.interrupt_message(request_id))
         if channel.has_queued:
             channel.flush()

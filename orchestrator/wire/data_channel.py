@@ -40,7 +40,7 @@ class DataChannel:
                 mine, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # close-on-exec, as Python makes
                 ours.append(mine)
                 theirs.append(other)
-            control.send_fds({"type": protocol.DATA_CHANNEL}, [sock.fileno() for sock in theirs], deadline=deadline)
+            control.send_fds(protocol.data_channel_message(), [sock.fileno() for sock in theirs], deadline=deadline)
         except OSError as exc:
             for sock in ours:
                 sock.close()

@@ -15,7 +15,11 @@ from ..agent import protocol
 from ..agent.protocol import BlobEntry, CheckpointDelta, ExecReply, Goodbye, Hello, LoadReply, Status
 from ..errors import ProtocolError, TransportError
 from ..safe_text import visible
-from ..state.store import BLOB_ID, DIGEST
+
+DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
+"""A content digest: the id of a blob the agent made."""
+BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
+"""Any blob id: a content digest, or the ``h``-prefixed random id of a host-made blob (``protocol.HOST_BLOB_ID``)."""
 
 T = TypeVar("T")
 _MAX_ENTRIES = 4 * protocol.MAX_CHECKPOINT_NAMES  # of a delta's lists: past the manifest's bound, work stays bounded

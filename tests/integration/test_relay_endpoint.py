@@ -36,6 +36,7 @@ from orchestrator.backends.swarm.backend import stale_sandbox_dirs
 from orchestrator.backends.swarm.relay_client import RelayClient, RelayEndpoint
 from orchestrator.backends.swarm.tls import Credentials, client_context, ensure_credentials
 from orchestrator.runtime.sandbox import agent_environment
+from orchestrator.wire.call import Call
 from orchestrator.wire.connection import AgentConnection
 from orchestrator.wire.endpoint import Endpoint, UnixSocketEndpoint
 from orchestrator.wire.transport import Channel
@@ -141,7 +142,7 @@ def run(connection: AgentConnection, code: str) -> str:
     header = {"type": protocol.EXEC, "code": code, "timeout": 10.0, "checkpoint_timeout": 10.0}
     # checkpoint_seconds, as Session passes it: the agent's ``checkpointing`` notice (it may come before the reply)
     # moves the deadline instead of being taken for the reply (a reply without ``status``: CI saw it once).
-    reply, _ = connection.request(header, deadline=time.monotonic() + 30, checkpoint_seconds=10.0)
+    reply, _ = connection.request(header, b"", Call(time.monotonic() + 30, checkpoint_seconds=10.0))
     assert reply.get("status") == protocol.STATUS_OK, reply
     return str(reply["return_value"])
 
@@ -176,7 +177,7 @@ def test_a_sandbox_behind_the_relay_works_is_taken_over_and_outlives_a_relay_res
 
     payload = os.urandom(10 << 20)
     header = {"type": protocol.SET_VALUE, "name": "blob", "kind": "bytes", "aliases": [], "checkpoint_timeout": 30.0}
-    reply, body = connection.request(header, payload, deadline=time.monotonic() + 60, checkpoint_seconds=30.0)
+    reply, body = connection.request(header, payload, Call(time.monotonic() + 60, checkpoint_seconds=30.0))
     assert reply.get("status") == protocol.STATUS_OK, reply
     assert len(body) >= len(payload) and payload in body  # its checkpoint came back: 10 MB each way, unchanged
     assert run(connection, "len(blob), blob[:4].hex()") == repr((len(payload), payload[:4].hex()))
@@ -248,7 +249,7 @@ def _round_trips(connection: AgentConnection) -> list[float]:
     times = []
     for i in range(WARM_UP + CALLS):
         started = time.perf_counter()
-        reply, _ = connection.request(dict(header), deadline=time.monotonic() + 10)
+        reply, _ = connection.request(dict(header), b"", Call(time.monotonic() + 10))
         elapsed = time.perf_counter() - started
         assert reply["status"] == protocol.STATUS_OK
         if i >= WARM_UP:

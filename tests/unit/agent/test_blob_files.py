@@ -21,7 +21,8 @@ import pytest
 
 from orchestrator.agent import protocol
 from orchestrator.agent.hostcall import HostCallClient, HostCallError
-from orchestrator.runtime.deferred import BlobRefused, DeferredBlobs
+from orchestrator.runtime.deferred import DeferredBlobs
+from orchestrator.wire.call import BlobRefused
 from orchestrator.wire.transport import Channel
 
 BLOB = b"\x80\x04" + b"blob of a big value" * 100 + b"."
