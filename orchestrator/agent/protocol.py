@@ -1223,6 +1223,32 @@ def phase_interrupt_message(request_id: str, phase: str) -> PhaseInterrupt:
     return PhaseInterrupt(type=INTERRUPT, id=request_id, phase=phase)
 
 
-def data_channel_message() -> Header:
-    """The frame whose descriptors (SCM_RIGHTS) are a worker's data channel: D, then K."""
-    return {"type": DATA_CHANNEL}
+def data_channel_message(number: Optional[int] = None) -> Header:
+    """The frame that hands over a worker's data channel: its descriptors (SCM_RIGHTS), D then K; or, relayed, none
+    and the data channel's ``number`` (1, 2, ... on one connection), which its relay frames carry."""
+    return {"type": DATA_CHANNEL} if number is None else {"type": DATA_CHANNEL, "channel": number}
+
+
+# The relayed carrier (docs/design/one-hop.md, "Carriers"): an agent that offers RELAYED in its hello takes it when the
+# controller's auth says ``relayed: true`` beside ``one_hop: true``. The ``data_channel`` frame then carries no
+# descriptors: the supervisor makes the worker's pairs and forwards their bytes on its connection, both ways, in
+# ``relay {stream, channel}`` frames: the body is the stream's next bytes (at most RELAY_CHUNK), an empty one says
+# that end closed.
+RELAYED = "relayed"
+RELAY = "relay"
+RELAY_REQUESTS = "D"  # requests and replies
+RELAY_CALLS = "K"  # host calls and output
+RELAY_STREAMS = (RELAY_REQUESTS, RELAY_CALLS)
+RELAY_CHUNK = 256 << 10
+
+
+class Relay(TypedDict):
+    """A relay frame's header; the body is the stream's bytes."""
+
+    type: str
+    stream: str
+    channel: int
+
+
+def relay_message(stream: str, number: int) -> Relay:
+    return Relay(type=RELAY, stream=stream, channel=number)

@@ -167,6 +167,7 @@ class Sandbox:
                     sandbox_id=sandbox_id,
                     deadline=deadline,
                     one_hop=settings.one_hop,
+                    carrier=settings.carrier,
                     interrupt_grace=settings.timeouts.interrupt_grace,
                     frame_seconds=settings.timeouts.frame,
                 ),
@@ -226,6 +227,7 @@ class Sandbox:
                 sandbox_id=sandbox_id,
                 deadline=time.monotonic() + wait,
                 one_hop=settings.one_hop,
+                carrier=settings.carrier,
                 interrupt_grace=settings.timeouts.interrupt_grace,
                 frame_seconds=settings.timeouts.frame,
             )
@@ -251,9 +253,9 @@ class Sandbox:
         """
         link = value_fd = None
         if isinstance(body, ValueFile):
-            if self.connection.one_hop:
+            if self.connection.passes_descriptors:
                 value_fd = self._open_value_file(body)
-            else:
+            elif not self.connection.one_hop:
                 link = self._link_value_file(body)
             if link is None and value_fd is None:
                 body = body.raw
@@ -314,7 +316,7 @@ class Sandbox:
         stored), to an agent that offers it, a blob goes to the worker as a read-only descriptor of a sealed copy of
         its file (``_open_private_file``)."""
         open_file = None
-        if blob_path is not None and self.connection.one_hop and _offers_blob_files(self.connection):
+        if blob_path is not None and self.connection.passes_descriptors and _offers_blob_files(self.connection):
             open_file = lambda digest: _open_private_file(blob_path(digest))  # noqa: E731
         self.deferred = DeferredBlobs(self.sandbox_id, named, open_blob, open_file)
 

@@ -41,8 +41,10 @@ _FLUSH_SECONDS = 2.0  # a worker's reader thread takes its answers at once; one 
 class CallLink:
     """K of one worker's data channel: a ``Channel`` with K's bounds, while it is open, and the calls it holds open."""
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, *, blob_files: bool) -> None:
+        """``blob_files``: K passes descriptors, so a deferred value's blob may go as one of its file."""
         self._channel: Channel | None = channel
+        self._blob_files = blob_files
         self._open: set[int] = set()  # calls of the running cell given to its desk or input(), not answered yet
 
     @property
@@ -95,7 +97,7 @@ class CallLink:
             elif message["name"] == protocol.INPUT_CALL and call.live is not None:
                 self._open.add(number)
                 call.live.input_request(number, body)
-            elif serve_host_call(channel, message, body, call, blob_files=True):
+            elif serve_host_call(channel, message, body, call, blob_files=self._blob_files):
                 self._open.add(number)
             elif message["name"] == protocol.BLOB_CALL:  # a deferred value's blob: sent now, while the worker is quiet
                 try:

@@ -26,7 +26,7 @@ from ..agent.protocol import Hello
 from ..config import Timeouts
 from ..errors import AgentTimeoutError, ChannelLost, OrchestratorError, ProtocolError, TransportError
 from .call import Call
-from .data_channel import DataChannel
+from .data_channel import Carrier, DataChannel, Descriptors
 from .endpoint import Endpoint, UnixSocketEndpoint
 from .host_link import (
     OutputBudget,
@@ -37,6 +37,7 @@ from .host_link import (
     wait_for_sandbox,
 )
 from .one_hop import OneHop, goodbye_behind
+from .relay import Relay
 from .replies import TakenOver, parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel, FrameBody
 
@@ -47,28 +48,56 @@ Body = FrameBody
 _HANDSHAKE_SECONDS = 5.0  # a real agent sends its hello as soon as it connects
 
 
+_OneHopStart = tuple[Carrier, Channel, DataChannel]  # the carrier, the control channel, the first data channel
+
+
+def carrier_for(endpoint: Endpoint, forced: str | None) -> str:
+    """The carrier of a sandbox reached on ``endpoint``: descriptors for a local one, unless ``forced`` to be relayed
+    (``Settings.carrier``); relayed where no descriptor can pass (a Swarm node's relay)."""
+    # TODO(lead): ask the backend's declared capability (backends/base.py, helper backend-neutral), not the endpoint.
+    if isinstance(endpoint, UnixSocketEndpoint) and forced != "relayed":
+        return "descriptors"
+    return "relayed"
+
+
 def _handshake(
-    channel: Channel, secret: bytes, sandbox_id: str, deadline: float, one_hop: bool
-) -> tuple[Hello, DataChannel | None]:
+    channel: Channel, secret: bytes, sandbox_id: str, deadline: float, carrier: str | None
+) -> tuple[Hello, _OneHopStart | None]:
     """docs/protocol.md "Connection set-up": both ends prove they know the secret, bound to both nonces.
 
-    With ``one_hop`` (a local endpoint, and the settings ask), one hop is taken if the agent offers it: the auth says
-    so, and the first data channel is handed over right after ``auth_ok`` (docs/design/one-hop.md).
+    With a ``carrier`` (one hop, as the settings ask), one hop is taken if the agent offers it (and the relayed
+    carrier, if that is the one): the auth says so, and the first data channel is handed over right after
+    ``auth_ok`` (docs/design/one-hop.md).
     """
     hello = parse_hello(channel.recv(deadline=deadline)[0])
     if hello["sandbox_id"] != sandbox_id:
         raise ProtocolError(f"the agent of sandbox {hello['sandbox_id'][:64]!r} connected, not {sandbox_id!r}")
-    one_hop = one_hop and protocol.ONE_HOP in hello.get("capabilities", ())
+    offered = hello.get("capabilities", ())
+    if protocol.ONE_HOP not in offered or (carrier == "relayed" and protocol.RELAYED not in offered):
+        carrier = None
     nonce = protocol.new_nonce()
     proof = protocol.auth_proof(secret, "controller", hello["nonce"], nonce)
     auth: dict[str, Any] = dict(protocol.auth_message(nonce, proof))
-    if one_hop:
+    if carrier is not None:
         auth[protocol.ONE_HOP] = True
+    if carrier == "relayed":
+        auth[protocol.RELAYED] = True
     channel.send(auth, deadline=deadline)
     expected = protocol.auth_proof(secret, "agent", hello["nonce"], nonce)
     if not protocol.proof_matches(expected, parse_auth_ok(channel.recv(deadline=deadline)[0])):
         raise ProtocolError(f"the peer on the channel of sandbox {sandbox_id} does not know its secret")
-    return hello, DataChannel.hand_over(channel, deadline=deadline) if one_hop else None
+    if carrier is None:
+        return hello, None
+    if carrier == "descriptors":
+        descriptors = Descriptors()
+        return hello, (descriptors, channel, descriptors.hand_over(channel, deadline=deadline))
+    relay = Relay(channel)  # from now on the relay's thread owns ``channel``
+    try:
+        return hello, (relay, relay.control, relay.hand_over(relay.control, deadline=deadline))
+    except BaseException:
+        relay.control.close()
+        relay.close()
+        raise
 
 
 _request_ids = itertools.count()
@@ -98,18 +127,29 @@ class AgentConnection:
         self,
         channel: Channel,
         hello: Hello,
-        data: DataChannel | None = None,
+        hop: _OneHopStart | None = None,
         interrupt_grace: float = Timeouts.interrupt_grace,
         frame_seconds: float = Timeouts.frame,
     ) -> None:
-        self._channel = channel
+        """``channel``: the supervisor's connection, or with one ``hop`` its control channel (the relayed carrier's
+        local one)."""
         self.hello = hello
-        self._hop = OneHop(channel, data, interrupt_grace, frame_seconds) if data is not None else None
+        self._carrier: Carrier | None = None
+        self._hop: OneHop | None = None
+        if hop is not None:
+            self._carrier, channel, data = hop
+            self._hop = OneHop(channel, data, self._carrier, interrupt_grace, frame_seconds)
+        self._channel = channel
 
     @property
     def one_hop(self) -> bool:
         """Requests go to the worker directly, on a data channel (docs/design/one-hop.md)."""
         return self._hop is not None
+
+    @property
+    def passes_descriptors(self) -> bool:
+        """Descriptors reach the worker (one hop on the descriptors carrier): a value file, a blob's file."""
+        return self._carrier is not None and self._carrier.passes_descriptors
 
     @classmethod
     def open(
@@ -119,13 +159,14 @@ class AgentConnection:
         sandbox_id: str,
         deadline: float,
         one_hop: bool = False,
+        carrier: str | None = None,
         interrupt_grace: float = Timeouts.interrupt_grace,
         frame_seconds: float = Timeouts.frame,
     ) -> AgentConnection:
         """Wait for the agent of ``sandbox_id`` on ``endpoint`` and authenticate both ends.
 
-        With ``one_hop``, a local endpoint's agent that offers one hop gets a data channel (docs/design/one-hop.md);
-        a remote one (a Swarm node's relay) always takes two hops. In one hop the controller keeps each request's
+        With ``one_hop``, an agent that offers one hop gets a data channel (docs/design/one-hop.md) on the carrier
+        ``carrier_for`` chooses (``carrier``: ``Settings.carrier``). In one hop the controller keeps each request's
         ladder: ``interrupt_grace`` (the sandbox's, as its agent was started with) between the interrupt and the kill;
         a frame its worker begins there must not stall for ``frame_seconds`` (``Settings.timeouts.frame``, the
         supervisor's bound in two hops).
@@ -147,12 +188,12 @@ class AgentConnection:
                     raise refused from None
                 raise
             try:
-                hello, data = _handshake(
+                hello, hop = _handshake(
                     channel,
                     endpoint.secret,
                     sandbox_id,
                     min(deadline, time.monotonic() + _HANDSHAKE_SECONDS),
-                    one_hop and isinstance(endpoint, UnixSocketEndpoint),
+                    carrier_for(endpoint, carrier) if one_hop else None,
                 )
             except TransportError as exc:
                 channel.close()
@@ -167,9 +208,9 @@ class AgentConnection:
                 sandbox_id,
                 hello["python"],
                 hello["dill"],
-                ", one hop" if data is not None else "",
+                f", one hop ({'descriptors' if hop[0].passes_descriptors else 'relayed'})" if hop is not None else "",
             )
-            return cls(channel, hello, data, interrupt_grace, frame_seconds)
+            return cls(channel, hello, hop, interrupt_grace, frame_seconds)
 
     def request(
         self,
@@ -303,3 +344,5 @@ class AgentConnection:
         if self._hop is not None:
             self._hop.close()
         self._channel.close()
+        if self._carrier is not None:
+            self._carrier.close()

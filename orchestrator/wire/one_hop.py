@@ -23,7 +23,7 @@ from ..agent.protocol import Goodbye
 from ..config import Timeouts
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
 from .call import Call
-from .data_channel import DataChannel
+from .data_channel import Carrier, DataChannel
 from .host_link import OutputBudget, due_answers, wait_for_sandbox
 from .replies import TakenOver, is_signal_name, parse_goodbye, reply_reason
 from .transport import Channel, FrameBody
@@ -65,10 +65,11 @@ class OneHop:
     """One worker's data channel, beside its supervisor's connection ``control`` (not this object's to close)."""
 
     def __init__(
-        self, control: Channel, data: DataChannel, grace: float, frame_seconds: float = Timeouts.frame
+        self, control: Channel, data: DataChannel, carrier: Carrier, grace: float, frame_seconds: float = Timeouts.frame
     ) -> None:
         self._control = control
         self._data: DataChannel | None = data
+        self._carrier = carrier  # how each fresh worker's data channel comes
         self._grace = grace  # between the ladder's interrupt and its kill: the supervisor's interrupt_grace
         self._frame_seconds = frame_seconds  # a frame the worker began on D may stall this long (two hops: the agent's)
         self._lost: protocol.Header | None = None  # the worker died between calls: how (the next request says so)
@@ -91,6 +92,8 @@ class OneHop:
         invalid frame on D, or one that stalls there for ``frame_seconds``, has the worker replaced and is answered
         ``protocol_error`` (``_worker_misbehaved``), as the supervisor answers it in two hops.
         """
+        if self._control.buffered or self._control.has_pending():  # its supervisor spoke since the last call
+            self._idle_worker_lost()  # (a relayed request would not fail to reach a dead worker: it is lost on the way)
         lost, self._lost = self._lost, None
         if lost is not None:  # the worker died between calls (check_idle): the request never runs on it
             return self._crashed(header, lost, ran=False), bytearray()
@@ -252,7 +255,9 @@ class OneHop:
             raise TakenOver(parse_goodbye(message))
         if kind == protocol.WORKER_LOST:
             raise _WorkerLost(message)
-        raise _SupervisorSpoke(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
+        reason = message.get("reason")  # the relayed carrier's own ``relay.FAILED`` gives one
+        why = f": {reason[:500]}" if isinstance(reason, str) else ""
+        raise _SupervisorSpoke(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop{why}")
 
     @staticmethod
     def _crashed(header: protocol.Request, lost: protocol.Header, *, ran: bool) -> protocol.Header:
@@ -358,7 +363,7 @@ class OneHop:
         deadline = time.monotonic() + _HAND_OVER_SECONDS
         with self._writing_control():
             self._control.flush(deadline=deadline)  # an interrupt still queued goes first: descriptors on their own
-            self._data = DataChannel.hand_over(self._control, deadline=deadline)
+            self._data = self._carrier.hand_over(self._control, deadline=deadline)
 
     @staticmethod
     def _refusal(header: protocol.Request, cell_ended: bool) -> str | None:

@@ -39,7 +39,6 @@ from orchestrator.runtime.sandbox import agent_environment
 from orchestrator.wire.call import Call
 from orchestrator.wire.connection import AgentConnection
 from orchestrator.wire.endpoint import Endpoint, UnixSocketEndpoint
-from orchestrator.wire.transport import Channel
 
 pytestmark = pytest.mark.docker
 
@@ -135,21 +134,21 @@ def run_sandbox(
 
 
 def connect(endpoint: Endpoint, seconds: float = 30.0) -> AgentConnection:
-    return AgentConnection.open(endpoint, sandbox_id=endpoint.sandbox_id, deadline=time.monotonic() + seconds)
+    """One hop, as a session takes it: relayed through a node relay (no descriptor crosses it), else descriptors."""
+    deadline = time.monotonic() + seconds
+    return AgentConnection.open(endpoint, sandbox_id=endpoint.sandbox_id, deadline=deadline, one_hop=True)
 
 
 def run(connection: AgentConnection, code: str) -> str:
     header = {"type": protocol.EXEC, "code": code, "timeout": 10.0, "checkpoint_timeout": 10.0}
-    # checkpoint_seconds, as Session passes it: the agent's ``checkpointing`` notice (it may come before the reply)
-    # moves the deadline instead of being taken for the reply (a reply without ``status``: CI saw it once).
+    # checkpoint_seconds, as Session passes it: the worker's ``cell_done`` moves the deadline to it.
     reply, _ = connection.request(header, b"", Call(time.monotonic() + 30, checkpoint_seconds=10.0))
     assert reply.get("status") == protocol.STATUS_OK, reply
     return str(reply["return_value"])
 
 
 def close(connection: AgentConnection) -> None:
-    channel: Channel = connection._channel
-    channel.close()
+    connection.close()
 
 
 def new_id() -> str:
@@ -172,6 +171,7 @@ def test_a_sandbox_behind_the_relay_works_is_taken_over_and_outlives_a_relay_res
     run_sandbox(backend, settings, image, first, run_id, containers)
     connection = opened(connect(first))  # the secret handshake, end to end through the relay
     assert connection.hello["sandbox_id"] == sandbox_id
+    assert connection.one_hop and not connection.passes_descriptors  # the relayed carrier: no descriptor crosses
     assert run(connection, "1 + 1") == "2"
     worker = run(connection, "import os; os.getpid()")
 

@@ -224,7 +224,7 @@ def test_without_a_file_the_blob_goes_as_its_body(blob_file: Path) -> None:
 
 class _Connection:
     def __init__(self, capabilities: list[str]) -> None:
-        self.one_hop = True
+        self.passes_descriptors = True
         self.hello = {"capabilities": capabilities}
 
 

@@ -28,7 +28,7 @@ LATER = time.monotonic() + 3600
 @pytest.fixture
 def pair() -> Iterator[tuple[CallLink, socket.socket]]:
     ours, theirs = socket.socketpair()
-    link = CallLink(Channel(ours, protocol.HOST_CALL_HEADER_BYTES, protocol.HOST_CALL_MAX_BYTES))
+    link = CallLink(Channel(ours, protocol.HOST_CALL_HEADER_BYTES, protocol.HOST_CALL_MAX_BYTES), blob_files=True)
     theirs.settimeout(5)
     yield link, theirs
     link.close()

@@ -26,7 +26,7 @@ from orchestrator.runtime.output import StreamRecorder
 from orchestrator.wire import one_hop
 from orchestrator.wire.call import Call
 from orchestrator.wire.connection import AgentConnection
-from orchestrator.wire.data_channel import DataChannel
+from orchestrator.wire.data_channel import DataChannel, Descriptors
 from orchestrator.wire.endpoint import SECRET_NAME, UnixSocketEndpoint
 from orchestrator.wire.one_hop import OneHop
 from orchestrator.wire.replies import TakenOver
@@ -41,7 +41,8 @@ SCAFFOLD = "def before_cell(namespace):\n    namespace['ask'] = host_call\n"
 class HostAgent:
     """A supervisor on the host, connected to a real endpoint; ``connect`` runs the controller's handshake."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, carrier: str) -> None:
+        self.carrier = carrier
         self.endpoint = UnixSocketEndpoint.create(
             base / "run", SANDBOX, sandbox_uid=None, sandbox_gid=None, max_header=1 << 20, max_body=1 << 26
         )
@@ -62,6 +63,7 @@ class HostAgent:
             sandbox_id=SANDBOX,
             deadline=time.monotonic() + 20,
             one_hop=one_hop,
+            carrier=self.carrier,
             frame_seconds=frame_seconds,
         )
         self.connections.append(connection)
@@ -75,10 +77,11 @@ class HostAgent:
         self.endpoint.remove()
 
 
-@pytest.fixture
-def host_agent() -> Iterator[HostAgent]:
+@pytest.fixture(params=["descriptors", "relayed"])
+def host_agent(request: pytest.FixtureRequest) -> Iterator[HostAgent]:
+    """The host agent, its one hop on each carrier (docs/design/one-hop.md, "Carriers")."""
     base = Path(tempfile.mkdtemp(prefix="orch-t-", dir="/tmp"))  # tmp_path can be too long for a socket path
-    agent = HostAgent(base)
+    agent = HostAgent(base, request.param)
     yield agent
     agent.close()
     shutil.rmtree(base, ignore_errors=True)
@@ -203,7 +206,7 @@ def test_the_handover_sends_two_fresh_stream_sockets_and_keeps_none() -> None:
     control = Channel(ours, 4096, 4096)
     data = DataChannel.hand_over(control, deadline=time.monotonic() + 5)
     theirs.settimeout(5)
-    header, fds = handover.recv_with_fds(theirs, 4)
+    header, fds, _ = handover.recv_with_fds(theirs, 4)
     assert header == {"type": protocol.DATA_CHANNEL}
     requests, calls = handover.stream_sockets(fds, protocol.DATA_CHANNEL_FDS)
     data.requests.send({"type": "ping"}, deadline=time.monotonic() + 5)
@@ -413,11 +416,12 @@ class FakeSupervisor:
         ours, self.sock = socket.socketpair()
         self.sock.settimeout(5)
         self.control = Channel(ours, 4096, 4096)
-        self.hop = OneHop(self.control, DataChannel.hand_over(self.control, deadline=time.monotonic() + 5), 0.5)
+        carrier = Descriptors()
+        self.hop = OneHop(self.control, carrier.hand_over(self.control, deadline=time.monotonic() + 5), carrier, 0.5)
         self.take_data_channel()
 
     def take_data_channel(self) -> None:
-        header, fds = handover.recv_with_fds(self.sock, 4)
+        header, fds, _ = handover.recv_with_fds(self.sock, 4)
         assert header == {"type": protocol.DATA_CHANNEL} and len(fds) == protocol.DATA_CHANNEL_FDS
         handover.close_fds(fds)
 
