@@ -14,11 +14,10 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .api.aio import AsyncContext, AsyncOrchestrator, AsyncPythonTool, AsyncSession
-    from .api.contexts import Context
     from .api.events import InputRequest, OutputEvent
     from .api.manager import Orchestrator
     from .api.results import ExecError, ExecResult, Generation
-    from .api.session import Session
+    from .api.session import Context, Session
     from .api.tools import PythonTool
     from .backends.base import Placement
     from .config import Capacity, Confinement, ResourceLimits, Settings, SwarmSettings, Timeouts
@@ -62,11 +61,10 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     ".api.aio": ("AsyncContext", "AsyncOrchestrator", "AsyncPythonTool", "AsyncSession"),
-    ".api.contexts": ("Context",),
     ".api.events": ("InputRequest", "OutputEvent"),
     ".api.manager": ("Orchestrator",),
     ".api.results": ("ExecError", "ExecResult", "Generation"),
-    ".api.session": ("Session",),
+    ".api.session": ("Context", "Session"),
     ".api.tools": ("PythonTool",),
     ".backends.base": ("Placement",),
     ".config": ("Capacity", "Confinement", "ResourceLimits", "Settings", "SwarmSettings", "Timeouts"),

@@ -27,6 +27,10 @@ CHUNK = 256 << 10
 CLOSE_SECONDS = 10.0
 
 
+class _PlainGone(Exception):
+    """The plain side was reset: nothing more can move either way."""
+
+
 class Bridge:
     """One TLS connection and one plain socket, and the bytes on their way between them.
 
@@ -88,67 +92,15 @@ class Bridge:
             self._tls_readable = True
         if tls_events & self._send_wants:
             self._tls_writable = True
-        moved = True
-        while moved:
-            moved = False
-            if self.up is None and self._plain_readable and not self.plain_ended:
-                try:
-                    data = self.plain.recv(CHUNK)
-                except (BlockingIOError, InterruptedError):
-                    self._plain_readable = False
-                except OSError:
-                    return False  # reset: nothing more can be delivered to it either
-                else:
-                    if not data:
-                        self.plain_ended = True
-                    else:
-                        self.up, moved = memoryview(data), True
-                        if len(data) < CHUNK:
-                            self._plain_readable = False  # drained (level-triggered: the loop says if more came)
-            if self.up is not None and self._tls_writable:
-                try:
-                    sent = self.tls.send(self.up)
-                except ssl.SSLWantWriteError:
-                    self._tls_writable, self._send_wants = False, WRITE
-                except ssl.SSLWantReadError:
-                    self._tls_writable, self._send_wants = False, READ
-                except OSError:
-                    self.up, self.tls_ended = None, True
-                else:
-                    moved = True
-                    self.to_tls += sent
-                    self.up = self.up[sent:] if sent < len(self.up) else None
-            if self.down is None and self._tls_readable and not self.tls_ended:
-                received = bytearray()
-                try:
-                    while len(received) < CHUNK:  # SSL hands out one record per call: gather what it has
-                        data = self.tls.recv(CHUNK - len(received))
-                        if not data:
-                            self.tls_ended = True
-                            break
-                        received += data
-                except ssl.SSLWantReadError:
-                    self._tls_readable, self._recv_wants = False, READ
-                except ssl.SSLWantWriteError:
-                    self._tls_readable, self._recv_wants = False, WRITE
-                except OSError:  # a reset, or EOF without close_notify: that side is gone
-                    self.tls_ended = True
-                if received:
-                    self.down, moved = memoryview(received), True
-            if self.down is not None and self._plain_writable:
-                try:
-                    sent = self.plain.send(self.down)
-                except (BlockingIOError, InterruptedError):
-                    self._plain_writable = False
-                except OSError:
-                    return False
-                else:
-                    moved = True
-                    self.to_plain += sent
-                    if sent < len(self.down):
-                        self.down, self._plain_writable = self.down[sent:], False
-                    else:
-                        self.down = None
+        try:
+            moved = True
+            while moved:  # each direction in turn, until neither moves
+                moved = self._plain_to_up()
+                moved = self._up_to_tls() or moved
+                moved = self._tls_to_down() or moved
+                moved = self._down_to_plain() or moved
+        except _PlainGone:
+            return False  # reset: nothing more can be delivered to it either
         if (self.plain_ended and self.up is None) or (self.tls_ended and self.down is None):
             return False
         if self.plain_ended or self.tls_ended:
@@ -156,6 +108,84 @@ class Bridge:
                 self.ends_by = self._clock() + CLOSE_SECONDS
             elif self._clock() >= self.ends_by:
                 return False
+        return True
+
+    def _plain_to_up(self) -> bool:
+        """Read a chunk from the plain side when the one before it went up; whether one came."""
+        if self.up is not None or not self._plain_readable or self.plain_ended:
+            return False
+        try:
+            data = self.plain.recv(CHUNK)
+        except (BlockingIOError, InterruptedError):
+            self._plain_readable = False
+            return False
+        except OSError:
+            raise _PlainGone from None
+        if not data:
+            self.plain_ended = True
+            return False
+        self.up = memoryview(data)
+        if len(data) < CHUNK:
+            self._plain_readable = False  # drained (level-triggered: the loop says if more came)
+        return True
+
+    def _up_to_tls(self) -> bool:
+        """Send what the plain side gave to the TLS side; whether any went."""
+        if self.up is None or not self._tls_writable:
+            return False
+        try:
+            sent = self.tls.send(self.up)
+        except ssl.SSLWantWriteError:
+            self._tls_writable, self._send_wants = False, WRITE
+        except ssl.SSLWantReadError:
+            self._tls_writable, self._send_wants = False, READ
+        except OSError:
+            self.up, self.tls_ended = None, True
+        else:
+            self.to_tls += sent
+            self.up = self.up[sent:] if sent < len(self.up) else None
+            return True
+        return False
+
+    def _tls_to_down(self) -> bool:
+        """Read what the TLS side has, up to a chunk, when the one before it went down; whether any came."""
+        if self.down is not None or not self._tls_readable or self.tls_ended:
+            return False
+        received = bytearray()
+        try:
+            while len(received) < CHUNK:  # SSL hands out one record per call: gather what it has
+                data = self.tls.recv(CHUNK - len(received))
+                if not data:
+                    self.tls_ended = True
+                    break
+                received += data
+        except ssl.SSLWantReadError:
+            self._tls_readable, self._recv_wants = False, READ
+        except ssl.SSLWantWriteError:
+            self._tls_readable, self._recv_wants = False, WRITE
+        except OSError:  # a reset, or EOF without close_notify: that side is gone
+            self.tls_ended = True
+        if not received:
+            return False
+        self.down = memoryview(received)
+        return True
+
+    def _down_to_plain(self) -> bool:
+        """Send what the TLS side gave to the plain side; whether any went."""
+        if self.down is None or not self._plain_writable:
+            return False
+        try:
+            sent = self.plain.send(self.down)
+        except (BlockingIOError, InterruptedError):
+            self._plain_writable = False
+            return False
+        except OSError:
+            raise _PlainGone from None
+        self.to_plain += sent
+        if sent < len(self.down):
+            self.down, self._plain_writable = self.down[sent:], False
+        else:
+            self.down = None
         return True
 
     def interest(self) -> Dict[int, int]:

@@ -4,8 +4,11 @@ Every class of the sync API has an async twin with the same calls, the same argu
 errors: ``AsyncOrchestrator`` (``Orchestrator``), ``AsyncSession`` (``Session``), ``AsyncContext``
 (``Context``) and ``AsyncPythonTool`` (``PythonTool``). Every method is a coroutine (``stream`` an
 async iterator); properties stay properties (they read what the handle holds, no I/O). Each twin's
-``sync`` is the object it wraps. ``tests/unit/api/test_aio.py`` fails when a public call of the sync
-API has no twin here, or a twin whose parameters differ.
+``sync`` is the object it wraps. A call that only waits for its sync call is made from it by
+``_twin`` (its parameters and docstring are the sync call's); the others (a cell that cancelling
+interrupts, a handle to wrap) are written here. A ``context=`` may be an ``AsyncContext`` too.
+``tests/unit/api/test_aio.py`` fails when a public call of the sync API has no twin here, or a twin
+whose parameters differ.
 
 Every engine and channel operation underneath is blocking (the Docker SDK is), so each call
 runs on a thread pool of the ``AsyncOrchestrator`` (``max_threads``, 64 by default) and the
@@ -26,25 +29,23 @@ import functools
 import inspect
 import os
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from ..backends.base import Backend, ContainerState, Placement
+from ..backends.base import Backend, Placement
 from ..config import Settings
 from ..evaluation import EvalOptions, EvalReport, Submission
 from ..evaluation.evaluator import OnResult
-from ..ops.prune import PruneReport
-from ..ops.survey import SessionInfo
 from ..runtime.hostcalls import HostCalls
 from ..runtime.restore import SessionState
-from .contexts import Context
 from .events import Event, InputRequest
 from .manager import Orchestrator
 from .results import ExecResult, Generation
-from .session import Session
+from .session import Context, Session
 from .tools import DEFAULT_ANSWER_CHARS, PythonTool
 
+P = ParamSpec("P")
 T = TypeVar("T")
 _INTERRUPT_POLL = 0.005
 AsyncOnOutput = Callable[[Event], "str | Awaitable[str | None] | None"]
@@ -61,6 +62,31 @@ class _Threads:
     async def run(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(function, *args, **kwargs))
+
+
+def _twin(
+    call: Callable[Concatenate[Any, P], T], *, blocking: bool = True
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]:
+    """The coroutine twin of the sync ``call``: the call of the twin's ``sync``, run on the orchestrator's threads
+    (``blocking``) or at once (it only reads what the handle holds); its parameters and docstring are ``call``'s."""
+    name = call.__name__
+
+    async def method(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        kwargs.update(_sync_context(kwargs))
+        bound = getattr(self.sync, name)
+        result: T = await self._threads.run(bound, *args, **kwargs) if blocking else bound(*args, **kwargs)
+        return result
+
+    functools.update_wrapper(method, call)
+    method.__module__ = __name__
+    method.__doc__ = f"``{call.__qualname__}`` as a coroutine.\n\n{inspect.getdoc(call) or ''}".rstrip()
+    return method
+
+
+def _sync_context(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``context=`` keyword given as an ``AsyncContext``, as the ``Context`` it wraps (else nothing)."""
+    context = kwargs.get("context")
+    return {"context": context.sync} if isinstance(context, AsyncContext) else {}
 
 
 class AsyncSession:
@@ -142,7 +168,7 @@ class AsyncSession:
         *,
         host_calls: HostCalls | None = None,
         on_output: AsyncOnOutput | None = None,
-        context: str | None = None,
+        context: AsyncContext | Context | str | None = None,
     ) -> ExecResult:
         """``Session.execute`` as a coroutine. Cancelling the await interrupts the cell.
 
@@ -150,6 +176,7 @@ class AsyncSession:
         ``InputRequest`` a str it returns answers it, or ``submit_input`` does later.
         """
         relay = None if on_output is None else _Relay(asyncio.get_running_loop(), on_output)
+        context = context.sync if isinstance(context, AsyncContext) else context
         call = functools.partial(
             self.sync.execute, code, timeout, host_calls=host_calls, on_output=relay, context=context
         )
@@ -182,7 +209,7 @@ class AsyncSession:
         timeout: float | None = None,
         *,
         host_calls: HostCalls | None = None,
-        context: str | None = None,
+        context: AsyncContext | Context | str | None = None,
     ) -> AsyncGenerator[Event | ExecResult, None]:
         """Each ``OutputEvent`` and ``InputRequest`` as it happens, then the ``ExecResult`` (``Session.stream``).
 
@@ -210,13 +237,8 @@ class AsyncSession:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    async def submit_input(self, request_id: str, text: str) -> None:
-        """Answer the running cell's ``input()`` request (``Session.submit_input``; does not block)."""
-        self.sync.submit_input(request_id, text)
-
-    async def interrupt(self) -> bool:
-        """Stop the running cell (``Session.interrupt``; does not block); False when none runs."""
-        return self.sync.interrupt()
+    submit_input = _twin(Session.submit_input, blocking=False)
+    interrupt = _twin(Session.interrupt, blocking=False)
 
     async def as_tool(
         self, *, max_timeout: float | None = None, max_answer_chars: int = DEFAULT_ANSWER_CHARS, undo: bool = False
@@ -225,50 +247,28 @@ class AsyncSession:
         tool = self.sync.as_tool(max_timeout=max_timeout, max_answer_chars=max_answer_chars, undo=undo)
         return AsyncPythonTool._of(self, tool)
 
-    async def set_scaffold(self, code: str, *, names: Collection[str] = ()) -> None:
-        await self._threads.run(self.sync.set_scaffold, code, names=names)
-
     async def fork(
         self, *, at: int | None = None, session_id: str | None = None, labels: Mapping[str, str] | None = None
     ) -> AsyncSession:
         """A new session with this one's state (``Session.fork``), as an async handle."""
         return self._handle(await self._threads.run(self.sync.fork, at=at, session_id=session_id, labels=labels))
 
-    async def history(self) -> list[Generation]:
-        return self.sync.history()
-
     async def rewind(self, generation: int) -> Generation:
+        """``Session.rewind`` as a coroutine, after the cell that runs (if any)."""
         async with self._cells:
             return await self._threads.run(self.sync.rewind, generation)
 
-    async def set_value(
-        self, name: str, payload: str | bytes | dict[str, Any] | list[Any], *, aliases: Collection[str] = ()
-    ) -> None:
-        await self._threads.run(self.sync.set_value, name, payload, aliases=aliases)
-
-    async def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
-        return await self._threads.run(self.sync.add_context, payload, index)
-
-    async def add_history(self, messages: list[Any], index: int | None = None) -> int:
-        return await self._threads.run(self.sync.add_history, messages, index)
-
-    async def get_context_count(self) -> int:
-        return self.sync.get_context_count()
-
-    async def get_history_count(self) -> int:
-        return self.sync.get_history_count()
-
-    async def reset(self) -> None:
-        await self._threads.run(self.sync.reset)
-
-    async def detach(self) -> None:
-        await self._threads.run(self.sync.detach)
-
-    async def hibernate(self) -> None:
-        await self._threads.run(self.sync.hibernate)
-
-    async def close(self) -> None:
-        await self._threads.run(self.sync.close)
+    history = _twin(Session.history, blocking=False)
+    get_context_count = _twin(Session.get_context_count, blocking=False)
+    get_history_count = _twin(Session.get_history_count, blocking=False)
+    set_scaffold = _twin(Session.set_scaffold)
+    set_value = _twin(Session.set_value)
+    add_context = _twin(Session.add_context)
+    add_history = _twin(Session.add_history)
+    reset = _twin(Session.reset)
+    detach = _twin(Session.detach)
+    hibernate = _twin(Session.hibernate)
+    close = _twin(Session.close)
 
     async def context(self, context_id: str) -> AsyncContext:
         """The handle of an existing context (``Session.context``)."""
@@ -297,6 +297,7 @@ class AsyncContext:
     def __init__(self, context: Context, session: AsyncSession) -> None:
         self.sync = context
         self._session = session
+        self._threads = session._threads
 
     @property
     def id(self) -> str:
@@ -327,36 +328,24 @@ class AsyncContext:
         on_output: AsyncOnOutput | None = None,
     ) -> ExecResult:
         """``AsyncSession.execute`` in this context."""
-        return await self._session.execute(code, timeout, host_calls=host_calls, on_output=on_output, context=self.id)
+        return await self._session.execute(code, timeout, host_calls=host_calls, on_output=on_output, context=self)
 
-    async def stream(self, code: str, timeout: float | None = None) -> AsyncIterator[Event | ExecResult]:
+    async def stream(
+        self, code: str, timeout: float | None = None, *, host_calls: HostCalls | None = None
+    ) -> AsyncIterator[Event | ExecResult]:
         """``AsyncSession.stream`` in this context."""
-        async with contextlib.aclosing(self._session.stream(code, timeout, context=self.id)) as events:
+        events = self._session.stream(code, timeout, host_calls=host_calls, context=self)
+        async with contextlib.aclosing(events):
             async for item in events:
                 yield item
 
-    async def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
-        return await self._session._threads.run(self.sync.add_context, payload, index)
-
-    async def add_history(self, messages: list[Any], index: int | None = None) -> int:
-        return await self._session._threads.run(self.sync.add_history, messages, index)
-
-    async def set_value(
-        self, name: str, payload: str | bytes | dict[str, Any] | list[Any], *, aliases: Collection[str] = ()
-    ) -> None:
-        await self._session._threads.run(self.sync.set_value, name, payload, aliases=aliases)
-
-    async def get_context_count(self) -> int:
-        return self.sync.get_context_count()
-
-    async def get_history_count(self) -> int:
-        return self.sync.get_history_count()
-
-    async def reset(self) -> None:
-        await self._session._threads.run(self.sync.reset)
-
-    async def destroy(self) -> None:
-        await self._session._threads.run(self.sync.destroy)
+    add_context = _twin(Context.add_context)
+    add_history = _twin(Context.add_history)
+    set_value = _twin(Context.set_value)
+    get_context_count = _twin(Context.get_context_count, blocking=False)
+    get_history_count = _twin(Context.get_history_count, blocking=False)
+    reset = _twin(Context.reset)
+    destroy = _twin(Context.destroy)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, AsyncContext) and other.sync == self.sync
@@ -456,9 +445,6 @@ class AsyncOrchestrator:
     def metrics_address(self) -> str | None:
         return self.sync.metrics_address
 
-    async def build_image(self, *, rebuild: bool = False) -> str:
-        return await self._threads.run(self.sync.build_image, rebuild=rebuild)
-
     async def create_session(
         self,
         *,
@@ -493,12 +479,6 @@ class AsyncOrchestrator:
         )
         return [self._handle(fork) for fork in forks]
 
-    async def history(self, session_id: str) -> list[Generation]:
-        return await self._threads.run(self.sync.history, session_id)
-
-    async def rewind(self, session_id: str, generation: int, *, force: bool = False) -> Generation:
-        return await self._threads.run(self.sync.rewind, session_id, generation, force=force)
-
     async def evaluate(
         self,
         submissions: Iterable[Submission | Mapping[str, Any]] | str | os.PathLike[str],
@@ -516,47 +496,18 @@ class AsyncOrchestrator:
             self.sync.evaluate, submissions, out=out, junit=junit, resume=resume, on_result=relay, options=options
         )
 
-    async def list_sessions(self, *, now: float | None = None) -> list[SessionInfo]:
-        return await self._threads.run(self.sync.list_sessions, now=now)
-
-    async def describe(self, session_id: str, *, now: float | None = None) -> SessionInfo:
-        return await self._threads.run(self.sync.describe, session_id, now=now)
-
-    async def hibernate(self, session_id: str) -> bool:
-        return await self._threads.run(self.sync.hibernate, session_id)
-
-    async def resume(self, session_id: str, *, force: bool = False) -> bool:
-        return await self._threads.run(self.sync.resume, session_id, force=force)
-
-    async def logs(self, session_id: str, tail: int | None = 200) -> str:
-        return await self._threads.run(self.sync.logs, session_id, tail)
-
-    async def prune(
-        self,
-        *,
-        idle_for: float | None = None,
-        older_than: float | None = None,
-        hibernate_only: bool = False,
-        dry_run: bool = False,
-        now: float | None = None,
-    ) -> PruneReport:
-        return await self._threads.run(
-            self.sync.prune,
-            idle_for=idle_for,
-            older_than=older_than,
-            hibernate_only=hibernate_only,
-            dry_run=dry_run,
-            now=now,
-        )
-
-    async def remove(self, session_id: str, *, force: bool = False) -> None:
-        await self._threads.run(self.sync.remove, session_id, force=force)
-
-    async def containers(self, session_id: str | None = None) -> list[ContainerState]:
-        return await self._threads.run(self.sync.containers, session_id)
-
-    async def sessions(self) -> list[str]:
-        return await self._threads.run(self.sync.sessions)
+    build_image = _twin(Orchestrator.build_image)
+    history = _twin(Orchestrator.history)
+    rewind = _twin(Orchestrator.rewind)
+    list_sessions = _twin(Orchestrator.list_sessions)
+    describe = _twin(Orchestrator.describe)
+    hibernate = _twin(Orchestrator.hibernate)
+    resume = _twin(Orchestrator.resume)
+    logs = _twin(Orchestrator.logs)
+    prune = _twin(Orchestrator.prune)
+    remove = _twin(Orchestrator.remove)
+    containers = _twin(Orchestrator.containers)
+    sessions = _twin(Orchestrator.sessions)
 
     async def close(self) -> None:
         """Close every session this orchestrator holds (``Orchestrator.close``), then its threads."""

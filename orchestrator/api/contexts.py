@@ -4,28 +4,20 @@ A context is a namespace of the session's one worker (README "Contexts" says why
 of its own), with its own checkpoint keys (``<id>/<name>`` in the session's manifest), its
 own working directory under the sandbox's writable workspace and its own environment
 variables. The session's own namespace is the default context (id ``"default"``). This module
-holds the checks of what a caller asks for (ids, directories, environments) and ``Context``,
-the handle, which runs its calls through the session (its public calls, and ``ContextCalls``).
+holds the checks of what a caller asks for (ids, directories, environments) and the naming of a
+context's checkpoint keys; ``Context``, the handle, is in ``session.py`` (each of its calls is the
+session's with ``context=`` it).
 """
 
 from __future__ import annotations
 
 import posixpath
 import secrets
-from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Mapping
 
 from ..agent.protocol import CONTEXT_ID, CONTEXT_SEPARATOR
 from ..config import Settings
 from ..errors import ConfigError
-from ..state.store import SessionRecord
-from .events import Event, OnOutput
-from .results import ExecResult
-
-if TYPE_CHECKING:
-    from ..runtime.hostcalls import HostCalls
-    from .session import Session
 
 DEFAULT_CONTEXT = "default"
 """The id of the session's own namespace."""
@@ -127,133 +119,3 @@ def names_of(variables: Collection[str], context_id: str | None) -> list[str]:
         return sorted(key for key in variables if CONTEXT_SEPARATOR not in key)
     prefix = context_id + CONTEXT_SEPARATOR
     return sorted(key[len(prefix) :] for key in variables if key.startswith(prefix))
-
-
-@dataclass(frozen=True)
-class ContextCalls:
-    """What a context does through its session besides the session's public calls, each for one context (None: the
-    default one); the session hands its contexts these, bound to itself."""
-
-    spec: Callable[[str | None], dict[str, Any] | None]
-    """The record of a context (None for the default one); raises ``ContextNotFound`` for one that is gone."""
-    record: Callable[[], SessionRecord]
-    """The session's stored record."""
-    add_versioned: Callable[[str, Any, int | None, str | None], int]
-    """``add_context`` ("context") or ``add_history`` ("history"): the payload under ``<prefix>_<index>``."""
-    set_value: Callable[[str, Any, Collection[str], str | None], None]
-    reset: Callable[[str | None], None]
-    destroy: Callable[[str], None]
-
-
-class Context:
-    """One isolated namespace of a session, with the session's call surface; from ``Session.create_context``,
-    ``Session.context(id)`` or ``Session.contexts``.
-
-    Calls go through the session (one at a time per session). The default context (id
-    ``"default"``) is the session's own namespace, working directory and environment.
-    """
-
-    def __init__(self, session: Session, context_id: str, calls: ContextCalls) -> None:
-        self._session = session
-        self._id = context_id
-        self._calls = calls
-
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def session(self) -> Session:
-        return self._session
-
-    @property
-    def _wire_id(self) -> str | None:
-        return None if self._id == DEFAULT_CONTEXT else self._id
-
-    @property
-    def cwd(self) -> str | None:
-        """The working directory in the sandbox the context was created with (None: the default context's,
-        the image's working directory). A cell's ``os.chdir`` lasts in its context until the next restore."""
-        spec = self._calls.spec(self._wire_id)
-        return None if spec is None else str(spec["cwd"])
-
-    @property
-    def env(self) -> dict[str, str]:
-        """The environment variables the context was created with, on top of the sandbox's own."""
-        spec = self._calls.spec(self._wire_id)
-        return {} if spec is None else dict(spec["env"])
-
-    @property
-    def variables(self) -> list[str]:
-        """The context's names held by the last checkpoint."""
-        self._calls.spec(self._wire_id)
-        return names_of(self._calls.record().variables, self._wire_id)
-
-    def execute(
-        self,
-        code: str,
-        timeout: float | None = None,
-        *,
-        host_calls: HostCalls | None = None,
-        on_output: OnOutput | None = None,
-    ) -> ExecResult:
-        """Run ``code`` in this context and checkpoint it: ``Session.execute`` (same arguments, result and errors).
-
-        Raises:
-            ContextNotFound: the context was destroyed.
-        """
-        return self._session.execute(code, timeout, host_calls=host_calls, on_output=on_output, context=self._id)
-
-    def stream(self, code: str, timeout: float | None = None) -> Iterator[Event | ExecResult]:
-        """``Session.stream`` in this context."""
-        return self._session.stream(code, timeout, context=self._id)
-
-    def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
-        """``Session.add_context`` in this context: ``context_<index>`` (and ``context``); returns the index."""
-        return self._calls.add_versioned("context", payload, index, self._wire_id)
-
-    def add_history(self, messages: list[Any], index: int | None = None) -> int:
-        """``Session.add_history`` in this context: ``history_<index>`` (and ``history``); returns the index."""
-        if not isinstance(messages, list):
-            raise ConfigError(f"messages must be a list, not {type(messages).__name__}")
-        return self._calls.add_versioned("history", messages, index, self._wire_id)
-
-    def set_value(
-        self, name: str, payload: str | bytes | dict[str, Any] | list[Any], *, aliases: Collection[str] = ()
-    ) -> None:
-        """``Session.set_value`` in this context."""
-        self._calls.set_value(name, payload, aliases, self._wire_id)
-
-    def get_context_count(self) -> int:
-        return self._count("context_count")
-
-    def get_history_count(self) -> int:
-        return self._count("history_count")
-
-    def _count(self, counter: str) -> int:
-        spec = self._calls.spec(self._wire_id)
-        return int(getattr(self._calls.record(), counter) if spec is None else spec[counter])
-
-    def reset(self) -> None:
-        """Clear this context's variables (the others keep theirs); the empty state is checkpointed."""
-        self._calls.reset(self._wire_id)
-
-    def destroy(self) -> None:
-        """Delete the context and its variables from the sandbox and the checkpoint; the others are untouched.
-
-        Raises:
-            ConfigError: this is the default context (close the session instead).
-            ContextNotFound: the context was destroyed already.
-        """
-        if self._wire_id is None:
-            raise ConfigError("the default context is the session's own namespace; use Session.close() to end it")
-        self._calls.destroy(self._wire_id)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Context) and (other._session, other._id) == (self._session, self._id)
-
-    def __hash__(self) -> int:
-        return hash((id(self._session), self._id))
-
-    def __repr__(self) -> str:
-        return f"<Context {self._id} of session {self._session.id}>"

@@ -1,49 +1,29 @@
-"""The public handle on one persistent session: its calls, each a transaction on the session's checkpoint.
+"""The public handles on one persistent session: ``Session``, whose calls are each defined once here, and
+``Context``, a namespace of it, whose calls are the session's with ``context=`` it.
 
-A call's reply carries the checkpoint delta it caused; it is stored (by the ledger, under the
-store lock, only while this handle owns the session) before the call returns. What the sandbox
-is and how it is restored live in ``runtime.restore``; what a failed request does to it, and
-the error the caller gets, in ``runtime.recovery``.
-"""
+Each call checks its arguments and runs as a transaction on the session's checkpoint (``transactions.py``;
+a cell: ``execution.py``; a value made on the host: ``values.py``). What the sandbox is and how it is restored
+live in ``runtime.restore``; what a failed request does to it, and the error the caller gets, in
+``runtime.recovery``. The async twins are made from these calls in ``aio.py``."""
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import logging
 import math
-import queue
-import threading
-import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..agent import protocol
 from ..checks import is_count
-from ..errors import (
-    ConfigError,
-    ContextNotFound,
-    ExecutionTimeout,
-    InputRequestNotFound,
-    SessionAttachedElsewhere,
-    SessionNotFound,
-)
+from ..errors import ConfigError, InputRequestNotFound, SessionAttachedElsewhere, SessionNotFound
 from ..ops import hibernation
-from ..runtime.hostcalls import CallDesk, HostCalls
-from ..runtime.output import StreamRecorder, keep_newest
-from ..runtime.recovery import Recoverer
+from ..runtime.hostcalls import HostCalls
 from ..runtime.restore import SessionSandbox, SessionState
-from ..runtime.sandbox import ValueFile
-from ..state.ledger import StagedBlob
-from ..wire.connection import Body
 from ..wire.payloads import encode_payload
-from ..wire.replies import parse_exec_reply, parse_state_reply, reply_reason
+from . import streams, values
 from .contexts import (
     DEFAULT_CONTEXT,
-    Context,
-    ContextCalls,
-    checkpoint_key,
-    local_names,
     names_of,
     new_context_id,
     resolve_cwd,
@@ -51,13 +31,18 @@ from .contexts import (
     validate_env,
     workspace,
 )
-from .events import Event, LiveCall, OnOutput
-from .results import ExecError, ExecResult, Generation, generations, output_fields
+from .events import Event, OnOutput
+from .execution import run_cell
+from .results import ExecResult, Generation, generations
 from .tools import DEFAULT_ANSWER_CHARS, PythonTool
+from .transactions import Transactions
 
-__all__ = ["Session", "SessionState"]
+__all__ = ["Context", "Session", "SessionState"]
 
 logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class Session:
@@ -80,17 +65,8 @@ class Session:
         self._forker = forker
         self._ledger = sandbox.ledger
         self._settings = sandbox.settings
-        self._recovery = Recoverer(sandbox, sandbox.metrics)
+        self._calls = Transactions(sandbox)
         self._on_close = on_close
-        self._live: LiveCall | None = None  # the running exec's output, input and interrupt (read by other threads)
-        self._context_calls = ContextCalls(
-            spec=self._context_spec,
-            record=lambda: self._ledger.record,
-            add_versioned=self._add_versioned,
-            set_value=self._set_value,
-            reset=self._reset,
-            destroy=self._destroy_context,
-        )
 
     # ----------------------------------------------------------------- public surface
 
@@ -166,9 +142,9 @@ class Session:
         *,
         host_calls: HostCalls | None = None,
         on_output: OnOutput | None = None,
-        context: str | None = None,
+        context: Context | str | None = None,
     ) -> ExecResult:
-        """Run ``code`` in the session's namespace and checkpoint the result.
+        """Run ``code`` in the session's namespace (or ``context``'s) and checkpoint the result.
 
         Args:
             code: Python source; a trailing expression's repr becomes ``return_value``.
@@ -181,8 +157,8 @@ class Session:
                 (within ~50 ms) and each ``InputRequest`` of its ``input()``, which a str it
                 returns answers (else ``submit_input`` does). Without it, ``input()`` raises
                 ``EOFError`` at once. See ``orchestrator.api.events``.
-            context: the id of the context to run in (``create_context``); default: the
-                session's own namespace (``"default"``).
+            context: the context to run in (a ``Context`` of this session or its id, ``create_context``);
+                default: the session's own namespace (``"default"``).
 
         Returns:
             ExecResult; an exception raised by the code is in ``.error``, not raised. Output past
@@ -211,51 +187,7 @@ class Session:
             raise ConfigError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
         if on_output is not None and not callable(on_output):
             raise ConfigError(f"on_output must be callable, got {type(on_output).__name__}")
-        header = protocol.exec_request(
-            code,
-            limit,
-            checkpoint_timeout=self._settings.timeouts.checkpoint,
-            send_limit=self._settings.limits.max_output_file_bytes,
-            stream=on_output is not None,
-            input=on_output is not None,
-        )
-        slack = self._settings.timeouts.interrupt_grace + self._settings.timeouts.reply_margin
-        with self._turn():
-            self._name_context(header, context)
-            desk = (
-                None
-                if host_calls is None
-                else CallDesk(
-                    host_calls,
-                    self._sandbox.handler_pool(),
-                    max_held=self._settings.limits.max_host_calls_per_cell,
-                    owner=self._sandbox,
-                    metrics=self._sandbox.metrics,
-                )
-            )
-            live = self._live = LiveCall(
-                self._new_recorder,
-                on_output,
-                self._settings.timeouts.input,
-                owner=self._sandbox,
-                wakeup=self._sandbox.wakeup(),
-            )
-            started = time.monotonic()
-            try:
-                return self._recovery.call(
-                    header,
-                    b"",
-                    limit + slack,
-                    lambda r, b: self._exec_result(r, b, limit, live, time.monotonic() - started, context),
-                    checkpoint_seconds=self._settings.timeouts.checkpoint + slack,
-                    desk=desk,
-                    live=live,
-                )
-            finally:
-                self._live = None
-                live.close()
-                if desk is not None:
-                    desk.close()
+        return run_cell(self._calls, code, limit, host_calls, on_output, self._context_id(context))
 
     def stream(
         self,
@@ -263,43 +195,18 @@ class Session:
         timeout: float | None = None,
         *,
         host_calls: HostCalls | None = None,
-        context: str | None = None,
+        context: Context | str | None = None,
     ) -> Iterator[Event | ExecResult]:
         """``execute`` as an iterator: each ``OutputEvent`` and ``InputRequest`` as it happens, then the ``ExecResult``.
 
         Answer an ``InputRequest`` with ``submit_input``. The cell runs on a thread of its own;
         leaving the loop early interrupts it. Raises what ``execute`` raises, after the events.
         """
-        events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-
-        def run() -> None:
-            try:
-                result = self.execute(code, timeout, host_calls=host_calls, on_output=on_event, context=context)
-                events.put(("result", result))
-            except BaseException as exc:
-                events.put(("error", exc))
-
-        def on_event(event: Event) -> None:
-            events.put(("event", event))
-
-        runner = threading.Thread(target=run, name=f"stream-{self.id}", daemon=True)
-        runner.start()
-        finished = False
-        try:
-            while True:
-                kind, item = events.get()
-                if kind == "event":
-                    yield item
-                    continue
-                finished = True
-                if kind == "error":
-                    raise item
-                yield item
-                return
-        finally:
-            while not finished and runner.is_alive() and not self.interrupt():
-                runner.join(0.005)  # the call has not begun yet: interrupt it once it has
-            runner.join()
+        return streams.stream(
+            lambda on_output: self.execute(code, timeout, host_calls=host_calls, on_output=on_output, context=context),
+            self.interrupt,
+            f"stream-{self.id}",
+        )
 
     def submit_input(self, request_id: str, text: str) -> None:
         """Answer the running cell's ``input()`` request ``request_id`` (from any thread).
@@ -308,7 +215,7 @@ class Session:
             InputRequestNotFound: no such request waits (unknown, answered, timed out, or no cell runs).
             ConfigError: ``text`` is not a str, or longer than 1 MiB.
         """
-        live = self._live
+        live = self._calls.live
         if live is None:
             raise InputRequestNotFound(f"no cell of session {self.id} is running, so no input request {request_id!r}")
         live.submit(request_id, text)
@@ -318,7 +225,7 @@ class Session:
 
         The call gets ``ExecutionTimeout`` and the session stays usable. Returns False when no cell runs.
         """
-        live = self._live
+        live = self._calls.live
         return live is not None and live.interrupt()
 
     def fork(
@@ -364,7 +271,7 @@ class Session:
         """
         if not is_count(generation):
             raise ConfigError(f"generation must be an integer >= 0, got {generation!r}")
-        with self._turn():
+        with self._calls.turn():
             self._sandbox.check_usable()
             self._ledger.rewind(generation)
             self._sandbox.load_current()
@@ -408,13 +315,19 @@ class Session:
         listed = sorted(set(names))
         if not all(isinstance(name, str) and name.isidentifier() for name in listed):
             raise ConfigError(f"scaffold names must be identifiers, got {listed!r}")
-        with self._turn():
+        with self._calls.turn():
             self._sandbox.set_scaffold((code, listed))
 
     def set_value(
-        self, name: str, payload: str | bytes | dict[str, Any] | list[Any], *, aliases: Collection[str] = ()
+        self,
+        name: str,
+        payload: str | bytes | dict[str, Any] | list[Any],
+        *,
+        aliases: Collection[str] = (),
+        context: Context | str | None = None,
     ) -> None:
-        """Store ``payload`` as the variable ``name`` (and each alias), checkpointed; dicts and lists travel as JSON.
+        """Store ``payload`` as the variable ``name`` (and each alias) of the session (or of ``context``),
+        checkpointed; dicts and lists travel as JSON.
 
         Like ``add_context``, the value is made on the host, so it travels once, as raw bytes; a
         str or bytes value's checkpoint blob is written by the controller, so it never travels back.
@@ -423,20 +336,25 @@ class Session:
             CheckpointQuotaExceeded: a str or bytes value would take the checkpoint past the quota
                 (nothing was sent or stored).
             ConfigError: a name is not an identifier, or the payload is not str, bytes, dict or list.
+            ContextNotFound: ``context`` names no context of this session.
         """
-        self._set_value(name, payload, aliases, None)
-
-    def _set_value(self, name: str, payload: Any, aliases: Collection[str], context: str | None) -> None:
         names = [name, *aliases]
         if not all(isinstance(n, str) and n.isidentifier() for n in names):
             raise ConfigError(f"variable names must be identifiers, got {names!r}")
         encoded = encode_payload(payload)
-        with self._turn():
-            self._context_spec(context)
-            self._store(name, list(aliases), encoded, {}, context)
+        context_id = self._context_id(context)
+        with self._calls.turn():
+            values.store(self._calls, name, list(aliases), encoded, {}, context_id)
 
-    def add_context(self, payload: str | bytes | dict[str, Any] | list[Any], index: int | None = None) -> int:
-        """Load a context into the namespace as ``context_<index>`` (``context`` aliases ``context_0``).
+    def add_context(
+        self,
+        payload: str | bytes | dict[str, Any] | list[Any],
+        index: int | None = None,
+        *,
+        context: Context | str | None = None,
+    ) -> int:
+        """Load a context into the namespace (or ``context``'s) as ``context_<index>`` (``context`` aliases
+        ``context_0``).
 
         The payload travels once, as raw bytes; for a str or bytes nothing travels back (the
         controller writes its checkpoint blob itself). Returns the index used.
@@ -445,35 +363,31 @@ class Session:
             CheckpointQuotaExceeded: a str or bytes payload would take the checkpoint past the quota
                 (nothing was sent or stored).
         """
-        return self._add_versioned("context", payload, index)
+        return values.add_versioned(self._calls, "context", payload, index, self._context_id(context))
 
-    def add_history(self, messages: list[Any], index: int | None = None) -> int:
+    def add_history(
+        self, messages: list[Any], index: int | None = None, *, context: Context | str | None = None
+    ) -> int:
         """Store a message history as ``history_<index>`` (``history`` aliases ``history_0``)."""
         if not isinstance(messages, list):
             raise ConfigError(f"messages must be a list, not {type(messages).__name__}")
-        return self._add_versioned("history", messages, index)
+        return values.add_versioned(self._calls, "history", messages, index, self._context_id(context))
 
-    def get_context_count(self) -> int:
-        return self._ledger.record.context_count
+    def get_context_count(self, *, context: Context | str | None = None) -> int:
+        return self._calls.count("context_count", self._context_id(context))
 
-    def get_history_count(self) -> int:
-        return self._ledger.record.history_count
+    def get_history_count(self, *, context: Context | str | None = None) -> int:
+        return self._calls.count("history_count", self._context_id(context))
 
-    def reset(self) -> None:
-        """Clear every variable of the default context (the container keeps running, other contexts keep
-        theirs); the empty state is checkpointed."""
-        self._reset(None)
-
-    def _reset(self, context: str | None) -> None:
+    def reset(self, *, context: Context | str | None = None) -> None:
+        """Clear every variable of the default context, or of ``context`` (the container keeps running, other
+        contexts keep theirs); the empty state is checkpointed."""
+        context_id = self._context_id(context)
         header = protocol.reset_request(self._settings.timeouts.checkpoint)
-        with self._turn():
-            self._name_context(header, context)
-            self._recovery.call(
-                header,
-                b"",
-                self._control_seconds(),
-                lambda r, b: self._commit_state(r, b, {"context_count": 0, "history_count": 0}, context),
-            )
+        with self._calls.turn():
+            self._calls.in_context(header, context_id)
+            counters = {"context_count": 0, "history_count": 0}
+            self._calls.control(header, lambda r, b: self._calls.commit_state(r, b, counters, context_id))
 
     def detach(self) -> None:
         """Let go of the session but keep its container and checkpoint, for ``Orchestrator.attach``.
@@ -481,7 +395,7 @@ class Session:
         Its lease ends, so any controller may attach it without ``force``. A stale handle (another controller took
         the session) only lets go of what it holds here, and logs that.
         """
-        with self._turn(call=False):
+        with self._calls.turn(call=False):
             if self.state is not SessionState.READY:
                 return
             try:
@@ -502,9 +416,6 @@ class Session:
         """
         hibernation.hibernate(self._sandbox)
 
-    def _turn(self, *, call: bool = True) -> AbstractContextManager[None]:
-        return self._sandbox.turn(call=call)
-
     def close(self) -> None:
         """Remove the container and the stored state. Closing twice is fine.
 
@@ -512,7 +423,7 @@ class Session:
         here (channel, threads, files) and leaves the session, its container and its stored state to their owner,
         which it logs as a warning.
         """
-        with self._turn(call=False):
+        with self._calls.turn(call=False):
             if self.state is SessionState.CLOSED:
                 return
             sandbox = self._sandbox
@@ -549,145 +460,12 @@ class Session:
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.state.value} generation={self.generation} epoch={self.epoch}>"
 
-    # ----------------------------------------------------------------- calls
-
-    def _new_recorder(self, stream: str) -> StreamRecorder:
-        """Where a stream of the running call goes when its output travels (made on its first frame)."""
-        return StreamRecorder(
-            self._ledger.store.outputs_dir(self.id),
-            stream,
-            self._settings.limits.max_output_bytes,
-            self._settings.limits.max_output_file_bytes,
-        )
-
-    def _output(self, parsed: protocol.ExecReply, live: LiveCall) -> dict[str, Any]:
-        """What the result gets beside the reply: the bytes of streams that came as frames, previews of streams
-        kept in files (and their paths), the callback's errors. Empty for a call that printed little text and had
-        no callback (nothing to copy)."""
-        live.finish_output()
-        fields = output_fields(parsed, live.recorders)
-        if live.callback_errors:
-            fields["callback_errors"] = tuple(live.callback_errors)
-        if any(recorder.spilled for recorder in live.recorders.values()):
-            keep_newest(self._ledger.store.outputs_dir(self.id), self._settings.limits.max_output_files)
-        return fields
-
-    def _exec_result(
-        self, reply: dict[str, Any], body: bytearray, limit: float, live: LiveCall, elapsed: float, context: str | None
-    ) -> ExecResult:
-        """The result of an exec reply, its checkpoint committed; ``elapsed`` is the call's time on the host's clock.
-
-        The durations the agent reports are never more than ``elapsed``: whoever budgets with them (a
-        grader's time for the tests) gets at most what the host measured, whatever the sandbox says.
-        """
-        parsed = parse_exec_reply(reply)
-        if parsed["error"] is not None:
-            ExecError.from_reply(parsed["error"])  # every field checked before anything is stored
-        parsed["duration"] = min(parsed["duration"], elapsed)
-        parsed["checkpoint_duration"] = min(parsed["checkpoint_duration"], elapsed)
-        before = set(self._ledger.record.unsaved)  # the session's unsaved report up to this call
-        reported = self._ledger.commit(parsed["checkpoint"], body, context=self._context_of(context))
-        unsaved = local_names(reported)
-        newly = local_names({k: why for k, why in reported.items() if k not in before and repr(k) not in before})
-        failures = self._sandbox.take_unreported()
-        output = self._output(parsed, live)
-        if parsed["status"] == protocol.STATUS_TIMEOUT:
-            why = "was stopped by the caller" if live.interrupt_requested else f"ran past its {limit:g} s timeout"
-            raise ExecutionTimeout(
-                f"the cell {why} and was interrupted; session {self.id} keeps "
-                f"what the cell did before the interrupt (generation {self.generation}"
-                + (f"; not saved: {', '.join(sorted(unsaved))}" if unsaved else "")
-                + ")",
-                restored=False,
-                generation=self.generation,
-                restore_failures=failures,
-                stdout=output.get("stdout", parsed["stdout"]),
-                stderr=output.get("stderr", parsed["stderr"]),
-            )
-        result = ExecResult.from_reply(parsed, unsaved, self.generation, failures, newly)
-        return dataclasses.replace(result, **output) if output else result
-
-    def _commit_state(
-        self,
-        reply: dict[str, Any],
-        body: bytearray,
-        counters: dict[str, int],
-        context: str | None = None,
-        staged: Collection[StagedBlob] = (),
-    ) -> dict[str, str]:
-        context = self._context_of(context)
-        if context is None:
-            return self._ledger.commit(parse_state_reply(reply), body, counters=counters, staged=staged)
-        contexts = dict(self._ledger.record.contexts)
-        contexts[context] = {**contexts[context], **counters}
-        return self._ledger.commit(parse_state_reply(reply), body, contexts=contexts, staged=staged, context=context)
-
-    def _control_seconds(self) -> float:
-        return self._settings.timeouts.start + self._settings.timeouts.checkpoint + self._settings.timeouts.reply_margin
-
-    def _add_versioned(self, prefix: str, payload: Any, index: int | None, context: str | None = None) -> int:
-        encoded = encode_payload(payload)
-        counter = f"{prefix}_count"
-        with self._turn():
-            spec = self._context_spec(context)
-            count = getattr(self._ledger.record, counter) if spec is None else spec[counter]
-            if index is None:
-                index = count
-            if not is_count(index):
-                raise ConfigError(f"index must be a non-negative int, got {index!r}")
-            aliases = [prefix] if index == 0 else []
-            self._store(f"{prefix}_{index}", aliases, encoded, {counter: max(count, index + 1)}, context)
-            return index
-
-    def _store(
-        self,
-        name: str,
-        aliases: list[str],
-        encoded: tuple[str, bytes],
-        counters: dict[str, int],
-        context: str | None = None,
-    ) -> None:
-        """One ``set_value`` request: a host-made value (``encode_payload``) under ``name`` and ``aliases``.
-
-        A str or bytes value's checkpoint blob is made here, not in the sandbox: a pickle written
-        around the raw bytes (``protocol.host_blob_parts``, no copy of them), named by a fresh id
-        (no hash). It is checked against the quota before anything is sent and written to the store
-        while the request is in flight; the agent adopts it and sends nothing back
-        (docs/protocol.md, "Host-made blobs"). JSON values are pickled by the agent, as cells' are.
-
-        Raises:
-            CheckpointQuotaExceeded: a str or bytes value would take the checkpoint past the quota.
-        """
-        kind, raw = encoded
-        header = protocol.set_value_request(name, kind, aliases, self._settings.timeouts.checkpoint)
-        self._name_context(header, context)
-        staged: list[StagedBlob] = []
-        body: Body | ValueFile = raw
-        if kind in protocol.HOST_BLOB_KINDS:
-            keys = {checkpoint_key(header.get("context"), n) for n in [name, *aliases]}
-            self._ledger.check_room(keys, len(raw) + protocol.HOST_BLOB_OVERHEAD, f"the {kind} value for {name}")
-            staged.append(self._ledger.stage(protocol.host_blob_parts(kind, raw)))
-            header["blob"], header["blob_size"] = staged[0].blob_id, staged[0].size
-            if staged[0].size >= protocol.VALUE_FILE_MIN_BYTES:  # a local sandbox maps the staged file instead
-                body = ValueFile(staged[0].directory, staged[0].written, staged[0].blob_id, raw)
-        try:
-            self._recovery.call(
-                header,
-                body,
-                self._control_seconds(),
-                lambda r, b: self._commit_state(r, b, counters, context, staged),
-            )
-        finally:
-            for blob in staged:
-                blob.discard()
-
     # ----------------------------------------------------------------- contexts
 
     @property
     def contexts(self) -> list[Context]:
         """Every context of the session: the default one (its own namespace, id ``"default"``) first, then by id."""
-        ids = [DEFAULT_CONTEXT, *sorted(self._ledger.record.contexts)]
-        return [Context(self, context_id, self._context_calls) for context_id in ids]
+        return [Context(self, context_id) for context_id in [DEFAULT_CONTEXT, *sorted(self._ledger.record.contexts)]]
 
     def context(self, context_id: str) -> Context:
         """The handle of an existing context (``"default"``: the session's own), e.g. after ``attach``.
@@ -695,8 +473,8 @@ class Session:
         Raises:
             ContextNotFound: the session has no such context (never created, or destroyed).
         """
-        self._context_spec(context_id)
-        return Context(self, context_id, self._context_calls)
+        self._calls.spec(context_id)
+        return Context(self, context_id)
 
     def create_context(
         self, cwd: str | None = None, env: Mapping[str, str] | None = None, *, context_id: str | None = None
@@ -710,7 +488,8 @@ class Session:
             context_id: its id (letters, digits, ``_``, ``-``); default: a new ``ctx-<hex>``.
 
         Returns:
-            The Context, with ``execute`` / ``add_context`` / ``set_value`` / ``reset`` / ``destroy``.
+            The Context, with ``execute`` / ``add_context`` / ``set_value`` / ``reset`` / ``destroy``; or pass it
+            as ``context=`` to the session's calls.
 
         Raises:
             ConfigError: a bad id, a ``cwd`` outside the workspace, a bad ``env``, an id in use, or the
@@ -721,59 +500,120 @@ class Session:
         variables = validate_env(env)
         spec = {"cwd": path, "env": variables, "context_count": 0, "history_count": 0}
         header = protocol.context_create_request(new_id, path, variables, self._settings.timeouts.checkpoint)
-        with self._turn():
+        with self._calls.turn():
             if new_id in self._ledger.record.contexts:
                 raise ConfigError(
                     f"session {self.id} already has a context {new_id!r}; use session.context({new_id!r}) to reach it"
                 )
-            self._recovery.call(
-                header, b"", self._control_seconds(), lambda r, b: self._commit_context(r, b, new_id, spec)
-            )
+            self._calls.control(header, lambda r, b: self._calls.commit_context(r, b, new_id, spec))
         logger.info("session %s: created context %s in %s", self.id, new_id, path)
-        return Context(self, new_id, self._context_calls)
+        return Context(self, new_id)
 
     def _destroy_context(self, context_id: str) -> None:
         header = protocol.context_destroy_request(context_id, self._settings.timeouts.checkpoint)
-        with self._turn():
-            self._context_spec(context_id)
-            self._recovery.call(
-                header, b"", self._control_seconds(), lambda r, b: self._commit_context(r, b, context_id, None)
-            )
+        with self._calls.turn():
+            self._calls.spec(context_id)
+            self._calls.control(header, lambda r, b: self._calls.commit_context(r, b, context_id, None))
         logger.info("session %s: destroyed context %s", self.id, context_id)
 
-    def _commit_context(self, reply: dict[str, Any], body: bytearray, context_id: str, spec: Any) -> None:
-        """Store a created (``spec``) or destroyed (None) context with the delta its request caused."""
-        if reply.get("status") == protocol.STATUS_ERROR:
-            reason = reply_reason(reply, "")
-            raise ConfigError(f"the sandbox of session {self.id} could not create context {context_id}: {reason}")
-        contexts = {k: v for k, v in self._ledger.record.contexts.items() if k != context_id}
-        if spec is not None:
-            contexts[context_id] = spec
-        self._ledger.commit(parse_state_reply(reply), body, contexts=contexts)
-
-    def _context_spec(self, context: str | None) -> dict[str, Any] | None:
-        """The record of a context (None for the default one).
+    def _context_id(self, context: Context | str | None) -> str | None:
+        """The id of the context a call names (None for the default one); whether it exists is checked in the call.
 
         Raises:
-            ContextNotFound: the session has no such context.
+            ConfigError: a ``Context`` of another session, or neither a ``Context`` nor a str.
         """
-        if context is None or context == DEFAULT_CONTEXT:
-            return None
-        spec = self._ledger.record.contexts.get(context)
-        if spec is None:
-            known = ", ".join([DEFAULT_CONTEXT, *sorted(self._ledger.record.contexts)])
-            raise ContextNotFound(
-                f"session {self.id} has no context {context!r}: it was destroyed or never created (its contexts: "
-                f"{known}); make one with session.create_context()"
-            )
-        return spec
-
-    @staticmethod
-    def _context_of(context: str | None) -> str | None:
-        """The context id a delta's names are prefixed with (None for the default context)."""
+        if isinstance(context, Context):
+            if context.session is not self:
+                raise ConfigError(f"context {context.id!r} is of another session, not {self.id}; use its own session")
+            context = context.id
+        if context is not None and not isinstance(context, str):
+            raise ConfigError(f"context must be a Context or its id (a str), not {type(context).__name__}")
         return None if context == DEFAULT_CONTEXT else context
 
-    def _name_context(self, header: protocol.InContext, context: str | None) -> None:
-        """Put the context a request runs in into its header (nothing for the default context)."""
-        if context is not None and self._context_spec(context) is not None:
-            header["context"] = context
+
+def _in_context(call: Callable[Concatenate[Session, P], T]) -> Callable[Concatenate[Context, P], T]:
+    """A ``Context`` method from the ``Session`` call it is: the call with ``context=`` the context (the one
+    definition of each call is the session's; the method has its parameters but ``context``)."""
+    name = call.__name__
+
+    def method(self: Context, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        result: T = getattr(self.session, name)(*args, context=self, **kwargs)
+        return result
+
+    signature = inspect.signature(call)
+    parameters = [p for p in signature.parameters.values() if p.name != "context"]
+    method.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    method.__name__, method.__qualname__ = name, f"Context.{name}"
+    method.__doc__ = f"``Session.{name}`` in this context: the same arguments, result and errors."
+    return method
+
+
+class Context:
+    """One isolated namespace of a session, with the session's call surface; from ``Session.create_context``,
+    ``Session.context(id)`` or ``Session.contexts``.
+
+    Each call is the session's with ``context=`` this context (``ctx.execute(code)`` is
+    ``session.execute(code, context=ctx)``), one at a time per session. The default context (id
+    ``"default"``) is the session's own namespace, working directory and environment. A call on a destroyed
+    context raises ``ContextNotFound``.
+    """
+
+    def __init__(self, session: Session, context_id: str) -> None:
+        self._session = session
+        self._id = context_id
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def session(self) -> Session:
+        return self._session
+
+    @property
+    def cwd(self) -> str | None:
+        """The working directory in the sandbox the context was created with (None: the default context's,
+        the image's working directory). A cell's ``os.chdir`` lasts in its context until the next restore."""
+        spec = self._session._calls.spec(self._id)
+        return None if spec is None else str(spec["cwd"])
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment variables the context was created with, on top of the sandbox's own."""
+        spec = self._session._calls.spec(self._id)
+        return {} if spec is None else dict(spec["env"])
+
+    @property
+    def variables(self) -> list[str]:
+        """The context's names held by the last checkpoint."""
+        spec = self._session._calls.spec(self._id)
+        return names_of(self._session._ledger.record.variables, None if spec is None else self._id)
+
+    execute = _in_context(Session.execute)
+    stream = _in_context(Session.stream)
+    add_context = _in_context(Session.add_context)
+    add_history = _in_context(Session.add_history)
+    set_value = _in_context(Session.set_value)
+    get_context_count = _in_context(Session.get_context_count)
+    get_history_count = _in_context(Session.get_history_count)
+    reset = _in_context(Session.reset)
+
+    def destroy(self) -> None:
+        """Delete the context and its variables from the sandbox and the checkpoint; the others are untouched.
+
+        Raises:
+            ConfigError: this is the default context (close the session instead).
+            ContextNotFound: the context was destroyed already.
+        """
+        if self._id == DEFAULT_CONTEXT:
+            raise ConfigError("the default context is the session's own namespace; use Session.close() to end it")
+        self._session._destroy_context(self._id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Context) and (other._session, other._id) == (self._session, self._id)
+
+    def __hash__(self) -> int:
+        return hash((id(self._session), self._id))
+
+    def __repr__(self) -> str:
+        return f"<Context {self._id} of session {self._session.id}>"

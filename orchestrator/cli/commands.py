@@ -11,8 +11,9 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..config import Settings, save_default_base_image
-from ..errors import ConfigError, OrchestratorError, SandboxError
+from ..errors import ConfigError, OrchestratorError, SandboxError, SessionHeld
 from ..state.store import SessionStore, validate_session_id
+from ..units import describe_duration
 from . import filters
 from .output import Exit, Output, UsageError, error_json, error_line, one_line
 from .render import (
@@ -29,9 +30,15 @@ from .render import (
 )
 
 if TYPE_CHECKING:  # the API is imported when a command first needs the engine (``Context.orch``)
+    from tenacity import RetryCallState
+
     from ..api.manager import Orchestrator
     from ..api.session import Session
     from ..ops.prune import PruneReport
+
+
+_HELD_POLL_SECONDS = 0.2
+"""How often a command waiting for a held session tries again (a CLI call's detach frees it at once)."""
 
 
 class Context:
@@ -55,9 +62,9 @@ class Context:
         return bool(store.names())
 
     @contextlib.contextmanager
-    def attached(self, session_id: str, *, force: bool = False) -> Iterator[Session]:
+    def attached(self, session_id: str, *, force: bool = False, wait: float = 0.0) -> Iterator[Session]:
         """Attach a session for the block, then detach it: the session keeps running for the next command."""
-        session = self.attach(session_id, force=force)
+        session = self.attach(session_id, force=force, wait=wait)
         try:
             yield session
         except BaseException:
@@ -65,9 +72,42 @@ class Context:
             raise
         self.detach(session)
 
-    def attach(self, session_id: str, *, force: bool = False) -> Session:
-        """Attach a session (``SessionHeld`` while a live controller holds it, unless ``force``)."""
-        session = self.orch.attach(session_id, force=force)
+    def attach(self, session_id: str, *, force: bool = False, wait: float = 0.0) -> Session:
+        """Attach a session. While a live controller holds it, ``force`` takes it; else this waits its turn for up to
+        ``wait`` seconds (another terminal's call on the same session is ordinary), saying so once on stderr.
+
+        Raises:
+            SessionHeld: it was still held after ``wait`` seconds.
+        """
+        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+        def waiting(state: RetryCallState) -> None:
+            if state.attempt_number == 1 and state.outcome is not None:
+                held = state.outcome.exception()
+                holder = f"pid {held.pid} on host {held.host}" if isinstance(held, SessionHeld) else "another process"
+                self.out.note(
+                    f"orchestrator: session {session_id} is busy ({holder} holds it); waiting for its turn, up to "
+                    f"{describe_duration(wait)} (--no-wait fails at once, --force takes it over)"
+                )
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(SessionHeld),
+            stop=stop_after_delay(wait),
+            wait=wait_fixed(_HELD_POLL_SECONDS),
+            before_sleep=waiting,
+            reraise=True,
+        )
+        try:
+            session = retrying(self.orch.attach, session_id, force=force)
+        except SessionHeld as held:
+            if not wait:
+                raise
+            raise SessionHeld(
+                f"{held} (waited {describe_duration(wait)}; --wait D waits longer)",
+                host=held.host,
+                pid=held.pid,
+                since=held.since,
+            ) from None
         self._handles.append(session)
         return session
 
@@ -305,7 +345,7 @@ def read_code(code: str, stdin: Any = None) -> str:
 def exec_code(ctx: Context, args: argparse.Namespace) -> int:
     """Run code in a session (attach, execute, detach), its output streamed; exit 1 when the code raised."""
     code = read_code(args.code)
-    with ctx.attached(args.session_id, force=args.force) as session:
+    with ctx.attached(args.session_id, force=args.force, wait=args.wait) as session:
         return run_and_show(ctx, session, code, args.timeout, stdin=None if args.code == "-" else sys.stdin)
 
 

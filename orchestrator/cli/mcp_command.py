@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..extras import needs
 from ..mcp import EXTRA, NEEDS
 from ..mcp.seats import Seats
-from ..mcp.workspace import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSIONS, Limits, Workspace
+from ..mcp.workspace import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSIONS, Binding, Limits, Workspace
 from ..units import positive_duration_argument, size_argument
 from .commands import Context
 
@@ -114,16 +114,10 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be a port number (1-65535), got {args.port}")
 
     def workspace() -> Workspace:
-        return Workspace(
-            ctx.orch,
-            limits,
-            named=args.session,
-            force=args.force,
-            keep=args.keep,
-            image=args.image,
-            labels=dict(args.labels),
-            seats=seats,
+        binding = Binding(
+            named=args.session, force=args.force, keep=args.keep, image=args.image, labels=dict(args.labels)
         )
+        return Workspace(ctx.orch, limits, binding, seats=seats)
 
     # A named session has one holder: every HTTP client then shares it (docs/mcp.md, "Streamable HTTP").
     clients = Clients(workspace, per_session=args.http and args.session is None, idle_after=IDLE_AFTER)

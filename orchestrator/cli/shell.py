@@ -102,9 +102,11 @@ class Shell:
         timeout: float | None,
         stdin: TextIO | None = None,
         force: bool = False,
+        wait: float = 0.0,
     ) -> None:
         self.ctx = ctx
         self.force = force
+        self.wait = wait
         self.out = ctx.out
         self.session_id = session_id
         self.timeout = timeout
@@ -115,7 +117,7 @@ class Shell:
 
     def main(self) -> int:
         """Attach, read and run until end of input, detach. Returns the exit status."""
-        self.session = self.ctx.attach(self.session_id, force=self.force)
+        self.session = self.ctx.attach(self.session_id, force=self.force, wait=self.wait)
         try:
             with self._history():
                 if self.interactive:
@@ -218,4 +220,4 @@ class Shell:
 
 def shell(ctx: Context, args: argparse.Namespace) -> int:
     """The ``shell`` command."""
-    return Shell(ctx, args.session_id, timeout=args.timeout, force=args.force).main()
+    return Shell(ctx, args.session_id, timeout=args.timeout, force=args.force, wait=args.wait).main()

@@ -172,30 +172,39 @@ class Evaluator:
         report = EvalReport(image=image)
         done = results_file.finished() if results_file is not None else set()
         previous = results_file.previous if results_file is not None else {}
-        order: list[str] = []
-        todo: list[Submission] = []
-        for item in items:
-            if isinstance(item, InvalidLine):
-                report.invalid.append(item)
-                continue
-            order.append(item.id)
-            if item.id in done:
-                report.resumed += 1
-            else:
-                todo.append(item)
+        order, todo = _sort(items, done, report)
         finished: dict[str, EvalResult] = {}
-        runner = SubmissionRunner(self._settings, output_limit=self._options.output_limit)
+        pool = self._pool(todo)
+        try:
+            self._grade_all(todo, pool, image_id, self._finisher(finished, results_file, on_result))
+        finally:
+            pool.close()
+        report.results = [
+            finished[key] if key in finished else previous[key] for key in order if key in finished or key in previous
+        ]
+        report.seconds = time.monotonic() - started
+        if junit is not None:
+            _write_junit(junit, report)
+        return report
+
+    def _pool(self, todo: list[Submission]) -> SandboxPool:
+        """The warm sandboxes of this run: as many as run at once, no more than the runs of the default memory."""
         size = self._options.jobs if self._options.pool_size is None else self._options.pool_size
-        pool = SandboxPool(
+        return SandboxPool(
             self._backend,
             self._settings,
-            image=image,
+            image=self._image,
             scope=f"eval-{self._run_id}",
             labels=self._labels,
             size=min(size, self._options.runs * sum(1 for s in todo if s.memory in (None, self._default_memory))),
             share_network=self._options.share_network,
             metrics=self._metrics,
         )
+
+    def _finisher(
+        self, finished: dict[str, EvalResult], results_file: ResultsFile | None, on_result: OnResult | None
+    ) -> Callable[[EvalResult], None]:
+        """What is done with each submission's result: kept, written, counted and passed to ``on_result``."""
 
         def finish(result: EvalResult) -> None:
             with self._lock:
@@ -211,40 +220,27 @@ class Evaluator:
                 except Exception:  # the caller's bug must not stop the run: the result is written already
                     logger.warning("eval: the on_result callback raised on %s", result.id, exc_info=True)
 
-        try:
-            with ThreadPoolExecutor(self._options.jobs, thread_name_prefix="eval") as jobs:
-                try:
-                    futures = []
-                    for submission in todo:
-                        collect = _RunsOf(self._options.runs, finish)  # one per submission, shared by its runs
-                        futures += [
-                            jobs.submit(self._grade, pool, runner, submission, image, image_id, collect)
-                            for _ in range(self._options.runs)
-                        ]
-                    for future in futures:
-                        future.result()
-                except BaseException:
-                    self._stop()
-                    raise
-        finally:
-            pool.close()
-        report.results = [
-            finished[key] if key in finished else previous[key] for key in order if key in finished or key in previous
-        ]
-        report.seconds = time.monotonic() - started
-        if junit is not None:
-            figures = {
-                f"total_{key}": str(value) for key, value in report.totals.to_json().items() if value is not None
-            }
-            write_junit(
-                junit,
-                report.results,
-                report.invalid,
-                name="orchestrator eval",
-                seconds=report.seconds,
-                properties=figures,
-            )
-        return report
+        return finish
+
+    def _grade_all(
+        self, todo: list[Submission], pool: SandboxPool, image_id: str, finish: Callable[[EvalResult], None]
+    ) -> None:
+        """Grade each submission ``runs`` times, ``jobs`` at once; interrupted, stop them all."""
+        runner = SubmissionRunner(self._settings, output_limit=self._options.output_limit)
+        with ThreadPoolExecutor(self._options.jobs, thread_name_prefix="eval") as jobs:
+            try:
+                futures = []
+                for submission in todo:
+                    collect = _RunsOf(self._options.runs, finish)  # one per submission, shared by its runs
+                    futures += [
+                        jobs.submit(self._grade, pool, runner, submission, self._image, image_id, collect)
+                        for _ in range(self._options.runs)
+                    ]
+                for future in futures:
+                    future.result()
+            except BaseException:
+                self._stop()
+                raise
 
     def _stop(self) -> None:
         """Interrupted: keep no more results and remove the sandboxes still running (their jobs end at once)."""
@@ -390,3 +386,28 @@ def sweep_dead_runs(backend: Backend) -> list[str]:
     if removed:
         logger.info("eval: removed %d containers of runs that died: %s", len(removed), ", ".join(removed))
     return removed
+
+
+def _sort(
+    items: Iterable[Submission | InvalidLine], done: set[str], report: EvalReport
+) -> tuple[list[str], list[Submission]]:
+    """The ids in the input's order and the submissions to grade; invalid lines and resumed ids go to ``report``."""
+    order: list[str] = []
+    todo: list[Submission] = []
+    for item in items:
+        if isinstance(item, InvalidLine):
+            report.invalid.append(item)
+            continue
+        order.append(item.id)
+        if item.id in done:
+            report.resumed += 1
+        else:
+            todo.append(item)
+    return order, todo
+
+
+def _write_junit(junit: Path, report: EvalReport) -> None:
+    figures = {f"total_{key}": str(value) for key, value in report.totals.to_json().items() if value is not None}
+    write_junit(
+        junit, report.results, report.invalid, name="orchestrator eval", seconds=report.seconds, properties=figures
+    )

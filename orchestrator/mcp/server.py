@@ -6,7 +6,7 @@ Over HTTP every request must carry the bearer token (``BearerToken``, compared i
 time) before the SDK sees it; the server binds to loopback unless told otherwise.
 """
 
-# No "from __future__ import annotations": the SDK reads the tools' annotations, some made in build_server.
+# No "from __future__ import annotations": the SDK reads the tools' annotations, some made in _add_cell_tools.
 
 import functools
 from collections.abc import Callable
@@ -52,12 +52,24 @@ def build_server(clients: Clients) -> MCPServer[Any]:
     server: MCPServer[Any] = MCPServer(
         "orchestrator", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
     )
-    limit = clients.shared.limits.max_timeout
-    most = f" (at most {limit:g})" if limit is not None else ""
 
     def tool(name: str, description: str, *, read_only: bool = False) -> Callable[[Callable[..., Any]], Any]:
         annotations = ToolAnnotations(read_only_hint=read_only, destructive_hint=False, open_world_hint=False)
         return server.tool(name=name, description=description, annotations=annotations, structured_output=False)
+
+    _add_cell_tools(tool, clients)
+    _add_session_tools(tool, clients)
+    return server
+
+
+_Tool = Callable[..., Callable[[Callable[..., Any]], Any]]
+"""Registers a tool with the server: ``tool(name, description, read_only=False)`` as a decorator."""
+
+
+def _add_cell_tools(tool: _Tool, clients: Clients) -> None:
+    """The tools that run code in a session and read or change its variables."""
+    limit = clients.shared.limits.max_timeout
+    most = f" (at most {limit:g})" if limit is not None else ""
 
     @tool(
         "execute_code",
@@ -119,6 +131,10 @@ def build_server(clients: Clients) -> MCPServer[Any]:
     ) -> str:
         return await _on(clients, ctx, lambda w: w.add_context(text, path, session))
 
+
+def _add_session_tools(tool: _Tool, clients: Clients) -> None:
+    """The tools of a client's sessions: forks, the generations each keeps, and rewinding to one."""
+
     @tool(
         "fork_session",
         "Copy a session (its variables, at its current state or a kept generation) into a new session of yours, "
@@ -159,8 +175,6 @@ def build_server(clients: Clients) -> MCPServer[Any]:
     @tool("close_session", "Remove one of your forks (its sandbox and its stored state) when you are done with it.")
     async def close_session(ctx: Context, session: Annotated[str, Field(description="The fork to remove.")]) -> str:
         return await _on(clients, ctx, lambda w: w.close_session(session))
-
-    return server
 
 
 async def _on(clients: Clients, ctx: Context, call: Callable[[Workspace], _T]) -> _T:

@@ -16,8 +16,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
@@ -52,17 +53,31 @@ class Limits:
     """Directories under which ``add_context`` may read a file the client names; none: no file may be read."""
 
 
+@dataclass(frozen=True)
+class Binding:
+    """Which session a workspace's default one is, and what becomes of the sessions it makes (the flags of
+    ``orchestrator mcp``)."""
+
+    named: str | None = None
+    """Bind the default session to this stored session (attached, or created when missing); it survives the client.
+    None: a new session, removed when the client goes."""
+    force: bool = False
+    """Take ``named`` even from a live controller that holds it."""
+    keep: bool = False
+    """When the client goes, detach every session it made instead of removing them."""
+    image: str | None = None
+    """The image of the sessions the workspace creates (None: the default image)."""
+    labels: Mapping[str, str] = dataclass_field(default_factory=dict)
+    """Labels of the sessions the workspace creates."""
+
+
 class Workspace:
     """The sessions one MCP client uses: its default session and its forks; every method returns the answer's text.
 
     Args:
         orch: the orchestrator that owns the sessions (this process's).
-        named: bind the default session to this stored session (attached, or created when missing); it survives
-            the client. None: a new session, removed when the client goes.
-        force: take ``named`` even from a live controller that holds it.
-        keep: when the client goes, detach every session it made instead of removing them.
-        image: the image of the sessions this workspace creates (None: the default image).
-        labels: labels of the sessions this workspace creates.
+        binding: which session is the default one, and what becomes of them all (None: ``Binding()``, a new
+            session, removed with the others when the client goes).
         seats: the server's places for sessions, shared by its workspaces (None: ``limits.max_sessions`` of its own).
     """
 
@@ -70,21 +85,15 @@ class Workspace:
         self,
         orch: Orchestrator,
         limits: Limits,
+        binding: Binding | None = None,
         *,
-        named: str | None = None,
-        force: bool = False,
-        keep: bool = False,
-        image: str | None = None,
-        labels: dict[str, str] | None = None,
         seats: Seats | None = None,
     ) -> None:
         self._orch = orch
         self.limits = limits
-        self._named = named
-        self._force = force
-        self._keep = keep
-        self._image = image
-        self._labels = dict(labels or {})
+        binding = binding or Binding()
+        self._named, self._force, self._keep = binding.named, binding.force, binding.keep
+        self._image, self._labels = binding.image, dict(binding.labels)
         self._seats = seats if seats is not None else Seats(limits.max_sessions)
         self._lock = threading.Lock()  # the session table; the calls themselves are serialized by each Session
         self._sessions: dict[str, tuple[Session, PythonTool]] = {}

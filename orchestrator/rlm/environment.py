@@ -124,6 +124,23 @@ def _release_left(session: Session, shared: _SharedOrchestrator, pid: int) -> No
         _release_session(session, shared, keep=False)
 
 
+def _cell_timeout(cell_timeout: float | str | None, settings: Settings) -> float:
+    """Seconds one cell may run: ``cell_timeout`` (seconds, or a duration: "10m"), or None for ``timeouts.exec``.
+
+    Raises:
+        ConfigError: not a positive, finite duration.
+    """
+    try:
+        timeout = settings.timeouts.exec if cell_timeout is None else parse_duration(cell_timeout)
+    except ConfigError:
+        timeout = 0
+    if not 0 < timeout < math.inf:
+        raise ConfigError(
+            f"cell_timeout must be a positive duration (seconds, or 90s, 10m) or None, got {cell_timeout!r}"
+        )
+    return float(timeout)
+
+
 class DockerREPL(NonIsolatedEnv):
     """rlms' Docker environment on an orchestrator session.
 
@@ -196,15 +213,7 @@ class DockerREPL(NonIsolatedEnv):
         self.custom_sub_tools: dict[str, Any] = custom_sub_tools if custom_sub_tools is not None else self.custom_tools
         self._tools = plan_tools(self.custom_tools)
         self._settings = resolve_settings(settings, image)
-        try:
-            timeout = self._settings.timeouts.exec if cell_timeout is None else parse_duration(cell_timeout)
-        except ConfigError:
-            timeout = 0
-        if not 0 < timeout < math.inf:
-            raise ConfigError(
-                f"cell_timeout must be a positive duration (seconds, or 90s, 10m) or None, got {cell_timeout!r}"
-            )
-        self.cell_timeout = float(timeout)
+        self.cell_timeout = _cell_timeout(cell_timeout, self._settings)
         self.image = self._settings.base_image
         self._requested_id = session_id
         self._labels = dict(labels or {})

@@ -35,9 +35,9 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 
+from .. import background
 from ..agent import protocol
 from ..wire.call import BlobRefused, BlobUnavailable, Served
-from . import background
 
 logger = logging.getLogger(__name__)
 

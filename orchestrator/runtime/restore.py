@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
+from .. import background
 from ..agent import protocol
 from ..backends.base import SESSION_ID, STORE_ID, Backend, ContainerState, Placement
 from ..config import Settings
@@ -30,7 +31,7 @@ from ..state.ledger import CheckpointLedger
 from ..state.store import SessionRecord
 from ..wire.replies import TakenOver, parse_install_reply, worker_failure
 from ..wire.wakeup import Wakeup
-from . import background, discard
+from . import discard
 from .deferred import DEFER_BYTES, DeferredBlobs, deferrable
 from .hostcalls import HandlerPool, serving
 from .sandbox import Sandbox

@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
+from .. import background
 from ..agent import protocol
 from ..agent.sealed import sealed_copy_of
 from ..backends.base import SANDBOX_ID, WORKER_UID, Backend, ContainerState, Placement, SandboxSpec
@@ -40,7 +41,6 @@ from ..wire.call import Call, LiveEvents
 from ..wire.connection import AgentConnection, Body, Header
 from ..wire.endpoint import Endpoint, UnixSocketEndpoint
 from ..wire.replies import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
-from . import background
 from .deferred import DeferredBlobs, deferrable
 from .hostcalls import CallDesk
 from .identity import choose_worker_uid

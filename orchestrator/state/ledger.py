@@ -20,12 +20,13 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from .. import background
 from ..agent import protocol
 from ..agent.protocol import CheckpointDelta
 from ..errors import (
@@ -39,7 +40,6 @@ from ..errors import (
     SessionHeld,
 )
 from ..metrics import NO_METRICS, Recorder
-from ..runtime import background
 from ..units import describe_bytes
 from . import history, lease
 from .store import SessionRecord, SessionStore, Written, new_host_blob_id, wrong_size
@@ -101,6 +101,41 @@ class StagedBlob:
 
 def _key_bytes(variables: dict[str, str]) -> int:
     return sum(protocol.key_bytes(key) for key in variables)
+
+
+def _check_names(changed: dict[str, str]) -> None:
+    """Refuse a variable name the store would refuse: never commit what cannot be read back."""
+    for key in changed:
+        problem = protocol.checkpoint_key_problem(key)
+        if problem is not None:
+            shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
+            raise ProtocolError(f"checkpoint names a variable {shown} that cannot be stored: {problem}")
+
+
+def _received_blobs(record: SessionRecord, delta: CheckpointDelta, body: bytearray) -> dict[str, memoryview]:
+    """The blobs a checkpoint sent, by digest, cut from its ``body`` (their sizes checked against those stored)."""
+    try:
+        parts = protocol.split_body(body, [entry["size"] for entry in delta["blobs"]])
+    except protocol.ProtocolViolation as exc:
+        raise ProtocolError(str(exc)) from None
+    blobs = {entry["digest"]: part for entry, part in zip(delta["blobs"], parts, strict=True)}
+    _check_stored_sizes(record, blobs)
+    return blobs
+
+
+def _check_contexts(
+    changed: dict[str, str], variables: dict[str, str], known: Collection[str], *, destroying: bool
+) -> None:
+    """Refuse variables of a context the session does not have (``destroying``: one it was told to destroy)."""
+
+    def unknown(names: Iterable[str]) -> bool:
+        separator = protocol.CONTEXT_SEPARATOR
+        return any(separator in k and k.partition(separator)[0] not in known for k in names)
+
+    if unknown(changed):
+        raise ProtocolError("checkpoint names a variable of a context the session does not have")
+    if destroying and unknown(variables):
+        raise ProtocolError("the agent kept variables of a context it was told to destroy")
 
 
 def _check_stored_sizes(record: SessionRecord, blobs: dict[str, memoryview]) -> None:
@@ -372,32 +407,15 @@ class CheckpointLedger:
             and unsaved == self.record.unsaved
         ):
             return delta["unsaved"]  # nothing to store; the activity file (not the record) says it was used
-        for key in changed:
-            problem = protocol.checkpoint_key_problem(key)
-            if problem is not None:  # the store would refuse the record: never commit what cannot be read back
-                shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
-                raise ProtocolError(f"checkpoint names a variable {shown} that cannot be stored: {problem}")
-        try:
-            parts = protocol.split_body(body, [entry["size"] for entry in delta["blobs"]])
-        except protocol.ProtocolViolation as exc:
-            raise ProtocolError(str(exc)) from None
-        blobs = {entry["digest"]: part for entry, part in zip(delta["blobs"], parts, strict=True)}
-        _check_stored_sizes(self.record, blobs)
+        _check_names(changed)
+        blobs = _received_blobs(self.record, delta, body)
         host = {blob.blob_id: blob for blob in staged}
         if not set(changed.values()) <= set(blobs) | set(host) | set(self.record.blob_sizes):
             raise ProtocolError("checkpoint names a blob that was neither sent nor stored")
         gone = set(deleted)
         variables = {k: v for k, v in self.record.variables.items() if k not in gone}
         variables.update(changed)
-        if any(
-            protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known for k in changed
-        ):
-            raise ProtocolError("checkpoint names a variable of a context the session does not have")
-        if contexts is not None and any(
-            protocol.CONTEXT_SEPARATOR in k and k.partition(protocol.CONTEXT_SEPARATOR)[0] not in known
-            for k in variables
-        ):
-            raise ProtocolError("the agent kept variables of a context it was told to destroy")
+        _check_contexts(changed, variables, known, destroying=contexts is not None)
         sizes = {
             **self.record.blob_sizes,
             **{d: len(b) for d, b in blobs.items()},
@@ -405,21 +423,32 @@ class CheckpointLedger:
         }
         blob_sizes = {d: sizes[d] for d in set(variables.values())}
         self._check_limits(variables, blob_sizes)
+        changes: dict[str, Any] = {"unsaved": unsaved, "generation": delta["generation"], **(counters or {})}
+        if contexts is not None:
+            changes["contexts"] = contexts
+        self._store_checkpoint(variables, blob_sizes, blobs, host, changes)
+        return delta["unsaved"]
+
+    def _store_checkpoint(
+        self,
+        variables: dict[str, str],
+        blob_sizes: dict[str, int],
+        blobs: dict[str, memoryview],
+        host: dict[str, StagedBlob],
+        changes: dict[str, Any],
+    ) -> None:
+        """Write the blobs the variables name (sent, or host-made and staged) and then the manifest, as the owner."""
         written: dict[str, bytes | bytearray | memoryview] = {d: blobs[d] for d in blobs if d in blob_sizes}
         with self.owned() as current:
             self._store.write_blobs(self.session_id, written)
             for blob_id, blob in host.items():
                 if blob_id in blob_sizes:
                     blob.place()
-            changes: dict[str, Any] = {"unsaved": unsaved, **(counters or {})}
-            if contexts is not None:
-                changes["contexts"] = contexts
-            self._replace_manifest(current, variables, blob_sizes, generation=delta["generation"], **changes)
+            self._replace_manifest(current, variables, blob_sizes, **changes)
         self.metrics.checkpoint(
             sum(map(len, written.values())) + sum(b.size for i, b in host.items() if i in blob_sizes),
             self.record.checkpoint_bytes,
         )
-        return delta["unsaved"]
 
     def _check_limits(self, variables: dict[str, str], blob_sizes: dict[str, int]) -> None:
         """Refuse a checkpoint past the session's limits, each counted on what the host holds (received bytes, keys).

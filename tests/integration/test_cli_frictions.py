@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from test_ops_cli import cli, make, one_line, store
+from test_ops_cli import cli, cli_env, make, one_line, store
 
 __all__ = ["cli", "make", "store"]  # the fixtures of the ops CLI's tests, used here
 
@@ -55,3 +58,35 @@ def test_labels_as_docker_takes_them(cli):
     assert cli("ls", "-q", "--filter", "label=team=b").stdout == "lab-2\n"
     stored = json.loads(cli("inspect", "lab-2", "--json").stdout)["labels"]
     assert stored["orchestrator.label.team"] == "b"  # under our prefix for the API and the engine
+
+
+def test_a_second_exec_waits_its_turn_and_no_wait_fails_at_once(cli, make, store):
+    sid = make("x = 41")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "exec", sid, "import time; time.sleep(4); x += 1"],
+        env=cli_env(store),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_until_held(cli, sid)  # --no-wait, the behaviour before: exit 5 (SessionHeld) at once
+        bounded = cli("exec", sid, "x", "--wait", "1s")
+        assert bounded.returncode == 5 and "waited 1s" in bounded.stderr, bounded.stderr
+        second = cli("exec", sid, "x")  # as two terminals on one REPL: the second runs after the first
+        assert second.returncode == 0, second.stderr
+        assert second.stdout == "42\n"
+        assert "is busy" in second.stderr and "waiting for its turn" in second.stderr
+    finally:
+        out, err = first.communicate(timeout=60)
+    assert first.returncode == 0 and out == "", err
+
+
+def _wait_until_held(cli, sid: str) -> None:
+    """Until the first command holds the session: ``--no-wait`` is refused (before, the probe's own cell runs)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if cli("exec", sid, "None", "--no-wait").returncode == 5:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"session {sid} was never held")

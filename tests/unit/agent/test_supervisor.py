@@ -379,6 +379,7 @@ def test_a_cell_cannot_take_the_interrupt_away(agent):
 
 def test_checkpoint_timeout_names_the_slow_value_and_saves_the_rest(agent):
     agent.run(SLOW_REDUCE)
+    agent.notices.clear()  # that checkpoint (dill's import) may outlast the notice's delay on a loaded machine
     reply, _ = agent.run("a = 1\nb = [2]\ns = Slow()", checkpoint_timeout=0.5)
     assert reply["status"] == "ok" and "worker_restarted" not in reply
     assert reply["duration"] < 0.5 <= reply["checkpoint_duration"] < 5

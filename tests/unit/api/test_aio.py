@@ -95,15 +95,15 @@ def test_the_calls_of_a_session_its_contexts_and_its_tool(tmp_path: Path) -> Non
                 assert [c.id for c in session.contexts] == ["default", "other"]
                 again = await session.context("other")
                 assert again == created and hash(again) == hash(created)
-                assert (await created.execute("z = 'three'")).ok
-                await created.set_value("w", "four")
-                assert await created.add_context("c") == 0 and await created.get_context_count() == 1
-                assert await created.add_history([]) == 0 and await created.get_history_count() == 1
-                assert created.cwd == "/tmp/contexts/other" and created.env == {}
+                assert (await created.execute("z = 'three'")).ok and await created.add_context("c") == 0
+                assert await session.add_history([], context=created) == 0 and await created.get_history_count() == 1
+                assert await session.get_context_count(context="other") == 1 == created.sync.get_context_count()
+                with pytest.raises(orchestrator.ConfigError, match="of another session"):
+                    await session.set_value("w", "four", context=Context(orch.sync, "other"))  # type: ignore[arg-type]
+                assert created.cwd == "/tmp/contexts/other" and created.env == {} and created.variables == []
                 items = [item async for item in created.stream("v = 'five'")]
                 assert items[-1].ok  # type: ignore[union-attr]
-                await created.reset()
-                assert created.variables == []
+                await session.reset(context=created)
                 await created.destroy()
                 with pytest.raises(ContextNotFound):
                     await session.context("other")

@@ -32,7 +32,7 @@ from orchestrator import (
 )
 from orchestrator.api.events import OutputEvent
 from orchestrator.api.session import SessionState
-from orchestrator.cli import commands, output, render, shell
+from orchestrator.cli import commands, output, parser, render, shell
 from orchestrator.cli import logs as session_logs
 from orchestrator.cli.output import Exit
 from orchestrator.config import defaults_path
@@ -334,7 +334,7 @@ def test_a_missing_session_says_how_to_list_them(fake, capsys):
 
 def test_janitor_is_registered_from_its_module():
     args = cli.build_parser().parse_args(["janitor", "--once"])
-    assert args.func is cli._janitor and args.needs_orchestrator is False and args.once is True
+    assert args.func is parser._janitor and args.needs_orchestrator is False and args.once is True
 
 
 # ---------------------------------------------------------------------------- rendering

@@ -12,7 +12,7 @@ from fakes import FakeBackend, fake_settings
 
 from orchestrator import Orchestrator
 from orchestrator.mcp.files import FileRefused, read_context_file
-from orchestrator.mcp.workspace import Limits, Workspace
+from orchestrator.mcp.workspace import Binding, Limits, Workspace
 
 
 @pytest.fixture
@@ -90,21 +90,21 @@ def test_closing_removes_what_the_client_made(orch: Orchestrator) -> None:
 
 
 def test_a_named_session_is_created_at_open_and_detached_at_close(orch: Orchestrator, tmp_path: Path) -> None:
-    workspace = Workspace(orch, Limits(), named="kept-one")
+    workspace = Workspace(orch, Limits(), Binding(named="kept-one"))
     workspace.open()
     assert orch.sessions() == ["kept-one"]
     workspace.execute("x = 'one'", None, None)
     workspace.fork(None, None)
     workspace.close()
     assert orch.sessions() == ["kept-one"]  # the fork went; the named one stays, for the next client
-    again = Workspace(orch, Limits(), named="kept-one")
+    again = Workspace(orch, Limits(), Binding(named="kept-one"))
     again.open()
     assert "variables (1): x" in again.list_variables(None)
     again.close()
 
 
 def test_keep_detaches_every_session(orch: Orchestrator) -> None:
-    workspace = Workspace(orch, Limits(), keep=True)
+    workspace = Workspace(orch, Limits(), Binding(keep=True))
     workspace.execute("x = 'one'", None, None)
     workspace.fork(None, None)
     workspace.close()

@@ -1,11 +1,11 @@
-"""The shared pool's lanes (runtime/background.py): one session's flood of work holds one thread and delays only
+"""The shared pool's lanes (background.py): one session's flood of work holds one thread and delays only
 itself. What is observed is which tasks run and wait, never time."""
 
 from __future__ import annotations
 
 import threading
 
-from orchestrator.runtime import background
+from orchestrator import background
 
 
 def test_a_lane_runs_one_task_at_a_time_and_another_lane_is_not_queued_behind_it() -> None:
