@@ -40,6 +40,7 @@ MIN_SANDBOX_MEMORY = 32 << 20
 MIN_MEMORY_WHY = ": below it the sandbox's agent cannot start"
 CAPACITY_POLICIES = ("hibernate", "refuse")
 BACKENDS = ("docker", "swarm")
+CARRIERS = ("descriptors", "relayed")
 _UID_RANGE = re.compile(r"^\s*(\d{1,10})\s*-\s*(\d{1,10})\s*$")
 
 
@@ -443,6 +444,10 @@ class Settings(_Fields):
     """Talk to a local sandbox's worker directly, past its supervisor, when its agent offers it (docs/protocol.md,
     "One hop"): a trivial call takes about a quarter less time. False keeps every request on the supervisor's
     connection (two hops), as a Swarm sandbox's always is."""
+    carrier: str | None = field(default=None, metadata=_env("ORCH_CARRIER", _OPTIONAL_TEXT))
+    """How one hop's data channels reach the controller (docs/design/one-hop.md, "Carriers"): None, each sandbox's
+    own (its descriptors on the local engine, "relayed" where none can pass, as on Swarm); "relayed" forces their
+    bytes onto the supervisor's connection (tests run the attack files once so)."""
     timeouts: Timeouts = field(default_factory=Timeouts)
     """How long each wait may last."""
     limits: ResourceLimits = field(default_factory=ResourceLimits)
@@ -460,6 +465,8 @@ class Settings(_Fields):
                 raise self._invalid(name, f"a {kind.__name__}")
         if self.backend not in BACKENDS:
             raise self._invalid("backend", f"one of {', '.join(BACKENDS)}")
+        if self.carrier not in (None, *CARRIERS):
+            raise self._invalid("carrier", f"None or one of {', '.join(CARRIERS)}")
         if self.agent_command is not None:
             command = tuple(self.agent_command)
             if not command or not all(isinstance(part, str) and part for part in command):

@@ -69,12 +69,13 @@ def close_fds(fds: Sequence[int]) -> None:
             os.close(fd)
 
 
-def recv_with_fds(sock: socket.socket, max_fds: int) -> Tuple[framing.Header, List[int]]:
-    """One frame without a body and the descriptors that came with it (at most ``max_fds``; they are close-on-exec).
+def recv_with_fds(sock: socket.socket, max_fds: int, max_body: int = 0) -> Tuple[framing.Header, List[int], bytes]:
+    """One frame, its body of at most ``max_body`` bytes (a relay frame's) and the descriptors that came with it (at
+    most ``max_fds``; they are close-on-exec).
 
     Raises:
         ProtocolViolation: more descriptors than ``max_fds`` came (the kernel closed the rest; those that came are
-            closed too), or the frame is invalid or has a body.
+            closed too), or the frame is invalid or its body too long.
         ChannelClosed: the peer closed the connection.
     """
     prefix = bytearray()
@@ -90,12 +91,13 @@ def recv_with_fds(sock: socket.socket, max_fds: int) -> Tuple[framing.Header, Li
             if not data:
                 raise framing.ChannelClosed("the peer closed the connection")
             prefix += data
-        head_len, _ = framing.parse_prefix(prefix, _CONTROL_HEADER_BYTES, 0)
+        head_len, body_len = framing.parse_prefix(prefix, _CONTROL_HEADER_BYTES, max_body)
         header = framing.decode_header(framing.recv_exactly(sock, head_len))
+        body = bytes(framing.recv_exactly(sock, body_len)) if body_len else b""
     except BaseException:
         close_fds(fds)
         raise
-    return header, fds
+    return header, fds, body
 
 
 def stream_sockets(fds: Sequence[int], count: int) -> List[socket.socket]:

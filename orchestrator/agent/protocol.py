@@ -86,6 +86,17 @@ WORKER_LOST = "worker_lost"
 KILL = "kill"
 WORKER_REPLACED = "worker_replaced"
 INTERRUPT_PHASES = ("cell", "load", "checkpoint")
+# The relayed carrier (docs/design/one-hop.md, "Carriers"): an agent that offers RELAYED in its hello takes it when the
+# controller's auth says ``relayed: true`` beside ``one_hop: true``. The ``data_channel`` frame then carries no
+# descriptors: the supervisor makes the worker's pairs and forwards their bytes on its connection, both ways, in
+# ``relay {stream, channel}`` frames: the body is the stream's next bytes (at most RELAY_CHUNK), an empty one says
+# that end closed (agent/control.py builds them).
+RELAYED = "relayed"
+RELAY = "relay"
+RELAY_REQUESTS = "D"  # requests and replies
+RELAY_CALLS = "K"  # host calls and output
+RELAY_STREAMS = (RELAY_REQUESTS, RELAY_CALLS)
+RELAY_CHUNK = 256 << 10
 
 # Outcomes of a request as the agent reports them in ``status``.
 STATUS_OK = "ok"

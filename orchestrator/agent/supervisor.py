@@ -28,6 +28,7 @@ import time
 from typing import Any, Dict, List, Optional, Set
 
 from . import blob_format, confinement, framing, handover, handshake, protocol, request_table
+from . import control as control_frames
 from .channel import Channel, ControllerLink
 from .config import Config, ConfigError, read_secret
 from .frames import CHUNK_BYTES, Copier, Movers
@@ -113,6 +114,9 @@ class Supervisor:
         self.generation = 0
         self.worker_lost: Optional[Dict[str, Any]] = None
         self.one_hop = False  # the connection being served took one hop (handshake)
+        self.relayed = False  # ... on the relayed carrier: the data channel's bytes go on the connection
+        self.relay_ends: Dict[str, socket.socket] = {}  # relayed: our ends of the worker's D and K
+        self.relay_number: Any = None  # relayed: the number of the data channel they are
         # One hop: data channels handed to the worker that it has not reported leaving (``idle``) yet; one closed
         # and the next handed at once may overtake the idle of the first.
         self.channels_held = 0
@@ -161,6 +165,7 @@ class Supervisor:
         """Kill (or reap, when ``died``) the worker and start a fresh one; return how it died."""
         old = self.worker
         self._forget(old)
+        self._drop_relay()  # the data channel goes with its worker
         info = old.death() if died else None
         if not died:
             old.kill()
@@ -219,7 +224,7 @@ class Supervisor:
             "agent_pid": os.getpid(),
             "worker_pid": self.worker.pid,
             "nonce": nonce,
-            "capabilities": [protocol.ONE_HOP, protocol.BLOB_FILES],
+            "capabilities": [protocol.ONE_HOP, protocol.BLOB_FILES, protocol.RELAYED],
         }
 
     def handshake(self, conn: socket.socket) -> bool:
@@ -239,6 +244,7 @@ class Supervisor:
         proof = handshake.auth_proof(self._secret, "agent", agent_nonce, controller_nonce)
         framing.send_frame(conn, {"type": protocol.AUTH_OK, "proof": proof})
         self.one_hop = header.get(protocol.ONE_HOP) is True
+        self.relayed = self.one_hop and header.get(protocol.RELAYED) is True
         return True
 
     def _send(self, conn: socket.socket, header: Dict[str, Any], body: Any = b"") -> None:
@@ -311,17 +317,31 @@ class Supervisor:
                 if self.host_calls.link_fd() in ready:  # the worker's calls go on the data channel's own link
                     self.host_calls.take_call(None, "in one hop, host calls go to the controller directly")
                     continue
+                for stream, end in list(self.relay_ends.items()):
+                    if end.fileno() in ready:
+                        self._relay_out(conn, stream, end)
                 if conn_fd in ready:
-                    header, fds = handover.recv_with_fds(conn, protocol.DATA_CHANNEL_FDS)
-                    self._control(conn, header, fds)
+                    max_body = protocol.RELAY_CHUNK if self.relayed else 0
+                    header, fds, body = handover.recv_with_fds(conn, protocol.DATA_CHANNEL_FDS, max_body)
+                    self._control(conn, header, fds, body)
         finally:
+            self._drop_relay()  # the worker sees its data channel end and goes idle
             self.idle.unregister(conn)
 
-    def _control(self, conn: socket.socket, header: Dict[str, Any], fds: List[int]) -> None:
-        """One control frame of a one-hop connection (with the descriptors that came with it)."""
+    def _control(self, conn: socket.socket, header: Dict[str, Any], fds: List[int], body: bytes) -> None:
+        """One control frame of a one-hop connection (with the descriptors and the body that came with it)."""
         kind = header["type"]
+        if kind == protocol.RELAY and self.relayed:
+            self._relay_in(conn, header, body)
+            return
+        if body:
+            raise framing.ProtocolViolation("a %r frame with a body on a one-hop connection" % kind)
         if kind == protocol.DATA_CHANNEL:
-            sockets = handover.stream_sockets(fds, protocol.DATA_CHANNEL_FDS)
+            if self.relayed:
+                handover.close_fds(fds)
+                sockets = self._relay_pairs(header.get("channel"))
+            else:
+                sockets = handover.stream_sockets(fds, protocol.DATA_CHANNEL_FDS)
             try:
                 self._send(self.worker.sock, {"type": protocol.DATA_CHANNEL})
                 handover.pass_fds(self.worker.sock, [sock.fileno() for sock in sockets])
@@ -349,6 +369,58 @@ class Supervisor:
             self._send(conn, dict(reply, oom=bool(info.get("oom")), signal=info.get("signal")))
             return
         raise framing.ProtocolViolation("a %r frame on a one-hop connection" % kind)
+
+    # -- the relayed carrier (docs/design/one-hop.md, "Carriers"): the data channel's bytes go on the connection
+
+    def _relay_pairs(self, number: Any) -> List[socket.socket]:
+        """The worker's ends of a new data channel made here; ours are kept and forwarded (relay frames)."""
+        self._drop_relay()
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in protocol.RELAY_STREAMS]
+        self.relay_number = number
+        for index, stream in enumerate(protocol.RELAY_STREAMS):
+            ours = pairs[index][0]
+            ours.settimeout(self.config.frame_timeout)
+            self.relay_ends[stream] = ours
+            self.idle.register(ours, selectors.EVENT_READ)
+        return [theirs for _, theirs in pairs]
+
+    def _relay_in(self, conn: socket.socket, header: Dict[str, Any], body: bytes) -> None:
+        """The controller's bytes for D or K (none: it closed its end). A worker that does not take them within the
+        frame timeout has broken that stream: it is closed, and the controller told."""
+        stream = header.get("stream")
+        end = self.relay_ends.get(stream) if header.get("channel") == self.relay_number else None
+        if end is None:
+            return  # a data channel that went with its worker, or a stream closed already
+        if not body:
+            self._drop_relay_end(stream)
+            return
+        try:
+            end.sendall(body)
+        except OSError:
+            self._drop_relay_end(stream)
+            self._send(conn, control_frames.relay_message(stream, self.relay_number))
+
+    def _relay_out(self, conn: socket.socket, stream: str, end: socket.socket) -> None:
+        """What the worker wrote on D or K, to the controller (nothing: it closed its end)."""
+        try:
+            data = end.recv(protocol.RELAY_CHUNK, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop_relay_end(stream)
+        self._send(conn, control_frames.relay_message(stream, self.relay_number), data)
+
+    def _drop_relay_end(self, stream: str) -> None:
+        end = self.relay_ends.pop(stream)
+        self.idle.unregister(end)
+        end.close()
+
+    def _drop_relay(self) -> None:
+        """Close our ends of the relayed data channel (its worker was replaced, or the connection ended)."""
+        for stream in list(self.relay_ends):
+            self._drop_relay_end(stream)
 
     def _worker_aside(self, conn: socket.socket) -> None:
         """One hop: the worker's link or process woke us. ``idle`` (its data channel closed) is the one frame it may

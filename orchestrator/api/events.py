@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 from ..agent import framing, protocol
 from ..errors import ConfigError, InputRequestNotFound
-from ..runtime.hostcalls import Answer, answer_error, answer_ok, serving_as
+from ..runtime.hostcalls import serving_as
 from ..runtime.output import StreamRecorder
+from ..wire.call import Answer, answer_error, answer_ok
 from ..wire.wakeup import Wakeup
 
 logger = logging.getLogger(__name__)

@@ -34,10 +34,10 @@ import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from typing import NamedTuple
 
 from .. import background
 from ..agent import blob_format, protocol
+from ..wire.call import BlobRefused, BlobUnavailable, Served
 
 logger = logging.getLogger(__name__)
 
@@ -46,26 +46,6 @@ DEFER_BYTES = 1 << 20
 once costs less than a round trip later (a MiB unpickles in about a millisecond); above it, a value's load time
 grows with its size and is worth saving for a first call that does not use it."""
 _SERVES_PER_KEY = 2  # an honest worker asks once, and once more if an interrupt cut its load short
-
-
-class BlobRefused(Exception):
-    """The sandbox asked for a blob it may not have, or its blob is damaged: the message says why (the value is
-    lost to the worker)."""
-
-
-class BlobUnavailable(Exception):
-    """The blob cannot be served now but may be later (the host is short of descriptors or memory, or the key was
-    handed out as often as it may be until the next restore): the value stays deferred."""
-
-
-class Served(NamedTuple):
-    """A blob handed out: a read-only descriptor of it (``fd``, one hop) or its mapping (``body``), of ``size``
-    bytes. The channel that sends the answer owns it and calls ``close`` once it is sent or dropped."""
-
-    size: int
-    fd: int | None
-    body: memoryview
-    close: Callable[[], None]
 
 
 def deferrable(

@@ -32,10 +32,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..agent import framing, protocol, reply_types
+from ..agent import framing, protocol
 from ..errors import ConfigError
 from ..metrics import NO_METRICS, Recorder
 from ..slots import Slots
+from ..wire.call import Answer, answer_error, answer_ok
 from ..wire.wakeup import Wakeup
 
 logger = logging.getLogger(__name__)
@@ -95,19 +96,6 @@ class HostCalls:
         for name, handler in self.handlers.items():
             if not isinstance(name, str) or not name or not callable(handler):
                 raise ConfigError(f"HostCalls.handlers maps non-empty names to callables, got {name!r}: {handler!r}")
-
-
-Answer = tuple[reply_types.HostReply, bytes]
-"""A ``host_reply`` frame for the connection to send: header and JSON body."""
-
-
-def answer_ok(call: int, result: bytes) -> Answer:
-    return reply_types.host_reply(call), result
-
-
-def answer_error(call: int, message: str) -> Answer:
-    """The sandbox's call fails with ``message`` (it raises ``HostCallError``, or ``EOFError`` for input())."""
-    return reply_types.host_reply(call, message), b""
 
 
 def encode(value: Any, max_bytes: int) -> bytes:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ..agent import protocol, request_table
-from ..api.events import LiveCall
 from ..backends.base import ContainerState
 from ..errors import (
     AgentTimeoutError,
@@ -31,6 +30,7 @@ from ..errors import (
     SessionAttachedElsewhere,
 )
 from ..metrics import NO_METRICS, Recorder
+from ..wire.call import LiveEvents
 from ..wire.connection import Body, Header
 from ..wire.replies import TakenOver, WorkerFailure, worker_failure
 from .hostcalls import CallDesk
@@ -159,7 +159,7 @@ class Recoverer:
         *,
         checkpoint_seconds: float | None = None,
         desk: CallDesk | None = None,
-        live: LiveCall | None = None,
+        live: LiveEvents | None = None,
     ) -> T:
         """One request with recovery: whatever goes wrong, the session is usable again before we raise.
 
@@ -188,7 +188,7 @@ class Recoverer:
         accept: Callable[[dict[str, Any], bytearray], T],
         checkpoint_seconds: float | None,
         desk: CallDesk | None,
-        live: LiveCall | None,
+        live: LiveEvents | None,
     ) -> T:
         target = self._target
         try:
@@ -213,7 +213,7 @@ class Recoverer:
         accept: Callable[[dict[str, Any], bytearray], T],
         checkpoint_seconds: float | None,
         desk: CallDesk | None,
-        live: LiveCall | None,
+        live: LiveEvents | None,
     ) -> T:
         """The request, sent once more if the worker had died between calls (it never ran); a failure is raised."""
         reply = self._send(header, body, seconds, checkpoint_seconds, desk, live)
@@ -233,7 +233,7 @@ class Recoverer:
         seconds: float,
         checkpoint_seconds: float | None,
         desk: CallDesk | None,
-        live: LiveCall | None,
+        live: LiveEvents | None,
     ) -> tuple[Header, bytearray]:
         sandbox = self._target.ready()
         header.pop("id", None)

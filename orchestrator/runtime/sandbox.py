@@ -25,7 +25,6 @@ from typing import Any, cast
 from .. import background
 from ..agent import blob_format, checkpoint_names, protocol, request_table
 from ..agent.sealed import sealed_copy_of
-from ..api.events import LiveCall
 from ..backends.base import SANDBOX_ID, WORKER_UID, Backend, ContainerState, Phase, Placement, SandboxSpec
 from ..config import Settings
 from ..errors import (
@@ -38,6 +37,7 @@ from ..errors import (
 )
 from ..safe_text import last_lines
 from ..state.store import new_sandbox_id
+from ..wire.call import Call, LiveEvents
 from ..wire.connection import AgentConnection, Body, Header
 from ..wire.endpoint import Endpoint, UnixSocketEndpoint
 from ..wire.replies import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
@@ -167,6 +167,7 @@ class Sandbox:
                     sandbox_id=sandbox_id,
                     deadline=deadline,
                     one_hop=settings.one_hop,
+                    carrier=settings.carrier,
                     interrupt_grace=settings.timeouts.interrupt_grace,
                     frame_seconds=settings.timeouts.frame,
                 ),
@@ -227,6 +228,7 @@ class Sandbox:
                 sandbox_id=sandbox_id,
                 deadline=time.monotonic() + wait,
                 one_hop=settings.one_hop,
+                carrier=settings.carrier,
                 interrupt_grace=settings.timeouts.interrupt_grace,
                 frame_seconds=settings.timeouts.frame,
             )
@@ -243,7 +245,7 @@ class Sandbox:
         seconds: float,
         checkpoint_seconds: float | None = None,
         desk: CallDesk | None = None,
-        live: LiveCall | None = None,
+        live: LiveEvents | None = None,
     ) -> tuple[Header, bytearray]:
         """One request to the agent within ``seconds`` (and ``checkpoint_seconds`` once the cell ended).
 
@@ -252,9 +254,9 @@ class Sandbox:
         """
         link = value_fd = None
         if isinstance(body, ValueFile):
-            if self.connection.one_hop:
+            if self.connection.passes_descriptors:
                 value_fd = self._open_value_file(body)
-            else:
+            elif not self.connection.one_hop:
                 link = self._link_value_file(body)
             if link is None and value_fd is None:
                 body = body.raw
@@ -262,16 +264,8 @@ class Sandbox:
                 name = blob_format.value_file_name(body.blob_id)
                 header, body = cast(request_table.SetValueRequest, {**header, "file": name}), b""
         try:
-            return self.connection.request(
-                header,
-                body,
-                deadline=time.monotonic() + seconds,
-                checkpoint_seconds=checkpoint_seconds,
-                desk=desk,
-                live=live,
-                blobs=self.deferred,
-                value_fd=value_fd,
-            )
+            call = Call(time.monotonic() + seconds, checkpoint_seconds, desk, live, self.deferred, value_fd)
+            return self.connection.request(header, body, call)
         finally:
             if link is not None:
                 _unlink_value_file(link)
@@ -323,7 +317,7 @@ class Sandbox:
         stored), to an agent that offers it, a blob goes to the worker as a read-only descriptor of a sealed copy of
         its file (``_open_private_file``)."""
         open_file = None
-        if blob_path is not None and self.connection.one_hop and _offers_blob_files(self.connection):
+        if blob_path is not None and self.connection.passes_descriptors and _offers_blob_files(self.connection):
             open_file = lambda digest: _open_private_file(blob_path(digest))  # noqa: E731
         self.deferred = DeferredBlobs(self.sandbox_id, named, open_blob, open_file)
 

@@ -52,6 +52,7 @@ from ..agent.checkpoint_names import CONTEXT_ID, CONTEXT_SEPARATOR, checkpoint_k
 from ..checks import is_count, is_number
 from ..errors import CheckpointError, ConfigError, ProtocolError, SessionNotFound
 from ..files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
+from ..wire.replies import BLOB_ID
 from .activity import ACTIVITY_FILE, lock_within
 from .history import Snapshot, compact_json, distinct_bytes, named_blobs, stored
 from .lease import Lease, LeaseFile
@@ -59,10 +60,6 @@ from .private import STORE_ID_FILE, ensure_state_dir
 
 _SESSION_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
 _SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{12}$")  # what new_sandbox_id makes
-DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
-"""A content digest: the id of a blob the agent made."""
-BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
-"""Any blob id: a content digest, or the ``h``-prefixed random id of a host-made blob (``blob_format.HOST_BLOB_ID``)."""
 _STORE_ID = re.compile(r"^[0-9a-f]{12}$")
 _CONTAINER_ID = re.compile(r"^[0-9a-z]{12,64}$")  # a container id (hex) or a Swarm service id (base 36)
 _REMOVED_PREFIX = ".removed-"

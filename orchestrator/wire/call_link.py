@@ -23,10 +23,8 @@ import time
 from collections.abc import Iterable
 
 from ..agent import framing, protocol
-from ..api.events import LiveCall
 from ..errors import TransportError
-from ..runtime.deferred import DeferredBlobs
-from ..runtime.hostcalls import Answer, CallDesk, answer_error
+from .call import Answer, Call, answer_error
 from .host_link import OutputBudget, send_while_quiet, serve_host_call
 from .transport import Channel
 
@@ -43,8 +41,10 @@ _FLUSH_SECONDS = 2.0  # a worker's reader thread takes its answers at once; one 
 class CallLink:
     """K of one worker's data channel: a ``Channel`` with K's bounds, while it is open, and the calls it holds open."""
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, *, blob_files: bool) -> None:
+        """``blob_files``: K passes descriptors, so a deferred value's blob may go as one of its file."""
         self._channel: Channel | None = channel
+        self._blob_files = blob_files
         self._open: set[int] = set()  # calls of the running cell given to its desk or input(), not answered yet
 
     @property
@@ -68,18 +68,9 @@ class CallLink:
         channel = self._channel
         return channel is not None and (channel.fileno() in ready or channel.buffered)
 
-    def read(
-        self,
-        *,
-        refusal: str | None,
-        desk: CallDesk | None,
-        live: LiveCall | None,
-        output: OutputBudget | None,
-        blobs: DeferredBlobs | None,
-        deadline: float,
-    ) -> None:
-        """The frames on K now, at most a round's: output to ``output``; calls to ``desk`` (``input()`` to ``live``),
-        or answered ``refusal`` when it is not None (no exec's cell runs)."""
+    def read(self, call: Call, *, refusal: str | None, output: OutputBudget | None, deadline: float) -> None:
+        """The frames on K now, at most a round's: output to ``output``; calls to ``call``'s desk (``input()`` to its
+        live events), or answered ``refusal`` when it is not None (no exec's cell runs)."""
         channel = self._channel
         for count in itertools.count():
             if channel is None or not self.flush_now() or channel.has_queued:
@@ -98,16 +89,16 @@ class CallLink:
                 if not self._output(message, body, output):
                     return
                 continue
-            call = self._call(message)
-            if call is None:
+            number = self._call(message)
+            if number is None:
                 return
             if refusal is not None:
-                channel.enqueue(*answer_error(call, refusal))
-            elif message["name"] == protocol.INPUT_CALL and live is not None:
-                self._open.add(call)
-                live.input_request(call, body)
-            elif serve_host_call(channel, message, body, desk, blobs, blob_files=True):
-                self._open.add(call)
+                channel.enqueue(*answer_error(number, refusal))
+            elif message["name"] == protocol.INPUT_CALL and call.live is not None:
+                self._open.add(number)
+                call.live.input_request(number, body)
+            elif serve_host_call(channel, message, body, call, blob_files=self._blob_files):
+                self._open.add(number)
             elif message["name"] == protocol.BLOB_CALL:  # a deferred value's blob: sent now, while the worker is quiet
                 try:
                     send_while_quiet(channel, deadline)

@@ -23,12 +23,10 @@ from typing import Any
 
 from ..agent import handshake, protocol, request_table
 from ..agent.handshake import Hello
-from ..api.events import LiveCall
 from ..config import Timeouts
 from ..errors import AgentTimeoutError, ChannelLost, OrchestratorError, ProtocolError, TransportError
-from ..runtime.deferred import DeferredBlobs
-from ..runtime.hostcalls import CallDesk
-from .data_channel import DataChannel
+from .call import Call
+from .data_channel import Carrier, DataChannel, Descriptors
 from .endpoint import Endpoint, UnixSocketEndpoint
 from .host_link import (
     OutputBudget,
@@ -39,6 +37,7 @@ from .host_link import (
     wait_for_sandbox,
 )
 from .one_hop import OneHop, goodbye_behind
+from .relay import Relay
 from .replies import TakenOver, parse_auth_ok, parse_goodbye, parse_hello
 from .transport import Channel, FrameBody
 
@@ -49,28 +48,56 @@ Body = FrameBody
 _HANDSHAKE_SECONDS = 5.0  # a real agent sends its hello as soon as it connects
 
 
+_OneHopStart = tuple[Carrier, Channel, DataChannel]  # the carrier, the control channel, the first data channel
+
+
+def carrier_for(endpoint: Endpoint, forced: str | None) -> str:
+    """The carrier of a sandbox reached on ``endpoint``: descriptors for a local one, unless ``forced`` to be relayed
+    (``Settings.carrier``); relayed where no descriptor can pass (a Swarm node's relay)."""
+    # TODO(lead): ask the backend's declared capability (backends/base.py, helper backend-neutral), not the endpoint.
+    if isinstance(endpoint, UnixSocketEndpoint) and forced != "relayed":
+        return "descriptors"
+    return "relayed"
+
+
 def _handshake(
-    channel: Channel, secret: bytes, sandbox_id: str, deadline: float, one_hop: bool
-) -> tuple[Hello, DataChannel | None]:
+    channel: Channel, secret: bytes, sandbox_id: str, deadline: float, carrier: str | None
+) -> tuple[Hello, _OneHopStart | None]:
     """docs/protocol.md "Connection set-up": both ends prove they know the secret, bound to both nonces.
 
-    With ``one_hop`` (a local endpoint, and the settings ask), one hop is taken if the agent offers it: the auth says
-    so, and the first data channel is handed over right after ``auth_ok`` (docs/design/one-hop.md).
+    With a ``carrier`` (one hop, as the settings ask), one hop is taken if the agent offers it (and the relayed
+    carrier, if that is the one): the auth says so, and the first data channel is handed over right after
+    ``auth_ok`` (docs/design/one-hop.md).
     """
     hello = parse_hello(channel.recv(deadline=deadline)[0])
     if hello["sandbox_id"] != sandbox_id:
         raise ProtocolError(f"the agent of sandbox {hello['sandbox_id'][:64]!r} connected, not {sandbox_id!r}")
-    one_hop = one_hop and protocol.ONE_HOP in hello.get("capabilities", ())
+    offered = hello.get("capabilities", ())
+    if protocol.ONE_HOP not in offered or (carrier == "relayed" and protocol.RELAYED not in offered):
+        carrier = None
     nonce = handshake.new_nonce()
     proof = handshake.auth_proof(secret, "controller", hello["nonce"], nonce)
     auth: dict[str, Any] = dict(handshake.auth_message(nonce, proof))
-    if one_hop:
+    if carrier is not None:
         auth[protocol.ONE_HOP] = True
+    if carrier == "relayed":
+        auth[protocol.RELAYED] = True
     channel.send(auth, deadline=deadline)
     expected = handshake.auth_proof(secret, "agent", hello["nonce"], nonce)
     if not handshake.proof_matches(expected, parse_auth_ok(channel.recv(deadline=deadline)[0])):
         raise ProtocolError(f"the peer on the channel of sandbox {sandbox_id} does not know its secret")
-    return hello, DataChannel.hand_over(channel, deadline=deadline) if one_hop else None
+    if carrier is None:
+        return hello, None
+    if carrier == "descriptors":
+        descriptors = Descriptors()
+        return hello, (descriptors, channel, descriptors.hand_over(channel, deadline=deadline))
+    relay = Relay(channel)  # from now on the relay's thread owns ``channel``
+    try:
+        return hello, (relay, relay.control, relay.hand_over(relay.control, deadline=deadline))
+    except BaseException:
+        relay.control.close()
+        relay.close()
+        raise
 
 
 _request_ids = itertools.count()
@@ -100,18 +127,29 @@ class AgentConnection:
         self,
         channel: Channel,
         hello: Hello,
-        data: DataChannel | None = None,
+        hop: _OneHopStart | None = None,
         interrupt_grace: float = Timeouts.interrupt_grace,
         frame_seconds: float = Timeouts.frame,
     ) -> None:
-        self._channel = channel
+        """``channel``: the supervisor's connection, or with one ``hop`` its control channel (the relayed carrier's
+        local one)."""
         self.hello = hello
-        self._hop = OneHop(channel, data, interrupt_grace, frame_seconds) if data is not None else None
+        self._carrier: Carrier | None = None
+        self._hop: OneHop | None = None
+        if hop is not None:
+            self._carrier, channel, data = hop
+            self._hop = OneHop(channel, data, self._carrier, interrupt_grace, frame_seconds)
+        self._channel = channel
 
     @property
     def one_hop(self) -> bool:
         """Requests go to the worker directly, on a data channel (docs/design/one-hop.md)."""
         return self._hop is not None
+
+    @property
+    def passes_descriptors(self) -> bool:
+        """Descriptors reach the worker (one hop on the descriptors carrier): a value file, a blob's file."""
+        return self._carrier is not None and self._carrier.passes_descriptors
 
     @classmethod
     def open(
@@ -121,13 +159,14 @@ class AgentConnection:
         sandbox_id: str,
         deadline: float,
         one_hop: bool = False,
+        carrier: str | None = None,
         interrupt_grace: float = Timeouts.interrupt_grace,
         frame_seconds: float = Timeouts.frame,
     ) -> AgentConnection:
         """Wait for the agent of ``sandbox_id`` on ``endpoint`` and authenticate both ends.
 
-        With ``one_hop``, a local endpoint's agent that offers one hop gets a data channel (docs/design/one-hop.md);
-        a remote one (a Swarm node's relay) always takes two hops. In one hop the controller keeps each request's
+        With ``one_hop``, an agent that offers one hop gets a data channel (docs/design/one-hop.md) on the carrier
+        ``carrier_for`` chooses (``carrier``: ``Settings.carrier``). In one hop the controller keeps each request's
         ladder: ``interrupt_grace`` (the sandbox's, as its agent was started with) between the interrupt and the kill;
         a frame its worker begins there must not stall for ``frame_seconds`` (``Settings.timeouts.frame``, the
         supervisor's bound in two hops).
@@ -149,12 +188,12 @@ class AgentConnection:
                     raise refused from None
                 raise
             try:
-                hello, data = _handshake(
+                hello, hop = _handshake(
                     channel,
                     endpoint.secret,
                     sandbox_id,
                     min(deadline, time.monotonic() + _HANDSHAKE_SECONDS),
-                    one_hop and isinstance(endpoint, UnixSocketEndpoint),
+                    carrier_for(endpoint, carrier) if one_hop else None,
                 )
             except TransportError as exc:
                 channel.close()
@@ -169,31 +208,20 @@ class AgentConnection:
                 sandbox_id,
                 hello["python"],
                 hello["dill"],
-                ", one hop" if data is not None else "",
+                f", one hop ({'descriptors' if hop[0].passes_descriptors else 'relayed'})" if hop is not None else "",
             )
-            return cls(channel, hello, data, interrupt_grace, frame_seconds)
+            return cls(channel, hello, hop, interrupt_grace, frame_seconds)
 
     def request(
         self,
         header: request_table.Request,
-        body: Body = b"",
-        *,
-        deadline: float,
-        checkpoint_seconds: float | None = None,
-        desk: CallDesk | None = None,
-        live: LiveCall | None = None,
-        blobs: DeferredBlobs | None = None,
-        value_fd: int | None = None,
+        body: Body,
+        call: Call,
     ) -> tuple[Header, bytearray]:
-        """Send one request and return its reply; every byte both ways must move before ``deadline``.
+        """Send one request and return its reply; every byte both ways must move before ``call.deadline``.
 
-        With ``checkpoint_seconds``, the agent's ``checkpointing`` notice (the cell ended) moves
-        the deadline to that many seconds from its arrival, once. Host calls made meanwhile go
-        to ``desk`` (without one, each is answered with an error); the cell's output and its
-        ``input()`` requests go to ``live``, which may also ask for an interrupt. While an
-        ``input()`` waits for its answer the deadline stands still, as the agent's clock does. ``blobs``
-        answers the agent's requests for deferred values (``protocol.BLOB_CALL``; without it, refused). ``value_fd``
-        (one hop only, a request without a body) goes with the request: a ``set_value``'s value file.
+        ``call`` carries the request's side parts (``wire/call.py``). While an ``input()`` waits for its answer the
+        deadline stands still, as the agent's clock does. ``call.value_fd`` goes only on a worker's data channel.
 
         Raises:
             TakenOver: the agent said goodbye (the request was not kept).
@@ -205,7 +233,7 @@ class AgentConnection:
         if "id" not in header:
             header["id"] = new_request_id()
         try:
-            return self._request(header, body, deadline, checkpoint_seconds, desk, live, blobs, value_fd)
+            return self._request(header, body, call)
         except OSError as exc:
             if isinstance(exc, OrchestratorError):  # typed already (a ``TimeoutError``, a ``ConnectionError``)
                 raise
@@ -216,31 +244,18 @@ class AgentConnection:
         self,
         header: request_table.Request,
         body: Body,
-        deadline: float,
-        checkpoint_seconds: float | None,
-        desk: CallDesk | None,
-        live: LiveCall | None,
-        blobs: DeferredBlobs | None,
-        value_fd: int | None,
+        call: Call,
     ) -> tuple[Header, bytearray]:
         if self._hop is not None:
             hop = self._hop
             try:
-                return hop.request(
-                    header,
-                    body,
-                    deadline=deadline,
-                    checkpoint_seconds=checkpoint_seconds,
-                    desk=desk,
-                    live=live,
-                    blobs=blobs,
-                    value_fd=value_fd,
-                )
+                return hop.request(header, body, call)
             except TakenOver:
                 hop.close()  # at once, not when the session is dropped: the worker goes back to its supervisor
                 raise
-        if value_fd is not None:
+        if call.value_fd is not None:
             raise ValueError("a value file's descriptor goes only on a worker's data channel (one hop)")
+        deadline, checkpoint_seconds, live = call.deadline, call.checkpoint_seconds, call.live
         try:
             self._channel.send(header, body, deadline=deadline)
         except ChannelLost:
@@ -261,11 +276,11 @@ class AgentConnection:
                     paused_at = None
             if not read_first:
                 read_first = True
-                self._wait(math.inf if paused_at is not None else deadline, desk, live, header["id"])
+                self._wait(math.inf if paused_at is not None else deadline, call, header["id"])
                 continue
             frame = channel.poll_recv()
             if frame is None:
-                self._wait(math.inf if paused_at is not None else deadline, desk, live, header["id"])
+                self._wait(math.inf if paused_at is not None else deadline, call, header["id"])
                 continue
             reply, reply_body = frame
             kind = reply.get("type")
@@ -276,7 +291,7 @@ class AgentConnection:
                 if reply.get("name") == protocol.INPUT_CALL and live is not None:
                     live.input_request(call_number(reply), reply_body)
                 else:
-                    serve_host_call(channel, reply, reply_body, desk, blobs)
+                    serve_host_call(channel, reply, reply_body, call)
                     send_while_quiet(channel, deadline)
                 continue
             if kind == protocol.GOODBYE:
@@ -290,15 +305,15 @@ class AgentConnection:
                 channel.flush(deadline=deadline)
             return reply, reply_body
 
-    def _wait(self, deadline: float, desk: CallDesk | None, live: LiveCall | None, request_id: str) -> None:
+    def _wait(self, deadline: float, call: Call, request_id: str) -> None:
         """Until the channel is readable (or writable with answers queued), an answer is ready, or a time limit."""
         channel = self._channel
         poller = select.poll()
         poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
-        ready = wait_for_sandbox(poller, deadline, desk, live, wake_at=deadline, what="the agent")
-        for answer, answer_body in due_answers(ready, desk, live):
+        ready = wait_for_sandbox(poller, deadline, call, wake_at=deadline, what="the agent")
+        for answer, answer_body in due_answers(ready, call):
             channel.enqueue(answer, answer_body)
-        if live is not None and live.take_interrupt():
+        if call.live is not None and call.live.take_interrupt():
             channel.enqueue(request_table.interrupt_message(request_id))
         if channel.has_queued:
             channel.flush()
@@ -329,3 +344,5 @@ class AgentConnection:
         if self._hop is not None:
             self._hop.close()
         self._channel.close()
+        if self._carrier is not None:
+            self._carrier.close()

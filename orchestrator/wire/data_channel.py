@@ -10,7 +10,9 @@ only sockets it talks to are ones it made or accepted. Every worker gets a fresh
 from __future__ import annotations
 
 import socket
+from typing import Protocol
 
+from ..agent import control as control_frames
 from ..agent import protocol
 from ..errors import ChannelLost, TransportError
 from .call_link import CallLink
@@ -40,7 +42,9 @@ class DataChannel:
                 mine, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # close-on-exec, as Python makes
                 ours.append(mine)
                 theirs.append(other)
-            control.send_fds({"type": protocol.DATA_CHANNEL}, [sock.fileno() for sock in theirs], deadline=deadline)
+            control.send_fds(
+                control_frames.data_channel_message(), [sock.fileno() for sock in theirs], deadline=deadline
+            )
         except OSError as exc:
             for sock in ours:
                 sock.close()
@@ -58,10 +62,37 @@ class DataChannel:
         requests, calls = ours
         return cls(
             Channel(requests, max_header, max_body),
-            CallLink(Channel(calls, protocol.HOST_CALL_HEADER_BYTES, protocol.HOST_CALL_MAX_BYTES)),
+            CallLink(Channel(calls, protocol.HOST_CALL_HEADER_BYTES, protocol.HOST_CALL_MAX_BYTES), blob_files=True),
         )
 
     def close(self) -> None:
         """Close our ends: the worker sees EOF, goes back to its supervisor and reports itself idle."""
         self.requests.close()
         self.calls.close()
+
+
+class Carrier(Protocol):
+    """How a worker's data channel reaches the controller's request loop: its descriptors handed over on C
+    (``Descriptors``), or its bytes multiplexed on C (``relay.Relay``). The loop asks, never tests types."""
+
+    @property
+    def passes_descriptors(self) -> bool:
+        """Descriptors may go on D and K (a value file, a blob's file)."""
+
+    def hand_over(self, control: Channel, *, deadline: float) -> DataChannel:
+        """A fresh data channel for the supervisor's current worker, announced on ``control``."""
+
+    def close(self) -> None:
+        """Let go of what the carrier holds (idempotent)."""
+
+
+class Descriptors:
+    """The local engine's carrier: the controller makes the pairs and hands the worker's ends over C (SCM_RIGHTS)."""
+
+    passes_descriptors = True
+
+    def hand_over(self, control: Channel, *, deadline: float) -> DataChannel:
+        return DataChannel.hand_over(control, deadline=deadline)
+
+    def close(self) -> None:
+        pass

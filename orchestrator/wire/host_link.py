@@ -13,10 +13,8 @@ import time
 from collections.abc import Callable, Iterator
 
 from ..agent import framing, protocol, reply_types
-from ..api.events import LiveCall
 from ..errors import AgentTimeoutError, ProtocolError
-from ..runtime.deferred import BlobRefused, BlobUnavailable, DeferredBlobs
-from ..runtime.hostcalls import Answer, CallDesk, answer_error, answer_ok
+from .call import Answer, BlobRefused, BlobServer, BlobUnavailable, Call, LiveEvents, answer_error, answer_ok
 from .transport import Channel
 
 OUTPUT_FRAMES_PER_CELL = 1 << 18
@@ -35,7 +33,7 @@ class OutputBudget:
     """The output frames of one request's cell: to ``live`` within ``OUTPUT_FRAMES_PER_CELL``; past it dropped, and
     ``stop`` (the request's interrupt) called once."""
 
-    def __init__(self, live: LiveCall | None, stop: Callable[[], None]) -> None:
+    def __init__(self, live: LiveEvents | None, stop: Callable[[], None]) -> None:
         self._live = live
         self._stop = stop
         self.frames = 0
@@ -62,24 +60,23 @@ def serve_host_call(
     channel: Channel,
     frame: framing.Header,
     body: bytearray,
-    desk: CallDesk | None,
-    blobs: DeferredBlobs | None,
+    call: Call,
     *,
     blob_files: bool = False,
 ) -> bool:
-    """A host call of the running cell: to the desk (True: its answer comes later), or answered at once on
+    """A host call of the running cell: to ``call``'s desk (True: its answer comes later), or answered at once on
     ``channel`` (a deferred value's blob, or a refusal). ``blob_files``: the worker's own link (one hop), where a
     blob may go as a descriptor of its file."""
-    call, name = call_number(frame), frame.get("name")
+    number, name = call_number(frame), frame.get("name")
     if not isinstance(name, str):
         raise ProtocolError("a host_call frame without a handler name")
     if name in (protocol.BLOB_CALL, protocol.BLOB_CHECK_CALL):
-        _answer_blob_call(channel, call, name, body, blobs, blob_files)
-    elif desk is None:
+        _answer_blob_call(channel, number, name, body, call.blobs, blob_files)
+    elif call.desk is None:
         error = f"host call {name[:64]!r}: this cell was run without host calls"
-        channel.enqueue(*answer_error(call, error))
+        channel.enqueue(*answer_error(number, error))
     else:
-        desk.submit(call, name, body)
+        call.desk.submit(number, name, body)
         return True
     return False
 
@@ -102,17 +99,15 @@ def send_while_quiet(channel: Channel, deadline: float) -> None:
         channel.flush()
 
 
-def wait_for_sandbox(
-    poller: select.poll, deadline: float, desk: CallDesk | None, live: LiveCall | None, *, wake_at: float, what: str
-) -> set[int]:
-    """Poll the sandbox's channels (registered on ``poller`` by the caller) and the wake-ups of ``desk`` and ``live``
-    until something is ready, an answer is due, or ``wake_at``; the descriptors that are ready.
+def wait_for_sandbox(poller: select.poll, deadline: float, call: Call, *, wake_at: float, what: str) -> set[int]:
+    """Poll the sandbox's channels (registered on ``poller`` by the caller) and the wake-ups of ``call``'s desk and
+    live events until something is ready, an answer is due, or ``wake_at``; the descriptors that are ready.
 
     Raises:
         AgentTimeoutError: ``deadline`` (at or after ``wake_at``) passed: ``what`` says who sent no reply.
     """
     wake = wake_at
-    for source in (desk, live):
+    for source in (call.desk, call.live):
         if source is not None:
             poller.register(source.wake_fd, select.POLLIN)
             wake = min(wake, source.next_expiry())
@@ -122,10 +117,11 @@ def wait_for_sandbox(
     return {fd for fd, _ in poller.poll(None if remaining == math.inf else max(0, math.ceil(remaining * 1000)))}
 
 
-def due_answers(ready: set[int], desk: CallDesk | None, live: LiveCall | None) -> Iterator[Answer]:
-    """The answers of ``desk`` and ``live`` that are ready (their wake-up is in ``ready``) or past their expiry."""
+def due_answers(ready: set[int], call: Call) -> Iterator[Answer]:
+    """The answers of ``call``'s desk and live events that are ready (their wake-up is in ``ready``) or past their
+    expiry."""
     now = time.monotonic()
-    for source in (desk, live):
+    for source in (call.desk, call.live):
         if source is not None and (source.wake_fd in ready or source.next_expiry() <= now):
             yield from source.answers()
 
@@ -138,7 +134,7 @@ def call_number(frame: framing.Header) -> int:
 
 
 def _answer_blob_call(
-    channel: Channel, call: int, name: str, body: bytearray, blobs: DeferredBlobs | None, as_file: bool
+    channel: Channel, call: int, name: str, body: bytearray, blobs: BlobServer | None, as_file: bool
 ) -> None:
     """Queue the answer to a deferred value's blob call (the blob, or with ``as_file`` where it may be a descriptor of
     it and ``file``, its size, in the header; the channel closes it once sent) or check call (``true``), or why not:

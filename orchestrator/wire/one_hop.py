@@ -17,15 +17,14 @@ import select
 import time
 from collections.abc import Callable, Iterator
 
+from ..agent import control as control_frames
 from ..agent import framing, protocol, request_table
 from ..agent.ladder import KILL, Ladder
 from ..agent.reply_types import Goodbye
-from ..api.events import LiveCall
 from ..config import Timeouts
 from ..errors import AgentTimeoutError, ChannelLost, ProtocolError, TransportError
-from ..runtime.deferred import DeferredBlobs
-from ..runtime.hostcalls import CallDesk
-from .data_channel import DataChannel
+from .call import Call
+from .data_channel import Carrier, DataChannel
 from .host_link import OutputBudget, due_answers, wait_for_sandbox
 from .replies import TakenOver, is_signal_name, parse_goodbye, reply_reason
 from .transport import Channel, FrameBody
@@ -67,10 +66,11 @@ class OneHop:
     """One worker's data channel, beside its supervisor's connection ``control`` (not this object's to close)."""
 
     def __init__(
-        self, control: Channel, data: DataChannel, grace: float, frame_seconds: float = Timeouts.frame
+        self, control: Channel, data: DataChannel, carrier: Carrier, grace: float, frame_seconds: float = Timeouts.frame
     ) -> None:
         self._control = control
         self._data: DataChannel | None = data
+        self._carrier = carrier  # how each fresh worker's data channel comes
         self._grace = grace  # between the ladder's interrupt and its kill: the supervisor's interrupt_grace
         self._frame_seconds = frame_seconds  # a frame the worker began on D may stall this long (two hops: the agent's)
         self._lost: framing.Header | None = None  # the worker died between calls: how (the next request says so)
@@ -79,16 +79,10 @@ class OneHop:
         self,
         header: request_table.Request,
         body: FrameBody,
-        *,
-        deadline: float,
-        checkpoint_seconds: float | None,
-        desk: CallDesk | None,
-        live: LiveCall | None,
-        blobs: DeferredBlobs | None,
-        value_fd: int | None = None,
+        call: Call,
     ) -> tuple[framing.Header, bytearray]:
         """``request`` in one hop: the request and its reply on D, the cell's calls and output on K, control on C.
-        ``value_fd`` (a request without a body: a ``set_value``'s value file) goes with the request's first bytes.
+        ``call.value_fd`` (a request without a body: a ``set_value``'s value file) goes with the request's first bytes.
 
         The controller keeps the request's ladder (``agent/ladder.py``): at the phase's own limit it has the
         supervisor interrupt the worker, after the grace kill and replace it (``replace_worker``): the reply is then
@@ -99,22 +93,25 @@ class OneHop:
         invalid frame on D, or one that stalls there for ``frame_seconds``, has the worker replaced and is answered
         ``protocol_error`` (``_worker_misbehaved``), as the supervisor answers it in two hops.
         """
+        if self._control.buffered or self._control.has_pending():  # its supervisor spoke since the last call
+            self._idle_worker_lost()  # (a relayed request would not fail to reach a dead worker: it is lost on the way)
         lost, self._lost = self._lost, None
         if lost is not None:  # the worker died between calls (check_idle): the request never runs on it
             return self._crashed(header, lost, ran=False), bytearray()
         data = self._data
         if data is None:
             raise ChannelLost("the worker's data channel could not be handed over after its last worker was lost")
+        deadline = call.deadline
         try:
-            if value_fd is None:
+            if call.value_fd is None:
                 data.requests.send(header, body, deadline=deadline)
             else:
-                data.requests.send_fds(header, [value_fd], deadline=deadline)
+                data.requests.send_fds(header, [call.value_fd], deadline=deadline)
         except ChannelLost:  # the worker died between calls, or a cell closed D: the request never ran
             lost = self.replace_worker(header["id"], deadline=deadline)
             return self._crashed(header, lost, ran=False), bytearray()
         try:
-            return self._reply(data, header, deadline, checkpoint_seconds, desk, live, blobs)
+            return self._reply(data, header, call)
         except _WorkerLost as exc:
             self._drop_data()
             self._hand_over()
@@ -151,14 +148,10 @@ class OneHop:
         self,
         data: DataChannel,
         header: request_table.Request,
-        deadline: float,
-        checkpoint_seconds: float | None,
-        desk: CallDesk | None,
-        live: LiveCall | None,
-        blobs: DeferredBlobs | None,
+        call: Call,
     ) -> tuple[framing.Header, bytearray]:
         """Wait for the reply of the request sent on D under its ladder, serving K and watching C meanwhile."""
-        request_id = header["id"]
+        request_id, deadline, live = header["id"], call.deadline, call.live
         requests, calls, control = data.requests, data.calls, self._control
         ladder = Ladder.for_request(header, self._grace, functools.partial(self._interrupt, request_id), notice=False)
         output = OutputBudget(live, ladder.cancel)  # a flood of output frames: its next step is due now
@@ -171,7 +164,7 @@ class OneHop:
                 self._read_control(control)
             if calls.readable(ready):
                 refusal = self._refusal(header, cell_ended)
-                calls.read(refusal=refusal, desk=desk, live=live, output=output, blobs=blobs, deadline=deadline)
+                calls.read(call, refusal=refusal, output=output, deadline=deadline)
             if requests.fileno() in ready or requests.buffered:
                 frame = requests.poll_recv()
                 if frame is None and requests.fileno() in ready:  # more of it came
@@ -193,8 +186,8 @@ class OneHop:
                         calls.end_cell()
                         if ladder.in_cell:
                             ladder.cell_done()
-                        if checkpoint_seconds is not None:
-                            deadline = time.monotonic() + checkpoint_seconds
+                        if call.checkpoint_seconds is not None:
+                            deadline = time.monotonic() + call.checkpoint_seconds
                         continue
                     calls.after_reply(output)
                     if ladder.interrupted or ladder.cell_interrupted:
@@ -218,7 +211,7 @@ class OneHop:
                 return made_up_reply(header, **ladder.killed_reply()), bytearray()
             rung = ladder.wait_seconds()
             rung_at = min(stalled, math.inf if rung is None else time.monotonic() + rung)
-            ready = self._wait(data, math.inf if paused_at is not None else deadline, rung_at, desk, live)
+            ready = self._wait(data, math.inf if paused_at is not None else deadline, rung_at, call)
             if live is not None and live.take_interrupt():
                 ladder.cancel()  # the caller's interrupt: the ladder's next step is due now
 
@@ -227,7 +220,7 @@ class OneHop:
         checkpoint); queued on C, which every wait flushes. A restore's or install's ("request") is a SIGINT, as the
         supervisor sends it in two hops (the worker heeds it only in a cell or a load: the kill follows)."""
         phase = phase if phase in protocol.INTERRUPT_PHASES else "cell"
-        self._control.enqueue({"type": protocol.INTERRUPT, "id": request_id, "phase": phase})
+        self._control.enqueue(control_frames.phase_interrupt_message(request_id, phase))
         with self._writing_control():
             self._control.flush()
 
@@ -248,7 +241,7 @@ class OneHop:
 
         deadline = max(deadline, time.monotonic() + _HAND_OVER_SECONDS)
         self._ask(
-            {"type": request_table.PING, "id": secrets.token_hex(16)},
+            control_frames.ping_message(secrets.token_hex(16)),
             request_table.PONG,
             deadline,
             lost,
@@ -269,7 +262,9 @@ class OneHop:
             raise TakenOver(parse_goodbye(message))
         if kind == protocol.WORKER_LOST:
             raise _WorkerLost(message)
-        raise _SupervisorSpoke(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop")
+        reason = message.get("reason")  # the relayed carrier's own ``relay.FAILED`` gives one
+        why = f": {reason[:500]}" if isinstance(reason, str) else ""
+        raise _SupervisorSpoke(f"the supervisor sent {str(kind)[:64]!r} on its connection in one hop{why}")
 
     @staticmethod
     def _crashed(header: request_table.Request, lost: framing.Header, *, ran: bool) -> framing.Header:
@@ -315,14 +310,14 @@ class OneHop:
         self._drop_data()
         deaths: list[framing.Header] = []
         deadline = max(deadline, time.monotonic() + _REPLACE_SECONDS)
-        kill = {"type": protocol.KILL, "id": kill_id}  # behind an interrupt still queued, if any
+        kill = control_frames.kill_message(kill_id)  # behind an interrupt still queued, if any
         replaced = self._ask(kill, protocol.WORKER_REPLACED, deadline, deaths.append, "replaced its worker")
         self._hand_over()
         return deaths[0] if deaths else replaced
 
     def _ask(
         self,
-        question: framing.Message,
+        question: control_frames.ControlRequest,
         answer_type: str,
         deadline: float,
         lost: Callable[[framing.Header], None],
@@ -375,7 +370,7 @@ class OneHop:
         deadline = time.monotonic() + _HAND_OVER_SECONDS
         with self._writing_control():
             self._control.flush(deadline=deadline)  # an interrupt still queued goes first: descriptors on their own
-            self._data = DataChannel.hand_over(self._control, deadline=deadline)
+            self._data = self._carrier.hand_over(self._control, deadline=deadline)
 
     @staticmethod
     def _refusal(header: request_table.Request, cell_ended: bool) -> str | None:
@@ -384,9 +379,7 @@ class OneHop:
             return protocol.CALL_NO_CELL
         return protocol.CALL_ENDED if cell_ended else None
 
-    def _wait(
-        self, data: DataChannel, deadline: float, rung_at: float, desk: CallDesk | None, live: LiveCall | None
-    ) -> set[int]:
+    def _wait(self, data: DataChannel, deadline: float, rung_at: float, call: Call) -> set[int]:
         """Until D, K or C is readable (or K and C writable with answers queued), an answer is ready, the ladder's
         next step is due (``rung_at``) or the deadline; the descriptors that are ready."""
         poller = select.poll()
@@ -394,8 +387,8 @@ class OneHop:
             poller.register(channel.fileno(), select.POLLIN | (select.POLLOUT if channel.has_queued else 0))
         if events := data.calls.poll_events():  # none once K was closed
             poller.register(data.calls.fileno(), events)
-        ready = wait_for_sandbox(poller, deadline, desk, live, wake_at=min(deadline, rung_at), what="the worker")
-        data.calls.answer(due_answers(ready, desk, live))
+        ready = wait_for_sandbox(poller, deadline, call, wake_at=min(deadline, rung_at), what="the worker")
+        data.calls.answer(due_answers(ready, call))
         data.calls.flush_now()
         if self._control.has_queued:
             with self._writing_control():

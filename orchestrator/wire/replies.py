@@ -17,7 +17,11 @@ from ..agent.protocol import Status
 from ..agent.reply_types import BlobEntry, CheckpointDelta, ExecReply, Goodbye, LoadReply
 from ..errors import ProtocolError, TransportError
 from ..safe_text import visible
-from ..state.store import BLOB_ID, DIGEST
+
+DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
+"""A content digest: the id of a blob the agent made."""
+BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
+"""Any blob id: a content digest, or the ``h``-prefixed random id of a host-made blob (``blob_format.HOST_BLOB_ID``)."""
 
 T = TypeVar("T")
 _MAX_ENTRIES = (

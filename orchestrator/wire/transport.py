@@ -407,6 +407,10 @@ class Channel:
         """The largest header and body accepted from the peer (a data channel of one hop takes the same)."""
         return self._max_header, self._max_body
 
+    def limit_body(self, max_body: int) -> None:
+        """From the next frame on, accept bodies of at most ``max_body`` bytes (the relayed carrier's frames)."""
+        self._max_body = self._reader._max_body = max_body
+
     def send_fds(self, header: framing.Message, fds: Sequence[int], *, deadline: float) -> None:
         """Send a frame without a body with ``fds`` attached (SCM_RIGHTS: one hop's ``data_channel``, a value file).
 

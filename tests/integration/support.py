@@ -28,6 +28,12 @@ def one_hop(session: Session) -> bool:
     return sandbox is not None and sandbox.connection.one_hop
 
 
+def passes_descriptors(session: Session) -> bool:
+    """Whether descriptors reach the session's worker (one hop on the descriptors carrier, not the relayed one)."""
+    sandbox = session._sandbox.sandbox
+    return sandbox is not None and sandbox.connection.passes_descriptors
+
+
 def tree_snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``root`` (relative path -> (size, mtime_ns)), to show that nothing changed there.
 

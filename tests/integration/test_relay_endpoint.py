@@ -36,9 +36,9 @@ from orchestrator.backends.swarm.backend import stale_sandbox_dirs
 from orchestrator.backends.swarm.relay_client import NodeDirectory, RelayClient, RelayEndpoint
 from orchestrator.backends.swarm.tls import Credentials, client_context, ensure_credentials
 from orchestrator.runtime.sandbox import agent_environment
+from orchestrator.wire.call import Call
 from orchestrator.wire.connection import AgentConnection
 from orchestrator.wire.endpoint import Endpoint, UnixSocketEndpoint
-from orchestrator.wire.transport import Channel
 
 pytestmark = pytest.mark.docker
 
@@ -134,21 +134,21 @@ def run_sandbox(
 
 
 def connect(endpoint: Endpoint, seconds: float = 30.0) -> AgentConnection:
-    return AgentConnection.open(endpoint, sandbox_id=endpoint.sandbox_id, deadline=time.monotonic() + seconds)
+    """One hop, as a session takes it: relayed through a node relay (no descriptor crosses it), else descriptors."""
+    deadline = time.monotonic() + seconds
+    return AgentConnection.open(endpoint, sandbox_id=endpoint.sandbox_id, deadline=deadline, one_hop=True)
 
 
 def run(connection: AgentConnection, code: str) -> str:
     header = {"type": request_table.EXEC, "code": code, "timeout": 10.0, "checkpoint_timeout": 10.0}
-    # checkpoint_seconds, as Session passes it: the agent's ``checkpointing`` notice (it may come before the reply)
-    # moves the deadline instead of being taken for the reply (a reply without ``status``: CI saw it once).
-    reply, _ = connection.request(header, deadline=time.monotonic() + 30, checkpoint_seconds=10.0)
+    # checkpoint_seconds, as Session passes it: the worker's ``cell_done`` moves the deadline to it.
+    reply, _ = connection.request(header, b"", Call(time.monotonic() + 30, checkpoint_seconds=10.0))
     assert reply.get("status") == protocol.STATUS_OK, reply
     return str(reply["return_value"])
 
 
 def close(connection: AgentConnection) -> None:
-    channel: Channel = connection._channel
-    channel.close()
+    connection.close()
 
 
 def new_id() -> str:
@@ -171,6 +171,7 @@ def test_a_sandbox_behind_the_relay_works_is_taken_over_and_outlives_a_relay_res
     run_sandbox(backend, settings, image, first, run_id, containers)
     connection = opened(connect(first))  # the secret handshake, end to end through the relay
     assert connection.hello["sandbox_id"] == sandbox_id
+    assert connection.one_hop and not connection.passes_descriptors  # the relayed carrier: no descriptor crosses
     assert run(connection, "1 + 1") == "2"
     worker = run(connection, "import os; os.getpid()")
 
@@ -182,7 +183,7 @@ def test_a_sandbox_behind_the_relay_works_is_taken_over_and_outlives_a_relay_res
         "aliases": [],
         "checkpoint_timeout": 30.0,
     }
-    reply, body = connection.request(header, payload, deadline=time.monotonic() + 60, checkpoint_seconds=30.0)
+    reply, body = connection.request(header, payload, Call(time.monotonic() + 60, checkpoint_seconds=30.0))
     assert reply.get("status") == protocol.STATUS_OK, reply
     assert len(body) >= len(payload) and payload in body  # its checkpoint came back: 10 MB each way, unchanged
     assert run(connection, "len(blob), blob[:4].hex()") == repr((len(payload), payload[:4].hex()))
@@ -254,7 +255,7 @@ def _round_trips(connection: AgentConnection) -> list[float]:
     times = []
     for i in range(WARM_UP + CALLS):
         started = time.perf_counter()
-        reply, _ = connection.request(dict(header), deadline=time.monotonic() + 10)
+        reply, _ = connection.request(dict(header), b"", Call(time.monotonic() + 10))
         elapsed = time.perf_counter() - started
         assert reply["status"] == protocol.STATUS_OK
         if i >= WARM_UP:

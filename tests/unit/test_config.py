@@ -160,6 +160,7 @@ VARIABLES = {
     "ORCH_METRICS_ADDRESS": "metrics_address",
     "ORCH_METRICS_TOKEN": "metrics_token",
     "ORCH_ONE_HOP": "one_hop",
+    "ORCH_CARRIER": "carrier",
 }
 # A value each variable takes, unlike its default, and what the field then holds.
 SAMPLES = {
@@ -207,6 +208,7 @@ SAMPLES = {
     "ORCH_METRICS_ADDRESS": ("9464", "9464"),
     "ORCH_METRICS_TOKEN": ("a-token-of-enough-length", "a-token-of-enough-length"),
     "ORCH_ONE_HOP": ("0", False),
+    "ORCH_CARRIER": ("relayed", "relayed"),
 }
 
 

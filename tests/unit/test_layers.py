@@ -15,21 +15,6 @@ UPWARD = {
     ("api.manager", "evaluation.evaluator"),
     ("api.aio", "evaluation"),  # AsyncOrchestrator.evaluate, the twin of Orchestrator.evaluate: its argument types
     ("api.aio", "evaluation.evaluator"),
-    ("runtime.sandbox", "api.events"),  # a running call's live events (LiveCall)
-    ("wire.connection", "api.events"),
-    ("wire.connection", "runtime.hostcalls"),  # host calls that arrive while a request waits (CallDesk)
-    ("wire.connection", "runtime.deferred"),  # deferred values' blobs the agent asks for while a request waits
-    ("wire.one_hop", "api.events"),  # wire.connection's one-hop path, split out of it: the same three
-    ("wire.one_hop", "runtime.hostcalls"),
-    ("wire.one_hop", "runtime.deferred"),
-    ("wire.host_link", "runtime.hostcalls"),  # the host-call serving both paths share (CallDesk, the answers)
-    ("wire.host_link", "runtime.deferred"),
-    ("wire.host_link", "api.events"),  # the live call whose answers (input()) are due
-    ("wire.call_link", "api.events"),  # one hop's host-call link: the running cell's output and input()
-    ("wire.call_link", "runtime.hostcalls"),
-    ("wire.call_link", "runtime.deferred"),
-    ("wire.replies", "state.store"),  # the blob id and digest patterns
-    ("runtime.recovery", "api.events"),  # the running call whose output a failure ends
 }
 """Imports that point up today: each is a candidate to move, and nothing may join them unnoticed."""
 

@@ -21,7 +21,8 @@ import pytest
 
 from orchestrator.agent import blob_format, framing, protocol, reply_types
 from orchestrator.agent.hostcall import HostCallClient, HostCallError
-from orchestrator.runtime.deferred import BlobRefused, DeferredBlobs
+from orchestrator.runtime.deferred import DeferredBlobs
+from orchestrator.wire.call import BlobRefused
 from orchestrator.wire.transport import Channel
 
 BLOB = b"\x80\x04" + b"blob of a big value" * 100 + b"."
@@ -221,7 +222,7 @@ def test_without_a_file_the_blob_goes_as_its_body(blob_file: Path) -> None:
 
 class _Connection:
     def __init__(self, capabilities: list[str]) -> None:
-        self.one_hop = True
+        self.passes_descriptors = True
         self.hello = {"capabilities": capabilities}
 
 

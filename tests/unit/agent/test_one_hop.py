@@ -84,8 +84,8 @@ def quiet(link: Link) -> bool:
     return not select.select([link.sock], [], [], 0)[0]
 
 
-def test_the_hello_offers_one_hop_and_blob_files(agent):
-    assert agent.hello["capabilities"] == [protocol.ONE_HOP, protocol.BLOB_FILES]
+def test_the_hello_offers_one_hop_blob_files_and_the_relayed_carrier(agent):
+    assert agent.hello["capabilities"] == [protocol.ONE_HOP, protocol.BLOB_FILES, protocol.RELAYED]
 
 
 def test_cells_run_on_the_data_channel_and_the_connection_stays_quiet(one_hop):

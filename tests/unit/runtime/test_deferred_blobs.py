@@ -14,8 +14,9 @@ import pytest
 from orchestrator.agent import blob_format, protocol, request_table
 from orchestrator.config import Settings
 from orchestrator.errors import CheckpointError
-from orchestrator.runtime.deferred import BlobRefused, BlobUnavailable, DeferredBlobs
+from orchestrator.runtime.deferred import DeferredBlobs
 from orchestrator.runtime.sandbox import Sandbox
+from orchestrator.wire.call import BlobRefused, BlobUnavailable
 
 BLOB = b"\x80\x04blob of a big value."
 DIGEST = blob_format.blob_digest(BLOB)

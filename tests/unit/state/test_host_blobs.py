@@ -14,7 +14,8 @@ from agent_process import load
 from orchestrator.agent import blob_format, checkpoint, request_table
 from orchestrator.errors import CheckpointError, CheckpointQuotaExceeded, ProtocolError, SessionAttachedElsewhere
 from orchestrator.state.ledger import CheckpointLedger, new_owner_token
-from orchestrator.state.store import BLOB_ID, DIGEST, SessionRecord, new_host_blob_id
+from orchestrator.state.store import SessionRecord, new_host_blob_id
+from orchestrator.wire.replies import BLOB_ID, DIGEST
 
 H1, H2 = "h" + "1" * 32, "h" + "2" * 32
 D1 = "1" * 32

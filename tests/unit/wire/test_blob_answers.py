@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from orchestrator.agent import blob_format, framing, protocol
 from orchestrator.runtime.deferred import DeferredBlobs
+from orchestrator.wire.call import Call
 from orchestrator.wire.host_link import serve_host_call
 from orchestrator.wire.transport import Channel
 
@@ -27,7 +28,9 @@ blobs = DeferredBlobs("sb-test", MANIFEST.get, open_blob)
 
 def blob_call(channel: Channel, call: int, key: str) -> None:
     body = bytearray(json.dumps({"key": key, "digest": MANIFEST[key]}).encode())
-    serve_host_call(channel, {"type": protocol.HOST_CALL, "call": call, "name": protocol.BLOB_CALL}, body, None, blobs)
+    serve_host_call(
+        channel, {"type": protocol.HOST_CALL, "call": call, "name": protocol.BLOB_CALL}, body, Call(0.0, blobs=blobs)
+    )
 
 
 def test_blob_answers_on_their_way_are_bounded_and_let_go_of_once_sent() -> None:

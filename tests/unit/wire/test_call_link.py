@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from orchestrator.agent import framing, protocol, request_table
-from orchestrator.runtime.hostcalls import CallDesk, HandlerPool, HostCalls, answer_ok
+from orchestrator.runtime.hostcalls import CallDesk, HandlerPool, HostCalls
+from orchestrator.wire.call import Call, answer_ok
 from orchestrator.wire.call_link import ANSWER_MAX_BYTES, CallLink
 from orchestrator.wire.transport import Channel
 
@@ -27,7 +28,7 @@ LATER = time.monotonic() + 3600
 @pytest.fixture
 def pair() -> Iterator[tuple[CallLink, socket.socket]]:
     ours, theirs = socket.socketpair()
-    link = CallLink(Channel(ours, protocol.HOST_CALL_HEADER_BYTES, protocol.HOST_CALL_MAX_BYTES))
+    link = CallLink(Channel(ours, protocol.HOST_CALL_HEADER_BYTES, protocol.HOST_CALL_MAX_BYTES), blob_files=True)
     theirs.settimeout(5)
     yield link, theirs
     link.close()
@@ -47,7 +48,7 @@ def nothing_more(sock: socket.socket) -> bool:
 
 
 def read(link: CallLink, desk: CallDesk | None = None, refusal: str | None = None) -> None:
-    link.read(refusal=refusal, desk=desk, live=None, output=None, blobs=None, deadline=LATER)
+    link.read(Call(LATER, desk=desk), refusal=refusal, output=None, deadline=LATER)
 
 
 def test_a_call_open_when_its_cell_ends_is_answered_at_once_and_its_late_answer_dropped(

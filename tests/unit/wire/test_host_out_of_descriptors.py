@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.agent import framing, request_table
 from orchestrator.errors import ChannelLost, TransportError
+from orchestrator.wire.call import Call
 from orchestrator.wire.connection import AgentConnection
 from orchestrator.wire.data_channel import DataChannel
 from orchestrator.wire.transport import Channel
@@ -39,7 +40,7 @@ def test_emfile_in_a_request_loop_is_channel_lost(monkeypatch: pytest.MonkeyPatc
     connection = AgentConnection(Channel(ours, framing.MAX_HEADER_BYTES, framing.MAX_BODY_BYTES), HELLO)
     monkeypatch.setattr(Channel, "send", _emfile)
     with pytest.raises(ChannelLost, match="failed on this host"):
-        connection.request({"type": request_table.EXEC}, deadline=float("inf"))  # type: ignore[typeddict-item]
+        connection.request({"type": request_table.EXEC}, b"", Call(float("inf")))  # type: ignore[typeddict-item]
     connection.close()
     theirs.close()
 

@@ -24,8 +24,9 @@ from orchestrator.api.events import LiveCall, OutputEvent
 from orchestrator.errors import ChannelLost, ProtocolError
 from orchestrator.runtime.output import StreamRecorder
 from orchestrator.wire import one_hop
+from orchestrator.wire.call import Call
 from orchestrator.wire.connection import AgentConnection
-from orchestrator.wire.data_channel import DataChannel
+from orchestrator.wire.data_channel import DataChannel, Descriptors
 from orchestrator.wire.endpoint import SECRET_NAME, UnixSocketEndpoint
 from orchestrator.wire.one_hop import OneHop
 from orchestrator.wire.replies import TakenOver
@@ -33,7 +34,6 @@ from orchestrator.wire.transport import Channel
 from orchestrator.wire.wakeup import Wakeup
 
 SANDBOX = "sb-unit"
-NO_CALLS: Any = {"checkpoint_seconds": None, "desk": None, "live": None, "blobs": None}
 EXEC: Any = {"type": request_table.EXEC, "id": "e1"}
 SCAFFOLD = "def before_cell(namespace):\n    namespace['ask'] = host_call\n"
 
@@ -41,7 +41,8 @@ SCAFFOLD = "def before_cell(namespace):\n    namespace['ask'] = host_call\n"
 class HostAgent:
     """A supervisor on the host, connected to a real endpoint; ``connect`` runs the controller's handshake."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, carrier: str) -> None:
+        self.carrier = carrier
         self.endpoint = UnixSocketEndpoint.create(
             base / "run", SANDBOX, sandbox_uid=None, sandbox_gid=None, max_header=1 << 20, max_body=1 << 26
         )
@@ -62,6 +63,7 @@ class HostAgent:
             sandbox_id=SANDBOX,
             deadline=time.monotonic() + 20,
             one_hop=one_hop,
+            carrier=self.carrier,
             frame_seconds=frame_seconds,
         )
         self.connections.append(connection)
@@ -75,10 +77,11 @@ class HostAgent:
         self.endpoint.remove()
 
 
-@pytest.fixture
-def host_agent() -> Iterator[HostAgent]:
+@pytest.fixture(params=["descriptors", "relayed"])
+def host_agent(request: pytest.FixtureRequest) -> Iterator[HostAgent]:
+    """The host agent, its one hop on each carrier (docs/design/one-hop.md, "Carriers")."""
     base = Path(tempfile.mkdtemp(prefix="orch-t-", dir="/tmp"))  # tmp_path can be too long for a socket path
-    agent = HostAgent(base)
+    agent = HostAgent(base, request.param)
     yield agent
     agent.close()
     shutil.rmtree(base, ignore_errors=True)
@@ -86,7 +89,7 @@ def host_agent() -> Iterator[HostAgent]:
 
 def run(connection: AgentConnection, code: str, live: LiveCall | None = None, **fields: Any) -> dict[str, Any]:
     header: Any = {"type": request_table.EXEC, "code": code, "timeout": 10, "checkpoint_timeout": 10, **fields}
-    reply, _ = connection.request(header, deadline=time.monotonic() + 30, checkpoint_seconds=10, live=live)
+    reply, _ = connection.request(header, b"", Call(time.monotonic() + 30, checkpoint_seconds=10, live=live))
     return reply
 
 
@@ -120,12 +123,12 @@ def test_a_restore_goes_on_the_data_channel(host_agent: HostAgent) -> None:
     connection = host_agent.connect()
     deadline = time.monotonic() + 30
     begin: Any = {"type": request_table.RESTORE_BEGIN, "timeout": 10}
-    assert connection.request(begin, deadline=deadline)[0]["status"] == "ok"
+    assert connection.request(begin, b"", Call(deadline))[0]["status"] == "ok"
     blob = dill.dumps([1, 2, 3])
     load: Any = {"type": request_table.LOAD, "name": "y", "digest": blob_format.blob_digest(blob), "timeout": 10}
-    assert connection.request(load, blob, deadline=deadline)[0]["status"] == "ok"
+    assert connection.request(load, blob, Call(deadline))[0]["status"] == "ok"
     end: Any = {"type": request_table.RESTORE_END, "generation": 3, "timeout": 10}
-    assert connection.request(end, deadline=deadline)[0]["generation"] == 3
+    assert connection.request(end, b"", Call(deadline))[0]["generation"] == 3
     assert value(connection, "sum(y)") == "6"
 
 
@@ -143,7 +146,7 @@ def test_output_comes_on_the_call_link_before_the_reply_returns(host_agent: Host
 def test_a_host_call_without_a_desk_is_refused_on_its_link(host_agent: HostAgent) -> None:
     connection = host_agent.connect()
     install: Any = {"type": request_table.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
-    assert connection.request(install, deadline=time.monotonic() + 30)[0]["status"] == "ok"
+    assert connection.request(install, b"", Call(time.monotonic() + 30))[0]["status"] == "ok"
     code = "try:\n    ask('double', 21)\nexcept Exception as exc:\n    said = str(exc)\n"
     assert run(connection, code)["status"] == "ok"
     assert "without host calls" in value(connection, "said")
@@ -178,7 +181,7 @@ def test_a_host_call_between_requests_is_refused_by_the_worker_and_one_forged_on
 ) -> None:
     connection = host_agent.connect()
     install: Any = {"type": request_table.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
-    assert connection.request(install, deadline=time.monotonic() + 30)[0]["status"] == "ok"
+    assert connection.request(install, b"", Call(time.monotonic() + 30))[0]["status"] == "ok"
     code = (
         "import gc, json, os, struct, threading, time\nsaid = []\n"
         "link = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker').calls._sock\n"
@@ -203,7 +206,7 @@ def test_the_handover_sends_two_fresh_stream_sockets_and_keeps_none() -> None:
     control = Channel(ours, 4096, 4096)
     data = DataChannel.hand_over(control, deadline=time.monotonic() + 5)
     theirs.settimeout(5)
-    header, fds = handover.recv_with_fds(theirs, 4)
+    header, fds, _ = handover.recv_with_fds(theirs, 4)
     assert header == {"type": protocol.DATA_CHANNEL}
     requests, calls = handover.stream_sockets(fds, protocol.DATA_CHANNEL_FDS)
     data.requests.send({"type": "ping"}, deadline=time.monotonic() + 5)
@@ -292,7 +295,7 @@ def test_a_cell_that_closes_its_own_call_link_loses_only_its_calls(host_agent: H
     calls fail until the worker's next data channel."""
     connection = host_agent.connect()
     install: Any = {"type": request_table.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
-    assert connection.request(install, deadline=time.monotonic() + 30)[0]["status"] == "ok"
+    assert connection.request(install, b"", Call(time.monotonic() + 30))[0]["status"] == "ok"
     assert run(connection, "kept = 7")["status"] == "ok"
     code = f"import socket\n{WORKER}.calls._sock.shutdown(socket.SHUT_WR)\nkept += 1"
     assert run(connection, code)["status"] == "ok"
@@ -413,11 +416,12 @@ class FakeSupervisor:
         ours, self.sock = socket.socketpair()
         self.sock.settimeout(5)
         self.control = Channel(ours, 4096, 4096)
-        self.hop = OneHop(self.control, DataChannel.hand_over(self.control, deadline=time.monotonic() + 5), 0.5)
+        carrier = Descriptors()
+        self.hop = OneHop(self.control, carrier.hand_over(self.control, deadline=time.monotonic() + 5), carrier, 0.5)
         self.take_data_channel()
 
     def take_data_channel(self) -> None:
-        header, fds = handover.recv_with_fds(self.sock, 4)
+        header, fds, _ = handover.recv_with_fds(self.sock, 4)
         assert header == {"type": protocol.DATA_CHANNEL} and len(fds) == protocol.DATA_CHANNEL_FDS
         handover.close_fds(fds)
 
@@ -462,7 +466,7 @@ def test_replace_worker_refuses_any_other_answer_and_leaves_no_data_channel(
     with pytest.raises(ProtocolError, match="while it replaced its worker"):
         supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
     with pytest.raises(ChannelLost, match="could not be handed over"):
-        supervisor.hop.request(EXEC, b"", deadline=time.monotonic() + 1, **NO_CALLS)
+        supervisor.hop.request(EXEC, b"", Call(time.monotonic() + 1))
 
 
 def test_replace_worker_says_goodbye_as_taken_over(supervisor: FakeSupervisor) -> None:
@@ -502,7 +506,7 @@ def test_a_worker_lost_between_calls_answers_the_next_request_without_sending_it
     supervisor.say(type=protocol.WORKER_LOST, reason="the worker was killed by SIGKILL", oom=True)
     supervisor.hop.check_idle()
     supervisor.take_data_channel()
-    reply, _ = supervisor.hop.request(EXEC, b"", deadline=time.monotonic() + 1, **NO_CALLS)
+    reply, _ = supervisor.hop.request(EXEC, b"", Call(time.monotonic() + 1))
     assert reply == {
         "type": request_table.EXEC_REPLY,
         "id": "e1",
@@ -521,7 +525,7 @@ def test_a_restore_that_hangs_clearing_the_namespace_gets_a_fresh_worker_through
     code = "class Stuck:\n    def __del__(self):\n        __import__('time').sleep(60)\nstuck = Stuck()"
     assert run(connection, code, checkpoint=False)["status"] == "ok"
     begin: Any = {"type": request_table.RESTORE_BEGIN, "generation": 0, "timeout": 0.3}
-    reply, _ = connection.request(begin, deadline=time.monotonic() + 30)
+    reply, _ = connection.request(begin, b"", Call(time.monotonic() + 30))
     assert reply["status"] == protocol.STATUS_OK and reply["worker_restarted"] is True, reply  # a fresh one is empty
     assert connection.one_hop and value(connection, "'stuck' in globals()") == "False"
     connection.check_idle()
