@@ -167,7 +167,7 @@ class Sandbox:
                     sandbox_id=sandbox_id,
                     deadline=deadline,
                     one_hop=settings.one_hop,
-                    carrier=settings.carrier,
+                    carrier=carrier_of(backend, settings),
                     interrupt_grace=settings.timeouts.interrupt_grace,
                     frame_seconds=settings.timeouts.frame,
                 ),
@@ -228,7 +228,7 @@ class Sandbox:
                 sandbox_id=sandbox_id,
                 deadline=time.monotonic() + wait,
                 one_hop=settings.one_hop,
-                carrier=settings.carrier,
+                carrier=carrier_of(backend, settings),
                 interrupt_grace=settings.timeouts.interrupt_grace,
                 frame_seconds=settings.timeouts.frame,
             )
@@ -635,6 +635,14 @@ def _open_private_file(path: Path) -> int | None:
     except OSError as exc:
         logger.debug("no sealed copy of %s (its bytes go as the body): %s", path, exc)
         return None
+
+
+def carrier_of(backend: Backend, settings: Settings) -> str:
+    """How a sandbox's data channel reaches this controller: ``Settings.carrier`` if forced, else as the backend
+    can (descriptors where they pass to the sandbox, relayed on the supervisor's connection where they cannot)."""
+    if settings.carrier is not None:
+        return settings.carrier
+    return "descriptors" if backend.capabilities.passes_descriptors else "relayed"
 
 
 def _offers_blob_files(connection: AgentConnection) -> bool:

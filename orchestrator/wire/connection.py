@@ -27,7 +27,7 @@ from ..config import Timeouts
 from ..errors import AgentTimeoutError, ChannelLost, OrchestratorError, ProtocolError, TransportError
 from .call import Call
 from .data_channel import Carrier, DataChannel, Descriptors
-from .endpoint import Endpoint, UnixSocketEndpoint
+from .endpoint import Endpoint
 from .host_link import (
     OutputBudget,
     call_number,
@@ -49,15 +49,6 @@ _HANDSHAKE_SECONDS = 5.0  # a real agent sends its hello as soon as it connects
 
 
 _OneHopStart = tuple[Carrier, Channel, DataChannel]  # the carrier, the control channel, the first data channel
-
-
-def carrier_for(endpoint: Endpoint, forced: str | None) -> str:
-    """The carrier of a sandbox reached on ``endpoint``: descriptors for a local one, unless ``forced`` to be relayed
-    (``Settings.carrier``); relayed where no descriptor can pass (a Swarm node's relay)."""
-    # TODO(lead): ask the backend's declared capability (backends/base.py, helper backend-neutral), not the endpoint.
-    if isinstance(endpoint, UnixSocketEndpoint) and forced != "relayed":
-        return "descriptors"
-    return "relayed"
 
 
 def _handshake(
@@ -159,17 +150,17 @@ class AgentConnection:
         sandbox_id: str,
         deadline: float,
         one_hop: bool = False,
-        carrier: str | None = None,
+        carrier: str = "descriptors",
         interrupt_grace: float = Timeouts.interrupt_grace,
         frame_seconds: float = Timeouts.frame,
     ) -> AgentConnection:
         """Wait for the agent of ``sandbox_id`` on ``endpoint`` and authenticate both ends.
 
-        With ``one_hop``, an agent that offers one hop gets a data channel (docs/design/one-hop.md) on the carrier
-        ``carrier_for`` chooses (``carrier``: ``Settings.carrier``). In one hop the controller keeps each request's
-        ladder: ``interrupt_grace`` (the sandbox's, as its agent was started with) between the interrupt and the kill;
-        a frame its worker begins there must not stall for ``frame_seconds`` (``Settings.timeouts.frame``, the
-        supervisor's bound in two hops).
+        With ``one_hop``, an agent that offers one hop gets a data channel (docs/design/one-hop.md) on ``carrier``
+        (``"descriptors"`` needs a local endpoint; ``"relayed"`` works on any: the caller asks the backend). In one
+        hop the controller keeps each request's ladder: ``interrupt_grace`` (the sandbox's, as its agent was started
+        with) between the interrupt and the kill; a frame its worker begins there must not stall for
+        ``frame_seconds`` (``Settings.timeouts.frame``, the supervisor's bound in two hops).
 
         A peer that fails the handshake (or stalls in it for ``_HANDSHAKE_SECONDS``) is dropped
         and the wait goes on, so a process that knocks on the socket cannot stop the real agent.
@@ -193,7 +184,7 @@ class AgentConnection:
                     endpoint.secret,
                     sandbox_id,
                     min(deadline, time.monotonic() + _HANDSHAKE_SECONDS),
-                    carrier_for(endpoint, carrier) if one_hop else None,
+                    carrier if one_hop else None,
                 )
             except TransportError as exc:
                 channel.close()

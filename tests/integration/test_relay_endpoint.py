@@ -134,9 +134,11 @@ def run_sandbox(
 
 
 def connect(endpoint: Endpoint, seconds: float = 30.0) -> AgentConnection:
-    """One hop, as a session takes it: relayed through a node relay (no descriptor crosses it), else descriptors."""
+    """One hop, as a session takes it through a node relay: relayed (no descriptor crosses it)."""
     deadline = time.monotonic() + seconds
-    return AgentConnection.open(endpoint, sandbox_id=endpoint.sandbox_id, deadline=deadline, one_hop=True)
+    return AgentConnection.open(
+        endpoint, sandbox_id=endpoint.sandbox_id, deadline=deadline, one_hop=True, carrier="relayed"
+    )
 
 
 def run(connection: AgentConnection, code: str) -> str:

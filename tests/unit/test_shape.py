@@ -13,9 +13,6 @@ PACKAGE = Path(orchestrator.__file__).parent
 
 WIDE = {
     "rlm.environment:DockerREPL.__init__",  # rlms' own DockerREPL's signature, which the drop-in keeps
-    "wire.connection:AgentConnection.request",  # being fixed by issue 35 (carrier)
-    "wire.connection:AgentConnection._request",  # being fixed by issue 35 (carrier)
-    "wire.one_hop:OneHop.request",  # being fixed by issue 35 (carrier)
 }
 """Functions that take more than seven parameters, value objects' constructors aside, each with its reason."""
 
