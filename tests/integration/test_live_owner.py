@@ -95,8 +95,8 @@ def test_operator_commands_leave_a_live_owners_call_and_handle_alone(store, make
     epoch, container = s.epoch, s.container_id
     call = CallInInput(s)
     for argv, stdin in (
-        (["exec", s.id, "x"], ""),
-        (["shell", s.id], "x\n"),
+        (["exec", s.id, "x", "--no-wait"], ""),
+        (["shell", s.id, "--no-wait"], "x\n"),
         (["resume", s.id], ""),
         (["rm", s.id], ""),
     ):
@@ -154,7 +154,7 @@ def test_a_killed_owners_session_is_taken_without_force(store, make_orch, script
     with pytest.raises(SessionHeld) as refusal:
         orch.attach(held["id"])
     assert (refusal.value.pid, refusal.value.host) == (held["pid"], socket.gethostname())
-    refused(cli(store, "exec", held["id"], "x"), held["pid"])
+    refused(cli(store, "exec", held["id"], "x", "--no-wait"), held["pid"])
 
     owner.proc.send_signal(signal.SIGKILL)
     assert owner.proc.wait(30) == -signal.SIGKILL
