@@ -34,7 +34,9 @@ RANK = {
     "runtime": 4,
     "ops": 5,
     "api": 6,
-    "evaluation": 7,
+    # beside api/, not on it: a second public API on ops/ and runtime/ (pooled sandboxes, no Session), sharing
+    # api's values (a cell's ExecError, the LiveCall that streams its output); Orchestrator.evaluate runs it
+    "evaluation": 6,
     "rlm": 7,
     "cli": 7,
     "mcp": 7,

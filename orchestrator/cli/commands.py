@@ -337,9 +337,9 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
                     session.close()
 
 
-def read_code(code: str, stdin: Any = None) -> str:
+def read_code(code: str) -> str:
     """The CODE argument, or standard input when it is ``-``."""
-    return (stdin or sys.stdin).read() if code == "-" else code
+    return sys.stdin.read() if code == "-" else code
 
 
 def exec_code(ctx: Context, args: argparse.Namespace) -> int:

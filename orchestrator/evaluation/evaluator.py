@@ -231,7 +231,7 @@ class Evaluator:
                 for submission in todo:
                     collect = _RunsOf(self._options.runs, finish)  # one per submission, shared by its runs
                     futures += [
-                        jobs.submit(self._grade, pool, runner, submission, self._image, image_id, collect)
+                        jobs.submit(self._grade, pool, runner, submission, image_id, collect)
                         for _ in range(self._options.runs)
                     ]
                 for future in futures:
@@ -254,7 +254,6 @@ class Evaluator:
         pool: SandboxPool,
         runner: SubmissionRunner,
         submission: Submission,
-        image: str,
         image_id: str,
         collect: _RunsOf,
     ) -> None:
@@ -271,7 +270,7 @@ class Evaluator:
             "id": submission.id,
             "line": submission.line,
             "limits": limits,
-            "image": image,
+            "image": self._image,
             "image_id": image_id,
             "grading": "strict" if strict else "default",
         }

@@ -405,15 +405,7 @@ class SessionStore:
             ConfigError: a session with that id exists.
             CheckpointError: the state directory is not writable.
         """
-        directory = self._dir(record.session_id)
-        try:
-            directory.mkdir(mode=0o700)
-        except FileExistsError:
-            raise ConfigError(
-                f"session {record.session_id!r} already exists; use Orchestrator.attach to reuse it"
-            ) from None
-        except OSError as exc:
-            raise CheckpointError(f"cannot create session state in {self.root}: {exc}") from exc
+        directory = self._new_dir(record.session_id, "use Orchestrator.attach to reuse it")
         (directory / "blobs").mkdir(mode=0o700)
         if lease is not None:
             LeaseFile(directory).write(lease)
@@ -432,13 +424,7 @@ class SessionStore:
             ConfigError: a session with the child's id exists.
             CheckpointError: a blob of the source is missing (its checkpoint is damaged) or the links cannot be made.
         """
-        directory = self._dir(child.session_id)
-        try:
-            directory.mkdir(mode=0o700)
-        except FileExistsError:
-            raise ConfigError(f"session {child.session_id!r} already exists; fork into a new id") from None
-        except OSError as exc:
-            raise CheckpointError(f"cannot create session state in {self.root}: {exc}") from exc
+        directory = self._new_dir(child.session_id, "fork into a new id")
         try:
             (directory / "blobs").mkdir(mode=0o700)
             for blob_id in sorted(child.named_blobs()):
@@ -458,6 +444,17 @@ class SessionStore:
             if isinstance(exc, OSError):
                 raise CheckpointError(f"cannot fork session {source_id} into {child.session_id}: {exc}") from exc
             raise
+
+    def _new_dir(self, session_id: str, instead: str) -> Path:
+        """Make a new session's directory; an id that is taken is refused, saying what to do ``instead``."""
+        directory = self._dir(session_id)
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            raise ConfigError(f"session {session_id!r} already exists; {instead}") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot create session state in {self.root}: {exc}") from exc
+        return directory
 
     def shared_bytes(self, record: SessionRecord) -> int:
         """Bytes of the record's blobs that other sessions' directories hold too (hard links of a fork)."""
