@@ -133,7 +133,7 @@ class Agent:
         self.hello = hello
         nonce = handshake.new_nonce()
         proof = handshake.auth_proof(self.secret, "controller", hello["nonce"], nonce)
-        link.send({"type": protocol.AUTH, "nonce": nonce, "proof": proof, protocol.ONE_HOP: True})
+        link.send({"type": protocol.AUTH, "nonce": nonce, "proof": proof})
         ok, _ = link.recv(timeout)
         assert ok["type"] == protocol.AUTH_OK
         assert handshake.proof_matches(handshake.auth_proof(self.secret, "agent", hello["nonce"], nonce), ok["proof"])
