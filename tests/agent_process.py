@@ -1,7 +1,8 @@
 """The agent (supervisor + worker) as a host subprocess on a Unix socket, driven by a test playing the controller.
 
-The test side uses the bare frame functions (its own listening socket, its own handshake), so the agent's tests do
-not depend on the controller's transport code. The fixtures ``make_agent`` and ``agent`` are in tests/unit/conftest.py.
+The test side uses the bare frame functions (its own listening socket, its own handshake, its own data channel and
+the agent's ladder), so the agent's tests do not depend on the controller's transport code. The fixtures
+``make_agent`` and ``agent`` are in tests/unit/conftest.py.
 """
 
 from __future__ import annotations
@@ -9,17 +10,24 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import select
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import dill
 
-from orchestrator.agent import blob_format, framing, handshake, protocol, request_table
+from orchestrator.agent import blob_format, control, framing, handover, handshake, protocol, request_table
+from orchestrator.agent.ladder import KILL, Ladder
+
+GRACE = 0.5  # the agent's ORCH_INTERRUPT_GRACE, and the test's ladder's
+OnCall = Callable[[dict, bytearray], "tuple[dict, bytes] | None"]
 
 SLOW_REDUCE = """
 import time
@@ -73,16 +81,21 @@ AGENT_COMMAND = [AGENT_PYTHON, "-m", "orchestrator_agent.supervisor"]
 
 
 class Agent:
-    """A supervisor subprocess, its secret file, and the listening socket it connects to."""
+    """A supervisor subprocess, its secret file, the listening socket it connects to, and its worker's data channel.
 
-    def __init__(self, directory: Path, one_hop: bool = False, **env: str) -> None:
-        """``one_hop``: the connection takes one hop (docs/design/one-hop.md): requests then go on a data channel
-        the test makes (tests/unit/agent/test_one_hop.py), not on ``link``."""
+    The test plays the controller of docs/protocol.md, "One hop": after the handshake (and after every worker
+    replacement) it hands the worker a data channel, ``data`` (requests and replies) and ``calls`` (host calls and
+    output), and keeps each request's ladder (agent/ladder.py), asking the supervisor on ``link`` to interrupt and kill.
+    """
+
+    def __init__(self, directory: Path, **env: str) -> None:
         self.directory = directory
-        self.one_hop = one_hop
         self.path = directory / "channel.sock"
         self.secret = secrets.token_bytes(32)
-        self.notices: list[dict] = []
+        self.cell_done: list[str] = []  # the requests whose worker said cell_done
+        self.output: list[tuple[str, bytes]] = []  # the cells' output frames
+        self.data: Link | None = None
+        self.calls: Link | None = None
         (directory / "secret").write_text(self.secret.hex() + "\n")
         self.listener = self.listen()
         environ = {
@@ -90,7 +103,7 @@ class Agent:
             "ORCH_CHANNEL": str(self.path),
             "ORCH_SECRET_FILE": str(directory / "secret"),
             "ORCH_SANDBOX_ID": "sb-unit",
-            "ORCH_INTERRUPT_GRACE": "0.5",
+            "ORCH_INTERRUPT_GRACE": str(GRACE),
             "ORCH_OUTPUT_LIMIT": "1000",
             "ORCH_FRAME_TIMEOUT": "1",
             **env,
@@ -113,33 +126,122 @@ class Agent:
         return Link(conn)
 
     def connect(self, timeout: float = 20) -> Link:
-        """Accept the agent and do the handshake as the controller."""
+        """Accept the agent, do the handshake as the controller and hand over a data channel."""
         link = self.accept(timeout)
         hello, _ = link.recv(timeout)
         assert hello["type"] == protocol.HELLO
         self.hello = hello
         nonce = handshake.new_nonce()
         proof = handshake.auth_proof(self.secret, "controller", hello["nonce"], nonce)
-        auth = {"type": protocol.AUTH, "nonce": nonce, "proof": proof}
-        link.send({**auth, protocol.ONE_HOP: True} if self.one_hop else auth)
+        link.send({"type": protocol.AUTH, "nonce": nonce, "proof": proof})
         ok, _ = link.recv(timeout)
         assert ok["type"] == protocol.AUTH_OK
         assert handshake.proof_matches(handshake.auth_proof(self.secret, "agent", hello["nonce"], nonce), ok["proof"])
+        self.hand_over(link)
         return link
 
-    def request(self, type_: str, body=b"", wait: float = 30, **fields) -> tuple[dict, bytearray]:
-        header = {"type": type_, "id": fields.pop("id", uuid.uuid4().hex), **fields}
-        self.link.send(header, body)
-        reply, reply_body = self.link.recv(wait)
-        if reply["type"] == protocol.CHECKPOINTING:  # an exec's cell ended; its checkpoint's clock runs now
-            assert type_ == request_table.EXEC and reply["id"] == header["id"], reply
-            self.notices.append(reply)
-            reply, reply_body = self.link.recv(wait)
-        assert reply["id"] == header["id"], reply
-        return reply, reply_body
+    def hand_over(self, link: Link | None = None) -> None:
+        """A new data channel for the worker (the one before, if any, is closed): D and K, sent on ``link``."""
+        self.drop_data()
+        data, data_theirs = socket.socketpair()
+        calls, calls_theirs = socket.socketpair()
+        theirs = [data_theirs.fileno(), calls_theirs.fileno()]
+        handover.send_with_fds((link or self.link).sock, control.data_channel_message(), theirs)
+        data_theirs.close()
+        calls_theirs.close()
+        self.data, self.calls = Link(data), Link(calls)
 
-    def run(self, code: str, timeout: float = 10, checkpoint_timeout: float = 10) -> tuple[dict, bytearray]:
-        return self.request(request_table.EXEC, code=code, timeout=timeout, checkpoint_timeout=checkpoint_timeout)
+    def drop_data(self) -> None:
+        for end in (self.data, self.calls):
+            if end is not None:
+                end.close()
+        self.data = self.calls = None
+
+    def request(
+        self, type_: str, body=b"", wait: float = 30, on_call: OnCall | None = None, fds=(), **fields
+    ) -> tuple[dict, bytearray]:
+        """Send a request on D (``fds`` attached: a value file) and wait for its reply under its ladder; ``on_call``
+        answers the cell's host calls (None: no answer). A ``ping`` goes on the connection."""
+        header = {"type": type_, "id": fields.pop("id", uuid.uuid4().hex), **fields}
+        if type_ == request_table.PING:
+            self.link.send(header)
+            return self.link.recv(wait)
+        if select.select([self.link.sock], [], [], 0)[0]:  # the worker was lost between requests
+            lost, _ = self.link.recv()
+            assert lost["type"] == protocol.WORKER_LOST, lost
+            self.hand_over()
+            return _made_up(header, lost, status=protocol.STATUS_CRASHED, ran=False), bytearray()
+        assert self.data is not None
+        if fds:
+            handover.send_with_fds(self.data.sock, header, fds)
+        else:
+            self.data.send(header, body)
+        return self.reply(header, wait, on_call)
+
+    def reply(self, header: dict, wait: float = 30, on_call: OnCall | None = None) -> tuple[dict, bytearray]:
+        """The reply to ``header``, sent on D: the ladder interrupts and kills as the controller's does."""
+        interrupt = lambda phase: self.link.send(control.phase_interrupt_message(header["id"], phase))  # noqa: E731
+        ladder = Ladder.for_request(header, GRACE, interrupt, notice=False)
+        give_up = time.monotonic() + wait
+        while True:
+            assert self.data is not None and time.monotonic() < give_up, header
+            watched = [self.data.sock, self.link.sock] + ([self.calls.sock] if self.calls is not None else [])
+            rung = ladder.wait_seconds()
+            ready = select.select(watched, [], [], give_up - time.monotonic() if rung is None else rung)[0]
+            if self.calls is not None and self.calls.sock in ready:
+                self._serve_call(on_call)
+            if self.link.sock in ready:
+                lost, _ = self.link.recv()
+                assert lost["type"] == protocol.WORKER_LOST, lost
+                self.hand_over()
+                return _made_up(header, lost, status=protocol.STATUS_CRASHED, ran=True), bytearray()
+            if self.data.sock in ready:
+                try:
+                    reply, reply_body = self.data.recv(wait)
+                except (framing.ChannelClosed, ConnectionResetError):  # the worker died: the supervisor says how
+                    continue
+                assert reply["id"] == header["id"], reply
+                if reply["type"] == protocol.CELL_DONE:  # the checkpoint's clock runs now
+                    self.cell_done.append(header["id"])
+                    ladder.cell_done()
+                    continue
+                while self.calls is not None and select.select([self.calls.sock], [], [], 0)[0]:
+                    self._serve_call(on_call)  # the cell's last output came before its reply
+                if ladder.interrupted or ladder.cell_interrupted:  # its signal has reached the worker
+                    assert self.request(request_table.PING)[0]["type"] == request_table.PONG
+                if ladder.stopped_by_interrupt(reply.get("status")):
+                    reply.update(status=protocol.STATUS_TIMEOUT, worker_restarted=False)
+                    reply.setdefault("phase", "load" if header["type"] == request_table.LOAD else "cell")
+                return reply, reply_body
+            if ladder.expired() == KILL:
+                self.link.send(control.kill_message(header["id"]))
+                while (said := self.link.recv(wait)[0])["type"] == protocol.WORKER_LOST:
+                    pass
+                assert said["type"] == protocol.WORKER_REPLACED, said
+                self.hand_over()
+                return _made_up(header, {}, **ladder.killed_reply()), bytearray()
+
+    def _serve_call(self, on_call: OnCall | None) -> None:
+        """One frame on K: output is kept, a host call given to ``on_call`` (its answer, if any, sent back)."""
+        assert self.calls is not None
+        try:
+            frame, body = self.calls.recv()
+        except framing.ChannelClosed:
+            self.calls.close()
+            self.calls = None
+            return
+        if frame["type"] == protocol.OUTPUT:
+            self.output.append((frame["stream"], bytes(body)))
+            return
+        assert frame["type"] == protocol.HOST_CALL and on_call is not None, frame
+        answer = on_call(frame, body)
+        if answer is not None:
+            self.calls.send(*answer)
+
+    def run(self, code: str, timeout: float = 10, checkpoint_timeout: float = 10, **fields) -> tuple[dict, bytearray]:
+        return self.request(
+            request_table.EXEC, code=code, timeout=timeout, checkpoint_timeout=checkpoint_timeout, **fields
+        )
 
     def value(self, expression: str) -> str:
         reply, _ = self.run(expression)
@@ -149,8 +251,16 @@ class Agent:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        self.drop_data()
         self.link.close()
         self.listener.close()
+
+
+def _made_up(request: dict, lost: dict, **fields) -> dict:
+    """The reply the controller makes for a request whose worker was lost (``lost``: its ``worker_lost``) or killed."""
+    row = request_table.REQUESTS[request["type"]]
+    said = {key: lost[key] for key in ("reason", "oom", "signal") if key in lost}
+    return {"type": row.reply, "id": request["id"], **said, **fields}
 
 
 def blobs_of(reply: dict, body: bytes) -> dict[str, bytes]:

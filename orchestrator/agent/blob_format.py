@@ -62,13 +62,12 @@ def host_blob_framed(blob: Union[bytes, bytearray, memoryview]) -> bool:
     )
 
 
-VALUE_FILE = re.compile(r"value-h[0-9a-f]{32}")
-"""The name of a host-made blob's file in the channel directory (``set_value``'s ``file``): ``value-<blob id>``."""
 VALUE_FILE_MIN_BYTES = 1 << 20
 """A host-made blob at least this big goes to a local sandbox as a file, not as the frame's body."""
 
 
 def value_file_name(blob_id: str) -> str:
+    """A value file's name (``set_value``'s ``file``): ``value-<blob id>``."""
     return "value-" + blob_id
 
 

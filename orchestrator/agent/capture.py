@@ -115,7 +115,7 @@ class CellOutput(io.RawIOBase):
         chunk, self._pending = bytes(self._pending), bytearray()
         try:
             self._send(self.name, chunk)
-        except Exception:  # the link to the supervisor broke: keep the head, send nothing more
+        except Exception:  # the link to the controller broke: keep the head, send nothing more
             self._send = None
 
     def send_if_not_text(self) -> None:

@@ -6,7 +6,7 @@ import math
 import os
 from typing import Any, Dict, Optional
 
-from . import confinement, framing, handshake, protocol
+from . import confinement, handshake, protocol
 from .log import log
 
 DEFAULT_CHANNEL = "/run/orchestrator/channel.sock"
@@ -41,7 +41,6 @@ class Config:
         self.grace = _env_number(environ, "ORCH_INTERRUPT_GRACE", 2.0, False)
         # A frame that started must keep flowing: a stall this long mid-frame is treated as a forgery.
         self.frame_timeout = _env_number(environ, "ORCH_FRAME_TIMEOUT", 10.0, False) or 10.0
-        self.max_body = min(_env_number(environ, "ORCH_MAX_BODY", framing.MAX_BODY_BYTES, True), framing.MAX_BODY_BYTES)
         self.checkpoint_quota = _env_number(environ, "ORCH_CHECKPOINT_QUOTA", 0, True)
         self.host_call_max = (
             _env_number(environ, "ORCH_HOST_CALL_MAX_BYTES", protocol.HOST_CALL_MAX_BYTES, True)

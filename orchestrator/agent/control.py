@@ -1,4 +1,4 @@
-"""The controller's control frames to the supervisor in one hop (docs/design/one-hop.md), typed as the requests are.
+"""The controller's control frames to the supervisor (docs/design/one-hop.md), typed as the requests are.
 
 ``kill`` and ``ping`` (answered ``worker_replaced`` and ``pong``), the ladder's ``interrupt {phase}``, the handover
 of a worker's data channel, and on the relayed carrier the ``relay`` frames that carry its bytes.

@@ -1,6 +1,6 @@
-"""One hop's handover of the data channel: a frame that carries socket descriptors (SCM_RIGHTS).
+"""The handover of the worker's data channel: a frame that carries socket descriptors (SCM_RIGHTS).
 
-In one hop (docs/design/one-hop.md) the controller makes two socket pairs, one for requests and
+The controller (docs/design/one-hop.md) makes two socket pairs, one for requests and
 replies and one for host calls, and sends one end of each to the supervisor in a ``data_channel``
 frame on its connection; the supervisor checks them and passes them on to its worker in the same
 way, keeping no copy, and the worker serves the controller on them directly. Such a frame has no

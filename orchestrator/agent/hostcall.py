@@ -1,11 +1,11 @@
 """The worker's side of host calls: cell code asks the controller for something and waits for the answer.
 
 Standard library only (runs in the sandbox worker). Calls go out as ``host_call`` frames on
-the worker's own call link to the supervisor (a socket pair apart from the request link, so
+the data channel's call link to the controller (K, a socket pair apart from the requests' D, so
 a call never interleaves with a request or a reply); one reader thread hands each
 ``host_reply`` to the thread that waits for it, so many calls can be in flight at once, from
 any thread. Payloads and results are JSON, never pickles. See docs/protocol.md, "Host calls".
-In one hop a deferred value's blob may come as a read-only descriptor of its file (the reply's
+A deferred value's blob may come as a read-only descriptor of its file (the reply's
 ``file``, docs/protocol.md "Deferred values"): the reader maps it, and a descriptor any other
 frame brings is closed unused.
 """
@@ -109,7 +109,7 @@ class HostCallClient(object):
             framing.send_frame(self._sock, {"type": protocol.OUTPUT, "stream": stream}, data)
 
     def close(self) -> None:
-        """Shut the link down (one hop's data channel ended): its reader ends, and waiting calls fail."""
+        """Shut the link down (its data channel ended): its reader ends, and waiting calls fail."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._fail("the controller closed the link")
@@ -117,10 +117,10 @@ class HostCallClient(object):
     def _read_replies(self) -> None:
         while True:
             try:
-                # The supervisor bounds each answer (a deferred value's blob by the request body limit).
+                # The controller bounds each answer (a deferred value's blob by the request body limit).
                 header, body, fds = _recv_reply(self._sock)
             except (OSError, framing.ChannelClosed, framing.ProtocolViolation) as exc:
-                self._fail("the link to the supervisor broke (%s)" % (exc or type(exc).__name__))
+                self._fail("the link to the controller broke (%s)" % (exc or type(exc).__name__))
                 return
             with self._lock:
                 slot = self._pending.get(header.get("call"))  # type: ignore[arg-type]

@@ -2,19 +2,14 @@
 
 A phase that overruns its time limit is interrupted (SIGINT for a cell or a load, SIGUSR2 for a
 checkpoint: ``WorkerProcess.interrupt``); one that still runs ``grace`` seconds later has its worker
-killed and replaced. The ladder only keeps time and says what is due; the supervisor waits, reads
-and kills. Its clock is injectable, so its states are tested without processes (tests/unit/agent/
-test_ladder.py).
+killed and replaced. The controller keeps this ladder for each request (docs/design/one-hop.md) and asks the
+supervisor on its connection to interrupt and kill; the ladder only keeps time and says what is due. Its clock is
+injectable, so its states are tested without processes (tests/unit/agent/test_ladder.py).
 
 Besides the deadline: a cell's clock stops while the cell waits for an answer to ``input()``; the
-controller may cancel a cell (its deadline becomes now); when a cell is done, the checkpoint that
-follows runs under its own limit and is announced to the controller once if it still runs
-``NOTICE_DELAY`` later (the controller then moves its own deadline); a takeover interrupts at once
-and abandons the request ``grace`` seconds later at the latest.
-
-In one hop (docs/design/one-hop.md) the controller keeps this ladder for each request itself and asks the supervisor
-on its connection to interrupt and kill; so the phase and limits of a request, the rewrite of an interrupted cell's
-error and the reply of a killed worker are here, for both.
+caller may cancel a cell (its deadline becomes now); when a cell is done, the checkpoint that
+follows runs under its own limit. The phase and limits of a request, the rewrite of an interrupted cell's
+error and the reply of a killed worker are here too.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ from . import protocol, request_table
 
 DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
 CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows them 10 s plus the grace)
-NOTICE_DELAY = 0.05  # a checkpoint still running after this long is announced to the controller
-ABANDON = "abandon"  # a takeover's grace passed: kill the worker and give the request up
+NOTICE_DELAY = 0.05  # a checkpoint still running after this long is announced (``notice``)
 KILL = "kill"  # the interrupt's grace passed: kill the worker and reply with a timeout
 
 
@@ -50,8 +44,8 @@ class Ladder(object):
         grace: seconds between the interrupt and the kill.
         interrupt: signals the worker to stop ``phase`` (given the phase).
         clock: monotonic seconds.
-        notice: announce a checkpoint that still runs ``NOTICE_DELAY`` after the cell (the supervisor in two hops;
-            in one hop the controller sees ``cell_done`` itself).
+        notice: announce a checkpoint that still runs ``NOTICE_DELAY`` after the cell (``notice_due``); the
+            controller, which sees ``cell_done`` itself, passes False.
     """
 
     def __init__(
@@ -77,7 +71,6 @@ class Ladder(object):
         self.cell_duration: Optional[float] = None  # how long the cell ran, once it is done
         self.notice_at: Optional[float] = None  # when to tell the controller the checkpoint's clock runs
         self.paused_at: Optional[float] = None  # since when the cell waits for an answer to input(): its clock stops
-        self.taken_over = False
         self._notice = notice
 
     @classmethod
@@ -107,19 +100,6 @@ class Ladder(object):
     @property
     def in_cell(self) -> bool:
         return self.phase == "cell"
-
-    @property
-    def relays_calls(self) -> bool:
-        """Host calls are relayed to the controller only while the cell runs and no takeover came."""
-        return self.phase == "cell" and not self.taken_over
-
-    def take_over(self) -> None:
-        """A new controller took the channel: interrupt now (unless done), and abandon within ``grace``."""
-        self.taken_over = True
-        if not self.interrupted:
-            self._interrupt(self.phase)
-            self.interrupted = True
-        self.deadline = min(self.deadline, self._clock()) + self.grace
 
     def follow_input(self, waiting: bool) -> None:
         """Stop the clock while the cell waits for an answer to input() (not once interrupted); restart it after."""
@@ -157,11 +137,9 @@ class Ladder(object):
 
     def expired(self) -> Optional[str]:
         """What the deadline asks for now: None (keep waiting; at the deadline the worker was just interrupted
-        and has ``grace`` more seconds), ABANDON (after a takeover) or KILL."""
+        and has ``grace`` more seconds) or KILL."""
         if self._clock() < self.deadline or self.paused_at is not None:
             return None
-        if self.taken_over:
-            return ABANDON
         if not self.interrupted:
             self._interrupt(self.phase)
             self.interrupted = True

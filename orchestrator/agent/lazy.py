@@ -204,7 +204,7 @@ class Deferred(object):
                 raise ValueError("the host-made blob is not whole")
             return checkpoint.loads(body, self._context.module)
         finally:
-            close = getattr(body, "close", None)  # a blob that came as a file (one hop): unmapped now
+            close = getattr(body, "close", None)  # a blob that came as a file: unmapped now
             if close is not None:
                 with contextlib.suppress(BufferError):  # a view outlives the load (a traceback): unmapped when freed
                     close()

@@ -56,27 +56,28 @@ AUTH_OK = "auth_ok"
 # Requests and their replies: their types are in ``request_table``. Notices the agent sends:
 ERROR = "error"  # the reply to a request of a type the agent does not know: status protocol_error, ran false
 GOODBYE = "goodbye"
-# Worker -> supervisor only: the cell finished, checkpointing starts (its own time limit).
+# Worker -> controller on D: the cell finished, checkpointing starts (its own time limit).
 CELL_DONE = "cell_done"
-# Supervisor -> controller, during an exec whose checkpoint takes a while: its own time limit runs now.
+# An older agent's notice that an exec's checkpoint takes a while; this one sends none (``cell_done`` says it).
 CHECKPOINTING = "checkpointing"
-# Host calls (docs/protocol.md): worker -> supervisor -> controller while a cell runs, and the answer back.
+# Host calls (docs/protocol.md): worker -> controller on K while a cell runs, and the answer back.
 HOST_CALL = "host_call"
 HOST_REPLY = "host_reply"
-# Output (docs/protocol.md): worker -> supervisor (on the host-call link) -> controller while a cell runs.
+# Output (docs/protocol.md): worker -> controller on K while a cell runs.
 OUTPUT = "output"
-# Controller -> supervisor while an exec runs: stop the cell (the timeout ladder), as when its time is up.
+# Controller -> supervisor: ``interrupt {id, phase}``, the ladder's signal of ``phase`` (SIGINT for a cell or a
+# load, SIGUSR2 for a checkpoint).
 INTERRUPT = "interrupt"
-# One hop (docs/design/one-hop.md, not on by default): the agent offers it in its hello's ``capabilities``, the
-# controller takes it with ``one_hop: true`` in its auth and sends, on the connection, a ``data_channel`` frame
-# carrying (SCM_RIGHTS) one end of each of two socket pairs it made: requests and replies, then host calls. The
-# supervisor passes them to its worker, which serves them directly; when the controller closes them the worker
-# tells the supervisor ``idle {generation}`` and waits for the next. ``worker_lost {reason, oom}``: supervisor ->
-# controller, the worker died or misbehaved and a fresh one replaced it (the data channel died with it). The
-# controller keeps the ladder's clock and asks: ``interrupt {id, phase}`` (the signal of ``phase``: SIGINT for a
-# cell or a load, SIGUSR2 for a checkpoint) and ``kill {id}``, answered ``worker_replaced {id, reason, oom}``.
+# The data channel (docs/design/one-hop.md): the agent offers ONE_HOP in its hello's ``capabilities`` (an auth's
+# ``one_hop: true`` changes nothing) and the controller sends, on the connection, a ``data_channel`` frame carrying
+# (SCM_RIGHTS) one end of each of two socket pairs it made: requests and replies (D), then host calls and output
+# (K). The supervisor passes them to its worker, which serves them directly; when the controller closes them the
+# worker tells the supervisor ``idle {generation}`` and waits for the next. ``worker_lost {reason, oom}``:
+# supervisor -> controller, the worker died or misbehaved and a fresh one replaced it (the data channel died with
+# it). The controller keeps the ladder's clock and asks: ``interrupt {id, phase}`` and ``kill {id}``, answered
+# ``worker_replaced {id, reason, oom}``.
 ONE_HOP = "one_hop"
-# In one hop, a deferred value's blob may come as a descriptor of its file (``host_reply {file}``): offered by an
+# A deferred value's blob may come as a descriptor of its file (``host_reply {file}``): offered by an
 # agent whose worker maps it; an older one gets the body.
 BLOB_FILES = "blob_files"
 DATA_CHANNEL = "data_channel"
@@ -87,7 +88,7 @@ KILL = "kill"
 WORKER_REPLACED = "worker_replaced"
 INTERRUPT_PHASES = ("cell", "load", "checkpoint")
 # The relayed carrier (docs/design/one-hop.md, "Carriers"): an agent that offers RELAYED in its hello takes it when the
-# controller's auth says ``relayed: true`` beside ``one_hop: true``. The ``data_channel`` frame then carries no
+# controller's auth says ``relayed: true``. The ``data_channel`` frame then carries no
 # descriptors: the supervisor makes the worker's pairs and forwards their bytes on its connection, both ways, in
 # ``relay {stream, channel}`` frames: the body is the stream's next bytes (at most RELAY_CHUNK), an empty one says
 # that end closed (agent/control.py builds them).

@@ -18,10 +18,10 @@ class _HostReplyFields(TypedDict):
 
 
 class HostReply(_HostReplyFields, total=False):
-    """The controller's answer to a host call; the supervisor passes it on to the worker."""
+    """The controller's answer to a host call, on the worker's call link (K)."""
 
     error: str  # why it failed (status error): the cell's host_call raises HostCallError with it
-    file: int  # one hop, a BLOB_CALL's answer only: no body, the blob is the read-only file that came with the
+    file: int  # a BLOB_CALL's answer only: no body, the blob is the read-only file that came with the
     # frame's first byte (SCM_RIGHTS), and this is its size
 
 

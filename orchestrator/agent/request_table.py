@@ -6,7 +6,7 @@ reply, or counts as absent where docs/protocol.md says so). Replies are checked 
 (orchestrator/wire/replies.py): every byte from a sandbox is hostile.
 
 A new request is a row of ``REQUESTS`` here, its handler in ``worker.py`` and its entry in
-docs/protocol.md: the worker, the supervisor's ladder and the controller read the row instead
+docs/protocol.md: the worker, the ladder and the controller read the row instead
 of branching on the request's type.
 """
 
@@ -41,7 +41,7 @@ PONG = "pong"
 INSTALL_REPLY = "install_reply"
 
 # In the shapes below a key the agent can do without is optional (a TypedDict of ``total=False``), even where
-# the controller always sends it. Time limits (``timeout``, ``checkpoint_timeout``) are seconds the supervisor
+# the controller always sends it. Time limits (``timeout``, ``checkpoint_timeout``) are seconds the request's ladder
 # enforces; absent, or not a positive finite number, it uses its own default.
 
 
@@ -428,17 +428,16 @@ class Row(NamedTuple):
     reply: str  # the reply type that answers it
     phase: str  # the ladder phase it starts in (``*_PHASE``)
     read: Callable[[Header, int], Any]  # (header, body size) -> the request; raises BadRequest
-    handler: Optional[str]  # the worker's method that serves the request; None: the supervisor answers it itself
+    handler: Optional[str]  # the worker's method that serves the request; None: the supervisor answers it (ping)
     refusal: str = STATUS_ERROR  # the status of the reply to a request ``read`` refuses
     in_context: bool = True  # the worker enters the request's ``context`` first (False: the handler chooses)
     imports_dill: Callable[[Header], bool] = _never  # the worker imports dill before it (the request unpickles)
-    value_file: bool = False  # a local sandbox's request may name a value file the supervisor opens for the worker
     fresh_worker_ok: bool = False  # an empty worker is what it asks for: a worker lost or killed meanwhile is success
 
 
 REQUESTS: Dict[str, Row] = {
     EXEC: Row(EXEC_REPLY, CELL_PHASE, _header_only(read_exec), "execute", refusal=STATUS_PROTOCOL_ERROR),
-    SET_VALUE: Row(STATE_REPLY, CHECKPOINT_PHASE, read_set_value, "set_value", value_file=True),
+    SET_VALUE: Row(STATE_REPLY, CHECKPOINT_PHASE, read_set_value, "set_value"),
     RESET: Row(STATE_REPLY, CHECKPOINT_PHASE, _unchecked, "reset"),
     RESTORE_BEGIN: Row(
         RESTORE_REPLY,

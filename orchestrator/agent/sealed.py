@@ -8,8 +8,8 @@ and no link (``st_nlink`` 0). Sealed against writing, growing and shrinking (and
 seals), nobody can change it, its owner included; its mode 0400 and the read-only reopen keep another
 uid from even reopening it for writing, and read-only shared mappings of it work on every kernel.
 
-Used by the controller (one hop: a deferred value's blob, a value file) and by the supervisor (two hops:
-a value file). Standard library only, Python 3.8+ (``os.memfd_create``, ``fcntl.F_ADD_SEALS``), Linux.
+Used by the controller (a deferred value's blob, a value file). Standard library only, Python 3.8+
+(``os.memfd_create``, ``fcntl.F_ADD_SEALS``), Linux.
 """
 
 from __future__ import annotations

@@ -2,20 +2,22 @@
 
 Standard library plus dill. Started by the supervisor as the sandbox's worker uid, as ``python3 -s -c
 '<drop relative sys.path entries>; from orchestrator_agent.worker import main; main()' FD OUTPUT_LIMIT QUOTA
-CALL_FD CALL_MAX`` with one end of a socket pair on FD (requests) and of another on CALL_FD (host calls). It answers
-one request at a time with a reply and the checkpoint delta that the request caused. The
+CALL_MAX`` with one end of a socket pair on FD: its link to the supervisor, which hands it each data channel the
+controller makes (docs/design/one-hop.md) and hears ``idle`` when the controller closes one. On the data channel it
+answers one request at a time with a reply and the checkpoint delta that the request caused; the cell's host calls
+and output go on the data channel's second socket (hostcall.py). The
 session's scaffold (``install``) runs in a module of its own; its ``before_cell`` and
 ``after_cell`` run around every cell, and the names it owns are never checkpointed. It
 installs the session namespace as ``__main__``, where dill (imported on first use) finds it,
 so that functions defined in cells pickle with a reference to the namespace rather than a copy.
 
-The supervisor's interrupts: SIGINT stops a cell or the unpickling of one value, SIGUSR2 a
-checkpoint. Each raises KeyboardInterrupt only inside its own phase (and at most once per
+The interrupts (the controller's ladder, sent by the supervisor): SIGINT stops a cell or the unpickling of one value,
+SIGUSR2 a checkpoint. Each raises KeyboardInterrupt only inside its own phase (and at most once per
 phase); anywhere else, frame I/O above all, it is only noted, so a late interrupt can never
 tear a frame, and a cell's interrupt that comes as the cell ends cannot cut its checkpoint
 short. A checkpoint that is interrupted names the values it had not saved yet and replies
-normally. In one hop, SIGHUP sends a worker that waits on its data channel back to the
-supervisor's link (the controller is gone); it is a signal of its own so that an interrupt the
+normally. SIGHUP sends a worker that waits on its data channel back to the supervisor's link
+(the controller is gone); it is a signal of its own so that an interrupt the
 controller sent as its request ended can never make an idle worker drop its data channel.
 
 Contexts: more namespaces of the session in this one worker (docs/protocol.md, "Contexts").
@@ -129,7 +131,7 @@ def _recv_into(sock: socket.socket, buf: bytearray, got: int = 0) -> None:
     while got < len(buf):
         count = sock.recv_into(view[got:])
         if not count:
-            raise framing.ChannelClosed("the supervisor closed the link after %d of %d bytes" % (got, len(buf)))
+            raise framing.ChannelClosed("the link closed after %d of %d bytes" % (got, len(buf)))
         got += count
 
 
@@ -137,7 +139,7 @@ _FD_SPACE = socket.CMSG_SPACE(4)  # room for the one descriptor a frame may brin
 
 
 def _recv_request(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray, Optional[int]]:
-    """One frame from the supervisor (trusted: it checked the sizes against the limits), and the descriptor that
+    """One frame from the controller (on the data channel) or the supervisor (on the link), and the descriptor that
     came with it (a value file, docs/protocol.md), if any.
 
     The body lands in one buffer of its exact size with no copy after it: a 150 MB restore
@@ -151,7 +153,7 @@ def _recv_request(sock: socket.socket) -> Tuple[Dict[str, Any], bytearray, Optio
     fd = fds[0] if fds else None
     try:
         if not got:
-            raise framing.ChannelClosed("the supervisor closed the link")
+            raise framing.ChannelClosed("the link closed")
         _recv_into(sock, prefix, got)
         head_len, body_len = framing.parse_prefix(prefix)
         raw = bytearray(head_len)
@@ -184,18 +186,13 @@ def _reason(exc: BaseException) -> str:
 
 
 class Worker:
-    """Serves requests from the supervisor over one socket."""
+    """Serves the controller's requests on each data channel the supervisor hands it over its link."""
 
     def __init__(
-        self,
-        sock: socket.socket,
-        output_limit: int,
-        quota: int,
-        call_sock: Optional[socket.socket] = None,
-        call_max: int = protocol.HOST_CALL_MAX_BYTES,
+        self, link: socket.socket, output_limit: int, quota: int, call_max: int = protocol.HOST_CALL_MAX_BYTES
     ) -> None:
-        self.link = sock  # to the supervisor: requests (two hops), or one hop's data channel (docs/design/one-hop.md)
-        self.sock = sock  # where requests come from: the link, or the data channel the controller made
+        self.link = link  # to the supervisor: the data channels come on it, ``idle`` goes back
+        self.sock: Optional[socket.socket] = None  # the data channel's requests and replies, while the worker holds one
         self.output_limit = output_limit
         self.quota = quota
         self.namespace = _session_module.__dict__
@@ -211,7 +208,7 @@ class Worker:
         self.cell_number = 0
         self.phase = _IDLE
         self.armed = False  # a KeyboardInterrupt may be raised right now
-        self.awaiting_data = False  # one hop: waiting on D for a request, where SIGHUP leaves D
+        self.awaiting_data = False  # waiting on D for a request, where SIGHUP leaves D
         self.stop_checkpoint = False  # SIGUSR2 came during the checkpoint: pickle nothing more
         self.cell_done_for: Any = _MISSING  # the exec whose cell_done is still to be sent
         self.restored_frozen: Dict[str, Any] = {}  # digest -> immutable value loaded in this restore
@@ -224,8 +221,7 @@ class Worker:
         )
         self.shielded = False  # the main thread writes a host-call frame: an interrupt waits until it is out
         self.deferred = False
-        self.calls = None if call_sock is None else hostcall.HostCallClient(call_sock, call_max, self._shield)
-        self.link_calls = self.calls  # host calls through the supervisor (two hops)
+        self.calls: Optional[hostcall.HostCallClient] = None  # the data channel's host calls and output (K)
         self.call_max = call_max
         self.scaffold: Dict[str, Any] = {}  # the installed scaffold's module namespace
         self.input_allowed = False  # the running cell's input() may ask the controller
@@ -259,7 +255,7 @@ class Worker:
                 raise KeyboardInterrupt
 
     def _on_sighup(self, signum: int, frame: Any) -> None:
-        """One hop: the supervisor lost its controller, who may never close D; only an idle worker leaves it (one
+        """The supervisor lost its controller, who may never close D; only an idle worker leaves it (one
         that runs something is interrupted, and gets this again once idle)."""
         if self.awaiting_data:
             self.awaiting_data = False
@@ -313,6 +309,7 @@ class Worker:
     # -- the loop
 
     def send(self, reply: Dict[str, Any], parts: Any = b"") -> None:
+        assert self.sock is not None
         try:
             framing.send_frame(self.sock, reply, parts)
         except (TypeError, ValueError) as exc:  # a header that cannot be JSON (should not happen): say so
@@ -325,37 +322,43 @@ class Worker:
             framing.send_frame(self.sock, fallback)
 
     def serve(self) -> None:
+        """Say hello on the link, then serve each data channel the supervisor hands over until the link closes."""
         self._install_handlers()
         hello = {"type": protocol.HELLO, "python": sys.version.split()[0], "dill": checkpoint.dill_version()}
-        framing.send_frame(self.sock, dict(hello, pid=os.getpid()))
+        framing.send_frame(self.link, dict(hello, pid=os.getpid()))
+        while self._take_data_channel():
+            self._serve_data_channel()
+            self._leave_data_channel()
+
+    def _take_data_channel(self) -> bool:
+        """Wait on the link for the next data channel (requests, host calls); False once the supervisor closed it."""
+        try:
+            header, _, fd = _recv_request(self.link)
+        except framing.ChannelClosed:
+            return False
+        if fd is not None:  # its descriptors come with the byte after it (handover.pass_fds)
+            os.close(fd)
+        if header["type"] != protocol.DATA_CHANNEL:
+            raise framing.ProtocolViolation("the supervisor sent %r, not a data channel" % header["type"])
+        data, calls = handover.take_fds(self.link, protocol.DATA_CHANNEL_FDS)
+        self.sock = data
+        self.calls = hostcall.HostCallClient(calls, self.call_max, self._shield)
+        return True
+
+    def _serve_data_channel(self) -> None:
+        """Serve requests on the data channel until the controller closes it (or SIGHUP: it is gone)."""
+        assert self.sock is not None
         while True:
             self._enter(_IDLE)
             self.call_refusal = protocol.CALL_NO_CELL
             try:
-                self.awaiting_data = self.sock is not self.link
+                self.awaiting_data = True
                 try:
                     header, self._body, self._value_fd = _recv_request(self.sock)
                 finally:
                     self.awaiting_data = False
-            except _LeaveDataChannel:
-                self._leave_data_channel()
-                continue
-            except framing.ChannelClosed:
-                if self.sock is self.link:
-                    return
-                self._leave_data_channel()
-                continue
-            except OSError:
-                if self.sock is self.link:
-                    raise
-                self._leave_data_channel()
-                continue
-            if header["type"] == protocol.DATA_CHANNEL and self.sock is self.link:
-                if self._value_fd is not None:  # its descriptors come with the byte after it (handover.pass_fds)
-                    os.close(self._value_fd)
-                    self._value_fd = None
-                self._take_data_channel()
-                continue
+            except (_LeaveDataChannel, framing.ChannelClosed, OSError):
+                return
             self._install_handlers()
             row = request_table.REQUESTS.get(header["type"])
             if (row is not None and row.imports_dill(header)) or any(d.pending for d in self._all_deferred()):
@@ -372,27 +375,20 @@ class Worker:
             try:
                 self.send(reply, parts)
             except OSError:
-                if self.sock is self.link:
-                    raise
-                self._leave_data_channel()  # the controller closed it (it went away, or gave the sandbox up)
+                return  # the controller closed it (it went away, or gave the sandbox up)
             del reply, parts
-
-    def _take_data_channel(self) -> None:
-        """One hop: serve the controller on the sockets it made (requests, host calls), passed by the supervisor."""
-        data, calls = handover.take_fds(self.link, protocol.DATA_CHANNEL_FDS)
-        self.sock = data
-        self.calls = hostcall.HostCallClient(calls, self.call_max, self._shield)
 
     def _leave_data_channel(self) -> None:
         """The controller closed its data channel: back to the link, and tell the supervisor the worker is idle.
 
         Its generation is the last checkpoint's, delivered or not: a controller that did not get it has another one
         stored, and restores."""
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        if self.calls is not None and self.calls is not self.link_calls:
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.close()
+        if self.calls is not None:
             self.calls.close()
-        self.sock, self.calls = self.link, self.link_calls
+        self.sock, self.calls = None, None
         framing.send_frame(self.link, {"type": protocol.WORKER_IDLE, "generation": self.tracker.generation})
 
     def _take_body(self) -> bytearray:
@@ -419,7 +415,7 @@ class Worker:
                 return {"type": row.reply, "status": protocol.STATUS_PROTOCOL_ERROR, "reason": reason}, []
             self._activate(target)
         if row.phase == request_table.CHECKPOINT_PHASE:
-            # The supervisor runs the checkpoint's clock for the whole request: a namespace changed or cleared (its
+            # The controller runs the checkpoint's clock for the whole request: a namespace changed or cleared (its
             # __del__ runs), then a checkpoint.
             self._enter(_CHECKPOINT)
         try:
@@ -589,14 +585,12 @@ class Worker:
     # -- the scaffold
 
     def _host_call(self, name: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
-        """The scaffold's ``host_call``: on the link of the moment (the supervisor's, or one hop's own), while an exec's
-        cell runs. A call at any other time (from a thread a cell left) fails here at once, with the error the other
-        end (the supervisor, or the controller in one hop) answers it with: in one hop nobody reads K between calls."""
+        """The scaffold's ``host_call``: on the data channel's K, while an exec's cell runs. A call at any other time
+        (from a thread a cell left) fails here at once, with the error the controller answers it with: nobody reads K
+        between calls."""
         calls = self.calls
-        if calls is None:
-            return _no_host_calls(name, payload, timeout)
-        if self.call_refusal is not None:
-            raise hostcall.HostCallError(self.call_refusal)
+        if calls is None or self.call_refusal is not None:
+            raise hostcall.HostCallError(self.call_refusal or protocol.CALL_NO_CELL)
         return calls.call(name, payload, timeout)
 
     def install(self, request: request_table.InstallRequest) -> Tuple[Dict[str, Any], List[Any]]:
@@ -605,7 +599,7 @@ class Worker:
         scope: Dict[str, Any] = {
             "__name__": "__orchestrator_scaffold__",
             "__builtins__": __builtins__,
-            "host_call": self._host_call if self.calls is not None else _no_host_calls,
+            "host_call": self._host_call,
             "HostCallError": hostcall.HostCallError,
             # Values a restore deferred are not in the namespace until used (lazy.py): the hooks can see and load them.
             "deferred_values": self._deferred_values,
@@ -717,7 +711,7 @@ class Worker:
     def _cell_done(self, request_id: Any) -> None:
         """The cell finished; the checkpoint (interrupted by SIGUSR2 from now on) follows.
 
-        The supervisor's clock switches from the cell's to the checkpoint's when it hears
+        The controller's clock switches from the cell's to the checkpoint's when it hears
         ``cell_done``; that is sent only before the first value is pickled, so the common
         checkpoint that pickles nothing costs no extra frame.
         """
@@ -726,13 +720,11 @@ class Worker:
 
     def _announce_checkpoint(self) -> None:
         request_id, self.cell_done_for = self.cell_done_for, _MISSING
-        try:
+        assert self.sock is not None
+        # The controller may have closed the data channel: the checkpoint goes on all the same (a tracker cut short
+        # would not match the generation it reports); its reply finds the channel closed too, and the worker goes idle.
+        with contextlib.suppress(OSError):
             framing.send_frame(self.sock, {"type": protocol.CELL_DONE, "id": request_id})
-        except OSError:
-            if self.sock is self.link:
-                raise
-            # One hop: the controller closed the data channel. The checkpoint goes on (a tracker cut short would not
-            # match the generation it reports); its reply finds the channel closed too, and the worker goes idle.
 
     def load(self, request: request_table.LoadRequest) -> Tuple[Dict[str, Any], List[Any]]:
         """Unpickle the body (one blob) into the request's name."""
@@ -846,10 +838,6 @@ class Worker:
         return self.state_reply()
 
 
-def _no_host_calls(name: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
-    raise hostcall.HostCallError("this worker has no link for host calls")
-
-
 def _make_worker_the_oom_victim() -> None:
     # If the sandbox runs out of memory the kernel should kill the worker, not the supervisor.
     try:
@@ -860,15 +848,12 @@ def _make_worker_the_oom_victim() -> None:
 
 
 def main() -> None:
-    """Entry point: ``argv[1]`` the socket fd, ``argv[2]`` the output limit per stream, ``argv[3]`` the quota,
-    ``argv[4]`` the host-call socket fd and ``argv[5]`` the host-call size limit (both optional)."""
+    """Entry point: ``argv[1]`` the link's fd, ``argv[2]`` the output limit per stream, ``argv[3]`` the quota,
+    ``argv[4]`` the host-call size limit."""
     _make_worker_the_oom_victim()
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    quota = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    call_sock = socket.socket(fileno=int(sys.argv[4])) if len(sys.argv) > 4 else None
-    call_max = int(sys.argv[5]) if len(sys.argv) > 5 else protocol.HOST_CALL_MAX_BYTES
+    link = socket.socket(fileno=int(sys.argv[1]))
     try:
-        Worker(sock, int(sys.argv[2]), quota, call_sock, call_max).serve()
+        Worker(link, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])).serve()
     except (framing.ProtocolViolation, framing.ChannelClosed, OSError) as exc:
         print("orchestrator worker: %s" % exc, file=sys.stderr)
         sys.exit(3)

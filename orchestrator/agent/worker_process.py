@@ -1,9 +1,9 @@
 """One worker process: started as the sandbox's uid in its own process group, signalled, killed (with every other
 process of its uid), and why it died.
 
-The worker runs the cells (worker.py). It talks to the supervisor over two socket pairs: one for
-requests and replies, one for host calls and output (hostcall.py). Its death is reported with
-its exit status, signal, and whether the cgroup's out-of-memory killer took it (cgroup.py).
+The worker runs the cells (worker.py). Its link to the supervisor is a socket pair: the data channels the
+controller makes come on it, the worker's hello and ``idle`` go back. Its death is reported with its exit status,
+signal, and whether the cgroup's out-of-memory killer took it (cgroup.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any, Dict, List, Optional
 from . import confinement, framing
 from .cgroup import oom_kill_count
 from .config import Config
-from .frames import PEEK_NOW, Inbox
 from .log import log
 
+_PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: or-ing the enum members costs a microsecond a call
 _WORKER_START_SECONDS = 60.0
 _WORKER_START_ATTEMPTS = 3
 # The worker's first Python code: no entry that is not an absolute path (the working directory, '') stays on its
@@ -34,13 +34,11 @@ _WORKER_BOOTSTRAP = (
 
 
 class WorkerProcess:
-    """One worker process (leader of its own process group) and our end of its socket."""
+    """One worker process (leader of its own process group) and our end of its link."""
 
     def __init__(self, config: Config) -> None:
         ours, theirs = socket.socketpair()
         self.sock = ours
-        calls_ours, calls_theirs = socket.socketpair()
-        self.calls: Optional[socket.socket] = calls_ours  # the host-call link; None once closed
         self.oom_baseline = oom_kill_count()
         self.uid = config.worker_uid  # None: ours
         try:
@@ -53,10 +51,9 @@ class WorkerProcess:
                     str(theirs.fileno()),
                     str(config.output_limit),
                     str(config.checkpoint_quota),
-                    str(calls_theirs.fileno()),
                     str(config.host_call_max),
                 ],
-                pass_fds=[theirs.fileno(), calls_theirs.fileno()],
+                pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 stdout=sys.stderr,
                 env=config.worker_environ,
@@ -65,11 +62,9 @@ class WorkerProcess:
             )
         except BaseException:
             ours.close()
-            calls_ours.close()
             raise
         finally:
             theirs.close()
-            calls_theirs.close()
         self.pid = self.proc.pid
         self.pidfd: Optional[int] = None
         with contextlib.suppress(AttributeError, OSError):  # Linux >= 5.3, Python >= 3.9
@@ -78,12 +73,10 @@ class WorkerProcess:
             framing.limit_each_io(self.sock, _WORKER_START_SECONDS)
             hello, _ = framing.recv_frame(self.sock, max_body=0)
             framing.limit_each_io(self.sock, config.frame_timeout)
-            framing.limit_each_io(calls_ours, config.frame_timeout)
         except (OSError, framing.ChannelClosed, framing.ProtocolViolation) as exc:
             self.kill()
             raise RuntimeError("the worker did not start: %s" % exc) from None
         self.dill = str(hello.get("dill", ""))
-        self.inbox = Inbox(self.sock)
 
     def fds(self) -> List[int]:
         return [self.sock.fileno()] + ([self.pidfd] if self.pidfd is not None else [])
@@ -94,26 +87,18 @@ class WorkerProcess:
             os.kill(self.pid, signal.SIGUSR2 if phase == "checkpoint" else signal.SIGINT)
 
     def leave_data_channel(self) -> None:
-        """One hop: SIGHUP sends a worker that waits on its data channel back to our link (it reports ``idle``)."""
+        """SIGHUP sends a worker that waits on its data channel back to our link (it reports ``idle``)."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGHUP)
 
     def pending(self) -> Optional[bytes]:
         """Without blocking: b'' when the socket is at EOF, some bytes when it has data, None when empty."""
-        if self.inbox.buffered():  # read with its last frame
-            return self.inbox.peek()
         try:
-            return self.sock.recv(1, PEEK_NOW)
+            return self.sock.recv(1, _PEEK_NOW)
         except (BlockingIOError, InterruptedError):
             return None
         except OSError:
             return b""
-
-    def close_calls(self) -> None:
-        if self.calls is not None:
-            with contextlib.suppress(OSError):
-                self.calls.close()
-            self.calls = None
 
     def _end_processes(self) -> None:
         """Kill the worker and whatever it started: its process group, then, wherever they went (another session or
@@ -125,7 +110,6 @@ class WorkerProcess:
             confinement.end_processes_of(self.uid, log)
 
     def _close(self) -> None:
-        self.close_calls()
         with contextlib.suppress(OSError):
             self.sock.close()
         if self.pidfd is not None:

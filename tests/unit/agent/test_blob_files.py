@@ -1,4 +1,4 @@
-"""A deferred value's blob as a descriptor of its file (one hop, docs/protocol.md "Deferred values").
+"""A deferred value's blob as a descriptor of its file (docs/protocol.md, "Deferred values").
 
 The controller's channel queues an answer with a descriptor (closed by the answer's ``sent`` once sent or dropped),
 and the
@@ -130,7 +130,7 @@ def test_a_descriptor_on_an_answer_that_asks_for_none_is_closed(link: Any, blob_
         client, protocol.BLOB_CALL, controller, header=dict(reply_types.host_reply(0)), body=BLOB, fds=(fd,)
     )
     os.close(fd)
-    assert bytes(result) == BLOB  # the body, as in two hops
+    assert bytes(result) == BLOB  # the body
     assert open_fds() <= before - {fd}
 
 
@@ -211,7 +211,7 @@ def test_a_damaged_stored_blob_is_refused_at_its_verdict(blob_file: Path) -> Non
 
 def test_without_a_file_the_blob_goes_as_its_body(blob_file: Path) -> None:
     digest = blob_format.blob_digest(BLOB)
-    for open_file in (None, lambda _: None):  # none may be handed out (two hops), or this one may not
+    for open_file in (None, lambda _: None):  # none may be handed out (the relayed carrier), or this one may not
         blobs = DeferredBlobs("sb-test", {"big": digest}.get, _stored(blob_file), open_file)
         blobs.restored({"big": len(BLOB)})
         served = blobs.serve({"key": "big", "digest": digest}, as_file=True)

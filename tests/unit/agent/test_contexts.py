@@ -21,8 +21,7 @@ def create(agent: Agent, context: str, cwd: str, **env: str) -> dict:
 
 
 def run_in(agent: Agent, context: str | None, code: str) -> tuple[dict, bytearray]:
-    fields = {} if context is None else {"context": context}
-    return agent.request(request_table.EXEC, code=code, timeout=10, checkpoint_timeout=10, **fields)
+    return agent.run(code, **({} if context is None else {"context": context}))
 
 
 def value_in(agent: Agent, context: str | None, code: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import dill
 import pytest
 
-from orchestrator.agent import blob_format, protocol, reply_types, request_table
+from orchestrator.agent import blob_format, control, protocol, reply_types, request_table
 from tests.agent_process import Agent
 
 
@@ -23,6 +23,22 @@ class Store:
         self.damaged: set[str] = set()  # keys whose blob is handed out, then found damaged
         self.unreachable: set[str] = set()  # keys whose call fails on the way (the controller is not connected)
 
+    def answer(self, call: dict, body: bytearray) -> tuple[dict, bytes]:
+        """The controller's answer to a BLOB_CALL or BLOB_CHECK_CALL."""
+        key = json.loads(body)["key"]
+        if call["name"] == protocol.BLOB_CHECK_CALL:
+            if key in self.damaged:
+                return reply_types.host_reply(call["call"], protocol.BLOB_REFUSED + "it does not match its digest"), b""
+            return reply_types.host_reply(call["call"]), b"true"
+        assert call["name"] == protocol.BLOB_CALL, call
+        self.asked.append(key)
+        blob = self.blobs.get(json.loads(body)["digest"])
+        if key in self.unreachable:
+            return reply_types.host_reply(call["call"], "the controller is not connected"), b""
+        if blob is None or key in self.refuse:
+            return reply_types.host_reply(call["call"], protocol.BLOB_REFUSED + "gone"), b""
+        return reply_types.host_reply(call["call"]), blob
+
     def add(self, value: Any) -> str:
         blob = dill.dumps(value)
         digest = blob_format.blob_digest(blob)
@@ -32,37 +48,8 @@ class Store:
 
 def run(agent: Agent, store: Store, code: str, context: str | None = None) -> dict:
     """An exec whose BLOB_CALLs are answered from ``store``; the reply (its ``checkpoint``'s blobs dropped)."""
-    header: dict[str, Any] = {"type": request_table.EXEC, "id": uuid.uuid4().hex, "code": code, "timeout": 20}
-    if context is not None:
-        header["context"] = context
-    agent.link.send(header)
-    while True:
-        reply, body = agent.link.recv(30)
-        if reply["type"] == protocol.HOST_CALL and reply["name"] == protocol.BLOB_CHECK_CALL:
-            key = json.loads(body)["key"]
-            if key in store.damaged:
-                agent.link.send(
-                    reply_types.host_reply(reply["call"], protocol.BLOB_REFUSED + "it does not match its digest")
-                )
-            else:
-                agent.link.send(reply_types.host_reply(reply["call"]), b"true")
-            continue
-        if reply["type"] == protocol.HOST_CALL:
-            assert reply["name"] == protocol.BLOB_CALL, reply
-            call = json.loads(body)
-            store.asked.append(call["key"])
-            blob = store.blobs.get(call["digest"])
-            if call["key"] in store.unreachable:
-                agent.link.send(reply_types.host_reply(reply["call"], "the controller is not connected"))
-            elif blob is None or call["key"] in store.refuse:
-                agent.link.send(reply_types.host_reply(reply["call"], protocol.BLOB_REFUSED + "gone"))
-            else:
-                agent.link.send(reply_types.host_reply(reply["call"]), blob)
-            continue
-        if reply["type"] in (protocol.CHECKPOINTING, protocol.OUTPUT):
-            continue
-        assert reply["id"] == header["id"], reply
-        return reply
+    fields = {} if context is None else {"context": context}
+    return agent.run(code, timeout=20, on_call=store.answer, **fields)[0]
 
 
 def restore(agent: Agent, store: Store, eager: dict[str, Any], deferred: dict[str, Any], **contexts: str) -> None:
@@ -214,14 +201,12 @@ def test_builtins_and_input_stay_live_while_values_are_pending(agent: Agent, sto
 def test_an_interrupt_while_loading_leaves_the_value_pending(agent: Agent, store: Store) -> None:
     restore(agent, store, {}, {"big": BIG})
     request_id = uuid.uuid4().hex
-    agent.link.send({"type": request_table.EXEC, "id": request_id, "code": "len(big)", "timeout": 20})
-    call, _ = agent.link.recv(30)
-    assert call["type"] == protocol.HOST_CALL and call["name"] == protocol.BLOB_CALL
-    agent.link.send(request_table.interrupt_message(request_id))  # the answer never comes
-    while True:
-        reply, _ = agent.link.recv(30)
-        if reply["type"] not in (protocol.CHECKPOINTING, protocol.OUTPUT):
-            break
+
+    def interrupt(call: dict, body: bytearray) -> None:
+        assert call["name"] == protocol.BLOB_CALL, call
+        agent.link.send(control.phase_interrupt_message(request_id, "cell"))  # the answer never comes
+
+    reply, _ = agent.run("len(big)", timeout=20, on_call=interrupt, id=request_id)
     assert reply["error"]["ename"] == "KeyboardInterrupt" and reply["checkpoint"]["deleted"] == []
     assert run(agent, store, "len(big)")["return_value"] == "100000"
 

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from agent_process import SLOW_REDUCE, Agent
+from agent_process import SLOW_REDUCE
 from reply_support import exec_reply
 
 from orchestrator import ExecResult, ProtocolError
@@ -208,10 +208,6 @@ def test_output_limited_is_optional_and_must_be_a_bool() -> None:
 # --- the agent: exec with output_cap, stdin, checkpoint: false ----------------------------------------------
 
 
-def run(agent: Agent, code: str, **fields: object) -> tuple[dict, bytearray]:
-    return agent.request(request_table.EXEC, code=code, timeout=10, checkpoint_timeout=10, **fields)
-
-
 def test_a_plain_exec_reply_has_exactly_the_fields_it_had(agent):
     reply, _ = agent.run("print('hi')")
     assert set(reply) == {
@@ -223,14 +219,14 @@ def test_a_plain_exec_reply_has_exactly_the_fields_it_had(agent):
 
 def test_a_capped_cell_stops_at_the_cap_and_says_so(agent):
     pid = agent.value("import os\nos.getpid()")
-    reply, _ = run(agent, "import sys\nprint('a' * 8)\nprint('b' * 100, file=sys.stderr)\nafter = 1", output_cap=12)
+    reply, _ = agent.run("import sys\nprint('a' * 8)\nprint('b' * 100, file=sys.stderr)\nafter = 1", output_cap=12)
     assert reply["status"] == "error" and reply["output_limited"] is True
     assert reply["error"]["ename"] == "OutputLimitExceeded" and reply["error"]["line"] == 3
     assert reply["stdout"] == "a" * 8 + "\n" and reply["stderr"] == "bbb"
     assert reply["stdout_bytes"] + reply["stderr_bytes"] == 12
     parsed = parse_exec_reply(reply)
     assert parsed["output_limited"] is True and ExecResult.from_reply(parsed, {}, 0, {}).error is not None
-    reply, _ = run(agent, "print('x' * 100)\n'quiet'", output_cap=1000)
+    reply, _ = agent.run("print('x' * 100)\n'quiet'", output_cap=1000)
     assert reply["status"] == "ok" and "output_limited" not in reply
     assert agent.value("import os\n(os.getpid(), 'after' in globals())") == repr((int(pid), False))
 
@@ -240,7 +236,7 @@ def test_a_scaffold_hook_that_prints_past_the_cap_does_not_break_the_worker(agen
     scaffold = "def after_cell(namespace):\n    print('after the cell')\n    return {'seen': True}\n"
     reply, _ = agent.request(request_table.INSTALL, code=scaffold, names=[], timeout=10)
     assert reply["status"] == "ok", reply
-    reply, _ = run(agent, "try:\n    print('x' * 50)\nexcept BaseException:\n    pass\n'ran'", output_cap=5)
+    reply, _ = agent.run("try:\n    print('x' * 50)\nexcept BaseException:\n    pass\n'ran'", output_cap=5)
     assert reply["status"] == "ok" and reply["return_value"] == "'ran'" and reply["output_limited"] is True
     assert "scaffold" not in reply and reply["stdout"] == "xxxxx" and reply["stderr"] == ""
     reply, _ = agent.run("import os\nos.getpid()")
@@ -254,19 +250,19 @@ def test_stdin_feeds_input_and_sys_stdin(agent):
         "try:\n    input('more? ')\nexcept EOFError as exc:\n    eof = str(exc)\n"
         "(name, age, eof)\n"
     )
-    reply, _ = run(agent, code, stdin="alice\n42\n")
+    reply, _ = agent.run(code, stdin="alice\n42\n")
     assert reply["status"] == "ok", reply
     assert reply["return_value"] == repr(("alice", 42, "EOF when reading a line"))
     assert reply["stdout"] == "name? more? "
-    reply, _ = run(agent, "import sys\nfirst = input()\n(first, sys.stdin.read(), sys.stdin.read())", stdin="a\nb\nc")
+    reply, _ = agent.run("import sys\nfirst = input()\n(first, sys.stdin.read(), sys.stdin.read())", stdin="a\nb\nc")
     assert reply["return_value"] == repr(("a", "b\nc", ""))
-    reply, _ = run(agent, "input('prompt> ')", stdin="")
+    reply, _ = agent.run("input('prompt> ')", stdin="")
     assert reply["status"] == "error" and reply["error"]["ename"] == "EOFError" and reply["stdout"] == "prompt> "
 
 
 def test_stdin_is_put_back_after_the_cell(agent):
     before = agent.value("import sys\n(type(sys.stdin).__name__, sys.stdin.fileno())")
-    reply, _ = run(agent, "import io, sys\nisinstance(sys.stdin, io.StringIO)", stdin="x\n")
+    reply, _ = agent.run("import io, sys\nisinstance(sys.stdin, io.StringIO)", stdin="x\n")
     assert reply["return_value"] == "True"
     assert agent.value("import sys\n(type(sys.stdin).__name__, sys.stdin.fileno())") == before
     reply, _ = agent.run("input()")  # the host call again, and no one to answer it
@@ -275,38 +271,38 @@ def test_stdin_is_put_back_after_the_cell(agent):
 
 def test_stdin_that_is_not_text_is_ignored(agent):
     for value in (5, None, ["line"], {"text": "x"}):
-        reply, _ = run(agent, "input()", stdin=value)
+        reply, _ = agent.run("input()", stdin=value)
         assert reply["error"]["ename"] == "EOFError" and "no one to answer it" in reply["error"]["evalue"], value
 
 
 def test_checkpoint_false_replies_an_empty_delta_and_pickles_nothing(agent):
     started = time.monotonic()
-    reply, body = run(agent, SLOW_REDUCE + "slow = Slow()\nx = 1\n'done'", checkpoint=False)
+    reply, body = agent.run(SLOW_REDUCE + "slow = Slow()\nx = 1\n'done'", checkpoint=False)
     assert time.monotonic() - started < 5, "the cell's values were pickled"
     assert reply["status"] == "ok" and reply["return_value"] == "'done'"
     assert reply["checkpoint"] == EMPTY_DELTA and reply["checkpoint_duration"] == 0 and bytes(body) == b""
-    assert agent.notices == []  # no checkpoint, so no checkpointing notice (and no cell_done reached the link)
+    assert agent.cell_done == []  # no checkpoint, so no cell_done
     parsed = parse_exec_reply(reply)
     assert parsed["checkpoint"] == EMPTY_DELTA and parsed["checkpoint_duration"] == 0.0
     assert ExecResult.from_reply(parsed, {}, 0, {}).return_value == "'done'"
     # The worker is in step: the next requests get their own replies, and the namespace kept the cell's work.
-    reply, _ = run(agent, "del slow\nx + 1", checkpoint=False)
+    reply, _ = agent.run("del slow\nx + 1", checkpoint=False)
     assert reply["return_value"] == "2" and reply["checkpoint"] == EMPTY_DELTA
 
 
 def test_a_later_checkpoint_saves_what_an_unsaved_cell_changed(agent):
     reply, _ = agent.run("a = 1")
     assert reply["checkpoint"]["generation"] == 1
-    reply, _ = run(agent, "b = 2\ndel a", checkpoint=False)
+    reply, _ = agent.run("b = 2\ndel a", checkpoint=False)
     assert reply["checkpoint"] == {**EMPTY_DELTA, "generation": 1}
-    reply, _ = run(agent, "c = 3", checkpoint=True)
+    reply, _ = agent.run("c = 3", checkpoint=True)
     delta = reply["checkpoint"]
     assert delta["generation"] == 2 and set(delta["vars"]) == {"b", "c"} and delta["deleted"] == ["a"]
 
 
 def test_the_options_together(agent):
     code = "import sys\nfor line in sys.stdin:\n    print(line.strip().upper())\n"
-    reply, body = run(agent, code, stdin="ab\ncd\nef\n", output_cap=6, checkpoint=False)
+    reply, body = agent.run(code, stdin="ab\ncd\nef\n", output_cap=6, checkpoint=False)
     assert reply["status"] == "error" and reply["error"]["ename"] == "OutputLimitExceeded"
     assert reply["stdout"] == "AB\nCD\n" and reply["output_limited"] is True
     assert reply["checkpoint"] == EMPTY_DELTA and bytes(body) == b""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.agent import protocol, request_table
-from orchestrator.agent.ladder import ABANDON, CONTROL_STEP_SECONDS, DEFAULT_STEP_SECONDS, KILL, NOTICE_DELAY, Ladder
+from orchestrator.agent.ladder import CONTROL_STEP_SECONDS, DEFAULT_STEP_SECONDS, KILL, NOTICE_DELAY, Ladder
 
 
 class Clock:
@@ -57,7 +57,7 @@ def test_the_deadline_interrupts_then_the_grace_kills(clock: Clock) -> None:
 @pytest.mark.parametrize("phase", ["load", "checkpoint", "request"])
 def test_other_phases_are_interrupted_as_themselves_and_are_not_a_cell(clock: Clock, phase: str) -> None:
     ladder, signals = ladder_for(clock, phase=phase, limit=5.0)
-    assert not ladder.in_cell and not ladder.relays_calls
+    assert not ladder.in_cell
     clock.advance(5.0)
     assert ladder.expired() is None
     assert signals == [phase]
@@ -123,7 +123,7 @@ def test_the_cell_done_starts_the_checkpoints_clock_and_its_notice(clock: Clock)
     ladder.expired()  # the cell was interrupted and stopped: its checkpoint has a fresh ladder
     clock.advance(0.5)
     ladder.cell_done()
-    assert ladder.phase == "checkpoint" and not ladder.in_cell and not ladder.relays_calls
+    assert ladder.phase == "checkpoint" and not ladder.in_cell
     assert not ladder.interrupted and ladder.cell_interrupted
     assert ladder.cell_duration == 10.5
     assert ladder.wait_seconds() == pytest.approx(NOTICE_DELAY)
@@ -138,31 +138,6 @@ def test_the_cell_done_starts_the_checkpoints_clock_and_its_notice(clock: Clock)
     clock.advance(2.0)
     assert ladder.expired() == KILL
     assert ladder.duration() == 10.5, "the cell's own time, not the checkpoint's"
-
-
-def test_a_takeover_interrupts_at_once_and_abandons_after_the_grace(clock: Clock) -> None:
-    ladder, signals = ladder_for(clock)
-    assert ladder.relays_calls
-    clock.advance(3.0)
-    ladder.take_over()
-    assert signals == ["cell"] and ladder.taken_over and not ladder.relays_calls
-    assert not ladder.cell_interrupted, "a takeover's interrupt does not make the cell's error a timeout"
-    assert ladder.deadline == 1005.0
-    clock.advance(2.0)
-    assert ladder.expired() == ABANDON
-    assert signals == ["cell"]
-
-
-def test_a_takeover_after_the_interrupt_sends_no_second_one(clock: Clock) -> None:
-    ladder, signals = ladder_for(clock)
-    clock.advance(10.0)
-    ladder.expired()
-    clock.advance(1.0)
-    ladder.take_over()
-    assert signals == ["cell"]
-    assert ladder.deadline == 1011.0 + 2.0
-    clock.advance(2.0)
-    assert ladder.expired() == ABANDON
 
 
 @pytest.mark.parametrize(

@@ -110,13 +110,6 @@ def test_cells_go_on_the_data_channel_when_asked_and_offered(host_agent: HostAge
     connection.check_idle()  # nothing waits on the connection, the data channel or the host-call link
 
 
-def test_two_hops_unless_asked(host_agent: HostAgent) -> None:
-    connection = host_agent.connect(one_hop=False)
-    assert not connection.one_hop
-    assert value(connection, "6 * 7") == "42"
-    connection.check_idle()
-
-
 def test_a_restore_goes_on_the_data_channel(host_agent: HostAgent) -> None:
     import dill
 
