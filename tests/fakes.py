@@ -214,6 +214,9 @@ class FakeAgent:
     the supervisor's connection (C) a ``kill`` replaces the "worker" (its D closes, ``worker_replaced`` answers, the
     next ``data_channel`` brings a new D), a ``ping`` is answered and an ``interrupt`` ignored (no cell runs here)."""
 
+    capabilities: tuple[str, ...] = (protocol.ONE_HOP,)
+    """What its hello offers (a test makes it an agent too old for this controller)."""
+
     def __init__(
         self,
         backend: FakeBackend,
@@ -369,7 +372,7 @@ class FakeAgent:
             "python": "3.12.0",
             "dill": "fake",
             "nonce": nonce,
-            "capabilities": [protocol.ONE_HOP],
+            "capabilities": list(self.capabilities),
         }
         framing.send_frame(self._control, hello)
         auth, _ = framing.recv_frame(self._control)

@@ -27,7 +27,7 @@ from orchestrator import (
 from orchestrator.agent import protocol, request_table
 from orchestrator.api.session import SessionState
 from orchestrator.runtime.recovery import RECOVERY
-from orchestrator.wire import one_hop
+from orchestrator.wire import connection
 
 QUOTA = 4096
 
@@ -176,7 +176,7 @@ def test_agent_past_its_deadline_is_a_timeout_and_replaced(
     session: Session, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     container = session.container_id
-    monkeypatch.setattr(one_hop, "_REPLACE_SECONDS", 0.1)  # the ladder's kill waits this long for the supervisor
+    monkeypatch.setattr(connection, "_REPLACE_SECONDS", 0.1)  # the ladder's kill waits this long for the supervisor
     fail_once(backend, request_table.EXEC, lambda agent: None)  # the whole agent hangs
     with pytest.raises(ExecutionTimeout) as caught:
         session.execute("x = 'lost'", timeout=0.05)
