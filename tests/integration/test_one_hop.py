@@ -1,6 +1,6 @@
 """One hop against a real engine (docs/design/one-hop.md, steps 1 and 2): cells, values, output, host calls, a
 worker's death and the controller's timeout ladder. Measures nothing; the unit tests
-(tests/unit/wire/test_one_hop_connection.py) check the connection itself against the host agent.
+(tests/unit/wire/test_connection.py) check the connection itself against the host agent.
 """
 
 from __future__ import annotations

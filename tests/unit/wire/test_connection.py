@@ -1,4 +1,4 @@
-"""One hop, the controller's side (docs/design/one-hop.md, step 1): ``AgentConnection`` with a data channel.
+"""The connection to one agent (wire/connection.py, docs/design/one-hop.md): ``AgentConnection`` and its data channel.
 
 The agent runs on the host (tests/agent_process.py's command and environment) and connects to a real
 ``UnixSocketEndpoint``; the controller's own connection code drives it, as a local sandbox's would.
