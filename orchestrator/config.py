@@ -440,10 +440,6 @@ class Settings(_Fields):
     metrics_token: str | None = field(default=None, repr=False, metadata=_env("ORCH_METRICS_TOKEN", _OPTIONAL_TEXT))
     """A bearer token ``/metrics`` requires (``Authorization: Bearer <token>``; the rule of ``bearer.RULE``), or
     None: the endpoint answers anyone who reaches it (docs/metrics.md)."""
-    one_hop: bool = field(default=True, metadata=_env("ORCH_ONE_HOP", _FLAG))
-    """Talk to a local sandbox's worker directly, past its supervisor, when its agent offers it (docs/protocol.md,
-    "One hop"): a trivial call takes about a quarter less time. False keeps every request on the supervisor's
-    connection (two hops), as a Swarm sandbox's always is."""
     carrier: str | None = field(default=None, metadata=_env("ORCH_CARRIER", _OPTIONAL_TEXT))
     """How one hop's data channels reach the controller (docs/design/one-hop.md, "Carriers"): None, each sandbox's
     own (its descriptors on the local engine, "relayed" where none can pass, as on Swarm); "relayed" forces their

@@ -2,8 +2,9 @@
 
 The fake sits at the two boundaries of the controller: ``FakeBackend`` is the engine
 (``backends.base.Backend``), and each endpoint it makes hands the controller a real socket whose
-other end is a ``FakeAgent`` thread. Everything between (session, recovery, ledger and store,
-sandbox, connection, channel, frames, handshake) is the real code. As httpx's ``MockTransport``
+other end is a ``FakeAgent`` thread, which takes one hop on the descriptors carrier as a local agent does. Everything
+between (session, recovery, ledger and store, sandbox, connection and its request loop, channel, frames, handshake) is
+the real code. As httpx's ``MockTransport``
 takes a handler that answers each request, the backend takes one ``Handler``: called with the
 agent and each request, it answers as a healthy agent would (``agent.answer``) or misbehaves.
 
@@ -19,6 +20,7 @@ import dataclasses
 import itertools
 import re
 import secrets
+import select
 import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -27,7 +29,7 @@ from typing import Any
 
 import reply_support
 
-from orchestrator.agent import blob_format, framing, handshake, protocol, request_table
+from orchestrator.agent import blob_format, framing, handover, handshake, protocol, request_table
 from orchestrator.backends.base import SANDBOX_ID, ContainerState, Phase, Placement, ResourceUsage, SandboxSpec
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.config import Settings
@@ -35,7 +37,9 @@ from orchestrator.wire.transport import Channel
 
 Header = dict[str, Any]
 Answer = Header | tuple[Header, bytes] | None
-"""A reply header (with a body), or None: the agent sends nothing (it hangs, or it hung up with ``die``)."""
+"""A reply header (with a body), sent on D as is (a reply the supervisor makes in the real agent, ``worker_lost``'s,
+is one a worker could forge: the controller takes it), or None: the agent sends nothing more, on D or C (it hangs, or
+it hung up with ``die``)."""
 Handler = Callable[["FakeAgent", Header, bytes], Answer]
 
 _ASSIGNMENT = re.compile(r"(\w+) = (.*)", re.DOTALL)
@@ -205,7 +209,13 @@ class FakeEndpoint:
 
 
 class FakeAgent:
-    """The agent of one fake sandbox: the handshake, then each request to the backend's handler, on a thread."""
+    """The agent of one fake sandbox, on a thread: the handshake, then one hop (docs/design/one-hop.md) on the
+    descriptors carrier. Each request on the data channel (D) goes to the backend's handler, its reply back on D; on
+    the supervisor's connection (C) a ``kill`` replaces the "worker" (its D closes, ``worker_replaced`` answers, the
+    next ``data_channel`` brings a new D), a ``ping`` is answered and an ``interrupt`` ignored (no cell runs here)."""
+
+    capabilities: tuple[str, ...] = (protocol.ONE_HOP,)
+    """What its hello offers (a test makes it an agent too old for this controller)."""
 
     def __init__(
         self,
@@ -223,7 +233,10 @@ class FakeAgent:
         self.generation = 0 if previous is None else previous.generation
         self._backend = backend
         self._endpoint = endpoint
-        self._sock = sock
+        self._control = sock
+        self._data: list[socket.socket] = []  # the worker's ends of D and K
+        self._sending = threading.Lock()  # a goodbye comes from another thread
+        self._ended = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"fake-agent-{endpoint.sandbox_id}", daemon=True)
         self._thread.start()
 
@@ -280,13 +293,16 @@ class FakeAgent:
         self.hang_up()
 
     def say_goodbye(self) -> None:
-        """Another controller took the sandbox over (docs/protocol.md, "Takeover")."""
+        """Another controller took the sandbox over (docs/protocol.md, "Takeover"): goodbye on C."""
         with contextlib.suppress(OSError):  # its controller may have hung up already
-            framing.send_frame(self._sock, {"type": protocol.GOODBYE, "reason": "taken over"})
+            self._send(self._control, {"type": protocol.GOODBYE, "reason": "taken over"})
 
     def hang_up(self) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
+        """Close C, D and K (the container died, or the agent moved to another controller)."""
+        self._ended.set()
+        for sock in (self._control, *self._data):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def count(self, kind: str) -> int:
         return sum(request["type"] == kind for request in self.requests)
@@ -296,20 +312,55 @@ class FakeAgent:
     def _serve(self) -> None:
         try:
             self._handshake()
-            while True:
-                request, body = framing.recv_frame(self._sock)
-                self.requests.append(request)
-                answer = self._backend.handler(self, request, bytes(body))
-                if answer is None:
-                    continue
-                header, reply_body = answer if isinstance(answer, tuple) else (answer, b"")
-                if "id" not in header:
-                    header = {**header, "id": request["id"]}
-                framing.send_frame(self._sock, header, reply_body)
-        except (OSError, framing.ChannelClosed):
+            while not self._ended.is_set():
+                ready, _, _ = select.select([self._control, *self._data[:1]], [], [])
+                if self._control in ready:
+                    self._control_frame()
+                elif self._data and not self._request(self._data[0]):
+                    self._drop_data()  # the controller closed D: the worker waits for its next data channel
+        except (OSError, ValueError, framing.ChannelClosed):
             pass
         finally:
-            self._sock.close()
+            self._drop_data()
+            self._control.close()
+
+    def _control_frame(self) -> None:
+        message, fds, _ = handover.recv_with_fds(self._control, protocol.DATA_CHANNEL_FDS)
+        kind = message["type"]
+        if kind == protocol.DATA_CHANNEL:
+            self._drop_data()
+            self._data = [socket.socket(fileno=fd) for fd in fds]
+        elif kind == protocol.KILL:  # the ladder's kill, or a worker the controller found misbehaving
+            self._drop_data()
+            self.values = {}
+            reply = {"type": protocol.WORKER_REPLACED, "id": message["id"], "reason": "killed", "oom": False}
+            self._send(self._control, reply)
+        elif kind == request_table.PING:
+            self._send(self._control, {"type": request_table.PONG, "id": message["id"], "generation": self.generation})
+
+    def _request(self, data: socket.socket) -> bool:
+        """Serve the request on D; False when D closed. A handler's None hangs the whole agent until it hangs up."""
+        try:
+            request, body = framing.recv_frame(data)
+        except framing.ChannelClosed:
+            return False
+        self.requests.append(request)
+        answer = self._backend.handler(self, request, bytes(body))
+        if answer is None:
+            self._ended.wait()
+            return True
+        header, reply_body = answer if isinstance(answer, tuple) else (answer, b"")
+        self._send(data, {**header, "id": header.get("id", request["id"])}, reply_body)
+        return True
+
+    def _send(self, sock: socket.socket, header: Header, body: bytes = b"") -> None:
+        with self._sending:
+            framing.send_frame(sock, header, body)
+
+    def _drop_data(self) -> None:
+        data, self._data = self._data, []
+        for sock in data:
+            sock.close()
 
     def _handshake(self) -> None:
         nonce = handshake.new_nonce()
@@ -321,11 +372,12 @@ class FakeAgent:
             "python": "3.12.0",
             "dill": "fake",
             "nonce": nonce,
+            "capabilities": list(self.capabilities),
         }
-        framing.send_frame(self._sock, hello)
-        auth, _ = framing.recv_frame(self._sock)
+        framing.send_frame(self._control, hello)
+        auth, _ = framing.recv_frame(self._control)
         proof = handshake.auth_proof(self._endpoint.secret, "agent", nonce, auth["nonce"])
-        framing.send_frame(self._sock, {"type": protocol.AUTH_OK, "proof": proof})
+        framing.send_frame(self._control, {"type": protocol.AUTH_OK, "proof": proof})
 
 
 def exec_reply(status: str = protocol.STATUS_OK, *, checkpoint: Header | None = None, **fields: Any) -> Header:

@@ -62,7 +62,7 @@ def store(
         staged.append(calls.ledger.stage(blob_format.host_blob_parts(kind, raw)))
         header["blob"], header["blob_size"] = staged[0].blob_id, staged[0].size
         if staged[0].size >= blob_format.VALUE_FILE_MIN_BYTES:  # a local sandbox maps the staged file instead
-            body = ValueFile(staged[0].directory, staged[0].written, staged[0].blob_id, raw)
+            body = ValueFile(staged[0].written, staged[0].blob_id, raw)
     try:
         calls.control(header, lambda r, b: calls.commit_state(r, b, counters, context, staged), body)
     finally:

@@ -39,7 +39,7 @@ from ..safe_text import last_lines
 from ..state.store import new_sandbox_id
 from ..wire.call import Call, LiveEvents
 from ..wire.connection import AgentConnection, Body, Header
-from ..wire.endpoint import Endpoint, UnixSocketEndpoint
+from ..wire.endpoint import Endpoint
 from ..wire.replies import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
 from .deferred import DeferredBlobs, deferrable
 from .hostcalls import CallDesk
@@ -65,15 +65,11 @@ on purpose would otherwise hold the controller for about N * N / 2 loads."""
 class ValueFile:
     """A ``set_value`` body whose host-made blob is in the store already: a local sandbox maps that file instead.
 
-    ``Sandbox.request`` hard-links ``path`` (the staged blob) into the sandbox's channel directory, which
-    the container sees read-only, and sends the request with ``file`` and an empty body; the supervisor
-    hands the worker a read-only descriptor of a sealed copy of it (docs/protocol.md, "Value files"). Where
-    that cannot be (a Swarm sandbox, staging failed, another file system) ``raw`` goes as the body, as before.
+    Where descriptors pass to the worker, ``Sandbox.request`` sends the request with ``file`` and an empty body and
+    attaches a read-only descriptor of a sealed copy of the staged blob (docs/protocol.md, "One hop"). Where that
+    cannot be (the relayed carrier, staging failed, no copy) ``raw`` goes as the body.
     """
 
-    directory: Path
-    """Where the staged blob is written (``StagedBlob.directory``): a link needs the channel directory on its file
-    system."""
     written: Callable[[], Path | None]
     """Waits for the staged blob's temp file and gives it (``StagedBlob.written``; None: staging failed); called
     only for a sandbox that can take the file, so elsewhere the write still runs beside the send."""
@@ -166,7 +162,6 @@ class Sandbox:
                     endpoint,
                     sandbox_id=sandbox_id,
                     deadline=deadline,
-                    one_hop=settings.one_hop,
                     carrier=carrier_of(backend, settings),
                     interrupt_grace=settings.timeouts.interrupt_grace,
                     frame_seconds=settings.timeouts.frame,
@@ -227,7 +222,6 @@ class Sandbox:
                 endpoint,
                 sandbox_id=sandbox_id,
                 deadline=time.monotonic() + wait,
-                one_hop=settings.one_hop,
                 carrier=carrier_of(backend, settings),
                 interrupt_grace=settings.timeouts.interrupt_grace,
                 frame_seconds=settings.timeouts.frame,
@@ -252,13 +246,11 @@ class Sandbox:
         Host calls the cell makes meanwhile go to ``desk``; its output and ``input()`` requests to ``live``; the
         agent's requests for deferred values' blobs to ``deferred``. A ``ValueFile`` body goes as a file where it can.
         """
-        link = value_fd = None
+        value_fd = None
         if isinstance(body, ValueFile):
             if self.connection.passes_descriptors:
                 value_fd = self._open_value_file(body)
-            elif not self.connection.one_hop:
-                link = self._link_value_file(body)
-            if link is None and value_fd is None:
+            if value_fd is None:
                 body = body.raw
             else:
                 name = blob_format.value_file_name(body.blob_id)
@@ -267,40 +259,11 @@ class Sandbox:
             call = Call(time.monotonic() + seconds, checkpoint_seconds, desk, live, self.deferred, value_fd)
             return self.connection.request(header, body, call)
         finally:
-            if link is not None:
-                _unlink_value_file(link)
             if value_fd is not None:
                 os.close(value_fd)
 
-    def _link_value_file(self, value: ValueFile) -> Path | None:
-        """Two hops: the staged blob hard-linked into the channel directory, readable by the sandbox's supervisor;
-        None where that cannot be (not a local sandbox, nothing staged, another file system)."""
-        if not isinstance(self._endpoint, UnixSocketEndpoint):
-            return None
-        directory = self._endpoint.directory
-        try:
-            if os.stat(directory).st_dev != os.stat(value.directory).st_dev:
-                return None  # the store is on another file system than runtime_dir: no link can be made
-        except OSError:
-            return None
-        path = value.written()
-        if path is None:
-            return None
-        link = directory / blob_format.value_file_name(value.blob_id)
-        try:
-            os.link(path, link)
-        except OSError as exc:
-            logger.debug("value file %s not linked (the value goes as the body): %s", link, exc)
-            return None
-        try:
-            os.chmod(link, 0o644)  # the supervisor runs as the sandbox's uid; the directory keeps others out
-        except OSError:
-            _unlink_value_file(link)
-            return None
-        return link
-
     def _open_value_file(self, value: ValueFile) -> int | None:
-        """One hop: a read-only descriptor of a sealed copy of the staged blob (``_open_private_file``), which the
+        """A read-only descriptor of a sealed copy of the staged blob (``_open_private_file``), which the
         controller attaches to the ``set_value`` on the worker's data channel itself (docs/design/one-hop.md, "Value
         files"); None when nothing is staged or no copy can be made."""
         path = value.written()
@@ -313,7 +276,7 @@ class Sandbox:
         blob_path: Callable[[str], Path] | None = None,
     ) -> None:
         """Answer the agent's requests for deferred values' blobs (runtime/deferred.py): ``named`` gives the blob
-        the session's current record names for a checkpoint key. In one hop with ``blob_path`` (where a blob is
+        the session's current record names for a checkpoint key. With ``blob_path`` (where a blob is
         stored), to an agent that offers it, a blob goes to the worker as a read-only descriptor of a sealed copy of
         its file (``_open_private_file``)."""
         open_file = None
@@ -648,11 +611,3 @@ def carrier_of(backend: Backend, settings: Settings) -> str:
 def _offers_blob_files(connection: AgentConnection) -> bool:
     """Whether the agent's worker takes a deferred value's blob as a file (its hello's ``BLOB_FILES``)."""
     return protocol.BLOB_FILES in connection.hello.get("capabilities", ())
-
-
-def _unlink_value_file(link: Path) -> None:
-    """Take a value file out of the channel directory; the blob it links to is private again."""
-    with contextlib.suppress(OSError):
-        os.chmod(link, 0o600)
-    with contextlib.suppress(OSError):
-        link.unlink()

@@ -100,7 +100,7 @@ class BlobServer(Protocol):
 class Call:
     """One request's side arguments: every byte both ways moves before ``deadline`` (``time.monotonic()``).
 
-    ``checkpoint_seconds``: once the cell ended (the agent's ``checkpointing``, the worker's ``cell_done``), the
+    ``checkpoint_seconds``: once the cell ended (the worker's ``cell_done``), the
     deadline moves to that many seconds from then, once. Host calls go to ``desk`` (without one, each is answered
     with an error); output and ``input()`` to ``live``, which may also ask for an interrupt; the agent's requests for
     deferred values' blobs to ``blobs`` (without it, refused). ``value_fd`` (a request without a body, on a carrier

@@ -1,13 +1,12 @@
-"""One hop's host-call link (K), the controller's end: the running cell's calls and output, and their answers.
+"""The worker's host-call link (K), the controller's end: the running cell's calls and output, and their answers.
 
-In two hops the supervisor stands between the worker's call link and the controller: it passes calls on only while
-an exec's cell runs and answers the others itself, bounds every answer by the sandbox's own limit, answers the calls
-still open when the cell ends (and drops their late answers), and closes the link when something on it is not a
-call or output. In one hop the controller holds K's other end and cell code can write anything there at any time
-(docs/trust.md), so ``CallLink`` does all of that itself (docs/design/one-hop.md, "Output and host calls").
+The worker holds K's other end and cell code can write anything there at any time (docs/trust.md), so
+``CallLink`` passes calls on only while an exec's cell runs and answers the others itself, bounds every answer by the
+sandbox's own limit, answers the calls still open when the cell ends (and drops their late answers), and closes the
+link when something on it is not a call or output (docs/design/one-hop.md, "Output and host calls").
 
 A link that broke (a frame that is not a valid call or output, or over K's bounds; EOF; a worker that does not take
-its answers) is closed, as the supervisor closes it: the worker's calls then fail with a message, the cell and the
+its answers) is closed: the worker's calls then fail with a message, the cell and the
 session go on, and the worker's next data channel brings a new link. Nothing read on K raises. Reading is bounded
 per round, so a flood cannot keep the controller from its deadline, and no call is read while answers wait for the
 worker to take them (the worker's reader thread takes them at once), so a worker that sends calls without reading
@@ -32,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 ANSWER_MAX_BYTES = protocol.HOST_CALL_MAX_BYTES
 """The sandbox's own bound on an answer's body (its ``ORCH_HOST_CALL_MAX_BYTES``, which the controller leaves at the
-default); a deferred value's blob is bounded by the request body limit instead, as in two hops."""
+default); a deferred value's blob is bounded by the request body limit instead."""
 _FRAMES_PER_ROUND = 64  # frames read from K before the request's loop looks at its deadline and D again
 _FRAMES_AFTER_CELL = 1024  # frames read from K after a reply or between calls; more is a flood: the link is closed
 _FLUSH_SECONDS = 2.0  # a worker's reader thread takes its answers at once; one that does not has broken its link

@@ -29,7 +29,7 @@ class DataChannel:
     @classmethod
     def hand_over(cls, control: Channel, *, deadline: float) -> DataChannel:
         """Make the two pairs, send the worker's ends on ``control`` and keep ours: D with ``control``'s limits, K
-        with a host call's (as the supervisor reads the worker's call link in two hops).
+        with a host call's.
 
         Raises:
             AgentTimeoutError, ChannelLost: the frame could not be sent (our ends are closed), or this host could not

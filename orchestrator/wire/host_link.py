@@ -1,8 +1,8 @@
-"""Serving a running cell's host calls on a channel: the part both paths share (two hops and one hop).
+"""Serving a running cell's host calls and output, and waiting for the sandbox while they are served.
 
-In two hops the calls come on the supervisor's connection, in one hop on the worker's call link (K);
-either way each call goes to the request's ``CallDesk`` or is answered here at once (a deferred
-value's blob, or a refusal), and the answers are queued on the channel the call came on.
+The calls come on the worker's call link (K, ``call_link.py``); each goes to the request's ``CallDesk`` or is
+answered here at once (a deferred value's blob, or a refusal), and the answers are queued on K. The request loop
+(``connection.py``) waits on the sandbox and on the desk's answers together (``wait_for_sandbox``).
 """
 
 from __future__ import annotations

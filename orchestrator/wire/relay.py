@@ -1,11 +1,11 @@
 """The relayed carrier (docs/design/one-hop.md, "Carriers"): a worker's data channel multiplexed on the supervisor's
 connection, for a sandbox no descriptor can reach (Swarm's node relay, a runtime that cannot pass them).
 
-The controller's request loop (``OneHop``) runs unchanged on local socket pairs: ``Relay`` owns the real connection
-(C) and gives the loop a local control channel and, per worker, a local D and K. One thread pumps: control frames
-both ways as they are, and the bytes of D and K as ``relay {stream, channel}`` frames whose body is the next bytes
-of that stream (an empty body: its end closed). The supervisor makes the worker's socket pairs itself and forwards
-their bytes the same way; it keeps its watchdog role on C as with descriptors.
+The controller's request loop (``AgentConnection``) runs unchanged on local socket pairs: ``Relay`` owns the real
+connection (C) and gives the loop a local control channel and, per worker, a local D and K. One thread pumps:
+control frames both ways as they are, and the bytes of D and K as ``relay {stream, channel}`` frames whose body is
+the next bytes of that stream (an empty body: its end closed). The supervisor makes the worker's socket pairs itself
+and forwards their bytes the same way; it keeps its watchdog role on C as with descriptors.
 
 The supervisor is not trusted: a relay frame for a stream that does not exist, for a data channel that was never
 handed over, or over ``RELAY_CHUNK`` ends the connection: the loop reads ``FAILED`` on its control channel and

@@ -22,14 +22,8 @@ def close_quietly(session: Session) -> None:
         session.close()
 
 
-def one_hop(session: Session) -> bool:
-    """Whether the session's requests go to its worker directly (docs/design/one-hop.md): what only the wire knows."""
-    sandbox = session._sandbox.sandbox
-    return sandbox is not None and sandbox.connection.one_hop
-
-
 def passes_descriptors(session: Session) -> bool:
-    """Whether descriptors reach the session's worker (one hop on the descriptors carrier, not the relayed one)."""
+    """Whether descriptors reach the session's worker (the descriptors carrier, not the relayed one)."""
     sandbox = session._sandbox.sandbox
     return sandbox is not None and sandbox.connection.passes_descriptors
 

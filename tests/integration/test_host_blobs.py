@@ -7,26 +7,20 @@ second controller, and prune treats it like any other.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import pickle
 import re
-import shutil
-import stat
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import kill_and_wait, one_hop
+from support import kill_and_wait
 
 from orchestrator import CheckpointQuotaExceeded, Orchestrator, Session, Settings
 from orchestrator.agent import blob_format
-from orchestrator.runtime import sandbox as sandbox_module
-from orchestrator.runtime.sandbox import Sandbox, ValueFile
 
 pytestmark = pytest.mark.docker
 
@@ -213,68 +207,3 @@ def test_prune_keeps_named_host_blobs_and_removes_unnamed_ones(
     kill_and_wait(orch, s.container_id)
     assert sandbox_hash(s, "context") == text_hash(TEXT)
     assert sandbox_hash(s, "raw") == hashlib.sha256(DATA).hexdigest()
-
-
-def spy_value_files(monkeypatch: pytest.MonkeyPatch) -> list[Path | None]:
-    """Each value file's link in the sandbox's channel directory, in order (None: the value went as the body)."""
-    links: list[Path | None] = []
-    link_value_file = Sandbox._link_value_file
-
-    def spy(sandbox: Sandbox, value: ValueFile) -> Path | None:
-        links.append(link_value_file(sandbox, value))
-        return links[-1]
-
-    monkeypatch.setattr(Sandbox, "_link_value_file", spy)
-    return links
-
-
-def test_a_big_value_goes_to_a_local_sandbox_as_a_file_or_else_as_the_body(
-    session: Session,
-    settings: Settings,
-    kill_container: Callable[[Session], None],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    if one_hop(session):
-        pytest.skip("one hop: the value goes as a descriptor on the worker's data channel (test_one_hop.py)")
-    links = spy_value_files(monkeypatch)
-    session.add_context(TEXT)
-    link = links[-1]
-    assert link is not None and link.parent.parent == settings.runtime_dir  # the sandbox's channel directory
-    assert not link.exists()  # taken out after the call
-    blob = blobs_dir(settings, session) / stored(settings, session)["context"]
-    assert stat.S_IMODE(blob.stat().st_mode) == 0o600  # private again
-    session.set_value("small", b"s" * 1000)  # under VALUE_FILE_MIN_BYTES: the body, as always
-    assert len(links) == 1
-
-    def cross_device(*args: object, **kwargs: object) -> None:
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
-
-    monkeypatch.setattr(sandbox_module.os, "link", cross_device)  # the store on another file system
-    session.set_value("raw", DATA)
-    assert links[-1] is None
-    assert sorted(p.name for p in link.parent.iterdir() if p.name.startswith("value-")) == []
-    kill_container(session)
-    assert sandbox_hash(session, "context") == text_hash(TEXT)
-    assert sandbox_hash(session, "raw") == hashlib.sha256(DATA).hexdigest()
-
-
-def test_a_store_on_another_file_system_sends_the_value_as_the_body(
-    settings: Settings,
-    make_orch: Callable[[Settings], Orchestrator],
-    new_session: Callable[..., Session],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    if os.stat("/dev/shm").st_dev == os.stat(settings.runtime_dir).st_dev:
-        pytest.skip("/dev/shm is on the runtime directory's file system here")
-    state_dir = Path(tempfile.mkdtemp(prefix="orch-state-", dir="/dev/shm"))
-    try:
-        elsewhere = settings.replace(state_dir=state_dir)
-        links = spy_value_files(monkeypatch)
-        s = new_session(make_orch(elsewhere))
-        s.add_context(TEXT)
-        assert links == ([] if one_hop(s) else [None])  # one hop needs no link: a descriptor goes on D
-        assert sandbox_hash(s, "context") == text_hash(TEXT)
-        assert HOST_ID.match(stored(elsewhere, s)["context"])
-        s.close()
-    finally:
-        shutil.rmtree(state_dir, ignore_errors=True)

@@ -309,8 +309,7 @@ def test_a_result_over_max_bytes_is_an_error(scaffolded: Session) -> None:
 
 
 def test_a_result_over_the_sandboxs_own_limit_is_an_error(scaffolded: Session) -> None:
-    """The host allows more than the agent (16 MiB by default): the answer is refused (by the supervisor in two hops,
-    by the controller itself in one hop)."""
+    """The host allows more than the agent (16 MiB by default): the answer is refused by the controller."""
     limit = protocol.HOST_CALL_MAX_BYTES
     calls = HostCalls({"big": lambda p: "z" * p, "echo": echo}, max_bytes=2 * limit)
     kind, message = run(scaffolded, outcome(f"call('big', {limit + 100})"), calls)
@@ -627,8 +626,8 @@ def test_the_scaffold_is_reinstalled_after_a_container_kill(orch: Orchestrator, 
 
 # ---------------------------------------------------------------------------------------- 8. a hostile cell
 
-# The worker's end of the host-call link its calls and output go on now: sys.argv[4] in two hops (see worker.main),
-# its data channel's own link (K) in one hop (docs/design/one-hop.md); the test runs on the path the session took.
+# The worker's end of the host-call link its calls and output go on now: its data channel's own link (K,
+# docs/design/one-hop.md).
 CALL_FD = "next(o for o in __import__('gc').get_objects() if type(o).__name__ == 'Worker').calls._sock.fileno()"
 
 
@@ -688,8 +687,7 @@ threading.Thread(target=_forge, args=(%s,), daemon=True).start()
 
 def test_a_call_forged_on_the_link_between_cells_is_answered_and_nothing_else_happens(scaffolded: Session) -> None:
     """Cell code bypasses the worker's own refusal and writes a call on the link after its cell ended: it is
-    answered (by the supervisor at once in two hops, by the controller before the next call in one hop), never
-    served, and the session, its worker and its link go on."""
+    answered by the controller before the next call, never served, and the session, its worker and its link go on."""
     seen = Peak()
     calls = HostCalls({"echo": seen})
     assert scaffolded.execute(FORGED_BETWEEN_CELLS % CALL_FD + "kept = 41", host_calls=calls).ok
@@ -719,8 +717,8 @@ threading.Thread(target=_flood, args=(%s,), daemon=True).start()
 
 def test_a_flood_of_calls_whose_answers_are_never_read_closes_the_link(scaffolded: Session) -> None:
     """Cell code sends calls on the link for ever and reads no answer (no call was made, so no reader runs): the
-    link closes and the session goes on (in two hops the supervisor's send times out; in one hop the controller
-    reads no call while answers wait, and the cell's end finds them never taken)."""
+    link closes and the session goes on (the controller reads no call while answers wait, and the cell's end finds
+    them never taken)."""
     calls = HostCalls({"echo": echo})
     assert scaffolded.execute("kept = 41").ok
     container = scaffolded.container_id

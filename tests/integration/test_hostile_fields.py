@@ -1,14 +1,11 @@
 """A sandbox that lies in every field of its replies: a typed error, the session usable, nothing acknowledged lost.
 
-Cell code writes a reply of its own on the socket its worker replies on (its link to the supervisor in two hops,
-``int(sys.argv[1])``, which relays it; the controller's data channel D in one hop) with the id of the running
-request, both of which it digs out of the worker's stack: the controller gets it as the worker's answer
-(docs/trust.md, "What the host checks"). A
-lie the JSON can carry (a negative size, a huge duration, 20,000 names for one blob, a name the
-store could not read back) reaches the controller's validation; one strict JSON cannot carry
-(NaN, a key twice, an integer of 5,000 digits, deep nesting) is refused by the supervisor's own
-strict parser (the same function as the controller's). An honest cell that makes names the
-checkpoint cannot hold gets them in ``unsaved``, never an error.
+Cell code writes a reply of its own on the socket its worker replies on (the controller's data channel D) with the
+id of the running request, both of which it digs out of the worker's stack: the controller gets it as the worker's
+answer (docs/trust.md, "What the host checks"). A lie the JSON can carry (a negative size, a huge duration, 20,000
+names for one blob, a name the store could not read back) reaches the controller's validation; one strict JSON cannot
+carry (NaN, a key twice, an integer of 5,000 digits, deep nesting) is refused by the controller's strict parser.
+An honest cell that makes names the checkpoint cannot hold gets them in ``unsaved``, never an error.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A worker that lies about what the host stores: the sizes of blobs it holds, and the ``unsaved`` it reports.
 
 Cell code finds its worker on the stack (the ``handle`` frame) and replaces the worker's ``checkpoint`` in memory,
-so every later reply carries the lie in an otherwise honest checkpoint, on either path (one hop and two). What it
+so every later reply carries the lie in an otherwise honest checkpoint. What it
 gains is measured on the host: the bytes of the session's files on disk (not what the record says), and the size
 of its ``meta.json``.
 

@@ -17,7 +17,7 @@ a mode into it; the supervisor reads and deletes it). Modes:
 - ``stop``: the supervisor stops itself with SIGSTOP (a cell cannot: the supervisor is another uid,
   tests/integration/test_supervisor_out_of_reach.py).
 
-In one hop (docs/design/one-hop.md) the supervisor relays no reply: the connection carries only control frames, so
+The supervisor relays no reply (docs/design/one-hop.md): its connection carries only control frames, so
 the cell has the supervisor send one: it writes garbage on its worker's data channel, for which the controller has
 the supervisor replace the worker, and the supervisor's ``worker_replaced`` is the frame that misbehaves.
 
@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from support import close_quietly, one_hop
+from support import close_quietly
 
 from orchestrator import ExecutionTimeout, Orchestrator, OrchestratorError, ProtocolError, Session, Settings
 
@@ -49,7 +49,7 @@ _Base = socket.socket
 
 # The reply's own header, with what strict JSON has not: the controller's parser must refuse it.
 NOT_STRICT = {
-    'nan': lambda head: head[:-1] + b',"was":NaN}',  # any frame: two hops' reply, one hop's worker_replaced
+    'nan': lambda head: head[:-1] + b',"was":NaN}',  # any frame: here the supervisor's worker_replaced
     'twice': lambda head: head[:-1] + b',"type":"exec_reply"}',  # every frame has a type
     'digits': lambda head: head[:-1] + b',"n":' + b'9' * 5000 + b'}',
 }
@@ -182,14 +182,14 @@ SUPERVISOR_SPEAKS = (
     "    frame = frame.f_back\n"
     "os.write(frame.f_locals['self'].sock.fileno(), b'garbage!!!!!')\n"
 )
-"""One hop: cell code that has the supervisor send a frame (``worker_replaced``: the controller had it replace a
-worker that wrote garbage on its data channel); in two hops the supervisor's reply to the request is that frame."""
+"""Cell code that has the supervisor send a frame (``worker_replaced``: the controller had it replace a worker that
+wrote garbage on its data channel)."""
 
 
-def misbehave(session: Session, mode: str) -> str:
+def misbehave(mode: str) -> str:
     """Cell code that turns the supervisor hostile in ``mode`` from its next frame to the controller on."""
     code = LOST + f"open('/tmp/hostile', 'w').write({mode!r})\n"
-    return code + SUPERVISOR_SPEAKS if one_hop(session) else code
+    return code + SUPERVISOR_SPEAKS
 
 
 def hostile_settings(settings, settings_for) -> Settings:
@@ -261,7 +261,7 @@ def test_the_hostile_agent_behaves_until_told(victim: Session, hostile) -> None:
 def test_a_misbehaving_agent_frame_is_a_typed_error_within_the_deadline(victim: Session, hostile, mode: str) -> None:
     orch, settings = hostile
     old = victim.container_id
-    exc = assert_typed_and_restored(victim, settings, misbehave(victim, mode))
+    exc = assert_typed_and_restored(victim, settings, misbehave(mode))
     assert victim.container_id != old, f"a misbehaving agent must be recycled ({type(exc).__name__}: {exc})"
     if mode in ("nan", "twice", "digits"):
         assert isinstance(exc, ProtocolError) and "frame header has" in str(exc), f"{type(exc).__name__}: {exc}"
@@ -290,7 +290,7 @@ def test_a_stopped_supervisor_is_a_timeout_and_a_recycle(victim: Session, hostil
     """SIGSTOP on the supervisor: the controller stops waiting at the deadline and recycles the container."""
     orch, settings = hostile
     old = victim.container_id
-    exc = assert_typed_and_restored(victim, settings, misbehave(victim, "stop"))
+    exc = assert_typed_and_restored(victim, settings, misbehave("stop"))
     assert isinstance(exc, ExecutionTimeout), f"{type(exc).__name__}: {exc}"
     assert victim.container_id != old
     state = orch.backend.inspect(old)

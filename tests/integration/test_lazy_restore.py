@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 
 import pytest
-from support import kill_and_wait, one_hop
+from support import kill_and_wait, passes_descriptors
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.runtime.deferred import DEFER_BYTES
@@ -208,7 +208,7 @@ def kind(key, digest):
 """
 
 
-def test_in_one_hop_a_blob_comes_as_a_read_only_file_and_leaves_no_descriptor(
+def test_a_blob_comes_as_a_read_only_file_and_leaves_no_descriptor(
     session: Session, kill_container: Callable[[Session], None]
 ) -> None:
     assert session.execute(SETUP).ok
@@ -218,7 +218,7 @@ def test_in_one_hop_a_blob_comes_as_a_read_only_file_and_leaves_no_descriptor(
     assert session.execute("size()").return_value == str(BIG_MB << 20)
     kind, size = ast.literal_eval(session.execute(f"kind('big', {digest!r})").return_value or "")
     assert size > BIG_MB << 20
-    assert kind == ("mmap" if one_hop(session) else "bytearray")  # two hops: the body, as before
+    assert kind == ("mmap" if passes_descriptors(session) else "bytearray")  # the relayed carrier: the body
     assert session.execute("fds() - before").return_value == "0"
 
 
@@ -228,8 +228,8 @@ def test_a_cell_that_takes_the_blobs_descriptor_cannot_change_the_stored_blob(
     assert session.execute(SETUP).ok
     digest = session._ledger.record.variables["big"]
     restored(session, kill_container)
-    if not one_hop(session):
-        pytest.skip("two hops: the blob comes as the body")
+    if not passes_descriptors(session):
+        pytest.skip("the relayed carrier: the blob comes as the body")
     # A cell that closes the descriptor before the worker maps it: the load fails, the value stays and loads later.
     closing = "real_map = hostcall.map_file\ndef shut(fd, size):\n    os.close(fd)\n    return real_map(fd, size)\n"
     assert session.execute(FILE_PROBE + closing + "hostcall.map_file = shut\nbefore = fds()").ok
@@ -280,8 +280,8 @@ def test_a_descriptor_a_cell_sends_on_its_call_link_never_reaches_the_controller
     assert session.execute(SETUP).ok
     digest = session._ledger.record.variables["big"]
     restored(session, kill_container)
-    if not one_hop(session):
-        pytest.skip("two hops: the worker's call link ends in the supervisor")
+    if not passes_descriptors(session):
+        pytest.skip("the relayed carrier: the worker's call link ends in the supervisor")
     assert session.execute(FILE_PROBE + FORGED_FD + f"forge('big', {digest!r})").ok
     assert session.execute("size()").return_value == str(BIG_MB << 20)
     blobs = session._sandbox.sandbox.deferred  # type: ignore[union-attr]

@@ -245,8 +245,8 @@ def test_a_context_streams_and_takes_input_like_the_session(session: Session) ->
     assert session.execute("'v' in globals()").return_value == "False"
 
 
-# Frames written on the worker's host-call link of the moment: sys.argv[4] in two hops (see worker.main), its data
-# channel's own link (K) in one hop (docs/design/one-hop.md); the test runs on the path the session took.
+# Frames written on the worker's host-call link of the moment: its data channel's own link (K,
+# docs/design/one-hop.md).
 FORGE_ON_CALL_LINK = """
 import gc, json, os, struct, sys, time
 fd = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker').calls._sock.fileno()

@@ -1,6 +1,6 @@
 """One hop against a real engine (docs/design/one-hop.md, steps 1 and 2): cells, values, output, host calls, a
-worker's death and the controller's timeout ladder with ``Settings.one_hop`` on. Measures nothing; the unit tests
-(tests/unit/wire/test_one_hop_connection.py) check the connection itself against the host agent.
+worker's death and the controller's timeout ladder. Measures nothing; the unit tests
+(tests/unit/wire/test_connection.py) check the connection itself against the host agent.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support import one_hop, passes_descriptors
+from support import passes_descriptors
 
 from orchestrator import ExecutionTimeout, Orchestrator, SandboxCrashed, Session, Settings
 from orchestrator.runtime.hostcalls import HostCalls
@@ -24,13 +24,12 @@ def hop(
     make_orch: Callable[[Settings], Orchestrator],
     new_session: Callable[..., Session],
 ) -> Session:
-    session = new_session(make_orch(settings_for(one_hop=True)))
+    session = new_session(make_orch(settings_for()))
     session.execute("1")  # the sandbox starts with the first call
     return session
 
 
 def test_cells_values_and_output_in_one_hop(hop: Session) -> None:
-    assert one_hop(hop)
     assert hop.execute("x = 41").ok
     assert hop.execute("x + 1").return_value == "42"
     result = hop.execute("print('hi')\n1 / 0")
@@ -55,8 +54,7 @@ def test_a_worker_death_in_one_hop_restores_into_a_fresh_worker_of_the_same_sand
         hop.execute("import os\nos._exit(1)")
     assert info.value.restored is True and "exited with status 1" in str(info.value)
     assert hop.container_id == container  # the supervisor's worker_lost: only the worker was replaced
-    assert hop.execute("sum(kept)").return_value == "6"
-    assert one_hop(hop)  # the fresh worker got a data channel of its own
+    assert hop.execute("sum(kept)").return_value == "6"  # the fresh worker got a data channel of its own
 
 
 def test_a_big_value_goes_to_the_worker_as_a_descriptor_on_its_data_channel(
@@ -103,4 +101,3 @@ def test_the_controllers_ladder_interrupts_then_kills_in_the_same_sandbox(hop: S
     assert info.value.restored is True and "ignored the interrupt" in str(info.value)
     assert hop.container_id == container  # the kill went through the supervisor: only the worker was replaced
     assert hop.execute("sum(kept), 'lost' in globals()").return_value == "(6, False)"
-    assert one_hop(hop)

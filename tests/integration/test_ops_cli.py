@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import cli_env, one_hop
+from support import cli_env
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.config import DEFAULTS_FILE
@@ -91,17 +91,15 @@ def test_ls_inspect_exec_and_state_across_commands(cli, make):
     assert cli("exec", sid, "x, y").stdout == "(41, 42)\n"  # each exec detached: the session kept running
 
 
-@pytest.mark.parametrize("hop", ["1", "0"], ids=["one-hop", "two-hops"])
-def test_each_command_attaches_and_detaches_and_the_worker_keeps_its_memory(cli, store, make_orch, new_session, hop):
+def test_each_command_attaches_and_detaches_and_the_worker_keeps_its_memory(cli, store, make_orch, new_session):
     """Every ``exec`` takes the sandbox over and lets it go; what no checkpoint holds (a generator) lives on in the
-    worker, on either path: in one hop the command's data channel closes with it and the idle worker goes back to
-    its supervisor for the next command (docs/design/one-hop.md, "Takeover, detach and a lost controller")."""
-    session = new_session(make_orch(store.replace(one_hop=hop == "1")))
+    worker: the command's data channel closes with it and the idle worker goes back to its supervisor for the next
+    command (docs/design/one-hop.md, "Takeover, detach and a lost controller")."""
+    session = new_session(make_orch(store))
     session.execute("gen = iter(range(10))\nnext(gen)")
-    assert one_hop(session) is (hop == "1")
     session.detach()
     for expected in ("1", "2", "3"):
-        done = cli("exec", session.id, "next(gen)", ORCH_ONE_HOP=hop)
+        done = cli("exec", session.id, "next(gen)")
         assert (done.returncode, done.stdout, done.stderr) == (0, f"{expected}\n", ""), done
 
 

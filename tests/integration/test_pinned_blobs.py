@@ -1,7 +1,7 @@
 """A cell that keeps the descriptor of a blob the host handed its worker, in a process of its own (issue 34, 3 and 9).
 
-The worker is handed blobs as descriptors: a deferred value's blob (one hop) and a value file
-(``set_value``, both hops). The attacker wraps the agent's ``hostcall.map_file`` in memory to keep a
+The worker is handed blobs as descriptors (the descriptors carrier): a deferred value's blob and a value file
+(``set_value``). The attacker wraps the agent's ``hostcall.map_file`` in memory to keep a
 copy of each, reads what it says (``fstat``, ``readlink``), tries to change it, hides it in a process that left the
 worker's process group (``setsid``); then the session deletes the blob (history keeps no generation)
 and the worker crashes. What must hold: the descriptor is no stored file (another inode, no path, no
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import one_hop, passes_descriptors
+from support import passes_descriptors
 
 from orchestrator import Orchestrator, SandboxCrashed, Session, Settings
 
@@ -146,7 +146,7 @@ def test_a_kept_deferred_blob_is_no_stored_file_and_dies_with_the_worker(
     kill_container(s)
     assert s.execute(ATTACKER).ok  # restored: big is deferred
     if not passes_descriptors(s):
-        pytest.skip("no descriptor passes (two hops, the relayed carrier): a deferred value's blob comes as the body")
+        pytest.skip("the relayed carrier: a deferred value's blob comes as the body")
     assert s.execute("len(big)").return_value == str(BIG)
     assert_not_the_stored_file(s, forgetful_settings, blob)
     assert_nothing_outlives_the_worker(s, blob, lambda: s.execute("big = 'y'"))
@@ -157,7 +157,7 @@ def test_a_kept_value_file_is_no_stored_file_and_dies_with_the_worker(
     forgetful: Session, forgetful_settings: Settings
 ) -> None:
     s = forgetful
-    if one_hop(s) and not passes_descriptors(s):
+    if not passes_descriptors(s):
         pytest.skip("the relayed carrier: a value goes as the request's body")
     assert s.execute(ATTACKER).ok
     s.set_value("value", b"v" * BIG)

@@ -1,10 +1,8 @@
 """User code that writes to the worker's channel: a clean ProtocolError, a restored session, a live controller.
 
 The socket the worker reads its requests on and replies on is the cell's too, so a cell can forge or corrupt
-frames on it: its link to the supervisor (``int(sys.argv[1])``) in two hops, which the supervisor checks; the
-controller's data channel D in one hop (docs/design/one-hop.md), which the controller checks, having the supervisor
-replace the worker. The cell digs it out of the worker (``WORKER_SOCKET``), so each test runs on the path the
-session took.
+frames on it: the controller's data channel D (docs/design/one-hop.md), which the controller checks, having the
+supervisor replace the worker. The cell digs it out of the worker (``WORKER_SOCKET``).
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ WORKER_SOCKET = (
     "    frame = frame.f_back\n"
     "fd = frame.f_locals['self'].sock.fileno()\n"
 )
-"""Cell code that finds the socket its worker serves requests on: two hops' link, one hop's D."""
+"""Cell code that finds the socket its worker serves requests on: D."""
 FD = WORKER_SOCKET
 
 
@@ -155,7 +153,7 @@ def test_closing_the_channel_fd_is_a_crash_with_restore(stateful: Session) -> No
 
 def test_a_child_in_its_own_session_that_holds_the_workers_socket_reaches_no_later_worker(stateful: Session) -> None:
     """A ``setsid`` child outlives its worker's death (outside the killed process group) and writes on the socket
-    it inherited: every worker gets a fresh one (two hops: a new link; one hop: a new D), so it writes into a socket
+    it inherited: every worker gets a fresh D, so it writes into a socket
     nobody reads (``EPIPE``) and the calls after it go on in the same sandbox."""
     container = stateful.container_id
     child = FD + (
@@ -186,7 +184,7 @@ def test_a_child_in_its_own_session_that_holds_the_workers_socket_reaches_no_lat
 
 def test_a_thread_that_reads_the_next_request_leaves_it_to_the_ladder(stateful: Session) -> None:
     """A thread the cell left reads the next request off the worker's socket (the worker's own loop is kept from
-    it): no reply comes, so the ladder ends the call (the supervisor's in two hops, the controller's in one hop),
+    it): no reply comes, so the controller's ladder ends the call,
     the worker is replaced and the session goes on in the same sandbox."""
     container = stateful.container_id
     steal = FD + (

@@ -136,9 +136,7 @@ def run_sandbox(
 def connect(endpoint: Endpoint, seconds: float = 30.0) -> AgentConnection:
     """One hop, as a session takes it through a node relay: relayed (no descriptor crosses it)."""
     deadline = time.monotonic() + seconds
-    return AgentConnection.open(
-        endpoint, sandbox_id=endpoint.sandbox_id, deadline=deadline, one_hop=True, carrier="relayed"
-    )
+    return AgentConnection.open(endpoint, sandbox_id=endpoint.sandbox_id, deadline=deadline, carrier="relayed")
 
 
 def run(connection: AgentConnection, code: str) -> str:
@@ -173,7 +171,7 @@ def test_a_sandbox_behind_the_relay_works_is_taken_over_and_outlives_a_relay_res
     run_sandbox(backend, settings, image, first, run_id, containers)
     connection = opened(connect(first))  # the secret handshake, end to end through the relay
     assert connection.hello["sandbox_id"] == sandbox_id
-    assert connection.one_hop and not connection.passes_descriptors  # the relayed carrier: no descriptor crosses
+    assert not connection.passes_descriptors  # the relayed carrier: no descriptor crosses
     assert run(connection, "1 + 1") == "2"
     worker = run(connection, "import os; os.getpid()")
 

@@ -159,7 +159,6 @@ VARIABLES = {
     "ORCH_SWARM_CONSTRAINTS": "swarm.constraints",
     "ORCH_METRICS_ADDRESS": "metrics_address",
     "ORCH_METRICS_TOKEN": "metrics_token",
-    "ORCH_ONE_HOP": "one_hop",
     "ORCH_CARRIER": "carrier",
 }
 # A value each variable takes, unlike its default, and what the field then holds.
@@ -207,7 +206,6 @@ SAMPLES = {
     "ORCH_SWARM_CONSTRAINTS": ("a==1,b==2", ("a==1", "b==2")),
     "ORCH_METRICS_ADDRESS": ("9464", "9464"),
     "ORCH_METRICS_TOKEN": ("a-token-of-enough-length", "a-token-of-enough-length"),
-    "ORCH_ONE_HOP": ("0", False),
     "ORCH_CARRIER": ("relayed", "relayed"),
 }
 

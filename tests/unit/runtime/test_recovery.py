@@ -27,6 +27,7 @@ from orchestrator import (
 from orchestrator.agent import protocol, request_table
 from orchestrator.api.session import SessionState
 from orchestrator.runtime.recovery import RECOVERY
+from orchestrator.wire import connection
 
 QUOTA = 4096
 
@@ -171,9 +172,12 @@ def test_container_died_during_the_call_is_replaced(
     assert_serves_its_checkpoint(session, backend)
 
 
-def test_agent_past_its_deadline_is_a_timeout_and_replaced(session: Session, backend: FakeBackend) -> None:
+def test_agent_past_its_deadline_is_a_timeout_and_replaced(
+    session: Session, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     container = session.container_id
-    fail_once(backend, request_table.EXEC, lambda agent: None)  # never answers
+    monkeypatch.setattr(connection, "_REPLACE_SECONDS", 0.1)  # the ladder's kill waits this long for the supervisor
+    fail_once(backend, request_table.EXEC, lambda agent: None)  # the whole agent hangs
     with pytest.raises(ExecutionTimeout) as caught:
         session.execute("x = 'lost'", timeout=0.05)
     assert caught.value.restored and caught.value.generation == 2

@@ -19,7 +19,7 @@ class _LocalSandbox(Sandbox):
 
 
 def _value(path: Path | None) -> ValueFile:
-    return ValueFile(Path("/nonexistent"), lambda: path, "h" + "0" * 32, b"raw")
+    return ValueFile(lambda: path, "h" + "0" * 32, b"raw")
 
 
 def _staged(tmp_path: Path, mode: int = 0o600) -> Path:

@@ -1,4 +1,4 @@
-"""One hop's host-call link, the controller's end (wire/call_link.py): what the supervisor does for K in two hops.
+"""The worker's host-call link, the controller's end (wire/call_link.py): what the controller does for K.
 
 The worker's end is a plain socket of a real socket pair; the test writes frames there as cell code could.
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from orchestrator.agent import framing, request_table
 from orchestrator.errors import ChannelLost, TransportError
 from orchestrator.wire.call import Call
 from orchestrator.wire.connection import AgentConnection
-from orchestrator.wire.data_channel import DataChannel
+from orchestrator.wire.data_channel import DataChannel, Descriptors
 from orchestrator.wire.transport import Channel
 from orchestrator.wire.wakeup import Wakeup
 
@@ -37,7 +38,8 @@ def test_a_data_channel_the_host_cannot_make_is_channel_lost(monkeypatch: pytest
 
 def test_emfile_in_a_request_loop_is_channel_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     ours, theirs = socket.socketpair()
-    connection = AgentConnection(Channel(ours, framing.MAX_HEADER_BYTES, framing.MAX_BODY_BYTES), HELLO)
+    control, carrier = Channel(ours, framing.MAX_HEADER_BYTES, framing.MAX_BODY_BYTES), Descriptors()
+    connection = AgentConnection(HELLO, carrier, control, carrier.hand_over(control, deadline=time.monotonic() + 5))
     monkeypatch.setattr(Channel, "send", _emfile)
     with pytest.raises(ChannelLost, match="failed on this host"):
         connection.request({"type": request_table.EXEC}, b"", Call(float("inf")))  # type: ignore[typeddict-item]

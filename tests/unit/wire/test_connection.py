@@ -1,4 +1,4 @@
-"""One hop, the controller's side (docs/design/one-hop.md, step 1): ``AgentConnection`` with a data channel.
+"""The connection to one agent (wire/connection.py, docs/design/one-hop.md): ``AgentConnection`` and its data channel.
 
 The agent runs on the host (tests/agent_process.py's command and environment) and connects to a real
 ``UnixSocketEndpoint``; the controller's own connection code drives it, as a local sandbox's would.
@@ -14,21 +14,21 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from agent_process import AGENT_COMMAND, AGENT_ENV
 
 from orchestrator.agent import blob_format, framing, handover, protocol, request_table
+from orchestrator.agent.handshake import Hello
 from orchestrator.api.events import LiveCall, OutputEvent
 from orchestrator.errors import ChannelLost, ProtocolError
 from orchestrator.runtime.output import StreamRecorder
-from orchestrator.wire import one_hop
+from orchestrator.wire import connection as connection_module
 from orchestrator.wire.call import Call
 from orchestrator.wire.connection import AgentConnection
 from orchestrator.wire.data_channel import DataChannel, Descriptors
 from orchestrator.wire.endpoint import SECRET_NAME, UnixSocketEndpoint
-from orchestrator.wire.one_hop import OneHop
 from orchestrator.wire.replies import TakenOver
 from orchestrator.wire.transport import Channel
 from orchestrator.wire.wakeup import Wakeup
@@ -57,12 +57,11 @@ class HostAgent:
         self.proc = subprocess.Popen(AGENT_COMMAND, env=environ)
         self.connections: list[AgentConnection] = []
 
-    def connect(self, one_hop: bool = True, frame_seconds: float = 10.0) -> AgentConnection:
+    def connect(self, frame_seconds: float = 10.0) -> AgentConnection:
         connection = AgentConnection.open(
             self.endpoint,
             sandbox_id=SANDBOX,
             deadline=time.monotonic() + 20,
-            one_hop=one_hop,
             carrier=self.carrier,
             frame_seconds=frame_seconds,
         )
@@ -101,7 +100,7 @@ def value(connection: AgentConnection, code: str) -> str:
 
 def test_cells_go_on_the_data_channel_when_asked_and_offered(host_agent: HostAgent) -> None:
     connection = host_agent.connect()
-    assert connection.one_hop and protocol.ONE_HOP in connection.hello["capabilities"]
+    assert protocol.ONE_HOP in connection.hello["capabilities"]
     reply = run(connection, "x = 41")
     assert reply["status"] == "ok" and list(reply["checkpoint"]["vars"]) == ["x"], reply
     assert value(connection, "x + 1") == "42"
@@ -154,7 +153,7 @@ def test_a_worker_that_dies_in_a_cell_is_crashed_and_its_fresh_worker_gets_a_new
     reply = run(connection, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
     assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is True and reply["worker_restarted"], reply
     assert "SIGKILL" in reply["reason"], reply
-    assert connection.one_hop and value(connection, "'x' in globals()") == "False"  # a fresh worker, one hop
+    assert value(connection, "'x' in globals()") == "False"  # a fresh worker, one hop
     connection.check_idle()
 
 
@@ -221,7 +220,7 @@ def test_the_callers_interrupt_goes_on_the_connection_and_the_namespace_stays(
     live = LiveCall(lambda stream: StreamRecorder(tmp_path, stream, 1000), None, 300.0, object(), Wakeup())
     threading.Timer(0.5, live.interrupt).start()
     reply = run(connection, "import time\ntime.sleep(60)", live=live)  # nobody else stops it: the deadline is 30 s
-    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is False, reply  # as in two hops
+    assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is False, reply
     assert reply["phase"] == "cell" and reply["error"]["ename"] == "KeyboardInterrupt", reply
     live.close()
     assert value(connection, "kept") == "7"
@@ -233,13 +232,11 @@ def test_replace_worker_kills_it_through_the_supervisor_and_hands_the_fresh_one_
 ) -> None:
     connection = host_agent.connect()
     assert run(connection, "x = 1")["status"] == "ok"
-    hop = connection._hop
-    assert hop is not None
-    old = hop._data
-    replaced = hop.replace_worker(deadline=time.monotonic() + 10)
+    old = connection._data
+    replaced = connection.replace_worker(deadline=time.monotonic() + 10)
     assert replaced["type"] == protocol.WORKER_REPLACED and "killed" in replaced["reason"], replaced
-    assert hop._data is not None and hop._data is not old  # the old ends are closed, never read again
-    assert connection.one_hop and value(connection, "'x' in globals()") == "False"  # a fresh worker, one hop
+    assert connection._data is not None and connection._data is not old  # the old ends are closed, never read again
+    assert value(connection, "'x' in globals()") == "False"  # a fresh worker, one hop
     connection.check_idle()
 
 
@@ -268,7 +265,7 @@ def test_a_cell_that_ignores_the_interrupt_is_killed_after_the_grace_and_its_fre
     assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True, reply
     assert reply["phase"] == "cell" and reply["ran"] is True and "killed" in reply["reason"], reply
     assert reply["type"] == request_table.EXEC_REPLY and isinstance(reply["duration"], float), reply
-    assert connection.one_hop and value(connection, "'kept' in globals()") == "False"  # a fresh worker, one hop
+    assert value(connection, "'kept' in globals()") == "False"  # a fresh worker, one hop
     connection.check_idle()
 
 
@@ -279,13 +276,13 @@ def test_a_cell_that_closes_its_own_data_channel_has_its_worker_replaced_and_is_
     reply = run(connection, code)
     assert reply["status"] == protocol.STATUS_CRASHED and reply["ran"] is True and reply["worker_restarted"], reply
     assert "killed" in reply["reason"], reply
-    assert connection.one_hop and value(connection, "'kept' in globals()") == "False"
+    assert value(connection, "'kept' in globals()") == "False"
     connection.check_idle()
 
 
 def test_a_cell_that_closes_its_own_call_link_loses_only_its_calls(host_agent: HostAgent) -> None:
-    """As two hops close the worker's call link when it breaks: the cell, its worker and its namespace go on, its
-    calls fail until the worker's next data channel."""
+    """A worker's call link that breaks is closed: the cell, its worker and its namespace go on, its calls fail
+    until the worker's next data channel."""
     connection = host_agent.connect()
     install: Any = {"type": request_table.INSTALL, "code": SCAFFOLD, "names": ["ask"], "timeout": 10}
     assert connection.request(install, b"", Call(time.monotonic() + 30))[0]["status"] == "ok"
@@ -329,10 +326,8 @@ def test_an_interrupt_that_comes_after_its_cell_ended_leaves_the_idle_worker_and
 ) -> None:
     connection = host_agent.connect()
     assert run(connection, "kept = 7")["status"] == "ok"
-    hop = connection._hop
-    assert hop is not None
     for phase in ("cell", "checkpoint"):  # the ladder's (or the caller's) interrupt, sent as the reply came
-        hop._interrupt("a-request-that-ended", phase)
+        connection._interrupt("a-request-that-ended", phase)
     time.sleep(0.5)  # the supervisor has signalled the worker, which waits on D for its next request
     connection.check_idle()
     assert value(connection, "kept") == "7"
@@ -365,7 +360,7 @@ def test_a_forged_frame_on_d_replaces_the_worker_and_is_a_protocol_error(host_ag
     reply = run(connection, ON_D + write + "\ntime.sleep(1)")
     assert reply["status"] == protocol.STATUS_PROTOCOL_ERROR and reply["worker_restarted"] is True, reply
     assert reply["ran"] is True and "killed" in reply["reason"], reply
-    assert connection.one_hop and value(connection, "'x' in globals()") == "False"  # a fresh worker, a new D
+    assert value(connection, "'x' in globals()") == "False"  # a fresh worker, a new D
     connection.check_idle()
 
 
@@ -398,7 +393,7 @@ def test_a_cell_that_forges_its_cell_done_only_trades_its_clock_for_the_checkpoi
     reply = run(connection, FORGE_CELL_DONE, timeout=30, checkpoint_timeout=0.3)  # its own limit would be 30 s
     assert reply["status"] == protocol.STATUS_TIMEOUT and reply["worker_restarted"] is True, reply
     assert reply["phase"] == "checkpoint", reply  # the checkpoint's interrupt (SIGUSR2) does not stop a cell
-    assert connection.one_hop and value(connection, "'w' in globals()") == "False"
+    assert value(connection, "'w' in globals()") == "False"
     connection.check_idle()
 
 
@@ -410,7 +405,8 @@ class FakeSupervisor:
         self.sock.settimeout(5)
         self.control = Channel(ours, 4096, 4096)
         carrier = Descriptors()
-        self.hop = OneHop(self.control, carrier.hand_over(self.control, deadline=time.monotonic() + 5), carrier, 0.5)
+        data = carrier.hand_over(self.control, deadline=time.monotonic() + 5)
+        self.connection = AgentConnection(cast(Hello, {}), carrier, self.control, data, 0.5)
         self.take_data_channel()
 
     def take_data_channel(self) -> None:
@@ -425,8 +421,7 @@ class FakeSupervisor:
         return framing.recv_frame(self.sock)[0]
 
     def close(self) -> None:
-        self.hop.close()
-        self.control.close()
+        self.connection.close()
         self.sock.close()
 
 
@@ -442,7 +437,7 @@ def test_replace_worker_returns_the_death_the_kill_outran_and_hands_over_after_t
 ) -> None:
     supervisor.say(type=protocol.WORKER_LOST, reason="the worker exited with status 3", oom=False)
     supervisor.say(type=protocol.WORKER_REPLACED, id="k1", reason="killed", oom=False)
-    said = supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+    said = supervisor.connection.replace_worker("k1", deadline=time.monotonic() + 5)
     assert said["type"] == protocol.WORKER_LOST and "status 3" in said["reason"], said
     assert supervisor.heard() == {"type": protocol.KILL, "id": "k1"}
     supervisor.take_data_channel()  # only after the kill's own answer
@@ -457,24 +452,24 @@ def test_replace_worker_refuses_any_other_answer_and_leaves_no_data_channel(
 ) -> None:
     supervisor.say(**answer)
     with pytest.raises(ProtocolError, match="while it replaced its worker"):
-        supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+        supervisor.connection.replace_worker("k1", deadline=time.monotonic() + 5)
     with pytest.raises(ChannelLost, match="could not be handed over"):
-        supervisor.hop.request(EXEC, b"", Call(time.monotonic() + 1))
+        supervisor.connection.request(EXEC, b"", Call(time.monotonic() + 1))
 
 
 def test_replace_worker_says_goodbye_as_taken_over(supervisor: FakeSupervisor) -> None:
     supervisor.say(type=protocol.GOODBYE, reason="takeover", in_flight=None)
     with pytest.raises(TakenOver):
-        supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+        supervisor.connection.replace_worker("k1", deadline=time.monotonic() + 5)
 
 
 def test_a_kill_that_meets_a_connection_closed_behind_a_goodbye_is_taken_over(supervisor: FakeSupervisor) -> None:
     """The supervisor said goodbye (another controller took over) and closed C before the kill went out: the broken
-    write is the takeover's, as two hops say it when a request's send breaks, never a transport failure."""
+    write is the takeover's, never a transport failure."""
     supervisor.say(type=protocol.GOODBYE, reason="takeover", in_flight=None)
     supervisor.sock.close()
     with pytest.raises(TakenOver):
-        supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+        supervisor.connection.replace_worker("k1", deadline=time.monotonic() + 5)
 
 
 def test_a_kill_that_meets_a_connection_closed_without_a_goodbye_is_a_lost_channel(
@@ -482,24 +477,24 @@ def test_a_kill_that_meets_a_connection_closed_without_a_goodbye_is_a_lost_chann
 ) -> None:
     supervisor.sock.close()
     with pytest.raises(ChannelLost):
-        supervisor.hop.replace_worker("k1", deadline=time.monotonic() + 5)
+        supervisor.connection.replace_worker("k1", deadline=time.monotonic() + 5)
 
 
 def test_a_supervisor_that_does_not_answer_a_kill_between_calls_makes_the_sandbox_go(
     supervisor: FakeSupervisor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(one_hop, "_REPLACE_SECONDS", 0.2)
-    assert supervisor.hop._data is not None
-    supervisor.hop._data.requests.close()  # as if the worker hung up on D: it is to be replaced through C
+    monkeypatch.setattr(connection_module, "_REPLACE_SECONDS", 0.2)
+    assert supervisor.connection._data is not None
+    supervisor.connection._data.requests.close()  # as if the worker hung up on D: it is to be replaced through C
     with pytest.raises(ChannelLost, match="could not be replaced between calls"):
-        supervisor.hop.check_idle()
+        supervisor.connection.check_idle()
 
 
 def test_a_worker_lost_between_calls_answers_the_next_request_without_sending_it(supervisor: FakeSupervisor) -> None:
     supervisor.say(type=protocol.WORKER_LOST, reason="the worker was killed by SIGKILL", oom=True)
-    supervisor.hop.check_idle()
+    supervisor.connection.check_idle()
     supervisor.take_data_channel()
-    reply, _ = supervisor.hop.request(EXEC, b"", Call(time.monotonic() + 1))
+    reply, _ = supervisor.connection.request(EXEC, b"", Call(time.monotonic() + 1))
     assert reply == {
         "type": request_table.EXEC_REPLY,
         "id": "e1",
@@ -520,5 +515,5 @@ def test_a_restore_that_hangs_clearing_the_namespace_gets_a_fresh_worker_through
     begin: Any = {"type": request_table.RESTORE_BEGIN, "generation": 0, "timeout": 0.3}
     reply, _ = connection.request(begin, b"", Call(time.monotonic() + 30))
     assert reply["status"] == protocol.STATUS_OK and reply["worker_restarted"] is True, reply  # a fresh one is empty
-    assert connection.one_hop and value(connection, "'stuck' in globals()") == "False"
+    assert value(connection, "'stuck' in globals()") == "False"
     connection.check_idle()
