@@ -557,7 +557,6 @@ OTHER_VARIABLES = frozenset(
         "ORCH_SECRET_FILE",
         "ORCH_SANDBOX_ID",
         "ORCH_OUTPUT_LIMIT",
-        "ORCH_MAX_BODY",
         "ORCH_HOST_CALL_MAX_BYTES",
         "ORCH_WORKER_UID",
         # The Swarm node relay's (orchestrator/agent/node_relay.py).

@@ -181,7 +181,7 @@ class Agent:
     def reply(self, header: dict, wait: float = 30, on_call: OnCall | None = None) -> tuple[dict, bytearray]:
         """The reply to ``header``, sent on D: the ladder interrupts and kills as the controller's does."""
         interrupt = lambda phase: self.link.send(control.phase_interrupt_message(header["id"], phase))  # noqa: E731
-        ladder = Ladder.for_request(header, GRACE, interrupt, notice=False)
+        ladder = Ladder.for_request(header, GRACE, interrupt)
         give_up = time.monotonic() + wait
         while True:
             assert self.data is not None and time.monotonic() < give_up, header

@@ -214,7 +214,7 @@ class FakeAgent:
     the supervisor's connection (C) a ``kill`` replaces the "worker" (its D closes, ``worker_replaced`` answers, the
     next ``data_channel`` brings a new D), a ``ping`` is answered and an ``interrupt`` ignored (no cell runs here)."""
 
-    capabilities: tuple[str, ...] = (protocol.ONE_HOP,)
+    capabilities: tuple[str, ...] = ()
     """What its hello offers (a test makes it an agent too old for this controller)."""
 
     def __init__(

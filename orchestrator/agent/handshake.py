@@ -101,4 +101,4 @@ class Hello(_HelloFields, total=False):
 
     agent_pid: int  # for a person reading logs: the controller does not use them
     worker_pid: int
-    capabilities: List[str]  # what the agent can do besides the protocol's version: ONE_HOP
+    capabilities: List[str]  # what the agent can do besides the protocol's version: BLOB_FILES, RELAYED

@@ -22,7 +22,6 @@ from . import protocol, request_table
 
 DEFAULT_STEP_SECONDS = 60.0  # a time limit the request did not give (the checkpoint of set_value and reset)
 CONTROL_STEP_SECONDS = 5.0  # restore_begin / restore_end (the controller allows them 10 s plus the grace)
-NOTICE_DELAY = 0.05  # a checkpoint still running after this long is announced (``notice``)
 KILL = "kill"  # the interrupt's grace passed: kill the worker and reply with a timeout
 
 
@@ -44,8 +43,6 @@ class Ladder(object):
         grace: seconds between the interrupt and the kill.
         interrupt: signals the worker to stop ``phase`` (given the phase).
         clock: monotonic seconds.
-        notice: announce a checkpoint that still runs ``NOTICE_DELAY`` after the cell (``notice_due``); the
-            controller, which sees ``cell_done`` itself, passes False.
     """
 
     def __init__(
@@ -56,7 +53,6 @@ class Ladder(object):
         grace: float,
         interrupt: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
-        notice: bool = True,
     ) -> None:
         self.phase = phase
         self.kind = ""  # the request's type, when made by ``for_request``
@@ -69,9 +65,7 @@ class Ladder(object):
         self.interrupted = False  # interrupt sent in the current phase
         self.cell_interrupted = False  # the cell was interrupted at its deadline (its error is a timeout)
         self.cell_duration: Optional[float] = None  # how long the cell ran, once it is done
-        self.notice_at: Optional[float] = None  # when to tell the controller the checkpoint's clock runs
         self.paused_at: Optional[float] = None  # since when the cell waits for an answer to input(): its clock stops
-        self._notice = notice
 
     @classmethod
     def for_request(
@@ -80,7 +74,6 @@ class Ladder(object):
         grace: float,
         interrupt: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
-        notice: bool = True,
     ) -> "Ladder":
         """The ladder of ``request``: its phase and limits from its type, ``timeout`` and ``checkpoint_timeout``."""
         kind = request.get("type")
@@ -93,7 +86,7 @@ class Ladder(object):
             limit = _seconds(request.get("timeout"), CONTROL_STEP_SECONDS)
         else:
             limit = _seconds(request.get("timeout"), DEFAULT_STEP_SECONDS)
-        ladder = cls(phase, limit, checkpoint_limit, grace, interrupt, clock, notice)
+        ladder = cls(phase, limit, checkpoint_limit, grace, interrupt, clock)
         ladder.kind = str(kind)
         return ladder
 
@@ -111,9 +104,8 @@ class Ladder(object):
 
     def wait_seconds(self) -> Optional[float]:
         """How long to wait for the worker before the ladder has something to do (None: no limit)."""
-        wake = self.deadline if self.notice_at is None else min(self.deadline, self.notice_at)
-        if self.paused_at is None or self.notice_at is not None:
-            return max(0.0, wake - self._clock())
+        if self.paused_at is None:
+            return max(0.0, self.deadline - self._clock())
         return None
 
     def cancel(self) -> None:
@@ -122,18 +114,10 @@ class Ladder(object):
             self.deadline, self.paused_at = self._clock(), None
 
     def cell_done(self) -> None:
-        """The cell finished: the checkpoint's clock starts, and its notice is due ``NOTICE_DELAY`` later."""
+        """The cell finished: the checkpoint's clock starts."""
         self.cell_duration = self._clock() - self.started
         self.phase, self.interrupted = "checkpoint", False
         self.deadline = self._clock() + self.checkpoint_limit
-        self.notice_at = self._clock() + NOTICE_DELAY if self._notice else None
-
-    def notice_due(self) -> bool:
-        """True once, when the checkpoint still runs ``NOTICE_DELAY`` after the cell was done."""
-        if self.notice_at is not None and self._clock() >= self.notice_at:
-            self.notice_at = None
-            return True
-        return False
 
     def expired(self) -> Optional[str]:
         """What the deadline asks for now: None (keep waiting; at the deadline the worker was just interrupted

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 # Host calls (docs/protocol.md): their bounds and reserved names.
 HOST_CALL_MAX_BYTES = 16 << 20  # default bound of one host call's JSON payload or result
@@ -58,8 +58,6 @@ ERROR = "error"  # the reply to a request of a type the agent does not know: sta
 GOODBYE = "goodbye"
 # Worker -> controller on D: the cell finished, checkpointing starts (its own time limit).
 CELL_DONE = "cell_done"
-# An older agent's notice that an exec's checkpoint takes a while; this one sends none (``cell_done`` says it).
-CHECKPOINTING = "checkpointing"
 # Host calls (docs/protocol.md): worker -> controller on K while a cell runs, and the answer back.
 HOST_CALL = "host_call"
 HOST_REPLY = "host_reply"
@@ -68,15 +66,14 @@ OUTPUT = "output"
 # Controller -> supervisor: ``interrupt {id, phase}``, the ladder's signal of ``phase`` (SIGINT for a cell or a
 # load, SIGUSR2 for a checkpoint).
 INTERRUPT = "interrupt"
-# The data channel (docs/design/one-hop.md): the agent offers ONE_HOP in its hello's ``capabilities`` (an auth's
-# ``one_hop: true`` changes nothing) and the controller sends, on the connection, a ``data_channel`` frame carrying
+# The data channel (docs/design/one-hop.md): right after ``auth_ok`` the controller sends, on the connection, a
+# ``data_channel`` frame carrying
 # (SCM_RIGHTS) one end of each of two socket pairs it made: requests and replies (D), then host calls and output
 # (K). The supervisor passes them to its worker, which serves them directly; when the controller closes them the
 # worker tells the supervisor ``idle {generation}`` and waits for the next. ``worker_lost {reason, oom}``:
 # supervisor -> controller, the worker died or misbehaved and a fresh one replaced it (the data channel died with
 # it). The controller keeps the ladder's clock and asks: ``interrupt {id, phase}`` and ``kill {id}``, answered
 # ``worker_replaced {id, reason, oom}``.
-ONE_HOP = "one_hop"
 # A deferred value's blob may come as a descriptor of its file (``host_reply {file}``): offered by an
 # agent whose worker maps it; an older one gets the body.
 BLOB_FILES = "blob_files"

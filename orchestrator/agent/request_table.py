@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, TypedDict, U
 from .blob_format import HOST_BLOB_KINDS, HOST_BLOB_OVERHEAD, is_host_blob, value_file_name
 from .checkpoint_names import CONTEXT_SEPARATOR, is_internal
 from .framing import Header
-from .protocol import ERROR, INTERRUPT, STATUS_ERROR, STATUS_PROTOCOL_ERROR, BadRequest
+from .protocol import ERROR, STATUS_ERROR, STATUS_PROTOCOL_ERROR, BadRequest
 
 # --- Request types -----------------------------------------------------------------------------------------
 # Requests the controller sends; each carries an ``id`` that its reply echoes.
@@ -378,17 +378,6 @@ Request = Union[
     ContextDestroyRequest,
     PingRequest,
 ]
-
-
-class Interrupt(TypedDict):
-    """Stop the running cell of exec ``id`` (the timeout ladder at once)."""
-
-    type: str
-    id: str
-
-
-def interrupt_message(request_id: str) -> Interrupt:
-    return Interrupt(type=INTERRUPT, id=request_id)
 
 
 # --- The table ---------------------------------------------------------------------------------------------

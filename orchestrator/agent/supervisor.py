@@ -132,7 +132,7 @@ class Supervisor:
             "agent_pid": os.getpid(),
             "worker_pid": self.worker.pid,
             "nonce": nonce,
-            "capabilities": [protocol.ONE_HOP, protocol.BLOB_FILES, protocol.RELAYED],
+            "capabilities": [protocol.BLOB_FILES, protocol.RELAYED],
         }
 
     def handshake(self, conn: socket.socket) -> bool:

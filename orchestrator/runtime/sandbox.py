@@ -534,7 +534,6 @@ def agent_environment(endpoint: Endpoint, settings: Settings) -> dict[str, str]:
         "ORCH_OUTPUT_LIMIT": str(settings.limits.max_output_bytes),
         "ORCH_INTERRUPT_GRACE": str(settings.timeouts.interrupt_grace),
         "ORCH_FRAME_TIMEOUT": str(settings.timeouts.frame),
-        "ORCH_MAX_BODY": str(settings.limits.max_body_bytes),
         "ORCH_CHECKPOINT_QUOTA": str(settings.limits.checkpoint_quota_bytes),
     }
 

@@ -74,11 +74,6 @@ class StagedBlob:
         except CheckpointError:
             return None  # ``place`` writes it again, under the lock, and raises why it cannot
 
-    @property
-    def directory(self) -> Path:
-        """Where its file is written (the session's ``blobs/``)."""
-        return self._store.blob_path(self._session_id, self.blob_id).parent
-
     def written(self) -> Path | None:
         """The temp file once it is whole (None: staging failed; ``place`` will write it), for a value file."""
         return None if self._written is None else self._written.result()

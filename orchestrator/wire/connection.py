@@ -233,7 +233,7 @@ class AgentConnection:
         """Wait for the reply of the request sent on D under its ladder, serving K and watching C meanwhile."""
         request_id, deadline, live = header["id"], call.deadline, call.live
         requests, calls, control = data.requests, data.calls, self._control
-        ladder = Ladder.for_request(header, self._grace, functools.partial(self._interrupt, request_id), notice=False)
+        ladder = Ladder.for_request(header, self._grace, functools.partial(self._interrupt, request_id))
         output = OutputBudget(live, ladder.cancel)  # a flood of output frames: its next step is due now
         cell_ended = False  # the worker said cell_done: the checkpoint runs
         paused_at: float | None = None

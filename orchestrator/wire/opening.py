@@ -1,9 +1,9 @@
 """Opening a connection to one agent: wait for it on an ``Endpoint``, the handshake, its worker's first data channel.
 
-Both sides prove they know the sandbox's secret (docs/protocol.md, "Connection set-up"); the auth asks for one hop
-(and the relayed carrier, if that is the one), and the first data channel is handed over right after ``auth_ok``
-(docs/design/one-hop.md). An agent that does not offer one hop (or the relayed carrier, when that is asked) is too old
-for this controller: refused, never served another way.
+Both sides prove they know the sandbox's secret (docs/protocol.md, "Connection set-up"); the auth asks for the relayed
+carrier if that is the one, and the first data channel is handed over right after ``auth_ok``
+(docs/design/one-hop.md). An agent of another protocol version is refused at its hello; one that does not offer the
+relayed carrier when that is asked is too old for this controller: refused, never served another way.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _HANDSHAKE_SECONDS = 5.0  # a real agent sends its hello as soon as it connects
 
 
 class AgentTooOld(ProtocolError):
-    """The sandbox's own agent (it proved it knows the secret) offers no one hop, or not the carrier asked for."""
+    """The sandbox's own agent (it proved it knows the secret) does not offer the carrier asked for."""
 
 
 class Opened(NamedTuple):
@@ -48,7 +48,7 @@ def accept_agent(endpoint: Endpoint, *, sandbox_id: str, deadline: float, carrie
 
     Raises:
         AgentTimeoutError: no agent completed the handshake by ``deadline``.
-        AgentTooOld: the sandbox's agent does not offer one hop on ``carrier``: its image must be rebuilt.
+        AgentTooOld: the sandbox's agent does not offer ``carrier``: its image must be rebuilt.
         ProtocolError: by ``deadline``, only peers that are not this sandbox's agent came (wrong version, id or
             proof); the last one's reason.
     """
@@ -92,13 +92,11 @@ def _handshake(channel: Channel, secret: bytes, sandbox_id: str, deadline: float
     if hello["sandbox_id"] != sandbox_id:
         raise ProtocolError(f"the agent of sandbox {hello['sandbox_id'][:64]!r} connected, not {sandbox_id!r}")
     offered = hello.get("capabilities", ())
-    needed = (protocol.ONE_HOP, protocol.RELAYED) if carrier == "relayed" else (protocol.ONE_HOP,)
+    needed = (protocol.RELAYED,) if carrier == "relayed" else ()
     usable = all(name in offered for name in needed)
     nonce = handshake.new_nonce()
     proof = handshake.auth_proof(secret, "controller", hello["nonce"], nonce)
     auth: dict[str, Any] = dict(handshake.auth_message(nonce, proof))
-    if usable:
-        auth[protocol.ONE_HOP] = True
     if usable and carrier == "relayed":
         auth[protocol.RELAYED] = True
     channel.send(auth, deadline=deadline)

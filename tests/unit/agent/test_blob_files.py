@@ -233,7 +233,7 @@ def test_an_agent_that_does_not_offer_blob_files_gets_the_body(tmp_path: Path) -
     sandbox = Sandbox.__new__(Sandbox)
     sandbox._settings = Settings()
     sandbox.sandbox_id = "sb-test"
-    for capabilities, files in (([protocol.ONE_HOP], False), ([protocol.ONE_HOP, protocol.BLOB_FILES], True)):
+    for capabilities, files in (([], False), ([protocol.BLOB_FILES], True)):
         sandbox.connection = _Connection(capabilities)  # type: ignore[assignment]
         sandbox.serve_deferred({}.get, _stored(tmp_path / "blob"), lambda digest: tmp_path / digest)
         assert sandbox.deferred is not None and (sandbox.deferred._open_file is not None) is files

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.agent import protocol, request_table
-from orchestrator.agent.ladder import CONTROL_STEP_SECONDS, DEFAULT_STEP_SECONDS, KILL, NOTICE_DELAY, Ladder
+from orchestrator.agent.ladder import CONTROL_STEP_SECONDS, DEFAULT_STEP_SECONDS, KILL, Ladder
 
 
 class Clock:
@@ -117,7 +117,7 @@ def test_a_cancel_after_the_interrupt_or_after_the_cell_changes_nothing(clock: C
     assert done.deadline == clock.now + 30.0
 
 
-def test_the_cell_done_starts_the_checkpoints_clock_and_its_notice(clock: Clock) -> None:
+def test_the_cell_done_starts_the_checkpoints_clock(clock: Clock) -> None:
     ladder, signals = ladder_for(clock)
     clock.advance(10.0)
     ladder.expired()  # the cell was interrupted and stopped: its checkpoint has a fresh ladder
@@ -126,12 +126,7 @@ def test_the_cell_done_starts_the_checkpoints_clock_and_its_notice(clock: Clock)
     assert ladder.phase == "checkpoint" and not ladder.in_cell
     assert not ladder.interrupted and ladder.cell_interrupted
     assert ladder.cell_duration == 10.5
-    assert ladder.wait_seconds() == pytest.approx(NOTICE_DELAY)
-    assert not ladder.notice_due()
-    clock.advance(NOTICE_DELAY)
-    assert ladder.notice_due()
-    assert not ladder.notice_due(), "one notice"
-    assert ladder.wait_seconds() == pytest.approx(30.0 - NOTICE_DELAY)
+    assert ladder.wait_seconds() == pytest.approx(30.0)
     clock.advance(30.0)
     assert ladder.expired() is None
     assert signals == ["cell", "checkpoint"]
@@ -159,15 +154,6 @@ def test_a_requests_ladder_takes_its_phase_and_limits_from_the_request(
 ) -> None:
     ladder = Ladder.for_request(request_, 2.0, lambda phase: None, clock)
     assert (ladder.phase, ladder.deadline - clock.now, ladder.grace) == (phase, limit, 2.0)
-
-
-def test_without_the_notice_the_checkpoints_clock_is_all_there_is(clock: Clock) -> None:
-    ladder = Ladder.for_request(
-        {"type": request_table.EXEC, "timeout": 10, "checkpoint_timeout": 30}, 2.0, print, clock, False
-    )
-    ladder.cell_done()
-    assert ladder.notice_at is None and not ladder.notice_due()
-    assert ladder.wait_seconds() == 30.0
 
 
 def test_an_interrupted_cells_or_loads_error_is_the_interrupts_doing(clock: Clock) -> None:

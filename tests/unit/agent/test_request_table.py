@@ -183,7 +183,6 @@ def test_bad_context_request_fields_are_refused() -> None:
 
 def test_the_controllers_other_messages() -> None:
     assert handshake.auth_message("n", "p") == {"type": protocol.AUTH, "nonce": "n", "proof": "p"}
-    assert request_table.interrupt_message("r1") == {"type": protocol.INTERRUPT, "id": "r1"}
     assert reply_types.host_reply(3) == {"type": protocol.HOST_REPLY, "call": 3, "status": protocol.STATUS_OK}
     failed = reply_types.host_reply(3, "no")
     assert failed == {"type": protocol.HOST_REPLY, "call": 3, "status": protocol.STATUS_ERROR, "error": "no"}

@@ -38,12 +38,12 @@ def vm_hwm(pid: int) -> int:
 
 def test_hello_and_handshake(agent):
     hello = agent.hello
-    assert hello["protocol"] == protocol.PROTOCOL_VERSION == 7
+    assert hello["protocol"] == protocol.PROTOCOL_VERSION == 8
     assert hello["sandbox_id"] == "sb-unit" and hello["generation"] == 0
     assert hello["python"] and hello["dill"] and len(hello["nonce"]) == 2 * handshake.NONCE_BYTES
     assert hello["agent_pid"] == agent.proc.pid and hello["worker_pid"] not in (0, agent.proc.pid)
     assert "session_id" not in hello
-    assert hello["capabilities"] == [protocol.ONE_HOP, protocol.BLOB_FILES, protocol.RELAYED]
+    assert hello["capabilities"] == [protocol.BLOB_FILES, protocol.RELAYED]
     assert agent.request(request_table.PING, id="p0")[0] == {"type": request_table.PONG, "id": "p0", "generation": 0}
 
 

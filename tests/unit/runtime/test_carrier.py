@@ -25,14 +25,13 @@ def test_the_carrier_of_a_backend(passes_descriptors: bool, forced: str | None, 
     assert carrier_of(backend, Settings(carrier=forced)) == expected  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("offered", "forced"), [((), {}), ((protocol.ONE_HOP,), {"ORCH_CARRIER": "relayed"})])
-def test_an_agent_that_does_not_offer_one_hop_on_the_carrier_is_refused_as_too_old(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offered: tuple[str, ...], forced: dict[str, str]
+def test_an_agent_that_does_not_offer_the_relayed_carrier_is_refused_as_too_old_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(FakeAgent, "capabilities", offered)
-    too_old = r"offers .*, not one_hop.*too old for this controller; rebuild the image"
+    monkeypatch.setattr(FakeAgent, "capabilities", (protocol.BLOB_FILES,))
+    too_old = r"offers blob_files, not relayed.*too old for this controller; rebuild the image"
     with (
-        Orchestrator(fake_settings(tmp_path, **forced), backend=FakeBackend()) as orch,
+        Orchestrator(fake_settings(tmp_path, ORCH_CARRIER="relayed"), backend=FakeBackend()) as orch,
         pytest.raises(ProtocolError, match=too_old),
     ):
         orch.create_session().execute("1")

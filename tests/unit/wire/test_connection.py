@@ -100,7 +100,6 @@ def value(connection: AgentConnection, code: str) -> str:
 
 def test_cells_go_on_the_data_channel_when_asked_and_offered(host_agent: HostAgent) -> None:
     connection = host_agent.connect()
-    assert protocol.ONE_HOP in connection.hello["capabilities"]
     reply = run(connection, "x = 41")
     assert reply["status"] == "ok" and list(reply["checkpoint"]["vars"]) == ["x"], reply
     assert value(connection, "x + 1") == "42"

@@ -99,12 +99,12 @@ def test_the_hellos_capabilities_are_a_few_short_strings_and_anything_else_is_ig
     hello = {"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "sandbox_id": "s", "generation": 0}
     hello["nonce"] = "ab" * 16
     assert parse_hello(hello)["capabilities"] == []
-    assert parse_hello({**hello, "capabilities": [protocol.ONE_HOP]})["capabilities"] == [protocol.ONE_HOP]
-    for hostile in ("one_hop", {"one_hop": True}, None, 7):
+    assert parse_hello({**hello, "capabilities": [protocol.RELAYED]})["capabilities"] == [protocol.RELAYED]
+    for hostile in ("relayed", {"relayed": True}, None, 7):
         assert parse_hello({**hello, "capabilities": hostile})["capabilities"] == []
-    offered = [protocol.ONE_HOP, 3, None, "x" * 65, *["more"] * 20]
+    offered = [protocol.RELAYED, 3, None, "x" * 65, *["more"] * 20]
     assert parse_hello({**hello, "capabilities": offered})["capabilities"] == [
-        protocol.ONE_HOP,
+        protocol.RELAYED,
         "more",
         "more",
         "more",
