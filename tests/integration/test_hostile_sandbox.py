@@ -273,8 +273,9 @@ def test_a_misbehaving_agent_frame_is_a_typed_error_within_the_deadline(victim: 
 def test_a_supervisor_that_misbehaves_as_it_kills_a_cell_past_its_grace_is_recycled(
     victim: Session, hostile, mode: str
 ) -> None:
-    """The cell ignores its interrupt, so the controller's ladder has the worker killed; the supervisor's answer to that (the ``timeout`` reply, or ``worker_replaced``) is the frame that
-    misbehaves. The supervisor's fault, not the worker's: the sandbox goes."""
+    """The cell ignores its interrupt, so the controller's ladder has the worker killed; the supervisor's answer to
+    that (``worker_replaced``) is the frame that misbehaves. The supervisor's fault, not the worker's: the sandbox
+    goes."""
     orch, settings = hostile
     old = victim.container_id
     ignore = "signal.signal(signal.SIGINT, signal.SIG_IGN)\nimport time\ntime.sleep(60)\n"
