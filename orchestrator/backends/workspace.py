@@ -171,8 +171,8 @@ class Workspaces:
         refused = self._refused_by(root)
         if refused is None:
             self.sweep(root, live)
-        else:
-            logger.warning("sandbox workspaces are tmpfs, counted in each sandbox's memory: %s", refused)
+        else:  # what this host is (a rootless controller): docs/files.md says what it means, no need to warn each time
+            logger.info("sandbox workspaces are tmpfs, counted in each sandbox's memory: %s", refused)
         with self._lock:
             return self._refused.setdefault(root, refused)
 

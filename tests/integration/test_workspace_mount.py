@@ -3,6 +3,7 @@ and entries, outside the sandbox's memory when an image holds it, and gone with 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +45,13 @@ def mounted_under(directory: Path) -> list[str]:
     return [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines() if str(directory) in line]
 
 
+def worker_uid(orch: Orchestrator, session: Session) -> int:
+    assert session.container_id
+    state = orch.backend.inspect(session.container_id)
+    assert state is not None
+    return int(state.labels[WORKER_UID])
+
+
 @pytest.fixture
 def small(settings_for: Callable[..., Settings], orch: Orchestrator) -> Callable[..., Settings]:
     """Settings of a store of its own, with a small workspace and the given confinement."""
@@ -60,10 +68,7 @@ def small(settings_for: Callable[..., Settings], orch: Orchestrator) -> Callable
 
 def test_a_cell_works_in_its_own_workspace(session: Session, orch: Orchestrator) -> None:
     """The cwd is /workspace, the worker's alone (0700): what a cell writes there it reads back."""
-    assert session.container_id
-    state = orch.backend.inspect(session.container_id)
-    assert state is not None
-    uid = state.labels[WORKER_UID]
+    uid = worker_uid(orch, session)
     code = "import os\nopen('notes.txt', 'w').write('kept')\nst = os.stat('.')\n"
     code += "os.getcwd(), open('/workspace/notes.txt').read(), st.st_uid, oct(st.st_mode & 0o777), os.listdir('.')"
     assert value(session, code) == f"('/workspace', 'kept', {uid}, '0o700', ['notes.txt'])"
@@ -109,13 +114,22 @@ def test_a_64m_sandbox_writes_200_mb_without_being_killed(
 
 
 @needs_images
-def test_the_image_goes_with_its_sandbox(settings_for: Callable[..., Settings], make_orch, new_session) -> None:
+def test_the_image_goes_with_its_sandbox(
+    settings_for: Callable[..., Settings], orch: Orchestrator, make_orch, new_session
+) -> None:
     settings = settings_for()
     images = images_dir(settings.runtime_dir)
     session = new_session(make_orch(settings))
     assert value(session, "[l.split()[2] for l in open('/proc/mounts') if l.split()[1] == '/workspace']") == "['ext4']"
     (made,) = list(images.iterdir())
     assert mounted_under(images) == [str(made / "mnt")]
+    # On the host too the worker's alone, behind directories only root enters (no other sandbox's uid).
+    uid = worker_uid(orch, session)
+    assert [(st.st_uid, st.st_mode & 0o777) for st in map(os.stat, (images, made, made / "mnt"))] == [
+        (0, 0o700),
+        (0, 0o700),
+        (uid, 0o700),
+    ]
     code = "import os\nst = os.statvfs('.')\nst.f_blocks * st.f_frsize > 1 << 29"  # the 1 GiB default
     assert value(session, code) == "True"
     session.close()
