@@ -4,6 +4,7 @@ and entries, outside the sandbox's memory when an image holds it, and gone with 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from orchestrator import Orchestrator, ResourceLimits, Session, Settings
 from orchestrator.backends.base import WORKER_UID
 from orchestrator.backends.workspace import images_refused
-from orchestrator.backends.workspace_image import images_dir
+from orchestrator.backends.workspace_image import WorkspaceMountFailed, images_dir, make, release
 
 pytestmark = pytest.mark.docker
 
@@ -28,9 +29,24 @@ FILL = (
     "    except OSError as exc:\n"
     "        return made, errno.errorcode[exc.errno]\n"
 )
-needs_images = pytest.mark.skipif(
-    images_refused(Path("/tmp")) is not None, reason=f"no workspace image on this host: {images_refused(Path('/tmp'))}"
-)
+
+
+def _why_no_images() -> str | None:
+    """Why no workspace image can be mounted here (a rootless or unprivileged run), or None: one was."""
+    refused = images_refused(Path("/tmp"))
+    if refused is not None:
+        return refused
+    with tempfile.TemporaryDirectory(dir="/tmp") as scratch:
+        try:
+            make(images_dir(Path(scratch)) / "sb-probe", os.getuid(), 1 << 20, 10)
+        except WorkspaceMountFailed as exc:
+            return str(exc)
+        release(images_dir(Path(scratch)) / "sb-probe")
+    return None
+
+
+NO_IMAGES = _why_no_images()
+needs_images = pytest.mark.skipif(NO_IMAGES is not None, reason=f"no workspace image here: {NO_IMAGES}")
 
 
 def value(session: Session, code: str) -> str:
@@ -67,13 +83,15 @@ def small(settings_for: Callable[..., Settings], orch: Orchestrator) -> Callable
 
 
 def test_a_cell_works_in_its_own_workspace(session: Session, orch: Orchestrator) -> None:
-    """The cwd is /workspace, the worker's alone (0700): what a cell writes there it reads back."""
-    uid = worker_uid(orch, session)
+    """The cwd is /workspace, the worker's (0700 on an image, 0755 on a tmpfs): what a cell writes there it reads
+    back."""
+    uid, mode = worker_uid(orch, session), "0o700" if NO_IMAGES is None else "0o755"
     code = "import os\nopen('notes.txt', 'w').write('kept')\nst = os.stat('.')\n"
     code += "os.getcwd(), open('/workspace/notes.txt').read(), st.st_uid, oct(st.st_mode & 0o777), os.listdir('.')"
-    assert value(session, code) == f"('/workspace', 'kept', {uid}, '0o700', ['notes.txt'])"
+    assert value(session, code) == f"('/workspace', 'kept', {uid}, '{mode}', ['notes.txt'])"
 
 
+@needs_images
 def test_the_supervisor_cannot_read_the_workspace(session: Session, orch: Orchestrator) -> None:
     """Root in the container holds no DAC_OVERRIDE: the sandbox's supervisor (and a ``docker exec`` as it) cannot list
     the worker's files."""
