@@ -29,6 +29,7 @@ from typing import Any
 from ..agent.confinement import DEFAULT_WORKER_UID
 from ..agent.rendezvous import SANDBOX_ID as SANDBOX_NAME
 from ..config import WORKSPACE, ResourceLimits, Settings, Timeouts
+from ..errors import OrchestratorError
 from ..wire.endpoint import leftover_dir_grace
 from . import workspace_image
 from .base import SANDBOX_ID, WORKER_UID, SandboxSpec
@@ -212,7 +213,11 @@ class Workspaces:
             return
         if not old:
             return
-        alive = live()
+        try:
+            alive = live()
+        except OrchestratorError as exc:  # clean-up: the next sweep tries again
+            logger.warning("workspace images in %s not swept: %s", root, exc)
+            return
         for entry in old:
             if entry.name not in alive and entry.is_dir(follow_symlinks=False):
                 logger.info("sandbox %s is gone: releasing its workspace image", entry.name)

@@ -13,6 +13,7 @@ from orchestrator.backends.base import SANDBOX_ID, WORKER_UID, SandboxSpec
 from orchestrator.backends.workspace import Workspaces, filesystem_type, tmpfs_options, worker_uid
 from orchestrator.backends.workspace_image import WorkspaceMountFailed
 from orchestrator.config import Confinement, ResourceLimits, Settings
+from orchestrator.errors import EngineUnavailable
 
 LIMITS = ResourceLimits(workspace_bytes=16 << 20, workspace_files=100)
 
@@ -27,6 +28,10 @@ def settings(tmp_path: Path, mount: str = "auto") -> Settings:
 
 def no_live() -> set[str]:
     raise AssertionError("the engine was asked")
+
+
+def engine_down() -> set[str]:
+    raise EngineUnavailable("no engine")
 
 
 @pytest.fixture
@@ -114,6 +119,7 @@ def test_the_sweep_releases_old_images_of_gone_sandboxes_only(tmp_path, monkeypa
     assert released == ["sb-gone"]
     released.clear()
     Workspaces().sweep(tmp_path / "none", no_live)
+    Workspaces().sweep(root, engine_down)  # logged: the next sweep tries again
     Workspaces().sweep(root, lambda: {"sb-live", "sb-gone"})
     assert released == []
 
