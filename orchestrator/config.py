@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import posixpath
 import re
 import shlex
 import tempfile
@@ -32,12 +33,22 @@ from .units import DURATION_HELP, SIZE_HELP, parse_duration, parse_size
 logger = logging.getLogger(__name__)
 
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
+WORKSPACE = "/workspace"
+"""Every sandbox's workspace: its cells' working directory, bounded by ``ResourceLimits.workspace_bytes`` and
+``workspace_files`` (docs/files.md)."""
 DEFAULTS_FILE = "defaults.json"
 """What set-up chose (the base image), for every later ``Settings.from_env()`` of this user on this machine, whatever
 its state dir: ``$XDG_CONFIG_HOME/orchestrator/defaults.json`` (``defaults_path``)."""
 MIN_SANDBOX_MEMORY = 32 << 20
 """The smallest memory limit a sandbox is given: below it the agent cannot start (measured: docs/eval.md)."""
 MIN_MEMORY_WHY = ": below it the sandbox's agent cannot start"
+MIN_WORKSPACE_BYTES = 1 << 20
+MAX_WORKSPACE_FILES = 100_000
+"""The most entries a workspace may be given (``ResourceLimits.workspace_files``): the checkpoint's file list of a
+generation is bounded by it (docs/design/workspace.md)."""
+WORKSPACE_BYTES_PER_FILE = 4096
+"""Room each entry of ``workspace_files`` needs in ``workspace_bytes``: its inode, and a block to hold something."""
+WORKSPACE_MOUNTS = ("auto", "image", "tmpfs")
 CAPACITY_POLICIES = ("hibernate", "refuse")
 BACKENDS = ("docker", "swarm")
 CARRIERS = ("descriptors", "relayed")
@@ -246,12 +257,23 @@ class ResourceLimits(_Fields):
     """Largest JSON header accepted from an agent."""
     max_body_bytes: int = field(default=1 << 30, metadata=_env("ORCH_MAX_BODY_BYTES", _SIZE))
     """Largest binary body (checkpoint delta) accepted from an agent."""
+    workspace_bytes: int = field(default=1 << 30, metadata=_env("ORCH_WORKSPACE_BYTES", _SIZE))
+    """Size of a sandbox's ``/workspace`` (its cells' working directory), at least 1 MiB: writing past it fails with
+    ENOSPC in the cell. Held in a disk image outside the sandbox's memory, or where none can be mounted in a tmpfs
+    counted in ``memory`` (``Confinement.workspace_mount``, docs/files.md)."""
+    workspace_files: int = field(default=10_000, metadata=_env("ORCH_WORKSPACE_FILES", _INTEGER))
+    """Most entries (files, directories and links together) a sandbox's ``/workspace`` holds, at most
+    ``MAX_WORKSPACE_FILES`` and one per ``WORKSPACE_BYTES_PER_FILE`` of ``workspace_bytes``; one more fails with
+    ENOSPC. The kernel rounds it up to fill its inode tables (by less than 2% at the defaults)."""
 
     def __post_init__(self) -> None:
         self._check_positive_integer(
             "pids", "max_output_files", "nano_cpus", "max_host_calls_per_cell", "max_host_calls_per_session"
         )
-        self._check_positive_size("max_output_bytes", "max_output_file_bytes", "max_header_bytes", "max_body_bytes")
+        self._check_positive_size(
+            "max_output_bytes", "max_output_file_bytes", "max_header_bytes", "max_body_bytes", "workspace_bytes"
+        )
+        self._check_workspace()
         if self.checkpoint_quota is not None:
             self._check_positive_size("checkpoint_quota")
         if not (is_integer(self.history_generations) and self.history_generations >= 0):
@@ -264,6 +286,19 @@ class ResourceLimits(_Fields):
             raise self._invalid("memory", f"a size: {SIZE_HELP}") from None
         if memory < MIN_SANDBOX_MEMORY:
             raise self._invalid("memory", f"at least {MIN_SANDBOX_MEMORY >> 20} MiB", MIN_MEMORY_WHY)
+
+    def _check_workspace(self) -> None:
+        if self.workspace_bytes < MIN_WORKSPACE_BYTES:
+            raise self._invalid("workspace_bytes", f"at least {MIN_WORKSPACE_BYTES >> 20} MiB")
+        if not (is_integer(self.workspace_files) and 0 < self.workspace_files <= MAX_WORKSPACE_FILES):
+            raise self._invalid("workspace_files", f"an integer from 1 to {MAX_WORKSPACE_FILES:,}")
+        if self.workspace_files * WORKSPACE_BYTES_PER_FILE > self.workspace_bytes:
+            raise self._invalid(
+                "workspace_files",
+                f"at most one per {WORKSPACE_BYTES_PER_FILE >> 10} KiB of workspace_bytes "
+                f"({self.workspace_bytes // WORKSPACE_BYTES_PER_FILE:,} for {self.workspace_bytes:,} bytes)",
+                ": each entry's inode takes room in the workspace's file system",
+            )
 
     @property
     def memory_bytes(self) -> int:
@@ -301,7 +336,12 @@ class Confinement(_Fields):
     read_only: bool = field(default=True, metadata=_env("ORCH_READ_ONLY", _FLAG))
     """Read-only root filesystem; writable paths come from ``tmpfs``."""
     tmpfs: Mapping[str, str] = field(default_factory=lambda: {"/tmp": "size=256m,mode=1777"})
-    """Size-capped writable mounts (no variable)."""
+    """Size-capped writable mounts besides ``/workspace`` (no variable): scratch, lost on every restore."""
+    workspace_mount: str = field(default="auto", metadata=_env("ORCH_WORKSPACE_MOUNT", _TEXT))
+    """What holds a sandbox's ``/workspace`` (docs/files.md): "image", an ext4 image on the host's disk, not counted in
+    the sandbox's memory (the docker backend, its controller root with ``mkfs.ext4`` and loop devices; else starting a
+    sandbox fails); "tmpfs", memory counted in the sandbox's memory limit; "auto" (the default), the image where it
+    can be made, else the tmpfs (Swarm: always the tmpfs)."""
     cap_drop_all: bool = field(default=True, metadata=_env("ORCH_CAP_DROP_ALL", _FLAG))
     """Drop every Linux capability."""
     no_new_privileges: bool = field(default=True, metadata=_env("ORCH_NO_NEW_PRIVILEGES", _FLAG))
@@ -310,6 +350,12 @@ class Confinement(_Fields):
     def __post_init__(self) -> None:
         self._check_worker_uids()
         self._check_user()
+        if self.workspace_mount not in WORKSPACE_MOUNTS:
+            raise self._invalid("workspace_mount", f"one of {', '.join(WORKSPACE_MOUNTS)}")
+        if any(posixpath.normpath(path) == WORKSPACE for path in self.tmpfs):
+            raise self._invalid(
+                "tmpfs", f"mounts other than {WORKSPACE}", f": the backend mounts {WORKSPACE} (ORCH_WORKSPACE_MOUNT)"
+            )
 
     def _check_user(self) -> None:
         """A non-root container user must be numeric: the sandbox's channel files are handed to its uid (or, under a

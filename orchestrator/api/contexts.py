@@ -2,7 +2,7 @@
 
 A context is a namespace of the session's one worker (README "Contexts" says why not a worker
 of its own), with its own checkpoint keys (``<id>/<name>`` in the session's manifest), its
-own working directory under the sandbox's writable workspace and its own environment
+own working directory under the sandbox's ``/workspace`` (or ``/tmp``) and its own environment
 variables. The session's own namespace is the default context (id ``"default"``). This module
 holds the checks of what a caller asks for (ids, directories, environments) and the naming of a
 context's checkpoint keys; ``Context``, the handle, is in ``session.py`` (each of its calls is the
@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Collection, Mapping
 
 from ..agent.checkpoint_names import CONTEXT_ID, CONTEXT_SEPARATOR
-from ..config import Settings
+from ..config import WORKSPACE, Settings
 from ..errors import ConfigError
 
 DEFAULT_CONTEXT = "default"
@@ -45,38 +45,30 @@ def new_context_id() -> str:
     return f"ctx-{secrets.token_hex(4)}"
 
 
-def workspace(settings: Settings) -> str:
-    """The writable directory in the sandbox under which contexts' directories live: ``/tmp``, or the first tmpfs.
+def writable_dirs(settings: Settings) -> tuple[str, ...]:
+    """The sandbox's writable directories a context may run in: ``/workspace`` first (relative paths start there),
+    then the scratch tmpfs mounts (``/tmp``)."""
+    return (WORKSPACE, *sorted(settings.confinement.tmpfs))
+
+
+def resolve_cwd(roots: tuple[str, ...], context_id: str, cwd: object) -> str:
+    """The absolute directory a context runs in: ``<roots[0]>/contexts/<id>`` by default, a relative ``cwd`` under
+    ``roots[0]``, an absolute one as given; it must stay inside one of ``roots`` (the writable directories).
 
     Raises:
-        ConfigError: the sandbox has no writable directory (``Settings.confinement.tmpfs`` is empty).
+        ConfigError: ``cwd`` is not a str, holds a NUL, or leads outside every root.
     """
-    mounts = sorted(settings.confinement.tmpfs)
-    if "/tmp" in mounts:
-        return "/tmp"
-    if not mounts:
-        raise ConfigError(
-            "contexts need a writable workspace in the sandbox, but Settings.confinement.tmpfs mounts nothing"
-        )
-    return mounts[0]
-
-
-def resolve_cwd(root: str, context_id: str, cwd: object) -> str:
-    """The absolute directory a context runs in: ``<root>/contexts/<id>`` by default, a relative ``cwd`` under
-    ``root``, an absolute one as given; it must stay inside ``root`` (the writable workspace).
-
-    Raises:
-        ConfigError: ``cwd`` is not a str, holds a NUL, or leads outside ``root``.
-    """
+    root = roots[0]
     if cwd is None:
         return posixpath.join(root, CONTEXTS_DIR, context_id)
+    where = " or ".join(roots)
     if not isinstance(cwd, str) or not cwd or "\x00" in cwd:
-        raise ConfigError(f"cwd must be a non-empty path (str) inside the workspace {root}, got {cwd!r}")
+        raise ConfigError(f"cwd must be a non-empty path (str) inside the sandbox's {where}, got {cwd!r}")
     resolved = posixpath.normpath(posixpath.join(root, cwd))
-    if resolved != root and not resolved.startswith(root.rstrip("/") + "/"):
+    if not any(resolved == r or resolved.startswith(r.rstrip("/") + "/") for r in roots):
         raise ConfigError(
-            f"cwd {cwd!r} leads to {resolved}, outside the sandbox's writable workspace {root}; "
-            f"give a path inside {root} (a relative one is taken from there)"
+            f"cwd {cwd!r} leads to {resolved}, outside the sandbox's writable directories ({where}); "
+            f"give a path inside one of them (a relative one is taken from {root})"
         )
     return resolved
 

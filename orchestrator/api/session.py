@@ -29,7 +29,7 @@ from .contexts import (
     resolve_cwd,
     validate_context_id,
     validate_env,
-    workspace,
+    writable_dirs,
 )
 from .events import Event, OnOutput
 from .execution import run_cell
@@ -482,8 +482,8 @@ class Session:
         """Make a new, empty namespace in this session's sandbox, isolated from the others, checkpointed with them.
 
         Args:
-            cwd: its working directory in the sandbox, inside the writable workspace (``/tmp``):
-                relative paths are taken from there; default ``/tmp/contexts/<id>``. Created if missing.
+            cwd: its working directory in the sandbox, inside ``/workspace`` (or the scratch ``/tmp``): relative
+                paths are taken from ``/workspace``; default ``/workspace/contexts/<id>``. Created if missing.
             env: environment variables its cells see, on top of the sandbox's own.
             context_id: its id (letters, digits, ``_``, ``-``); default: a new ``ctx-<hex>``.
 
@@ -496,7 +496,7 @@ class Session:
                 directory could not be made in the sandbox.
         """
         new_id = new_context_id() if context_id is None else validate_context_id(context_id)
-        path = resolve_cwd(workspace(self._settings), new_id, cwd)
+        path = resolve_cwd(writable_dirs(self._settings), new_id, cwd)
         variables = validate_env(env)
         spec = {"cwd": path, "env": variables, "context_count": 0, "history_count": 0}
         header = request_table.context_create_request(new_id, path, variables, self._settings.timeouts.checkpoint)

@@ -19,12 +19,13 @@ import requests.exceptions
 from docker.types import LogConfig
 
 from ..agent.usage import container_usage, cpu_and_peak
-from ..config import Settings
+from ..config import WORKSPACE, Settings
 from ..errors import ConfigError, EngineError, EngineUnavailable, ImageBuildFailed, ImageMissing
 from ..safe_text import last_lines
 from ..wire.endpoint import UnixSocketEndpoint
 from .base import (
     MANAGED,
+    SANDBOX_ID,
     SUPERVISOR_CAPABILITIES,
     Capabilities,
     ContainerState,
@@ -34,6 +35,7 @@ from .base import (
     ResourceUsage,
     SandboxSpec,
 )
+from .workspace import Workspaces
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ class DockerBackend:
         with engine_errors("connecting to the Docker engine"):
             self.client = client or docker.from_env()
             self.client.ping()
+        self.workspaces = Workspaces()
 
     def close(self) -> None:
         """Close the connection pool to the engine."""
@@ -156,12 +159,22 @@ class DockerBackend:
         return UnixSocketEndpoint.open(settings.runtime_dir, sandbox_id, **endpoint_options(settings))
 
     def run_sandbox(self, spec: SandboxSpec, settings: Settings) -> str:
-        """Start one sandbox container with the security settings; return its id.
+        """Start one sandbox container with the security settings and its ``/workspace`` (``workspace.py``), its
+        working directory; return its id.
 
         Raises:
             ImageMissing: ``spec.image`` does not exist.
-            EngineError: the engine refused to create or start it (a container it created is removed again).
+            EngineError: the engine refused to create or start it (a container it created is removed again), or its
+                workspace image could not be made (``WorkspaceMountFailed``, with ``workspace_mount`` "image").
         """
+        workspace = self.workspaces.prepare(spec, settings, self._live_sandboxes)
+        try:
+            return self._run(spec, settings, workspace.volumes, workspace.tmpfs)
+        except BaseException:
+            self.workspaces.release(workspace)
+            raise
+
+    def _run(self, spec: SandboxSpec, settings: Settings, volumes: Mapping[str, Any], tmpfs: Mapping[str, str]) -> str:
         kwargs: dict[str, Any] = {
             "image": spec.image,
             "name": spec.name,
@@ -169,12 +182,12 @@ class DockerBackend:
             "init": True,
             "labels": {MANAGED: "true", **spec.labels},
             "environment": dict(spec.environment),
-            "volumes": {host: {"bind": inside, "mode": "ro"} for host, inside in spec.mounts.items()},
-            "working_dir": "/tmp",
+            "volumes": {**{host: {"bind": inside, "mode": "ro"} for host, inside in spec.mounts.items()}, **volumes},
+            "working_dir": WORKSPACE if volumes or tmpfs else "/tmp",
             "network_mode": f"container:{spec.network_of}" if spec.network_of else settings.confinement.network_mode,
             "user": settings.confinement.user,
             "read_only": settings.confinement.read_only,
-            "tmpfs": dict(settings.confinement.tmpfs),
+            "tmpfs": {**settings.confinement.tmpfs, **tmpfs},
             "mem_limit": settings.limits.memory_bytes,
             "memswap_limit": settings.limits.memory_bytes,
             "nano_cpus": settings.limits.nano_cpus,
@@ -239,15 +252,23 @@ class DockerBackend:
                     raise
 
     def remove(self, container: str) -> None:
-        """Remove a container (by id or name), running or not; missing or already being removed is fine."""
+        """Remove a container (by id or name), running or not, then its workspace image (among its mounts, read
+        first); missing or already being removed is fine."""
+        mounts: list[dict[str, Any]] = []
         with engine_errors(f"removing container {container[:12]}"):
             try:
-                self.client.api.remove_container(container, force=True, v=True)  # no inspect first
+                mounts = self.client.api.inspect_container(container).get("Mounts") or []
+                self.client.api.remove_container(container, force=True, v=True)
             except docker.errors.NotFound:
                 pass
             except docker.errors.APIError as exc:
                 if not (exc.status_code == 409 and "in progress" in str(exc.explanation)):
                     raise
+        self.workspaces.release_mounted(mounts, self._live_sandboxes)
+
+    def _live_sandboxes(self) -> set[str]:
+        """The sandbox ids of every container of ours on this engine, running or not."""
+        return {c.labels[SANDBOX_ID] for c in self.find({}) if SANDBOX_ID in c.labels}
 
     def find(self, labels: Mapping[str, str]) -> list[ContainerState]:
         """Our containers carrying all of ``labels``, found by label, running or not (one listing, no inspects)."""

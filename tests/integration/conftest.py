@@ -22,10 +22,20 @@ from support import close_quietly, closing_orch, kill_and_wait
 
 from orchestrator import Orchestrator, Session, Settings
 from orchestrator.backends.base import MANAGED, SESSION_ID
+from orchestrator.backends.workspace_image import images_dir, release
 from orchestrator.state.controllers import CONTROLLER_PID
 
 RUN_ID = secrets.token_hex(6)
 TEST_LABEL = "orchestrator.test.run"
+
+
+def _remove_dirs(state_dir: Path, runtime_dir: Path) -> None:
+    """Delete a store's directories once its containers are gone, their workspace images unmounted first (``rmtree``
+    must never run into a mounted file system)."""
+    for directory in images_dir(runtime_dir).glob("*"):
+        release(directory)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 def _sweep(state_dir: Path) -> None:
@@ -54,8 +64,7 @@ def settings() -> Iterator[Settings]:
         try:
             _sweep(state_dir)
         finally:
-            shutil.rmtree(state_dir, ignore_errors=True)
-            shutil.rmtree(runtime_dir, ignore_errors=True)
+            _remove_dirs(state_dir, runtime_dir)
 
 
 @pytest.fixture(scope="session")
@@ -80,8 +89,7 @@ def settings_for(settings: Settings) -> Iterator[Callable[..., Settings]]:
             try:
                 _sweep(state_dir)
             finally:
-                shutil.rmtree(state_dir, ignore_errors=True)
-                shutil.rmtree(runtime_dir, ignore_errors=True)
+                _remove_dirs(state_dir, runtime_dir)
 
 
 @pytest.fixture(scope="session")

@@ -44,15 +44,15 @@ def test_contexts_are_isolated_and_each_comes_back_after_a_kill(
 def test_a_context_runs_in_the_cwd_and_env_it_asked_for(session: Session) -> None:
     project = session.create_context(cwd="work/project", env={"PROJECT": "p1"}, context_id="project")
     plain = session.create_context(context_id="plain")
-    assert (project.cwd, project.env) == ("/tmp/work/project", {"PROJECT": "p1"})
-    assert plain.cwd == "/tmp/contexts/plain"
-    assert project.execute(ENVIRONMENT).return_value == "('/tmp/work/project', 'p1', None)"
-    assert plain.execute(ENVIRONMENT).return_value == "('/tmp/contexts/plain', None, None)"
+    assert (project.cwd, project.env) == ("/workspace/work/project", {"PROJECT": "p1"})
+    assert plain.cwd == "/workspace/contexts/plain"
+    assert project.execute(ENVIRONMENT).return_value == "('/workspace/work/project', 'p1', None)"
+    assert plain.execute(ENVIRONMENT).return_value == "('/workspace/contexts/plain', None, None)"
     default = session.execute(ENVIRONMENT).return_value
     assert default is not None and "p1" not in default
     # Files written with relative paths land in the context's directory.
     project.execute("open('notes.txt', 'w').write('hi')")
-    assert session.execute("open('/tmp/work/project/notes.txt').read()").return_value == "'hi'"
+    assert session.execute("open('work/project/notes.txt').read()").return_value == "'hi'"
     assert plain.execute("import os\nos.path.exists('notes.txt')").return_value == "False"
 
 
@@ -118,8 +118,8 @@ def test_unknown_and_destroyed_contexts_are_typed_errors(session: Session) -> No
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"cwd": "../etc"}, "outside the sandbox's writable workspace"),
-        ({"cwd": "/etc"}, "outside the sandbox's writable workspace"),
+        ({"cwd": "../etc"}, "outside the sandbox's writable directories"),
+        ({"cwd": "/etc"}, "outside the sandbox's writable directories"),
         ({"env": {"A=B": "x"}}, "without '='"),
         ({"env": {"A": 1}}, "str value"),
         ({"env": ["A"]}, "mapping"),
@@ -152,6 +152,6 @@ def test_a_worker_crash_in_one_context_restores_every_context(session: Session) 
         ctx.execute("import os\nos._exit(3)")
     assert info.value.restored
     assert ctx.execute("kept, __import__('os').getcwd(), __import__('os').environ['PROJECT']").return_value == (
-        "('ctx', '/tmp/crash', 'c')"
+        "('ctx', '/workspace/crash', 'c')"
     )
     assert session.execute("kept").return_value == "'default'"

@@ -246,7 +246,7 @@ def test_stdin_feeds_input_and_sys_stdin(outcomes: Run) -> None:
 
 def test_files_are_placed_in_the_workspace(outcomes: Run) -> None:
     result = outcomes.result("files")
-    assert result.stdout == "42 hello /tmp\n"
+    assert result.stdout == "42 hello /workspace\n"
 
 
 def test_the_results_file_has_one_flushed_line_per_submission(outcomes: Run) -> None:

@@ -216,6 +216,8 @@ planted = [plant(p) for p in [
     '/tmp/dill.py', '/tmp/orchestrator_agent/__init__.py', '/tmp/orchestrator_agent/worker.py',
     '/tmp/worker.py', '/tmp/protocol.py', '/tmp/checkpoint.py', '/tmp/cells.py', '/tmp/capture.py',
     '/tmp/sitecustomize.py', '/tmp/usercustomize.py', '/tmp/pickle.py', '/tmp/json.py', '/tmp/traceback.py',
+    '/workspace/dill.py', '/workspace/orchestrator_agent/worker.py', '/workspace/json.py',  # the working directory
+    '/workspace/sitecustomize.py', '/workspace/worker.py', '/workspace/pickle.py',
 ]]
 planted += [plant(os.path.join(d, 'planted.pth'), 'import os; ' + MARK) for d in user_sites]
 planted += [plant(os.path.join(d, 'sitecustomize.py')) for d in user_sites]
@@ -227,8 +229,8 @@ del plant, MARK, version, user_sites
 """
 CHECK = (
     "import dill, os, sys, orchestrator_agent.worker as agent_worker\n"
-    "(os.path.exists('/tmp/planted-ran'), dill.__file__.startswith('/tmp'), agent_worker.__file__,"
-    " [p for p in sys.path if not p.startswith('/') or p.startswith('/tmp')], kept)"
+    "(os.path.exists('/tmp/planted-ran'), dill.__file__.startswith(('/tmp', '/workspace')), agent_worker.__file__,"
+    " [p for p in sys.path if not p.startswith('/') or p.startswith(('/tmp', '/workspace'))], kept)"
 )
 
 
@@ -239,7 +241,7 @@ def planted(orch: Orchestrator, run_id: str) -> Iterator[Session]:
         assert s.execute("kept = 41").ok
         paths = value(s, PLANT)
         assert isinstance(paths, list)
-        assert "/tmp/dill.py" in paths and "/tmp/orchestrator_agent/worker.py" in paths
+        assert {"/tmp/dill.py", "/tmp/orchestrator_agent/worker.py", "/workspace/dill.py"} <= set(paths)
         assert any(p.endswith("planted.pth") for p in paths), paths
         yield s
     finally:

@@ -40,7 +40,7 @@ from docker.types import (
 from docker.types import Placement as SwarmPlacement
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, stop_when_event_set, wait_fixed
 
-from ...config import Settings
+from ...config import WORKSPACE, Settings
 from ...errors import ConfigError, EngineError, RelayUnavailable
 from ...units import parse_size
 from ...wire.endpoint import leftover_dir_grace
@@ -58,6 +58,8 @@ from ..base import (
     SandboxSpec,
 )
 from ..docker import DockerBackend, endpoint_options, engine_errors
+from ..workspace import tmpfs_options
+from ..workspace_image import WorkspaceMountFailed
 from .nodes import Node, choose, parse_constraint
 from .relay_client import NodeDirectory, RelayClient, RelayEndpoint
 from .relay_service import ROLE, RelayFleet
@@ -243,11 +245,19 @@ class SwarmBackend:
     ) -> TaskTemplate:
         mounts = [Mount(inside, host, type="bind", read_only=True) for host, inside in spec.mounts.items()]
         mounts += [_tmpfs(path, options) for path, options in settings.confinement.tmpfs.items()]
+        if settings.confinement.workspace_mount == "image":
+            raise WorkspaceMountFailed(
+                "Swarm nodes hold /workspace in a tmpfs, counted in the sandbox's memory (no node mounts images yet): "
+                "ORCH_WORKSPACE_MOUNT=image needs Settings.backend='docker'; use auto or tmpfs"
+            )
+        # The workspace is always a tmpfs here, counted in the memory limit, until a node's relay mounts images; a
+        # service's tmpfs takes no owner, so it is 1777 for the worker's uid, and no entry bound (docs/files.md).
+        mounts.append(_tmpfs(WORKSPACE, tmpfs_options(settings.limits, owner=None)))
         container = ContainerSpec(
             image=spec.image,
             command=list(spec.command) if spec.command is not None else None,
             env=dict(spec.environment),
-            workdir="/tmp",
+            workdir=WORKSPACE,
             user=settings.confinement.user,
             labels=dict(labels),
             mounts=mounts,

@@ -100,7 +100,7 @@ def test_the_calls_of_a_session_its_contexts_and_its_tool(tmp_path: Path) -> Non
                 assert await session.get_context_count(context="other") == 1 == created.sync.get_context_count()
                 with pytest.raises(orchestrator.ConfigError, match="of another session"):
                     await session.set_value("w", "four", context=Context(orch.sync, "other"))  # type: ignore[arg-type]
-                assert created.cwd == "/tmp/contexts/other" and created.env == {} and created.variables == []
+                assert created.cwd == "/workspace/contexts/other" and created.env == {} and created.variables == []
                 items = [item async for item in created.stream("v = 'five'")]
                 assert items[-1].ok  # type: ignore[union-attr]
                 await session.reset(context=created)

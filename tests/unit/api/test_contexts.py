@@ -14,14 +14,14 @@ from orchestrator.api.contexts import (
     resolve_cwd,
     validate_context_id,
     validate_env,
-    workspace,
+    writable_dirs,
 )
 from orchestrator.config import Confinement, Settings
 from orchestrator.errors import CheckpointError, ConfigError, ProtocolError
 from orchestrator.state.store import SessionRecord
 
 D1 = "1" * 32
-SPEC = {"cwd": "/tmp/contexts/a", "env": {"K": "v"}, "context_count": 0, "history_count": 0}
+SPEC = {"cwd": "/workspace/contexts/a", "env": {"K": "v"}, "context_count": 0, "history_count": 0}
 
 
 @pytest.mark.parametrize("good", ["a", "ctx-1", "Project_2", "x" * 64, new_context_id()])
@@ -35,32 +35,33 @@ def test_bad_context_ids_are_config_errors(bad):
         validate_context_id(bad)
 
 
+ROOTS = ("/workspace", "/tmp")
+
+
 @pytest.mark.parametrize(
     ("cwd", "resolved"),
     [
-        (None, "/tmp/contexts/a"),
-        ("project", "/tmp/project"),
-        ("work/./p/../q", "/tmp/work/q"),
+        (None, "/workspace/contexts/a"),
+        ("project", "/workspace/project"),
+        ("work/./p/../q", "/workspace/work/q"),
         ("/tmp/x", "/tmp/x"),
         ("/tmp", "/tmp"),
-        (".", "/tmp"),
+        (".", "/workspace"),
     ],
 )
-def test_cwd_resolves_inside_the_workspace(cwd, resolved):
-    assert resolve_cwd("/tmp", "a", cwd) == resolved
+def test_cwd_resolves_inside_a_writable_dir(cwd, resolved):
+    assert resolve_cwd(ROOTS, "a", cwd) == resolved
 
 
-@pytest.mark.parametrize("cwd", ["..", "../etc", "/etc", "/tmpx", "/tmp/../root", "", "a\x00b", 5])
-def test_cwd_outside_the_workspace_is_refused(cwd):
-    with pytest.raises(ConfigError, match="workspace"):
-        resolve_cwd("/tmp", "a", cwd)
+@pytest.mark.parametrize("cwd", ["..", "../etc", "/etc", "/tmpx", "/workspacex", "/tmp/../root", "", "a\x00b", 5])
+def test_cwd_outside_the_writable_dirs_is_refused(cwd):
+    with pytest.raises(ConfigError, match="/workspace or /tmp"):
+        resolve_cwd(ROOTS, "a", cwd)
 
 
-def test_the_workspace_is_a_writable_tmpfs():
-    assert workspace(Settings()) == "/tmp"
-    assert workspace(Settings(confinement=Confinement(tmpfs={"/work": "size=1m"}))) == "/work"
-    with pytest.raises(ConfigError, match="tmpfs"):
-        workspace(Settings(confinement=Confinement(tmpfs={})))
+def test_the_writable_dirs_are_the_workspace_then_the_tmpfs_mounts():
+    assert writable_dirs(Settings()) == ROOTS
+    assert writable_dirs(Settings(confinement=Confinement(tmpfs={}))) == ("/workspace",)
 
 
 def test_env_is_checked_and_copied():
