@@ -556,10 +556,6 @@ def _check_digest(header: request_table.LoadRequest, blob: memoryview) -> Future
     return background.beside().submit(lambda: blob_format.blob_digest(blob) == digest)
 
 
-def _no_blobs(blob_digest: str) -> AbstractContextManager[memoryview]:
-    raise AssertionError(f"an empty restore read blob {blob_digest}")
-
-
 def _quietly(call: Callable[[], Any]) -> Any:
     """Best effort while already failing: the first error is the one to report."""
     with contextlib.suppress(OrchestratorError):
