@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import ledger_support
 import pytest
 
-from orchestrator.errors import CheckpointError, CheckpointLimitExceeded, ProtocolError
+from orchestrator.errors import CheckpointError, CheckpointLimitExceeded, CheckpointQuotaExceeded, ProtocolError
 from orchestrator.state import files
 from orchestrator.state.ledger import CheckpointLedger
 from orchestrator.state.store import SessionStore
@@ -209,6 +209,9 @@ def test_file_blobs_count_in_the_quota_and_entries_are_bounded(store, ledger):
         commit(ledger, 2, [change("b", f(B)), change("c", f(C))], sent=[B, C])
     commit(ledger, 2, [change("b", f(B))], deleted=["latest"], sent=[B])  # 4 entries: within
     assert blob_files(store) == {A, B} and len(store.load("s-files").files) == 3
+    ledger.quota = 20
+    with pytest.raises(CheckpointQuotaExceeded):
+        ledger.check_room(["v"], 10, "a value")  # a host-made value counts the files' 11 bytes too
 
 
 def test_history_keeps_a_file_blob_a_kept_generation_names_and_rewind_brings_the_map_back(store, ledger):
