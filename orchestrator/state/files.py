@@ -193,8 +193,9 @@ def unsaved(report: Mapping[str, str]) -> dict[str, str]:
     return {UNSAVED_PREFIX + path: reason for path, reason in report.items()}
 
 
-def loaded(value: Any) -> dict[str, Entry]:
-    """A stored map, checked whole (paths, entries, tree, bounds: up to ``MAX_FILE_ENTRIES``), entries as tuples.
+def loaded(value: Any, known: Mapping[str, Entry]) -> dict[str, Entry]:
+    """A stored map, checked whole (paths, entries, tree, bounds: up to ``MAX_FILE_ENTRIES``), entries as tuples;
+    an entry ``known`` holds (another generation's map, checked) is that very tuple, not checked again.
 
     Raises:
         ValueError: anything is off.
@@ -205,6 +206,10 @@ def loaded(value: Any) -> dict[str, Entry]:
     for path, entry in value.items():
         if not isinstance(entry, list) or len(entry) != 4:
             raise ValueError(f"an entry is not [kind, mode, mtime_ns, ref]: {_shown(path)}")
+        same = known.get(path)
+        if same is not None and same == tuple(entry):  # kept generations repeat most of the current one's
+            result[path] = same
+            continue
         problem = path_problem(path) or entry_problem(*entry)
         if problem is not None:
             raise ValueError(problem)

@@ -232,11 +232,16 @@ class SessionRecord:
         history = data.get("history", [])
         if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
             raise ValueError("invalid field(s): history")
+        workspace = _loaded_files(data, "files", {})
         try:
-            snapshots = [Snapshot(**{**entry, "files": _loaded_files(entry, "history")}) for entry in history]
+            snapshots = [
+                Snapshot(**{**entry, "files": _loaded_files(entry, "history", workspace)}) for entry in history
+            ]
         except TypeError:
             raise ValueError("invalid field(s): history") from None
-        record = cls(**{**data, "history": snapshots, "files": _loaded_files(data, "files")})
+        record = cls(**{**data, "history": snapshots, "files": workspace})
+        manifest = _manifest_checks(record.variables, record.blob_sizes, record.contexts, record.files, {})
+        known = record.blob_sizes if manifest["blob_sizes"] else {}  # kept generations repeat most of its blobs
         checks = {
             "session_id": record.session_id == session_id,
             "image": isinstance(record.image, str),
@@ -252,13 +257,13 @@ class SessionRecord:
             "container_id": record.container_id is None or bool(_CONTAINER_ID.match(str(record.container_id))),
             "labels": _str_map(record.labels),
             "placement": _placement(record.placement),
-            **_manifest_checks(record.variables, record.blob_sizes, record.contexts, record.files),
+            **manifest,
             "files_changed": files_map.changed_list_ok(record.files_changed),
             "committed_at": is_number(record.committed_at),
             "changed": isinstance(record.changed, list) and all(isinstance(name, str) for name in record.changed),
             "unsaved": _str_map(record.unsaved),
             "rewound_from": record.rewound_from is None or is_count(record.rewound_from),
-            "history": all(_snapshot_ok(s) for s in record.history)
+            "history": all(_snapshot_ok(s, known) for s in record.history)
             and all(a.generation < b.generation for a, b in itertools.pairwise(record.history))
             and all(s.generation < record.generation for s in record.history),
             "forked_from": record.forked_from == {}
@@ -305,26 +310,31 @@ def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=32).digest()
 
 
-def _loaded_files(data: dict[str, Any], name: str) -> dict[str, files_map.Entry]:
-    """The ``files`` map of a stored record or kept generation, checked whole (``files.loaded``)."""
+def _loaded_files(data: dict[str, Any], name: str, known: dict[str, files_map.Entry]) -> dict[str, files_map.Entry]:
+    """The ``files`` map of a stored record or kept generation, checked whole (``files.loaded``; ``known``: the
+    current generation's, whose entries a kept one shares)."""
     try:
-        return files_map.loaded(data.get("files", {}))
+        return files_map.loaded(data.get("files", {}), known)
     except ValueError as exc:
         raise ValueError(f"invalid field(s): {name} ({exc})") from None
 
 
 def _manifest_checks(
-    variables: Any, blob_sizes: Any, contexts: Any, files: dict[str, files_map.Entry]
+    variables: Any, blob_sizes: Any, contexts: Any, files: dict[str, files_map.Entry], known: dict[str, int]
 ) -> dict[str, bool]:
     """Whether each part of a manifest can be read back: valid names and blob ids, sizes for every blob (the values'
-    and the workspace files'), contexts that exist; ``files`` is checked already (``_loaded_files``)."""
+    and the workspace files'), contexts that exist; ``files`` is checked already (``_loaded_files``), and so is
+    a blob with the size ``known`` (the current generation's ``blob_sizes``) gives it."""
     variables_ok = _str_map(variables) and all(
         checkpoint_key_problem(k) is None and BLOB_ID.match(v) for k, v in variables.items()
     )
     return {
         "variables": variables_ok,
         "blob_sizes": isinstance(blob_sizes, dict)
-        and all(isinstance(k, str) and BLOB_ID.match(k) and is_count(v) for k, v in blob_sizes.items())
+        and all(
+            (type(v) is int and known.get(k) == v) or (isinstance(k, str) and BLOB_ID.match(k) and is_count(v))
+            for k, v in blob_sizes.items()
+        )
         and variables_ok
         and set(variables.values()) | files_map.digests(files) <= set(blob_sizes),
         "contexts": isinstance(contexts, dict)
@@ -334,11 +344,12 @@ def _manifest_checks(
     }
 
 
-def _snapshot_ok(snapshot: Snapshot) -> bool:
+def _snapshot_ok(snapshot: Snapshot, known: dict[str, int]) -> bool:
+    manifest = _manifest_checks(snapshot.variables, snapshot.blob_sizes, snapshot.contexts, snapshot.files, known)
     return (
         is_count(snapshot.generation)
         and is_number(snapshot.at)
-        and all(_manifest_checks(snapshot.variables, snapshot.blob_sizes, snapshot.contexts, snapshot.files).values())
+        and all(manifest.values())
         and files_map.changed_list_ok(snapshot.files_changed)
         and is_count(snapshot.context_count)
         and is_count(snapshot.history_count)

@@ -210,13 +210,7 @@ def parse_delta(header: dict[str, Any]) -> CheckpointDelta:
         blobs=entries,
         vars=changed,
         deleted=deleted,
-        unsaved=expect_str_map(
-            delta,
-            "unsaved",
-            entries=checkpoint_names.MAX_UNSAVED_NAMES,
-            key_chars=key_chars,
-            value_chars=checkpoint_names.MAX_REASON_CHARS,
-        ),
+        unsaved=_unsaved(delta, key_chars),
     )
     if delta.get("files") is not None:
         parsed["files"] = _parse_files(expect(delta, "files", dict))
@@ -234,14 +228,18 @@ def _parse_files(files: dict[str, Any]) -> FilesDelta:
         raise ProtocolError(f"checkpoint files 'deleted' must list paths of at most {MAX_PATH_CHARS} characters")
     if len({entry[0] for entry in changed}) != len(changed) or len(set(deleted)) != len(deleted):
         raise ProtocolError("checkpoint files list a path twice")
-    unsaved = expect_str_map(
-        files,
+    return FilesDelta(changed=changed, deleted=deleted, unsaved=_unsaved(files, MAX_PATH_CHARS))
+
+
+def _unsaved(header: dict[str, Any], key_chars: int) -> dict[str, str]:
+    """An ``unsaved`` report: at most ``MAX_UNSAVED_NAMES`` names of ``key_chars`` with their reasons."""
+    return expect_str_map(
+        header,
         "unsaved",
         entries=checkpoint_names.MAX_UNSAVED_NAMES,
-        key_chars=MAX_PATH_CHARS,
+        key_chars=key_chars,
         value_chars=checkpoint_names.MAX_REASON_CHARS,
     )
-    return FilesDelta(changed=changed, deleted=deleted, unsaved=unsaved)
 
 
 def _file_change(entry: object) -> FileChange:
