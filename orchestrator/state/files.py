@@ -151,9 +151,14 @@ def limits(files: Mapping[str, Entry], max_entries: int) -> list[tuple[str, int,
     """``(unit, held, limit)`` of each bound of the map: its entries (``max_entries``, the session's
     ``workspace_files``, at most ``MAX_FILE_ENTRIES``) and its paths' stored bytes."""
     return [
-        ("workspace entries", len(files), min(max_entries, MAX_FILE_ENTRIES)),
+        ("workspace entries", len(files), entry_limit(max_entries)),
         ("workspace path bytes", path_bytes(files), MAX_MAP_PATH_BYTES),
     ]
+
+
+def entry_limit(max_entries: int) -> int:
+    """The entries a session's workspace may hold: its ``workspace_files``, never past ``MAX_FILE_ENTRIES``."""
+    return min(max_entries, MAX_FILE_ENTRIES)
 
 
 def path_bytes(files: Iterable[str]) -> int:

@@ -471,6 +471,8 @@ class CheckpointLedger:
         changes: dict[str, Any] = {"unsaved": unsaved, "generation": delta["generation"], **(counters or {})}
         workspace_files = self.record.files
         if workspace is not None and moved:
+            entries = files.entry_limit(self.workspace_files)  # the changed paths alone, before any is checked
+            self._refuse_over([("workspace entries", len(workspace["changed"]), entries)])
             workspace_files, file_sizes = _files_after(self.record, workspace, blobs)
             sizes.update(file_sizes)
             listed = itertools.chain((entry[0] for entry in workspace["changed"]), workspace["deleted"])
@@ -523,6 +525,10 @@ class CheckpointLedger:
             limits.append(("name bytes", _key_bytes(variables), checkpoint_names.MAX_CHECKPOINT_NAME_BYTES))
         if not workspace.keys() <= before.files.keys():  # only added paths grow the workspace's map
             limits.extend(files.limits(workspace, self.workspace_files))
+        self._refuse_over(limits)
+
+    def _refuse_over(self, limits: list[tuple[str, int, int]]) -> None:
+        """Raise CheckpointLimitExceeded for the first ``(unit, held, limit)`` whose ``held`` is over its limit."""
         for unit, held, limit in limits:
             if held > limit:
                 had = self._holding(unit)  # counted only here: a commit within its limits does not pay for it

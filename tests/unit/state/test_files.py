@@ -207,6 +207,10 @@ def test_file_blobs_count_in_the_quota_and_entries_are_bounded(store, ledger):
     ledger.quota, ledger.workspace_files = 10_000, 4
     with pytest.raises(CheckpointLimitExceeded, match="4 workspace entries"):
         commit(ledger, 2, [change("b", f(B)), change("c", f(C))], sent=[B, C])
+    ledger.workspace_files = 1
+    with pytest.raises(CheckpointLimitExceeded, match="2 workspace entries"):  # counted before any is checked
+        commit(ledger, 2, [change("b", f(B)), change("c", f(C))], sent=[B, C])
+    ledger.workspace_files = 4
     commit(ledger, 2, [change("b", f(B))], deleted=["latest"], sent=[B])  # 4 entries: within
     assert blob_files(store) == {A, B} and len(store.load("s-files").files) == 3
     ledger.quota = 20
