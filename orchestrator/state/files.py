@@ -16,7 +16,7 @@ record it reads (``loaded``), so what is committed can be read back and nothing 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 from ..agent.reply_types import FileChange
@@ -161,7 +161,7 @@ def entry_limit(max_entries: int) -> int:
     return min(max_entries, MAX_FILE_ENTRIES)
 
 
-def path_bytes(files: Iterable[str]) -> int:
+def path_bytes(files: Collection[str]) -> int:
     """Bytes of the paths as the record stores them; counted by characters when that bound already settles it."""
     chars = sum(map(len, files))
     if 4 * chars <= MAX_MAP_PATH_BYTES:  # a character is at most 4 bytes
@@ -239,8 +239,9 @@ def _is_more(text: str) -> bool:
 
 
 def _removed_parent(path: str, before: Mapping[str, Entry], after: Mapping[str, Entry]) -> bool:
+    """Whether ``path``'s directory is gone too (removed, or something else now)."""
     parent = path.rpartition("/")[0]
-    return bool(parent) and parent in before and after.get(parent) != before[parent]
+    return bool(parent) and parent in before and after.get(parent, ("",))[0] != DIRECTORY
 
 
 def _under(path: str, directories: set[str]) -> bool:

@@ -122,6 +122,8 @@ def test_apply_sets_deletes_and_removes_what_a_deleted_directory_held():
     assert after == {"dx": f(B), "k": f(B), "n": f(A)}
     assert before["d/e/x"] == f(A)  # a new map: the old one is unchanged
     assert files.changed_paths(before, after, ["n", "k", "d", "gone-already"]) == ["d", "k", "n"]
+    touched = {**files.apply(before, {}, ["d/e/x"]), "d": ("d", 0o700, T, "")}  # a file gone, its directory's mode
+    assert files.changed_paths(before, touched, ["d/e/x", "d"]) == ["d", "d/e/x"]
 
 
 def test_apply_keeps_a_tree():
