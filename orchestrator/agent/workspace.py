@@ -1,0 +1,523 @@
+"""The files of ``/workspace`` as part of the checkpoint: what changed since the last one, and a restore.
+
+Runs in the sandbox worker (standard library only). After every call the worker asks for the
+``files`` part of the checkpoint delta (docs/design/workspace.md, "The delta"): the entries created
+or changed, the paths deleted, and what cannot be saved with the reason, plus the new content
+blobs, each file's bytes named by ``blob_format.blob_digest`` as values' blobs are. A call that
+changed no file costs no scan: inotify events say which paths to look at, and without events
+nothing is looked at ("Tracking changes without a scan"). When the events cannot be trusted (the
+queue overflowed, a directory has no watch, the descriptor was closed or replaced by the cell, no
+inotify at all, after a restore) the next delta walks the tree instead, reading only files whose
+``lstat`` changed. What is sent becomes the baseline: the store holds it.
+
+The worker's hooks: ``start`` once, ``delta`` + ``attach`` at every checkpoint, and
+``begin_restore``, ``put`` per ``files_put`` batch and ``finish_restore`` on the restore path.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Container, Dict, List, Optional, Set, Tuple
+
+from . import blob_format, checkpoint
+from . import workspace_disk as disk
+from . import workspace_inotify as inotify
+from .protocol import BadRequest
+
+MAX_MTIME_NS = 1 << 63
+_KEPT = "; its last saved version is kept"
+
+Row = list  # a changed entry as the delta lists it: [path, kind, mode, mtime_ns, ref, size]
+
+
+class _Saved:
+    """An entry as the store holds it, and the ``lstat`` it was saved from (``key``: None until known)."""
+
+    __slots__ = ("key", "kind", "mode", "mtime_ns", "ref", "size")
+
+    def __init__(self, kind: str, mode: int, mtime_ns: int, ref: str, size: int, key: Optional[tuple]) -> None:
+        self.kind = kind
+        self.mode = mode
+        self.mtime_ns = mtime_ns
+        self.ref = ref
+        self.size = size
+        self.key = key
+
+    def row(self, path: str) -> Row:
+        return [path, self.kind, self.mode, self.mtime_ns, self.ref, self.size]
+
+    def same_record(self, other: "_Saved") -> bool:
+        return self.row("") == other.row("")
+
+
+class _Run:
+    """One delta in the making: rows, deletions, and the blobs the host does not hold yet."""
+
+    def __init__(self, held: Container[str], had: Set[str]) -> None:
+        self.held = held  # the values' blobs the host holds
+        self.had = had  # the blobs the workspace's baseline held when the delta began: the host holds them
+        self.sent: Set[str] = set()
+        self.blobs: List[checkpoint.Blob] = []
+        self.changed: List[Row] = []
+        self.deleted: List[str] = []
+
+    def send(self, blob: checkpoint.Blob) -> None:
+        digest = blob.digest
+        if digest not in self.held and digest not in self.had and digest not in self.sent:
+            self.sent.add(digest)
+            self.blobs.append(blob)
+
+
+def _parent(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+def _under(path: str, roots: Set[str]) -> bool:
+    """True when an ancestor of ``path`` (not ``path`` itself) is in ``roots``."""
+    while path:
+        path = _parent(path)
+        if path in roots:
+            return True
+    return False
+
+
+class Workspace:
+    """The tracked directory tree under ``root``: its baseline (what the store holds), watches and bounds.
+
+    Args:
+        root: the workspace directory (``/workspace``); never followed through a link below it.
+        max_entries: files, directories and links saved at most (the rest is named in ``unsaved``).
+        max_bytes: bytes of files saved at most, all files together.
+        max_file_bytes: bytes of one file saved at most.
+    """
+
+    def __init__(self, root: str, max_entries: int, max_bytes: int, max_file_bytes: int) -> None:
+        self.root = os.path.realpath(root)
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.max_file_bytes = max_file_bytes
+        self._saved: Dict[str, _Saved] = {}
+        self._refs: Dict[str, int] = {}  # digest -> saved files holding it
+        self._bytes = 0  # sizes of the saved files, added up
+        self._unsaved: Dict[str, str] = {}  # path -> why it is not saved now (complete)
+        self._reported: Dict[str, str] = {}  # the unsaved of the last delta that listed files
+        self._events: Optional[inotify.Inotify] = None
+        self._wd_path: Dict[int, str] = {}
+        self._path_wd: Dict[str, int] = {}
+        self._blind = False  # a directory could not be watched: only a scan sees everything
+        self._rescan: Optional[str] = "the workspace was not scanned yet"  # why the next delta walks the tree
+        self._restored_dirs: List[Tuple[str, int, int]] = []
+        self.last_scan: Optional[str] = None  # why the last full scan happened (diagnostics, tests)
+
+    # -- the worker's hooks
+
+    def start(self) -> None:
+        """Make the inotify descriptor; the first delta walks the tree and reports what it holds."""
+        self._events = inotify.Inotify.open()
+        self._rescan = "the workspace was not scanned yet"
+
+    def close(self) -> None:
+        self._stop_watching()
+
+    def delta(self, held: Container[str]) -> Tuple[Optional[dict], List[checkpoint.Blob]]:
+        """What changed since the last delta (or restore): the delta's ``files`` object and the new blobs.
+
+        ``files`` is None when nothing changed (``unsaved`` included); else ``unsaved`` in it is
+        complete. The blobs are the contents of changed files that neither ``held`` (the blobs the
+        host holds for values) nor the workspace's baseline holds, each once; identical files share
+        one. What is returned is the new baseline.
+        """
+        dirty = self._pending()
+        if dirty is not None and not dirty:
+            return None, []
+        run = _Run(held, set(self._refs))
+        fds = disk.DirFds(self.root)
+        try:
+            if dirty is None:
+                self._scan(run, fds)
+            else:
+                self._update(dirty | set(self._unsaved), run, fds)
+        finally:
+            fds.close()
+        if not (run.changed or run.deleted) and self._unsaved == self._reported:
+            return None, []
+        self._reported = dict(self._unsaved)
+        unsaved = checkpoint.listed(dict(sorted(self._unsaved.items())))
+        return {"changed": run.changed, "deleted": sorted(run.deleted), "unsaved": unsaved}, run.blobs
+
+    # -- events
+
+    def _pending(self) -> Optional[Set[str]]:
+        """The paths events named since the last delta; None when events cannot be trusted (walk the tree)."""
+        if self._blind and self._rescan is None:
+            self._rescan = "a directory could not be watched"
+        dirty: Set[str] = set()
+        if self._events is None:
+            self._rescan = self._rescan or "no inotify"
+        elif not self._events.intact():
+            self._restart_watching()
+            self._rescan = "the inotify descriptor was closed or replaced"
+        else:
+            try:
+                events = self._events.read()
+            except OSError:
+                self._restart_watching()
+                self._rescan = "the inotify descriptor could not be read"
+            else:
+                self._mark(events, dirty)
+        return None if self._rescan is not None else dirty
+
+    def _mark(self, events: List[inotify.Event], dirty: Set[str]) -> None:
+        for wd, mask, name in events:
+            if mask & (inotify.IN_Q_OVERFLOW | inotify.IN_UNMOUNT):
+                self._rescan = "inotify's queue overflowed"
+                continue
+            path = self._wd_path.get(wd)
+            if path is None:
+                continue
+            if mask & inotify.IN_IGNORED:  # the watch is gone (its directory was deleted, or we removed it)
+                del self._wd_path[wd]
+                if self._path_wd.get(path) == wd:
+                    del self._path_wd[path]
+                continue
+            if name:
+                dirty.add(disk.record_path(path, name))
+            if path:  # the directory itself: its mtime moved, or it went
+                dirty.add(path)
+
+    def _watch(self, path: str, fd: int) -> None:
+        if self._events is None:
+            return
+        try:
+            wd = self._events.add(fd, os.path.join(os.fsencode(self.root), disk.os_name(path)))
+        except inotify.WatchFailed:
+            self._blind = True
+            return
+        old = self._wd_path.get(wd)
+        if old is not None and old != path:  # a directory watched before under another name: it moved
+            self._path_wd.pop(old, None)
+        self._wd_path[wd] = path
+        self._path_wd[path] = wd
+
+    def _forget_watch(self, path: str) -> None:
+        wd = self._path_wd.pop(path, None)
+        if wd is not None and self._wd_path.get(wd) == path:
+            del self._wd_path[wd]
+
+    def _unwatch(self, roots: Set[str]) -> None:
+        """Drop the watches of these directories and of everything under them (they went or are not directories)."""
+        for path in [p for p in self._path_wd if p in roots or _under(p, roots)]:
+            wd = self._path_wd[path]
+            self._forget_watch(path)
+            if self._events is not None:
+                self._events.remove(wd)
+
+    def _stop_watching(self) -> None:
+        if self._events is not None:
+            self._events.close()
+        self._events = None
+        self._wd_path.clear()
+        self._path_wd.clear()
+
+    def _restart_watching(self) -> None:
+        self._stop_watching()
+        self._events = inotify.Inotify.open()
+
+    # -- looking at the tree
+
+    def _scan(self, run: _Run, fds: disk.DirFds) -> None:
+        """Walk everything (events could not be trusted): rewatch every directory, compare every entry."""
+        self.last_scan, self._rescan, self._blind = self._rescan, None, False
+        old_watches = dict(self._wd_path)
+        self._wd_path.clear()
+        self._path_wd.clear()
+        seen: Dict[str, os.stat_result] = {}
+        unlisted: Dict[str, str] = {}
+        root_fd = fds.get("")
+        if root_fd is None:
+            raise OSError("the workspace %s is not a directory" % self.root)
+        disk.walk("", root_fd, self._watch, seen, unlisted)
+        if self._events is not None:
+            for wd in set(old_watches) - set(self._wd_path):
+                self._events.remove(wd)
+        listed_roots = set(unlisted)
+        gone = {p for p in self._saved if p not in seen and not _under(p, listed_roots)}
+        self._unsaved = {}
+        self._reconcile(seen, gone, unlisted, run, fds)
+
+    def _update(self, dirty: Set[str], run: _Run, fds: disk.DirFds) -> None:
+        """Look at the paths events named, and walk the directories that are new (or not watched)."""
+        seen: Dict[str, os.stat_result] = {}
+        missing: Set[str] = set()
+        unlisted: Dict[str, str] = {}
+        for path in sorted(dirty):
+            if path in seen or _under(path, missing):
+                continue
+            parent, name = disk.split(path)
+            parent_fd = fds.get(parent)
+            st = None if parent_fd is None else disk.lstat(parent_fd, name)
+            if st is None:
+                missing.add(path)
+                continue
+            seen[path] = st
+            prev = self._saved.get(path)
+            if stat.S_ISDIR(st.st_mode) and (prev is None or prev.kind != "d" or path not in self._path_wd):
+                dir_fd = fds.get(path)
+                if dir_fd is None:
+                    unlisted[path] = "it could not be opened"
+                else:
+                    disk.walk(path, dir_fd, self._watch, seen, unlisted)
+        not_dirs = {p for p in missing if p in self._saved} | {
+            p for p, st in seen.items() if p in self._saved and not stat.S_ISDIR(st.st_mode)
+        }
+        went = {p for p in not_dirs if self._saved[p].kind == "d"}
+        gone = {p for p in missing if p in self._saved}
+        if went:
+            gone.update(p for p in self._saved if _under(p, went))
+            self._unwatch(went)
+        for path in [p for p in self._unsaved if p in seen or p in missing or _under(p, missing | went)]:
+            del self._unsaved[path]
+        self._reconcile(seen, gone, unlisted, run, fds)
+
+    def _reconcile(
+        self, seen: Dict[str, os.stat_result], gone: Set[str], unlisted: Dict[str, str], run: _Run, fds: disk.DirFds
+    ) -> None:
+        """Drop what went, then save what was seen, parents first; the rest goes in ``unsaved``."""
+        for path in gone:
+            self._drop(path)
+        run.deleted.extend(p for p in gone if _parent(p) not in gone)
+        for path in sorted(seen):
+            self._consider(path, seen[path], run, fds)
+        for path, reason in unlisted.items():
+            if path in self._saved:
+                self._unsaved[path] = "its entries cannot be listed (%s); their last saved versions are kept" % reason
+
+    def _consider(self, path: str, st: os.stat_result, run: _Run, fds: disk.DirFds) -> None:
+        prev = self._saved.get(path)
+        if prev is not None and prev.key == disk.stat_key(st):  # unchanged: the common case of a scan
+            return
+        parent = _parent(path)
+        if parent and (parent not in self._saved or self._saved[parent].kind != "d"):
+            return  # under a directory that is not saved: its own entry in ``unsaved`` covers this one
+        reason = disk.path_problem(path)
+        entry: Optional[_Saved] = None
+        if reason is None:
+            for _attempt in range(2):
+                try:
+                    entry = self._entry(path, st, run, fds)
+                    break
+                except disk.Unsaved as exc:
+                    reason = str(exc)
+                    break
+                except disk.Raced:
+                    parent_fd = fds.get(parent)
+                    again = None if parent_fd is None else disk.lstat(parent_fd, disk.split(path)[1])
+                    if again is None:  # it went meanwhile: the next events say so too
+                        return
+                    st = again
+            else:
+                reason = "it kept changing while it was read"
+        if entry is None:
+            if stat.S_ISDIR(st.st_mode):
+                reason = "%s (with everything in it)" % reason
+            self._unsaved[path] = reason + _KEPT if path in self._saved else reason
+            return
+        prev = self._saved.get(path)
+        if prev is not entry:  # a directory that is a directory no more lost its entries in _update or _scan
+            if prev is None or not prev.same_record(entry):
+                run.changed.append(entry.row(path))
+            self._drop(path)
+            self._hold(path, entry)
+
+    def _entry(self, path: str, st: os.stat_result, run: _Run, fds: disk.DirFds) -> _Saved:
+        """The entry to save for ``path`` as ``lstat`` found it (the saved one itself when unchanged).
+
+        Raises:
+            disk.Unsaved: it cannot be saved.
+            disk.Raced: it changed under us.
+        """
+        kind = disk.kind_of(st.st_mode)
+        if kind is None:
+            raise disk.Unsaved(disk.special_reason(st.st_mode))
+        prev = self._saved.get(path)
+        key = disk.stat_key(st)
+        if prev is not None and prev.key == key:
+            return prev
+        if prev is None and len(self._saved) >= self.max_entries:
+            raise disk.Unsaved("the workspace saves at most %d entries" % self.max_entries)
+        mode = stat.S_IMODE(st.st_mode) & 0o777
+        if kind == "d":
+            return _Saved("d", mode, st.st_mtime_ns, "", 0, key)
+        parent, name = disk.split(path)
+        parent_fd = fds.get(parent)
+        if parent_fd is None:
+            raise disk.Raced()
+        if kind == "l":
+            target = disk.read_link(parent_fd, name)
+            again = disk.lstat(parent_fd, name)
+            if again is None or disk.stat_key(again) != key:
+                raise disk.Raced()
+            return _Saved("l", mode, st.st_mtime_ns, target, 0, key)
+        self._check_file(st, prev)
+        data, st = disk.read_file(parent_fd, name, self.max_file_bytes)
+        self._check_file(st, prev)
+        blob = checkpoint.Blob([data] if data else [], len(data), blob_format.blob_digest(data))
+        run.send(blob)
+        return _Saved("f", stat.S_IMODE(st.st_mode) & 0o777, st.st_mtime_ns, blob.digest, blob.size, disk.stat_key(st))
+
+    def _check_file(self, st: os.stat_result, prev: Optional[_Saved]) -> None:
+        if st.st_nlink != 1:
+            raise disk.Unsaved("a file with %d hard links cannot be saved" % st.st_nlink)
+        if st.st_size > self.max_file_bytes:
+            raise disk.Unsaved("the file is larger than %d bytes" % self.max_file_bytes)
+        if self._bytes - (prev.size if prev is not None else 0) + st.st_size > self.max_bytes:
+            raise disk.Unsaved("the workspace saves at most %d bytes of files" % self.max_bytes)
+
+    # -- the baseline
+
+    def _hold(self, path: str, entry: _Saved) -> None:
+        self._saved[path] = entry
+        if entry.kind == "f":
+            self._refs[entry.ref] = self._refs.get(entry.ref, 0) + 1
+            self._bytes += entry.size
+
+    def _drop(self, path: str) -> None:
+        entry = self._saved.pop(path, None)
+        if entry is not None and entry.kind == "f":
+            count = self._refs[entry.ref] - 1
+            if count:
+                self._refs[entry.ref] = count
+            else:
+                del self._refs[entry.ref]
+            self._bytes -= entry.size
+
+    # -- restore
+
+    def begin_restore(self) -> None:
+        """Empty the workspace and forget the baseline: ``put`` batches follow, then ``finish_restore``."""
+        self._stop_watching()
+        disk.empty(self.root)
+        self._saved, self._refs, self._bytes = {}, {}, 0
+        self._unsaved, self._reported = {}, {}
+        self._restored_dirs = []
+
+    def put(self, entries: List[list], read_content: disk.ReadContent) -> None:
+        """Write one batch of the store's entries exactly (``[path, kind, mode, mtime_ns, ref, size]`` each).
+
+        Directories are made 0700 (their mode and mtime come in ``finish_restore``), each file is
+        written whole under a temporary name with its mode and mtime and renamed into place, links
+        are made with their mtime. ``read_content(ref, size)`` gives a file's bytes. Parents come
+        before their entries (this batch is sorted by path; earlier batches count).
+
+        Raises:
+            BadRequest: an entry is malformed, twice, or its parent is not a directory of the restore.
+        """
+        fds = disk.DirFds(self.root)
+        try:
+            for row in sorted((_checked(row) for row in entries), key=lambda row: row[0]):
+                self._put(row, read_content, fds)
+        finally:
+            fds.close()
+
+    def _put(self, row: Row, read_content: disk.ReadContent, fds: disk.DirFds) -> None:
+        path, kind, mode, mtime_ns, ref, size = row
+        parent, name = disk.split(path)
+        if path in self._saved:
+            raise BadRequest("the workspace entry %r comes twice" % path)
+        if parent and (parent not in self._saved or self._saved[parent].kind != "d"):
+            raise BadRequest("the workspace entry %r has no directory to go in" % path)
+        parent_fd = fds.get(parent)
+        if parent_fd is None:
+            raise BadRequest("the directory of %r could not be opened" % path)
+        key = None
+        if kind == "d":
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+            self._restored_dirs.append((path, mode, mtime_ns))
+        elif kind == "l":
+            disk.write_link(parent_fd, name, ref, mtime_ns)
+            key = disk.stat_key(os.stat(name, dir_fd=parent_fd, follow_symlinks=False))
+        else:
+            data = read_content(ref, size)
+            if memoryview(data).nbytes != size:
+                raise BadRequest("the content of %r is not %d bytes" % (path, size))
+            disk.write_file(parent_fd, name, data, mode, mtime_ns)
+            key = disk.stat_key(os.stat(name, dir_fd=parent_fd, follow_symlinks=False))
+        self._hold(path, _Saved(kind, mode, mtime_ns, ref, size, key))
+
+    def finish_restore(self) -> None:
+        """Give directories their modes and mtimes, deepest first; the workspace is now the baseline.
+
+        The next delta walks the tree once (watching it again) and, unless something changed
+        since, reports nothing.
+        """
+        fds = disk.DirFds(self.root)
+        try:
+            for path, mode, mtime_ns in sorted(self._restored_dirs, key=lambda d: -d[0].count("/")):
+                parent, name = disk.split(path)
+                parent_fd = fds.get(parent)
+                if parent_fd is None:
+                    raise OSError("the directory of %r could not be opened" % path)
+                self._saved[path].key = disk.stat_key(disk.set_dir(parent_fd, name, mode, mtime_ns))
+        finally:
+            fds.close()
+        self._restored_dirs = []
+        self._events = inotify.Inotify.open()
+        self._rescan = "the workspace was restored"
+
+    def restore(self, entries: List[list], read_content: disk.ReadContent) -> None:
+        """The whole restore in one batch: ``begin_restore``, ``put``, ``finish_restore``."""
+        self.begin_restore()
+        self.put(entries, read_content)
+        self.finish_restore()
+
+
+def _checked(row: object) -> Row:
+    """A restored entry, validated (the host checked it too; a bug must not write something else).
+
+    Raises:
+        BadRequest: it is not ``[path, kind, mode, mtime_ns, ref, size]`` within the record's rules.
+    """
+    if not isinstance(row, (list, tuple)) or len(row) != 6:
+        raise BadRequest("a workspace entry is [path, kind, mode, mtime_ns, ref, size]")
+    path, kind, mode, mtime_ns, ref, size = row
+    ints = (mode, mtime_ns, size)
+    if not isinstance(path, str) or not isinstance(ref, str) or not all(type(n) is int for n in ints):
+        raise BadRequest("a workspace entry is [path, kind, mode, mtime_ns, ref, size]")
+    problem = disk.path_problem(path)
+    if problem is not None:
+        raise BadRequest("workspace entry %r: %s" % (path, problem))
+    if kind not in ("f", "d", "l") or not 0 <= mode <= 0o777 or not 0 <= mtime_ns < MAX_MTIME_NS or size < 0:
+        raise BadRequest("workspace entry %r: bad kind, mode, mtime or size" % path)
+    if kind == "l" and not _link_target_ok(ref):
+        raise BadRequest("workspace entry %r: bad link target" % path)
+    return [path, kind, mode, mtime_ns, ref, size]
+
+
+def _link_target_ok(target: str) -> bool:
+    try:
+        raw = disk.os_name(target)
+    except UnicodeEncodeError:
+        return False
+    return 0 < len(raw) <= disk.MAX_LINK_BYTES and b"\0" not in raw
+
+
+def attach(description: dict, parts: list, files: Optional[dict], blobs: List[checkpoint.Blob],
+           tracker: checkpoint.Tracker) -> None:  # fmt: skip
+    """Put a workspace delta into the checkpoint delta ``description`` and its body ``parts`` (the worker's hook).
+
+    A delta whose files changed anything advances the generation, as a changed variable does;
+    a blob the description lists already (a value with the same bytes) is not sent twice.
+    """
+    if files is None:
+        return
+    if (files["changed"] or files["deleted"]) and not (description["vars"] or description["deleted"]):
+        tracker.generation += 1
+        description["generation"] = tracker.generation
+    description["files"] = files
+    listed = set(entry["digest"] for entry in description["blobs"])
+    for blob in blobs:
+        if blob.digest not in listed:
+            listed.add(blob.digest)
+            description["blobs"].append({"digest": blob.digest, "size": blob.size})
+            parts.extend(blob.parts)
