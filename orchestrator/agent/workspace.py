@@ -20,15 +20,14 @@ import os
 import stat
 from typing import Container, Dict, List, Optional, Set, Tuple
 
-from . import blob_format, checkpoint
+from . import blob_format, checkpoint, workspace_restore
 from . import workspace_disk as disk
 from . import workspace_inotify as inotify
 from .protocol import BadRequest
 
-MAX_MTIME_NS = 1 << 63
 _KEPT = "; its last saved version is kept"
 
-Row = list  # a changed entry as the delta lists it: [path, kind, mode, mtime_ns, ref, size]
+Row = workspace_restore.Row
 
 
 class _Saved:
@@ -73,6 +72,11 @@ def _parent(path: str) -> str:
     return path.rpartition("/")[0]
 
 
+def _mtime(st: os.stat_result) -> int:
+    """The record's mtime: one before 1970 is saved as 0 (the record holds [0, 2**63))."""
+    return max(st.st_mtime_ns, 0)
+
+
 def _under(path: str, roots: Set[str]) -> bool:
     """True when an ancestor of ``path`` (not ``path`` itself) is in ``roots``."""
     while path:
@@ -107,7 +111,8 @@ class Workspace:
         self._path_wd: Dict[str, int] = {}
         self._blind = False  # a directory could not be watched: only a scan sees everything
         self._rescan: Optional[str] = "the workspace was not scanned yet"  # why the next delta walks the tree
-        self._restored_dirs: List[Tuple[str, int, int]] = []
+        self._writer: Optional[workspace_restore.RestoreWriter] = None  # during a restore
+        self._undo: Optional[List[Tuple[str, Optional[_Saved]]]] = None  # (path, entry before) while a delta runs
         self.last_scan: Optional[str] = None  # why the last full scan happened (diagnostics, tests)
 
     # -- the worker's hooks
@@ -127,18 +132,26 @@ class Workspace:
         complete. The blobs are the contents of changed files that neither ``held`` (the blobs the
         host holds for values) nor the workspace's baseline holds, each once; identical files share
         one. What is returned is the new baseline.
+
+        An exception (KeyboardInterrupt when the checkpoint runs out of time, an unexpected
+        ``OSError``) leaves the baseline as it was, and the next delta walks the tree.
         """
         dirty = self._pending()
         if dirty is not None and not dirty:
             return None, []
         run = _Run(held, set(self._refs))
+        unsaved_before, self._undo = dict(self._unsaved), []
         fds = disk.DirFds(self.root)
         try:
             if dirty is None:
                 self._scan(run, fds)
             else:
                 self._update(dirty | set(self._unsaved), run, fds)
+        except BaseException:
+            self._roll_back(unsaved_before)
+            raise
         finally:
+            self._undo = None
             fds.close()
         if not (run.changed or run.deleted) and self._unsaved == self._reported:
             return None, []
@@ -197,19 +210,19 @@ class Workspace:
         old = self._wd_path.get(wd)
         if old is not None and old != path:  # a directory watched before under another name: it moved
             self._path_wd.pop(old, None)
+        replaced = self._path_wd.get(path)
+        if replaced is not None and replaced != wd:  # another directory had this name: it went elsewhere
+            self._wd_path.pop(replaced, None)
+            self._events.remove(replaced)
         self._wd_path[wd] = path
         self._path_wd[path] = wd
-
-    def _forget_watch(self, path: str) -> None:
-        wd = self._path_wd.pop(path, None)
-        if wd is not None and self._wd_path.get(wd) == path:
-            del self._wd_path[wd]
 
     def _unwatch(self, roots: Set[str]) -> None:
         """Drop the watches of these directories and of everything under them (they went or are not directories)."""
         for path in [p for p in self._path_wd if p in roots or _under(p, roots)]:
-            wd = self._path_wd[path]
-            self._forget_watch(path)
+            wd = self._path_wd.pop(path)
+            if self._wd_path.get(wd) == path:
+                del self._wd_path[wd]
             if self._events is not None:
                 self._events.remove(wd)
 
@@ -250,24 +263,26 @@ class Workspace:
         """Look at the paths events named, and walk the directories that are new (or not watched)."""
         seen: Dict[str, os.stat_result] = {}
         missing: Set[str] = set()
+        walked: Set[str] = set()
         unlisted: Dict[str, str] = {}
         for path in sorted(dirty):
             if path in seen or _under(path, missing):
                 continue
             parent, name = disk.split(path)
-            parent_fd = fds.get(parent)
-            st = None if parent_fd is None else disk.lstat(parent_fd, name)
-            if st is None:
-                missing.add(path)
-                continue
-            seen[path] = st
-            prev = self._saved.get(path)
-            if stat.S_ISDIR(st.st_mode) and (prev is None or prev.kind != "d" or path not in self._path_wd):
-                dir_fd = fds.get(path)
-                if dir_fd is None:
-                    unlisted[path] = "it could not be opened"
-                else:
-                    disk.walk(path, dir_fd, self._watch, seen, unlisted)
+            try:
+                parent_fd = fds.get(parent)
+                st = None if parent_fd is None else disk.lstat(parent_fd, name)
+                if st is None:
+                    missing.add(path)
+                    continue
+                seen[path] = st
+                if stat.S_ISDIR(st.st_mode) and self._unknown_inside(path, st):
+                    dir_fd = fds.get(path)
+                    if dir_fd is not None:
+                        walked.add(path)
+                        disk.walk(path, dir_fd, self._watch, seen, unlisted)
+            except OSError as exc:  # cannot be looked at now (no search permission): its saved state stays
+                unlisted[path if path in seen else parent] = os.strerror(exc.errno or 0)
         not_dirs = {p for p in missing if p in self._saved} | {
             p for p, st in seen.items() if p in self._saved and not stat.S_ISDIR(st.st_mode)
         }
@@ -276,9 +291,24 @@ class Workspace:
         if went:
             gone.update(p for p in self._saved if _under(p, went))
             self._unwatch(went)
-        for path in [p for p in self._unsaved if p in seen or p in missing or _under(p, missing | went)]:
+        if walked:  # a walk saw all a directory holds: what it did not see went
+            unknown = set(unlisted)
+            gone.update(p for p in self._saved if p not in seen and _under(p, walked) and not _under(p, unknown))
+        looked_at = missing | went
+        for path in [p for p in self._unsaved if p in seen or p in missing or _under(p, looked_at)]:
             del self._unsaved[path]
         self._reconcile(seen, gone, unlisted, run, fds)
+
+    def _unknown_inside(self, path: str, st: os.stat_result) -> bool:
+        """True when the events say nothing of what the directory at ``path`` holds: it must be walked.
+
+        That is one new to the record, another directory now under that name, one without a
+        watch, or one whose mode changed (it may have been unreadable until now).
+        """
+        prev = self._saved.get(path)
+        if prev is None or prev.kind != "d" or path not in self._path_wd or prev.key is None:
+            return True
+        return prev.key[:2] != (st.st_mode, st.st_ino)
 
     def _reconcile(
         self, seen: Dict[str, os.stat_result], gone: Set[str], unlisted: Dict[str, str], run: _Run, fds: disk.DirFds
@@ -310,9 +340,11 @@ class Workspace:
                 except disk.Unsaved as exc:
                     reason = str(exc)
                     break
+                except OSError as exc:
+                    reason = "it cannot be read: %s" % os.strerror(exc.errno or 0)
+                    break
                 except disk.Raced:
-                    parent_fd = fds.get(parent)
-                    again = None if parent_fd is None else disk.lstat(parent_fd, disk.split(path)[1])
+                    again = self._lstat(path, fds)
                     if again is None:  # it went meanwhile: the next events say so too
                         return
                     st = again
@@ -348,7 +380,7 @@ class Workspace:
             raise disk.Unsaved("the workspace saves at most %d entries" % self.max_entries)
         mode = stat.S_IMODE(st.st_mode) & 0o777
         if kind == "d":
-            return _Saved("d", mode, st.st_mtime_ns, "", 0, key)
+            return _Saved("d", mode, _mtime(st), "", 0, key)
         parent, name = disk.split(path)
         parent_fd = fds.get(parent)
         if parent_fd is None:
@@ -358,13 +390,21 @@ class Workspace:
             again = disk.lstat(parent_fd, name)
             if again is None or disk.stat_key(again) != key:
                 raise disk.Raced()
-            return _Saved("l", mode, st.st_mtime_ns, target, 0, key)
+            return _Saved("l", mode, _mtime(st), target, 0, key)
         self._check_file(st, prev)
         data, st = disk.read_file(parent_fd, name, self.max_file_bytes)
         self._check_file(st, prev)
         blob = checkpoint.Blob([data] if data else [], len(data), blob_format.blob_digest(data))
         run.send(blob)
-        return _Saved("f", stat.S_IMODE(st.st_mode) & 0o777, st.st_mtime_ns, blob.digest, blob.size, disk.stat_key(st))
+        return _Saved("f", stat.S_IMODE(st.st_mode) & 0o777, _mtime(st), blob.digest, blob.size, disk.stat_key(st))
+
+    def _lstat(self, path: str, fds: disk.DirFds) -> Optional[os.stat_result]:
+        parent, name = disk.split(path)
+        try:
+            parent_fd = fds.get(parent)
+            return None if parent_fd is None else disk.lstat(parent_fd, name)
+        except OSError:
+            return None
 
     def _check_file(self, st: os.stat_result, prev: Optional[_Saved]) -> None:
         if st.st_nlink != 1:
@@ -377,12 +417,16 @@ class Workspace:
     # -- the baseline
 
     def _hold(self, path: str, entry: _Saved) -> None:
+        if self._undo is not None:
+            self._undo.append((path, self._saved.get(path)))
         self._saved[path] = entry
         if entry.kind == "f":
             self._refs[entry.ref] = self._refs.get(entry.ref, 0) + 1
             self._bytes += entry.size
 
     def _drop(self, path: str) -> None:
+        if self._undo is not None and path in self._saved:
+            self._undo.append((path, self._saved[path]))
         entry = self._saved.pop(path, None)
         if entry is not None and entry.kind == "f":
             count = self._refs[entry.ref] - 1
@@ -392,76 +436,48 @@ class Workspace:
                 del self._refs[entry.ref]
             self._bytes -= entry.size
 
+    def _roll_back(self, unsaved: Dict[str, str]) -> None:
+        """Put the baseline back as it was before a delta that did not finish; the next delta walks the tree."""
+        undo, self._undo = self._undo or [], None
+        for path, entry in reversed(undo):
+            self._drop(path)
+            if entry is not None:
+                self._hold(path, entry)
+        self._unsaved = unsaved
+        self._rescan = "the last delta did not finish"
+
     # -- restore
 
     def begin_restore(self) -> None:
         """Empty the workspace and forget the baseline: ``put`` batches follow, then ``finish_restore``."""
         self._stop_watching()
-        disk.empty(self.root)
         self._saved, self._refs, self._bytes = {}, {}, 0
         self._unsaved, self._reported = {}, {}
-        self._restored_dirs = []
+        self._rescan = "the restore did not finish"
+        self._writer = workspace_restore.RestoreWriter(self.root)
 
     def put(self, entries: List[list], read_content: disk.ReadContent) -> None:
-        """Write one batch of the store's entries exactly (``[path, kind, mode, mtime_ns, ref, size]`` each).
-
-        Directories are made 0700 (their mode and mtime come in ``finish_restore``), each file is
-        written whole under a temporary name with its mode and mtime and renamed into place, links
-        are made with their mtime. ``read_content(ref, size)`` gives a file's bytes. Parents come
-        before their entries (this batch is sorted by path; earlier batches count).
+        """Write one ``files_put`` batch of the store's entries (``RestoreWriter.put``).
 
         Raises:
-            BadRequest: an entry is malformed, twice, or its parent is not a directory of the restore.
+            BadRequest: an entry is malformed, comes twice, or has no directory of the restore to
+                go in; or no restore began.
         """
-        fds = disk.DirFds(self.root)
-        try:
-            for row in sorted((_checked(row) for row in entries), key=lambda row: row[0]):
-                self._put(row, read_content, fds)
-        finally:
-            fds.close()
-
-    def _put(self, row: Row, read_content: disk.ReadContent, fds: disk.DirFds) -> None:
-        path, kind, mode, mtime_ns, ref, size = row
-        parent, name = disk.split(path)
-        if path in self._saved:
-            raise BadRequest("the workspace entry %r comes twice" % path)
-        if parent and (parent not in self._saved or self._saved[parent].kind != "d"):
-            raise BadRequest("the workspace entry %r has no directory to go in" % path)
-        parent_fd = fds.get(parent)
-        if parent_fd is None:
-            raise BadRequest("the directory of %r could not be opened" % path)
-        key = None
-        if kind == "d":
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
-            self._restored_dirs.append((path, mode, mtime_ns))
-        elif kind == "l":
-            disk.write_link(parent_fd, name, ref, mtime_ns)
-            key = disk.stat_key(os.stat(name, dir_fd=parent_fd, follow_symlinks=False))
-        else:
-            data = read_content(ref, size)
-            if memoryview(data).nbytes != size:
-                raise BadRequest("the content of %r is not %d bytes" % (path, size))
-            disk.write_file(parent_fd, name, data, mode, mtime_ns)
-            key = disk.stat_key(os.stat(name, dir_fd=parent_fd, follow_symlinks=False))
-        self._hold(path, _Saved(kind, mode, mtime_ns, ref, size, key))
+        if self._writer is None:
+            raise BadRequest("files_put outside a restore")
+        self._writer.put(entries, read_content)
 
     def finish_restore(self) -> None:
-        """Give directories their modes and mtimes, deepest first; the workspace is now the baseline.
+        """Give directories their modes and mtimes: what the store holds is on disk and is the baseline.
 
         The next delta walks the tree once (watching it again) and, unless something changed
         since, reports nothing.
         """
-        fds = disk.DirFds(self.root)
-        try:
-            for path, mode, mtime_ns in sorted(self._restored_dirs, key=lambda d: -d[0].count("/")):
-                parent, name = disk.split(path)
-                parent_fd = fds.get(parent)
-                if parent_fd is None:
-                    raise OSError("the directory of %r could not be opened" % path)
-                self._saved[path].key = disk.stat_key(disk.set_dir(parent_fd, name, mode, mtime_ns))
-        finally:
-            fds.close()
-        self._restored_dirs = []
+        if self._writer is None:
+            raise BadRequest("no restore began")
+        written, self._writer = self._writer.finish(), None
+        for path, (row, key) in written.items():
+            self._hold(path, _Saved(row[1], row[2], row[3], row[4], row[5], key))
         self._events = inotify.Inotify.open()
         self._rescan = "the workspace was restored"
 
@@ -470,36 +486,6 @@ class Workspace:
         self.begin_restore()
         self.put(entries, read_content)
         self.finish_restore()
-
-
-def _checked(row: object) -> Row:
-    """A restored entry, validated (the host checked it too; a bug must not write something else).
-
-    Raises:
-        BadRequest: it is not ``[path, kind, mode, mtime_ns, ref, size]`` within the record's rules.
-    """
-    if not isinstance(row, (list, tuple)) or len(row) != 6:
-        raise BadRequest("a workspace entry is [path, kind, mode, mtime_ns, ref, size]")
-    path, kind, mode, mtime_ns, ref, size = row
-    ints = (mode, mtime_ns, size)
-    if not isinstance(path, str) or not isinstance(ref, str) or not all(type(n) is int for n in ints):
-        raise BadRequest("a workspace entry is [path, kind, mode, mtime_ns, ref, size]")
-    problem = disk.path_problem(path)
-    if problem is not None:
-        raise BadRequest("workspace entry %r: %s" % (path, problem))
-    if kind not in ("f", "d", "l") or not 0 <= mode <= 0o777 or not 0 <= mtime_ns < MAX_MTIME_NS or size < 0:
-        raise BadRequest("workspace entry %r: bad kind, mode, mtime or size" % path)
-    if kind == "l" and not _link_target_ok(ref):
-        raise BadRequest("workspace entry %r: bad link target" % path)
-    return [path, kind, mode, mtime_ns, ref, size]
-
-
-def _link_target_ok(target: str) -> bool:
-    try:
-        raw = disk.os_name(target)
-    except UnicodeEncodeError:
-        return False
-    return 0 < len(raw) <= disk.MAX_LINK_BYTES and b"\0" not in raw
 
 
 def attach(description: dict, parts: list, files: Optional[dict], blobs: List[checkpoint.Blob],

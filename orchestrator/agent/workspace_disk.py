@@ -23,6 +23,7 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _TEMP_PREFIX = b".orch-restore-"
 _MAX_OPEN = 64  # directory descriptors DirFds keeps open at once
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # not there, or not a directory (a link is never followed)
 
 Content = Union[bytes, bytearray, memoryview]
 
@@ -113,31 +114,35 @@ class DirFds:
         return self._open(path)
 
     def _open(self, path: str) -> Optional[int]:
-        fd = self._fds.get(path)
-        if fd is not None:
-            return fd
-        try:
-            if not path:
-                fd = os.open(self.root, DIR_FLAGS)
-            else:
-                parent, name = split(path)
-                parent_fd = self._open(parent)
-                if parent_fd is None:
+        """Open ``path`` from its nearest open ancestor down, one level at a time (a path may be 2,000 deep).
+
+        Raises:
+            OSError: a directory on the way cannot be opened for another reason than being gone or not one.
+        """
+        names: List[str] = []
+        ancestor = path
+        while ancestor not in self._fds:
+            if not ancestor:
+                self._fds[""] = os.open(self.root, DIR_FLAGS)
+                break
+            ancestor, _, name = ancestor.rpartition("/")
+            names.append(name)
+        fd = self._fds[ancestor]
+        for name in reversed(names):
+            ancestor = ancestor + "/" + name if ancestor else name
+            try:
+                fd = os.open(os_name(name), DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in _GONE:
                     return None
-                fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-        except OSError:
-            return None
-        self._fds[path] = fd
+                raise
+            self._fds[ancestor] = fd
         return fd
 
-    def forget(self, path: str) -> None:
-        """Close ``path``'s descriptor and its descendants' (the directory went or changed)."""
-        prefix = path + "/"
-        for known in [p for p in self._fds if p == path or p.startswith(prefix) or not path]:
-            os.close(self._fds.pop(known))
-
     def close(self) -> None:
-        self.forget("")
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def listing(dir_fd: int) -> List[Tuple[bytes, os.stat_result]]:
@@ -205,10 +210,17 @@ def walk(
 
 
 def lstat(dir_fd: int, name: bytes) -> Optional[os.stat_result]:
+    """``name``'s own ``lstat``; None when it is not there.
+
+    Raises:
+        OSError: it cannot be looked at (a directory without search permission).
+    """
     try:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return None
+        raise
 
 
 def read_link(dir_fd: int, name: bytes) -> str:
@@ -241,7 +253,7 @@ def read_file(dir_fd: int, name: bytes, max_bytes: int) -> Tuple[bytearray, os.s
     try:
         fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOENT, errno.ENXIO, errno.ENOTDIR):
+        if exc.errno in _GONE or exc.errno == errno.ENXIO:
             raise Raced() from exc
         raise Unsaved("it cannot be read: %s" % os.strerror(exc.errno or 0)) from exc
     try:

@@ -39,6 +39,7 @@ WATCHED = (
 )  # fmt: skip
 _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then len bytes of NUL-padded name
 _READ_BYTES = 1 << 16
+_MAX_READS = 64  # 4 MiB of events, well past the default queue of 16,384
 _PROC_FD = "/proc/self/fd/"
 
 Event = Tuple[int, int, bytes]  # (watch descriptor, mask, name: b"" for the watched directory itself)
@@ -131,9 +132,13 @@ class Inotify:
             return False
 
     def read(self) -> List[Event]:
-        """The events pending now, without waiting (call ``intact`` first)."""
+        """The events pending now, without waiting (call ``intact`` first).
+
+        A cell that keeps making events as fast as they are read gets an overflow after
+        ``_MAX_READS`` reads: the caller scans instead of chasing them.
+        """
         events: List[Event] = []
-        while True:
+        for _ in range(_MAX_READS):
             try:
                 data = os.read(self.fd, _READ_BYTES)
             except OSError as exc:
@@ -143,6 +148,8 @@ class Inotify:
             if not data:
                 return events
             events.extend(parse_events(data))
+        events.append((-1, IN_Q_OVERFLOW, b""))
+        return events
 
     def close(self) -> None:
         """Close what is still ours: a descriptor the cell reused is left alone (at worst ours leaks)."""
