@@ -10,8 +10,9 @@ queue overflowed, a directory has no watch, the descriptor was closed or replace
 inotify at all, after a restore) the next delta walks the tree instead, reading only files whose
 ``lstat`` changed. What is sent becomes the baseline: the store holds it.
 
-The worker's hooks: ``start`` once, ``delta`` + ``attach`` at every checkpoint, and
-``begin_restore``, ``put`` per ``files_put`` batch and ``finish_restore`` on the restore path.
+The worker's hooks: ``start`` once; ``checkpoint`` after the values' delta at every checkpoint
+(``delta`` is the same without the worker's types); ``begin_restore`` with ``restore_begin``,
+``put`` per ``files_put`` batch and ``finish_restore`` when the restore ends.
 """
 
 from __future__ import annotations
@@ -53,17 +54,27 @@ class _Saved:
 class _Run:
     """One delta in the making: rows, deletions, and the blobs the host does not hold yet."""
 
-    def __init__(self, held: Container[str], had: Set[str]) -> None:
+    def __init__(self, held: Container[str], had: Set[str], room: Optional[int]) -> None:
         self.held = held  # the values' blobs the host holds
         self.had = had  # the blobs the workspace's baseline held when the delta began: the host holds them
+        self.room = room  # bytes of new blobs the checkpoint quota still allows (None: no quota)
         self.sent: Set[str] = set()
         self.blobs: List[checkpoint.Blob] = []
         self.changed: List[Row] = []
         self.deleted: List[str] = []
 
     def send(self, blob: checkpoint.Blob) -> None:
+        """Put ``blob`` in the delta unless the host holds it or it is in already.
+
+        Raises:
+            disk.Unsaved: it is new and the quota has no room for it.
+        """
         digest = blob.digest
         if digest not in self.held and digest not in self.had and digest not in self.sent:
+            if self.room is not None:
+                if blob.size > self.room:
+                    raise disk.Unsaved("the checkpoint quota has no room for its %d bytes" % blob.size)
+                self.room -= blob.size
             self.sent.add(digest)
             self.blobs.append(blob)
 
@@ -104,6 +115,7 @@ class Workspace:
         self._saved: Dict[str, _Saved] = {}
         self._refs: Dict[str, int] = {}  # digest -> saved files holding it
         self._bytes = 0  # sizes of the saved files, added up
+        self._blob_bytes = 0  # sizes of their distinct blobs
         self._unsaved: Dict[str, str] = {}  # path -> why it is not saved now (complete)
         self._reported: Dict[str, str] = {}  # the unsaved of the last delta that listed files
         self._events: Optional[inotify.Inotify] = None
@@ -125,13 +137,19 @@ class Workspace:
     def close(self) -> None:
         self._stop_watching()
 
-    def delta(self, held: Container[str]) -> Tuple[Optional[dict], List[checkpoint.Blob]]:
+    @property
+    def blob_bytes(self) -> int:
+        """Bytes of the distinct blobs the saved files hold: what the workspace counts in the checkpoint quota."""
+        return self._blob_bytes
+
+    def delta(self, held: Container[str], room: Optional[int] = None) -> Tuple[Optional[dict], List[checkpoint.Blob]]:
         """What changed since the last delta (or restore): the delta's ``files`` object and the new blobs.
 
         ``files`` is None when nothing changed (``unsaved`` included); else ``unsaved`` in it is
         complete. The blobs are the contents of changed files that neither ``held`` (the blobs the
         host holds for values) nor the workspace's baseline holds, each once; identical files share
-        one. What is returned is the new baseline.
+        one. ``room``: bytes of new blobs the checkpoint quota allows (None: no quota); a file
+        whose blob does not fit is named unsaved. What is returned is the new baseline.
 
         An exception (KeyboardInterrupt when the checkpoint runs out of time, an unexpected
         ``OSError``) leaves the baseline as it was, and the next delta walks the tree.
@@ -139,7 +157,7 @@ class Workspace:
         dirty = self._pending()
         if dirty is not None and not dirty:
             return None, []
-        run = _Run(held, set(self._refs))
+        run = _Run(held, set(self._refs), room)
         unsaved_before, self._undo = dict(self._unsaved), []
         fds = disk.DirFds(self.root)
         try:
@@ -158,6 +176,30 @@ class Workspace:
         self._reported = dict(self._unsaved)
         unsaved = checkpoint.listed(dict(sorted(self._unsaved.items())))
         return {"changed": run.changed, "deleted": sorted(run.deleted), "unsaved": unsaved}, run.blobs
+
+    def checkpoint(self, description: dict, parts: list, tracker: checkpoint.Tracker) -> None:
+        """The worker's hook after the values' delta: add the workspace's delta to ``description`` and ``parts``.
+
+        The blobs the values hold (``tracker.held``) are not sent again; with a quota, files get
+        the room the values left (``blob_bytes`` is what the workspace holds of it). A delta whose
+        files changed anything advances the generation, as a changed variable does.
+        """
+        room = None
+        if tracker.quota:
+            room = max(0, tracker.quota - tracker.held.bytes - self._blob_bytes)
+        files, blobs = self.delta(tracker.held.refs, room)
+        if files is None:
+            return
+        if (files["changed"] or files["deleted"]) and not (description["vars"] or description["deleted"]):
+            tracker.generation += 1
+            description["generation"] = tracker.generation
+        description["files"] = files
+        listed = set(entry["digest"] for entry in description["blobs"])
+        for blob in blobs:
+            if blob.digest not in listed:
+                listed.add(blob.digest)
+                description["blobs"].append({"digest": blob.digest, "size": blob.size})
+                parts.extend(blob.parts)
 
     # -- events
 
@@ -421,8 +463,11 @@ class Workspace:
             self._undo.append((path, self._saved.get(path)))
         self._saved[path] = entry
         if entry.kind == "f":
-            self._refs[entry.ref] = self._refs.get(entry.ref, 0) + 1
+            count = self._refs.get(entry.ref, 0)
+            self._refs[entry.ref] = count + 1
             self._bytes += entry.size
+            if not count:
+                self._blob_bytes += entry.size
 
     def _drop(self, path: str) -> None:
         if self._undo is not None and path in self._saved:
@@ -434,6 +479,7 @@ class Workspace:
                 self._refs[entry.ref] = count
             else:
                 del self._refs[entry.ref]
+                self._blob_bytes -= entry.size
             self._bytes -= entry.size
 
     def _roll_back(self, unsaved: Dict[str, str]) -> None:
@@ -451,7 +497,7 @@ class Workspace:
     def begin_restore(self) -> None:
         """Empty the workspace and forget the baseline: ``put`` batches follow, then ``finish_restore``."""
         self._stop_watching()
-        self._saved, self._refs, self._bytes = {}, {}, 0
+        self._saved, self._refs, self._bytes, self._blob_bytes = {}, {}, 0, 0
         self._unsaved, self._reported = {}, {}
         self._rescan = "the restore did not finish"
         self._writer = workspace_restore.RestoreWriter(self.root)
@@ -486,24 +532,3 @@ class Workspace:
         self.begin_restore()
         self.put(entries, read_content)
         self.finish_restore()
-
-
-def attach(description: dict, parts: list, files: Optional[dict], blobs: List[checkpoint.Blob],
-           tracker: checkpoint.Tracker) -> None:  # fmt: skip
-    """Put a workspace delta into the checkpoint delta ``description`` and its body ``parts`` (the worker's hook).
-
-    A delta whose files changed anything advances the generation, as a changed variable does;
-    a blob the description lists already (a value with the same bytes) is not sent twice.
-    """
-    if files is None:
-        return
-    if (files["changed"] or files["deleted"]) and not (description["vars"] or description["deleted"]):
-        tracker.generation += 1
-        description["generation"] = tracker.generation
-    description["files"] = files
-    listed = set(entry["digest"] for entry in description["blobs"])
-    for blob in blobs:
-        if blob.digest not in listed:
-            listed.add(blob.digest)
-            description["blobs"].append({"digest": blob.digest, "size": blob.size})
-            parts.extend(blob.parts)

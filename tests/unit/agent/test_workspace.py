@@ -239,6 +239,22 @@ def test_a_saved_file_that_becomes_unsaveable_keeps_its_last_version(root):
     assert list(rows(files)) == ["a"] and files["unsaved"] == {}
 
 
+def test_a_file_the_checkpoint_quota_has_no_room_for_is_unsaved(ws, root):
+    write(root / "a", b"x" * 10)
+    write(root / "b", b"y" * 10)
+    write(root / "c", b"x" * 10)  # a's bytes: no room needed
+    files, blobs = ws.delta(set(), room=15)
+    assert set(rows(files)) == {"a", "c"} and len(blobs) == 1 and ws.blob_bytes == 10
+    assert files["unsaved"] == {"b": "the checkpoint quota has no room for its 10 bytes"}
+    os.unlink(root / "a")
+    os.unlink(root / "c")
+    files, _ = ws.delta(set(), room=15 - 10)
+    assert files["deleted"] == ["a", "c"] and list(rows(files)) == []  # freed for the next delta, not this one
+    write(root / "d", b"d")
+    files, _ = ws.delta(set(), room=15)
+    assert set(rows(files)) == {"b", "d"} and files["unsaved"] == {} and ws.blob_bytes == 11
+
+
 def test_a_hard_link_set_is_unsaved_until_one_name_remains(ws, root):
     write(root / "a", b"linked")
     os.link(root / "a", root / "b")
@@ -493,15 +509,21 @@ def test_restore_refuses_entries_it_cannot_write_exactly(root):
     assert os.listdir(root) in ([], ["a"])
 
 
-def test_attach_puts_files_into_the_checkpoint_delta():
-    tracker = checkpoint.Tracker()
-    description, parts = tracker.delta({"v": b"same"})
-    value_digest = description["blobs"][0]["digest"]
-    description, parts = tracker.delta({"v": b"same"})
-    assert description["vars"] == {}
-    shared = checkpoint.Blob([b"new file"], 8, blob_format.blob_digest(b"new file"))
-    files = {"changed": [["f", "f", 0o644, 1, shared.digest, 8]], "deleted": [], "unsaved": {}}
-    workspace.attach(description, parts, files, [shared], tracker)
+def test_checkpoint_adds_the_files_to_the_values_delta(ws, root):
+    tracker = checkpoint.Tracker(quota=1000)
+    description, parts = tracker.delta({"v": b"shared bytes"})
+    value_blob = b"".join(parts)
+    description, parts = tracker.delta({"v": b"shared bytes"})
+    assert description["vars"] == {} and description["generation"] == 1
+    write(root / "same", value_blob)  # the bytes of the value's blob: not sent again
+    write(root / "new", b"new file")
+    write(root / "too_big", b"z" * 2000)
+    ws.checkpoint(description, parts, tracker)
     assert description["generation"] == tracker.generation == 2
-    assert description["files"] is files and description["blobs"] == [{"digest": shared.digest, "size": 8}]
-    assert b"".join(parts) == b"new file" and value_digest != shared.digest
+    assert set(rows(description["files"])) == {"same", "new"}
+    assert description["blobs"] == [{"digest": blob_format.blob_digest(b"new file"), "size": 8}]
+    assert b"".join(parts) == b"new file"
+    assert description["files"]["unsaved"] == {"too_big": "the checkpoint quota has no room for its 2000 bytes"}
+    before = dict(description)
+    ws.checkpoint(description, parts, tracker)  # nothing changed since: nothing added
+    assert description == before
