@@ -117,7 +117,9 @@ class Workspace:
         self._bytes = 0  # sizes of the saved files, added up
         self._blob_bytes = 0  # sizes of their distinct blobs
         self._unsaved: Dict[str, str] = {}  # path -> why it is not saved now (complete)
-        self._reported: Dict[str, str] = {}  # the unsaved of the last delta that listed files
+        # The unsaved of the last delta that listed files; None until one did since the worker started
+        # or restored: the record may name what this workspace does not hold (a FIFO not restored).
+        self._reported: Optional[Dict[str, str]] = None
         self._events: Optional[inotify.Inotify] = None
         self._wd_path: Dict[int, str] = {}
         self._path_wd: Dict[str, int] = {}
@@ -289,10 +291,15 @@ class Workspace:
         self._path_wd.clear()
         seen: Dict[str, os.stat_result] = {}
         unlisted: Dict[str, str] = {}
-        root_fd = fds.get("")
-        if root_fd is None:
-            raise OSError("the workspace %s is not a directory" % self.root)
-        disk.walk("", root_fd, self._watch, seen, unlisted)
+        try:
+            root_fd = fds.get("")
+        except OSError:
+            root_fd = None
+        if root_fd is None:  # no workspace here (yet): nothing to save, and the next delta looks again
+            missing = "the workspace directory %s is missing" % self.root
+        else:
+            missing = None
+            disk.walk("", root_fd, self._watch, seen, unlisted)
         if self._events is not None:
             for wd in set(old_watches) - set(self._wd_path):
                 self._events.remove(wd)
@@ -300,6 +307,7 @@ class Workspace:
         gone = {p for p in self._saved if p not in seen and not _under(p, listed_roots)}
         self._unsaved = {}
         self._reconcile(seen, gone, unlisted, run, fds)
+        self._rescan = missing
 
     def _update(self, dirty: Set[str], run: _Run, fds: disk.DirFds) -> None:
         """Look at the paths events named, and walk the directories that are new (or not watched)."""
@@ -498,7 +506,7 @@ class Workspace:
         """Empty the workspace and forget the baseline: ``put`` batches follow, then ``finish_restore``."""
         self._stop_watching()
         self._saved, self._refs, self._bytes, self._blob_bytes = {}, {}, 0, 0
-        self._unsaved, self._reported = {}, {}
+        self._unsaved, self._reported = {}, None
         self._rescan = "the restore did not finish"
         self._writer = workspace_restore.RestoreWriter(self.root)
 

@@ -34,7 +34,9 @@ def started(root, max_entries=100_000, max_bytes=BIG, max_file_bytes=BIG):
 @pytest.fixture
 def ws(root):
     made = started(root)
-    assert made.delta(set()) == (None, [])  # the first scan: an empty workspace holds nothing to send
+    # the first delta says what the workspace holds, unsaved included: the record may name stale entries
+    assert made.delta(set()) == ({"changed": [], "deleted": [], "unsaved": {}}, [])
+    assert made.delta(set()) == (None, [])
     yield made
     made.close()
 
@@ -328,7 +330,7 @@ def test_a_sparse_huge_file_is_unsaved_without_reading_it(root):
 
 def test_entries_past_the_bound_are_left_out_in_path_order(root):
     ws = started(root, max_entries=10_000)
-    assert ws.delta(set()) == (None, [])
+    assert ws.delta(set())[0] == {"changed": [], "deleted": [], "unsaved": {}}
     names = [f"e{index:05d}" for index in range(20_000)]
     for name in reversed(names):
         (root / name).write_bytes(b"")
@@ -441,6 +443,14 @@ def test_a_delta_cut_short_changes_nothing_and_the_next_one_walks_the_tree(ws, r
     assert list(rows(files)) == ["a"] and files["deleted"] == ["b"] and contents(blobs)
 
 
+def test_a_missing_workspace_directory_holds_nothing(tmp_path):
+    ws = started(tmp_path / "not-mounted")
+    assert ws.delta(set())[0] == {"changed": [], "deleted": [], "unsaved": {}}
+    assert ws.delta(set()) == (None, [])
+    write(tmp_path / "not-mounted/late", b"mounted after the worker started")
+    assert list(rows(ws.delta(set())[0])) == ["late"]
+
+
 # -- restore
 
 
@@ -487,7 +497,8 @@ def test_restore_writes_the_delta_back_byte_identical(ws, root, tmp_path):
     restored.put(rows_sorted[half:], lambda ref, size: bodies[ref])
     restored.finish_restore()
     assert tree(target) == tree(root)
-    assert restored.delta(set()) == (None, []) and restored.last_scan == "the workspace was restored"
+    assert restored.delta(set()) == ({"changed": [], "deleted": [], "unsaved": {}}, [])
+    assert restored.last_scan == "the workspace was restored"
     write(target / "data/new", b"after")
     assert set(rows(restored.delta(set())[0])) == {"data", "data/new"}
     restored.close()
