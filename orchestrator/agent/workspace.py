@@ -156,18 +156,19 @@ class Workspace:
         An exception (KeyboardInterrupt when the checkpoint runs out of time, an unexpected
         ``OSError``) leaves the baseline as it was, and the next delta walks the tree.
         """
-        dirty = self._pending()
-        if dirty is not None and not dirty:
-            return None, []
-        run = _Run(held, set(self._refs), room)
-        unsaved_before, self._undo = dict(self._unsaved), []
+        unsaved_before, self._undo = self._unsaved, []  # _scan and _update change a copy of _unsaved
         fds = disk.DirFds(self.root)
         try:
+            dirty = self._pending()
+            if dirty is not None and not dirty:
+                return None, []
+            run = _Run(held, set(self._refs), room)
+            self._unsaved = dict(self._unsaved)
             if dirty is None:
                 self._scan(run, fds)
             else:
                 self._update(dirty | set(self._unsaved), run, fds)
-        except BaseException:
+        except BaseException:  # events read and not acted on are lost: only a scan can tell now
             self._roll_back(unsaved_before)
             raise
         finally:
@@ -184,12 +185,17 @@ class Workspace:
 
         The blobs the values hold (``tracker.held``) are not sent again; with a quota, files get
         the room the values left (``blob_bytes`` is what the workspace holds of it). A delta whose
-        files changed anything advances the generation, as a changed variable does.
+        files changed anything advances the generation, as a changed variable does. Run armed
+        (SIGUSR2 raising KeyboardInterrupt), it gives up when out of time: the files then go in
+        a later checkpoint.
         """
         room = None
         if tracker.quota:
             room = max(0, tracker.quota - tracker.held.bytes - self._blob_bytes)
-        files, blobs = self.delta(tracker.held.refs, room)
+        try:
+            files, blobs = self.delta(tracker.held.refs, room)
+        except KeyboardInterrupt:  # out of time (the worker's SIGUSR2): the next checkpoint scans and sends them
+            return
         if files is None:
             return
         if (files["changed"] or files["deleted"]) and not (description["vars"] or description["deleted"]):
@@ -471,32 +477,38 @@ class Workspace:
             self._undo.append((path, self._saved.get(path)))
         self._saved[path] = entry
         if entry.kind == "f":
-            count = self._refs.get(entry.ref, 0)
-            self._refs[entry.ref] = count + 1
-            self._bytes += entry.size
-            if not count:
-                self._blob_bytes += entry.size
+            self._count(entry, 1)
 
     def _drop(self, path: str) -> None:
         if self._undo is not None and path in self._saved:
             self._undo.append((path, self._saved[path]))
         entry = self._saved.pop(path, None)
         if entry is not None and entry.kind == "f":
-            count = self._refs[entry.ref] - 1
-            if count:
-                self._refs[entry.ref] = count
-            else:
-                del self._refs[entry.ref]
-                self._blob_bytes -= entry.size
-            self._bytes -= entry.size
+            self._count(entry, -1)
+
+    def _count(self, entry: _Saved, step: int) -> None:
+        """A saved file's blob held once more (1) or once less (-1): ``_refs``, ``_bytes``, ``_blob_bytes``."""
+        count = self._refs.get(entry.ref, 0) + step
+        if count:
+            self._refs[entry.ref] = count
+        else:
+            del self._refs[entry.ref]
+        if count == (1 if step > 0 else 0):
+            self._blob_bytes += step * entry.size
+        self._bytes += step * entry.size
 
     def _roll_back(self, unsaved: Dict[str, str]) -> None:
         """Put the baseline back as it was before a delta that did not finish; the next delta walks the tree."""
         undo, self._undo = self._undo or [], None
         for path, entry in reversed(undo):
-            self._drop(path)
-            if entry is not None:
-                self._hold(path, entry)
+            if entry is None:
+                self._saved.pop(path, None)
+            else:
+                self._saved[path] = entry
+        self._refs, self._bytes, self._blob_bytes = {}, 0, 0  # counted again: an interrupt may have cut a count
+        for entry in self._saved.values():
+            if entry.kind == "f":
+                self._count(entry, 1)
         self._unsaved = unsaved
         self._rescan = "the last delta did not finish"
 

@@ -286,6 +286,18 @@ def test_a_file_swapped_for_a_link_before_it_is_read_is_saved_as_the_link(ws, ro
     assert blobs == []
 
 
+def test_a_directory_swapped_for_a_link_out_is_never_entered(ws, root, tmp_path):
+    write(root / "d/mine", b"mine")
+    ws.delta(set())
+    write(tmp_path / "elsewhere/theirs", b"not the workspace's")
+    os.rename(root / "d", tmp_path / "moved-away")
+    os.symlink(str(tmp_path / "elsewhere"), root / "d")
+    write(tmp_path / "moved-away/later", b"written outside after the move")
+    files, blobs = ws.delta(set())
+    assert files["changed"][0][:2] == ["d", "l"] and len(files["changed"]) == 1
+    assert files["deleted"] == ["d/mine"] and blobs == []
+
+
 def test_a_file_growing_while_it_is_read_is_unsaved(ws, root, monkeypatch):
     path = root / "log"
     write(path, b"x" * (1 << 20))
@@ -400,6 +412,20 @@ def test_the_inotify_descriptor_closed_and_reused_behind_its_back(ws, root, tmp_
         assert list(rows(ws.delta(set())[0])) == ["b"] and ws.last_scan.endswith("replaced")
     finally:
         os.close(reused)
+
+
+def test_a_descriptor_put_over_the_inotify_one_is_neither_read_nor_closed(ws, root):
+    write(root / "a", b"1")
+    ws.delta(set())
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"the cell's pipe")
+    replaced = os.dup2(read_end, ws._events.fd)
+    write(root / "a", b"2")
+    files, _ = ws.delta(set())
+    assert ws.last_scan == "the inotify descriptor was closed or replaced" and list(rows(files)) == ["a"]
+    assert os.read(replaced, 100) == b"the cell's pipe"
+    for fd in (read_end, write_end, replaced):
+        os.close(fd)
 
 
 def test_without_inotify_every_delta_scans(root, monkeypatch):
@@ -538,3 +564,21 @@ def test_checkpoint_adds_the_files_to_the_values_delta(ws, root):
     before = dict(description)
     ws.checkpoint(description, parts, tracker)  # nothing changed since: nothing added
     assert description == before
+
+
+def test_a_checkpoint_out_of_time_leaves_the_files_to_the_next_one(ws, root, monkeypatch):
+    tracker = checkpoint.Tracker()
+    write(root / "f", b"f")
+    real = disk.read_file
+
+    def out_of_time(*args):
+        raise KeyboardInterrupt  # the worker's SIGUSR2 while armed
+
+    monkeypatch.setattr(disk, "read_file", out_of_time)
+    description, parts = tracker.delta({})
+    ws.checkpoint(description, parts, tracker)
+    assert "files" not in description and tracker.generation == 0
+    monkeypatch.setattr(disk, "read_file", real)
+    description, parts = tracker.delta({})
+    ws.checkpoint(description, parts, tracker)
+    assert list(rows(description["files"])) == ["f"] and description["generation"] == 1 and parts == [b"f"]
