@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from orchestrator.agent import blob_format, checkpoint, workspace
+from orchestrator.agent import blob_format, checkpoint, checkpoint_names, workspace
 from orchestrator.agent import workspace_disk as disk
 from orchestrator.agent import workspace_inotify as inotify
 from orchestrator.agent.protocol import BadRequest
@@ -352,18 +352,12 @@ def test_entries_past_the_bound_are_left_out_in_path_order(root):
     if queued < 20_000:  # more events than the queue holds: the events are not trusted, the tree is walked
         assert ws.last_scan == "inotify's queue overflowed"
     assert [row[0] for row in files["changed"]] == names[:10_000]
-    assert len(files["unsaved"]) == checkpoint_names_max()
+    assert len(files["unsaved"]) == checkpoint_names.MAX_UNSAVED_NAMES  # the rest counted in "+N more"
     assert files["unsaved"]["e10000"] == "the workspace saves at most 10000 entries"
     assert len(blobs) == 1  # twenty thousand empty files: one blob
     os.unlink(root / "e00000")
     files, _ = ws.delta(set())
     assert files["deleted"] == ["e00000"] and list(rows(files)) == ["e10000"]
-
-
-def checkpoint_names_max():
-    from orchestrator.agent import checkpoint_names
-
-    return checkpoint_names.MAX_UNSAVED_NAMES
 
 
 def test_a_path_past_4096_bytes_is_unsaved_with_everything_in_it(ws, root):
