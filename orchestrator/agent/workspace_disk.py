@@ -298,7 +298,7 @@ def empty(root: str) -> None:
             if not stat.S_ISDIR(st.st_mode):
                 os.unlink(child, dir_fd=fd)
                 continue
-            os.chmod(child, 0o700, dir_fd=fd)
+            chmod_dir(fd, child, 0o700)
             child_fd = os.open(child, DIR_FLAGS, dir_fd=fd)
             stack.append((child_fd, child, _names(child_fd)))
         else:
@@ -342,9 +342,22 @@ def write_link(dir_fd: int, name: bytes, target: str, mtime_ns: int) -> None:
     os.utime(name, ns=(mtime_ns, mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
 
 
+def chmod_dir(dir_fd: int, name: bytes, mode: int) -> None:
+    """Change a directory's mode without following a link: through ``/proc/self/fd`` of an ``O_PATH`` descriptor.
+
+    ``chmod`` has no "do not follow" on Linux; a directory the cell made unreadable cannot be
+    opened for ``fchmod``, but an ``O_PATH`` descriptor needs no permission on it.
+    """
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.chmod("/proc/self/fd/%d" % fd, mode)
+    finally:
+        os.close(fd)
+
+
 def set_dir(dir_fd: int, name: bytes, mode: int, mtime_ns: int) -> os.stat_result:
     """Give a restored directory its mode and mtime (after everything in it was written); its ``lstat``."""
-    os.chmod(name, mode, dir_fd=dir_fd)
+    chmod_dir(dir_fd, name, mode)
     os.utime(name, ns=(mtime_ns, mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
     return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
 
