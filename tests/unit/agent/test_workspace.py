@@ -360,6 +360,22 @@ def test_entries_past_the_bound_are_left_out_in_path_order(root):
     assert files["deleted"] == ["e00000"] and list(rows(files)) == ["e10000"]
 
 
+def test_a_directory_past_the_bound_is_named_once_and_saved_when_room_comes(root):
+    ws = started(root, max_entries=2)
+    write(root / "a", b"a")
+    write(root / "b", b"b")
+    write(root / "c/x", b"x")
+    files, _ = ws.delta(set())
+    assert list(rows(files)) == ["a", "b"]
+    assert files["unsaved"] == {"c": "the workspace saves at most 2 entries (with everything in it)"}
+    os.unlink(root / "a")
+    files, _ = ws.delta(set())
+    assert list(rows(files)) == ["c"] and files["unsaved"] == {"c/x": "the workspace saves at most 2 entries"}
+    os.unlink(root / "b")
+    files, _ = ws.delta(set())
+    assert list(rows(files)) == ["c/x"] and files["unsaved"] == {}
+
+
 def test_a_path_past_4096_bytes_is_unsaved_with_everything_in_it(ws, root):
     fd = os.open(root, os.O_RDONLY)
     for index in range(21):  # 200-byte names: past PATH_MAX, so made one level at a time
