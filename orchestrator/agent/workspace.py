@@ -245,7 +245,7 @@ class Workspace:
                     del self._path_wd[path]
                 continue
             if name:
-                dirty.add(disk.record_path(path, name))
+                dirty.add(disk.record_path(path, disk.record_name(name)))
             if path:  # the directory itself: its mtime moved, or it went
                 dirty.add(path)
 

@@ -11,9 +11,11 @@ that is not UTF-8 survives the round trip whatever the locale.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import stat
+import sys
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 MAX_PATH_BYTES = 4096
@@ -21,6 +23,9 @@ MAX_NAME_BYTES = 255
 MAX_LINK_BYTES = 4096
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+_FS_UTF8 = (
+    codecs.lookup(sys.getfilesystemencoding()).name == "utf-8" and sys.getfilesystemencodeerrors() == "surrogateescape"
+)
 _TEMP_PREFIX = b".orch-restore-"
 _MAX_OPEN = 64  # directory descriptors DirFds keeps open at once
 _GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # not there, or not a directory (a link is never followed)
@@ -41,9 +46,15 @@ def os_name(path: str) -> bytes:
     return path.encode("utf-8", "surrogateescape")
 
 
-def record_path(parent: str, name: bytes) -> str:
-    text = name.decode("utf-8", "surrogateescape")
-    return parent + "/" + text if parent else text
+def record_name(name: Union[str, bytes]) -> str:
+    """A name as the kernel gave it (bytes, or ``str`` from ``os.scandir``) as record text."""
+    if isinstance(name, bytes):
+        return name.decode("utf-8", "surrogateescape")
+    return name if _FS_UTF8 else os.fsencode(name).decode("utf-8", "surrogateescape")
+
+
+def record_path(parent: str, name: str) -> str:
+    return parent + "/" + name if parent else name
 
 
 def split(path: str) -> Tuple[str, bytes]:
@@ -145,8 +156,8 @@ class DirFds:
         self._fds.clear()
 
 
-def listing(dir_fd: int) -> List[Tuple[bytes, os.stat_result]]:
-    """The entries of an open directory with their own ``lstat`` (one that vanished meanwhile is left out).
+def listing(dir_fd: int) -> List[Tuple[str, os.stat_result]]:
+    """The entries of an open directory, names as record text, with their own ``lstat`` (none that vanished).
 
     Raises:
         OSError: the directory cannot be listed.
@@ -155,7 +166,7 @@ def listing(dir_fd: int) -> List[Tuple[bytes, os.stat_result]]:
     with os.scandir(dir_fd) as entries:
         for entry in entries:
             try:
-                found.append((os.fsencode(entry.name), entry.stat(follow_symlinks=False)))
+                found.append((record_name(entry.name), entry.stat(follow_symlinks=False)))
             except FileNotFoundError:
                 continue
     return found
@@ -176,7 +187,7 @@ def walk(
     record's bound is not entered (nothing in it could be saved).
     """
 
-    def enter(path: str, fd: int) -> List[bytes]:
+    def enter(path: str, fd: int) -> List[str]:
         watch(path, fd)
         try:
             entries = listing(fd)
@@ -202,7 +213,7 @@ def walk(
         name = subdirectories.pop()
         child = record_path(path, name)
         try:
-            child_fd = os.open(name, DIR_FLAGS, dir_fd=fd)
+            child_fd = os.open(os_name(name), DIR_FLAGS, dir_fd=fd)
         except OSError as exc:
             unlisted[child] = os.strerror(exc.errno or 0)
             continue
