@@ -347,9 +347,10 @@ class Workspace:
         if went:
             gone.update(p for p in self._saved if _under(p, went))
             self._unwatch(went)
-        if walked:  # a walk saw all a directory holds: what it did not see went
+        rewalked = {p for p in walked if p in self._saved and self._saved[p].kind == "d"}  # new ones hold nothing saved
+        if rewalked:  # a walk saw all a directory holds: what it did not see went
             unknown = set(unlisted)
-            gone.update(p for p in self._saved if p not in seen and _under(p, walked) and not _under(p, unknown))
+            gone.update(p for p in self._saved if p not in seen and _under(p, rewalked) and not _under(p, unknown))
         looked_at = missing | went
         for path in [p for p in self._unsaved if p in seen or p in missing or _under(p, looked_at)]:
             del self._unsaved[path]
