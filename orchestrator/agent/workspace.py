@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Container, Dict, List, Optional, Set, Tuple
+from typing import Container, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from . import blob_format, checkpoint, workspace_restore
 from . import workspace_disk as disk
@@ -31,24 +31,21 @@ _KEPT = "; its last saved version is kept"
 Row = workspace_restore.Row
 
 
-class _Saved:
+class _Saved(NamedTuple):
     """An entry as the store holds it, and the ``lstat`` it was saved from (``key``: None until known)."""
 
-    __slots__ = ("key", "kind", "mode", "mtime_ns", "ref", "size")
-
-    def __init__(self, kind: str, mode: int, mtime_ns: int, ref: str, size: int, key: Optional[tuple]) -> None:
-        self.kind = kind
-        self.mode = mode
-        self.mtime_ns = mtime_ns
-        self.ref = ref
-        self.size = size
-        self.key = key
+    kind: str
+    mode: int
+    mtime_ns: int
+    ref: str
+    size: int
+    key: Optional[tuple]
 
     def row(self, path: str) -> Row:
         return [path, self.kind, self.mode, self.mtime_ns, self.ref, self.size]
 
     def same_record(self, other: "_Saved") -> bool:
-        return self.row("") == other.row("")
+        return self[:5] == other[:5]
 
 
 class _Run:
@@ -544,7 +541,7 @@ class Workspace:
             raise BadRequest("no restore began")
         written, self._writer = self._writer.finish(), None
         for path, (row, key) in written.items():
-            self._hold(path, _Saved(row[1], row[2], row[3], row[4], row[5], key))
+            self._hold(path, _Saved(*row[1:], key=key))
         self._events = inotify.Inotify.open()
         self._rescan = "the workspace was restored"
 
