@@ -75,7 +75,7 @@ def download_file(entry: Entry, target: Path, open_blob: BlobOpener) -> Download
     """
     directory = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        written = _write_file(directory, os.fsencode(target.name), entry, open_blob, target)
+        written = _write_file(directory, os.fsencode(target.name), entry, open_blob, str(target))
     finally:
         os.close(directory)
     return Downloaded(files=1, bytes=written)
@@ -92,26 +92,22 @@ def download_tree(tree: FileTree, root: str, destination: Path, open_blob: BlobO
             file's or a link's name), a permission, a full disk.
     """
     report = Downloaded()
-    root_entry = tree.entry(root) if root else None
     made_root = _make_root(destination)
     root_fd = os.open(destination, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    # the open directories from the root down to the current one: (stored path, descriptor, entry to finish it with)
-    stack: list[tuple[str, int, Entry | None]] = [(root, root_fd, root_entry if made_root else None)]
+    levels = _Levels(_Level(root, b"", str(destination), tree.entry(root) if root and made_root else None, root_fd))
     try:
         for entry in sorted(tree.below(root, recursive=True), key=lambda e: tree_order(e.path)):
             parent = parent_of(entry.path)
-            if not any(path == parent for path, _, _ in stack):
+            if not levels.holds(parent):
                 report.skipped[entry.path] = f"its directory '{shown(parent)}' was not written"
                 continue
-            while stack[-1][0] != parent:
-                _finish(stack.pop())
-            directory = stack[-1][1]
-            local = destination.joinpath(*_local_parts(entry.path, root))
+            directory = levels.back_to(parent)
+            local = os.path.join(destination, entry.path[len(root) + 1 :] if root else entry.path)
             name = os_name(entry.name)
             if name is None:
                 report.skipped[entry.path] = "its name cannot be a file name on this host"
             elif entry.kind == "d":
-                stack.append((entry.path, _open_directory(directory, name, local), entry))
+                levels.enter(_Level(entry.path, name, local, entry, _open_directory(directory, name, local)))
                 report.directories += 1
             elif entry.kind == "f":
                 report.bytes += _write_file(directory, name, entry, open_blob, local)
@@ -125,12 +121,96 @@ def download_tree(tree: FileTree, root: str, destination: Path, open_blob: BlobO
                     report.skipped[entry.path] = why
             else:
                 report.skipped[entry.path] = f"its kind {entry.kind!r} is not a file, a directory or a link"
-        while stack:
-            _finish(stack.pop())
+        levels.finish()
     finally:
-        for _, fd, _ in stack:
-            os.close(fd)
+        levels.close()
     return report
+
+
+@dataclass
+class _Level:
+    """A directory on the way from the download's root to the one being written."""
+
+    path: str
+    name: bytes
+    local: str
+    """Its path on the host, for messages (an OSError shows it as a repr: escaped)."""
+    entry: Entry | None
+    """What gives it its mode and time once its entries are written (None: it is left as it was)."""
+    fd: int | None
+
+
+class _Levels:
+    """The directories from the download's root down to the one being written, each opened from its parent's
+    descriptor. At most ``MAX_OPEN`` below the root hold a descriptor at once (a tree may be 2,048 deep, past a
+    process's limit); one that gave its up is opened again, the same checked way, when the walk comes back to it."""
+
+    MAX_OPEN = 64
+
+    def __init__(self, root: _Level) -> None:
+        self._levels = [root]
+
+    def holds(self, path: str) -> bool:
+        return any(level.path == path for level in self._levels)
+
+    def enter(self, level: _Level) -> None:
+        self._levels.append(level)
+        self._trim()
+
+    def back_to(self, path: str) -> int:
+        """Finish the directories below ``path`` (one the walk holds); its descriptor."""
+        while self._levels[-1].path != path:
+            self._finish_top()
+        return self._open_top()
+
+    def finish(self) -> None:
+        while self._levels:
+            self._finish_top()
+
+    def close(self) -> None:
+        """Close what is still open (after an error: those directories keep the mode they were made with)."""
+        for level in self._levels:
+            _close(level)
+
+    def _finish_top(self) -> None:
+        """Give the deepest directory its mode and time (after its entries: they change its time, and a mode
+        without ``w`` would have stopped them), then close it and leave it."""
+        fd = self._open_top()
+        entry = self._levels.pop().entry
+        try:
+            if entry is not None:
+                os.fchmod(fd, entry.mode & _PERMISSIONS)
+                os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
+        finally:
+            os.close(fd)
+
+    def _open_top(self) -> int:
+        """The deepest directory's descriptor, opened again (with those between it and the deepest one still
+        held) when it was given up."""
+        held = len(self._levels) - 1
+        while self._levels[held].fd is None:  # the root's is never given up
+            held -= 1
+        for index in range(held + 1, len(self._levels)):
+            parent, level = self._levels[index - 1].fd, self._levels[index]
+            assert parent is not None
+            level.fd = _open_directory(parent, level.name, level.local, make=False)
+            self._trim()
+        top = self._levels[-1].fd
+        assert top is not None
+        return top
+
+    def _trim(self) -> None:
+        """Give up the shallowest descriptor held below the root past ``MAX_OPEN`` (held ones are always the
+        deepest levels: entered last, or opened again from the shallowest up)."""
+        held = [level for level in self._levels[1:] if level.fd is not None]
+        if len(held) > self.MAX_OPEN:
+            _close(held[0])
+
+
+def _close(level: _Level) -> None:
+    if level.fd is not None:
+        os.close(level.fd)
+        level.fd = None
 
 
 def _make_root(destination: Path) -> bool:
@@ -146,38 +226,22 @@ def _make_root(destination: Path) -> bool:
     return True
 
 
-def _local_parts(path: str, root: str) -> list[str]:
-    inside = path[len(root) + 1 :] if root else path
-    return [shown(part) for part in inside.split("/")]
-
-
-def _open_directory(parent: int, name: bytes, local: Path) -> int:
+def _open_directory(parent: int, name: bytes, local: str, *, make: bool = True) -> int:
     """Make directory ``name`` in ``parent`` (0700 until it is finished), or take the one there; never a link."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(name, 0o700, dir_fd=parent)
+    if make:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=parent)
     try:
         return os.open(name, _DIRECTORY, dir_fd=parent)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise NotADirectoryError(
-                errno.ENOTDIR, "something other than a directory is there (never followed nor replaced)", str(local)
+                errno.ENOTDIR, "something other than a directory is there (never followed nor replaced)", local
             ) from None
         raise _located(exc, local) from None
 
 
-def _finish(opened: tuple[str, int, Entry | None]) -> None:
-    """Give a written directory its mode and time (after its entries: they change its time, and a mode without
-    ``w`` would have stopped them), then close it."""
-    _, fd, entry = opened
-    try:
-        if entry is not None:
-            os.fchmod(fd, entry.mode & _PERMISSIONS)
-            os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
-    finally:
-        os.close(fd)
-
-
-def _write_file(directory: int, name: bytes, entry: Entry, open_blob: BlobOpener, local: Path) -> int:
+def _write_file(directory: int, name: bytes, entry: Entry, open_blob: BlobOpener, local: str) -> int:
     """Write ``entry``'s blob to a new temporary file in ``directory``, then rename it to ``name``; its length."""
     blob = open_blob(entry)
     try:
@@ -199,7 +263,7 @@ def _write_file(directory: int, name: bytes, entry: Entry, open_blob: BlobOpener
     return written
 
 
-def _write_link(directory: int, name: bytes, entry: Entry, local: Path) -> None:
+def _write_link(directory: int, name: bytes, entry: Entry, local: str) -> None:
     target = original_bytes(entry.ref)
     assert target is not None  # _link_problem refused it otherwise
     while True:
@@ -286,7 +350,7 @@ def _temporary_name() -> bytes:
     return f"{TEMP_PREFIX}{secrets.token_hex(6)}".encode()
 
 
-def _new_temporary(directory: int, local: Path) -> tuple[bytes, int]:
+def _new_temporary(directory: int, local: str) -> tuple[bytes, int]:
     while True:
         name = _temporary_name()
         try:
@@ -297,15 +361,15 @@ def _new_temporary(directory: int, local: Path) -> tuple[bytes, int]:
             raise _located(exc, local) from None
 
 
-def _rename(directory: int, temporary: bytes, name: bytes, local: Path) -> None:
+def _rename(directory: int, temporary: bytes, name: bytes, local: str) -> None:
     try:
         os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
     except OSError as exc:
         if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
-            raise IsADirectoryError(errno.EISDIR, "a directory is there; it is not replaced", str(local)) from None
+            raise IsADirectoryError(errno.EISDIR, "a directory is there; it is not replaced", local) from None
         raise _located(exc, local) from None
 
 
-def _located(exc: OSError, local: Path) -> OSError:
+def _located(exc: OSError, local: str) -> OSError:
     """``exc`` again, naming the whole local path (an ``*at`` call names only the last component)."""
-    return type(exc)(exc.errno, exc.strerror, str(local))
+    return type(exc)(exc.errno, exc.strerror, local)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import stat
 
 import pytest
@@ -251,3 +252,24 @@ def test_a_single_file_replaces_the_one_there_and_keeps_nothing_else(tmp_path):
     assert target.read_bytes() == b"new"
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
     assert sorted(os.listdir(tmp_path)) == ["a.out", "blobs"]
+
+
+def test_a_tree_deeper_than_the_descriptors_a_process_may_hold_is_written_whole(tmp_path):
+    stored = Stored(tmp_path)
+    depth = 300
+    for level in range(1, depth + 1):
+        stored.dir("/".join(["d"] * level), mode=0o750)
+        stored.file("/".join(["d"] * level + ["f"]), str(level).encode())  # written after the deeper levels
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 80, hard))
+    try:
+        report = stored.download(tmp_path / "out")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    assert (report.directories, report.files) == (depth, depth)
+    deepest = tmp_path.joinpath("out", *["d"] * depth)
+    assert (deepest / "f").read_bytes() == b"300"
+    for level in (1, 150, depth):
+        directory = tmp_path.joinpath("out", *["d"] * level)
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o750 and os.stat(directory).st_mtime_ns == MTIME
