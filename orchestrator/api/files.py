@@ -29,7 +29,7 @@ from ..errors import (
 )
 from ..state.store import SessionStore
 from .download import BlobOpener, Downloaded, download_file, download_tree, read_counted
-from .file_tree import Entry, FileTree, Unreachable, normalized, os_name, shown, tree_order
+from .file_tree import WORKSPACE, Entry, FileTree, Unreachable, normalized, os_name, shown, tree_order
 
 DEFAULT_MAX_READ_BYTES = 64 << 20
 """What ``read`` returns in memory at most unless told otherwise; ``read(path, to=...)`` streams any size."""
@@ -201,6 +201,7 @@ class Files:
         entry = tree.entry(found) if found else None
         if entry is None or entry.kind == "d":
             return download_tree(tree, found, Path(local_path), self._opener(record))
+        entry = self._file(tree, found)
         target = Path(local_path)
         if target.is_dir():  # under the name it was asked by (a link's, when path is a link), as cp does
             asked = (normalized(os.fspath(path)) or "").rpartition("/")[2]
@@ -221,8 +222,8 @@ class Files:
         relative = normalized(given)
         if relative is None:
             raise PathOutsideWorkspace(
-                f"'{shown(given)}' is outside the session's workspace: give a path relative to /workspace, "
-                "or an absolute one under /workspace",
+                f"'{shown(given)}' is outside the session's workspace: give a path relative to {WORKSPACE}, "
+                f"or an absolute one under {WORKSPACE}",
                 path=given,
             )
         try:
@@ -244,10 +245,9 @@ class Files:
         found = self._find(tree, path)
         entry = tree.entry(found) if found else None
         if entry is None or entry.kind != "f":
-            shown_path = shown(found) or "/workspace"
             raise NotAFileInWorkspace(
-                f"'{shown_path}' is a directory of the session's workspace, not a file: files.list() lists it, "
-                "files.download() writes it to a local directory",
+                f"'{shown(found) or WORKSPACE}' is a directory of the session's workspace, not a file: "
+                "files.list() lists it, files.download() writes it to a local directory",
                 path=found,
             )
         return entry
