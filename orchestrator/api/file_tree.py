@@ -1,6 +1,6 @@
 """A session's stored workspace read as a tree: its entries, a directory's children, paths followed through links.
 
-The record keeps one generation's workspace as a flat map ``{path: [kind, mode, mtime_ns, ref]}``
+The record keeps one generation's workspace as a flat map ``{path: (kind, mode, mtime_ns, ref)}``
 (docs/design/workspace.md, "The record"), paths relative to ``/workspace``. This module reads it and
 nothing else: no byte of a sandbox's filesystem, no file on the host. A link is followed the way the
 kernel would follow it (``..`` after a link applies to where the link led), but through the map's

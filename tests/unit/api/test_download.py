@@ -22,21 +22,21 @@ class Stored:
     def __init__(self, tmp_path):
         self.blobs = tmp_path / "blobs"
         self.blobs.mkdir()
-        self.files: dict[str, list] = {}
+        self.files: dict[str, tuple] = {}
         self.sizes: dict[str, int] = {}
         self.opened: list[str] = []
 
     def file(self, path, data, *, mode=0o644, size=None, blob=None):
         ref = f"{len(self.sizes):032x}"
         (self.blobs / ref).write_bytes(data if blob is None else blob)
-        self.files[path] = ["f", mode, MTIME, ref]
+        self.files[path] = ("f", mode, MTIME, ref)
         self.sizes[ref] = len(data) if size is None else size
 
     def dir(self, path, *, mode=0o755):
-        self.files[path] = ["d", mode, MTIME, ""]
+        self.files[path] = ("d", mode, MTIME, "")
 
     def link(self, path, target):
-        self.files[path] = ["l", 0o777, MTIME, target]
+        self.files[path] = ("l", 0o777, MTIME, target)
 
     @property
     def tree(self):
@@ -227,12 +227,12 @@ def test_names_that_are_not_utf8_are_written_as_their_bytes(tmp_path):
 
 def test_what_is_no_file_directory_or_link_is_never_made(tmp_path):
     stored = Stored(tmp_path)
-    stored.files["fifo"] = ["p", 0o644, MTIME, ""]
-    stored.files["dev"] = ["c", 0o666, MTIME, ""]
+    stored.files["fifo"] = ("p", 0o644, MTIME, "")
+    stored.files["dev"] = ("c", 0o666, MTIME, "")
     stored.file("f", b"x")
-    stored.files["f/under"] = ["d", 0o755, MTIME, ""]  # a directory under a file
-    stored.files["orphan/x"] = ["d", 0o755, MTIME, ""]  # under a directory the map lacks
-    stored.files["bad\x00name"] = ["d", 0o755, MTIME, ""]
+    stored.files["f/under"] = ("d", 0o755, MTIME, "")  # a directory under a file
+    stored.files["orphan/x"] = ("d", 0o755, MTIME, "")  # under a directory the map lacks
+    stored.files["bad\x00name"] = ("d", 0o755, MTIME, "")
 
     report = stored.download(tmp_path / "out")
 

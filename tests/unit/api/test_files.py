@@ -1,7 +1,7 @@
 """session.files, its read side (orchestrator.api.files): the store's workspace read, listed and downloaded.
 
-The records are ``SessionRecord`` with ``files`` set directly: the field as docs/design/workspace.md ("The record")
-gives it, ``{path: [kind, mode, mtime_ns, ref]}``.
+The records are ``SessionRecord`` with ``files`` set directly, as docs/design/workspace.md ("The record") gives it:
+``{path: (kind, mode, mtime_ns, ref)}``.
 """
 
 from __future__ import annotations
@@ -35,20 +35,20 @@ class Workspace:
         self.store = SessionStore(tmp_path / "state")
         self.record = SessionRecord(session_id="s-files", image="i", created_at=0.0, last_used_at=0.0)
         self.store.create(self.record)
-        self.record.files = {}
+        self.record.files = {}  # the field state/files.py (workspace-record) adds
         self.files = Files(lambda: self.record, self.store)
 
     def file(self, path, data, *, mode=0o644, size=None, blob=None):
         digest = blob_digest(data)
         self.store.write_blobs(self.record.session_id, {digest: data if blob is None else blob})
-        self.record.files[path] = ["f", mode, MTIME, digest]
+        self.record.files[path] = ("f", mode, MTIME, digest)
         self.record.blob_sizes[digest] = len(data) if size is None else size
 
     def dir(self, path, *, mode=0o755):
-        self.record.files[path] = ["d", mode, MTIME, ""]
+        self.record.files[path] = ("d", mode, MTIME, "")
 
     def link(self, path, target):
-        self.record.files[path] = ["l", 0o777, MTIME, target]
+        self.record.files[path] = ("l", 0o777, MTIME, target)
 
 
 @pytest.fixture
@@ -195,7 +195,7 @@ def test_a_blob_of_another_length_than_recorded_is_an_error(ws, tmp_path):
 
 
 def test_a_missing_blob_is_an_error_that_says_what_to_do(ws):
-    ws.record.files["gone"] = ["f", 0o644, MTIME, "f" * 32]
+    ws.record.files["gone"] = ("f", 0o644, MTIME, "f" * 32)
     ws.record.blob_sizes["f" * 32] = 3
     with pytest.raises(CheckpointError, match="try again"):
         ws.files.read("gone")
@@ -223,7 +223,7 @@ def test_ten_thousand_entries_are_listed_in_bounded_memory_without_reading_a_blo
     for d in range(100):
         ws.dir(f"d{d:03}")
         for f in range(99):
-            ws.record.files[f"d{d:03}/f{f:03}"] = ["f", 0o644, MTIME, "0" * 32]  # no such blob: never opened
+            ws.record.files[f"d{d:03}/f{f:03}"] = ("f", 0o644, MTIME, "0" * 32)  # no such blob: never opened
     ws.record.blob_sizes["0" * 32] = TB
 
     tracemalloc.start()
