@@ -4,8 +4,9 @@ The record keeps one generation's workspace as a flat map ``{path: (kind, mode, 
 (docs/design/workspace.md, "The record"), paths relative to ``/workspace``. This module reads it and
 nothing else: no byte of a sandbox's filesystem, no file on the host. A link is followed the way the
 kernel would follow it (``..`` after a link applies to where the link led), but through the map's
-entries only, and never above the directory it starts from: a link to ``/etc/shadow``, to ``../../x``
-or to a name the map does not hold leads nowhere (``Unreachable``), whatever the disk holds.
+entries only, and never above the directory the walk is confined to (the workspace's root, or a
+download's): a link to ``/etc/shadow``, to ``../../x`` or to a name the map does not hold leads
+nowhere (``Unreachable``), whatever the disk holds.
 
 Names come from the sandbox: a name that is not UTF-8 is kept as ``os.fsdecode`` keeps it
 (``surrogateescape``), written back as its own bytes (``os_name``) and shown escaped (``shown``).
