@@ -308,7 +308,8 @@ def read_files_put(header: Header, body_size: int) -> FilesPutRequest:
 
     Raises:
         BadRequest: ``entries`` is not a list of at most MAX_FILES_PUT_ENTRIES six-item lists whose files' sizes add
-            up to the body's length (at most MAX_FILES_PUT_BYTES).
+            up to the body's length (at most MAX_FILES_PUT_BYTES, unless the batch is one entry: a bigger file goes
+            alone, bounded by the frame as every saved file is).
     """
     entries = header.get("entries")
     if not isinstance(entries, list) or len(entries) > MAX_FILES_PUT_ENTRIES:
@@ -318,7 +319,7 @@ def read_files_put(header: Header, body_size: int) -> FilesPutRequest:
         if not (isinstance(entry, list) and len(entry) == 6 and type(entry[5]) is int and entry[5] >= 0):
             raise BadRequest("a files_put entry is [path, kind, mode, mtime_ns, ref, size]")
         total += entry[5] if entry[1] == "f" else 0
-    if total != body_size or body_size > MAX_FILES_PUT_BYTES:
+    if total != body_size or (body_size > MAX_FILES_PUT_BYTES and len(entries) > 1):
         raise BadRequest("the files_put body must hold its files' bytes, at most %d" % MAX_FILES_PUT_BYTES)
     return cast(FilesPutRequest, header)
 

@@ -550,13 +550,16 @@ class CheckpointLedger:
         return next(held for name, held, _ in files.limits(before.files, self.workspace_files) if name == unit)
 
     def drop(self, names: dict[str, str]) -> None:
-        """Take values that could not be restored out of the checkpoint (the agent does not hold them either)."""
+        """Take values (and workspace files, named ``/workspace/<path>``) that could not be restored out of the
+        checkpoint (the agent does not hold them either)."""
         if not names:
             return
         with self.owned() as current:
             variables = {k: v for k, v in current.variables.items() if k not in names}
-            live = set(variables.values()) | files.digests(current.files)
-            self._replace_manifest(current, variables, {d: s for d, s in current.blob_sizes.items() if d in live})
+            kept = {p: e for p, e in current.files.items() if files.UNSAVED_PREFIX + p not in names}
+            live = set(variables.values()) | files.digests(kept)
+            blob_sizes = {d: s for d, s in current.blob_sizes.items() if d in live}
+            self._replace_manifest(current, variables, blob_sizes, files=kept)
 
     def rewind(self, generation: int) -> SessionRecord:
         """Make a new generation whose state is the kept generation ``generation``'s, in one switch of the manifest;
