@@ -6,7 +6,7 @@ but for what ``session.unsaved`` names, a hibernated session is read without bei
 reaches the caller that the host did not hash when it stored it. A path is relative to ``/workspace``
 (an absolute one under it is taken too), ``..`` is taken lexically, and a link on the way is followed
 through the stored workspace only, never out of it. ``write``, ``remove`` and ``upload`` are requests
-to the sandbox's worker and come with them.
+to the sandbox's worker (``api/file_writes.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ..errors import (
 from ..state.store import SessionStore
 from .download import BlobOpener, Downloaded, download_file, download_tree, read_counted
 from .file_tree import WORKSPACE, Entry, FileTree, Unreachable, normalized, os_name, shown, tree_order
+from .file_writes import DEFAULT_MODE, FileData, FileWriter, Uploaded
 
 DEFAULT_MAX_READ_BYTES = 64 << 20
 """What ``read`` returns in memory at most unless told otherwise; ``read(path, to=...)`` streams any size."""
@@ -84,10 +85,55 @@ class WorkspaceRecord(Protocol):
 class Files:
     """The files of one session's workspace, as its last checkpoint stored them."""
 
-    def __init__(self, record: Callable[[], WorkspaceRecord], store: SessionStore) -> None:
-        """``record``: the session's current record (each call reads one, whole); ``store``: where its blobs are."""
+    def __init__(
+        self, record: Callable[[], WorkspaceRecord], store: SessionStore, writer: FileWriter | None = None
+    ) -> None:
+        """``record``: the session's current record (each call reads one, whole); ``store``: where its blobs are;
+        ``writer``: the session's calls that change its workspace (``api/file_writes.py``)."""
         self._record = record
         self._store = store
+        self._writer = writer
+
+    def write(self, path: str | os.PathLike[str], data: FileData, *, mode: int = DEFAULT_MODE) -> None:
+        """Write ``data`` as the file ``path`` of the workspace (its missing directories made), replacing a file or
+        link there; the session's checkpoint holds it when this returns (like ``set_value``).
+
+        Args:
+            path: relative to ``/workspace`` (or absolute under it).
+            data: bytes, a str (written as UTF-8) or a binary file object (read to its end).
+            mode: the file's permission bits.
+
+        Raises:
+            PathOutsideWorkspace: ``path`` leads out of the workspace.
+            WorkspaceFileTooBig: ``data`` is bigger than the workspace (``Settings.limits.workspace_bytes``).
+            WorkspaceError: the sandbox could not write it (a directory there, the workspace full); nothing changed.
+            ConfigError: ``path`` names the workspace itself, or ``mode`` is not permission bits.
+        """
+        self._writes().write(path, data, mode=mode)
+
+    def remove(self, path: str | os.PathLike[str], recursive: bool = False) -> None:
+        """Remove a file, a link (not what it points to) or an empty directory; with ``recursive`` a directory and
+        everything in it. The checkpoint holds the removal when this returns.
+
+        Raises:
+            PathOutsideWorkspace: ``path`` leads out of the workspace.
+            WorkspaceError: the sandbox could not remove it (nothing there, a directory that is not empty).
+        """
+        self._writes().remove(path, recursive)
+
+    def upload(self, local_path: str | os.PathLike[str], path: str | os.PathLike[str]) -> Uploaded:
+        """Copy a local file to ``path``, or a local directory's files under ``path`` (``"."``: the workspace),
+        one ``write`` each (a generation each) in one turn of the session: no cell runs between them.
+
+        A directory's links, empty directories and special files are not written but named in
+        ``Uploaded.skipped``. A directory of more files or bytes than the workspace holds
+        (``Settings.limits.workspace_files``, ``workspace_bytes``) is refused before anything is sent.
+
+        Raises:
+            ConfigError: the directory is past the workspace's bounds.
+            PathOutsideWorkspace, WorkspaceFileTooBig, WorkspaceError: as ``write``.
+        """
+        return self._writes().upload(local_path, path)
 
     @overload
     def read(self, path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_READ_BYTES) -> bytes: ...
@@ -209,6 +255,11 @@ class Files:
         return download_file(entry, target, self._opener(record))
 
     # ----------------------------------------------------------------- internals
+
+    def _writes(self) -> FileWriter:
+        if self._writer is None:
+            raise ConfigError("these files are read-only: write through the session (session.files)")
+        return self._writer
 
     def _view(self) -> tuple[WorkspaceRecord, FileTree]:
         record = self._record()

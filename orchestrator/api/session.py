@@ -33,6 +33,8 @@ from .contexts import (
 )
 from .events import Event, OnOutput
 from .execution import run_cell
+from .file_writes import FileWriter
+from .files import Files
 from .results import ExecResult, Generation, generations
 from .tools import DEFAULT_ANSWER_CHARS, PythonTool
 from .transactions import Transactions
@@ -125,6 +127,13 @@ class Session:
         """The session and generation this one was forked from, or None."""
         origin = self._ledger.record.forked_from
         return (origin["session_id"], origin["generation"]) if origin else None
+
+    @property
+    def files(self) -> Files:
+        """The session's workspace (``/workspace``): ``read``, ``list``, ``exists``, ``download`` from its last
+        checkpoint (a hibernated session is not started for them); ``write``, ``remove``, ``upload`` as calls
+        whose change the checkpoint holds when they return (docs/files.md)."""
+        return Files(lambda: self._ledger.record, self._ledger.store, FileWriter(self._calls, None))
 
     @property
     def agent_info(self) -> dict[str, Any]:
@@ -582,6 +591,12 @@ class Context:
         """The environment variables the context was created with, on top of the sandbox's own."""
         spec = self._session._calls.spec(self._id)
         return {} if spec is None else dict(spec["env"])
+
+    @property
+    def files(self) -> Files:
+        """``Session.files``, its writes' checkpoint deltas committed in this context (the workspace is shared)."""
+        session = self._session
+        return Files(lambda: session._ledger.record, session._ledger.store, FileWriter(session._calls, self._id))
 
     @property
     def variables(self) -> list[str]:
