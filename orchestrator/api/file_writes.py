@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..agent import protocol, request_table
-from ..errors import ConfigError, PathOutsideWorkspace, WorkspaceError, WorkspaceFileTooBig
+from ..errors import (
+    ConfigError,
+    FileNotFoundInWorkspace,
+    PathOutsideWorkspace,
+    WorkspaceError,
+    WorkspaceFileTooBig,
+)
+from ..state.files import UNSAVED_PREFIX
 from ..wire.replies import reply_reason
 from .file_tree import WORKSPACE, normalized, shown
 from .transactions import Transactions
@@ -70,6 +77,13 @@ class FileWriter:
             raise ConfigError(f"recursive must be a bool, got {recursive!r}")
         header = request_table.file_remove_request(relative, recursive, self._calls.settings.timeouts.checkpoint)
         with self._calls.turn():
+            record = self._calls.ledger.record
+            if relative not in record.files and UNSAVED_PREFIX + relative not in record.unsaved:
+                raise FileNotFoundInWorkspace(
+                    f"'{shown(relative)}' is not in the session's workspace (links on the way are not followed): "
+                    "files.list() shows what it holds",
+                    path=relative,
+                )
             self._calls.in_context(header, self._context)
             self._calls.control(header, lambda reply, body: self._commit(reply, body, relative))
 
@@ -138,6 +152,13 @@ class FileWriter:
                 path=relative,
             )
         self._calls.commit_state(reply, body, {}, self._context)
+        unsaved = self._calls.ledger.record.unsaved.get(UNSAVED_PREFIX + relative)
+        if unsaved is not None:  # written in the sandbox, but not kept: not what the caller was promised
+            raise WorkspaceError(
+                f"'{shown(relative)}' was written in the sandbox but its checkpoint cannot keep it ({unsaved}); "
+                "session.unsaved names it until it is removed or fits",
+                path=relative,
+            )
 
 
 def _target(path: str | os.PathLike[str]) -> str:

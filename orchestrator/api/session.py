@@ -243,9 +243,9 @@ class Session:
         """A new session, owned by the same orchestrator, whose state is this one's: its last committed generation
         (a call running now is not waited for and not included), or the kept generation ``at`` (``history()``).
 
-        Variables, contexts, the scaffold and the unsaved report are the source's; stored values are shared with
-        it, not copied. Each goes its own way after: removing either never breaks the other. ``labels`` are added
-        to the source's. See ``Orchestrator.fork``.
+        Variables, the workspace's files, contexts, the scaffold and the unsaved report are the source's; stored
+        values and files are shared with it, not copied. Each goes its own way after: removing either never breaks
+        the other. ``labels`` are added to the source's. See ``Orchestrator.fork``.
 
         Raises:
             GenerationNotFound: ``at`` is not a generation this session keeps.
@@ -270,9 +270,10 @@ class Session:
         """Bring the session back to the state of the kept generation ``generation``, as a new generation (history
         stays linear: nothing is rewritten, and the generation left can be rewound to in turn).
 
-        The sandbox's namespace is replaced by that state, restored as after a restart: imported modules stay
-        loaded, names the checkpoint did not hold (``unsaved``) are gone, and files in the working directory are
-        not part of a checkpoint (they stay as they are). Returns the new generation.
+        The sandbox's namespace and its ``/workspace`` are replaced by that state, restored as after a restart:
+        imported modules stay loaded, names and files the checkpoint did not hold (``unsaved``) are gone, a file
+        made since is gone and one deleted since is back (``/tmp`` is scratch: it stays as it is). Returns the new
+        generation.
 
         Raises:
             GenerationNotFound: the session keeps no such generation (the message names those it keeps).

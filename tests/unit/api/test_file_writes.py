@@ -10,9 +10,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakes import FakeBackend, fake_settings
+from fakes import Answer, FakeAgent, FakeBackend, Header, fake_settings
 
-from orchestrator import AsyncOrchestrator, ConfigError, Orchestrator, PathOutsideWorkspace, WorkspaceError
+from orchestrator import (
+    AsyncOrchestrator,
+    ConfigError,
+    FileNotFoundInWorkspace,
+    Orchestrator,
+    PathOutsideWorkspace,
+    WorkspaceError,
+)
 from orchestrator.agent import request_table
 from orchestrator.errors import WorkspaceFileTooBig
 
@@ -36,8 +43,30 @@ def test_writes_are_committed_and_read_back_from_the_store(orch: Orchestrator) -
     assert [info.path for info in files.list(recursive=True)] == ["data", "data/a.bin", "data/b.bin", "notes.txt"]
     files.remove("data", recursive=True)
     assert not files.exists("data/a.bin") and session.generation == 4
-    with pytest.raises(WorkspaceError, match="no such file"):
-        files.remove("nothing")
+    with pytest.raises(FileNotFoundInWorkspace):
+        files.remove("nothing")  # the stored record says so: nothing is sent
+
+
+def test_what_the_sandbox_refuses_or_cannot_keep_is_an_error(orch: Orchestrator) -> None:
+    def refusing(agent: FakeAgent, request: Header, body: bytes) -> Answer:
+        if request["type"] == request_table.FILE_WRITE and request["path"] == "dir":
+            return {"type": request_table.STATE_REPLY, "status": "error", "reason": "a directory is there"}
+        answer = agent.answer(request, body)
+        if request["type"] == request_table.FILE_WRITE:
+            reply, _ = answer
+            agent.generation -= 1  # written, not kept: the generation stays
+            reply["checkpoint"].update(generation=agent.generation, blobs=[])
+            reply["checkpoint"]["files"] = {"changed": [], "deleted": [], "unsaved": {"big": "past a bound"}}
+            return reply, b""
+        return answer
+
+    session = orch.create_session()
+    orch.backend.handler = refusing
+    with pytest.raises(WorkspaceError, match="could not change 'dir' of its workspace: a directory is there"):
+        session.files.write("dir", b"")
+    with pytest.raises(WorkspaceError, match="cannot keep it \\(past a bound\\)"):
+        session.files.write("big", b"x")
+    assert session.unsaved == {"/workspace/big": "past a bound"} and not session.files.exists("big")
 
 
 def test_bad_paths_modes_and_sizes_send_nothing(orch: Orchestrator) -> None:
