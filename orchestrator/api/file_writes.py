@@ -90,8 +90,7 @@ class FileWriter:
     def upload(self, local_path: str | os.PathLike[str], path: str | os.PathLike[str]) -> Uploaded:
         """A local file as ``path``, or a local directory's files under ``path``, one ``write`` each, in one turn."""
         source = Path(local_path)
-        root = isinstance(os.fspath(path), str) and normalized(os.fspath(path)) == ""
-        relative = "" if root and source.is_dir() else _target(path)  # a directory's files may go to the root
+        relative = stored_path(path) if source.is_dir() else _target(path)  # a directory's files may go to the root
         planned, uploaded = self._plan(source, relative)
         with self._calls.turn():  # no cell runs between the writes
             for local, target in planned:
@@ -161,12 +160,12 @@ class FileWriter:
             )
 
 
-def _target(path: str | os.PathLike[str]) -> str:
-    """The stored path a write or a removal names (never the root).
+def stored_path(path: str | os.PathLike[str]) -> str:
+    """The stored path a files call is given (``""``: the workspace itself), taken lexically (``file_tree.normalized``).
 
     Raises:
         PathOutsideWorkspace: it leads out of the workspace.
-        ConfigError: it is not a str, or names the workspace itself.
+        ConfigError: it is not a str.
     """
     given = os.fspath(path)
     if not isinstance(given, str):
@@ -178,8 +177,19 @@ def _target(path: str | os.PathLike[str]) -> str:
             f"or an absolute one under {WORKSPACE}",
             path=given,
         )
+    return relative
+
+
+def _target(path: str | os.PathLike[str]) -> str:
+    """The stored path a write or a removal names (never the root).
+
+    Raises:
+        PathOutsideWorkspace: it leads out of the workspace.
+        ConfigError: it is not a str, or names the workspace itself.
+    """
+    relative = stored_path(path)
     if not relative:
-        raise ConfigError(f"'{shown(given)}' is the workspace itself: name a file or a directory in it")
+        raise ConfigError(f"'{shown(os.fspath(path))}' is the workspace itself: name a file or a directory in it")
     return relative
 
 

@@ -30,7 +30,7 @@ from ..errors import (
 from ..state.store import SessionStore
 from .download import BlobOpener, Downloaded, download_file, download_tree, read_counted
 from .file_tree import WORKSPACE, Entry, FileTree, Unreachable, normalized, os_name, shown, tree_order
-from .file_writes import DEFAULT_MODE, FileData, FileWriter, Uploaded
+from .file_writes import DEFAULT_MODE, FileData, FileWriter, Uploaded, stored_path
 
 DEFAULT_MAX_READ_BYTES = 64 << 20
 """What ``read`` returns in memory at most unless told otherwise; ``read(path, to=...)`` streams any size."""
@@ -267,16 +267,8 @@ class Files:
 
     def _find(self, tree: FileTree, path: str | os.PathLike[str], *, follow_last: bool = True) -> str:
         """The stored path ``path`` leads to (``""``: the root)."""
+        relative = stored_path(path)
         given = os.fspath(path)
-        if not isinstance(given, str):
-            raise ConfigError(f"a workspace path is a str, got {type(given).__name__}")
-        relative = normalized(given)
-        if relative is None:
-            raise PathOutsideWorkspace(
-                f"'{shown(given)}' is outside the session's workspace: give a path relative to {WORKSPACE}, "
-                f"or an absolute one under {WORKSPACE}",
-                path=given,
-            )
         try:
             return tree.resolve(relative, follow_last=follow_last)
         except Unreachable as exc:
