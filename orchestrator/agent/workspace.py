@@ -17,9 +17,10 @@ The worker's hooks: ``start`` once; ``checkpoint`` after the values' delta at ev
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
-from typing import Container, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Callable, Container, ContextManager, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from . import blob_format, checkpoint, workspace_restore
 from . import workspace_disk as disk
@@ -29,6 +30,7 @@ from .protocol import BadRequest
 _KEPT = "; its last saved version is kept"
 
 Row = workspace_restore.Row
+Armed = Callable[[], ContextManager[None]]  # the worker's interrupt armed while it is entered (SIGUSR2: out of time)
 
 
 class _Saved(NamedTuple):
@@ -51,27 +53,19 @@ class _Saved(NamedTuple):
 class _Run:
     """One delta in the making: rows, deletions, and the blobs the host does not hold yet."""
 
-    def __init__(self, held: Container[str], had: Set[str], room: Optional[int]) -> None:
+    def __init__(self, held: Container[str], had: Set[str], limit: Optional[int]) -> None:
         self.held = held  # the values' blobs the host holds
         self.had = had  # the blobs the workspace's baseline held when the delta began: the host holds them
-        self.room = room  # bytes of new blobs the checkpoint quota still allows (None: no quota)
+        self.limit = limit  # bytes the saved files' distinct blobs may hold after this delta (None: no quota)
         self.sent: Set[str] = set()
         self.blobs: List[checkpoint.Blob] = []
         self.changed: List[Row] = []
         self.deleted: List[str] = []
 
     def send(self, blob: checkpoint.Blob) -> None:
-        """Put ``blob`` in the delta unless the host holds it or it is in already.
-
-        Raises:
-            disk.Unsaved: it is new and the quota has no room for it.
-        """
+        """Put ``blob`` in the delta unless the host holds it or it is in already."""
         digest = blob.digest
         if digest not in self.held and digest not in self.had and digest not in self.sent:
-            if self.room is not None:
-                if blob.size > self.room:
-                    raise disk.Unsaved("the checkpoint quota has no room for its %d bytes" % blob.size)
-                self.room -= blob.size
             self.sent.add(digest)
             self.blobs.append(blob)
 
@@ -141,30 +135,38 @@ class Workspace:
         """Bytes of the distinct blobs the saved files hold: what the workspace counts in the checkpoint quota."""
         return self._blob_bytes
 
-    def delta(self, held: Container[str], room: Optional[int] = None) -> Tuple[Optional[dict], List[checkpoint.Blob]]:
+    def delta(
+        self, held: Container[str], limit: Optional[int] = None, armed: Armed = contextlib.nullcontext
+    ) -> Tuple[Optional[dict], List[checkpoint.Blob]]:
         """What changed since the last delta (or restore): the delta's ``files`` object and the new blobs.
 
         ``files`` is None when nothing changed (``unsaved`` included); else ``unsaved`` in it is
         complete. The blobs are the contents of changed files that neither ``held`` (the blobs the
         host holds for values) nor the workspace's baseline holds, each once; identical files share
-        one. ``room``: bytes of new blobs the checkpoint quota allows (None: no quota); a file
-        whose blob does not fit is named unsaved. What is returned is the new baseline.
+        one. ``limit``: bytes the saved files' distinct blobs may hold after this delta (what the
+        values left of the checkpoint quota; None: no quota); a file whose new blob does not fit is
+        named unsaved (what this delta deletes or replaces frees room for it). What is returned is
+        the new baseline.
 
-        An exception (KeyboardInterrupt when the checkpoint runs out of time, an unexpected
+        ``armed`` is entered around the work (not when no event came): the worker's interrupt may
+        raise KeyboardInterrupt inside it. An exception (that KeyboardInterrupt, an unexpected
         ``OSError``) leaves the baseline as it was, and the next delta walks the tree.
         """
+        if self._writer is not None:  # a restore is under way: its end gives the baseline
+            return None, []
         unsaved_before, self._undo = self._unsaved, []  # _scan and _update change a copy of _unsaved
         fds = disk.DirFds(self.root)
         try:
             dirty = self._pending()
             if dirty is not None and not dirty:
                 return None, []
-            run = _Run(held, set(self._refs), room)
+            run = _Run(held, set(self._refs), limit)
             self._unsaved = dict(self._unsaved)
-            if dirty is None:
-                self._scan(run, fds)
-            else:
-                self._update(dirty | set(self._unsaved), run, fds)
+            with armed():  # left before the baseline is final: an interrupt past it cannot be raised
+                if dirty is None:
+                    self._scan(run, fds)
+                else:
+                    self._update(dirty | set(self._unsaved), run, fds)
         except BaseException:  # events read and not acted on are lost: only a scan can tell now
             self._roll_back(unsaved_before)
             raise
@@ -177,20 +179,22 @@ class Workspace:
         unsaved = checkpoint.listed(dict(sorted(self._unsaved.items())))
         return {"changed": run.changed, "deleted": sorted(run.deleted), "unsaved": unsaved}, run.blobs
 
-    def checkpoint(self, description: dict, parts: list, tracker: checkpoint.Tracker) -> None:
+    def checkpoint(
+        self, description: dict, parts: list, tracker: checkpoint.Tracker, armed: Armed = contextlib.nullcontext
+    ) -> None:
         """The worker's hook after the values' delta: add the workspace's delta to ``description`` and ``parts``.
 
         The blobs the values hold (``tracker.held``) are not sent again; with a quota, files get
-        the room the values left (``blob_bytes`` is what the workspace holds of it). A delta whose
-        files changed anything advances the generation, as a changed variable does. Run armed
-        (SIGUSR2 raising KeyboardInterrupt), it gives up when out of time: the files then go in
-        a later checkpoint.
+        the room the values left (the values' delta counted ``blob_bytes``, what the files held,
+        as ``tracker.held.files_bytes``). A delta whose files changed anything advances the
+        generation, as a changed variable does. ``armed`` as for ``delta``: out of time, it gives
+        up, and the files go in a later checkpoint.
         """
-        room = None
+        limit = None
         if tracker.quota:
-            room = max(0, tracker.quota - tracker.held.bytes - self._blob_bytes)
+            limit = max(0, tracker.quota - tracker.held.bytes)
         try:
-            files, blobs = self.delta(tracker.held.refs, room)
+            files, blobs = self.delta(tracker.held.refs, limit, armed)
         except KeyboardInterrupt:  # out of time (the worker's SIGUSR2): the next checkpoint scans and sends them
             return
         if files is None:
@@ -449,8 +453,21 @@ class Workspace:
         data, st = disk.read_file(parent_fd, name, self.max_file_bytes)
         self._check_file(st, prev)
         blob = checkpoint.Blob([data] if data else [], len(data), blob_format.blob_digest(data))
+        self._check_room(run, blob, prev)
         run.send(blob)
         return _Saved("f", stat.S_IMODE(st.st_mode) & 0o777, _mtime(st), blob.digest, blob.size, disk.stat_key(st))
+
+    def _check_room(self, run: _Run, blob: checkpoint.Blob, prev: Optional[_Saved]) -> None:
+        """Refuse a new blob the quota has no room for (the files' distinct blobs, ``prev``'s freed if only it held it).
+
+        Raises:
+            disk.Unsaved: with it the files' blobs would hold more than ``run.limit``.
+        """
+        if run.limit is None or blob.digest in self._refs:  # a saved file holds these bytes: nothing new
+            return
+        freed = prev.size if prev is not None and prev.kind == "f" and self._refs.get(prev.ref) == 1 else 0
+        if self._blob_bytes - freed + blob.size > run.limit:
+            raise disk.Unsaved("the checkpoint quota has no room for its %d bytes" % blob.size)
 
     def _lstat(self, path: str, fds: disk.DirFds) -> Optional[os.stat_result]:
         parent, name = disk.split(path)
@@ -511,6 +528,11 @@ class Workspace:
         self._rescan = "the last delta did not finish"
 
     # -- restore
+
+    @property
+    def restoring(self) -> bool:
+        """A restore began and did not finish: ``put`` batches are taken."""
+        return self._writer is not None
 
     def begin_restore(self) -> None:
         """Empty the workspace and forget the baseline: ``put`` batches follow, then ``finish_restore``."""

@@ -297,7 +297,18 @@ def read_file(dir_fd: int, name: bytes, max_bytes: int) -> Tuple[bytearray, os.s
 
 def empty(root: str) -> None:
     """Remove everything under ``root`` (not ``root``): directories the cell made unreadable too."""
-    root_fd = os.open(root, DIR_FLAGS)
+    _empty_open(os.open(root, DIR_FLAGS))
+
+
+def remove_tree(dir_fd: int, name: bytes) -> None:
+    """Remove the directory ``name`` of ``dir_fd`` and everything in it, never following a link."""
+    chmod_dir(dir_fd, name, 0o700)
+    _empty_open(os.open(name, DIR_FLAGS, dir_fd=dir_fd))
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _empty_open(root_fd: int) -> None:
+    """Remove everything in the open directory ``root_fd``, which is closed after."""
     stack: List[Tuple[int, bytes, List[bytes]]] = [(root_fd, b"", _names(root_fd))]
     while stack:
         fd, name, names = stack[-1]

@@ -10,7 +10,8 @@ meanwhile; no link is ever followed.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
+import stat
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import workspace_disk as disk
 from .protocol import BadRequest
@@ -42,7 +43,10 @@ class RestoreWriter:
         fds = disk.DirFds(self.root)
         try:
             for row in sorted((checked(row) for row in entries), key=lambda row: row[0]):
-                self._put(row, read_content, fds)
+                try:
+                    self._put(row, read_content, fds)
+                except OSError as exc:  # the disk's refusal (full, say), named after the entry
+                    raise OSError(exc.errno, "workspace entry %r: %s" % (row[0], exc.strerror or exc)) from None
         finally:
             fds.close()
 
@@ -58,7 +62,12 @@ class RestoreWriter:
             raise BadRequest("the directory of %r could not be opened" % path)
         key: Key = None
         if kind == "d":
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent_fd)
+            except FileExistsError:  # a context's directory, made by the restore's context_create: it is this one
+                st = disk.lstat(parent_fd, name)
+                if st is None or not stat.S_ISDIR(st.st_mode):
+                    raise
             self._dirs.append((path, mode, mtime_ns))
         else:
             if kind == "l":
@@ -87,6 +96,31 @@ class RestoreWriter:
         finally:
             fds.close()
         return self.written
+
+
+def contents_of(entries: List[Any], body: disk.Content) -> disk.ReadContent:
+    """``read_content`` for a ``files_put`` batch: its body holds the entries of kind ``f``, in their order, each
+    ``size`` bytes (``request_table.read_files_put`` checked that they add up to the body).
+
+    The content given is a view of ``body``, looked up by (``ref``, ``size``): identical files share one.
+    """
+    view = memoryview(body).cast("B")
+    found: Dict[Tuple[str, int], memoryview] = {}
+    offset = 0
+    for entry in entries:
+        if entry[1] == "f":
+            size = entry[5]
+            if isinstance(entry[4], str):
+                found.setdefault((entry[4], size), view[offset : offset + size])
+            offset += size
+
+    def read_content(ref: str, size: int) -> disk.Content:
+        content = found.get((ref, size))
+        if content is None:
+            raise BadRequest("no content of %d bytes for the blob %r in the batch" % (size, ref))
+        return content
+
+    return read_content
 
 
 def checked(row: object) -> Row:

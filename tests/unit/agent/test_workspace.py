@@ -245,16 +245,20 @@ def test_a_file_the_checkpoint_quota_has_no_room_for_is_unsaved(ws, root):
     write(root / "a", b"x" * 10)
     write(root / "b", b"y" * 10)
     write(root / "c", b"x" * 10)  # a's bytes: no room needed
-    files, blobs = ws.delta(set(), room=15)
+    files, blobs = ws.delta(set(), limit=15)
     assert set(rows(files)) == {"a", "c"} and len(blobs) == 1 and ws.blob_bytes == 10
     assert files["unsaved"] == {"b": "the checkpoint quota has no room for its 10 bytes"}
-    os.unlink(root / "a")
+    write(root / "a", b"z" * 10)  # a new version of a file whose old blob c still holds: no room
+    files, _ = ws.delta(set(), limit=15)
+    assert list(rows(files)) == [] and "a" in files["unsaved"]
     os.unlink(root / "c")
-    files, _ = ws.delta(set(), room=15 - 10)
-    assert files["deleted"] == ["a", "c"] and list(rows(files)) == []  # freed for the next delta, not this one
+    files, _ = ws.delta(set(), limit=15)  # c's blob was a's old one: freed by the new version in the same delta
+    assert files["deleted"] == ["c"] and list(rows(files)) == ["a"] and ws.blob_bytes == 10
+    os.unlink(root / "a")
     write(root / "d", b"d")
-    files, _ = ws.delta(set(), room=15)
-    assert set(rows(files)) == {"b", "d"} and files["unsaved"] == {} and ws.blob_bytes == 11
+    files, _ = ws.delta(set(), limit=15)  # what a delta deletes frees room for what it saves
+    assert files["deleted"] == ["a"] and set(rows(files)) == {"b", "d"} and files["unsaved"] == {}
+    assert ws.blob_bytes == 11
 
 
 def test_a_hard_link_set_is_unsaved_until_one_name_remains(ws, root):
