@@ -5,6 +5,7 @@ file for the next turn across a kill (docs/files.md)."""
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -58,7 +59,7 @@ def _workspace(session: Session) -> dict[str, list[str]]:
     _run(session, LOOK)
     text = _run(session, "look()")
     assert text is not None
-    return dict(json.loads(json.loads(text)))
+    return dict(json.loads(ast.literal_eval(text)))
 
 
 @pytest.fixture
@@ -134,3 +135,20 @@ def test_the_rlms_drop_in_keeps_a_turns_file_across_a_kill(
         second = repl.execute_code("print(open('notes.md').read())")
         assert second.stdout.strip() == "turn one", second.stderr
         assert repl.files.read("notes.md") == b"turn one"
+
+
+def test_a_file_bigger_than_a_batch_comes_back_alone(
+    new_session: Callable[..., Session], orch: Orchestrator, kill_container: Callable[[Session], None]
+) -> None:
+    session = new_session(orch)
+    digest = _run(
+        session,
+        "import hashlib, os\n"
+        "with open('big.bin', 'wb') as f:\n"
+        "    for _ in range(70):\n"
+        "        f.write(os.urandom(1 << 20))\n"
+        "hashlib.sha256(open('big.bin', 'rb').read()).hexdigest()",
+    )
+    assert session.files.list("big.bin")[0].size == 70 << 20
+    kill_container(session)
+    assert _run(session, "hashlib.sha256(open('big.bin', 'rb').read()).hexdigest()") == digest
