@@ -290,3 +290,10 @@ def test_unsaved_paths_are_checked_and_a_delta_without_files_has_none(ledger):
     reply, _ = header(1)
     del reply["checkpoint"]["files"]
     assert "files" not in parse_delta(reply)
+
+
+def test_a_file_a_restore_could_not_bring_back_is_dropped_with_its_blob(store, ledger):
+    commit(ledger, 2, [change("data/b.csv", f(B))], sent=[B])
+    ledger.drop({"/workspace/data/b.csv": "its stored blob does not match its digest"})
+    record = store.load("s-files")
+    assert "data/b.csv" not in record.files and "data" in record.files and B not in record.blob_sizes
