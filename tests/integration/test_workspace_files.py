@@ -106,6 +106,11 @@ def test_rewind_brings_the_workspace_back_exactly(written: tuple[Session, dict[s
     generation = session.generation
     _run(session, "import os, shutil\nshutil.rmtree('deep')\nopen('later.txt', 'w').write('later')")
     assert session.files.exists("later.txt") and not session.files.exists("deep")
+    earlier = session.fork(at=generation)
+    try:
+        assert _workspace(earlier) == before  # a fork at a kept generation gets that generation's files
+    finally:
+        earlier.close()
     session.rewind(generation)
     assert not session.files.exists("later.txt") and session.files.read("deep/er/still/n.txt") == b"nested"
     assert _workspace(session) == before
