@@ -157,3 +157,15 @@ def test_a_file_bigger_than_a_batch_comes_back_alone(
     assert session.files.list("big.bin")[0].size == 70 << 20
     kill_container(session)
     assert _run(session, "hashlib.sha256(open('big.bin', 'rb').read()).hexdigest()") == digest
+
+
+def test_a_contexts_directory_and_files_come_back_after_a_kill(
+    session: Session, kill_container: Callable[[Session], None]
+) -> None:
+    context = session.create_context(context_id="ctx")
+    assert context.execute("open('c.txt', 'w').write('in ctx')").error is None
+    context.files.write("contexts/ctx/d.txt", b"from the host")
+    kill_container(session)
+    result = context.execute("import os\n(os.getcwd(), open('c.txt').read(), open('d.txt').read())")
+    assert result.return_value == "('/workspace/contexts/ctx', 'in ctx', 'from the host')", result.error
+    assert session.files.read("/workspace/contexts/ctx/c.txt") == b"in ctx"
