@@ -128,6 +128,14 @@ def test_a_restore_without_files_put_leaves_an_empty_workspace(ws_agent, root):
     assert os.listdir(root) == [] and run(ws_agent, "pass")["checkpoint"]["files"]["changed"] == []
 
 
+def test_a_fresh_worker_the_restores_begin_missed_empties_the_workspace_first(make_agent, root):
+    (root / "left_by_a_killed_worker").write_text("x")  # restore_begin killed its worker: this one never got it
+    agent = make_agent(ORCH_WORKSPACE_DIR=str(root))
+    assert files_put(agent, [["a", "f", 0o644, 0, blob_format.blob_digest(b"a"), 1]], b"a")["status"] == "ok"
+    assert request(agent, request_table.RESTORE_END, generation=3)["status"] == "ok"
+    assert os.listdir(root) == ["a"] and run(agent, "pass")["checkpoint"]["files"]["changed"] == []
+
+
 @pytest.mark.parametrize(
     ("entries", "body", "reason"),
     [
