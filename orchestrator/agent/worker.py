@@ -52,7 +52,8 @@ from . import blob_format, capture, checkpoint_names, framing, handover, hostcal
 _session_module = types.ModuleType("__main__")
 sys.modules["__main__"] = _session_module
 
-from . import cells, checkpoint, lazy, workspace_files, workspace_restore  # noqa: E402  (after the session module is __main__)
+# After the session module is __main__:
+from . import cells, checkpoint, lazy, workspace_files, workspace_restore  # noqa: E402
 from .workspace import Workspace  # noqa: E402
 
 _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"

@@ -82,6 +82,37 @@ def test_a_cells_file_is_in_its_checkpoint_and_an_unchanged_call_carries_no_file
     assert gone["checkpoint"]["generation"] == 3  # a file's change alone moves the generation
 
 
+SLOW_READS = """
+def _slow(root):
+    import sys, time
+    disk = sys.modules["orchestrator_agent.workspace_disk"]
+    def read_file(*args):
+        time.sleep(30)
+    read_file.real = disk.read_file
+    disk.read_file = read_file
+    open(root + "/f", "wb").write(b"data")
+_slow(%r)
+del _slow
+"""
+FAST_READS = """
+def _fast():
+    import sys
+    disk = sys.modules["orchestrator_agent.workspace_disk"]
+    disk.read_file = disk.read_file.real
+_fast()
+del _fast
+"""
+
+
+def test_a_checkpoint_out_of_time_while_reading_files_leaves_them_to_the_next(ws_agent, root):
+    reply, _ = ws_agent.run(SLOW_READS % str(root), checkpoint_timeout=0.5)
+    assert reply["status"] == "ok" and reply["id"] in ws_agent.cell_done  # the checkpoint's clock ran
+    assert "files" not in reply["checkpoint"] and reply["checkpoint"]["generation"] == 0
+    reply = run(ws_agent, FAST_READS)
+    assert list(rows(reply)) == ["f"] and reply["checkpoint"]["generation"] == 1
+    assert reply["blobs"] == {blob_format.blob_digest(b"data"): b"data"}
+
+
 def test_without_the_directory_the_workspace_is_off(make_agent, tmp_path):
     agent = make_agent(ORCH_WORKSPACE_DIR=str(tmp_path / "none"))
     assert "files" not in run(agent, "pass")["checkpoint"]
@@ -126,6 +157,14 @@ def test_a_restore_without_files_put_leaves_an_empty_workspace(ws_agent, root):
     request(ws_agent, request_table.RESTORE_BEGIN, generation=0)
     assert request(ws_agent, request_table.RESTORE_END, generation=0)["status"] == "ok"
     assert os.listdir(root) == [] and run(ws_agent, "pass")["checkpoint"]["files"]["changed"] == []
+
+
+def test_a_fresh_worker_the_restores_begin_missed_empties_the_workspace_first(make_agent, root):
+    (root / "left_by_a_killed_worker").write_text("x")  # restore_begin killed its worker: this one never got it
+    agent = make_agent(ORCH_WORKSPACE_DIR=str(root))
+    assert files_put(agent, [["a", "f", 0o644, 0, blob_format.blob_digest(b"a"), 1]], b"a")["status"] == "ok"
+    assert request(agent, request_table.RESTORE_END, generation=3)["status"] == "ok"
+    assert os.listdir(root) == ["a"] and run(agent, "pass")["checkpoint"]["files"]["changed"] == []
 
 
 @pytest.mark.parametrize(
