@@ -1,10 +1,10 @@
-"""The asynchronous API: the twins of Orchestrator, Session, Context and PythonTool whose calls are coroutines.
+"""The asynchronous API: the twins of Orchestrator, Session, Context, PythonTool and Files whose calls are coroutines.
 
 Implemented in ``api/aio.py``; also exported from ``orchestrator`` itself.
 """
 
 from __future__ import annotations
 
-from .api.aio import AsyncContext, AsyncOrchestrator, AsyncPythonTool, AsyncSession
+from .api.aio import AsyncContext, AsyncFiles, AsyncOrchestrator, AsyncPythonTool, AsyncSession
 
-__all__ = ["AsyncContext", "AsyncOrchestrator", "AsyncPythonTool", "AsyncSession"]
+__all__ = ["AsyncContext", "AsyncFiles", "AsyncOrchestrator", "AsyncPythonTool", "AsyncSession"]

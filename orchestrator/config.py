@@ -605,6 +605,7 @@ OTHER_VARIABLES = frozenset(
         "ORCH_OUTPUT_LIMIT",
         "ORCH_HOST_CALL_MAX_BYTES",
         "ORCH_WORKER_UID",
+        "ORCH_WORKSPACE_DIR",  # the agent's workspace (default /workspace): the agent's tests point it elsewhere
         # The Swarm node relay's (orchestrator/agent/node_relay.py).
         "ORCH_RELAY_LISTEN",
         "ORCH_RELAY_DIR",

@@ -24,6 +24,11 @@ Errors in the *user's* code are not exceptions: they come back as ``ExecResult.e
     │   ├── CheckpointQuotaExceeded          a value would take the checkpoint past its quota or bounds; nothing stored
     │   ├── SessionsNotClosed                Orchestrator.close could not close some sessions (all were tried)
     │   └── CheckpointError (OSError)        the checkpoint could not be stored or restored
+    ├── WorkspaceError                       a files call (session.files) could not use a path of the workspace
+    │   ├── FileNotFoundInWorkspace (LookupError)  nothing at that path in the session's stored workspace
+    │   ├── NotAFileInWorkspace              the path is a directory (or a link that leads out); use list or download
+    │   ├── PathOutsideWorkspace (ValueError)  the path leads out of /workspace (``..``, another absolute path)
+    │   └── WorkspaceFileTooBig              the file is past what read() returns in memory; use read(to=...)
     ├── SandboxError                         the call failed because of the sandbox; see .restored
     │   ├── ExecutionTimeout (TimeoutError)  the cell ran past its timeout
     │   ├── SandboxCrashed                   the interpreter or container died
@@ -204,6 +209,48 @@ class SessionsNotClosed(SessionError):
 
 class CheckpointError(SessionError, OSError):
     """A checkpoint could not be stored or restored."""
+
+
+class WorkspaceError(OrchestratorError):
+    """A files call (``session.files``: ``read``, ``list``, ``exists``, ``download``) could not use a path of the
+    session's workspace; the message shows the path (control characters and bytes that are not UTF-8 escaped) and
+    says what to do.
+
+    Attributes:
+        path: the path as it was given (or as the workspace holds it).
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class FileNotFoundInWorkspace(WorkspaceError, LookupError):
+    """Nothing is at that path in the session's stored workspace (or a link on the way leads to nothing)."""
+
+
+class NotAFileInWorkspace(WorkspaceError):
+    """``read`` was given a directory, or a link whose target is outside the workspace (never followed there)."""
+
+
+class PathOutsideWorkspace(WorkspaceError, ValueError):
+    """The path leads out of ``/workspace``: ``..`` above it, another absolute path, a NUL; or a link on the way
+    points out of it. Give a path relative to the workspace, or an absolute one under ``/workspace``."""
+
+
+class WorkspaceFileTooBig(WorkspaceError):
+    """The file holds more than ``read`` returns in memory (its ``max_bytes``); ``read(path, to=local_path)``
+    streams a file of any size to a local file.
+
+    Attributes:
+        size: the file's size in bytes.
+        limit: the ``max_bytes`` it is past.
+    """
+
+    def __init__(self, message: str, *, path: str, size: int, limit: int) -> None:
+        super().__init__(message, path=path)
+        self.size = size
+        self.limit = limit
 
 
 class _Recovered(OrchestratorError):

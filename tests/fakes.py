@@ -231,6 +231,8 @@ class FakeAgent:
         """Every request this agent got on this connection, in order."""
         self.values: dict[str, bytes] = {} if previous is None else previous.values
         self.generation = 0 if previous is None else previous.generation
+        self.workspace: dict[str, tuple[str, int, int, bytes | str]] = {} if previous is None else previous.workspace
+        """Path -> (kind, mode, mtime_ns, a file's bytes or a link's target): what files_put and file_write made."""
         self._backend = backend
         self._endpoint = endpoint
         self._control = sock
@@ -246,8 +248,13 @@ class FakeAgent:
         """What a healthy agent replies to ``request``."""
         kind = request["type"]
         if kind == request_table.RESTORE_BEGIN:
-            self.values = {}
+            self.values, self.workspace = {}, {}
             return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_OK}
+        if kind == request_table.FILES_PUT:
+            self._put_files(request["entries"], memoryview(body))
+            return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_OK}
+        if kind in (request_table.FILE_WRITE, request_table.FILE_REMOVE):
+            return self._change_file(request, bytes(body))
         if kind == request_table.LOAD:
             self.values[request["name"]] = bytes(body)
             return {"type": request_table.LOAD_REPLY, "status": protocol.STATUS_OK}
@@ -271,13 +278,18 @@ class FakeAgent:
             return {"type": request_table.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": delta}, blobs
         raise AssertionError(f"the fake agent does not know {kind!r}")
 
-    def delta(self, changed: Mapping[str, bytes]) -> tuple[Header, bytes]:
-        """A checkpoint delta storing ``changed`` (name -> pickle bytes) and its body."""
-        if changed:
+    def delta(self, changed: Mapping[str, bytes], files: Header | None = None) -> tuple[Header, bytes]:
+        """A checkpoint delta storing ``changed`` (name -> pickle bytes) and its body; ``files``: its workspace
+        part (the changed files' contents are the fake workspace's)."""
+        if changed or files is not None:
             self.generation += 1
             self.values.update(changed)
         digests = {name: blob_format.blob_digest(value) for name, value in changed.items()}
         blobs = {digests[name]: value for name, value in changed.items()}
+        for path, (kind, _, _, content) in self.workspace.items():
+            if files is not None and kind == "f" and path in {entry[0] for entry in files["changed"]}:
+                assert isinstance(content, bytes)
+                blobs[blob_format.blob_digest(content)] = content
         delta = {
             "generation": self.generation,
             "blobs": [{"digest": d, "size": len(v)} for d, v in blobs.items()],
@@ -285,7 +297,44 @@ class FakeAgent:
             "deleted": [],
             "unsaved": {},
         }
+        if files is not None:
+            delta["files"] = files
         return delta, b"".join(blobs.values())
+
+    def _put_files(self, entries: list[list[Any]], body: memoryview) -> None:
+        """A files_put batch written into the fake workspace (each directory must be there first)."""
+        offset = 0
+        for path, kind, mode, mtime_ns, ref, size in entries:
+            parent = path.rpartition("/")[0]
+            assert not parent or self.workspace[parent][0] == "d", f"files_put sent {path!r} before its directory"
+            content: bytes | str = ref
+            if kind == "f":
+                content, offset = bytes(body[offset : offset + size]), offset + size
+            self.workspace[path] = (kind, mode, mtime_ns, content)
+        assert offset == len(body)
+
+    def _change_file(self, request: Header, body: bytes) -> Answer:
+        """file_write (its directories made) or file_remove, then a delta with the change."""
+        path = request["path"]
+        if request["type"] == request_table.FILE_REMOVE:
+            if path not in self.workspace:
+                return {"type": request_table.STATE_REPLY, "status": protocol.STATUS_ERROR, "reason": "no such file"}
+            for each in [p for p in self.workspace if p == path or p.startswith(path + "/")]:
+                del self.workspace[each]
+            return self._state({"changed": [], "deleted": [path], "unsaved": {}})
+        parts = path.split("/")
+        made = ["/".join(parts[: i + 1]) for i in range(len(parts) - 1)]
+        made = [p for p in made if p not in self.workspace]
+        for directory in made:
+            self.workspace[directory] = ("d", 0o755, 1, "")
+        self.workspace[path] = ("f", request["mode"], 2, body)
+        changed = [[d, "d", 0o755, 1, "", 0] for d in made]
+        changed.append([path, "f", request["mode"], 2, blob_format.blob_digest(body), len(body)])
+        return self._state({"changed": changed, "deleted": [], "unsaved": {}})
+
+    def _state(self, files: Header) -> Answer:
+        delta, blobs = self.delta({}, files)
+        return {"type": request_table.STATE_REPLY, "status": protocol.STATUS_OK, "checkpoint": delta}, blobs
 
     def die(self, *, oom: bool = False) -> None:
         """The container dies now (its channel closes); ``oom``: killed for its memory."""

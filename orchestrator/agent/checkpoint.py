@@ -357,10 +357,11 @@ _NOT_LOADED = object()  # the value a deferred name is saved with until it is lo
 class HeldBlobs:
     """The distinct blobs a session's checkpoint holds: shared by the trackers of its contexts (one quota)."""
 
-    __slots__ = ("bytes", "name_bytes", "names", "refs", "sizes")
+    __slots__ = ("bytes", "files_bytes", "name_bytes", "names", "refs", "sizes")
 
     def __init__(self) -> None:
         self.bytes = 0
+        self.files_bytes = 0  # the workspace's distinct file blobs (the worker sets it): the quota counts them too
         self.refs: Dict[str, int] = {}  # digest -> how many saved names hold it
         self.sizes: Dict[str, int] = {}
         self.names = 0  # saved names (checkpoint keys) of every context: checkpoint_names.MAX_CHECKPOINT_NAMES
@@ -478,8 +479,8 @@ class Tracker:
         return Blob([], saved.size, saved.digest)
 
     def _held_after(self, prev: Optional[_Saved], blob_digest: str, size: int) -> int:
-        """The checkpoint's size if one name switched from ``prev`` to this blob."""
-        total = self.held.bytes
+        """The checkpoint's size if one name switched from ``prev`` to this blob (the workspace's files included)."""
+        total = self.held.bytes + self.held.files_bytes
         if blob_digest not in self._refs:
             total += size
         if prev is not None and self._refs.get(prev.digest) == 1:

@@ -11,6 +11,9 @@ from .log import log
 
 DEFAULT_CHANNEL = "/run/orchestrator/channel.sock"
 DEFAULT_SECRET_FILE = "/run/orchestrator/secret"
+DEFAULT_WORKSPACE_DIR = "/workspace"  # the cells' files, checkpointed with the values (docs/design/workspace.md)
+DEFAULT_WORKSPACE_BYTES = 1 << 30  # the controller's defaults (Settings.limits), for a controller that sets none
+DEFAULT_WORKSPACE_FILES = 10_000
 
 
 class ConfigError(Exception):
@@ -42,6 +45,10 @@ class Config:
         # A frame that started must keep flowing: a stall this long mid-frame is treated as a forgery.
         self.frame_timeout = _env_number(environ, "ORCH_FRAME_TIMEOUT", 10.0, False) or 10.0
         self.checkpoint_quota = _env_number(environ, "ORCH_CHECKPOINT_QUOTA", 0, True)
+        # The workspace's bounds (the controller's settings); a directory that does not exist turns it off.
+        self.workspace_dir = environ.get("ORCH_WORKSPACE_DIR") or DEFAULT_WORKSPACE_DIR
+        self.workspace_bytes = _env_number(environ, "ORCH_WORKSPACE_BYTES", DEFAULT_WORKSPACE_BYTES, True)
+        self.workspace_files = _env_number(environ, "ORCH_WORKSPACE_FILES", DEFAULT_WORKSPACE_FILES, True)
         self.host_call_max = (
             _env_number(environ, "ORCH_HOST_CALL_MAX_BYTES", protocol.HOST_CALL_MAX_BYTES, True)
             or protocol.HOST_CALL_MAX_BYTES

@@ -6,7 +6,7 @@ and fills in the optional ones it uses.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, TypedDict
+from typing import Any, Dict, List, Optional, Tuple, TypedDict
 
 from .protocol import HOST_REPLY, STATUS_ERROR, STATUS_OK, Status
 
@@ -49,14 +49,31 @@ class BlobEntry(TypedDict):
     size: int
 
 
-class CheckpointDelta(TypedDict):
-    """What a request changed in the checkpoint (docs/protocol.md, "Requests and replies")."""
+FileChange = Tuple[str, str, int, int, str, int]
+"""A workspace path's new state: path, kind ("f", "d", "l"), mode, mtime_ns, ref (a file's blob digest, a link's
+target, "" for a directory), size (a file's bytes, else 0); on the wire a JSON array."""
 
+
+class FilesDelta(TypedDict):
+    """What a request changed under /workspace (docs/design/workspace.md, "The delta")."""
+
+    changed: List[FileChange]
+    deleted: List[str]  # paths; a directory takes what it held with it
+    unsaved: Dict[str, str]  # path -> why it is not saved: every such path of the workspace, whenever files is sent
+
+
+class _CheckpointDeltaFields(TypedDict):
     generation: int
     blobs: List[BlobEntry]
     vars: Dict[str, str]  # checkpoint key -> blob id
     deleted: List[str]
     unsaved: Dict[str, str]  # checkpoint key -> why it is not saved
+
+
+class CheckpointDelta(_CheckpointDeltaFields, total=False):
+    """What a request changed in the checkpoint (docs/protocol.md, "Requests and replies")."""
+
+    files: FilesDelta  # absent: no file changed, and the workspace's unsaved paths are as they were
 
 
 class _ExecReplyFields(TypedDict):

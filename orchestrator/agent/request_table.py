@@ -32,6 +32,9 @@ PING = "ping"
 INSTALL = "install"  # the session's scaffold: code run in its own module of every worker (docs/protocol.md)
 CONTEXT_CREATE = "context_create"
 CONTEXT_DESTROY = "context_destroy"
+FILES_PUT = "files_put"  # a batch of the stored workspace, written into a restored sandbox's (docs/design/workspace.md)
+FILE_WRITE = "file_write"  # files.write: one file written, then a checkpoint
+FILE_REMOVE = "file_remove"  # files.remove: one path removed, then a checkpoint
 # The replies that answer them (a request of another type is answered ``protocol.ERROR``).
 EXEC_REPLY = "exec_reply"
 STATE_REPLY = "state_reply"
@@ -276,6 +279,104 @@ def read_restore_end(header: Header) -> RestoreEndRequest:
     return cast(RestoreEndRequest, header)
 
 
+# --- The workspace (docs/design/workspace.md) ----------------------------------------------------------------
+MAX_FILES_PUT_ENTRIES = 4096  # entries of one files_put (the controller sends a workspace in batches)
+MAX_FILES_PUT_BYTES = 64 << 20  # file bytes of one files_put (its body)
+FileEntry = List[Any]  # [path, kind, mode, mtime_ns, ref, size]: a checkpoint delta's ``files.changed`` entry
+
+
+class _FilesPutFields(_Request):
+    entries: List[FileEntry]
+
+
+class FilesPutRequest(_FilesPutFields, total=False):
+    """Write a batch of the stored workspace into the fresh one a restore began with (``restore_begin`` emptied it).
+
+    ``entries`` as a checkpoint delta lists them; the body is the contents of the entries of kind ``f``, in their
+    order, each ``size`` bytes. The reply is ``restore_reply``; the workspace is the stored one at ``restore_end``.
+    """
+
+    timeout: float
+
+
+def files_put_request(entries: List[FileEntry], timeout: float) -> FilesPutRequest:
+    return FilesPutRequest(type=FILES_PUT, entries=entries, timeout=timeout)
+
+
+def read_files_put(header: Header, body_size: int) -> FilesPutRequest:
+    """The files_put request: its entries' shape only (the worker's workspace checks each path and field).
+
+    Raises:
+        BadRequest: ``entries`` is not a list of at most MAX_FILES_PUT_ENTRIES six-item lists whose files' sizes add
+            up to the body's length (at most MAX_FILES_PUT_BYTES, unless the batch is one entry: a bigger file goes
+            alone, bounded by the frame as every saved file is).
+    """
+    entries = header.get("entries")
+    if not isinstance(entries, list) or len(entries) > MAX_FILES_PUT_ENTRIES:
+        raise BadRequest("files_put needs a list of at most %d entries" % MAX_FILES_PUT_ENTRIES)
+    total = 0
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 6 and type(entry[5]) is int and entry[5] >= 0):
+            raise BadRequest("a files_put entry is [path, kind, mode, mtime_ns, ref, size]")
+        total += entry[5] if entry[1] == "f" else 0
+    if total != body_size or (body_size > MAX_FILES_PUT_BYTES and len(entries) > 1):
+        raise BadRequest("the files_put body must hold its files' bytes, at most %d" % MAX_FILES_PUT_BYTES)
+    return cast(FilesPutRequest, header)
+
+
+class _FileWriteFields(InContext):
+    path: str  # relative to /workspace, or absolute under it (the context's own directory is not implied)
+    mode: int  # the permission bits of the file (0..0o777)
+
+
+class FileWriteRequest(_FileWriteFields, total=False):
+    """Write the body as the file ``path`` (its parent directories made), then checkpoint (``files.write``)."""
+
+    checkpoint_timeout: float
+
+
+def file_write_request(path: str, mode: int, checkpoint_timeout: float) -> FileWriteRequest:
+    return FileWriteRequest(type=FILE_WRITE, path=path, mode=mode, checkpoint_timeout=checkpoint_timeout)
+
+
+def read_file_write(header: Header) -> FileWriteRequest:
+    """The file_write request.
+
+    Raises:
+        BadRequest: the path is not a non-empty str, or the mode not an int in 0..0o777.
+    """
+    mode = header.get("mode")
+    if not isinstance(header.get("path"), str) or not header["path"] or type(mode) is not int or not 0 <= mode <= 0o777:
+        raise BadRequest("file_write needs a path and a mode")
+    return cast(FileWriteRequest, header)
+
+
+class _FileRemoveFields(InContext):
+    path: str
+    recursive: bool  # a directory and everything in it; false: a file, a link or an empty directory
+
+
+class FileRemoveRequest(_FileRemoveFields, total=False):
+    """Remove ``path`` from the workspace, then checkpoint (``files.remove``)."""
+
+    checkpoint_timeout: float
+
+
+def file_remove_request(path: str, recursive: bool, checkpoint_timeout: float) -> FileRemoveRequest:
+    return FileRemoveRequest(type=FILE_REMOVE, path=path, recursive=recursive, checkpoint_timeout=checkpoint_timeout)
+
+
+def read_file_remove(header: Header) -> FileRemoveRequest:
+    """The file_remove request.
+
+    Raises:
+        BadRequest: the path is not a non-empty str, or ``recursive`` not a bool.
+    """
+    if not isinstance(header.get("path"), str) or not header["path"] or type(header.get("recursive")) is not bool:
+        raise BadRequest("file_remove needs a path and recursive")
+    return cast(FileRemoveRequest, header)
+
+
 class _InstallFields(_Request):
     code: str
     names: List[str]  # session names the scaffold makes: never checkpointed
@@ -376,6 +477,9 @@ Request = Union[
     InstallRequest,
     ContextCreateRequest,
     ContextDestroyRequest,
+    FilesPutRequest,
+    FileWriteRequest,
+    FileRemoveRequest,
     PingRequest,
 ]
 
@@ -445,6 +549,9 @@ REQUESTS: Dict[str, Row] = {
     CONTEXT_DESTROY: Row(
         STATE_REPLY, CHECKPOINT_PHASE, _header_only(read_context), "context_destroy", in_context=False
     ),
+    FILES_PUT: Row(RESTORE_REPLY, LOAD_PHASE, read_files_put, "files_put", in_context=False),
+    FILE_WRITE: Row(STATE_REPLY, CHECKPOINT_PHASE, _header_only(read_file_write), "file_write"),
+    FILE_REMOVE: Row(STATE_REPLY, CHECKPOINT_PHASE, _header_only(read_file_remove), "file_remove"),
     PING: Row(PONG, CONTROL_PHASE, _unchecked, None),
 }
 """Every request type, a row each (docs/protocol.md, "Requests and replies"); any other type is answered ``ERROR``."""

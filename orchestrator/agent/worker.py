@@ -52,7 +52,9 @@ from . import blob_format, capture, checkpoint_names, framing, handover, hostcal
 _session_module = types.ModuleType("__main__")
 sys.modules["__main__"] = _session_module
 
-from . import cells, checkpoint, lazy  # noqa: E402  (after the session module is __main__)
+# After the session module is __main__:
+from . import cells, checkpoint, lazy, workspace_files, workspace_restore  # noqa: E402
+from .workspace import Workspace  # noqa: E402
 
 _IDLE, _CELL, _LOAD, _CHECKPOINT = "idle", "cell", "load", "checkpoint"
 
@@ -189,7 +191,12 @@ class Worker:
     """Serves the controller's requests on each data channel the supervisor hands it over its link."""
 
     def __init__(
-        self, link: socket.socket, output_limit: int, quota: int, call_max: int = protocol.HOST_CALL_MAX_BYTES
+        self,
+        link: socket.socket,
+        output_limit: int,
+        quota: int,
+        call_max: int = protocol.HOST_CALL_MAX_BYTES,
+        workspace: Optional[Workspace] = None,
     ) -> None:
         self.link = link  # to the supervisor: the data channels come on it, ``idle`` goes back
         self.sock: Optional[socket.socket] = None  # the data channel's requests and replies, while the worker holds one
@@ -227,6 +234,8 @@ class Worker:
         self.input_allowed = False  # the running cell's input() may ask the controller
         self.call_refusal: Optional[str] = protocol.CALL_NO_CELL  # why host_call fails now (None: an exec's cell runs)
         self.output: Optional[capture.CellStreams] = None  # the running cell's output
+        self.workspace = workspace  # /workspace's files, checkpointed with the values; None: this sandbox has none
+        self.fresh = True  # no restore_begin nor checkpoint yet: /workspace may hold a worker before this one's files
 
     # -- the interrupt
 
@@ -442,7 +451,40 @@ class Worker:
         self.default.deferred = lazy.Deferred(self.default, self._blobs)
         self.restored_frozen = {}
         gc.collect()
+        self.fresh = False
+        if self.workspace is not None:
+            try:
+                self.workspace.begin_restore()  # emptied: the files_put batches fill it
+            except OSError as exc:
+                return self._restore_error("the workspace cannot be emptied: %s" % _reason(exc)), []
         return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_OK}, []
+
+    def files_put(self, request: request_table.FilesPutRequest) -> Tuple[Dict[str, Any], List[Any]]:
+        """Write a batch of the stored workspace (its files' contents are the body, in order) into the restore's."""
+        body = self._take_body()
+        entries = request["entries"]
+        if self.workspace is None:
+            if not entries:
+                return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_OK}, []
+            return self._restore_error("this sandbox has no workspace directory"), []
+        try:
+            self._restoring_workspace().put(entries, workspace_restore.contents_of(entries, body))
+        except (protocol.BadRequest, OSError) as exc:
+            return self._restore_error(_reason(exc) if isinstance(exc, OSError) else str(exc)), []
+        return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_OK}, []
+
+    def _restoring_workspace(self) -> Workspace:
+        """The workspace, in a restore: a fresh worker that the restore's ``restore_begin`` never reached (it
+        replaced one killed during it) empties it now, as that request would have."""
+        assert self.workspace is not None
+        if self.fresh and not self.workspace.restoring:
+            self.fresh = False
+            self.workspace.begin_restore()
+        return self.workspace
+
+    @staticmethod
+    def _restore_error(reason: str) -> Dict[str, Any]:
+        return {"type": request_table.RESTORE_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}
 
     # -- checkpoints
 
@@ -450,14 +492,33 @@ class Worker:
         """The delta since the last checkpoint; SIGUSR2 from here on means: out of time."""
         started = time.monotonic()
         self.phase = _CHECKPOINT
+        self.fresh = False
+        workspace = self.workspace
         try:
+            if workspace is not None:  # one quota for values and files: the values' delta counts the files' bytes
+                self.tracker.held.files_bytes = workspace.blob_bytes
             delta, parts = self.tracker.delta(self.namespace, self._guarded_dumps)
+            if workspace is not None:
+                workspace.checkpoint(delta, parts, self.tracker, self._armed_for_files)
         finally:
             self.phase = _IDLE
             self.cell_done_for = _MISSING
         if self.active.context_id is not None:
             delta = _prefixed(delta, self.active.context_id)
         return delta, parts, time.monotonic() - started
+
+    @contextlib.contextmanager
+    def _armed_for_files(self) -> Iterator[None]:
+        """The checkpoint's interrupt armed while the workspace reads what changed (it rolls back when it lands)."""
+        if self.cell_done_for is not _MISSING:  # files to read: the controller's checkpoint clock runs from here
+            self._announce_checkpoint()
+        if self.stop_checkpoint:
+            raise KeyboardInterrupt
+        self.armed = True
+        try:
+            yield
+        finally:
+            self.armed = False
 
     def empty_delta(self) -> Dict[str, Any]:
         """The delta of a checkpoint that found nothing changed (or of one that was not taken)."""
@@ -789,7 +850,13 @@ class Worker:
         return {"type": request_table.LOAD_REPLY, "status": protocol.STATUS_ERROR, "reason": reason}
 
     def restore_end(self, request: request_table.RestoreEndRequest) -> Tuple[Dict[str, Any], List[Any]]:
-        """The restore is complete: the worker holds the request's checkpoint generation now."""
+        """The restore is complete: the worker holds the request's checkpoint generation now, and the workspace its
+        files (their modes and mtimes set; what the store holds is the baseline of the next delta)."""
+        if self.workspace is not None:
+            try:
+                self._restoring_workspace().finish_restore()
+            except (protocol.BadRequest, OSError) as exc:
+                return self._restore_error("the workspace's restore cannot finish: %s" % _reason(exc)), []
         generation = request["generation"]
         self.tracker.generation = generation
         self.restored_frozen = {}
@@ -837,6 +904,33 @@ class Worker:
         del value
         return self.state_reply()
 
+    def file_write(self, request: request_table.FileWriteRequest) -> Tuple[Dict[str, Any], List[Any]]:
+        """Write the body as a file of the workspace (workspace_files.write), then checkpoint (the request's context:
+        the workspace is the session's)."""
+        body = self._take_body()
+        workspace = self.workspace
+        if workspace is None:
+            return self._state_error("this sandbox has no workspace directory")
+        if len(body) > workspace.max_file_bytes:
+            reason = "the file is %d bytes; the workspace saves at most %d bytes of one file"
+            return self._state_error(reason % (len(body), workspace.max_file_bytes))
+        try:
+            workspace_files.write(workspace.root, request["path"], body, request["mode"])
+        except workspace_files.FileRequestError as exc:
+            return self._state_error(str(exc))
+        del body
+        return self.state_reply()
+
+    def file_remove(self, request: request_table.FileRemoveRequest) -> Tuple[Dict[str, Any], List[Any]]:
+        """Remove a path of the workspace (workspace_files.remove), then checkpoint."""
+        if self.workspace is None:
+            return self._state_error("this sandbox has no workspace directory")
+        try:
+            workspace_files.remove(self.workspace.root, request["path"], request["recursive"])
+        except workspace_files.FileRequestError as exc:
+            return self._state_error(str(exc))
+        return self.state_reply()
+
 
 def _make_worker_the_oom_victim() -> None:
     # If the sandbox runs out of memory the kernel should kill the worker, not the supervisor.
@@ -847,13 +941,25 @@ def _make_worker_the_oom_victim() -> None:
         pass
 
 
+def open_workspace(root: str, max_bytes: int, max_entries: int) -> Optional[Workspace]:
+    """The workspace at ``root``, watched; None when there is no such directory (an image from before workspaces).
+
+    One file is saved up to ``max_bytes`` and the frame's largest body, whichever is less."""
+    if not os.path.isdir(root):
+        return None
+    workspace = Workspace(root, max_entries, max_bytes, min(max_bytes, framing.MAX_BODY_BYTES))
+    workspace.start()
+    return workspace
+
+
 def main() -> None:
     """Entry point: ``argv[1]`` the link's fd, ``argv[2]`` the output limit per stream, ``argv[3]`` the quota,
-    ``argv[4]`` the host-call size limit."""
+    ``argv[4]`` the host-call size limit, ``argv[5:8]`` the workspace's directory, bytes and entries."""
     _make_worker_the_oom_victim()
     link = socket.socket(fileno=int(sys.argv[1]))
     try:
-        Worker(link, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])).serve()
+        workspace = open_workspace(sys.argv[5], int(sys.argv[6]), int(sys.argv[7]))
+        Worker(link, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), workspace).serve()
     except (framing.ProtocolViolation, framing.ChannelClosed, OSError) as exc:
         print("orchestrator worker: %s" % exc, file=sys.stderr)
         sys.exit(3)

@@ -40,6 +40,7 @@ from ..evaluation.evaluator import OnResult
 from ..runtime.hostcalls import HostCalls
 from ..runtime.restore import SessionState
 from .events import Event, InputRequest
+from .files import Files
 from .manager import Orchestrator
 from .results import ExecResult, Generation
 from .session import Context, Session
@@ -141,6 +142,10 @@ class AsyncSession:
     @property
     def checkpoint_bytes(self) -> int:
         return self.sync.checkpoint_bytes
+
+    @property
+    def files(self) -> AsyncFiles:
+        return AsyncFiles(self.sync.files, self._threads)
 
     @property
     def agent_info(self) -> dict[str, Any]:
@@ -291,6 +296,23 @@ class AsyncSession:
         return f"<Async{repr(self.sync)[1:]}"
 
 
+class AsyncFiles:
+    """A session's ``Files`` whose calls are coroutines (each runs on the orchestrator's threads: they read or write
+    files); ``sync`` is the ``Files`` it wraps."""
+
+    def __init__(self, files: Files, threads: _Threads) -> None:
+        self.sync = files
+        self._threads = threads
+
+    read = _twin(Files.read)
+    list = _twin(Files.list)
+    exists = _twin(Files.exists)
+    download = _twin(Files.download)
+    write = _twin(Files.write)
+    remove = _twin(Files.remove)
+    upload = _twin(Files.upload)
+
+
 class AsyncContext:
     """A ``Context`` whose calls are coroutines; ``sync`` is the context, ``session`` the ``AsyncSession`` it is of."""
 
@@ -318,6 +340,10 @@ class AsyncContext:
     @property
     def variables(self) -> list[str]:
         return self.sync.variables
+
+    @property
+    def files(self) -> AsyncFiles:
+        return AsyncFiles(self.sync.files, self._threads)
 
     async def execute(
         self,

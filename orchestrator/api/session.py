@@ -33,6 +33,8 @@ from .contexts import (
 )
 from .events import Event, OnOutput
 from .execution import run_cell
+from .file_writes import FileWriter
+from .files import Files
 from .results import ExecResult, Generation, generations
 from .tools import DEFAULT_ANSWER_CHARS, PythonTool
 from .transactions import Transactions
@@ -125,6 +127,13 @@ class Session:
         """The session and generation this one was forked from, or None."""
         origin = self._ledger.record.forked_from
         return (origin["session_id"], origin["generation"]) if origin else None
+
+    @property
+    def files(self) -> Files:
+        """The session's workspace (``/workspace``): ``read``, ``list``, ``exists``, ``download`` from its last
+        checkpoint (a hibernated session is not started for them); ``write``, ``remove``, ``upload`` as calls
+        whose change the checkpoint holds when they return (docs/files.md)."""
+        return Files(lambda: self._ledger.record, self._ledger.store, FileWriter(self._calls, None))
 
     @property
     def agent_info(self) -> dict[str, Any]:
@@ -234,9 +243,9 @@ class Session:
         """A new session, owned by the same orchestrator, whose state is this one's: its last committed generation
         (a call running now is not waited for and not included), or the kept generation ``at`` (``history()``).
 
-        Variables, contexts, the scaffold and the unsaved report are the source's; stored values are shared with
-        it, not copied. Each goes its own way after: removing either never breaks the other. ``labels`` are added
-        to the source's. See ``Orchestrator.fork``.
+        Variables, the workspace's files, contexts, the scaffold and the unsaved report are the source's; stored
+        values and files are shared with it, not copied. Each goes its own way after: removing either never breaks
+        the other. ``labels`` are added to the source's. See ``Orchestrator.fork``.
 
         Raises:
             GenerationNotFound: ``at`` is not a generation this session keeps.
@@ -261,9 +270,10 @@ class Session:
         """Bring the session back to the state of the kept generation ``generation``, as a new generation (history
         stays linear: nothing is rewritten, and the generation left can be rewound to in turn).
 
-        The sandbox's namespace is replaced by that state, restored as after a restart: imported modules stay
-        loaded, names the checkpoint did not hold (``unsaved``) are gone, and files in the working directory are
-        not part of a checkpoint (they stay as they are). Returns the new generation.
+        The sandbox's namespace and its ``/workspace`` are replaced by that state, restored as after a restart:
+        imported modules stay loaded, names and files the checkpoint did not hold (``unsaved``) are gone, a file
+        made since is gone and one deleted since is back (``/tmp`` is scratch: it stays as it is). Returns the new
+        generation.
 
         Raises:
             GenerationNotFound: the session keeps no such generation (the message names those it keeps).
@@ -582,6 +592,12 @@ class Context:
         """The environment variables the context was created with, on top of the sandbox's own."""
         spec = self._session._calls.spec(self._id)
         return {} if spec is None else dict(spec["env"])
+
+    @property
+    def files(self) -> Files:
+        """``Session.files``, its writes' checkpoint deltas committed in this context (the workspace is shared)."""
+        session = self._session
+        return Files(lambda: session._ledger.record, session._ledger.store, FileWriter(session._calls, self._id))
 
     @property
     def variables(self) -> list[str]:

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..agent import framing
+from ..api.files import Files
 from ..api.manager import Orchestrator
 from ..api.results import Generation
 from ..api.session import Session
@@ -310,6 +311,12 @@ class DockerREPL(NonIsolatedEnv):
     def session(self) -> Session:
         """The orchestrator session underneath (for what rlms has no word for)."""
         return self._live()
+
+    @property
+    def files(self) -> Files:
+        """The session's ``/workspace``, where the cells run (``Session.files``): kept through a restart, like rlms'
+        host folder, and read or written from here."""
+        return self._live().files
 
     @property
     def session_id(self) -> str | None:

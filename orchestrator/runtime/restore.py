@@ -62,6 +62,7 @@ class SessionSandbox:
         self.ledger = ledger
         self.metrics = metrics
         ledger.metrics = metrics
+        ledger.workspace_files = settings.limits.workspace_files
         self.backend = backend
         self.settings = settings
         self.activity = Activity(ledger.store.activity_path(ledger.session_id), wait=settings.timeouts.lock)
@@ -224,7 +225,13 @@ class SessionSandbox:
         record = self.ledger.record
         self._serve_deferred(self.sandbox)
         failures = self.sandbox.restore(
-            record.variables, record.generation, self.ledger.mapped_blob, record.contexts, defer_at=DEFER_BYTES
+            record.variables,
+            record.generation,
+            self.ledger.mapped_blob,
+            record.contexts,
+            defer_at=DEFER_BYTES,
+            files=record.files,
+            file_sizes=record.blob_sizes,
         )
         self.ledger.drop(failures)
         self.restore_failures = failures

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
@@ -36,11 +36,13 @@ from ..errors import (
     ProtocolError,
 )
 from ..safe_text import last_lines
+from ..state.files import Entry
 from ..state.store import new_sandbox_id
 from ..wire.call import Call, LiveEvents
 from ..wire.connection import AgentConnection, Body, Header
 from ..wire.endpoint import Endpoint
 from ..wire.replies import parse_load_reply, parse_restore_reply, parse_state_reply, worker_failure
+from . import workspace_restore
 from .deferred import DeferredBlobs, deferrable
 from .hostcalls import CallDesk
 from .identity import choose_worker_uid
@@ -292,6 +294,8 @@ class Sandbox:
         contexts: Mapping[str, Mapping[str, Any]] | None = None,
         *,
         defer_at: int | None = None,
+        files: Mapping[str, Entry] | None = None,
+        file_sizes: Mapping[str, int] | None = None,
     ) -> dict[str, str]:
         """Load a checkpoint into the agent value by value; return the names that could not be loaded, with why.
 
@@ -305,6 +309,8 @@ class Sandbox:
         ``contexts`` (id -> ``{cwd, env}``) are created first; ``<id>/<name>`` keys load into theirs.
         The whole restore sends at most ``_RESTORE_LOADS_PER_VALUE`` loads per value (plus a slack); the
         values still not loaded when that runs out are named as failed, so the work stays linear.
+        ``files`` (the record's workspace; ``file_sizes`` its blobs' sizes) are written after the values and before
+        the restore ends (runtime/workspace_restore.py): a file whose blob is damaged is named as failed.
         """
         if self.deferred is None:
             defer_at = None  # nobody would answer the agent's requests for them
@@ -315,8 +321,16 @@ class Sandbox:
             logger.info("sandbox %s: a value failed with others deferred; restoring all at once", self.sandbox_id)
             self._deferring({})
             failed = self._restore_all(manifest, generation, open_blob, contexts or {}, {})
+        failed.update(workspace_restore.put_workspace(files or {}, file_sizes or {}, open_blob, self._put_files))
         self._control(request_table.restore_end_request(generation))
         return failed
+
+    def _put_files(self, entries: list[request_table.FileEntry], body: Sequence[memoryview]) -> None:
+        """One ``files_put`` batch, under ``Settings.timeouts.restore_value``."""
+        limit = self._settings.timeouts.restore_value
+        seconds = limit + self._settings.timeouts.interrupt_grace + self._settings.timeouts.reply_margin
+        header = request_table.files_put_request(entries, limit)
+        parse_restore_reply(self.request(header, body, seconds=seconds)[0])
 
     def _deferring(self, deferred: Mapping[str, int]) -> None:
         """The restore defers these keys: only their blobs are served (runtime/deferred.py)."""
@@ -535,6 +549,8 @@ def agent_environment(endpoint: Endpoint, settings: Settings) -> dict[str, str]:
         "ORCH_INTERRUPT_GRACE": str(settings.timeouts.interrupt_grace),
         "ORCH_FRAME_TIMEOUT": str(settings.timeouts.frame),
         "ORCH_CHECKPOINT_QUOTA": str(settings.limits.checkpoint_quota_bytes),
+        "ORCH_WORKSPACE_BYTES": str(settings.limits.workspace_bytes),
+        "ORCH_WORKSPACE_FILES": str(settings.limits.workspace_files),
     }
 
 

@@ -1,7 +1,7 @@
 """The generations a session keeps besides its current one: what ``rewind`` and ``fork(at=...)`` go back to.
 
 A generation is a whole manifest (names -> blob ids, sizes, contexts, counters, the unsaved
-report), kept as a ``Snapshot`` in the session's record beside the current one. Snapshots
+report, the workspace's ``files``), kept as a ``Snapshot`` in the session's record beside the current one. Snapshots
 name the same content-addressed blobs the current manifest names, so keeping one costs the
 bytes of the values that changed since, not a copy: ``distinct_bytes`` counts every blob once,
 and the retention rule (``retain``) keeps the newest snapshots that fit the session's history
@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
+
+from .files import Entry
 
 compact_json = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
 """Compact JSON with sorted keys, as records are stored (one encoder: ``json.dumps`` with options makes one a call);
@@ -47,6 +49,10 @@ class Snapshot:
     ``unsaved.names_only``)."""
     rewound_from: int | None = None
     """The generation it copies, when ``rewind`` made it."""
+    files: dict[str, Entry] = field(default_factory=dict)
+    """Its workspace (``files``): path -> (kind, mode, mtime_ns, ref); the files' blobs are in ``blob_sizes``."""
+    files_changed: list[str] = field(default_factory=list)
+    """Paths set or deleted to reach it (``files.changed_paths``: bounded)."""
 
     @property
     def size(self) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import secrets
 import time
@@ -24,11 +25,11 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import background
 from ..agent import checkpoint_names, framing
-from ..agent.reply_types import CheckpointDelta
+from ..agent.reply_types import CheckpointDelta, FilesDelta
 from ..errors import (
     CheckpointError,
     CheckpointLimitExceeded,
@@ -41,11 +42,12 @@ from ..errors import (
 )
 from ..metrics import NO_METRICS, Recorder
 from ..units import describe_bytes
-from . import history, lease
+from . import files, history, lease
 from .store import SessionRecord, SessionStore, Written, new_host_blob_id, wrong_size
 from .unsaved import merged, names_only
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def new_owner_token() -> str:
@@ -118,6 +120,44 @@ def _received_blobs(record: SessionRecord, delta: CheckpointDelta, body: bytearr
     return blobs
 
 
+def _checked(rule: Callable[..., T], *args: Any) -> T:
+    """``rule(*args)`` of ``state/files.py``, its ValueError (a rule the delta broke) a ProtocolError."""
+    try:
+        return rule(*args)
+    except ValueError as exc:
+        raise ProtocolError(f"checkpoint files: {exc}") from None
+
+
+def _files_after(
+    record: SessionRecord, workspace: FilesDelta, blobs: dict[str, memoryview]
+) -> tuple[dict[str, files.Entry], dict[str, int]]:
+    """The workspace after ``workspace`` and the sizes of its new files' blobs, each checked against the blob sent
+    in the body or the one the record holds (now or in a kept generation).
+
+    Raises:
+        ProtocolError: an entry breaks a rule of the map, or a file's blob was neither sent nor stored, or is
+            given a size it does not have.
+    """
+    changed, claimed = _checked(files.entries, workspace["changed"])
+    for blob_digest, size in claimed.items():
+        sent = blobs.get(blob_digest)
+        held = len(sent) if sent is not None else _stored_size(record, blob_digest)
+        if held is None:
+            raise ProtocolError(f"checkpoint names a file blob {blob_digest} that was neither sent nor stored")
+        if held != size:
+            raise ProtocolError(f"checkpoint says file blob {blob_digest} has {size} bytes; it has {held}")
+    return _checked(files.apply, record.files, changed, workspace["deleted"]), claimed
+
+
+def _stored_size(record: SessionRecord, blob_digest: str) -> int | None:
+    """The size of a blob the record names, now or in a kept generation (None: it names no such blob)."""
+    size = record.blob_sizes.get(blob_digest)
+    if size is None:
+        kept = (snapshot.blob_sizes for snapshot in reversed(record.history))
+        size = next((sizes[blob_digest] for sizes in kept if blob_digest in sizes), None)
+    return size
+
+
 def _check_contexts(
     changed: dict[str, str], variables: dict[str, str], known: Collection[str], *, destroying: bool
 ) -> None:
@@ -141,10 +181,7 @@ def _check_stored_sizes(record: SessionRecord, blobs: dict[str, memoryview]) -> 
         ProtocolError: naming the first such blob.
     """
     for blob_digest, data in blobs.items():  # only the blobs sent: a commit never walks the whole history
-        size = record.blob_sizes.get(blob_digest)
-        if size is None:
-            kept = (snapshot.blob_sizes for snapshot in reversed(record.history))
-            size = next((sizes[blob_digest] for sizes in kept if blob_digest in sizes), None)
+        size = _stored_size(record, blob_digest)
         if size is not None and size != len(data):
             raise wrong_size(blob_digest, len(data), size)
 
@@ -173,6 +210,8 @@ class CheckpointLedger:
         self.keep = keep
         self.metrics: Recorder = NO_METRICS
         """Told the bytes of each commit (its session's runtime sets it)."""
+        self.workspace_files = files.DEFAULT_ENTRIES
+        """Entries the session's workspace may hold (``Settings.limits.workspace_files``; its runtime sets it)."""
         self._held: SessionRecord | None = None
         self._written: Written | None = None
         """The record as this handle last saved it: the next transaction reuses it while the file is unchanged."""
@@ -224,6 +263,7 @@ class CheckpointLedger:
                     child.generation = snapshot.generation
                     child.apply(snapshot)
                     child.committed_at, child.changed = snapshot.at, list(snapshot.changed)
+                    child.files_changed = list(snapshot.files_changed)
                     child.forked_from = {"session_id": source_id, "generation": snapshot.generation}
                     child.placement = dict(source.placement if placement is None else placement)
                     child.scaffold = dict(source.scaffold)
@@ -340,7 +380,8 @@ class CheckpointLedger:
                 (or bytes of names) than the manifest's bounds.
         """
         record = self.record
-        held = size + sum(record.blob_sizes[d] for d in {d for k, d in record.variables.items() if k not in keys})
+        kept = {d for k, d in record.variables.items() if k not in keys} | files.digests(record.files)
+        held = size + sum(record.blob_sizes[d] for d in kept)
         if held > self.quota:
             raise CheckpointQuotaExceeded(
                 f"{what} takes {_amount(size)} of checkpoint: with it session {self.session_id} would hold "
@@ -395,14 +436,16 @@ class CheckpointLedger:
                 bounds (``_check_limits``); nothing was stored.
             SessionAttachedElsewhere: we no longer own the session; nothing was stored.
         """
-        changed, deleted = delta["vars"], delta["deleted"]
-        expected = self.record.generation + (1 if changed or deleted else 0)
+        changed, deleted, workspace = delta["vars"], delta["deleted"], delta.get("files")
+        moved = workspace is not None and bool(workspace["changed"] or workspace["deleted"])
+        expected = self.record.generation + (1 if changed or deleted or moved else 0)
         if delta["generation"] != expected:
             raise ProtocolError(f"checkpoint generation {delta['generation']} out of step (expected {expected})")
         known = self.record.contexts if contexts is None else contexts
-        unsaved = merged(self.record.unsaved, delta["unsaved"], context=context, known=known)
+        paths = None if workspace is None else _checked(files.unsaved, workspace["unsaved"])
+        unsaved = merged(self.record.unsaved, delta["unsaved"], context=context, known=known, workspace=paths)
         if (
-            not (changed or deleted or delta["blobs"] or counters or contexts is not None)
+            not (changed or deleted or moved or delta["blobs"] or counters or contexts is not None)
             and unsaved == self.record.unsaved
         ):
             return delta["unsaved"]  # nothing to store; the activity file (not the record) says it was used
@@ -420,9 +463,20 @@ class CheckpointLedger:
             **{d: len(b) for d, b in blobs.items()},
             **{d: blob.size for d, blob in host.items()},
         }
-        blob_sizes = {d: sizes[d] for d in set(variables.values())}
-        self._check_limits(variables, blob_sizes)
         changes: dict[str, Any] = {"unsaved": unsaved, "generation": delta["generation"], **(counters or {})}
+        workspace_files = self.record.files
+        if workspace is not None and moved:
+            entries = files.entry_limit(self.workspace_files)  # the changed paths alone, before any is checked
+            self._refuse_over([("workspace entries", len(workspace["changed"]), entries)])
+            workspace_files, file_sizes = _files_after(self.record, workspace, blobs)
+            sizes.update(file_sizes)
+            listed = itertools.chain((entry[0] for entry in workspace["changed"]), workspace["deleted"])
+            changes["files"] = workspace_files
+            changes["files_changed"] = files.changed_paths(self.record.files, workspace_files, listed)
+        elif delta["generation"] != self.record.generation:
+            changes["files_changed"] = []
+        blob_sizes = {d: sizes[d] for d in set(variables.values()) | files.digests(workspace_files)}
+        self._check_limits(variables, blob_sizes, workspace_files)
         if contexts is not None:
             changes["contexts"] = contexts
         self._store_checkpoint(variables, blob_sizes, blobs, host, changes)
@@ -449,27 +503,30 @@ class CheckpointLedger:
             self.record.checkpoint_bytes,
         )
 
-    def _check_limits(self, variables: dict[str, str], blob_sizes: dict[str, int]) -> None:
-        """Refuse a checkpoint past the session's limits, each counted on what the host holds (received bytes, keys).
+    def _check_limits(
+        self, variables: dict[str, str], blob_sizes: dict[str, int], workspace: dict[str, files.Entry]
+    ) -> None:
+        """Refuse a checkpoint past the session's limits, each counted on what the host holds (received bytes, keys,
+        paths).
 
         Raises:
-            CheckpointLimitExceeded: over the quota in bytes, ``MAX_CHECKPOINT_NAMES`` names, or
-                ``MAX_CHECKPOINT_NAME_BYTES`` bytes of names.
+            CheckpointLimitExceeded: over the quota in bytes, ``MAX_CHECKPOINT_NAMES`` names,
+                ``MAX_CHECKPOINT_NAME_BYTES`` bytes of names, or the workspace's bounds (``files.limits``).
         """
         before = self.record
         limits = [("bytes", sum(blob_sizes.values()), self.quota)]
         if any(key not in before.variables for key in variables):  # only added names grow the manifest
             limits.append(("names", len(variables), checkpoint_names.MAX_CHECKPOINT_NAMES))
             limits.append(("name bytes", _key_bytes(variables), checkpoint_names.MAX_CHECKPOINT_NAME_BYTES))
+        if not workspace.keys() <= before.files.keys():  # only added paths grow the workspace's map
+            limits.extend(files.limits(workspace, self.workspace_files))
+        self._refuse_over(limits)
+
+    def _refuse_over(self, limits: list[tuple[str, int, int]]) -> None:
+        """Raise CheckpointLimitExceeded for the first ``(unit, held, limit)`` whose ``held`` is over its limit."""
         for unit, held, limit in limits:
             if held > limit:
-                had = (  # counted only here: a commit within its limits does not pay for the record's name bytes
-                    before.checkpoint_bytes
-                    if unit == "bytes"
-                    else len(before.variables)
-                    if unit == "names"
-                    else _key_bytes(before.variables)
-                )
+                had = self._holding(unit)  # counted only here: a commit within its limits does not pay for it
                 raise CheckpointLimitExceeded(
                     f"the agent's checkpoint would hold {held} {unit}, over the session's "
                     f"{'checkpoint quota' if unit == 'bytes' else 'checkpoint manifest limit'} of {limit} {unit} "
@@ -481,14 +538,28 @@ class CheckpointLedger:
                     quota=limit,
                 )
 
+    def _holding(self, unit: str) -> int:
+        """What the record holds now of a ``_check_limits`` unit."""
+        before = self.record
+        if unit == "bytes":
+            return before.checkpoint_bytes
+        if unit == "names":
+            return len(before.variables)
+        if unit == "name bytes":
+            return _key_bytes(before.variables)
+        return next(held for name, held, _ in files.limits(before.files, self.workspace_files) if name == unit)
+
     def drop(self, names: dict[str, str]) -> None:
-        """Take values that could not be restored out of the checkpoint (the agent does not hold them either)."""
+        """Take values (and workspace files, named ``/workspace/<path>``) that could not be restored out of the
+        checkpoint (the agent does not hold them either)."""
         if not names:
             return
         with self.owned() as current:
             variables = {k: v for k, v in current.variables.items() if k not in names}
-            live = set(variables.values())
-            self._replace_manifest(current, variables, {d: s for d, s in current.blob_sizes.items() if d in live})
+            kept = {p: e for p, e in current.files.items() if files.UNSAVED_PREFIX + p not in names}
+            live = set(variables.values()) | files.digests(kept)
+            blob_sizes = {d: s for d, s in current.blob_sizes.items() if d in live}
+            self._replace_manifest(current, variables, blob_sizes, files=kept)
 
     def rewind(self, generation: int) -> SessionRecord:
         """Make a new generation whose state is the kept generation ``generation``'s, in one switch of the manifest;
@@ -502,10 +573,13 @@ class CheckpointLedger:
             target = current.generation_at(generation)
             if target is None:
                 raise generation_not_found(current, generation)
-            before = dict(current.variables)
+            before, files_before = dict(current.variables), current.files
             self._advance(current, current.generation + 1)
             current.apply(target)
             current.changed = history.changed_names(before, current.variables)
+            current.files_changed = files.changed_paths(
+                files_before, current.files, files_before.keys() | current.files
+            )
             current.rewound_from = generation
             self._store_manifest(current, current.named_blobs())
         return self.record

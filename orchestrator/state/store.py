@@ -53,6 +53,7 @@ from ..checks import is_count, is_number
 from ..errors import CheckpointError, ConfigError, ProtocolError, SessionNotFound
 from ..files import TEMP_PREFIX, fsync_dir, replace_file, write_temp
 from ..wire.replies import BLOB_ID
+from . import files as files_map
 from .activity import ACTIVITY_FILE, lock_within
 from .history import Snapshot, compact_json, distinct_bytes, named_blobs, stored
 from .lease import Lease, LeaseFile
@@ -145,6 +146,11 @@ class SessionRecord:
     """``{"session_id", "generation"}`` of the session this one was forked from; empty otherwise."""
     scaffold: dict[str, Any] = field(default_factory=dict)
     """``{"code", "names"}`` of the scaffold installed in every new worker (``Session.set_scaffold``); empty: none."""
+    files: dict[str, files_map.Entry] = field(default_factory=dict)
+    """The workspace: path -> (kind, mode, mtime_ns, ref) (``state/files.py``); its files' blobs are in
+    ``blob_sizes`` with the values'."""
+    files_changed: list[str] = field(default_factory=list)
+    """Paths set or deleted to reach the current generation (``files.changed_paths``: bounded)."""
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -172,6 +178,8 @@ class SessionRecord:
             changed=list(self.changed),
             unsaved=dict(self.unsaved),
             rewound_from=self.rewound_from,
+            files=dict(self.files),
+            files_changed=list(self.files_changed),
         )
 
     def generation_at(self, generation: int) -> Snapshot | None:
@@ -181,8 +189,10 @@ class SessionRecord:
         return next((s for s in self.history if s.generation == generation), None)
 
     def apply(self, snapshot: Snapshot) -> None:
-        """Make ``snapshot``'s state the current one (manifest, contexts, counters, unsaved; not the generation)."""
+        """Make ``snapshot``'s state the current one (manifest, workspace, contexts, counters, unsaved; not the
+        generation)."""
         self.variables, self.blob_sizes = dict(snapshot.variables), dict(snapshot.blob_sizes)
+        self.files = dict(snapshot.files)
         self.contexts = copy.deepcopy(snapshot.contexts)
         self.context_count, self.history_count = snapshot.context_count, snapshot.history_count
         self.unsaved = dict(snapshot.unsaved)
@@ -201,6 +211,8 @@ class SessionRecord:
             history=list(self.history),
             forked_from=dict(self.forked_from),
             scaffold=copy.deepcopy(self.scaffold),
+            files=dict(self.files),
+            files_changed=list(self.files_changed),
         )
 
     def to_json(self) -> bytes:
@@ -220,11 +232,16 @@ class SessionRecord:
         history = data.get("history", [])
         if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
             raise ValueError("invalid field(s): history")
+        workspace = _loaded_files(data, "files", {})
         try:
-            snapshots = [Snapshot(**entry) for entry in history]
+            snapshots = [
+                Snapshot(**{**entry, "files": _loaded_files(entry, "history", workspace)}) for entry in history
+            ]
         except TypeError:
             raise ValueError("invalid field(s): history") from None
-        record = cls(**{**data, "history": snapshots})
+        record = cls(**{**data, "history": snapshots, "files": workspace})
+        manifest = _manifest_checks(record.variables, record.blob_sizes, record.contexts, record.files, {})
+        known = record.blob_sizes if manifest["blob_sizes"] else {}  # kept generations repeat most of its blobs
         checks = {
             "session_id": record.session_id == session_id,
             "image": isinstance(record.image, str),
@@ -240,12 +257,13 @@ class SessionRecord:
             "container_id": record.container_id is None or bool(_CONTAINER_ID.match(str(record.container_id))),
             "labels": _str_map(record.labels),
             "placement": _placement(record.placement),
-            **_manifest_checks(record.variables, record.blob_sizes, record.contexts),
+            **manifest,
+            "files_changed": files_map.changed_list_ok(record.files_changed),
             "committed_at": is_number(record.committed_at),
             "changed": isinstance(record.changed, list) and all(isinstance(name, str) for name in record.changed),
             "unsaved": _str_map(record.unsaved),
             "rewound_from": record.rewound_from is None or is_count(record.rewound_from),
-            "history": all(_snapshot_ok(s) for s in record.history)
+            "history": all(_snapshot_ok(s, known) for s in record.history)
             and all(a.generation < b.generation for a, b in itertools.pairwise(record.history))
             and all(s.generation < record.generation for s in record.history),
             "forked_from": record.forked_from == {}
@@ -292,18 +310,33 @@ def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=32).digest()
 
 
-def _manifest_checks(variables: Any, blob_sizes: Any, contexts: Any) -> dict[str, bool]:
-    """Whether each part of a manifest can be read back: valid names and blob ids, sizes for every blob, contexts
-    that exist."""
+def _loaded_files(data: dict[str, Any], name: str, known: dict[str, files_map.Entry]) -> dict[str, files_map.Entry]:
+    """The ``files`` map of a stored record or kept generation, checked whole (``files.loaded``; ``known``: the
+    current generation's, whose entries a kept one shares)."""
+    try:
+        return files_map.loaded(data.get("files", {}), known)
+    except ValueError as exc:
+        raise ValueError(f"invalid field(s): {name} ({exc})") from None
+
+
+def _manifest_checks(
+    variables: Any, blob_sizes: Any, contexts: Any, files: dict[str, files_map.Entry], known: dict[str, int]
+) -> dict[str, bool]:
+    """Whether each part of a manifest can be read back: valid names and blob ids, sizes for every blob (the values'
+    and the workspace files'), contexts that exist; ``files`` is checked already (``_loaded_files``), and so is
+    a blob with the size ``known`` (the current generation's ``blob_sizes``) gives it."""
     variables_ok = _str_map(variables) and all(
         checkpoint_key_problem(k) is None and BLOB_ID.match(v) for k, v in variables.items()
     )
     return {
         "variables": variables_ok,
         "blob_sizes": isinstance(blob_sizes, dict)
-        and all(isinstance(k, str) and BLOB_ID.match(k) and is_count(v) for k, v in blob_sizes.items())
+        and all(
+            (type(v) is int and known.get(k) == v) or (isinstance(k, str) and BLOB_ID.match(k) and is_count(v))
+            for k, v in blob_sizes.items()
+        )
         and variables_ok
-        and set(variables.values()) <= set(blob_sizes),
+        and set(variables.values()) | files_map.digests(files) <= set(blob_sizes),
         "contexts": isinstance(contexts, dict)
         and all(isinstance(k, str) and CONTEXT_ID.match(k) and _context_spec(v) for k, v in contexts.items())
         and variables_ok
@@ -311,11 +344,13 @@ def _manifest_checks(variables: Any, blob_sizes: Any, contexts: Any) -> dict[str
     }
 
 
-def _snapshot_ok(snapshot: Snapshot) -> bool:
+def _snapshot_ok(snapshot: Snapshot, known: dict[str, int]) -> bool:
+    manifest = _manifest_checks(snapshot.variables, snapshot.blob_sizes, snapshot.contexts, snapshot.files, known)
     return (
         is_count(snapshot.generation)
         and is_number(snapshot.at)
-        and all(_manifest_checks(snapshot.variables, snapshot.blob_sizes, snapshot.contexts).values())
+        and all(manifest.values())
+        and files_map.changed_list_ok(snapshot.files_changed)
         and is_count(snapshot.context_count)
         and is_count(snapshot.history_count)
         and isinstance(snapshot.changed, list)
@@ -668,7 +703,7 @@ class SessionStore:
             present = set(os.listdir(os.path.join(self.session_path(record.session_id), "blobs")))
         except OSError:
             present = set()
-        return set(record.variables.values()) - present
+        return (set(record.variables.values()) | files_map.digests(record.files)) - present
 
     def write_blobs(self, session_id: str, blobs: dict[str, bytes | bytearray | memoryview]) -> None:
         """Write blobs that are not stored yet (content-addressed: an existing file of the same size is kept).

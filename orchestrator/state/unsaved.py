@@ -6,7 +6,10 @@ context's names in the record and leave the other contexts' alone. A context's k
 key outside its prefix lies (the agent prefixes every key it reports), so it is refused. The default
 context's keys are whatever its namespace holds, shown (``a/b`` is an honest name there): one whose
 prefix reads as a context id is stored as its ``repr``, so it can never be taken for a context's
-key and is replaced by the default context's next report.
+key and is replaced by the default context's next report. The workspace's paths that could not be
+kept are keyed ``/workspace/<path>`` (``files.UNSAVED_PREFIX``; a default key that starts so is
+stored as its ``repr`` too): a delta's ``files.unsaved`` replaces them all, and a delta without
+``files`` leaves them alone.
 
 The report is bounded as a whole, across contexts: at most ``MAX_UNSAVED_NAMES`` entries and
 ``MAX_UNSAVED_BYTES`` bytes as stored (UTF-8 JSON, escapes included). Past either, the report keeps
@@ -22,6 +25,7 @@ from collections.abc import Collection, Mapping
 
 from ..agent.checkpoint_names import CONTEXT_ID, CONTEXT_SEPARATOR, MAX_UNSAVED_NAMES
 from ..errors import ProtocolError
+from .files import UNSAVED_PREFIX
 from .history import compact_json, stored
 
 MAX_UNSAVED_BYTES = 256 << 10
@@ -29,17 +33,29 @@ MAX_UNSAVED_BYTES = 256 << 10
 _LEFT_OUT = re.compile(r"\d+ more names were not saved; the session's record lists only the first \d+\Z")
 
 
+WORKSPACE = UNSAVED_PREFIX
+"""The owner of the workspace's keys: no context id, since those never start with "/"."""
+
+
 def owner(key: str) -> str | None:
-    """The context whose name ``key`` is (None: the default context's)."""
+    """The context whose name ``key`` is (None: the default context's; ``WORKSPACE``: a workspace path)."""
+    if key.startswith(UNSAVED_PREFIX):
+        return WORKSPACE
     context, separator, _ = key.partition(CONTEXT_SEPARATOR)
     return context if separator and CONTEXT_ID.fullmatch(context) else None
 
 
 def merged(
-    before: Mapping[str, str], reported: Mapping[str, str], *, context: str | None, known: Collection[str]
+    before: Mapping[str, str],
+    reported: Mapping[str, str],
+    *,
+    context: str | None,
+    known: Collection[str],
+    workspace: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The record's unsaved report after a delta of ``context`` reported ``reported``; ``known``: the session's
-    contexts after the delta (names of any other are dropped).
+    contexts after the delta (names of any other are dropped); ``workspace``: the delta's workspace paths, keyed
+    ``files.UNSAVED_PREFIX`` and the path (None: the delta has no ``files``, those of ``before`` stay).
 
     Raises:
         ProtocolError: a context's delta reports a key of another context, or of the default one.
@@ -49,8 +65,12 @@ def merged(
     elif any(owner(key) != context for key in reported):
         stray = next(key for key in reported if owner(key) != context)
         raise ProtocolError(f"checkpoint of context {context} reports an unsaved name of another: {stray[:80]!r}")
-    others = {k: v for k, v in before.items() if owner(k) != context and k not in reported and not _LEFT_OUT.match(v)}
-    return bounded({k: v for k, v in {**reported, **others}.items() if owner(k) is None or owner(k) in known})
+    replaced = {context} if workspace is None else {context, WORKSPACE}
+    others = {
+        k: v for k, v in before.items() if owner(k) not in replaced and k not in reported and not _LEFT_OUT.match(v)
+    }
+    together = {**reported, **(workspace or {}), **others}
+    return bounded({k: v for k, v in together.items() if owner(k) in (None, WORKSPACE) or owner(k) in known})
 
 
 def bounded(unsaved: dict[str, str]) -> dict[str, str]:

@@ -14,7 +14,7 @@ from typing import Any, TypedDict, TypeVar, cast
 from ..agent import checkpoint_names, framing, protocol, request_table
 from ..agent.handshake import Hello
 from ..agent.protocol import Status
-from ..agent.reply_types import BlobEntry, CheckpointDelta, ExecReply, Goodbye, LoadReply
+from ..agent.reply_types import BlobEntry, CheckpointDelta, ExecReply, FileChange, FilesDelta, Goodbye, LoadReply
 from ..errors import ProtocolError, TransportError
 from ..safe_text import visible
 
@@ -22,6 +22,12 @@ DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
 """A content digest: the id of a blob the agent made."""
 BLOB_ID = re.compile(r"^h?[0-9a-f]{32}\Z")
 """Any blob id: a content digest, or the ``h``-prefixed random id of a host-made blob (``blob_format.HOST_BLOB_ID``)."""
+
+MAX_FILE_ENTRIES = 100_000
+"""Entries of a workspace (files, directories, links), whatever a session's ``workspace_files``; so of a delta's
+``files`` lists too."""
+MAX_PATH_CHARS = 4096
+"""A workspace path or link target: 4,096 bytes (PATH_MAX), so at most as many characters."""
 
 T = TypeVar("T")
 _MAX_ENTRIES = (
@@ -199,19 +205,63 @@ def parse_delta(header: dict[str, Any]) -> CheckpointDelta:
         len(deleted) > _MAX_ENTRIES or not all(isinstance(name, str) and len(name) <= key_chars for name in deleted)
     ):
         raise ProtocolError(f"checkpoint 'deleted' must list at most {_MAX_ENTRIES} names")
-    return CheckpointDelta(
+    parsed = CheckpointDelta(
         generation=expect_count(delta, "generation"),
         blobs=entries,
         vars=changed,
         deleted=deleted,
-        unsaved=expect_str_map(
-            delta,
-            "unsaved",
-            entries=checkpoint_names.MAX_UNSAVED_NAMES,
-            key_chars=key_chars,
-            value_chars=checkpoint_names.MAX_REASON_CHARS,
-        ),
+        unsaved=_unsaved(delta, key_chars),
     )
+    if delta.get("files") is not None:
+        parsed["files"] = _parse_files(expect(delta, "files", dict))
+    return parsed
+
+
+def _parse_files(files: dict[str, Any]) -> FilesDelta:
+    """A delta's ``files``, typed and bounded, no path listed twice; the paths and entries the ledger checks
+    (``state/files.py``)."""
+    listed, deleted = expect(files, "changed", list), expect(files, "deleted", list)
+    if len(listed) > MAX_FILE_ENTRIES or len(deleted) > MAX_FILE_ENTRIES:
+        raise ProtocolError(f"checkpoint files list more than {MAX_FILE_ENTRIES} paths")
+    changed = [_file_change(entry) for entry in listed]
+    if not all(isinstance(path, str) and len(path) <= MAX_PATH_CHARS for path in deleted):
+        raise ProtocolError(f"checkpoint files 'deleted' must list paths of at most {MAX_PATH_CHARS} characters")
+    if len({entry[0] for entry in changed}) != len(changed) or len(set(deleted)) != len(deleted):
+        raise ProtocolError("checkpoint files list a path twice")
+    return FilesDelta(changed=changed, deleted=deleted, unsaved=_unsaved(files, MAX_PATH_CHARS))
+
+
+def _unsaved(header: dict[str, Any], key_chars: int) -> dict[str, str]:
+    """An ``unsaved`` report: at most ``MAX_UNSAVED_NAMES`` names of ``key_chars`` with their reasons."""
+    return expect_str_map(
+        header,
+        "unsaved",
+        entries=checkpoint_names.MAX_UNSAVED_NAMES,
+        key_chars=key_chars,
+        value_chars=checkpoint_names.MAX_REASON_CHARS,
+    )
+
+
+def _file_change(entry: object) -> FileChange:
+    """``[path, kind, mode, mtime_ns, ref, size]``: strings bounded, numbers ints, the size one a body can carry."""
+    if not isinstance(entry, list) or len(entry) != 6:
+        raise ProtocolError("checkpoint files 'changed' entries must be [path, kind, mode, mtime_ns, ref, size]")
+    path, kind, mode, mtime_ns, ref, size = entry
+    if not (
+        isinstance(path, str)
+        and len(path) <= MAX_PATH_CHARS
+        and isinstance(kind, str)
+        and len(kind) == 1
+        and isinstance(ref, str)
+        and len(ref) <= MAX_PATH_CHARS
+        and all(type(number) is int for number in (mode, mtime_ns, size))
+        and 0 <= size <= framing.MAX_BODY_BYTES
+    ):
+        raise ProtocolError(
+            f"checkpoint files 'changed' entries need a path and ref of at most {MAX_PATH_CHARS} characters, a "
+            f"one-letter kind, an integer mode and mtime and a size from 0 to {framing.MAX_BODY_BYTES}"
+        )
+    return (path, kind, mode, mtime_ns, ref, size)
 
 
 class WorkerFailure(TypedDict):

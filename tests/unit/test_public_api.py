@@ -21,6 +21,8 @@ EXPECTED = {
     "__version__",
     # the async twins (also in orchestrator.aio)
     "AsyncContext", "AsyncOrchestrator", "AsyncPythonTool", "AsyncSession",
+    # the workspace's errors (session.files)
+    "FileNotFoundInWorkspace", "NotAFileInWorkspace", "PathOutsideWorkspace", "WorkspaceError", "WorkspaceFileTooBig",
     # Settings' groups
     "Capacity", "Confinement", "ResourceLimits", "SwarmSettings", "Timeouts",
 }  # fmt: skip

@@ -23,7 +23,7 @@ def _wire(header: Any) -> dict[str, Any]:
 
 _REQUESTS = {
     "exec", "set_value", "reset", "restore_begin", "load", "defer", "restore_end", "install", "context_create",
-    "context_destroy", "ping",
+    "context_destroy", "files_put", "file_write", "file_remove", "ping",
 }  # fmt: skip
 _REPLIES = {"exec_reply", "state_reply", "load_reply", "restore_reply", "install_reply", "pong"}
 
@@ -48,6 +48,9 @@ _BUILT = [
     request_table.install_request("def before_cell(ns): pass", ["llm_query"], 30.0),
     request_table.context_create_request("ctx", "/tmp/ctx", {"A": "1"}, 60.0),
     request_table.context_destroy_request("ctx", 60.0),
+    request_table.files_put_request([["d", "d", 0o755, 0, "", 0], ["d/f", "f", 0o644, 0, "0" * 32, 3]], 30.0),
+    {**request_table.file_write_request("d/f", 0o600, 60.0), "context": "ctx"},
+    request_table.file_remove_request("d", True, 60.0),
 ]
 
 
@@ -157,6 +160,24 @@ def test_a_blob_call_is_read_and_a_bad_one_refused() -> None:
     for payload in (None, [1], {"key": "x"}, {"key": 1, "digest": "d"}, {"key": "x", "digest": ["d"]}):
         with pytest.raises(protocol.BadRequest, match="needs a key and a digest"):
             blob_format.read_blob_call(payload)
+
+
+@pytest.mark.parametrize(
+    ("header", "body_size", "reason"),
+    [
+        ({"type": "files_put", "entries": "x"}, 0, "list of at most"),
+        ({"type": "files_put", "entries": [["a", "f", 0o644, 0, "r"]]}, 0, r"\[path, kind"),
+        ({"type": "files_put", "entries": [["a", "f", 0o644, 0, "r", 3]]}, 2, "body must hold"),
+        ({"type": "files_put", "entries": [["a", "f", 0o644, 0, "r", -1]]}, 0, r"\[path, kind"),
+        ({"type": "file_write", "path": "", "mode": 0o644}, 0, "needs a path and a mode"),
+        ({"type": "file_write", "path": "a", "mode": 0o1777}, 0, "needs a path and a mode"),
+        ({"type": "file_remove", "path": "a", "recursive": 1}, 0, "needs a path and recursive"),
+        ({"type": "file_remove", "path": None, "recursive": True}, 0, "needs a path and recursive"),
+    ],
+)
+def test_bad_workspace_requests_are_refused(header: dict[str, Any], body_size: int, reason: str) -> None:
+    with pytest.raises(protocol.BadRequest, match=reason):
+        request_table.REQUESTS[header["type"]].read(header, body_size)
 
 
 def test_bad_install_fields_are_refused() -> None:

@@ -27,6 +27,8 @@ from orchestrator import (
     PythonTool,
     Session,
 )
+from orchestrator.api.aio import AsyncFiles
+from orchestrator.api.files import Files
 from orchestrator.api.session import SessionState
 
 TWINS = [
@@ -34,6 +36,7 @@ TWINS = [
     (Session, AsyncSession),
     (Context, AsyncContext),
     (PythonTool, AsyncPythonTool),
+    (Files, AsyncFiles),
 ]
 AS_ASYNC = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
 ASYNC_ONLY = {"settings"}  # an instance attribute of Orchestrator, a property of its twin

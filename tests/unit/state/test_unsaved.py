@@ -47,6 +47,26 @@ def test_a_default_name_that_reads_as_a_contexts_is_the_default_contexts() -> No
     assert merged(record, {}, context=None, known=KNOWN) == {"c/a": "r"}
 
 
+def test_the_workspaces_paths_are_their_own_and_replaced_only_by_a_delta_with_files() -> None:
+    """``/workspace/<path>`` keys: kept through variables' reports of any context, replaced by ``workspace``; a
+    default name that reads as one is the default context's (its ``repr``), a context's is a lie."""
+    record = merged({"x": "r"}, {}, context=None, known=KNOWN, workspace={"/workspace/fifo": "a FIFO"})
+    assert record == {"/workspace/fifo": "a FIFO"}
+    record = merged(
+        record,
+        {
+            "c/a": "r",
+        },
+        context="c",
+        known=KNOWN,
+    )
+    record = merged(record, {"/workspace/x": "odd global"}, context=None, known=KNOWN)
+    assert record == {"'/workspace/x'": "odd global", "/workspace/fifo": "a FIFO", "c/a": "r"}
+    assert merged(record, {}, context="c", known=KNOWN, workspace={}) == {"'/workspace/x'": "odd global"}
+    with pytest.raises(ProtocolError):
+        merged({}, {"/workspace/x": "r"}, context="c", known=KNOWN)
+
+
 def test_the_report_is_bounded_in_entries_across_contexts() -> None:
     def report(context: str) -> dict[str, str]:
         return {f"{context}/v{i}": "r" for i in range(MAX_UNSAVED_NAMES)}
