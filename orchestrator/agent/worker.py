@@ -47,7 +47,7 @@ import traceback
 import types
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import blob_format, capture, checkpoint_names, framing, handover, hostcall, protocol, request_table
+from . import blob_format, capture, cgroup, checkpoint_names, framing, handover, hostcall, protocol, request_table
 
 _session_module = types.ModuleType("__main__")
 sys.modules["__main__"] = _session_module
@@ -944,10 +944,16 @@ def _make_worker_the_oom_victim() -> None:
 def open_workspace(root: str, max_bytes: int, max_entries: int) -> Optional[Workspace]:
     """The workspace at ``root``, watched; None when there is no such directory (an image from before workspaces).
 
-    One file is saved up to ``max_bytes`` and the frame's largest body, whichever is less."""
+    One file is saved up to ``max_bytes``, the frame's largest body and a quarter of the sandbox's memory limit,
+    whichever is least: a checkpoint reads a changed file whole, and a bigger one would have the worker OOM-killed at
+    every checkpoint (docs/files.md)."""
     if not os.path.isdir(root):
         return None
-    workspace = Workspace(root, max_entries, max_bytes, min(max_bytes, framing.MAX_BODY_BYTES))
+    limits = [max_bytes, framing.MAX_BODY_BYTES]
+    memory = cgroup.memory_limit()
+    if memory is not None:
+        limits.append(memory // 4)
+    workspace = Workspace(root, max_entries, max_bytes, min(limits))
     workspace.start()
     return workspace
 

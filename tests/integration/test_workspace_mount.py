@@ -119,21 +119,18 @@ def test_more_entries_than_the_files_bound_fail_with_enospc(
 
 
 @needs_images
-@pytest.mark.xfail(
-    strict=True,
-    reason="the worker reads a changed file whole into its memory to checkpoint it: 200 MB in a 64 MiB sandbox is an "
-    "OOM kill, where it should stream the file or name it unsaved (orchestrator/agent/workspace*.py)",
-)
 def test_a_64m_sandbox_writes_200_mb_without_being_killed(
     settings_for: Callable[..., Settings], make_orch, new_session
 ) -> None:
-    """The image is not counted in the sandbox's memory, where a tmpfs would be (OOM-killed at ~65 MB)."""
+    """The image is not counted in the sandbox's memory, where a tmpfs would be (OOM-killed at ~65 MB); a file bigger
+    than a quarter of that memory is named unsaved, never read whole into it (the checkpoint reads a file whole)."""
     base = settings_for()
     session = new_session(make_orch(base.replace(limits=ResourceLimits(memory="64m"))))
     code = "import os\nwith open('big', 'wb') as out:\n    for _ in range(200):\n        out.write(b'y' * (1 << 20))\n"
     container = session.container_id
     assert value(session, code + "os.path.getsize('big') >> 20") == "200"
     assert session.container_id == container  # not killed, nor restored
+    assert "larger than" in session.unsaved.get("/workspace/big", ""), session.unsaved
 
 
 @needs_images
