@@ -26,6 +26,7 @@ from . import blob_format, checkpoint, workspace_restore
 from . import workspace_disk as disk
 from . import workspace_inotify as inotify
 from .protocol import BadRequest
+from .workspace_paths import path_problem
 
 _KEPT = "; its last saved version is kept"
 
@@ -388,7 +389,7 @@ class Workspace:
         parent = _parent(path)
         if parent and (parent not in self._saved or self._saved[parent].kind != "d"):
             return  # under a directory that is not saved: its own entry in ``unsaved`` covers this one
-        reason = disk.path_problem(path)
+        reason = path_problem(path)
         entry: Optional[_Saved] = None
         if reason is None:
             for _attempt in range(2):

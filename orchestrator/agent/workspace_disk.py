@@ -18,8 +18,8 @@ import stat
 import sys
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
-MAX_PATH_BYTES = 4096
-MAX_NAME_BYTES = 255
+from .workspace_paths import MAX_PATH_BYTES
+
 MAX_LINK_BYTES = 4096
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -61,24 +61,6 @@ def split(path: str) -> Tuple[str, bytes]:
     """(parent record path, last name as bytes)."""
     parent, _, name = path.rpartition("/")
     return parent, os_name(name)
-
-
-def path_problem(path: str) -> Optional[str]:
-    """Why ``path`` cannot be a path of the record (docs/design/workspace.md), or None when it can."""
-    try:
-        raw = os_name(path)
-    except UnicodeEncodeError:
-        return "the path is not a file name"
-    if len(raw) > MAX_PATH_BYTES:
-        return "the path is longer than %d bytes" % MAX_PATH_BYTES
-    if b"\0" in raw:
-        return "the path holds a NUL byte"
-    for name in raw.split(b"/"):
-        if name in (b"", b".", b".."):
-            return "the path has an empty, '.' or '..' component"
-        if len(name) > MAX_NAME_BYTES:
-            return "a name in the path is longer than %d bytes" % MAX_NAME_BYTES
-    return None
 
 
 def kind_of(mode: int) -> Optional[str]:

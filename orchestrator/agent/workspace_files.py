@@ -21,6 +21,7 @@ import time
 from typing import List, Tuple
 
 from . import workspace_disk as disk
+from .workspace_paths import path_problem
 
 
 class FileRequestError(Exception):
@@ -32,7 +33,7 @@ def record_path(root: str, path: str) -> str:
 
     Raises:
         FileRequestError: it holds a NUL, leads out of the workspace, names the workspace itself, or breaks the
-            record's rules (``workspace_disk.path_problem``).
+            record's rules (``workspace_paths.path_problem``).
     """
     if "\0" in path:
         raise FileRequestError("the path holds a NUL byte")
@@ -45,7 +46,7 @@ def record_path(root: str, path: str) -> str:
         raise FileRequestError("%r leads out of the workspace" % path)
     if normal == ".":
         raise FileRequestError("%r is the workspace itself, not an entry in it" % path)
-    problem = disk.path_problem(normal)
+    problem = path_problem(normal)
     if problem is not None:
         raise FileRequestError("%r: %s" % (path, problem))
     return normal

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import workspace_disk as disk
 from .protocol import BadRequest
+from .workspace_paths import path_problem
 
 MAX_MTIME_NS = 1 << 63
 
@@ -135,7 +136,7 @@ def checked(row: object) -> Row:
     ints = (mode, mtime_ns, size)
     if not isinstance(path, str) or not isinstance(ref, str) or not all(type(n) is int for n in ints):
         raise BadRequest("a workspace entry is [path, kind, mode, mtime_ns, ref, size]")
-    problem = disk.path_problem(path)
+    problem = path_problem(path)
     if problem is not None:
         raise BadRequest("workspace entry %r: %s" % (path, problem))
     if kind not in ("f", "d", "l") or not 0 <= mode <= 0o777 or not 0 <= mtime_ns < MAX_MTIME_NS or size < 0:

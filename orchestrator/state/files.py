@@ -20,6 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 from ..agent.reply_types import FileChange
+from ..agent.workspace_paths import file_name_bytes, path_problem
 from ..wire.replies import DIGEST, MAX_FILE_ENTRIES, MAX_PATH_CHARS
 
 Entry = tuple[str, int, int, str]
@@ -27,8 +28,6 @@ Entry = tuple[str, int, int, str]
 FILE, DIRECTORY, LINK = "f", "d", "l"
 MAX_PATH_BYTES = MAX_PATH_CHARS
 """A path or a link target, in bytes as the filesystem holds it (PATH_MAX)."""
-MAX_COMPONENT_BYTES = 255
-"""One name of a path (NAME_MAX)."""
 MAX_MODE = 0o777
 """Permission bits only: setuid, setgid and sticky never come back (the mount is nosuid)."""
 MTIME_END = 1 << 63
@@ -41,27 +40,6 @@ MAX_CHANGED_LISTED = 1000
 UNSAVED_PREFIX = "/workspace/"
 """The record's ``unsaved`` names a path that could not be kept as this and the path: one namespace with the
 variables', which no variable name starts (``unsaved.owner``)."""
-
-
-def path_problem(path: object) -> str | None:
-    """Why ``path`` cannot be a key of the map, or None when it can."""
-    if not isinstance(path, str):
-        return "a path is not a str"
-    if len(path) > MAX_PATH_BYTES:  # before any encoding: a character is at least a byte
-        return f"a path is longer than {MAX_PATH_BYTES} bytes"
-    raw = _fs_bytes(path)
-    if raw is None:
-        return "a path holds text no file name encodes to"
-    if len(raw) > MAX_PATH_BYTES:
-        return f"a path is longer than {MAX_PATH_BYTES} bytes"
-    if b"\0" in raw:
-        return "a path holds a NUL"
-    for name in raw.split(b"/"):
-        if name in (b"", b".", b".."):
-            return "a path is absolute or has an empty, '.' or '..' component"
-        if len(name) > MAX_COMPONENT_BYTES:
-            return f"a path has a component longer than {MAX_COMPONENT_BYTES} bytes"
-    return None
 
 
 def entry_problem(kind: object, mode: object, mtime_ns: object, ref: object) -> str | None:
@@ -77,7 +55,7 @@ def entry_problem(kind: object, mode: object, mtime_ns: object, ref: object) -> 
     if kind == DIRECTORY:
         return None if ref == "" else "a directory's ref is not empty"
     if kind == LINK:
-        raw = _fs_bytes(ref) if len(ref) <= MAX_PATH_BYTES else None
+        raw = file_name_bytes(ref) if len(ref) <= MAX_PATH_BYTES else None
         if raw is None or not 0 < len(raw) <= MAX_PATH_BYTES or b"\0" in raw:
             return f"a link target is not 1 to {MAX_PATH_BYTES} bytes of a file name without NUL"
         return None
@@ -252,15 +230,6 @@ def _under(path: str, directories: set[str]) -> bool:
             return True
         parent = parent.rpartition("/")[0]
     return False
-
-
-def _fs_bytes(text: str) -> bytes | None:
-    """The bytes of the file name ``text`` is, when it is that name's one form (None: no name, or another form)."""
-    try:
-        raw = text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return None
-    return raw if raw.decode("utf-8", "surrogateescape") == text else None
 
 
 def _is_int(value: object) -> TypeGuard[int]:

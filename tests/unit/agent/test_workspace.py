@@ -392,7 +392,7 @@ def test_a_path_past_4096_bytes_is_unsaved_with_everything_in_it(ws, root):
     files, _ = ws.delta(set())
     assert len(files["changed"]) == 20
     ((unsaved, reason),) = files["unsaved"].items()
-    assert unsaved.count("/") == 20 and reason == "the path is longer than 4096 bytes (with everything in it)"
+    assert unsaved.count("/") == 20 and reason == "a path is longer than 4096 bytes (with everything in it)"
 
 
 # -- when events cannot be trusted
