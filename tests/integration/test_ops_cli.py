@@ -131,6 +131,7 @@ def test_exec_interrupted_exits_130_and_the_call_is_not_kept(cli, make, store):
     sid = make()
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "exec", sid, "import time\ntime.sleep(30)\nz = 1"],
+        preexec_fn=as_at_a_terminal,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -261,6 +262,12 @@ def test_shell_from_a_pipe_and_state_across_shells(cli, make):
     assert (again.returncode, again.stdout) == (0, "(42, 2, 1)\n")
 
 
+def as_at_a_terminal() -> None:
+    """Ctrl-C as a person's shell gives it: a test run started in the background (``cmd &`` without job control)
+    hands its children SIGINT ignored, and Python keeps an ignored SIGINT (no KeyboardInterrupt, ever)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Terminal:
     """A subprocess on a pseudo-terminal: what a person at a shell sees and types."""
 
@@ -268,7 +275,9 @@ class Terminal:
         self.master, child = os.openpty()
         if columns is not None:  # a terminal of that width (else the size is unknown: 0 x 0)
             fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-        self.proc = subprocess.Popen(argv, stdin=child, stdout=child, stderr=child, env=env, close_fds=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=child, stdout=child, stderr=child, env=env, close_fds=True, preexec_fn=as_at_a_terminal
+        )
         os.close(child)
         self.seen = ""
         self.position = 0
